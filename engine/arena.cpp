@@ -1,0 +1,86 @@
+#include "segtape/arena.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <string>
+
+#include "segtape/error.h"
+
+namespace segtape {
+
+namespace memory {
+namespace {
+std::atomic<uint64_t> g_system_allocations{0};
+}
+uint64_t system_allocations() { return g_system_allocations.load(std::memory_order_relaxed); }
+}  // namespace memory
+
+namespace {
+std::byte* take_chunk(size_t cap) {
+  void* p = std::aligned_alloc(kAlign, align_up(cap ? cap : kAlign));
+  if (!p) throw Error("segtape: out of memory: could not reserve an arena chunk of " + std::to_string(cap) + " bytes");
+  memory::g_system_allocations.fetch_add(1, std::memory_order_relaxed);
+  return static_cast<std::byte*>(p);
+}
+}  // namespace
+
+Arena::Arena(size_t capacity, bool grow, size_t grow_limit)
+    : first_capacity_(align_up(capacity)), grow_(grow), grow_limit_(grow_limit) {
+  chunks_.reserve(64);
+  if (first_capacity_) chunks_.push_back({take_chunk(first_capacity_), first_capacity_});
+}
+
+Arena::~Arena() {
+  for (auto& c : chunks_) std::free(c.base);
+}
+
+void* Arena::try_alloc(size_t bytes) {
+  const size_t n = align_up(bytes);
+  if (grow_ && grow_limit_ && used_ + n > grow_limit_) return nullptr;
+  // Fit in the current chunk, else move to a later chunk that is big enough.
+  while (cur_ < chunks_.size()) {
+    Chunk& c = chunks_[cur_];
+    if (off_ + n <= c.cap) {
+      std::byte* p = c.base + off_;
+      off_ += n;
+      used_ += n;
+      if (used_ > peak_) peak_ = used_;
+      return p;
+    }
+    if (!grow_) return nullptr;
+    ++cur_;
+    off_ = 0;
+  }
+  if (!grow_) return nullptr;
+  const size_t cap = n > first_capacity_ ? n : first_capacity_;
+  chunks_.push_back({take_chunk(cap), cap});
+  cur_ = chunks_.size() - 1;
+  off_ = n;
+  used_ += n;
+  if (used_ > peak_) peak_ = used_;
+  return chunks_.back().base;
+}
+
+void Arena::reset() {
+  cur_ = 0;
+  off_ = 0;
+  used_ = 0;
+}
+
+size_t Arena::reserved() const {
+  size_t r = 0;
+  for (auto& c : chunks_) r += c.cap;
+  return r;
+}
+
+bool Arena::owns(const void* p) const {
+  auto* b = static_cast<const std::byte*>(p);
+  for (size_t i = 0; i <= cur_ && i < chunks_.size(); ++i) {
+    const size_t end = i == cur_ ? off_ : chunks_[i].cap;
+    if (b >= chunks_[i].base && b < chunks_[i].base + end) return true;
+  }
+  return false;
+}
+
+}  // namespace segtape

@@ -1,0 +1,57 @@
+// Arena: bump allocation into fixed chunks, 64-byte aligned, O(1) reset.
+// Strict arenas have one chunk (the budget) and refuse to grow; growing arenas
+// (the teaching policy, the persistent pool, carry buffers) add chunks when
+// full and keep them across resets, so after warm-up they allocate nothing.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace segtape {
+
+namespace memory {
+// Every chunk any segtape arena takes from the system bumps this counter.
+uint64_t system_allocations();
+}  // namespace memory
+
+inline constexpr size_t kAlign = 64;
+constexpr size_t align_up(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
+
+class Arena {
+ public:
+  // capacity: size of the first chunk (the budget when !grow).
+  // grow: add chunks of max(chunk, request) when full.
+  // grow_limit: with grow, refuse once used() would exceed it (0 = no limit).
+  Arena(size_t capacity, bool grow, size_t grow_limit = 0);
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  // nullptr when the request does not fit (strict) or passes grow_limit.
+  void* try_alloc(size_t bytes);
+  void reset();  // O(1) in the bytes handed out; keeps every chunk
+  size_t used() const { return used_; }    // bytes handed out since reset (aligned sizes)
+  size_t peak() const { return peak_; }    // high-water since construction or reset_peak()
+  void reset_peak() { peak_ = used_; }
+  size_t reserved() const;                 // bytes held from the system
+  size_t budget() const { return grow_ ? grow_limit_ : first_capacity_; }
+  bool grows() const { return grow_; }
+  // true when p points into memory handed out since the last reset
+  bool owns(const void* p) const;
+
+ private:
+  struct Chunk {
+    std::byte* base;
+    size_t cap;
+  };
+  std::vector<Chunk> chunks_;
+  size_t cur_ = 0;     // current chunk
+  size_t off_ = 0;     // offset in current chunk
+  size_t used_ = 0;
+  size_t peak_ = 0;
+  size_t first_capacity_;
+  bool grow_;
+  size_t grow_limit_;
+};
+
+}  // namespace segtape

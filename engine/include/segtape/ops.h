@@ -1,0 +1,61 @@
+// Differentiable ops. Each takes tensors of one tape; outputs live in the
+// open segment's arena. Shapes are checked and a mismatch raises ShapeError
+// naming the op and the shapes.
+#pragma once
+#include <span>
+
+#include "segtape/tape.h"
+
+namespace segtape {
+
+// C = op(a) @ op(b), 2-D; op transposes when the flag is set.
+Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
+// Elementwise with row broadcasting: b has a's shape, or b has numel == a's last dim (a bias).
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor neg(const Tensor& a);
+Tensor scale(const Tensor& a, double s);
+Tensor tanh(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor relu(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+// Reductions: all elements (axis = -1 for "all") -> shape [] ; or one axis (removed).
+Tensor sum(const Tensor& a);
+Tensor mean(const Tensor& a);
+Tensor sum(const Tensor& a, int axis);
+Tensor mean(const Tensor& a, int axis);
+// Along the last axis.
+Tensor softmax(const Tensor& a);
+Tensor log_softmax(const Tensor& a);
+enum class Reduction : uint8_t { Mean, Sum };
+// logits [B, C], targets int64 [B]; fused log-softmax + NLL. Targets equal to
+// ignore_index contribute nothing (Mean divides by the count of the others).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction r = Reduction::Mean,
+                     int64_t ignore_index = -100);
+Tensor mse_loss(const Tensor& a, const Tensor& b, Reduction r = Reduction::Mean);
+Tensor concat(std::span<const Tensor> parts, int axis);
+Tensor concat(std::initializer_list<Tensor> parts, int axis);
+Tensor slice(const Tensor& a, int axis, int64_t start, int64_t length);
+Tensor reshape(const Tensor& a, const Shape& s);  // a view: no bytes
+Tensor transpose(const Tensor& a);                // 2-D
+Tensor detach(const Tensor& a);                   // a view with no history
+// weight [N, D], indices int64 of any shape -> indices.shape + [D]
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// PyTorch's GRUCell: x [B, I], h [B, H], w_ih [3H, I], w_hh [3H, H], b_ih/b_hh [3H]
+// (gates r, z, n). Forward and backward are fused; saves r, z, n and W_hn h + b_hn.
+Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh,
+                const Tensor& b_ih, const Tensor& b_hh);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
+
+// Copies src's values into dst (same shape and dtype), no history. dst may be persistent.
+void copy_into(const Tensor& dst, const Tensor& src);
+
+}  // namespace segtape

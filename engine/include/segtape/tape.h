@@ -1,0 +1,194 @@
+// Tape and segments: the heart of segtape.
+//
+//   Tape tape(Device::cpu(), {.segment_budget = 64 << 20});
+//   for (...) {
+//     Segment seg = tape.segment();   // boundary: arena reset, old handles expire
+//     ... ops record nodes into the flat tape, tensors into the arena ...
+//     seg.backward(loss);             // gradients accumulate into parameters
+//     h = seg.carry(h);               // value kept, history cut (TBPTT boundary)
+//   }
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "segtape/arena.h"
+#include "segtape/tensor.h"
+
+namespace segtape {
+
+#define SEGTAPE_OPS(X)                                                                      \
+  X(Input) X(MatMul) X(Add) X(Sub) X(Mul) X(Div) X(Neg) X(Scale) X(Tanh) X(Sigmoid) X(Relu) \
+  X(Exp) X(Log) X(Sum) X(Mean) X(Softmax) X(LogSoftmax) X(CrossEntropy) X(MseLoss)         \
+  X(Concat) X(Slice) X(Reshape) X(Transpose) X(Embedding) X(GruCell) X(Carry) X(Grad)
+
+enum class OpKind : uint8_t {
+#define SEGTAPE_ENUM(name) name,
+  SEGTAPE_OPS(SEGTAPE_ENUM)
+#undef SEGTAPE_ENUM
+  Count
+};
+inline constexpr size_t kOpKinds = size_t(OpKind::Count);
+const char* op_name(OpKind k);
+
+// One recorded op. Plain data: no std::function, no heap of its own.
+struct Node {
+  static constexpr int kMaxInputs = 6;
+  OpKind op = OpKind::Input;
+  uint8_t n_in = 0;
+  uint32_t step = 0;       // tape step when recorded
+  size_t bytes = 0;        // arena bytes this op allocated (output + saved)
+  Tensor out;
+  std::array<Tensor, kMaxInputs> in;
+  void* saved = nullptr;   // extra buffer backward needs (e.g. GRU gates)
+  std::array<int64_t, 4> ia{};  // integer attributes (axis, flags, ...)
+  double fa = 0;                // float attribute (scale factor, ...)
+};
+
+struct TapeOptions {
+  size_t segment_budget = size_t(64) << 20;  // arena bytes per segment
+  // Teaching policy: the arena grows in chunks instead of refusing, to
+  // reproduce PyTorch's retained-graph growth on purpose. grow_limit (bytes,
+  // 0 = none) then plays the role of the budget.
+  bool grow = false;
+  size_t grow_limit = 0;
+  size_t persistent_chunk = size_t(1) << 20;
+  size_t carry_chunk = size_t(256) << 10;
+  size_t node_capacity = 4096;  // tape nodes reserved up front
+  bool anomaly = false;         // check every op's output for NaN / Inf
+};
+
+struct TapeStats {
+  size_t live_bytes = 0;         // arena bytes in use in the current segment
+  size_t peak_bytes = 0;         // high-water of the current segment
+  size_t last_segment_peak = 0;  // high-water of the last ended segment
+  size_t node_count = 0;         // nodes on the tape now
+  size_t persistent_bytes = 0;   // persistent pool bytes in use
+  size_t carry_bytes = 0;        // carry buffers in use
+  uint64_t system_allocations = 0;  // chunks taken from the system, all arenas, process-wide
+  uint64_t segment_index = 0;    // 1 for the first segment
+  uint64_t step = 0;             // tape step counter
+  std::array<size_t, kOpKinds> bytes_by_op{};  // arena bytes of the current segment by op kind
+};
+
+class Segment;
+
+class Tape {
+ public:
+  explicit Tape(Device device = Device::cpu(), TapeOptions options = {});
+  ~Tape();
+  Tape(const Tape&) = delete;
+  Tape& operator=(const Tape&) = delete;
+
+  // Opens a segment. Only one may be open at a time.
+  Segment segment();
+
+  // Persistent tensors (valid as long as the tape). Zero-filled.
+  Tensor parameter(const Shape& s, DType d = DType::F32);   // requires grad; gradient buffer zeroed
+  Tensor persistent(const Shape& s, DType d = DType::F32);  // no gradient
+  // Tensors in the open segment.
+  Tensor empty(const Shape& s, DType d = DType::F32);
+  Tensor zeros(const Shape& s, DType d = DType::F32);
+  Tensor from(std::span<const float> v, const Shape& s);
+  Tensor from(std::span<const double> v, const Shape& s);
+  Tensor from(std::span<const int64_t> v, const Shape& s);
+
+  // Steps only label tensors and nodes (for messages and reports).
+  void next_step() { ++step_; }
+  uint64_t step() const { return step_; }
+  bool grad_enabled() const { return grad_enabled_; }
+  bool segment_open() const { return open_; }
+  uint32_t segment_index() const { return seg_index_; }
+  const Device& device() const { return device_; }
+  const TapeOptions& options() const { return options_; }
+  TapeStats stats() const;
+  const std::vector<Node>& nodes() const { return nodes_; }
+  void set_anomaly(bool on) { options_.anomaly = on; }
+
+  // Zero every parameter gradient made by this tape.
+  void zero_grad();
+
+  // ---- engine internals (used by ops) ----
+  void* alloc(size_t bytes, OpKind kind, const char* op);
+  Tensor make(const Shape& s, DType d, OpKind kind, const char* op);  // uninitialised, in the segment
+  // Records a node if grad is enabled and any input requires grad; sets out.node.
+  bool wants_grad(std::span<const Tensor> inputs) const;
+  Node& record(OpKind k, Tensor& out, std::span<const Tensor> inputs, size_t bytes);
+  void check_output(const Tensor& out, OpKind k);  // anomaly mode
+  // Per-op workspace outside the segment arena (reset by every op; grows once, then reused).
+  void* scratch(size_t bytes);
+  void scratch_reset() { scratch_.reset(); }
+  std::string expired_message(const Tensor& t, const char* what) const;
+  bool is_live(const Tensor& t) const;
+
+ private:
+  friend class Segment;
+  friend class NoGradGuard;
+  void end_segment();
+  void backward(const Tensor& root, const Tensor* seed, bool retain);
+  Tensor carry(const Tensor& x);
+  std::string budget_report(size_t request, OpKind kind, const char* op) const;
+  Tensor persistent_alloc(const Shape& s, DType d);
+
+  Device device_;
+  TapeOptions options_;
+  Arena arena_;
+  Arena pool_;
+  Arena carry_[2];
+  Arena scratch_;
+  std::vector<Node> nodes_;
+  std::array<size_t, kOpKinds> bytes_by_op_{};
+  std::vector<Tensor> params_;  // every parameter made (for zero_grad)
+  uint32_t seg_index_ = 0;
+  uint64_t step_ = 0;
+  size_t released_upto_ = 0;  // nodes [0, released_upto_) were freed by a non-retained backward
+  size_t last_segment_peak_ = 0;
+  bool open_ = false;
+  bool grad_enabled_ = true;
+};
+
+struct BackwardOptions {
+  bool retain_graph = false;  // allow a second backward through the same nodes
+};
+
+class Segment {
+ public:
+  Segment(Segment&& o) noexcept : tape_(o.tape_) { o.tape_ = nullptr; }
+  Segment& operator=(Segment&&) = delete;
+  ~Segment() { end(); }
+
+  // d(loss)/d(parameters) accumulated into the parameters' gradient buffers.
+  // loss must hold one element; for others pass the output gradient.
+  void backward(const Tensor& loss, BackwardOptions o = {});
+  void backward(const Tensor& out, const Tensor& grad_out, BackwardOptions o = {});
+  // x's value copied out of the arena, with no history: the TBPTT boundary.
+  // The copy stays valid through the next segment.
+  Tensor carry(const Tensor& x);
+  void end();  // the destructor calls it; idempotent
+  Tape& tape() { return *tape_; }
+
+ private:
+  friend class Tape;
+  explicit Segment(Tape* t) : tape_(t) {}
+  Tape* tape_;
+};
+
+// Nothing is recorded while a guard is alive (inference, frozen history).
+class NoGradGuard {
+ public:
+  explicit NoGradGuard(Tape& t) : tape_(t), prev_(t.grad_enabled_) { t.grad_enabled_ = false; }
+  ~NoGradGuard() { tape_.grad_enabled_ = prev_; }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  Tape& tape_;
+  bool prev_;
+};
+
+std::string format_bytes(size_t b);
+
+}  // namespace segtape

@@ -1,0 +1,104 @@
+// Tensor: a small value type (a handle), not a refcounted graph node.
+// It points into memory owned by a Tape (segment arena, carry buffer or the
+// persistent pool) and carries a generation stamp so that a handle that
+// outlives its segment is caught and reported instead of read.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+
+#include "segtape/error.h"
+
+namespace segtape {
+
+class Tape;
+
+enum class DType : uint8_t { F32, F64, I64 };
+const char* dtype_name(DType d);
+size_t dtype_size(DType d);
+template <class T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::F32; }
+template <> constexpr DType dtype_of<double>() { return DType::F64; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::I64; }
+
+struct Device {
+  enum class Kind : uint8_t { CPU, CUDA };
+  Kind kind = Kind::CPU;
+  int index = 0;
+  static Device cpu() { return {}; }
+  static Device cuda(int i = 0) { return {Kind::CUDA, i}; }
+  bool operator==(const Device&) const = default;
+  std::string str() const;
+};
+
+// Rank <= 4, row-major, contiguous.
+struct Shape {
+  static constexpr int kMaxRank = 4;
+  std::array<int32_t, kMaxRank> dims{};
+  int32_t rank = 0;
+
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> d);
+  static Shape of(std::span<const int64_t> d);
+  int64_t operator[](int i) const { return dims[i]; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < rank; ++i) n *= dims[i];
+    return n;
+  }
+  int64_t last() const { return rank ? dims[rank - 1] : 1; }
+  int64_t rows() const { return rank ? numel() / last() : 1; }  // all but the last dim
+  bool operator==(const Shape& o) const;
+  std::string str() const;
+};
+
+// Where a tensor's bytes live, which decides how long the handle is valid.
+enum class Space : uint8_t {
+  None,        // undefined handle
+  Persistent,  // parameters, gradients, optimizer state: valid as long as the Tape
+  Segment,     // made inside a segment: valid until that segment ends
+  Carry,       // made by Segment::carry: valid through the next segment
+};
+
+struct Tensor {
+  void* ptr = nullptr;    // first element
+  Tape* tape = nullptr;   // owner
+  void* grad = nullptr;   // persistent gradient buffer of a leaf that requires grad
+  Shape shape;
+  uint32_t gen = 0;       // segment index the bytes belong to (Segment / Carry)
+  uint32_t step = 0;      // tape step at creation (for messages)
+  int32_t node = -1;      // producing tape node; -1: no history
+  DType dtype = DType::F32;
+  Space space = Space::None;
+  bool requires_grad = false;
+
+  bool defined() const { return space != Space::None; }
+  int64_t numel() const { return shape.numel(); }
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  int rank() const { return shape.rank; }
+  int64_t dim(int i) const { return shape[i]; }
+
+  // Checked access: throws ExpiredTensorError for a dead handle and
+  // ShapeError for the wrong element type. Never reads freed memory.
+  template <class T> T* data() const;
+  template <class T> std::span<T> span() const { return {data<T>(), size_t(numel())}; }
+  double item() const;  // the single element of a 1-element tensor, as double
+  void check_live(const char* what) const;
+  bool is_live() const;
+  // "f32[32,128] (segment 3, step 17)"
+  std::string describe() const;
+  // The gradient of a persistent leaf (parameter) as a persistent tensor.
+  Tensor grad_tensor() const;
+};
+
+template <class T> T* Tensor::data() const {
+  check_live("data access");
+  if (dtype != dtype_of<T>())
+    throw ShapeError("data<" + std::string(dtype_name(dtype_of<T>())) + ">() on a tensor of dtype " + dtype_name(dtype));
+  return static_cast<T*>(ptr);
+}
+
+}  // namespace segtape

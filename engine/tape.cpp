@@ -1,0 +1,347 @@
+#include "segtape/tape.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "ops_internal.h"
+
+namespace segtape {
+
+const char* op_name(OpKind k) {
+  static constexpr const char* names[] = {
+#define SEGTAPE_NAME(name) #name,
+      SEGTAPE_OPS(SEGTAPE_NAME)
+#undef SEGTAPE_NAME
+  };
+  return size_t(k) < kOpKinds ? names[size_t(k)] : "?";
+}
+
+std::string format_bytes(size_t b) {
+  char buf[48];
+  if (b < 1024) std::snprintf(buf, sizeof buf, "%zu B", b);
+  else if (b < (size_t(1) << 20)) std::snprintf(buf, sizeof buf, "%.1f KiB", double(b) / 1024);
+  else if (b < (size_t(1) << 30)) std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / (1 << 20));
+  else std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / (1 << 30));
+  return buf;
+}
+
+Tape::Tape(Device device, TapeOptions options)
+    : device_(device),
+      options_(options),
+      arena_(options.segment_budget, options.grow, options.grow_limit),
+      pool_(options.persistent_chunk, true),
+      carry_{Arena(options.carry_chunk, true), Arena(options.carry_chunk, true)},
+      scratch_(size_t(64) << 10, true) {
+  if (device.kind != Device::Kind::CPU)
+    throw Error("Tape: device " + device.str() + " is not available in this build (CPU only)");
+  nodes_.reserve(options.node_capacity);
+  params_.reserve(256);
+}
+
+Tape::~Tape() = default;
+
+Segment Tape::segment() {
+  if (open_)
+    throw TapeError("tape.segment(): segment " + std::to_string(seg_index_) +
+                    " is still open; end it (let its Segment go out of scope, or call end()) before opening the next");
+  ++seg_index_;
+  open_ = true;
+  arena_.reset();
+  arena_.reset_peak();
+  carry_[seg_index_ % 2].reset();  // frees what was carried two segments ago
+  nodes_.clear();
+  bytes_by_op_.fill(0);
+  released_upto_ = 0;
+  return Segment(this);
+}
+
+void Tape::end_segment() {
+  if (!open_) return;
+  last_segment_peak_ = arena_.peak();
+  open_ = false;
+  nodes_.clear();
+  arena_.reset();
+  released_upto_ = 0;
+}
+
+bool Tape::is_live(const Tensor& t) const {
+  switch (t.space) {
+    case Space::None: return false;
+    case Space::Persistent: return true;
+    case Space::Segment: return open_ && t.gen == seg_index_;
+    case Space::Carry: return t.gen == seg_index_ || t.gen + 1 == seg_index_;
+  }
+  return false;
+}
+
+std::string Tape::expired_message(const Tensor& t, const char* what) const {
+  std::string m = std::string(what) + ": tensor " + std::string(dtype_name(t.dtype)) + t.shape.str();
+  if (t.space == Space::Carry) {
+    m += " was carried out of segment " + std::to_string(t.gen) + " and has expired (the tape is now at segment " +
+         std::to_string(seg_index_) +
+         "). A carried value lives through the next segment only: carry it again in each segment "
+         "(h = seg.carry(h)), or copy_into() a persistent tensor to keep it longer.";
+  } else {
+    m += " made in segment " + std::to_string(t.gen) + " at step " + std::to_string(t.step) +
+         " has expired: segment " + std::to_string(t.gen) + " ended and its arena was reset" +
+         (open_ ? " (the open segment is " + std::to_string(seg_index_) + ")" : std::string(" (no segment is open)")) +
+         ". Tensors made inside a segment live only while it is open: carry it across the boundary with "
+         "seg.carry(x) (or detach and copy_into() a persistent tensor) before the segment ends.";
+  }
+  return m;
+}
+
+void* Tape::alloc(size_t bytes, OpKind kind, const char* op) {
+  if (!open_)
+    throw TapeError(std::string(op) + ": no segment is open; open one with tape.segment() (tensors made outside a segment would have nowhere to live)");
+  void* p = arena_.try_alloc(bytes);
+  if (!p) throw BudgetError(budget_report(bytes, kind, op));
+  bytes_by_op_[size_t(kind)] += align_up(bytes);
+  return p;
+}
+
+std::string Tape::budget_report(size_t request, OpKind kind, const char* op) const {
+  const size_t budget = arena_.budget();
+  std::string m = std::string(op) + ": segment budget exceeded: op '" + op_name(kind) + "' at step " +
+                  std::to_string(step_) + " asked for " + format_bytes(align_up(request)) + " with " +
+                  format_bytes(arena_.used()) + " of the " + format_bytes(budget) + " budget in use (segment " +
+                  std::to_string(seg_index_) + ", " + std::to_string(nodes_.size()) + " tape nodes).\n";
+  // By op kind, largest first.
+  std::vector<std::pair<size_t, size_t>> kinds;
+  for (size_t k = 0; k < kOpKinds; ++k)
+    if (bytes_by_op_[k]) kinds.push_back({bytes_by_op_[k], k});
+  std::sort(kinds.rbegin(), kinds.rend());
+  const double used = double(std::max<size_t>(arena_.used(), 1));
+  m += "What filled the arena, by op kind:";
+  for (auto& [b, k] : kinds) {
+    char pct[32];
+    std::snprintf(pct, sizeof pct, " (%.1f%%)", 100.0 * double(b) / used);
+    m += std::string(" ") + op_name(OpKind(k)) + " " + format_bytes(b) + pct + ";";
+  }
+  // By step, largest first (recorded nodes only).
+  std::map<uint32_t, size_t> by_step;
+  for (const Node& n : nodes_) by_step[n.step] += align_up(n.bytes);
+  std::vector<std::pair<size_t, uint32_t>> steps;
+  for (auto& [s, b] : by_step) steps.push_back({b, s});
+  std::sort(steps.rbegin(), steps.rend());
+  m += "\nBy step (largest first, " + std::to_string(steps.size()) + " steps on the tape):";
+  for (size_t i = 0; i < steps.size() && i < 8; ++i)
+    m += " step " + std::to_string(steps[i].second) + " " + format_bytes(steps[i].first) + ";";
+  if (steps.size() > 8) m += " ...";
+  m += "\nA segment whose memory grows with every step is retaining history: end the segment every K steps "
+       "(TBPTT) and carry the state across the boundary (h = seg.carry(h)), detach what needs no gradient, or "
+       "raise segment_budget.";
+  return m;
+}
+
+Tensor Tape::make(const Shape& s, DType d, OpKind kind, const char* op) {
+  Tensor t;
+  t.ptr = alloc(size_t(s.numel()) * dtype_size(d), kind, op);
+  t.tape = this;
+  t.shape = s;
+  t.gen = seg_index_;
+  t.step = uint32_t(step_);
+  t.dtype = d;
+  t.space = Space::Segment;
+  return t;
+}
+
+Tensor Tape::persistent_alloc(const Shape& s, DType d) {
+  Tensor t;
+  const size_t n = size_t(s.numel()) * dtype_size(d);
+  t.ptr = pool_.try_alloc(n);
+  std::memset(t.ptr, 0, n);
+  t.tape = this;
+  t.shape = s;
+  t.dtype = d;
+  t.space = Space::Persistent;
+  return t;
+}
+
+Tensor Tape::parameter(const Shape& s, DType d) {
+  if (d == DType::I64) throw ShapeError("tape.parameter(): parameters are floating point, got i64");
+  Tensor t = persistent_alloc(s, d);
+  t.grad = persistent_alloc(s, d).ptr;
+  t.requires_grad = true;
+  params_.push_back(t);
+  return t;
+}
+
+Tensor Tape::persistent(const Shape& s, DType d) { return persistent_alloc(s, d); }
+
+Tensor Tape::empty(const Shape& s, DType d) { return make(s, d, OpKind::Input, "tape.empty()"); }
+
+Tensor Tape::zeros(const Shape& s, DType d) {
+  Tensor t = make(s, d, OpKind::Input, "tape.zeros()");
+  std::memset(t.ptr, 0, t.nbytes());
+  return t;
+}
+
+namespace {
+template <class T>
+Tensor from_impl(Tape& tape, std::span<const T> v, const Shape& s) {
+  if (int64_t(v.size()) != s.numel())
+    throw ShapeError("tape.from(): " + std::to_string(v.size()) + " values for shape " + s.str() + " (" +
+                     std::to_string(s.numel()) + " elements)");
+  Tensor t = tape.make(s, dtype_of<T>(), OpKind::Input, "tape.from()");
+  if (!v.empty()) std::memcpy(t.ptr, v.data(), v.size_bytes());
+  return t;
+}
+}  // namespace
+
+Tensor Tape::from(std::span<const float> v, const Shape& s) { return from_impl(*this, v, s); }
+Tensor Tape::from(std::span<const double> v, const Shape& s) { return from_impl(*this, v, s); }
+Tensor Tape::from(std::span<const int64_t> v, const Shape& s) { return from_impl(*this, v, s); }
+
+void Tape::zero_grad() {
+  for (const Tensor& p : params_) std::memset(p.grad, 0, p.nbytes());
+}
+
+void* Tape::scratch(size_t bytes) {
+  void* p = scratch_.try_alloc(bytes);
+  if (!p) throw Error("segtape: out of memory in op workspace");
+  return p;
+}
+
+bool Tape::wants_grad(std::span<const Tensor> inputs) const {
+  if (!grad_enabled_) return false;
+  for (const Tensor& t : inputs)
+    if (t.requires_grad) return true;
+  return false;
+}
+
+Node& Tape::record(OpKind k, Tensor& out, std::span<const Tensor> inputs, size_t bytes) {
+  Node& n = nodes_.emplace_back();
+  n.op = k;
+  n.n_in = uint8_t(inputs.size());
+  n.step = uint32_t(step_);
+  n.bytes = bytes;
+  for (size_t i = 0; i < inputs.size(); ++i) n.in[i] = inputs[i];
+  out.node = int32_t(nodes_.size() - 1);
+  out.requires_grad = true;
+  n.out = out;
+  return n;
+}
+
+void Tape::check_output(const Tensor& out, OpKind k) {
+  if (!options_.anomaly || out.dtype == DType::I64) return;
+  const int64_t n = out.numel();
+  int64_t bad = -1;
+  if (out.dtype == DType::F32) {
+    const float* p = static_cast<const float*>(out.ptr);
+    for (int64_t i = 0; i < n && bad < 0; ++i)
+      if (!std::isfinite(p[i])) bad = i;
+  } else {
+    const double* p = static_cast<const double*>(out.ptr);
+    for (int64_t i = 0; i < n && bad < 0; ++i)
+      if (!std::isfinite(p[i])) bad = i;
+  }
+  if (bad >= 0) {
+    const double v = out.dtype == DType::F32 ? static_cast<const float*>(out.ptr)[bad] : static_cast<const double*>(out.ptr)[bad];
+    throw AnomalyError("anomaly mode: op '" + std::string(op_name(k)) + "' at step " + std::to_string(step_) +
+                       " (segment " + std::to_string(seg_index_) + ") produced " + (std::isnan(v) ? "NaN" : "Inf") +
+                       " at element " + std::to_string(bad) + " of its output " + std::string(dtype_name(out.dtype)) +
+                       out.shape.str() + ": the first non-finite value of this segment starts here");
+  }
+}
+
+TapeStats Tape::stats() const {
+  TapeStats s;
+  s.live_bytes = open_ ? arena_.used() : 0;
+  s.peak_bytes = arena_.peak();
+  s.last_segment_peak = last_segment_peak_;
+  s.node_count = nodes_.size();
+  s.persistent_bytes = pool_.used();
+  s.carry_bytes = carry_[0].used() + carry_[1].used();
+  s.system_allocations = memory::system_allocations();
+  s.segment_index = seg_index_;
+  s.step = step_;
+  s.bytes_by_op = bytes_by_op_;
+  return s;
+}
+
+// ---- backward ----
+
+void Tape::backward(const Tensor& root, const Tensor* seed, bool retain) {
+  root.check_live("backward");
+  if (root.tape != this) throw TapeError("backward: the loss belongs to another tape");
+  if (!root.requires_grad || root.node < 0)
+    throw TapeError("backward: " + root.describe() +
+                    " has no history (it was made under NoGradGuard, detached, carried, or from inputs that need no gradient)");
+  if (size_t(root.node) < released_upto_)
+    throw TapeError("backward: trying to backward through the segment's tape a second time: the first backward "
+                    "released nodes 0.." + std::to_string(released_upto_ - 1) +
+                    ". Pass {.retain_graph = true} to the first backward if you really need a second one "
+                    "(or, for an agent loop, end the segment and carry the state instead of keeping the graph)");
+  if (seed) {
+    seed->check_live("backward (output gradient)");
+    if (!(seed->shape == root.shape) || seed->dtype != root.dtype)
+      throw ShapeError("backward: output gradient " + seed->describe() + " does not match output " + root.describe());
+  } else if (root.numel() != 1) {
+    throw ShapeError("backward: " + root.describe() + " has " + std::to_string(root.numel()) +
+                     " elements; backward(loss) needs a single-element loss (or pass the output gradient)");
+  }
+  const size_t count = size_t(root.node) + 1;
+  void** grads = static_cast<void**>(alloc(count * sizeof(void*), OpKind::Grad, "backward"));
+  std::memset(grads, 0, count * sizeof(void*));
+  auto grad_buffer = [&](int32_t node) -> void* {
+    if (!grads[node]) {
+      const Tensor& o = nodes_[node].out;
+      grads[node] = alloc(o.nbytes(), OpKind::Grad, "backward");
+      std::memset(grads[node], 0, o.nbytes());
+    }
+    return grads[node];
+  };
+  void* g0 = grad_buffer(root.node);
+  if (seed) std::memcpy(g0, seed->ptr, root.nbytes());
+  else if (root.dtype == DType::F32) *static_cast<float*>(g0) = 1.0f;
+  else *static_cast<double*>(g0) = 1.0;
+
+  for (int64_t i = root.node; i >= 0; --i) {
+    if (!grads[i]) continue;
+    if (size_t(i) < released_upto_)
+      throw TapeError("backward: trying to backward through the segment's tape a second time (node " +
+                      std::to_string(i) + ", op '" + op_name(nodes_[i].op) + "' at step " +
+                      std::to_string(nodes_[i].step) +
+                      ", was released by an earlier backward). Pass {.retain_graph = true} to the earlier backward, "
+                      "or detach / carry the state so the new loss does not reach back into released history");
+    const Node& n = nodes_[i];
+    std::array<void*, Node::kMaxInputs> dst{};
+    for (int j = 0; j < n.n_in; ++j) {
+      const Tensor& in = n.in[j];
+      if (!in.requires_grad) continue;
+      if (in.node >= 0) dst[j] = grad_buffer(in.node);
+      else dst[j] = in.grad;
+    }
+    scratch_.reset();
+    backward_node(*this, n, grads[i], dst);
+  }
+  if (!retain) released_upto_ = std::max(released_upto_, count);
+}
+
+void Segment::backward(const Tensor& loss, BackwardOptions o) { tape_->backward(loss, nullptr, o.retain_graph); }
+void Segment::backward(const Tensor& out, const Tensor& g, BackwardOptions o) { tape_->backward(out, &g, o.retain_graph); }
+Tensor Segment::carry(const Tensor& x) { return tape_->carry(x); }
+void Segment::end() {
+  if (tape_) tape_->end_segment();
+  tape_ = nullptr;
+}
+
+Tensor Tape::carry(const Tensor& x) {
+  x.check_live("carry");
+  if (!open_) throw TapeError("carry: no segment is open");
+  Tensor c = x;
+  c.ptr = carry_[seg_index_ % 2].try_alloc(x.nbytes());
+  if (!c.ptr) throw Error("carry: out of memory");
+  std::memcpy(c.ptr, x.ptr, x.nbytes());
+  c.space = Space::Carry;
+  c.gen = seg_index_;
+  c.node = -1;
+  c.grad = nullptr;
+  c.requires_grad = false;
+  return c;
+}
+
+}  // namespace segtape

@@ -1,0 +1,97 @@
+#include "segtape/tensor.h"
+
+#include <cstring>
+
+#include "segtape/tape.h"
+
+namespace segtape {
+
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::F32: return "f32";
+    case DType::F64: return "f64";
+    case DType::I64: return "i64";
+  }
+  return "?";
+}
+
+size_t dtype_size(DType d) { return d == DType::F32 ? 4 : 8; }
+
+std::string Device::str() const {
+  return kind == Kind::CPU ? "cpu" : "cuda:" + std::to_string(index);
+}
+
+Shape::Shape(std::initializer_list<int64_t> d) {
+  if (d.size() > size_t(kMaxRank))
+    throw ShapeError("shape of rank " + std::to_string(d.size()) + ": segtape tensors have rank <= 4");
+  for (int64_t v : d) {
+    if (v < 0 || v > INT32_MAX) throw ShapeError("shape dimension " + std::to_string(v) + " out of range");
+    dims[rank++] = int32_t(v);
+  }
+}
+
+Shape Shape::of(std::span<const int64_t> d) {
+  if (d.size() > size_t(kMaxRank))
+    throw ShapeError("shape of rank " + std::to_string(d.size()) + ": segtape tensors have rank <= 4");
+  Shape s;
+  for (int64_t v : d) {
+    if (v < 0 || v > INT32_MAX) throw ShapeError("shape dimension " + std::to_string(v) + " out of range");
+    s.dims[s.rank++] = int32_t(v);
+  }
+  return s;
+}
+
+bool Shape::operator==(const Shape& o) const {
+  if (rank != o.rank) return false;
+  for (int i = 0; i < rank; ++i)
+    if (dims[i] != o.dims[i]) return false;
+  return true;
+}
+
+std::string Shape::str() const {
+  std::string s = "[";
+  for (int i = 0; i < rank; ++i) s += (i ? "," : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+bool Tensor::is_live() const { return tape && tape->is_live(*this); }
+
+void Tensor::check_live(const char* what) const {
+  if (space == Space::None) throw TapeError(std::string(what) + ": undefined tensor");
+  if (!tape->is_live(*this)) throw ExpiredTensorError(tape->expired_message(*this, what));
+}
+
+double Tensor::item() const {
+  check_live("item()");
+  if (numel() != 1) throw ShapeError("item(): tensor " + describe() + " has " + std::to_string(numel()) + " elements, not 1");
+  switch (dtype) {
+    case DType::F32: return *static_cast<const float*>(ptr);
+    case DType::F64: return *static_cast<const double*>(ptr);
+    case DType::I64: return double(*static_cast<const int64_t*>(ptr));
+  }
+  return 0;
+}
+
+std::string Tensor::describe() const {
+  std::string s = std::string(dtype_name(dtype)) + shape.str();
+  switch (space) {
+    case Space::None: return "undefined tensor";
+    case Space::Persistent: return s + " (persistent)";
+    case Space::Segment: return s + " (segment " + std::to_string(gen) + ", step " + std::to_string(step) + ")";
+    case Space::Carry: return s + " (carried out of segment " + std::to_string(gen) + ")";
+  }
+  return s;
+}
+
+Tensor Tensor::grad_tensor() const {
+  check_live("grad_tensor()");
+  if (!grad) throw TapeError("grad_tensor(): " + describe() + " is not a parameter (no gradient buffer)");
+  Tensor g = *this;
+  g.ptr = grad;
+  g.grad = nullptr;
+  g.node = -1;
+  g.requires_grad = false;
+  return g;
+}
+
+}  // namespace segtape
