@@ -1,0 +1,153 @@
+// Misuse gets a clear error naming what went wrong and what to do.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "util.h"
+
+using namespace segtape;
+
+namespace {
+
+template <class E, class F>
+std::string message_of(F f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an exception";
+  return {};
+}
+
+TEST(Errors, ExpiredTensorNamesSegmentStepAndRemedy) {
+  Tape tape;
+  Tensor w = tape.parameter({2, 2});
+  Tensor stale;
+  {
+    Segment seg = tape.segment();
+    tape.next_step();
+    tape.next_step();
+    stale = tanh(w);  // made in segment 1 at step 2
+  }
+  Segment seg = tape.segment();
+  const std::string m = message_of<ExpiredTensorError>([&] { (void)matmul(stale, w); });
+  EXPECT_NE(m.find("matmul"), std::string::npos) << m;
+  EXPECT_NE(m.find("segment 1 at step 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("seg.carry"), std::string::npos) << m;
+  EXPECT_THROW((void)stale.data<float>(), ExpiredTensorError);
+  EXPECT_FALSE(stale.is_live());
+}
+
+TEST(Errors, CarriedTensorExpiresAfterTheNextSegment) {
+  Tape tape;
+  Tensor w = tape.parameter({2});
+  Tensor c;
+  {
+    Segment seg = tape.segment();
+    c = seg.carry(tanh(w));
+  }
+  { Segment seg = tape.segment(); EXPECT_NO_THROW((void)add(c, w)); }
+  Segment seg = tape.segment();
+  const std::string m = message_of<ExpiredTensorError>([&] { (void)add(c, w); });
+  EXPECT_NE(m.find("carried out of segment 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("carry it again"), std::string::npos) << m;
+}
+
+TEST(Errors, BudgetOverflowReportsWhatFilledTheArena) {
+  Tape tape(Device::cpu(), {.segment_budget = 64 << 10});
+  const int64_t B = 4, H = 32;
+  Tensor w_ih = tape.parameter({3 * H, H}), w_hh = tape.parameter({3 * H, H});
+  Tensor b = tape.parameter({3 * H});
+  Segment seg = tape.segment();
+  Tensor h = tape.zeros({B, H});
+  const std::string m = message_of<BudgetError>([&] {
+    for (int t = 0; t < 1000; ++t, tape.next_step()) h = gru_cell(h, h, w_ih, w_hh, b, b);  // never cut
+  });
+  EXPECT_NE(m.find("segment budget exceeded"), std::string::npos) << m;
+  EXPECT_NE(m.find("by op kind: GruCell"), std::string::npos) << m;  // the dominant kind comes first
+  EXPECT_NE(m.find("By step"), std::string::npos) << m;
+  EXPECT_NE(m.find("carry"), std::string::npos) << m;
+}
+
+TEST(Errors, ShapeMismatchNamesOpAndBothShapes) {
+  Tape tape;
+  Tensor a = tape.parameter({2, 3}), b = tape.parameter({4, 5});
+  Segment seg = tape.segment();
+  std::string m = message_of<ShapeError>([&] { (void)matmul(a, b); });
+  EXPECT_NE(m.find("matmul"), std::string::npos);
+  EXPECT_NE(m.find("[2,3]"), std::string::npos);
+  EXPECT_NE(m.find("[4,5]"), std::string::npos) << m;
+  m = message_of<ShapeError>([&] { (void)add(a, b); });
+  EXPECT_NE(m.find("add: shapes do not broadcast"), std::string::npos) << m;
+  EXPECT_NE(m.find("[4,5]"), std::string::npos) << m;
+  EXPECT_THROW((void)mse_loss(a, b), ShapeError);
+  EXPECT_THROW((void)concat({a, b}, 0), ShapeError);
+  EXPECT_THROW((void)slice(a, 1, 2, 2), ShapeError);
+  EXPECT_THROW((void)reshape(a, {7}), ShapeError);
+  EXPECT_THROW((void)sum(a, 2), ShapeError);
+  EXPECT_THROW((void)gru_cell(a, a, b, b, b, b), ShapeError);
+  Tensor d = tape.parameter({2, 3}, DType::F64);
+  m = message_of<ShapeError>([&] { (void)add(a, d); });
+  EXPECT_NE(m.find("dtypes differ"), std::string::npos) << m;
+}
+
+TEST(Errors, IndicesOutOfRange) {
+  Tape tape;
+  Tensor w = tape.parameter({4, 2});
+  Segment seg = tape.segment();
+  const int64_t bad[] = {1, 4};
+  std::string m = message_of<IndexError>([&] { (void)embedding(w, tape.from(std::span<const int64_t>(bad), {2})); });
+  EXPECT_NE(m.find("embedding: index 4 at position 1 is out of range for 4 rows"), std::string::npos) << m;
+  const int64_t targets[] = {1, 4, 0, 0};
+  m = message_of<IndexError>([&] { (void)cross_entropy(w, tape.from(std::span<const int64_t>(targets), {4})); });
+  EXPECT_NE(m.find("cross_entropy: target 4 at row 1 is out of range for 2 classes"), std::string::npos) << m;
+  const int64_t neg[] = {-1, 0, 0, 0};
+  EXPECT_THROW((void)cross_entropy(w, tape.from(std::span<const int64_t>(neg), {4})), IndexError);
+}
+
+TEST(Errors, DoubleBackwardWithoutRetain) {
+  Tape tape;
+  Tensor w = tape.parameter({2});
+  Segment seg = tape.segment();
+  Tensor h = tanh(w);
+  seg.backward(sum(h));
+  const std::string m = message_of<TapeError>([&] { seg.backward(sum(mul(h, h))); });
+  EXPECT_NE(m.find("second time"), std::string::npos) << m;
+  EXPECT_NE(m.find("retain_graph"), std::string::npos) << m;
+}
+
+TEST(Errors, MisuseOfSegments) {
+  Tape tape;
+  Tensor w = tape.parameter({2});
+  EXPECT_THROW((void)tanh(w), TapeError);  // no open segment
+  Segment seg = tape.segment();
+  std::string m = message_of<TapeError>([&] { (void)tape.segment(); });
+  EXPECT_NE(m.find("still open"), std::string::npos) << m;
+  m = message_of<ShapeError>([&] { seg.backward(tanh(w)); });
+  EXPECT_NE(m.find("single-element"), std::string::npos) << m;
+  {
+    NoGradGuard ng(tape);
+    Tensor y = sum(w);
+    EXPECT_THROW(seg.backward(y), TapeError);
+  }
+  Tensor undefined;
+  EXPECT_THROW((void)tanh(undefined), TapeError);
+  Tape other;
+  Tensor v = other.parameter({2});
+  EXPECT_THROW((void)add(w, v), TapeError);
+}
+
+TEST(Errors, AnomalyModeNamesTheFirstNonFiniteOp) {
+  Tape tape(Device::cpu(), {.anomaly = true});
+  Tensor w = tape.parameter({2});
+  w.data<float>()[0] = -1.0f;
+  Segment seg = tape.segment();
+  tape.next_step();
+  EXPECT_NO_THROW((void)exp(w));
+  const std::string m = message_of<AnomalyError>([&] { (void)log(w); });
+  EXPECT_NE(m.find("op 'Log' at step 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("NaN"), std::string::npos) << m;
+}
+
+}  // namespace

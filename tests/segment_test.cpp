@@ -1,0 +1,177 @@
+// Segment semantics: one segment == full BPTT; K-step segments == the sum of
+// per-segment gradients with the state carried as a constant; carry cuts the
+// history; no-grad records nothing; retain_graph allows a second backward.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "util.h"
+
+using namespace segtape;
+using namespace segtape::test;
+
+namespace {
+
+struct GruProblem {
+  static constexpr int64_t B = 2, I = 3, H = 4, C = 3, T = 6;
+  Tape tape;
+  Tensor w_ih, w_hh, b_ih, b_hh, w_out;
+  std::vector<double> xs;        // [T, B, I]
+  std::vector<int64_t> ys;       // [T, B]
+  std::vector<double> h0;        // [B, H]
+  GruProblem() {
+    std::mt19937 rng(42);
+    w_ih = tape.parameter({3 * H, I}, DType::F64);
+    w_hh = tape.parameter({3 * H, H}, DType::F64);
+    b_ih = tape.parameter({3 * H}, DType::F64);
+    b_hh = tape.parameter({3 * H}, DType::F64);
+    w_out = tape.parameter({C, H}, DType::F64);
+    for (Tensor* p : {&w_ih, &w_hh, &b_ih, &b_hh, &w_out}) fill_uniform(*p, rng);
+    std::uniform_real_distribution<double> u(-1, 1);
+    xs.resize(size_t(T * B * I));
+    for (double& v : xs) v = u(rng);
+    h0.resize(size_t(B * H));
+    for (double& v : h0) v = u(rng);
+    ys.resize(size_t(T * B));
+    for (size_t i = 0; i < ys.size(); ++i) ys[i] = int64_t(i % C);
+  }
+  std::vector<Tensor*> params() { return {&w_ih, &w_hh, &b_ih, &b_hh, &w_out}; }
+  // One step's loss; h is updated.
+  Tensor step(int64_t t, Tensor& h) {
+    Tensor x = tape.from(std::span<const double>(xs).subspan(size_t(t * B * I), size_t(B * I)), {B, I});
+    Tensor y = tape.from(std::span<const int64_t>(ys).subspan(size_t(t * B), size_t(B)), {B});
+    h = gru_cell(x, h, w_ih, w_hh, b_ih, b_hh);
+    return cross_entropy(matmul(h, w_out, false, true), y);
+  }
+  // Loss of steps [t0, t1) starting from state hs (a value), no grad.
+  double loss_from(int64_t t0, int64_t t1, const std::vector<double>& hs) {
+    Segment seg = tape.segment();
+    NoGradGuard ng(tape);
+    Tensor h = tape.from(std::span<const double>(hs), {B, H});
+    double total = 0;
+    for (int64_t t = t0; t < t1; ++t) total += step(t, h).item();
+    return total;
+  }
+  // Runs all T steps in segments of K, backward per segment, grads accumulate.
+  // Returns the state value at each segment start.
+  std::vector<std::vector<double>> train_segments(int64_t K) {
+    tape.zero_grad();
+    std::vector<std::vector<double>> starts;
+    Tensor h;
+    for (int64_t t0 = 0; t0 < T; t0 += K) {
+      Segment seg = tape.segment();
+      if (t0 == 0) h = tape.from(std::span<const double>(h0), {B, H});
+      starts.push_back(values(h));
+      Tensor loss;
+      for (int64_t t = t0; t < std::min(T, t0 + K); ++t) {
+        Tensor l = step(t, h);
+        loss = t == t0 ? l : add(loss, l);
+      }
+      seg.backward(loss);
+      h = seg.carry(h);
+    }
+    return starts;
+  }
+};
+
+TEST(Segment, OneSegmentIsFullBptt) {
+  GruProblem p;
+  p.train_segments(GruProblem::T);
+  for (Tensor* w : p.params()) {
+    auto numeric = numeric_grad(*w, [&] { return p.loss_from(0, GruProblem::T, p.h0); });
+    EXPECT_LE(rel_error(values(w->grad_tensor()), numeric), 1e-7);
+  }
+}
+
+TEST(Segment, KStepSegmentsSumPerSegmentGradients) {
+  for (int64_t K : {1, 2, 4}) {
+    GruProblem p;
+    auto starts = p.train_segments(K);
+    ASSERT_EQ(starts.size(), size_t((GruProblem::T + K - 1) / K));
+    for (Tensor* w : p.params()) {
+      // Truncated objective: each segment's loss with its start state held constant.
+      std::vector<double> expect(size_t(w->numel()), 0.0);
+      for (size_t s = 0; s < starts.size(); ++s) {
+        const int64_t t0 = int64_t(s) * K, t1 = std::min(GruProblem::T, t0 + K);
+        auto g = numeric_grad(*w, [&] { return p.loss_from(t0, t1, starts[s]); });
+        for (size_t i = 0; i < g.size(); ++i) expect[i] += g[i];
+      }
+      EXPECT_LE(rel_error(values(w->grad_tensor()), expect), 1e-7) << "K=" << K;
+    }
+    if (K < GruProblem::T) {
+      // Truncation really changed the gradient of the recurrent weights.
+      auto full = numeric_grad(p.w_hh, [&] { return p.loss_from(0, GruProblem::T, p.h0); });
+      EXPECT_GT(rel_error(values(p.w_hh.grad_tensor()), full), 1e-4) << "K=" << K;
+    }
+  }
+}
+
+TEST(Segment, CarryCutsHistory) {
+  Tape tape;
+  Tensor w = tape.parameter({2, 2});
+  Tensor v = tape.parameter({2, 2});
+  for (float& x : w.span<float>()) x = 0.5f;
+  for (float& x : v.span<float>()) x = 2.0f;
+  Tensor c;
+  {
+    Segment seg = tape.segment();
+    Tensor h = scale(w, 3.0);
+    ASSERT_TRUE(h.requires_grad);
+    c = seg.carry(h);
+    EXPECT_FALSE(c.requires_grad);
+    EXPECT_EQ(c.node, -1);
+  }
+  {
+    Segment seg = tape.segment();
+    EXPECT_EQ(values(c), std::vector<double>(4, 1.5));
+    seg.backward(sum(mul(c, v)));
+    EXPECT_EQ(values(v.grad_tensor()), std::vector<double>(4, 1.5));
+    EXPECT_EQ(values(w.grad_tensor()), std::vector<double>(4, 0.0));  // history was cut
+  }
+}
+
+TEST(Segment, NoGradRecordsNothingAndDetachCutsHistory) {
+  Tape tape;
+  Tensor w = tape.parameter({3, 3});
+  Segment seg = tape.segment();
+  {
+    NoGradGuard ng(tape);
+    Tensor y = tanh(matmul(w, w));
+    EXPECT_FALSE(y.requires_grad);
+    EXPECT_EQ(tape.stats().node_count, 0u);
+  }
+  Tensor y = tanh(matmul(w, w));
+  EXPECT_EQ(tape.stats().node_count, 2u);
+  Tensor d = detach(y);
+  EXPECT_FALSE(d.requires_grad);
+  EXPECT_EQ(d.ptr, y.ptr);  // a view, no copy
+  EXPECT_THROW(seg.backward(sum(d)), TapeError);
+}
+
+TEST(Segment, RetainGraphAllowsSecondBackwardAndAccumulates) {
+  Tape tape;
+  Tensor w = tape.parameter({2});
+  for (float& x : w.span<float>()) x = 3.0f;
+  Segment seg = tape.segment();
+  Tensor loss = sum(mul(w, w));  // d/dw = 2w = 6
+  seg.backward(loss, {.retain_graph = true});
+  seg.backward(loss);
+  EXPECT_EQ(values(w.grad_tensor()), std::vector<double>(2, 12.0));
+  tape.zero_grad();
+  EXPECT_EQ(values(w.grad_tensor()), std::vector<double>(2, 0.0));
+}
+
+TEST(Segment, ParametersGradientsPersistAcrossSegments) {
+  Tape tape;
+  Tensor w = tape.parameter({1});
+  w.data<float>()[0] = 2.0f;
+  for (int s = 0; s < 3; ++s) {
+    Segment seg = tape.segment();
+    seg.backward(sum(scale(w, 1.5)));
+  }
+  EXPECT_FLOAT_EQ(w.grad_tensor().data<float>()[0], 4.5f);
+  EXPECT_EQ(tape.stats().segment_index, 3u);
+}
+
+}  // namespace
