@@ -531,7 +531,7 @@ void backward_typed(Tape& tape, const Node& nd, const T* g, const std::array<voi
     case OpKind::Tanh: for (int64_t i = 0; i < n; ++i) da[i] += g[i] * (T(1) - y[i] * y[i]); return;
     case OpKind::Sigmoid: for (int64_t i = 0; i < n; ++i) da[i] += g[i] * y[i] * (T(1) - y[i]); return;
     case OpKind::Relu: for (int64_t i = 0; i < n; ++i) da[i] += x[i] > T(0) ? g[i] : T(0); return;
-    case OpKind::Exp: for (int64_t i = 0; i < n; ++i) da[i] += g[i] * y[i] * (T(1) - y[i]); return;
+    case OpKind::Exp: for (int64_t i = 0; i < n; ++i) da[i] += g[i] * y[i]; return;
     case OpKind::Log: for (int64_t i = 0; i < n; ++i) da[i] += g[i] / x[i]; return;
     case OpKind::Sum:
     case OpKind::Mean: {
