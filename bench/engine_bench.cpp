@@ -1,0 +1,78 @@
+// Engine micro-benchmarks: ns per op (forward, inside a no-grad segment) and
+// one GRU-cell step forward + backward. Benchmarks only: no test asserts time.
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <vector>
+
+#include "segtape/ops.h"
+
+using namespace segtape;
+
+namespace {
+
+void fill(const Tensor& t, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  for (float& v : t.span<float>()) v = u(rng);
+}
+
+// Runs `op` repeatedly inside one segment, re-opening the segment when the
+// arena fills, so what is timed is the op, not memory management.
+template <class F>
+void run_op(benchmark::State& state, int64_t rows, int64_t cols, F op) {
+  Tape tape(Device::cpu(), {.segment_budget = 64 << 20});
+  Tensor a = tape.parameter({rows, cols}), b = tape.parameter({rows, cols});
+  fill(a, 1), fill(b, 2);
+  for (auto _ : state) {
+    Segment seg = tape.segment();
+    NoGradGuard ng(tape);
+    for (int i = 0; i < 64; ++i) benchmark::DoNotOptimize(op(a, b).ptr);
+  }
+  state.SetItemsProcessed(state.iterations() * 64);
+}
+
+void BM_add(benchmark::State& s) { run_op(s, s.range(0), s.range(1), [](auto& a, auto& b) { return add(a, b); }); }
+void BM_mul(benchmark::State& s) { run_op(s, s.range(0), s.range(1), [](auto& a, auto& b) { return mul(a, b); }); }
+void BM_tanh(benchmark::State& s) { run_op(s, s.range(0), s.range(1), [](auto& a, auto&) { return tanh(a); }); }
+void BM_sigmoid(benchmark::State& s) { run_op(s, s.range(0), s.range(1), [](auto& a, auto&) { return sigmoid(a); }); }
+void BM_softmax(benchmark::State& s) { run_op(s, s.range(0), s.range(1), [](auto& a, auto&) { return softmax(a); }); }
+void BM_matmul(benchmark::State& s) { run_op(s, s.range(0), s.range(1), [](auto& a, auto& b) { return matmul(a, b, false, true); }); }
+BENCHMARK(BM_add)->Args({1, 128})->Args({32, 512});
+BENCHMARK(BM_mul)->Args({1, 128})->Args({32, 512});
+BENCHMARK(BM_tanh)->Args({1, 128})->Args({32, 512});
+BENCHMARK(BM_sigmoid)->Args({1, 128})->Args({32, 512});
+BENCHMARK(BM_softmax)->Args({1, 128})->Args({32, 512});
+BENCHMARK(BM_matmul)->Args({1, 128})->Args({32, 512});
+
+// One GRU-cell step, forward + backward, segments of K = 32 steps. Time per step.
+void BM_gru_step(benchmark::State& state) {
+  const int64_t B = state.range(0), H = state.range(1), I = 32, K = 32;
+  Tape tape(Device::cpu(), {.segment_budget = 256 << 20});
+  Tensor w_ih = tape.parameter({3 * H, I}), w_hh = tape.parameter({3 * H, H});
+  Tensor b_ih = tape.parameter({3 * H}), b_hh = tape.parameter({3 * H});
+  fill(w_ih, 1), fill(w_hh, 2), fill(b_ih, 3), fill(b_hh, 4);
+  std::vector<float> x(size_t(B * I), 0.1f);
+  Tensor h = tape.persistent({B, H});
+  int64_t steps = 0;
+  for (auto _ : state) {
+    Segment seg = tape.segment();
+    Tensor loss;
+    for (int64_t t = 0; t < K; ++t) {
+      h = gru_cell(tape.from(std::span<const float>(x), {B, I}), h, w_ih, w_hh, b_ih, b_hh);
+      Tensor l = mean(h);
+      loss = t ? add(loss, l) : l;
+    }
+    seg.backward(loss);
+    h = seg.carry(h);
+    steps += K;
+  }
+  state.counters["us_per_step"] = benchmark::Counter(double(steps), benchmark::Counter::kIsRate | benchmark::Counter::kInvert,
+                                                     benchmark::Counter::kIs1000);
+  state.counters["segment_peak_bytes"] = double(tape.stats().last_segment_peak);
+}
+BENCHMARK(BM_gru_step)->Args({1, 128})->Args({32, 512})->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

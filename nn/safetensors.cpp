@@ -1,0 +1,502 @@
+// safetensors reader/writer. The parser's input is untrusted: every length,
+// offset and count is checked (with overflow checks) before it is used to
+// index or allocate, and every failure is a CheckpointError "<source>: <problem>".
+#include "segtape/nn/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <system_error>
+
+namespace segtape::safetensors {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+// The data buffer is copied to and from memory as is.
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; a big-endian host would need byte swaps");
+
+// A valid header nests 3 deep (root, entry, shape). The cap keeps a hostile
+// "[[[[..." from building a huge DOM chain; nlohmann itself parses iteratively.
+constexpr std::size_t kMaxJsonDepth = 32;
+
+[[noreturn]] void fail(const std::string& source, const std::string& what) {
+  throw CheckpointError(source + ": " + what);
+}
+
+std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
+
+// Names come from untrusted files: keep them bounded in messages.
+std::string quote(std::string_view s) {
+  constexpr std::size_t kMax = 100;
+  if (s.size() <= kMax) return "'" + std::string(s) + "'";
+  return "'" + std::string(s.substr(0, kMax)) + "...' (" + std::to_string(s.size()) + " bytes)";
+}
+
+std::string shape_str(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string range_str(const TensorInfo& t) {
+  return "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + ")";
+}
+
+// Every dtype the reference implementation knows, with its size in bits
+// (F4/F6 are sub-byte: a tensor of them must still fill whole bytes).
+struct DTypeDesc {
+  std::string_view name;
+  unsigned bits;
+  DType dtype;
+};
+constexpr DTypeDesc kDTypes[] = {
+    {"F32", 32, DType::F32},          {"F64", 64, DType::F64},          {"I64", 64, DType::I64},
+    {"BOOL", 8, DType::Other},        {"F4", 4, DType::Other},          {"F6_E2M3", 6, DType::Other},
+    {"F6_E3M2", 6, DType::Other},     {"U8", 8, DType::Other},          {"I8", 8, DType::Other},
+    {"F8_E5M2", 8, DType::Other},     {"F8_E4M3", 8, DType::Other},     {"F8_E8M0", 8, DType::Other},
+    {"F8_E4M3FNUZ", 8, DType::Other}, {"F8_E5M2FNUZ", 8, DType::Other}, {"I16", 16, DType::Other},
+    {"U16", 16, DType::Other},        {"F16", 16, DType::Other},        {"BF16", 16, DType::Other},
+    {"I32", 32, DType::Other},        {"U32", 32, DType::Other},        {"C64", 64, DType::Other},
+    {"U64", 64, DType::Other},
+};
+
+const DTypeDesc* find_dtype(std::string_view name) {
+  for (const auto& d : kDTypes)
+    if (d.name == name) return &d;
+  return nullptr;
+}
+
+unsigned dtype_bytes(DType d) { return d == DType::F32 ? 4 : 8; }  // F64, I64
+
+// Offset of the first byte that is not part of well-formed UTF-8 (no
+// overlongs, no surrogates, nothing above U+10FFFF), or npos. nlohmann checks
+// strings too, but this gives one clear message for the whole header.
+std::size_t utf8_error(const unsigned char* p, std::size_t n) {
+  std::size_t i = 0;
+  while (i < n) {
+    const unsigned c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t len = 0;
+    unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;  // overlong
+      if (c == 0xED) hi = 0x9F;  // surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;  // overlong
+      if (c == 0xF4) hi = 0x8F;  // > U+10FFFF
+    } else {
+      return i;
+    }
+    if (n - i < len || p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (std::size_t k = 2; k < len; ++k)
+      if ((p[i + k] & 0xC0) != 0x80) return i;
+    i += len;
+  }
+  return std::string::npos;
+}
+
+// First pass over the header. nlohmann's DOM parser silently keeps the last of
+// duplicate keys and has no depth limit, so this SAX pass rejects both (and
+// captures the JSON syntax error) before any DOM is built.
+struct HeaderChecker final : nlohmann::json_sax<json> {
+  std::vector<std::set<std::string>> keys;  // keys seen, one set per open object
+  std::string entry;                        // current top-level key, for messages
+  std::size_t depth = 0;
+  std::string error;
+
+  bool enter() {
+    if (++depth <= kMaxJsonDepth) return true;
+    error = "header JSON is nested deeper than " + std::to_string(kMaxJsonDepth) + " levels";
+    return false;
+  }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    if (!enter()) return false;
+    keys.emplace_back();
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (keys.size() == 1) entry = k;
+    if (keys.back().insert(k).second) return true;
+    error = keys.size() == 1 ? "duplicate tensor name " + quote(k)
+                             : "duplicate key " + quote(k) + " inside entry " + quote(entry);
+    return false;
+  }
+  bool end_object() override {
+    keys.pop_back();
+    --depth;
+    return true;
+  }
+  bool start_array(std::size_t) override { return enter(); }
+  bool end_array() override {
+    --depth;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& ex) override {
+    error = std::string("header is not valid JSON: ") + ex.what();
+    return false;
+  }
+};
+
+// A non-negative JSON integer, or nothing. nlohmann stores every integer
+// literal >= 0 as unsigned, negatives as signed, anything else as float.
+bool as_u64(const json& j, std::uint64_t& out) {
+  if (!j.is_number_unsigned()) return false;
+  out = j.get<std::uint64_t>();
+  return true;
+}
+
+TensorInfo parse_entry(const std::string& src, const std::string& name, const json& e,
+                       std::uint64_t data_len) {
+  const std::string what = "tensor " + quote(name) + ": ";
+  if (!e.is_object()) fail(src, what + "entry is not an object but " + e.type_name());
+  TensorInfo t;
+  t.name = name;
+
+  const auto dt = e.find("dtype");
+  if (dt == e.end()) fail(src, what + "missing \"dtype\"");
+  if (!dt->is_string()) fail(src, what + "\"dtype\" is not a string but " + dt->type_name());
+  t.dtype_str = dt->get<std::string>();
+  const DTypeDesc* desc = find_dtype(t.dtype_str);
+  if (!desc) fail(src, what + "unknown dtype " + quote(t.dtype_str));
+  t.dtype = desc->dtype;
+
+  const auto sh = e.find("shape");
+  if (sh == e.end()) fail(src, what + "missing \"shape\"");
+  if (!sh->is_array()) fail(src, what + "\"shape\" is not an array but " + sh->type_name());
+  std::uint64_t numel = 1;
+  for (std::size_t i = 0; i < sh->size(); ++i) {
+    const json& d = (*sh)[i];
+    std::uint64_t v = 0;
+    if (d.is_number_integer() && !d.is_number_unsigned())
+      fail(src, what + "shape[" + std::to_string(i) + "] is negative (" + d.dump() + ")");
+    if (!as_u64(d, v)) fail(src, what + "shape[" + std::to_string(i) + "] is not an integer but " + d.dump());
+    if (v > static_cast<std::uint64_t>(INT64_MAX))
+      fail(src, what + "shape[" + std::to_string(i) + "] = " + std::to_string(v) + " is too large");
+    t.shape.push_back(static_cast<std::int64_t>(v));
+    if (__builtin_mul_overflow(numel, v, &numel))
+      fail(src, what + "element count of shape " + shape_str(t.shape) + "... overflows 64 bits");
+  }
+  std::uint64_t bits = 0;
+  if (__builtin_mul_overflow(numel, std::uint64_t{desc->bits}, &bits))
+    fail(src, what + "byte size of " + t.dtype_str + " shape " + shape_str(t.shape) + " overflows 64 bits");
+  if (bits % 8 != 0)
+    fail(src, what + t.dtype_str + " shape " + shape_str(t.shape) + " is not a whole number of bytes");
+  const std::uint64_t nbytes = bits / 8;
+
+  const auto off = e.find("data_offsets");
+  if (off == e.end()) fail(src, what + "missing \"data_offsets\"");
+  if (!off->is_array() || off->size() != 2 || !as_u64((*off)[0], t.begin) || !as_u64((*off)[1], t.end))
+    fail(src, what + "\"data_offsets\" must be two non-negative integers [begin, end], got " + off->dump());
+  if (t.begin > t.end)
+    fail(src, what + "data_offsets begin " + std::to_string(t.begin) + " > end " + std::to_string(t.end));
+  if (t.end > data_len)
+    fail(src, what + "data_offsets end " + std::to_string(t.end) + " is past the end of the " +
+                  std::to_string(data_len) + "-byte data buffer");
+  if (t.end - t.begin != nbytes)
+    fail(src, what + t.dtype_str + " shape " + shape_str(t.shape) + " needs " + std::to_string(nbytes) +
+                  " bytes but data_offsets " + range_str(t) + " span " + std::to_string(t.end - t.begin));
+  return t;
+}
+
+std::map<std::string, std::string> parse_metadata(const std::string& src, const json& m) {
+  std::map<std::string, std::string> out;
+  if (m.is_null()) return out;  // the reference reads null as "no metadata"
+  if (!m.is_object())
+    fail(src, "\"__metadata__\" must be an object of string to string, not " + std::string(m.type_name()));
+  for (const auto& [k, v] : m.items()) {
+    if (!v.is_string())
+      fail(src, "\"__metadata__\" value for key " + quote(k) + " is not a string but " + v.type_name());
+    out.emplace(k, v.get<std::string>());
+  }
+  return out;
+}
+
+// Closes an fd and, unless committed, unlinks the temp file it belongs to.
+struct TempFile {
+  fs::path path;
+  int fd = -1;
+  bool committed = false;
+  ~TempFile() {
+    if (fd >= 0) ::close(fd);
+    if (!committed && !path.empty()) ::unlink(path.c_str());
+  }
+};
+
+std::mutex g_hook_mutex;
+std::function<void(const fs::path&)> g_before_rename_hook;
+
+std::vector<std::byte> serialize_impl(std::span<const TensorRef> tensors,
+                                      const std::map<std::string, std::string>& metadata,
+                                      const std::string& src) {
+  std::vector<const TensorRef*> order;
+  std::set<std::string_view> names;
+  for (const TensorRef& t : tensors) {
+    const std::string what = "tensor " + quote(t.name) + ": ";
+    if (t.dtype == DType::Other) fail(src, what + "only F32, F64 and I64 can be written");
+    if (t.name == "__metadata__") fail(src, what + "that name is reserved for the metadata");
+    if (!names.insert(t.name).second) fail(src, "duplicate tensor name " + quote(t.name));
+    std::uint64_t n = dtype_bytes(t.dtype);
+    for (std::int64_t d : t.shape) {
+      if (d < 0) fail(src, what + "negative dimension in shape " + shape_str(t.shape));
+      if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n))
+        fail(src, what + "byte size of shape " + shape_str(t.shape) + " overflows 64 bits");
+    }
+    if (n != t.data.size())
+      fail(src, what + std::string(dtype_name(t.dtype)) + " shape " + shape_str(t.shape) + " needs " +
+                    std::to_string(n) + " bytes but data has " + std::to_string(t.data.size()));
+    order.push_back(&t);
+  }
+  std::sort(order.begin(), order.end(), [](const TensorRef* a, const TensorRef* b) {
+    const unsigned sa = dtype_bytes(a->dtype), sb = dtype_bytes(b->dtype);
+    return sa != sb ? sa > sb : a->name < b->name;
+  });
+
+  json h = json::object();
+  if (!metadata.empty()) h["__metadata__"] = metadata;
+  std::uint64_t offset = 0;
+  for (const TensorRef* t : order) {
+    const std::uint64_t n = t->data.size();
+    h[t->name] = {{"dtype", dtype_name(t->dtype)}, {"shape", t->shape}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string header;
+  try {
+    header = h.dump();  // throws on names / metadata that are not valid UTF-8
+  } catch (const json::exception& e) {
+    fail(src, std::string("cannot encode header: ") + e.what());
+  }
+  header.append((8 - header.size() % 8) % 8, ' ');  // data buffer starts 8-byte aligned
+
+  std::vector<std::byte> out(8 + header.size() + offset);
+  const std::uint64_t n = header.size();
+  std::memcpy(out.data(), &n, 8);
+  std::memcpy(out.data() + 8, header.data(), header.size());
+  std::byte* p = out.data() + 8 + header.size();
+  for (const TensorRef* t : order) {
+    if (!t->data.empty()) std::memcpy(p, t->data.data(), t->data.size());
+    p += t->data.size();
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string_view dtype_name(DType d) {
+  switch (d) {
+    case DType::F32: return "F32";
+    case DType::F64: return "F64";
+    case DType::I64: return "I64";
+    case DType::Other: break;
+  }
+  return "?";
+}
+
+const TensorInfo* File::find(std::string_view name) const {
+  for (const TensorInfo& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+std::span<const std::byte> File::data(const TensorInfo& t) const {
+  // parse() guarantees this; the check guards hand-built or edited Files.
+  if (t.begin > t.end || data_start > bytes.size() || t.end > bytes.size() - data_start)
+    fail(source, "tensor " + quote(t.name) + ": data_offsets " + range_str(t) + " outside the file");
+  return std::span<const std::byte>(bytes).subspan(data_start + t.begin, t.end - t.begin);
+}
+
+const TensorInfo& File::require(std::string_view name, DType want) const {
+  const TensorInfo* t = find(name);
+  if (!t) fail(source, "no tensor named " + quote(name));
+  if (t->dtype != want)
+    fail(source, "tensor " + quote(name) + " is " + t->dtype_str + ", not " + std::string(dtype_name(want)));
+  return *t;
+}
+
+File parse(std::vector<std::byte> bytes, std::string source) {
+  const std::string& src = source;
+  const std::uint64_t size = bytes.size();
+  if (size < 8)
+    fail(src, "file is " + std::to_string(size) + " bytes, shorter than the 8-byte header-length prefix");
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  if (n > kMaxHeaderBytes)
+    fail(src, "header length " + std::to_string(n) + " exceeds the " + std::to_string(kMaxHeaderBytes) +
+                  "-byte limit");
+  if (n > size - 8)
+    fail(src, "header length " + std::to_string(n) + " is larger than the " + std::to_string(size - 8) +
+                  " bytes after the length prefix");
+
+  const char* first = reinterpret_cast<const char*>(bytes.data()) + 8;
+  const char* last = first + n;
+  if (std::size_t bad = utf8_error(reinterpret_cast<const unsigned char*>(first), n); bad != std::string::npos)
+    fail(src, "header is not valid UTF-8 (byte " + std::to_string(bad) + " of the header)");
+  // nlohmann's lexer takes a NUL byte for the end of input and would ignore
+  // whatever follows it; raw NUL is never valid JSON, so reject it here.
+  if (const void* z = std::memchr(first, 0, n))
+    fail(src, "header is not valid JSON: NUL byte at byte " +
+                  std::to_string(static_cast<const char*>(z) - first) + " of the header");
+  HeaderChecker checker;
+  bool ok = false;
+  try {
+    ok = json::sax_parse(first, last, &checker);
+  } catch (const json::exception& e) {  // not expected from sax_parse, but never let it escape
+    fail(src, std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!ok) fail(src, checker.error.empty() ? "header is not valid JSON" : checker.error);
+  const json h = json::parse(first, last, nullptr, /*allow_exceptions=*/false);
+  if (h.is_discarded()) fail(src, "header is not valid JSON");
+  if (!h.is_object()) fail(src, std::string("header is not a JSON object but ") + h.type_name());
+
+  File f;
+  const std::uint64_t data_len = size - 8 - n;
+  for (const auto& [name, entry] : h.items()) {
+    if (name == "__metadata__")
+      f.metadata = parse_metadata(src, entry);
+    else
+      f.tensors.push_back(parse_entry(src, name, entry, data_len));
+  }
+
+  // The reference requires the tensors, sorted by offset, to tile the data
+  // buffer exactly: no overlap (aliasing), no gap (hidden bytes), nothing after.
+  std::sort(f.tensors.begin(), f.tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    if (a.begin != b.begin) return a.begin < b.begin;
+    if (a.end != b.end) return a.end < b.end;
+    return a.name < b.name;
+  });
+  std::uint64_t pos = 0;
+  const TensorInfo* prev = nullptr;
+  for (const TensorInfo& t : f.tensors) {
+    if (t.begin < pos)
+      fail(src, "tensors " + quote(prev->name) + " " + range_str(*prev) + " and " + quote(t.name) + " " +
+                    range_str(t) + " overlap");
+    if (t.begin > pos)
+      fail(src, prev ? "gap of " + std::to_string(t.begin - pos) + " bytes between tensors " + quote(prev->name) +
+                           " (ends at " + std::to_string(pos) + ") and " + quote(t.name) + " (starts at " +
+                           std::to_string(t.begin) + ")"
+                     : "gap: the first tensor " + quote(t.name) + " starts at " + std::to_string(t.begin) +
+                           ", not at 0");
+    pos = t.end;
+    prev = &t;
+  }
+  if (pos != data_len)
+    fail(src, "gap: " + std::to_string(data_len - pos) + " bytes at the end of the data buffer " +
+                  (prev ? "after the last tensor " + quote(prev->name) : std::string("and no tensors")));
+
+  f.bytes = std::move(bytes);
+  f.data_start = static_cast<std::size_t>(8 + n);
+  f.source = std::move(source);
+  return f;
+}
+
+File load(const fs::path& path) {
+  const std::string src = path.string();
+  TempFile guard{{}, ::open(path.c_str(), O_RDONLY | O_CLOEXEC), true};  // just closes the fd
+  if (guard.fd < 0) fail(src, "cannot open: " + errno_text(errno));
+  struct stat st {};
+  if (::fstat(guard.fd, &st) != 0) fail(src, "cannot stat: " + errno_text(errno));
+  if (!S_ISREG(st.st_mode)) fail(src, "not a regular file");
+  std::vector<std::byte> bytes(static_cast<std::size_t>(st.st_size));
+  std::size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t r = ::read(guard.fd, bytes.data() + got, bytes.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail(src, "read failed: " + errno_text(errno));
+    if (r == 0) fail(src, "file shrank while being read");
+    got += static_cast<std::size_t>(r);
+  }
+  return parse(std::move(bytes), src);
+}
+
+std::vector<std::byte> serialize(std::span<const TensorRef> tensors,
+                                 const std::map<std::string, std::string>& metadata) {
+  return serialize_impl(tensors, metadata, "<memory>");
+}
+
+void save_atomic(const fs::path& path, std::span<const TensorRef> tensors,
+                 const std::map<std::string, std::string>& metadata) {
+  const std::string src = path.string();
+  const std::vector<std::byte> bytes = serialize_impl(tensors, metadata, src);
+  if (!path.has_filename()) fail(src, "not a file path");
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+
+  // Same directory, so the rename cannot cross filesystems; pid + counter keep
+  // concurrent writers (threads or processes) from sharing a temp file.
+  static std::atomic<unsigned long> counter{0};
+  TempFile tmp;
+  tmp.path = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
+                    std::to_string(counter++));
+  const std::string tmp_name = tmp.path.string();
+  tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (tmp.fd < 0) {
+    const int e = errno;
+    tmp.path.clear();  // not ours: never unlink a file we did not create
+    fail(src, "cannot create temporary file " + tmp_name + ": " + errno_text(e));
+  }
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t w = ::write(tmp.fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) fail(src, "writing " + tmp_name + " failed: " + errno_text(errno));
+    done += static_cast<std::size_t>(w);
+  }
+  // The data must be durable before the rename makes it the checkpoint, or a
+  // crash could leave the new name pointing at a truncated file.
+  if (::fsync(tmp.fd) != 0) fail(src, "fsync of " + tmp_name + " failed: " + errno_text(errno));
+  const int rc = ::close(tmp.fd);
+  tmp.fd = -1;
+  if (rc != 0) fail(src, "closing " + tmp_name + " failed: " + errno_text(errno));
+
+  std::function<void(const fs::path&)> hook;
+  {
+    std::lock_guard lock(g_hook_mutex);
+    hook = g_before_rename_hook;
+  }
+  if (hook) hook(tmp.path);
+
+  if (::rename(tmp.path.c_str(), path.c_str()) != 0)
+    fail(src, "cannot rename " + tmp_name + " over it: " + errno_text(errno));
+  tmp.committed = true;
+
+  // Persist the rename itself. The new file is already in place here, so a
+  // failure is reported but there is nothing to roll back.
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) fail(src, "saved, but cannot open directory to fsync it: " + errno_text(errno));
+  const int drc = ::fsync(dfd);
+  const int de = errno;
+  ::close(dfd);
+  if (drc != 0 && de != EINVAL)  // some filesystems cannot fsync directories
+    fail(src, "saved, but fsync of the directory failed: " + errno_text(de));
+}
+
+void set_before_rename_hook(std::function<void(const fs::path& tmp)> hook) {
+  std::lock_guard lock(g_hook_mutex);
+  g_before_rename_hook = std::move(hook);
+}
+
+}  // namespace segtape::safetensors
