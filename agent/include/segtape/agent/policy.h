@@ -1,0 +1,43 @@
+// The recurrent policy: observation encoder -> GRUCell (the compressed,
+// fixed-size history) -> heads (action logits; a value head for RL).
+// In window mode the GRU is replaced by a Linear layer compressing the last N
+// step embeddings (no recurrent gradient by construction).
+#pragma once
+#include <memory>
+#include <span>
+
+#include "segtape/agent/env.h"
+#include "segtape/nn/layers.h"
+
+namespace segtape::agent {
+
+struct PolicyShape {
+  int64_t embed = 32;
+  int64_t hidden = 128;
+  int64_t window = 0;  // > 0: window mode over this many step embeddings
+  bool value_head = false;
+};
+
+class Policy : public nn::Module {
+ public:
+  Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& shape);
+  // obs: int64 tokens [B] or float vectors [B, obs_dim] -> [B, embed]
+  Tensor encode(const Tensor& obs) const;
+  // The GRU step: [B, embed], [B, hidden] -> [B, hidden]
+  Tensor recur(const Tensor& e, const Tensor& h) const { return (*gru_)(e, h); }
+  // Window mode: the last N embeddings, oldest first -> [B, hidden]
+  Tensor compress(std::span<const Tensor> window) const;
+  Tensor logits(const Tensor& feature) const { return (*head_)(feature); }
+  Tensor value(const Tensor& feature) const { return (*value_)(feature); }
+  const PolicyShape& shape() const { return shape_; }
+
+ private:
+  PolicyShape shape_;
+  std::unique_ptr<nn::Embedding> token_encoder_;
+  std::unique_ptr<nn::Linear> vector_encoder_;
+  std::unique_ptr<nn::GRUCell> gru_;
+  std::unique_ptr<nn::Linear> compress_;
+  std::unique_ptr<nn::Linear> head_, value_;
+};
+
+}  // namespace segtape::agent

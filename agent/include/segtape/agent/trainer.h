@@ -1,0 +1,116 @@
+// The agent loop: segments of K steps over a batched env, a history strategy
+// deciding how history reaches the gradient, supervised or actor-critic
+// training, and exact resumable checkpoints.
+#pragma once
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "segtape/agent/env.h"
+#include "segtape/agent/policy.h"
+#include "segtape/nn/optim.h"
+
+namespace segtape::agent {
+
+struct History {
+  enum class Kind { Tbptt, Detach, Full, Window, NoGradHistory };
+  Kind kind = Kind::Tbptt;
+  int64_t k = 32;       // steps per segment (per update for full)
+  int64_t window = 0;   // window:N
+  // "tbptt:K", "detach", "full", "window:N", "nograd-history"
+  static History parse(const std::string& s);
+  std::string str() const;
+};
+
+struct TrainConfig {
+  std::string env = "recall";
+  History history;
+  int64_t steps = 24000;   // env steps (each over the whole batch)
+  int64_t batch = 32;
+  int64_t hidden = 128;
+  int64_t embed = 32;
+  double lr = 3e-3;
+  double clip = 1.0;       // gradient norm clip (0 = off)
+  uint64_t seed = 1;
+  std::string device = "cpu";
+  size_t budget = 0;       // segment arena bytes; 0 = 64 MiB (grow limit for `full`)
+  EnvOptions env_options;
+  // actor-critic (tmaze)
+  double gamma = 0.9;
+  double entropy = 0.01;
+  double value_coef = 0.5;
+
+  std::map<std::string, std::string> to_metadata() const;
+  static TrainConfig from_metadata(const std::map<std::string, std::string>& m);
+  // Throws with a one-line message naming the argument when impossible.
+  void validate() const;
+};
+
+struct SegmentResult {
+  int64_t steps = 0;        // env steps this segment ran
+  double loss_sum = 0;      // sum of per-step losses
+  int64_t loss_steps = 0;   // steps that had a loss
+};
+
+class Trainer {
+ public:
+  explicit Trainer(const TrainConfig& c);
+  ~Trainer();
+
+  // Runs one segment (K steps, fewer at the end), updates the parameters.
+  SegmentResult run_segment();
+  bool done() const { return step_ >= config_.steps; }
+  int64_t step() const { return step_; }
+
+  // Greedy evaluation over `steps` fresh steps of a new env seeded `seed` (no gradients).
+  double evaluate(int64_t steps, uint64_t seed);
+
+  // Everything to continue bit-identically: parameters, optimizer moments,
+  // step, env state, carried history, rngs, config. Atomic write.
+  void save(const std::filesystem::path& file, const std::map<std::string, std::string>& extra = {}) const;
+  // Restores a checkpoint written by save() for the same configuration.
+  void load(const std::filesystem::path& file);
+  // Parameters only, for evaluation of a checkpoint.
+  static TrainConfig read_config(const std::filesystem::path& file);
+
+  Tape& tape() { return *tape_; }
+  Policy& policy() { return *policy_; }
+  Env& env() { return *env_; }
+  const TrainConfig& config() const { return config_; }
+
+ private:
+  Tensor observe_tensor();
+  Tensor feature(const Tensor& e);  // history strategy: the [B, hidden] feature of this step
+  void update();
+  SegmentResult supervised_segment(Segment& seg, int64_t n);
+  SegmentResult actor_critic_segment(Segment& seg, int64_t n);
+
+  TrainConfig config_;
+  std::unique_ptr<Tape> tape_;
+  nn::Rng init_rng_, act_rng_;
+  std::unique_ptr<Env> env_;
+  std::unique_ptr<Policy> policy_;
+  std::unique_ptr<nn::Adam> optim_;
+  int64_t step_ = 0;
+  Tensor h_;                         // carried GRU state [B, hidden] (persistent)
+  std::vector<Tensor> window_;       // window mode: last N embeddings (persistent), ring
+  int64_t window_pos_ = 0;
+  std::optional<Segment> full_;      // history `full`: the one segment of the whole run
+  // per-step host buffers, sized once
+  std::vector<int64_t> tokens_, targets_, actions_;
+  std::vector<float> vectors_, rewards_, weights_;
+  std::vector<uint8_t> done_;
+  std::vector<Tensor> logp_, values_;  // actor-critic: per step of the segment
+  std::vector<float> seg_rewards_;
+  std::vector<uint8_t> seg_done_;
+  std::vector<int64_t> seg_actions_;
+  std::vector<float> returns_, window_keep_;
+};
+
+// Resident set size of this process, bytes (from /proc/self/statm).
+size_t resident_bytes();
+
+}  // namespace segtape::agent

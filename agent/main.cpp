@@ -1,0 +1,343 @@
+// The segtape command: train, evaluate and resume recurrent agents whose
+// memory per segment is fixed. `segtape --help` lists everything.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "segtape/agent/plot.h"
+#include "segtape/agent/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace segtape;
+using namespace segtape::agent;
+
+#ifndef SEGTAPE_VERSION
+#define SEGTAPE_VERSION "unknown"
+#endif
+
+namespace {
+
+struct Row {
+  int64_t step;
+  double loss, score;
+  size_t segment_peak, rss;
+  double steps_per_s;
+};
+
+size_t parse_bytes(const std::string& s) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = s.substr(used);
+  double mul = unit.empty() || unit == "B" ? 1
+               : unit == "KiB" || unit == "K" ? 1024.0
+               : unit == "MiB" || unit == "M" ? 1048576.0
+               : unit == "GiB" || unit == "G" ? 1073741824.0
+                                              : -1;
+  if (used == 0 || mul < 0 || !(v > 0) || v * mul > 1e13)
+    throw Error("--budget '" + s + "': expected a size such as 64MiB, 512KiB, 2GiB or a byte count");
+  return size_t(v * mul);
+}
+
+// Atomic text write: temp file, then rename, so a crash never leaves half a file.
+void write_text(const fs::path& p, const std::string& text) {
+  const fs::path tmp = p.parent_path() / ("." + p.filename().string() + ".tmp");
+  {
+    std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
+    o << text;
+    o.flush();
+    if (!o) throw Error("cannot write " + tmp.string() + ": " + std::strerror(errno));
+  }
+  std::error_code ec;
+  fs::rename(tmp, p, ec);
+  if (ec) throw Error("cannot write " + p.string() + ": " + ec.message());
+}
+
+void prepare_dir(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    throw Error("--out " + dir.string() + ": cannot create the directory (" + (ec ? ec.message() : "not a directory") +
+                "); choose a writable path");
+  const fs::path probe = dir / ".segtape-write-probe";
+  FILE* f = std::fopen(probe.c_str(), "wb");
+  if (!f) throw Error("--out " + dir.string() + ": not writable (" + std::strerror(errno) + "); choose a writable path");
+  std::fclose(f);
+  fs::remove(probe, ec);
+}
+
+std::string csv(const std::vector<Row>& rows) {
+  std::string s = "step,loss,accuracy,segment_peak_bytes,rss_bytes,steps_per_s\n";
+  for (const Row& r : rows)
+    s += fmt::format("{},{:.6g},{:.6g},{},{},{:.6g}\n", r.step, r.loss, r.score, r.segment_peak, r.rss, r.steps_per_s);
+  return s;
+}
+
+std::vector<Row> read_csv(const fs::path& p) {
+  std::vector<Row> rows;
+  std::ifstream in(p);
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    Row r{};
+    if (std::sscanf(line.c_str(), "%ld,%lf,%lf,%zu,%zu,%lf", &r.step, &r.loss, &r.score, &r.segment_peak, &r.rss,
+                    &r.steps_per_s) == 6)
+      rows.push_back(r);
+  }
+  return rows;
+}
+
+std::string plot(const std::vector<Row>& rows, const TrainConfig& c, const std::string& measure) {
+  Series loss{"loss per step", {}, {}}, score{measure, {}, {}}, peak{"segment peak (arena)", {}, {}}, rss{"process RSS", {}, {}};
+  for (const Row& r : rows) {
+    const double x = double(r.step);
+    loss.x.push_back(x), loss.y.push_back(r.loss);
+    score.x.push_back(x), score.y.push_back(100.0 * r.score);
+    peak.x.push_back(x), peak.y.push_back(double(r.segment_peak));
+    rss.x.push_back(x), rss.y.push_back(double(r.rss));
+  }
+  const std::string what = c.env + ", history " + c.history.str() + ", B=" + std::to_string(c.batch) + ", H=" + std::to_string(c.hidden);
+  std::vector<Panel> panels = {
+      {"Training loss (" + what + ")", "step", "loss", {loss}, false, false},
+      {measure + " (%)", "step", measure + " %", {score}, false, false},
+      {"Memory: segment high-water vs process RSS", "step", "bytes", {peak, rss}, false, true},
+  };
+  return render_svg(panels);
+}
+
+class Progress {
+ public:
+  explicit Progress(int64_t total) : total_(total), tty_(isatty(STDERR_FILENO)) {}
+  bool tty() const { return tty_; }
+  void update(int64_t step, double loss, double score, size_t peak, double rate, const std::string& measure) {
+    if (!tty_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (step < total_ && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    const int width = 28;
+    const int filled = int(double(width) * double(step) / double(total_));
+    std::string bar(size_t(filled), '#');
+    bar += std::string(size_t(width - filled), '-');
+    std::fprintf(stderr, "\r[%s] %ld/%ld %3.0f%% | %.0f steps/s | loss %.4f | %s %.1f%% | segment %s   ", bar.c_str(), step,
+                 total_, 100.0 * double(step) / double(total_), rate, loss, measure.c_str(), 100 * score,
+                 format_bytes(peak).c_str());
+    std::fflush(stderr);
+  }
+  void finish() {
+    if (tty_) std::fputc('\n', stderr);
+  }
+
+ private:
+  int64_t total_;
+  bool tty_;
+  std::chrono::steady_clock::time_point last_{};
+};
+
+struct TrainArgs {
+  TrainConfig c;
+  std::string history = "tbptt:32", budget, out, resume;
+  int64_t log_every = 0, checkpoint_every = 0, eval_steps = 500;
+  bool force = false;
+};
+
+int train(TrainArgs& a, CLI::App& cmd) {
+  fs::path out;
+  TrainConfig c = a.c;
+  const bool resume = !a.resume.empty();
+  if (resume) {
+    out = a.resume;
+    const fs::path ck = out / "checkpoint.safetensors";
+    if (!fs::exists(ck)) throw Error("--resume " + out.string() + ": no checkpoint.safetensors there; start a new run with --out");
+    c = Trainer::read_config(ck);
+    for (const char* opt : {"--env", "--history", "--batch", "--hidden", "--embed", "--lag", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr"})
+      if (cmd.count(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
+    if (cmd.count("--steps")) c.steps = a.c.steps;
+  } else {
+    c.history = History::parse(a.history);
+    if (!a.budget.empty()) c.budget = parse_bytes(a.budget);
+    if (a.out.empty()) {
+      char stamp[32];
+      const std::time_t now = std::time(nullptr);
+      std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+      out = fs::path("runs") / (c.env + "-" + stamp);
+    } else {
+      out = a.out;
+    }
+    if (!a.force && (fs::exists(out / "checkpoint.safetensors") || fs::exists(out / "metrics.csv")))
+      throw Error("--out " + out.string() + " already holds a run; continue it with --resume " + out.string() +
+                  ", pass --force to overwrite it, or choose another --out");
+  }
+  c.validate();
+  prepare_dir(out);
+
+  Trainer tr(c);
+  std::vector<Row> rows;
+  if (resume) {
+    tr.load(out / "checkpoint.safetensors");
+    rows = read_csv(out / "metrics.csv");
+    while (!rows.empty() && rows.back().step > tr.step()) rows.pop_back();
+  }
+  const std::string measure = tr.env().spec().measure;
+  const int64_t K = c.history.k;
+  const int64_t log_every = a.log_every > 0 ? a.log_every : std::max<int64_t>(K, (c.steps / 100 + K - 1) / K * K);
+  const int64_t ck_every = a.checkpoint_every > 0 ? a.checkpoint_every : std::max<int64_t>(K, (c.steps / 10 + K - 1) / K * K);
+  const bool full = c.history.kind == History::Kind::Full;
+  std::printf("segtape %s: training %s (%s, %s) with history %s for %ld steps, batch %ld, hidden %ld -> %s\n", SEGTAPE_VERSION,
+              c.env.c_str(), tr.env().spec().supervised ? "supervised" : "actor-critic", measure.c_str(), c.history.str().c_str(),
+              c.steps, c.batch, c.hidden, out.c_str());
+  std::fflush(stdout);
+
+  Progress bar(c.steps);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto interval_start = t0;
+  int64_t interval_steps = 0, next_log = (tr.step() / log_every + 1) * log_every, next_ck = (tr.step() / ck_every + 1) * ck_every;
+  double loss_sum = 0, last_loss = 0;
+  int64_t loss_n = 0;
+  size_t peak = 0;
+  tr.env().reset_score();
+  while (!tr.done()) {
+    const SegmentResult r = tr.run_segment();
+    interval_steps += r.steps;
+    loss_sum += r.loss_sum;
+    loss_n += r.loss_steps;
+    peak = full ? tr.tape().stats().peak_bytes : tr.tape().stats().last_segment_peak;
+    const auto now = std::chrono::steady_clock::now();
+    const double secs = std::chrono::duration<double>(now - interval_start).count();
+    const double rate = secs > 0 ? double(interval_steps) / secs : 0;
+    if (loss_n) last_loss = loss_sum / double(loss_n);
+    bar.update(tr.step(), last_loss, tr.env().score(), peak, rate, measure);
+    if (tr.step() >= next_log || tr.done()) {
+      rows.push_back({tr.step(), last_loss, tr.env().score(), peak, resident_bytes(), rate});
+      if (!bar.tty())
+        std::printf("step %ld/%ld  loss %.4f  %s %.1f%%  segment peak %s  rss %s  %.0f steps/s\n", tr.step(), c.steps, last_loss,
+                    measure.c_str(), 100 * tr.env().score(), format_bytes(peak).c_str(), format_bytes(rows.back().rss).c_str(), rate);
+      std::fflush(stdout);
+      tr.env().reset_score();
+      loss_sum = 0, loss_n = 0, interval_steps = 0;
+      interval_start = now;
+      next_log += log_every;
+    }
+    if (!full && (tr.step() >= next_ck || tr.done())) {
+      tr.save(out / "checkpoint.safetensors");
+      write_text(out / "metrics.csv", csv(rows));
+      next_ck += ck_every;
+    }
+  }
+  bar.finish();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (full) tr.save(out / "checkpoint.safetensors");
+  const double eval = tr.evaluate(a.eval_steps, c.seed + 7919);
+  const TapeStats st = tr.tape().stats();
+  nlohmann::json j;
+  j["config"] = c.to_metadata();
+  j["steps"] = tr.step();
+  j["final_loss"] = rows.empty() ? 0.0 : rows.back().loss;
+  j["final_" + measure] = rows.empty() ? 0.0 : rows.back().score;
+  j["eval_" + measure] = eval;
+  j["eval_steps"] = a.eval_steps;
+  j["segment_peak_bytes"] = peak;
+  j["persistent_bytes"] = st.persistent_bytes;
+  j["parameters"] = tr.policy().parameter_count();
+  j["rss_bytes"] = resident_bytes();
+  j["wall_seconds"] = wall;
+  j["resumed"] = resume;
+  write_text(out / "metrics.csv", csv(rows));
+  write_text(out / "metrics.json", j.dump(2) + "\n");
+  write_text(out / "plot.svg", plot(rows, c, measure));
+  std::printf("\nsummary\n");
+  std::printf("  env / history        %s / %s\n", c.env.c_str(), c.history.str().c_str());
+  std::printf("  steps                %ld (batch %ld) in %.1f s\n", tr.step(), c.batch, wall);
+  std::printf("  final loss           %.4f\n", rows.empty() ? 0.0 : rows.back().loss);
+  std::printf("  train %-14s %.2f%% (last log interval)\n", measure.c_str(), 100 * (rows.empty() ? 0.0 : rows.back().score));
+  std::printf("  eval %-15s %.2f%% (%ld fresh steps x %ld streams, greedy)\n", measure.c_str(), 100 * eval, a.eval_steps, c.batch);
+  std::printf("  segment peak         %s%s\n", format_bytes(peak).c_str(), full ? " (one growing segment)" : " (fixed per segment)");
+  std::printf("  persistent memory    %s (%ld parameters)\n", format_bytes(st.persistent_bytes).c_str(), tr.policy().parameter_count());
+  std::printf("  files                %s/{metrics.csv, metrics.json, checkpoint.safetensors, plot.svg}\n", out.c_str());
+  return 0;
+}
+
+int eval(const std::string& checkpoint, int64_t steps, uint64_t seed) {
+  const TrainConfig c = Trainer::read_config(checkpoint);
+  Trainer tr(c);
+  tr.load(checkpoint);
+  const double s = tr.evaluate(steps, seed);
+  const std::string measure = tr.env().spec().measure;
+  std::printf("%s: %s %.2f%% over %ld fresh steps x %ld streams (env %s, history %s, seed %lu)\n", checkpoint.c_str(),
+              measure.c_str(), 100 * s, steps, c.batch, c.env.c_str(), c.history.str().c_str(), seed);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"segtape: recurrent agents with fixed memory per segment (truncated BPTT as the structure of the engine)"};
+  app.set_version_flag("--version", std::string("segtape ") + SEGTAPE_VERSION);
+  app.require_subcommand(1);
+
+  TrainArgs ta;
+  CLI::App* tr = app.add_subcommand("train", "Train a recurrent agent; writes metrics.csv, metrics.json, checkpoint.safetensors, plot.svg");
+  tr->add_option("--env", ta.c.env, "Environment: recall (delayed recall), tmaze (T-maze, RL), dialogue (tool use)")
+      ->capture_default_str()
+      ->check(CLI::IsMember(env_names()));
+  tr->add_option("--history", ta.history,
+                 "How history reaches the gradient: tbptt:K (segments of K steps), detach (K=1), full (one growing segment; "
+                 "teaching), window:N (last N embeddings, no recurrence), nograd-history (1-step gradient, K-step updates)")
+      ->capture_default_str();
+  tr->add_option("--steps", ta.c.steps, "Environment steps to train (each over the whole batch)")->capture_default_str();
+  tr->add_option("--batch", ta.c.batch, "Parallel episode streams B")->capture_default_str();
+  tr->add_option("--hidden", ta.c.hidden, "GRU hidden size H")->capture_default_str();
+  tr->add_option("--embed", ta.c.embed, "Observation embedding size")->capture_default_str();
+  tr->add_option("--lr", ta.c.lr, "Adam learning rate")->capture_default_str();
+  tr->add_option("--clip", ta.c.clip, "Gradient norm clip (0 = off)")->capture_default_str();
+  tr->add_option("--seed", ta.c.seed, "Seed for the model, the env and sampling")->capture_default_str();
+  tr->add_option("--device", ta.c.device, "cpu (cuda where built with a GPU backend)")->capture_default_str();
+  tr->add_option("--out", ta.out, "Output directory (default runs/<env>-<time>)");
+  tr->add_option("--resume", ta.resume, "Continue the run in this directory from its checkpoint");
+  tr->add_flag("--force", ta.force, "Overwrite a run already in --out");
+  tr->add_option("--budget", ta.budget, "Segment arena budget, e.g. 64MiB (for full: the growth limit)");
+  tr->add_option("--lag", ta.c.env_options.lag, "recall: lag L")->capture_default_str();
+  tr->add_option("--vocab", ta.c.env_options.vocab, "recall: vocabulary size")->capture_default_str();
+  tr->add_option("--corridor", ta.c.env_options.corridor, "tmaze: corridor length N")->capture_default_str();
+  tr->add_option("--turns", ta.c.env_options.turns, "dialogue: turns per conversation")->capture_default_str();
+  tr->add_option("--cities", ta.c.env_options.cities, "dialogue: cities a user can name")->capture_default_str();
+  tr->add_option("--gamma", ta.c.gamma, "tmaze: discount")->capture_default_str();
+  tr->add_option("--entropy", ta.c.entropy, "tmaze: entropy bonus")->capture_default_str();
+  tr->add_option("--log-every", ta.log_every, "Steps between metric rows (default: steps/100)");
+  tr->add_option("--checkpoint-every", ta.checkpoint_every, "Steps between checkpoints (default: steps/10)");
+  tr->add_option("--eval-steps", ta.eval_steps, "Steps of greedy evaluation at the end")->capture_default_str();
+
+  std::string ck;
+  int64_t eval_steps = 1000;
+  uint64_t eval_seed = 12345;
+  CLI::App* ev = app.add_subcommand("eval", "Evaluate a checkpoint on fresh seeded episodes");
+  ev->add_option("--checkpoint", ck, "checkpoint.safetensors written by train")->required();
+  ev->add_option("--steps", eval_steps, "Steps to evaluate")->capture_default_str();
+  ev->add_option("--seed", eval_seed, "Seed of the fresh episodes")->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (*tr) return train(ta, *tr);
+    if (*ev) return eval(ck, eval_steps, eval_seed);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "segtape: error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,36 @@
+#include "segtape/agent/policy.h"
+
+namespace segtape::agent {
+
+Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& s) : Module(tape), shape_(s) {
+  if (s.embed < 1 || s.hidden < 1) throw Error("policy: embed and hidden sizes must be >= 1");
+  if (env.vocab > 0) {
+    token_encoder_ = std::make_unique<nn::Embedding>(tape, rng, env.vocab, s.embed);
+    register_module("encoder", *token_encoder_);
+  } else {
+    vector_encoder_ = std::make_unique<nn::Linear>(tape, rng, env.obs_dim, s.embed);
+    register_module("encoder", *vector_encoder_);
+  }
+  if (s.window > 0) {
+    compress_ = std::make_unique<nn::Linear>(tape, rng, s.window * s.embed, s.hidden);
+    register_module("compress", *compress_);
+  } else {
+    gru_ = std::make_unique<nn::GRUCell>(tape, rng, s.embed, s.hidden);
+    register_module("gru", *gru_);
+  }
+  head_ = std::make_unique<nn::Linear>(tape, rng, s.hidden, env.num_actions);
+  register_module("head", *head_);
+  if (s.value_head) {
+    value_ = std::make_unique<nn::Linear>(tape, rng, s.hidden, 1);
+    register_module("value", *value_);
+  }
+}
+
+Tensor Policy::encode(const Tensor& obs) const {
+  if (token_encoder_) return (*token_encoder_)(obs);
+  return tanh((*vector_encoder_)(obs));
+}
+
+Tensor Policy::compress(std::span<const Tensor> window) const { return tanh((*compress_)(concat(window, 1))); }
+
+}  // namespace segtape::agent

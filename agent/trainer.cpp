@@ -1,0 +1,495 @@
+#include "segtape/agent/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "segtape/nn/safetensors.h"
+#include "segtape/ops.h"
+
+namespace segtape::agent {
+
+// ---------------------------------------------------------------- config
+
+History History::parse(const std::string& s) {
+  auto number = [&](const std::string& v, const char* what) {
+    size_t used = 0;
+    long long n = 0;
+    try {
+      n = std::stoll(v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != v.size() || n < 1 || n > 1'000'000)
+      throw Error("--history " + s + ": " + what + " must be an integer in [1, 1000000]");
+    return int64_t(n);
+  };
+  History h;
+  if (s.rfind("tbptt:", 0) == 0) h.kind = Kind::Tbptt, h.k = number(s.substr(6), "K");
+  else if (s == "tbptt") h.kind = Kind::Tbptt;
+  else if (s == "detach") h.kind = Kind::Detach, h.k = 1;
+  else if (s == "full") h.kind = Kind::Full;
+  else if (s.rfind("window:", 0) == 0) h.kind = Kind::Window, h.window = number(s.substr(7), "N");
+  else if (s == "nograd-history") h.kind = Kind::NoGradHistory;
+  else
+    throw Error("unknown --history '" + s + "' (choose tbptt:K, detach, full, window:N or nograd-history)");
+  return h;
+}
+
+std::string History::str() const {
+  switch (kind) {
+    case Kind::Tbptt: return "tbptt:" + std::to_string(k);
+    case Kind::Detach: return "detach";
+    case Kind::Full: return "full";
+    case Kind::Window: return "window:" + std::to_string(window);
+    case Kind::NoGradHistory: return "nograd-history";
+  }
+  return "?";
+}
+
+std::map<std::string, std::string> TrainConfig::to_metadata() const {
+  auto d = [](double v) {
+    char b[40];
+    std::snprintf(b, sizeof b, "%.17g", v);
+    return std::string(b);
+  };
+  return {{"env", env},
+          {"history", history.str()},
+          {"steps", std::to_string(steps)},
+          {"batch", std::to_string(batch)},
+          {"hidden", std::to_string(hidden)},
+          {"embed", std::to_string(embed)},
+          {"lr", d(lr)},
+          {"clip", d(clip)},
+          {"seed", std::to_string(seed)},
+          {"device", device},
+          {"budget", std::to_string(budget)},
+          {"lag", std::to_string(env_options.lag)},
+          {"vocab", std::to_string(env_options.vocab)},
+          {"corridor", std::to_string(env_options.corridor)},
+          {"turns", std::to_string(env_options.turns)},
+          {"cities", std::to_string(env_options.cities)},
+          {"embed_dim", std::to_string(env_options.embed_dim)},
+          {"gamma", d(gamma)},
+          {"entropy", d(entropy)},
+          {"value_coef", d(value_coef)}};
+}
+
+TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>& m) {
+  auto get = [&](const char* k) {
+    auto it = m.find(k);
+    if (it == m.end()) throw CheckpointError(std::string("checkpoint metadata lacks '") + k + "': not a segtape training checkpoint");
+    return it->second;
+  };
+  TrainConfig c;
+  try {
+    c.env = get("env");
+    c.history = History::parse(get("history"));
+    c.steps = std::stoll(get("steps"));
+    c.batch = std::stoll(get("batch"));
+    c.hidden = std::stoll(get("hidden"));
+    c.embed = std::stoll(get("embed"));
+    c.lr = std::stod(get("lr"));
+    c.clip = std::stod(get("clip"));
+    c.seed = std::stoull(get("seed"));
+    c.device = get("device");
+    c.budget = std::stoull(get("budget"));
+    c.env_options = {std::stoll(get("lag")),   std::stoll(get("vocab")),  std::stoll(get("corridor")),
+                     std::stoll(get("turns")), std::stoll(get("cities")), std::stoll(get("embed_dim"))};
+    c.gamma = std::stod(get("gamma"));
+    c.entropy = std::stod(get("entropy"));
+    c.value_coef = std::stod(get("value_coef"));
+  } catch (const std::logic_error& e) {  // stoll & co.
+    throw CheckpointError(std::string("checkpoint metadata has a malformed number (") + e.what() + ")");
+  }
+  return c;
+}
+
+void TrainConfig::validate() const {
+  auto need = [](bool ok, const std::string& m) {
+    if (!ok) throw Error(m);
+  };
+  need(std::find(env_names().begin(), env_names().end(), env) != env_names().end(),
+       "unknown --env '" + env + "' (choose recall, tmaze or dialogue)");
+  need(steps >= 1 && steps <= 1'000'000'000, "--steps must be in [1, 1e9]");
+  need(batch >= 1 && batch <= 65536, "--batch must be in [1, 65536]");
+  need(hidden >= 1 && hidden <= 16384, "--hidden must be in [1, 16384]");
+  need(embed >= 1 && embed <= 16384, "--embed must be in [1, 16384]");
+  need(std::isfinite(lr) && lr > 0 && lr < 10, "--lr must be a positive number below 10");
+  need(std::isfinite(clip) && clip >= 0, "--clip must be >= 0 (0 turns clipping off)");
+  need(device == "cpu" || device == "cuda", "--device must be cpu or cuda");
+  need(device == "cpu", "--device cuda: this build has no CUDA backend for the agent yet; use --device cpu");
+  need(env_options.lag >= 1 && env_options.lag <= 100000, "--lag must be in [1, 100000]");
+  need(env_options.vocab >= 2 && env_options.vocab <= 1'000'000, "--vocab must be in [2, 1e6]");
+  need(env_options.corridor >= 1 && env_options.corridor <= 100000, "--corridor must be in [1, 100000]");
+  need(env_options.turns >= 2 && env_options.turns <= 100000, "--turns must be in [2, 100000]");
+  need(env_options.cities >= 1 && env_options.cities <= 10000, "--cities must be in [1, 10000]");
+  need(gamma >= 0 && gamma <= 1, "--gamma must be in [0, 1]");
+  need(history.kind != History::Kind::Window || history.window <= 64, "--history window:N needs N <= 64");
+}
+
+// ---------------------------------------------------------------- trainer
+
+namespace {
+constexpr size_t kDefaultBudget = size_t(64) << 20;
+
+TapeOptions tape_options(const TrainConfig& c) {
+  TapeOptions o;
+  if (c.history.kind == History::Kind::Full) {
+    // Teaching policy: one segment for the whole run, the arena grows; --budget stops it.
+    o.grow = true;
+    o.segment_budget = size_t(4) << 20;
+    o.grow_limit = c.budget;
+  } else {
+    o.segment_budget = c.budget ? c.budget : kDefaultBudget;
+  }
+  return o;
+}
+
+int64_t argmax_row(const float* p, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (p[i] > p[best]) best = i;
+  return best;
+}
+}  // namespace
+
+Trainer::Trainer(const TrainConfig& c)
+    : config_(c), init_rng_(c.seed), act_rng_(c.seed ^ 0xac7u) {
+  config_.validate();
+  tape_ = std::make_unique<Tape>(Device::cpu(), tape_options(config_));
+  env_ = make_env(c.env, c.batch, c.seed * 1000003u + 17u, c.env_options);
+  const EnvSpec& spec = env_->spec();
+  PolicyShape shape{c.embed, c.hidden, c.history.kind == History::Kind::Window ? c.history.window : 0, !spec.supervised};
+  policy_ = std::make_unique<Policy>(*tape_, init_rng_, spec, shape);
+  optim_ = std::make_unique<nn::Adam>(*policy_, nn::AdamOptions{.lr = c.lr});
+  h_ = tape_->persistent({c.batch, c.hidden});
+  for (int64_t i = 0; i + 1 < shape.window; ++i) window_.push_back(tape_->persistent({c.batch, c.embed}));
+  const size_t B = size_t(c.batch);
+  tokens_.assign(B, 0);
+  targets_.assign(B, kNoTarget);
+  actions_.assign(B, 0);
+  vectors_.assign(B * size_t(std::max<int64_t>(spec.obs_dim, 1)), 0.0f);
+  rewards_.assign(B, 0.0f);
+  done_.assign(B, 0);
+  weights_.assign(B * size_t(spec.num_actions), 0.0f);
+  const size_t K = size_t(c.history.k);
+  logp_.reserve(K);
+  values_.reserve(K);
+  seg_rewards_.assign(K * B, 0.0f);
+  seg_done_.assign(K * B, 0);
+  seg_actions_.assign(K * B, 0);
+  returns_.assign(B, 0.0f);
+  window_keep_.assign(B * size_t(c.embed), 0.0f);
+}
+
+Trainer::~Trainer() = default;
+
+Tensor Trainer::observe_tensor() {
+  const EnvSpec& spec = env_->spec();
+  env_->observe(tokens_, vectors_);
+  if (spec.vocab > 0) return tape_->from(std::span<const int64_t>(tokens_), {config_.batch});
+  return tape_->from(std::span<const float>(vectors_), {config_.batch, spec.obs_dim});
+}
+
+Tensor Trainer::feature(const Tensor& e) {
+  switch (config_.history.kind) {
+    case History::Kind::Window: {
+      // The last N - 1 embeddings (detached values) and this step's, oldest first.
+      std::array<Tensor, 64> parts;
+      const size_t n = window_.size();
+      for (size_t i = 0; i < n; ++i) parts[i] = window_[(size_t(window_pos_) + i) % n];
+      parts[n] = e;
+      Tensor f = policy_->compress(std::span<const Tensor>(parts.data(), n + 1));
+      if (n) {
+        copy_into(window_[size_t(window_pos_)], detach(e));
+        window_pos_ = (window_pos_ + 1) % int64_t(n);
+      }
+      return f;
+    }
+    case History::Kind::NoGradHistory:
+      // Only this step is differentiated: the history arrives as a value.
+      h_ = policy_->recur(e, detach(h_));
+      return h_;
+    default:
+      h_ = policy_->recur(e, h_);
+      return h_;
+  }
+}
+
+void Trainer::update() {
+  if (config_.clip > 0) nn::clip_grad_norm(*policy_, config_.clip);
+  optim_->step();
+  optim_->zero_grad();
+}
+
+SegmentResult Trainer::run_segment() {
+  const int64_t n = std::min(config_.history.k, config_.steps - step_);
+  if (n <= 0) return {};
+  if (config_.history.kind == History::Kind::Full) {
+    // One segment for the whole run: the arena keeps every step (teaching).
+    if (!full_) full_.emplace(tape_->segment());
+    SegmentResult r = env_->spec().supervised ? supervised_segment(*full_, n) : actor_critic_segment(*full_, n);
+    if (done()) full_.reset();
+    return r;
+  }
+  Segment seg = tape_->segment();
+  SegmentResult r = env_->spec().supervised ? supervised_segment(seg, n) : actor_critic_segment(seg, n);
+  if (config_.history.kind != History::Kind::Window) h_ = seg.carry(h_);  // the TBPTT boundary
+  return r;
+}
+
+namespace {
+BackwardOptions backward_options(const TrainConfig& c) {
+  // `full` backpropagates each update's losses through the whole retained history.
+  return {.retain_graph = c.history.kind == History::Kind::Full};
+}
+}  // namespace
+
+SegmentResult Trainer::supervised_segment(Segment& seg, int64_t n) {
+  SegmentResult r;
+  Tensor loss;
+  const int64_t B = config_.batch, A = env_->spec().num_actions;
+  for (int64_t i = 0; i < n; ++i, ++step_, tape_->next_step()) {
+    Tensor x = observe_tensor();
+    env_->targets(targets_);
+    Tensor logits = policy_->logits(feature(policy_->encode(x)));
+    const bool has_target = std::any_of(targets_.begin(), targets_.end(), [](int64_t y) { return y != kNoTarget; });
+    if (has_target) {
+      Tensor l = cross_entropy(logits, tape_->from(std::span<const int64_t>(targets_), {B}), Reduction::Mean, kNoTarget);
+      r.loss_sum += l.item();
+      ++r.loss_steps;
+      loss = loss.defined() ? add(loss, l) : l;
+    }
+    const float* p = logits.data<float>();
+    for (int64_t b = 0; b < B; ++b) actions_[size_t(b)] = argmax_row(p + b * A, A);
+    env_->step(actions_, rewards_, done_);
+  }
+  r.steps = n;
+  if (loss.defined()) {
+    seg.backward(loss, backward_options(config_));
+    update();
+  }
+  return r;
+}
+
+SegmentResult Trainer::actor_critic_segment(Segment& seg, int64_t n) {
+  SegmentResult r;
+  const int64_t B = config_.batch, A = env_->spec().num_actions;
+  logp_.clear();
+  values_.clear();
+  for (int64_t i = 0; i < n; ++i, ++step_, tape_->next_step()) {
+    Tensor f = feature(policy_->encode(observe_tensor()));
+    Tensor lp = log_softmax(policy_->logits(f));  // [B, A]
+    logp_.push_back(lp);
+    values_.push_back(policy_->value(f));        // [B, 1]
+    const float* p = lp.data<float>();
+    for (int64_t b = 0; b < B; ++b) {  // sample a ~ softmax
+      double u = act_rng_.uniform(), acc = 0;
+      int64_t a = A - 1;
+      for (int64_t k = 0; k < A; ++k) {
+        acc += std::exp(double(p[b * A + k]));
+        if (u < acc) {
+          a = k;
+          break;
+        }
+      }
+      actions_[size_t(b)] = a;
+    }
+    env_->step(actions_, rewards_, done_);
+    std::copy(actions_.begin(), actions_.end(), seg_actions_.begin() + i * B);
+    std::copy(rewards_.begin(), rewards_.end(), seg_rewards_.begin() + i * B);
+    std::copy(done_.begin(), done_.end(), seg_done_.begin() + i * B);
+  }
+  // Bootstrap from the value of the next state, computed without gradient and
+  // without committing the state (the next segment recomputes that step).
+  std::vector<float>& ret = returns_;  // the running n-step return [B]
+  {
+    NoGradGuard ng(*tape_);
+    const Tensor keep_h = h_;
+    const int64_t keep_pos = window_pos_;
+    if (!window_.empty()) {  // feature() overwrites the oldest ring slot: keep it
+      const auto slot = window_[size_t(window_pos_)].span<float>();
+      std::copy(slot.begin(), slot.end(), window_keep_.begin());
+    }
+    Tensor v = policy_->value(feature(policy_->encode(observe_tensor())));
+    for (int64_t b = 0; b < B; ++b) ret[size_t(b)] = v.data<float>()[b];
+    h_ = keep_h;
+    window_pos_ = keep_pos;
+    if (!window_.empty()) std::copy(window_keep_.begin(), window_keep_.end(), window_[size_t(window_pos_)].span<float>().begin());
+  }
+  Tensor loss;
+  const float inv_b = 1.0f / float(B);
+  for (int64_t i = n - 1; i >= 0; --i) {
+    const float* v = values_[size_t(i)].data<float>();
+    std::fill(weights_.begin(), weights_.end(), 0.0f);
+    for (int64_t b = 0; b < B; ++b) {
+      const size_t k = size_t(i * B + b);
+      ret[size_t(b)] = seg_rewards_[k] + float(config_.gamma) * ret[size_t(b)] * (seg_done_[k] ? 0.0f : 1.0f);
+      const float adv = ret[size_t(b)] - v[b];
+      weights_[size_t(b * A + seg_actions_[k])] = -adv * inv_b;  // policy gradient: -adv * log pi(a)
+    }
+    const Tensor& lp = logp_[size_t(i)];
+    Tensor pg = sum(mul(lp, tape_->from(std::span<const float>(weights_), {B, A})));
+    Tensor vl = scale(mse_loss(values_[size_t(i)], tape_->from(std::span<const float>(ret.data(), size_t(B)), {B, 1}),
+                               Reduction::Sum),
+                      0.5 * config_.value_coef / double(B));
+    Tensor neg_entropy = scale(sum(mul(exp(lp), lp)), config_.entropy / double(B));
+    Tensor l = add(add(pg, vl), neg_entropy);
+    r.loss_sum += l.item();
+    ++r.loss_steps;
+    loss = loss.defined() ? add(loss, l) : l;
+  }
+  r.steps = n;
+  seg.backward(loss, backward_options(config_));
+  update();
+  return r;
+}
+
+double Trainer::evaluate(int64_t steps, uint64_t seed) {
+  // A fresh env and fresh history, greedy actions, nothing recorded; the
+  // training state (h, window ring, env) is put back afterwards.
+  std::unique_ptr<Env> keep_env = std::move(env_);
+  env_ = make_env(config_.env, config_.batch, seed, config_.env_options);
+  Tensor keep_h = h_;
+  const int64_t keep_pos = window_pos_;
+  std::vector<std::vector<float>> keep_window;
+  for (const Tensor& w : window_) keep_window.emplace_back(w.span<float>().begin(), w.span<float>().end());
+  Tensor h0 = tape_->persistent({config_.batch, config_.hidden});
+  h_ = h0;
+  for (const Tensor& w : window_) std::fill(w.span<float>().begin(), w.span<float>().end(), 0.0f);
+  const int64_t B = config_.batch, A = env_->spec().num_actions;
+  const int64_t K = std::max<int64_t>(config_.history.k, 32);
+  for (int64_t done_steps = 0; done_steps < steps;) {
+    Segment seg = tape_->segment();
+    NoGradGuard ng(*tape_);
+    for (int64_t i = 0; i < K && done_steps < steps; ++i, ++done_steps) {
+      Tensor logits = policy_->logits(feature(policy_->encode(observe_tensor())));
+      const float* p = logits.data<float>();
+      for (int64_t b = 0; b < B; ++b) actions_[size_t(b)] = argmax_row(p + b * A, A);
+      env_->step(actions_, rewards_, done_);
+    }
+    copy_into(h0, h_);
+    h_ = h0;
+  }
+  const double score = env_->score();
+  env_ = std::move(keep_env);
+  h_ = keep_h;
+  window_pos_ = keep_pos;
+  for (size_t i = 0; i < window_.size(); ++i) std::copy(keep_window[i].begin(), keep_window[i].end(), window_[i].span<float>().begin());
+  return score;
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+namespace {
+namespace st = segtape::safetensors;
+
+std::span<const std::byte> bytes_of(const Tensor& t) { return {static_cast<const std::byte*>(t.ptr), t.nbytes()}; }
+
+st::TensorRef ref(const std::string& name, const Tensor& t) {
+  t.check_live("checkpoint save");
+  std::vector<int64_t> shape(t.shape.dims.begin(), t.shape.dims.begin() + t.rank());
+  return {name, t.dtype == DType::F64 ? st::DType::F64 : st::DType::F32, shape, bytes_of(t)};
+}
+
+template <class T>
+st::TensorRef ints_ref(const std::string& name, const std::vector<T>& v) {
+  return {name, st::DType::I64, {int64_t(v.size())}, std::as_bytes(std::span<const T>(v))};
+}
+
+// Copies a float tensor named `name` from the file into t, checking dtype and shape.
+void restore(const st::File& f, const std::string& name, const Tensor& t) {
+  const st::TensorInfo* info = f.find(name);
+  if (!info) throw CheckpointError(f.source + ": missing tensor '" + name + "' (a checkpoint of another configuration?)");
+  std::vector<int64_t> shape(t.shape.dims.begin(), t.shape.dims.begin() + t.rank());
+  if (info->dtype != st::DType::F32 || info->shape != shape)
+    throw CheckpointError(f.source + ": tensor '" + name + "' is " + info->dtype_str + " of another shape than the model's " +
+                          t.shape.str() + " (a checkpoint of another configuration?)");
+  const auto data = f.data(*info);
+  std::memcpy(t.ptr, data.data(), data.size());
+}
+}  // namespace
+
+void Trainer::save(const std::filesystem::path& file, const std::map<std::string, std::string>& extra) const {
+  if (full_) throw Error("save: history 'full' keeps its whole run in one open segment; it checkpoints only at the end");
+  std::vector<st::TensorRef> refs;
+  for (const auto& [name, t] : policy_->named_parameters()) refs.push_back(ref("policy." + name, t));
+  for (const auto& [name, t] : optim_->state()) refs.push_back(ref("optim." + name, t));
+  const std::vector<int64_t> counters = {step_, optim_->step_count(), window_pos_};
+  const auto ir = init_rng_.state(), ar = act_rng_.state();
+  const std::vector<uint64_t> rngs = {ir.seed, ir.counter, ar.seed, ar.counter};
+  const std::vector<int64_t> env_state = env_->save_state();
+  refs.push_back(ints_ref("train.counters", counters));
+  refs.push_back(ints_ref("train.rngs", rngs));
+  refs.push_back(ints_ref("env.state", env_state));
+  refs.push_back(ref("state.h", h_));
+  for (size_t i = 0; i < window_.size(); ++i) refs.push_back(ref("state.window." + std::to_string(i), window_[i]));
+  auto meta = config_.to_metadata();
+  meta["format"] = "segtape-train-1";
+  for (const auto& [k, v] : extra) meta[k] = v;
+  st::save_atomic(file, refs, meta);
+}
+
+TrainConfig Trainer::read_config(const std::filesystem::path& file) {
+  const st::File f = st::load(file);
+  auto it = f.metadata.find("format");
+  if (it == f.metadata.end() || it->second != "segtape-train-1")
+    throw CheckpointError(file.string() + ": not a segtape training checkpoint (no format 'segtape-train-1' in its metadata)");
+  return TrainConfig::from_metadata(f.metadata);
+}
+
+void Trainer::load(const std::filesystem::path& file) {
+  const st::File f = st::load(file);
+  const TrainConfig saved = TrainConfig::from_metadata(f.metadata);
+  auto same = [&](bool ok, const char* what) {
+    if (!ok) throw CheckpointError(file.string() + ": checkpoint was written with another " + what + " than this run's");
+  };
+  same(saved.env == config_.env, "--env");
+  same(saved.history.str() == config_.history.str(), "--history");
+  same(saved.batch == config_.batch && saved.hidden == config_.hidden && saved.embed == config_.embed, "--batch/--hidden/--embed");
+  if (config_.history.kind == History::Kind::Full) throw CheckpointError("--history full cannot be resumed: its history lives in one segment");
+  // Validate everything before touching the model.
+  const auto counters = f.values<int64_t>("train.counters");
+  const auto rngs = f.values<int64_t>("train.rngs");
+  const auto env_state = f.values<int64_t>("env.state");
+  if (counters.size() != 3 || rngs.size() != 4) throw CheckpointError(file.string() + ": malformed train.counters / train.rngs");
+  std::vector<std::pair<std::string, Tensor>> targets;
+  for (const auto& [name, t] : policy_->named_parameters()) targets.push_back({"policy." + name, t});
+  for (const auto& [name, t] : optim_->state()) targets.push_back({"optim." + name, t});
+  Tensor h = tape_->persistent({config_.batch, config_.hidden});
+  targets.push_back({"state.h", h});
+  for (size_t i = 0; i < window_.size(); ++i) targets.push_back({"state.window." + std::to_string(i), window_[i]});
+  // Checks shapes of all first (restore into scratch copies would double memory; check then copy).
+  for (const auto& [name, t] : targets) {
+    const st::TensorInfo* info = f.find(name);
+    std::vector<int64_t> shape(t.shape.dims.begin(), t.shape.dims.begin() + t.rank());
+    if (!info || info->dtype != st::DType::F32 || info->shape != shape)
+      throw CheckpointError(file.string() + ": tensor '" + name + "' is missing or does not match the model " + t.shape.str() +
+                            " (a checkpoint of another configuration?)");
+  }
+  env_->load_state(env_state);
+  for (const auto& [name, t] : targets) restore(f, name, t);
+  h_ = h;
+  step_ = counters[0];
+  optim_->set_step_count(counters[1]);
+  window_pos_ = counters[2];
+  init_rng_.set_state({uint64_t(rngs[0]), uint64_t(rngs[1])});
+  act_rng_.set_state({uint64_t(rngs[2]), uint64_t(rngs[3])});
+}
+
+size_t resident_bytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  unsigned long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%lu %lu", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? size_t(resident) * size_t(sysconf(_SC_PAGESIZE)) : 0;
+}
+
+}  // namespace segtape::agent
