@@ -1,0 +1,290 @@
+// The agent loop: env determinism and correctness, each history strategy's
+// memory behaviour, bit-identical resume, a learning smoke test, and the
+// command line's answers to bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "segtape/agent/trainer.h"
+
+using namespace segtape;
+using namespace segtape::agent;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Trace {
+  std::vector<int64_t> tokens, targets;
+  std::vector<float> vectors, rewards;
+};
+
+Trace run_env(Env& env, int steps, int64_t action = 0) {
+  const size_t B = size_t(env.batch());
+  const size_t D = size_t(std::max<int64_t>(env.spec().obs_dim, 1));
+  std::vector<int64_t> tok(B), y(B), a(B, action);
+  std::vector<float> vec(B * D), r(B);
+  std::vector<uint8_t> done(B);
+  Trace t;
+  for (int s = 0; s < steps; ++s) {
+    env.observe(tok, vec);
+    env.targets(y);
+    t.tokens.insert(t.tokens.end(), tok.begin(), tok.end());
+    t.targets.insert(t.targets.end(), y.begin(), y.end());
+    t.vectors.insert(t.vectors.end(), vec.begin(), vec.end());
+    env.step(a, r, done);
+    t.rewards.insert(t.rewards.end(), r.begin(), r.end());
+  }
+  return t;
+}
+
+TEST(Env, SeededAndDeterministic) {
+  for (const std::string& name : env_names()) {
+    auto a = make_env(name, 4, 7, {}), b = make_env(name, 4, 7, {}), c = make_env(name, 4, 8, {});
+    Trace ta = run_env(*a, 50), tb = run_env(*b, 50), tc = run_env(*c, 50);
+    EXPECT_EQ(ta.tokens, tb.tokens) << name;
+    EXPECT_EQ(ta.vectors, tb.vectors) << name;
+    EXPECT_EQ(ta.targets, tb.targets) << name;
+    EXPECT_TRUE(ta.tokens != tc.tokens || ta.vectors != tc.vectors) << name << ": another seed gives the same stream";
+  }
+}
+
+TEST(Env, RecallTargetIsTheTokenShownLagStepsEarlier) {
+  EnvOptions o;
+  o.lag = 5;
+  o.vocab = 7;
+  auto env = make_env("recall", 3, 1, o);
+  Trace t = run_env(*env, 40);
+  for (int s = 0; s < 40; ++s)
+    for (int b = 0; b < 3; ++b) {
+      const int64_t y = t.targets[size_t(s * 3 + b)];
+      if (s < 5) EXPECT_EQ(y, kNoTarget);
+      else EXPECT_EQ(y, t.tokens[size_t((s - 5) * 3 + b)]) << "step " << s;
+    }
+}
+
+TEST(Env, TMazeRewardsTheCuedArmAtTheJunction) {
+  EnvOptions o;
+  o.corridor = 4;
+  for (int64_t act : {0, 1}) {
+    auto env = make_env("tmaze", 8, 3, o);
+    Trace t = run_env(*env, 5 * 6, act);  // 6 episodes of N + 1 = 5 steps
+    for (int e = 0; e < 6; ++e)
+      for (int b = 0; b < 8; ++b) {
+        const int64_t cue = t.tokens[size_t(e * 5 * 8 + b)];
+        ASSERT_TRUE(cue == 0 || cue == 1);
+        for (int s = 1; s < 4; ++s) EXPECT_EQ(t.tokens[size_t((e * 5 + s) * 8 + b)], 2);
+        EXPECT_EQ(t.tokens[size_t((e * 5 + 4) * 8 + b)], 3);
+        for (int s = 0; s < 4; ++s) EXPECT_EQ(t.rewards[size_t((e * 5 + s) * 8 + b)], 0.0f);
+        EXPECT_EQ(t.rewards[size_t((e * 5 + 4) * 8 + b)], cue == act ? 1.0f : -1.0f);
+      }
+  }
+}
+
+TEST(Env, DialogueToolDependsOnAnEarlierTurn) {
+  auto env = make_env("dialogue", 16, 5, {});
+  const int64_t D = env->spec().obs_dim;
+  Trace t = run_env(*env, 200);
+  // Requests are two messages whatever the city; their correct tools must
+  // differ across conversations, so the current message alone cannot decide.
+  std::map<int64_t, std::set<int64_t>> tools_by_request;  // nearest-neighbour message id -> tools
+  std::vector<std::vector<float>> seen;
+  for (size_t i = 0; i < t.targets.size(); ++i) {
+    const int64_t y = t.targets[i];
+    ASSERT_GE(y, 0);
+    ASSERT_LT(y, env->spec().num_actions);
+    if (y == 0) continue;
+    const int64_t request = (y - 1) / 4;  // 1 + r * cities + c with 4 cities
+    tools_by_request[request].insert(y);
+    (void)D;
+  }
+  ASSERT_EQ(tools_by_request.size(), 2u);
+  for (auto& [r, tools] : tools_by_request) EXPECT_GE(tools.size(), 3u) << "request " << r;
+}
+
+TrainConfig small(const std::string& env, const std::string& history, int64_t steps) {
+  TrainConfig c;
+  c.env = env;
+  c.history = History::parse(history);
+  c.steps = steps;
+  c.batch = 4;
+  c.hidden = 16;
+  c.embed = 8;
+  c.env_options.lag = 2;
+  c.env_options.corridor = 3;
+  return c;
+}
+
+TEST(History, TbpttHighWaterIsFlatToTheByte) {
+  for (const char* h : {"tbptt:8", "detach", "window:4", "nograd-history"}) {
+    for (const char* env : {"recall", "tmaze"}) {
+      TrainConfig c = small(env, h, 0);
+      c.steps = c.history.k * 40;
+      Trainer tr(c);
+      std::vector<size_t> peaks;
+      while (!tr.done()) {
+        tr.run_segment();
+        peaks.push_back(tr.tape().stats().last_segment_peak);
+      }
+      // After warm-up (recall has no target for its first `lag` steps, so no backward) every
+      // segment peaks at the same byte.
+      const size_t warm = 4;
+      ASSERT_EQ(peaks.size(), 40u);
+      for (size_t i = warm; i < peaks.size(); ++i) ASSERT_EQ(peaks[i], peaks[warm]) << h << " " << env << " segment " << i;
+      EXPECT_GT(peaks[warm], 0u);
+    }
+  }
+}
+
+TEST(History, FullGrowsEverySegment) {
+  Trainer tr(small("recall", "full", 32 * 6));
+  size_t last = 0;
+  while (!tr.done()) {
+    tr.run_segment();
+    const size_t live = tr.tape().stats().live_bytes;
+    if (!tr.done()) {
+      EXPECT_GT(live, last);
+      last = live;
+    }
+  }
+  EXPECT_GT(last, size_t(5 * (last / 6)));  // roughly linear, not flat
+}
+
+TEST(History, FullStopsAtTheBudgetWithTheEnginesReport) {
+  TrainConfig c = small("recall", "full", 100000);
+  c.budget = 2 << 20;
+  Trainer tr(c);
+  try {
+    while (!tr.done()) tr.run_segment();
+    FAIL() << "the budget did not stop history 'full'";
+  } catch (const BudgetError& e) {
+    EXPECT_NE(std::string(e.what()).find("segment budget exceeded"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("GruCell"), std::string::npos);
+  }
+}
+
+std::vector<float> params_of(Trainer& tr) {
+  std::vector<float> v;
+  for (auto& [n, t] : tr.policy().named_parameters()) v.insert(v.end(), t.span<float>().begin(), t.span<float>().end());
+  return v;
+}
+
+TEST(Resume, ContinuesBitIdentically) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_resume_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const char* env : {"recall", "tmaze", "dialogue"}) {
+    for (const char* h : {"tbptt:8", "window:3"}) {
+      TrainConfig c = small(env, h, 0);
+      c.steps = c.history.k * 12;
+      Trainer straight(c);
+      while (!straight.done()) straight.run_segment();
+      Trainer first(c);
+      for (int i = 0; i < 5; ++i) first.run_segment();
+      first.save(dir / "ck.safetensors");
+      Trainer second(Trainer::read_config(dir / "ck.safetensors"));
+      second.load(dir / "ck.safetensors");
+      EXPECT_EQ(second.step(), 5 * c.history.k);
+      while (!second.done()) second.run_segment();
+      EXPECT_EQ(params_of(straight), params_of(second)) << env << " " << h;
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Learning, RecallBeatsChanceClearly) {
+  TrainConfig c = small("recall", "tbptt:16", 3200);
+  c.batch = 16;
+  c.hidden = 32;
+  c.lr = 1e-2;
+  Trainer tr(c);
+  while (!tr.done()) tr.run_segment();
+  const double acc = tr.evaluate(400, 99);
+  EXPECT_GT(acc, 0.6) << "chance is 0.25";  // lag 2, vocab 4
+}
+
+// ---- the command line
+
+struct CmdResult {
+  int code;
+  std::string out;
+};
+CmdResult sh(const std::string& args) {
+  const std::string cmd = std::string(SEGTAPE_BIN) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_cli_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string d = dir.string();
+  CmdResult ok = sh("train --steps 64 --batch 4 --hidden 8 --log-every 32 --out " + d);
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  for (const char* f : {"metrics.csv", "metrics.json", "checkpoint.safetensors", "plot.svg"}) EXPECT_TRUE(fs::exists(dir / f)) << f;
+  const std::string before = slurp(dir / "checkpoint.safetensors");
+  const std::string metrics_before = slurp(dir / "metrics.csv");
+
+  struct Bad {
+    std::string args, fragment;
+  } cases[] = {
+      {"train --env chess --out " + d + "x", "chess"},
+      {"train --history tbptt:0 --out " + d + "x", "K must be an integer"},
+      {"train --history sometimes --out " + d + "x", "unknown --history 'sometimes'"},
+      {"train --batch 0 --out " + d + "x", "--batch must be in"},
+      {"train --hidden -3 --out " + d + "x", "--hidden must be in"},
+      {"train --budget lots --out " + d + "x", "--budget 'lots'"},
+      {"train --frobnicate 1", "frobnicate"},
+      {"train --out /proc/segtape-nope", "--out /proc/segtape-nope"},
+      {"train --steps 64 --out " + d, "already holds a run"},
+      {"train --resume " + d + " --hidden 32", "--hidden cannot change on --resume"},
+      {"train --resume " + d + "-missing", "no checkpoint.safetensors"},
+      {"eval --checkpoint " + d + "/metrics.csv", "metrics.csv"},
+  };
+  for (const Bad& b : cases) {
+    CmdResult r = sh(b.args);
+    EXPECT_NE(r.code, 0) << b.args;
+    EXPECT_NE(r.out.find(b.fragment), std::string::npos) << b.args << "\n" << r.out;
+    EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(slurp(dir / "checkpoint.safetensors"), before);
+  EXPECT_EQ(slurp(dir / "metrics.csv"), metrics_before);
+
+  // A checkpoint from another configuration is refused by name.
+  TrainConfig other = small("recall", "tbptt:8", 8);
+  other.hidden = 24;
+  Trainer t(other);
+  t.run_segment();
+  t.save(dir / "other.safetensors");
+  TrainConfig mine = small("recall", "tbptt:8", 8);
+  Trainer m(mine);
+  try {
+    m.load(dir / "other.safetensors");
+    ADD_FAILURE() << "loaded a checkpoint of another configuration";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("another --batch/--hidden/--embed"), std::string::npos) << e.what();
+  }
+
+  CmdResult ev = sh("eval --checkpoint " + d + "/checkpoint.safetensors --steps 32");
+  EXPECT_EQ(ev.code, 0) << ev.out;
+  EXPECT_NE(ev.out.find("accuracy"), std::string::npos) << ev.out;
+  CmdResult res = sh("train --resume " + d + " --steps 128");
+  EXPECT_EQ(res.code, 0) << res.out;
+  EXPECT_NE(slurp(dir / "checkpoint.safetensors"), before);
+  fs::remove_all(dir);
+}
+
+}  // namespace
