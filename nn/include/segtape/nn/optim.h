@@ -1,0 +1,122 @@
+// Optimizers and gradient clipping with PyTorch 1.13's exact update
+// arithmetic (the single-tensor, non-foreach path; docs/nn.md spells it out).
+// State (momentum buffers, moments) lives in the tape's persistent pool and is
+// allocated at construction: step() performs no allocation of any kind.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "segtape/nn/module.h"
+
+namespace segtape::nn {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  virtual void step() = 0;
+  virtual const char* kind() const = 0;  // "SGD", "Adam", "AdamW"
+  void zero_grad();                      // the gradients of this optimizer's parameters
+
+  const std::vector<NamedTensor>& params() const { return params_; }
+  // Every state tensor, named "<kind of state>.<parameter name>", e.g.
+  // "exp_avg.head.weight" (checkpoints save and restore these by name).
+  const std::vector<NamedTensor>& state() const { return state_; }
+  // Steps taken (PyTorch's per-parameter state["step"]; all parameters step together here).
+  int64_t step_count() const { return steps_; }
+  void set_step_count(int64_t n);
+
+ protected:
+  // Parameters must be distinct parameters (persistent, with a gradient) of one tape.
+  explicit Optimizer(std::vector<NamedTensor> params);
+  // A zero persistent tensor like parameter i, registered as "<what>.<name of i>".
+  Tensor add_state(const char* what, size_t i);
+
+  std::vector<NamedTensor> params_;
+  std::vector<NamedTensor> state_;
+  int64_t steps_ = 0;
+};
+
+// Parameters named by position ("0", "1", ...), as in PyTorch's optimizer state_dict.
+std::vector<NamedTensor> numbered(std::span<const Tensor> params);
+
+struct SGDOptions {
+  double lr = 1e-2;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+};
+
+// g = grad + wd * p; with momentum: buf = g (first step) or momentum * buf + (1 - dampening) * g,
+// g = nesterov ? g + momentum * buf : buf; then p -= lr * g.
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<NamedTensor> params, SGDOptions o);
+  SGD(const Module& m, SGDOptions o) : SGD(m.named_parameters(), o) {}
+  void step() override;
+  const char* kind() const override { return "SGD"; }
+  SGDOptions& options() { return o_; }  // e.g. a learning-rate schedule sets options().lr
+  const SGDOptions& options() const { return o_; }
+
+ private:
+  SGDOptions o_;
+  std::vector<Tensor> buf_;  // momentum buffers (empty without momentum)
+};
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;
+};
+// Same fields; PyTorch's AdamW defaults weight_decay to 1e-2.
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+};
+
+// Adam: g = grad + wd * p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+// p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<NamedTensor> params, AdamOptions o) : Adam(std::move(params), o, false) {}
+  Adam(const Module& m, AdamOptions o) : Adam(m.named_parameters(), o, false) {}
+  void step() override;
+  const char* kind() const override { return decoupled_ ? "AdamW" : "Adam"; }
+  AdamOptions& options() { return o_; }
+  const AdamOptions& options() const { return o_; }
+
+ protected:
+  Adam(std::vector<NamedTensor> params, AdamOptions o, bool decoupled);
+
+ private:
+  AdamOptions o_;
+  bool decoupled_;
+  std::vector<Tensor> m_, v_;  // exp_avg, exp_avg_sq
+};
+
+// AdamW: p *= 1 - lr * wd (decoupled decay), then Adam's update with g = grad.
+class AdamW : public Adam {
+ public:
+  AdamW(std::vector<NamedTensor> params, AdamWOptions o) : Adam(std::move(params), convert(o), true) {}
+  AdamW(const Module& m, AdamWOptions o) : Adam(m.named_parameters(), convert(o), true) {}
+
+ private:
+  static AdamOptions convert(const AdamWOptions& o) { return {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}; }
+};
+
+// torch.nn.utils.clip_grad_norm_ (L2): returns the total norm of all the
+// gradients together and multiplies them by min(1, max_norm / (total + 1e-6)).
+double clip_grad_norm(std::span<const Tensor> params, double max_norm);
+double clip_grad_norm(const Module& m, double max_norm);
+
+}  // namespace segtape::nn

@@ -1,0 +1,70 @@
+#include "segtape/nn/module.h"
+
+#include <cstring>
+
+namespace segtape::nn {
+
+Module::Module(Tape& tape, DType dtype) : tape_(&tape), dtype_(dtype) {
+  if (dtype == DType::I64) throw ShapeError("nn::Module: parameters are floating point (F32 or F64), got i64");
+}
+
+void Module::check_name(const std::string& name, const char* what) const {
+  // state_dict names are joined with '.', so a '.' inside one would make the
+  // dotted name ambiguous (PyTorch refuses it for the same reason).
+  if (name.empty() || name.find('.') != std::string::npos)
+    throw Error(std::string("nn::Module::") + what + ": name '" + name + "' must be non-empty and contain no '.'");
+  for (const auto& [n, p] : params_)
+    if (n == name) throw Error(std::string("nn::Module::") + what + ": '" + name + "' is already a parameter");
+  for (const auto& [n, c] : children_)
+    if (n == name) throw Error(std::string("nn::Module::") + what + ": '" + name + "' is already a child module");
+}
+
+Tensor Module::register_parameter(const std::string& name, const Shape& shape) {
+  check_name(name, "register_parameter");
+  Tensor t = tape_->parameter(shape, dtype_);
+  params_.emplace_back(name, t);
+  return t;
+}
+
+void Module::add_child(const std::string& name, Module& child) {
+  check_name(name, "register_module");
+  if (&child == this) throw Error("nn::Module::register_module: '" + name + "' is the module itself");
+  if (child.tape_ != tape_) throw Error("nn::Module::register_module: '" + name + "' was made on another tape");
+  children_.emplace_back(name, &child);
+}
+
+void Module::collect(const std::string& prefix, std::vector<NamedTensor>& out) const {
+  for (const auto& [n, p] : params_) out.emplace_back(prefix + n, p);
+  for (const auto& [n, c] : children_) c->collect(prefix + n + ".", out);
+}
+
+std::vector<NamedTensor> Module::named_parameters() const {
+  std::vector<NamedTensor> out;
+  collect("", out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [n, p] : named_parameters()) out.push_back(p);
+  return out;
+}
+
+int64_t Module::parameter_count() const {
+  int64_t n = 0;
+  for (const auto& [name, p] : params_) n += p.numel();
+  for (const auto& [name, c] : children_) n += c->parameter_count();
+  return n;
+}
+
+void Module::zero_grad() {
+  for (const auto& [n, p] : params_) std::memset(p.grad, 0, p.nbytes());
+  for (const auto& [n, c] : children_) c->zero_grad();
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (const auto& [n, c] : children_) c->train(on);
+}
+
+}  // namespace segtape::nn

@@ -1,0 +1,308 @@
+// The nn layer against LibTorch 1.13 on identical weights (copied by name,
+// which also proves the names match): forward values, losses and every
+// gradient of a K=16 TBPTT segment (Embedding, GRUCell, Linear,
+// cross_entropy), GRU sequences with 1 and 2 layers, parameters after 10
+// steps of each optimizer, and clip_grad_norm. float32, relative error
+// ||a - b|| / max(||a||, ||b||) <= 1e-5 for every tensor compared.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <random>
+
+#include "segtape/nn.h"
+#include "util.h"
+
+using namespace segtape;
+using namespace segtape::test;
+
+namespace {
+
+using TT = torch::Tensor;
+constexpr double kTol = 1e-5;
+constexpr int64_t B = 4, I = 6, H = 8, C = 5, K = 16;
+constexpr int64_t T = 3, V = 10;  // embedding check: indices [T, B] over V rows
+
+std::vector<int64_t> sizes(const Shape& s) { return {s.dims.begin(), s.dims.begin() + s.rank}; }
+TT to_torch(const Tensor& t) { return torch::from_blob(t.ptr, sizes(t.shape), torch::kFloat).clone(); }
+std::vector<double> tvals(const TT& t) {
+  TT c = t.detach().to(torch::kDouble).contiguous();
+  return {c.data_ptr<double>(), c.data_ptr<double>() + c.numel()};
+}
+
+// Worst relative error of one check, printed so it can be quoted.
+struct Worst {
+  std::string check;
+  double max = 0;
+  void add(const std::string& what, const std::vector<double>& ours, const std::vector<double>& theirs) {
+    ASSERT_EQ(ours.size(), theirs.size()) << check << " " << what;
+    const double e = rel_error(ours, theirs);
+    EXPECT_LE(e, kTol) << check << ": " << what;
+    max = std::max(max, e);
+  }
+  ~Worst() { std::printf("nn parity %-24s max relative error %.2e\n", check.c_str(), max); }
+};
+
+// Copies our parameters into theirs, matching by name and order.
+void copy_weights(const nn::Module& ours, torch::nn::Module& theirs) {
+  const auto op = ours.named_parameters();
+  const auto tp = theirs.named_parameters();
+  ASSERT_EQ(op.size(), tp.size());
+  torch::NoGradGuard ng;
+  for (size_t i = 0; i < op.size(); ++i) {
+    ASSERT_EQ(op[i].first, tp[i].key()) << "parameter " << i;
+    ASSERT_EQ(sizes(op[i].second.shape), tp[i].value().sizes().vec()) << op[i].first;
+    tp[i].value().copy_(to_torch(op[i].second));
+  }
+}
+
+void compare_params(Worst& w, const nn::Module& ours, torch::nn::Module& theirs, bool grads) {
+  const auto op = ours.named_parameters();
+  const auto tp = theirs.named_parameters();
+  for (size_t i = 0; i < op.size(); ++i) {
+    if (grads) w.add("grad " + op[i].first, values(op[i].second.grad_tensor()), tvals(tp[i].value().grad()));
+    else w.add(op[i].first, values(op[i].second), tvals(tp[i].value()));
+  }
+}
+
+// ---- the recurrent model: GRUCell -> Linear -> cross_entropy
+
+struct Ours : nn::Module {
+  nn::GRUCell cell;
+  nn::Linear head;
+  Ours(Tape& t, nn::Rng& r) : Module(t), cell(t, r, I, H), head(t, r, H, C) {
+    register_module("cell", cell);
+    register_module("head", head);
+  }
+};
+struct Theirs : torch::nn::Module {
+  torch::nn::GRUCell cell{nullptr};
+  torch::nn::Linear head{nullptr};
+  Theirs() {
+    cell = register_module("cell", torch::nn::GRUCell(I, H));
+    head = register_module("head", torch::nn::Linear(H, C));
+  }
+};
+
+struct Data {
+  std::vector<float> x, h0;  // [S, B, I], [B, H]
+  std::vector<int64_t> y;    // [S, B]
+  explicit Data(int64_t steps, unsigned seed) : x(size_t(steps * B * I)), h0(size_t(B * H)), y(size_t(steps * B)) {
+    std::mt19937 g(seed);
+    std::uniform_real_distribution<float> u(-1, 1);
+    for (float& v : x) v = u(g);
+    for (float& v : h0) v = u(g);
+    for (auto& v : y) v = std::uniform_int_distribution<int64_t>(0, C - 1)(g);
+  }
+  std::span<const float> xt(int64_t t) const { return std::span<const float>(x).subspan(size_t(t * B * I), size_t(B * I)); }
+  std::span<const int64_t> yt(int64_t t) const { return std::span<const int64_t>(y).subspan(size_t(t * B), size_t(B)); }
+};
+
+// Steps [t0, t0 + n) from h0; the summed loss; per-step logits appended to `logits`.
+Tensor unroll(Ours& m, const Data& d, int64_t t0, int64_t n, std::vector<double>* logits = nullptr) {
+  Tape& tape = m.tape();
+  Tensor h = tape.from(std::span<const float>(d.h0), {B, H}), loss;
+  for (int64_t t = t0; t < t0 + n; ++t) {
+    h = m.cell(tape.from(d.xt(t), {B, I}), h);
+    Tensor z = m.head(h);
+    if (logits) for (double v : values(z)) logits->push_back(v);
+    Tensor l = nn::cross_entropy(z, tape.from(d.yt(t), {B}));
+    loss = t == t0 ? l : add(loss, l);
+  }
+  return loss;
+}
+TT unroll(Theirs& m, const Data& d, int64_t t0, int64_t n, std::vector<double>* logits = nullptr) {
+  TT h = torch::from_blob(const_cast<float*>(d.h0.data()), {B, H}, torch::kFloat).clone(), loss;
+  for (int64_t t = t0; t < t0 + n; ++t) {
+    h = m.cell(torch::from_blob(const_cast<float*>(d.xt(t).data()), {B, I}, torch::kFloat), h);
+    TT z = m.head(h);
+    if (logits) for (double v : tvals(z)) logits->push_back(v);
+    TT l = torch::nn::functional::cross_entropy(z, torch::from_blob(const_cast<int64_t*>(d.yt(t).data()), {B}, torch::kLong));
+    loss = t == t0 ? l : loss + l;
+  }
+  return loss;
+}
+
+class NnParity : public ::testing::Test {
+ protected:
+  void SetUp() override { torch::set_num_threads(1); }
+};
+
+TEST_F(NnParity, GruCellLinearCrossEntropyTbpttSegment) {
+  Worst w{"gru_cell_tbptt_k16"};
+  const Data d(K, 1);
+  Tape tape;
+  nn::Rng rng(1);
+  Ours ours(tape, rng);
+  Theirs theirs;
+  copy_weights(ours, theirs);
+  ASSERT_FALSE(HasFatalFailure());
+  std::vector<double> our_logits, their_logits;
+  {
+    Segment seg = tape.segment();
+    Tensor loss = unroll(ours, d, 0, K, &our_logits);
+    TT tloss = unroll(theirs, d, 0, K, &their_logits);
+    w.add("loss", values(loss), tvals(tloss));
+    w.add("logits", our_logits, their_logits);
+    seg.backward(loss);
+    tloss.backward();
+  }
+  compare_params(w, ours, theirs, true);
+}
+
+TEST_F(NnParity, EmbeddingLinearRank3) {
+  Worst w{"embedding_linear"};
+  Tape tape;
+  nn::Rng rng(2);
+  struct E : nn::Module {
+    nn::Embedding emb;
+    nn::Linear head;
+    E(Tape& t, nn::Rng& r) : Module(t), emb(t, r, V, I), head(t, r, I, C) {
+      register_module("emb", emb);
+      register_module("head", head);
+    }
+  } ours(tape, rng);
+  struct TE : torch::nn::Module {
+    torch::nn::Embedding emb{nullptr};
+    torch::nn::Linear head{nullptr};
+    TE() {
+      emb = register_module("emb", torch::nn::Embedding(V, I));
+      head = register_module("head", torch::nn::Linear(I, C));
+    }
+  } theirs;
+  copy_weights(ours, theirs);
+  ASSERT_FALSE(HasFatalFailure());
+  std::vector<int64_t> idx(size_t(T * B)), tgt(size_t(T * B));
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = int64_t(i * 7 % V), tgt[i] = int64_t(i * 3 % C);
+  Segment seg = tape.segment();
+  Tensor z = ours.head(ours.emb(tape.from(std::span<const int64_t>(idx), {T, B})));  // [T, B, C]
+  Tensor loss = nn::cross_entropy(reshape(z, {T * B, C}), tape.from(std::span<const int64_t>(tgt), {T * B}));
+  TT tz = theirs.head(theirs.emb(torch::tensor(idx).reshape({T, B})));
+  TT tloss = torch::nn::functional::cross_entropy(tz.reshape({T * B, C}), torch::tensor(tgt));
+  w.add("logits", values(z), tvals(tz));
+  w.add("loss", values(loss), tvals(tloss));
+  seg.backward(loss);
+  tloss.backward();
+  compare_params(w, ours, theirs, true);
+}
+
+void gru_sequence(int64_t L) {
+  Worst w{"gru_seq_t16_layers" + std::to_string(L)};
+  Tape tape;
+  nn::Rng rng(10 + uint64_t(L));
+  nn::GRU ours(tape, rng, I, H, L);
+  torch::nn::GRU theirs(torch::nn::GRUOptions(I, H).num_layers(L));
+  copy_weights(ours, *theirs);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  std::mt19937 g(5);
+  Tensor x = tape.parameter({K, B, I}), h0 = tape.parameter({L, B, H});
+  fill_uniform(x, g);
+  fill_uniform(h0, g);
+  Tensor wo = tape.persistent({K, B, H}), wh = tape.persistent({L, B, H});
+  fill_uniform(wo, g);
+  fill_uniform(wh, g);
+  TT tx = to_torch(x).requires_grad_(true), th0 = to_torch(h0).requires_grad_(true);
+  Segment seg = tape.segment();
+  auto [out, hn] = ours(x, h0);
+  auto [tout, thn] = theirs->forward(tx, th0);
+  w.add("output", values(out), tvals(tout));
+  w.add("h_n", values(hn), tvals(thn));
+  seg.backward(add(sum(mul(out, wo)), sum(mul(hn, wh))));
+  ((tout * to_torch(wo)).sum() + (thn * to_torch(wh)).sum()).backward();
+  compare_params(w, ours, *theirs, true);
+  w.add("grad x", values(x.grad_tensor()), tvals(tx.grad()));
+  w.add("grad h0", values(h0.grad_tensor()), tvals(th0.grad()));
+}
+TEST_F(NnParity, GruSequenceOneLayer) { gru_sequence(1); }
+TEST_F(NnParity, GruSequenceTwoLayers) { gru_sequence(2); }
+
+// ---- optimizers: 10 training steps on both sides, each a K=4 segment
+
+constexpr int kSteps = 10, kSegK = 4;
+
+template <class MakeOurs, class MakeTheirs>
+void train_both(const std::string& name, MakeOurs make_ours, MakeTheirs make_theirs, double clip = 0) {
+  Worst w{name};
+  const Data d(kSteps * kSegK, 3);
+  Tape tape;
+  nn::Rng rng(4);
+  Ours ours(tape, rng);
+  Theirs theirs;
+  copy_weights(ours, theirs);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  auto opt = make_ours(ours);
+  auto topt = make_theirs(theirs.parameters());
+  for (int s = 0; s < kSteps; ++s) {
+    opt.zero_grad();
+    topt.zero_grad();
+    Segment seg = tape.segment();
+    Tensor loss = unroll(ours, d, s * kSegK, kSegK);
+    TT tloss = unroll(theirs, d, s * kSegK, kSegK);
+    seg.backward(loss);
+    tloss.backward();
+    if (clip > 0) {
+      const double n = nn::clip_grad_norm(ours, clip);
+      const double tn = torch::nn::utils::clip_grad_norm_(theirs.parameters(), clip);
+      w.add("norm at step " + std::to_string(s), {n}, {tn});
+    }
+    opt.step();
+    topt.step();
+  }
+  compare_params(w, ours, theirs, false);
+  EXPECT_EQ(opt.step_count(), kSteps);
+}
+
+TEST_F(NnParity, SgdMomentumDampening) {
+  train_both(
+      "sgd_momentum_dampening", [](Ours& m) { return nn::SGD(m, {.lr = 0.1, .momentum = 0.9, .dampening = 0.1}); },
+      [](std::vector<TT> p) { return torch::optim::SGD(p, torch::optim::SGDOptions(0.1).momentum(0.9).dampening(0.1)); });
+}
+TEST_F(NnParity, SgdNesterovWeightDecay) {
+  train_both(
+      "sgd_nesterov_wd",
+      [](Ours& m) { return nn::SGD(m, {.lr = 0.1, .momentum = 0.9, .dampening = 0, .weight_decay = 1e-2, .nesterov = true}); },
+      [](std::vector<TT> p) {
+        return torch::optim::SGD(p, torch::optim::SGDOptions(0.1).momentum(0.9).dampening(0).weight_decay(1e-2).nesterov(true));
+      });
+}
+TEST_F(NnParity, AdamWeightDecay) {
+  train_both(
+      "adam_wd", [](Ours& m) { return nn::Adam(m, {.lr = 1e-2, .weight_decay = 1e-2}); },
+      [](std::vector<TT> p) { return torch::optim::Adam(p, torch::optim::AdamOptions(1e-2).weight_decay(1e-2)); });
+}
+TEST_F(NnParity, AdamW) {
+  train_both(
+      "adamw", [](Ours& m) { return nn::AdamW(m, {.lr = 1e-2, .weight_decay = 1e-2}); },
+      [](std::vector<TT> p) { return torch::optim::AdamW(p, torch::optim::AdamWOptions(1e-2).weight_decay(1e-2)); });
+}
+TEST_F(NnParity, AdamWithClipGradNorm) {
+  train_both(
+      "adam_clip_grad_norm_0.5", [](Ours& m) { return nn::Adam(m, {.lr = 1e-2}); },
+      [](std::vector<TT> p) { return torch::optim::Adam(p, torch::optim::AdamOptions(1e-2)); }, 0.5);
+}
+
+TEST_F(NnParity, ClipGradNorm) {
+  Worst w{"clip_grad_norm"};
+  const Data d(K, 6);
+  for (double max_norm : {0.1, 1e3}) {  // clips; leaves alone
+    Tape tape;
+    nn::Rng rng(6);
+    Ours ours(tape, rng);
+    Theirs theirs;
+    copy_weights(ours, theirs);
+    ASSERT_FALSE(HasFatalFailure());
+    Segment seg = tape.segment();
+    seg.backward(unroll(ours, d, 0, K));
+    unroll(theirs, d, 0, K).backward();
+    const std::vector<Tensor> ps = ours.parameters();
+    const double n = nn::clip_grad_norm(ps, max_norm);
+    const double tn = torch::nn::utils::clip_grad_norm_(theirs.parameters(), max_norm);
+    w.add("norm (max_norm " + std::to_string(max_norm) + ")", {n}, {tn});
+    if (max_norm < 1) {
+      EXPECT_GT(n, max_norm);  // really clipped
+    }
+    compare_params(w, ours, theirs, true);
+  }
+}
+
+}  // namespace
