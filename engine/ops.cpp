@@ -410,8 +410,38 @@ Tensor embedding(const Tensor& w, const Tensor& idx) {
   return out;
 }
 
+namespace {
+// The GRU gates of one step into S [B, 4H] (r, z, n, W_hn h + b_hn per row);
+// with y non-null also the new state y [B, H]. Pre-activations go to the op workspace.
+template <class T>
+void gru_gates(Tape& t, const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+               const Tensor& b_hh, T* S, T* y) {
+  const int64_t B = x.dim(0), I = x.dim(1), H = h.dim(1);
+  T* gi = static_cast<T*>(t.scratch(size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
+  T* gh = static_cast<T*>(t.scratch(size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
+  cpu::gemm(false, true, B, 3 * H, I, T(1), static_cast<const T*>(x.ptr), I, static_cast<const T*>(w_ih.ptr), I, T(0), gi, 3 * H);
+  cpu::gemm(false, true, B, 3 * H, H, T(1), static_cast<const T*>(h.ptr), H, static_cast<const T*>(w_hh.ptr), H, T(0), gh, 3 * H);
+  const T* bi = static_cast<const T*>(b_ih.ptr);
+  const T* bh = static_cast<const T*>(b_hh.ptr);
+  const T* hp = static_cast<const T*>(h.ptr);
+  for (int64_t b = 0; b < B; ++b) {
+    const T* gib = gi + b * 3 * H;
+    const T* ghb = gh + b * 3 * H;
+    T* Sb = S + b * 4 * H;
+    for (int64_t j = 0; j < H; ++j) {
+      const T r = T(1) / (T(1) + std::exp(-(gib[j] + bi[j] + ghb[j] + bh[j])));
+      const T z = T(1) / (T(1) + std::exp(-(gib[H + j] + bi[H + j] + ghb[H + j] + bh[H + j])));
+      const T hn = ghb[2 * H + j] + bh[2 * H + j];
+      const T n = std::tanh(gib[2 * H + j] + bi[2 * H + j] + r * hn);
+      Sb[j] = r, Sb[H + j] = z, Sb[2 * H + j] = n, Sb[3 * H + j] = hn;
+      if (y) y[b * H + j] = (T(1) - z) * n + z * hp[b * H + j];
+    }
+  }
+}
+}  // namespace
+
 Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
-                const Tensor& b_hh) {
+                const Tensor& b_hh, bool recompute) {
   const char* op = "gru_cell";
   Tape& t = check(op, {&x, &h, &w_ih, &w_hh, &b_ih, &b_hh});
   if (x.rank() != 2 || h.rank() != 2 || w_ih.rank() != 2 || w_hh.rank() != 2 || x.dim(0) != h.dim(0))
@@ -424,36 +454,13 @@ Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tens
   Tensor out = t.make({B, H}, x.dtype, OpKind::GruCell, op);
   const std::initializer_list<Tensor> ins = {x, h, w_ih, w_hh, b_ih, b_hh};
   const bool g = t.wants_grad(ins);
-  const size_t es = dtype_size(x.dtype);
-  const size_t saved_bytes = size_t(B * 4 * H) * es;  // r, z, n, W_hn h + b_hn per row
+  const bool keep = g && !recompute;
+  const size_t saved_bytes = size_t(B * 4 * H) * dtype_size(x.dtype);  // r, z, n, W_hn h + b_hn per row
   t.scratch_reset();
-  void* saved = g ? t.alloc(saved_bytes, OpKind::GruCell, op) : t.scratch(saved_bytes);
-  dispatch(x.dtype, [&]<class T>() {
-    T* gi = static_cast<T*>(t.scratch(size_t(B * 3 * H) * es));  // [B, 3H]
-    T* gh = static_cast<T*>(t.scratch(size_t(B * 3 * H) * es));  // [B, 3H]
-    cpu::gemm(false, true, B, 3 * H, I, T(1), static_cast<const T*>(x.ptr), I, static_cast<const T*>(w_ih.ptr), I, T(0), gi, 3 * H);
-    cpu::gemm(false, true, B, 3 * H, H, T(1), static_cast<const T*>(h.ptr), H, static_cast<const T*>(w_hh.ptr), H, T(0), gh, 3 * H);
-    const T* bi = static_cast<const T*>(b_ih.ptr);
-    const T* bh = static_cast<const T*>(b_hh.ptr);
-    const T* hp = static_cast<const T*>(h.ptr);
-    T* S = static_cast<T*>(saved);
-    T* y = static_cast<T*>(out.ptr);
-    for (int64_t b = 0; b < B; ++b) {
-      const T* gib = gi + b * 3 * H;
-      const T* ghb = gh + b * 3 * H;
-      T* Sb = S + b * 4 * H;
-      for (int64_t j = 0; j < H; ++j) {
-        const T r = T(1) / (T(1) + std::exp(-(gib[j] + bi[j] + ghb[j] + bh[j])));
-        const T z = T(1) / (T(1) + std::exp(-(gib[H + j] + bi[H + j] + ghb[H + j] + bh[H + j])));
-        const T hn = ghb[2 * H + j] + bh[2 * H + j];
-        const T n = std::tanh(gib[2 * H + j] + bi[2 * H + j] + r * hn);
-        Sb[j] = r, Sb[H + j] = z, Sb[2 * H + j] = n, Sb[3 * H + j] = hn;
-        y[b * H + j] = (T(1) - z) * n + z * hp[b * H + j];
-      }
-    }
-  });
+  void* saved = keep ? t.alloc(saved_bytes, OpKind::GruCell, op) : t.scratch(saved_bytes);
+  dispatch(x.dtype, [&]<class T>() { gru_gates<T>(t, x, h, w_ih, w_hh, b_ih, b_hh, static_cast<T*>(saved), static_cast<T*>(out.ptr)); });
   t.check_output(out, OpKind::GruCell);
-  if (g) t.record(OpKind::GruCell, out, ins, out.nbytes() + saved_bytes).saved = saved;
+  if (g) t.record(OpKind::GruCell, out, ins, out.nbytes() + (keep ? saved_bytes : 0)).saved = keep ? saved : nullptr;
   return out;
 }
 
@@ -623,6 +630,11 @@ void backward_typed(Tape& tape, const Node& nd, const T* g, const std::array<voi
       const Tensor &xin = nd.in[0], &hin = nd.in[1], &w_ih = nd.in[2], &w_hh = nd.in[3];
       const int64_t B = xin.dim(0), I = xin.dim(1), H = hin.dim(1);
       const T* S = static_cast<const T*>(nd.saved);
+      if (!S) {  // recompute mode: the gates again, from the inputs
+        T* R = static_cast<T*>(tape.scratch(size_t(B * 4 * H) * sizeof(T)));
+        gru_gates<T>(tape, xin, hin, w_ih, w_hh, nd.in[4], nd.in[5], R, nullptr);
+        S = R;
+      }
       const T* hp = static_cast<const T*>(hin.ptr);
       T* dgi = static_cast<T*>(tape.scratch(size_t(B * 3 * H) * sizeof(T)));  // d(x W_ih^T + b_ih)
       T* dgh = static_cast<T*>(tape.scratch(size_t(B * 3 * H) * sizeof(T)));  // d(h W_hh^T + b_hh)

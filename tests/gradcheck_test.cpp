@@ -103,6 +103,8 @@ std::vector<Case> cases() {
                }});
   c.push_back({"gru_cell", [](const int64_t* d) { return S{{d[0], d[1]}, {d[0], d[2]}, {3 * d[2], d[1]}, {3 * d[2], d[2]}, {3 * d[2]}, {3 * d[2]}}; },
                [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return gru_cell(in[0], in[1], in[2], in[3], in[4], in[5]); }});
+  c.push_back({"gru_cell_recompute", [](const int64_t* d) { return S{{d[0], d[1]}, {d[0], d[2]}, {3 * d[2], d[1]}, {3 * d[2], d[2]}, {3 * d[2]}, {3 * d[2]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return gru_cell(in[0], in[1], in[2], in[3], in[4], in[5], true); }});
   // Composed graphs.
   c.push_back({"mlp_cross_entropy", [](const int64_t* d) { return S{{d[0], d[1]}, {d[1], d[2]}, {d[2]}, {d[2], 3}}; },
                [](Tape& t, const std::vector<Tensor>& in, const int64_t* d) {

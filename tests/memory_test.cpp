@@ -146,6 +146,19 @@ TEST(Memory, GrowLimitStopsTheTeachingPolicyWithTheReport) {
   }
 }
 
+TEST(Memory, RecomputedGruCellKeepsOnlyItsOutput) {
+  Tape tape;
+  Model m(tape);
+  Segment seg = tape.segment();
+  Tensor h = tape.zeros({B, H}), x = tape.zeros({B, I});
+  const size_t before = tape.stats().live_bytes;
+  Tensor h1 = gru_cell(x, h, m.w_ih, m.w_hh, m.b_ih, m.b_hh, /*recompute=*/true);
+  EXPECT_EQ(tape.stats().live_bytes - before, align_up(B * H * 4));
+  Tensor h2 = gru_cell(x, h, m.w_ih, m.w_hh, m.b_ih, m.b_hh);
+  EXPECT_EQ(tape.stats().live_bytes - before, 2 * align_up(B * H * 4) + align_up(B * 4 * H * 4));
+  EXPECT_EQ(values(h1), values(h2));
+}
+
 TEST(Memory, StatsReportPersistentAndPerOpBytes) {
   Tape tape;
   Model m(tape);

@@ -46,8 +46,10 @@ Tensor detach(const Tensor& a);                   // a view with no history
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // PyTorch's GRUCell: x [B, I], h [B, H], w_ih [3H, I], w_hh [3H, H], b_ih/b_hh [3H]
 // (gates r, z, n). Forward and backward are fused; saves r, z, n and W_hn h + b_hn.
+// recompute: save nothing beyond the inputs and recompute the gates in backward
+// (in-step checkpointing: two more GEMMs in backward, 4H fewer floats per row kept).
 Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh,
-                const Tensor& b_ih, const Tensor& b_hh);
+                const Tensor& b_ih, const Tensor& b_hh, bool recompute = false);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
