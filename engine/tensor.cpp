@@ -50,8 +50,12 @@ bool Shape::operator==(const Shape& o) const {
 
 std::string Shape::str() const {
   std::string s = "[";
-  for (int i = 0; i < rank; ++i) s += (i ? "," : "") + std::to_string(dims[i]);
-  return s + "]";
+  for (int i = 0; i < rank; ++i) {
+    if (i) s += ',';
+    s += std::to_string(dims[i]);
+  }
+  s += ']';
+  return s;
 }
 
 bool Tensor::is_live() const { return tape && tape->is_live(*this); }

@@ -1,0 +1,71 @@
+// The benchmark workload, identical in both engines: GRUCell(I=32, H) ->
+// Linear(H, 16) -> cross-entropy, float32; one training step = forward +
+// backward + Adam (lr 1e-3) amortised over segments of K = 32 steps, state
+// carried across boundaries. Inference: the same forward under no-grad.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "segtape/nn.h"
+
+namespace segtape::bench {
+
+inline constexpr int64_t kI = 32, kC = 16, kK = 32;
+
+// Deterministic inputs shared by both engines: x [K, B, I], y [K, B].
+struct Data {
+  int64_t B;
+  std::vector<float> x;
+  std::vector<int64_t> y;
+  explicit Data(int64_t b) : B(b), x(size_t(kK * b * kI)), y(size_t(kK * b)) {
+    nn::Rng rng(11);
+    for (float& v : x) v = float(rng.uniform(-1, 1));
+    for (int64_t& v : y) v = int64_t(rng.next_u64() % uint64_t(kC));
+  }
+  std::span<const float> xt(int64_t t) const { return std::span<const float>(x).subspan(size_t(t * B * kI), size_t(B * kI)); }
+  std::span<const int64_t> yt(int64_t t) const { return std::span<const int64_t>(y).subspan(size_t(t * B), size_t(B)); }
+};
+
+struct SegtapeModel {
+  Tape tape;
+  nn::Rng rng{1};
+  nn::GRUCell cell;
+  nn::Linear head;
+  nn::Adam opt;
+  Tensor h;
+  const Data& data;
+  SegtapeModel(int64_t B, int64_t H, const Data& d)
+      : tape(Device::cpu(), {.segment_budget = size_t(256) << 20}),
+        cell(tape, rng, kI, H),
+        head(tape, rng, H, kC),
+        opt(nn::numbered(std::vector<Tensor>{cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh, head.weight, head.bias}),
+            nn::AdamOptions{.lr = 1e-3}),
+        h(tape.persistent({B, H})),
+        data(d) {}
+  // One segment of K training steps.
+  void train_segment() {
+    Segment seg = tape.segment();
+    Tensor loss;
+    for (int64_t t = 0; t < kK; ++t) {
+      h = cell(tape.from(data.xt(t), {data.B, kI}), h);
+      Tensor l = cross_entropy(head(h), tape.from(data.yt(t), {data.B}));
+      loss = t ? add(loss, l) : l;
+    }
+    seg.backward(loss);
+    opt.step();
+    opt.zero_grad();
+    h = seg.carry(h);
+  }
+  // One segment of K inference steps (no gradients recorded).
+  void infer_segment() {
+    Segment seg = tape.segment();
+    NoGradGuard ng(tape);
+    for (int64_t t = 0; t < kK; ++t) {
+      h = cell(tape.from(data.xt(t), {data.B, kI}), h);
+      (void)head(h);
+    }
+    h = seg.carry(h);
+  }
+};
+
+}  // namespace segtape::bench

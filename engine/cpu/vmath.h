@@ -1,0 +1,53 @@
+// Branch-free exp / sigmoid / tanh that the compiler vectorizes. float uses a
+// Cephes-style polynomial (range reduction by ln 2, degree-6 polynomial,
+// exponent by bit manipulation; relative error ~2e-7, within float rounding);
+// double keeps the C library's functions, so gradient checks in float64 stay
+// exact to the last bits.
+#pragma once
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+namespace segtape::cpu {
+
+inline float exp_fast(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  // n = round(x / ln 2) by truncating conversion (std::floor would block vectorization).
+  const float t = x * 1.44269504088896341f;
+  const int32_t ni = int32_t(t + (t >= 0.0f ? 0.5f : -0.5f));
+  const float n = float(ni);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // x - n ln2, ln2 split in two
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * std::bit_cast<float>((ni + 127) << 23);
+}
+
+template <class T>
+inline T vexp(T x) {
+  if constexpr (sizeof(T) == 4) return exp_fast(x);
+  else return std::exp(x);
+}
+template <class T>
+inline T vsigmoid(T x) {
+  return T(1) / (T(1) + vexp<T>(-x));
+}
+template <class T>
+inline T vtanh(T x) {
+  if constexpr (sizeof(T) == 4) {
+    // tanh x = 1 - 2 / (e^{2x} + 1); for |x| < 2^-6 the series x - x^3/3 avoids cancellation.
+    const T big = T(1) - T(2) / (exp_fast(T(2) * x) + T(1));
+    const T small = x - x * x * x * T(1.0 / 3.0);
+    const T use_small = T(std::fabs(x) < T(0.015625));  // a 0/1 blend, not a branch: it vectorizes
+    return use_small * small + (T(1) - use_small) * big;
+  } else {
+    return std::tanh(x);
+  }
+}
+
+}  // namespace segtape::cpu
