@@ -493,6 +493,16 @@ void reduce_rows(T* d, int64_t n, int64_t bn, F f) {
     for (int64_t c = 0; c < bn; ++c) d[c] += f(r + c, c);
 }
 
+// dW_ih += dgi^T x, dW_hh += dgh^T h, db_ih += colsum dgi, db_hh += colsum dgh over `rows` rows.
+template <class T>
+void gru_weight_grads(int64_t rows, int64_t I, int64_t H, const T* dgi, const T* dgh, const T* x, const T* h,
+                      std::array<void*, 4> dw) {
+  if (T* d = static_cast<T*>(dw[0])) cpu::gemm(true, false, 3 * H, I, rows, T(1), dgi, 3 * H, x, I, T(1), d, I);
+  if (T* d = static_cast<T*>(dw[1])) cpu::gemm(true, false, 3 * H, H, rows, T(1), dgh, 3 * H, h, H, T(1), d, H);
+  if (T* d = static_cast<T*>(dw[2])) reduce_rows(d, rows * 3 * H, 3 * H, [&](int64_t i, int64_t) { return dgi[i]; });
+  if (T* d = static_cast<T*>(dw[3])) reduce_rows(d, rows * 3 * H, 3 * H, [&](int64_t i, int64_t) { return dgh[i]; });
+}
+
 // One batch row of the GRU cell's elementwise backward (see gru_gate_row).
 template <class T>
 void gru_backward_row(int64_t H, const T* __restrict g, const T* __restrict hp, const T* __restrict S, T* __restrict dgi,
@@ -662,18 +672,35 @@ void backward_typed(Tape& tape, const Node& nd, const T* g, const std::array<voi
         S = R;
       }
       const T* hp = static_cast<const T*>(hin.ptr);
-      T* dgi = static_cast<T*>(tape.scratch(size_t(B * 3 * H) * sizeof(T)));  // d(x W_ih^T + b_ih)
-      T* dgh = static_cast<T*>(tape.scratch(size_t(B * 3 * H) * sizeof(T)));  // d(h W_hh^T + b_hh)
+      // Deferred weight gradients: this step's rows go into the batch (see detail::GruBatch).
+      detail::GruBatch& gb = tape.gru_batch();
+      const bool batch = tape.options().batch_weight_grads && w_ih.node < 0 && w_hh.node < 0 && dst[2] && dst[3] &&
+                         (!dst[4] || nd.in[4].node < 0) && (!dst[5] || nd.in[5].node < 0);
+      T *dgi, *dgh;
+      if (batch) {
+        if (gb.first && !detail::same_gru_group(*gb.first, nd, dst)) detail::flush_gru_batch(tape);
+        if (!gb.first) detail::start_gru_batch(tape, nd, dst);
+        const int64_t slot = gb.count++;
+        --gb.remaining;
+        dgi = static_cast<T*>(gb.dgi) + slot * B * 3 * H;
+        dgh = static_cast<T*>(gb.dgh) + slot * B * 3 * H;
+        std::memcpy(static_cast<T*>(gb.x) + slot * B * I, xin.ptr, xin.nbytes());
+        std::memcpy(static_cast<T*>(gb.h) + slot * B * H, hin.ptr, hin.nbytes());
+      } else {
+        dgi = static_cast<T*>(tape.scratch(size_t(B * 3 * H) * sizeof(T)));  // d(x W_ih^T + b_ih)
+        dgh = static_cast<T*>(tape.scratch(size_t(B * 3 * H) * sizeof(T)));  // d(h W_hh^T + b_hh)
+      }
       T* dh = static_cast<T*>(dst[1]);
       for (int64_t b = 0; b < B; ++b)
         gru_backward_row<T>(H, g + b * H, hp + b * H, S + b * 4 * H, dgi + b * 3 * H, dgh + b * 3 * H, dh ? dh + b * H : nullptr);
       const T* px = static_cast<const T*>(xin.ptr);
       if (T* dx = static_cast<T*>(dst[0])) cpu::gemm(false, false, B, I, 3 * H, T(1), dgi, 3 * H, static_cast<const T*>(w_ih.ptr), I, T(1), dx, I);
       if (dh) cpu::gemm(false, false, B, H, 3 * H, T(1), dgh, 3 * H, static_cast<const T*>(w_hh.ptr), H, T(1), dh, H);
-      if (T* dw = static_cast<T*>(dst[2])) cpu::gemm(true, false, 3 * H, I, B, T(1), dgi, 3 * H, px, I, T(1), dw, I);
-      if (T* dw = static_cast<T*>(dst[3])) cpu::gemm(true, false, 3 * H, H, B, T(1), dgh, 3 * H, hp, H, T(1), dw, H);
-      if (T* dbi = static_cast<T*>(dst[4])) reduce_rows(dbi, B * 3 * H, 3 * H, [&](int64_t i, int64_t) { return dgi[i]; });
-      if (T* dbh = static_cast<T*>(dst[5])) reduce_rows(dbh, B * 3 * H, 3 * H, [&](int64_t i, int64_t) { return dgh[i]; });
+      if (batch) {
+        if (gb.count == gb.capacity) detail::flush_gru_batch(tape);
+        return;
+      }
+      gru_weight_grads<T>(B, I, H, dgi, dgh, px, hp, {dst[2], dst[3], dst[4], dst[5]});
       return;
     }
     case OpKind::Input:
@@ -685,6 +712,67 @@ void backward_typed(Tape& tape, const Node& nd, const T* g, const std::array<voi
 }
 
 }  // namespace
+
+namespace detail {
+
+bool same_gru_group(const Node& a, const Node& b, const std::array<void*, Node::kMaxInputs>& dst) {
+  for (int j = 2; j < 6; ++j)
+    if (a.in[j].ptr != b.in[j].ptr) return false;
+  const GruBatch& gb = b.out.tape->gru_batch();
+  return a.in[0].shape == b.in[0].shape && a.in[1].shape == b.in[1].shape && a.out.dtype == b.out.dtype &&
+         gb.dw[0] == dst[2] && gb.dw[1] == dst[3] && gb.dw[2] == dst[4] && gb.dw[3] == dst[5];
+}
+
+void start_gru_batch(Tape& tape, const Node& n, const std::array<void*, Node::kMaxInputs>& dst) {
+  GruBatch& gb = tape.gru_batch();
+  const int64_t B = n.in[0].dim(0), I = n.in[0].dim(1), H = n.in[1].dim(1);
+  const size_t es = dtype_size(n.out.dtype);
+  // ~256 stacked rows make the weight GEMMs efficient without a large workspace.
+  gb.capacity = std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(256 / B, 1), gb.remaining));
+  gb.buffers.reset();
+  auto take = [&](int64_t floats) {
+    void* p = gb.buffers.try_alloc(size_t(floats) * es);
+    if (!p) throw Error("backward: out of memory for the GRU weight-gradient workspace");
+    return p;
+  };
+  gb.dgi = take(gb.capacity * B * 3 * H);
+  gb.dgh = take(gb.capacity * B * 3 * H);
+  gb.x = take(gb.capacity * B * I);
+  gb.h = take(gb.capacity * B * H);
+  gb.dw[0] = dst[2], gb.dw[1] = dst[3], gb.dw[2] = dst[4], gb.dw[3] = dst[5];
+  gb.first = &n;
+  gb.count = 0;
+}
+
+void flush_gru_batch(Tape& tape) {
+  GruBatch& gb = tape.gru_batch();
+  if (gb.first && gb.count > 0) {
+    const Node& n = *gb.first;
+    const int64_t rows = gb.count * n.in[0].dim(0), I = n.in[0].dim(1), H = n.in[1].dim(1);
+    const std::array<void*, 4> dw = {gb.dw[0], gb.dw[1], gb.dw[2], gb.dw[3]};
+    if (n.out.dtype == DType::F32)
+      gru_weight_grads<float>(rows, I, H, static_cast<float*>(gb.dgi), static_cast<float*>(gb.dgh), static_cast<float*>(gb.x),
+                              static_cast<float*>(gb.h), dw);
+    else
+      gru_weight_grads<double>(rows, I, H, static_cast<double*>(gb.dgi), static_cast<double*>(gb.dgh), static_cast<double*>(gb.x),
+                               static_cast<double*>(gb.h), dw);
+  }
+  gb.first = nullptr;
+  gb.count = 0;
+}
+
+void prepare_gru_batch(Tape& tape, int64_t last_node) {
+  GruBatch& gb = tape.gru_batch();
+  gb.first = nullptr;
+  gb.count = 0;
+  gb.remaining = 0;
+  if (!tape.options().batch_weight_grads) return;
+  const auto& nodes = tape.nodes();
+  for (int64_t i = 0; i <= last_node; ++i)
+    if (nodes[size_t(i)].op == OpKind::GruCell) ++gb.remaining;
+}
+
+}  // namespace detail
 
 void backward_node(Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst) {
   if (n.out.dtype == DType::F32) backward_typed(tape, n, static_cast<const float*>(gout), dst);

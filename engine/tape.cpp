@@ -33,7 +33,8 @@ Tape::Tape(Device device, TapeOptions options)
       arena_(options.segment_budget, options.grow, options.grow_limit),
       pool_(options.persistent_chunk, true),
       carry_{Arena(options.carry_chunk, true), Arena(options.carry_chunk, true)},
-      scratch_(size_t(64) << 10, true) {
+      scratch_(size_t(64) << 10, true),
+      gru_batch_(std::make_unique<detail::GruBatch>()) {
   if (device.kind != Device::Kind::CPU)
     throw Error("Tape: device " + device.str() + " is not available in this build (CPU only)");
   nodes_.reserve(options.node_capacity);
@@ -255,6 +256,7 @@ TapeStats Tape::stats() const {
   s.node_count = nodes_.size();
   s.persistent_bytes = pool_.used();
   s.carry_bytes = carry_[0].used() + carry_[1].used();
+  s.workspace_bytes = scratch_.reserved() + gru_batch_->buffers.reserved();
   s.system_allocations = memory::system_allocations();
   s.segment_index = seg_index_;
   s.step = step_;
@@ -299,6 +301,7 @@ void Tape::backward(const Tensor& root, const Tensor* seed, bool retain) {
   else if (root.dtype == DType::F32) *static_cast<float*>(g0) = 1.0f;
   else *static_cast<double*>(g0) = 1.0;
 
+  detail::prepare_gru_batch(*this, root.node);
   for (int64_t i = root.node; i >= 0; --i) {
     if (!grads[i]) continue;
     if (size_t(i) < released_upto_)
@@ -318,6 +321,7 @@ void Tape::backward(const Tensor& root, const Tensor* seed, bool retain) {
     scratch_.reset();
     backward_node(*this, n, grads[i], dst);
   }
+  detail::flush_gru_batch(*this);
   if (!retain) released_upto_ = std::max(released_upto_, count);
 }
 

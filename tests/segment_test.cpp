@@ -175,3 +175,37 @@ TEST(Segment, ParametersGradientsPersistAcrossSegments) {
 }
 
 }  // namespace
+
+namespace {
+// Backward batches the GRU weight gradients of many steps into one GEMM per
+// chunk of ~256 rows; it must give the per-step result (float64, to rounding).
+TEST(Segment, BatchedGruWeightGradientsEqualPerStepOnes) {
+  for (int64_t B : {1, 3, 100}) {  // 100 rows per step: chunks of 2 steps, so 4 flushes over 7 steps
+    std::vector<std::vector<double>> grads[2];
+    for (int batched = 0; batched < 2; ++batched) {
+      Tape tape(Device::cpu(), {.batch_weight_grads = batched == 1});
+      std::mt19937 rng(5);
+      const int64_t I = 3, H = 4;
+      std::vector<Tensor> w = {tape.parameter({3 * H, I}, DType::F64), tape.parameter({3 * H, H}, DType::F64),
+                               tape.parameter({3 * H}, DType::F64), tape.parameter({3 * H}, DType::F64)};
+      Tensor x = tape.parameter({B, I}, DType::F64);
+      for (auto& t : w) fill_uniform(t, rng);
+      fill_uniform(x, rng);
+      Segment seg = tape.segment();
+      Tensor h = tape.zeros({B, H}, DType::F64), loss;
+      for (int t = 0; t < 7; ++t) {
+        h = gru_cell(scale(x, 1.0 + 0.1 * t), h, w[0], w[1], w[2], w[3]);
+        loss = t ? add(loss, mean(mul(h, h))) : mean(mul(h, h));
+      }
+      seg.backward(loss);
+      for (auto& t : w) grads[batched].push_back(values(t.grad_tensor()));
+      grads[batched].push_back(values(x.grad_tensor()));
+      if (batched) {
+        EXPECT_GT(tape.stats().workspace_bytes, 0u);
+      }
+    }
+    for (size_t k = 0; k < grads[0].size(); ++k)
+      EXPECT_LE(rel_error(grads[0][k], grads[1][k]), 1e-13) << "B=" << B << " tensor " << k;
+  }
+}
+}  // namespace

@@ -59,6 +59,10 @@ struct TapeOptions {
   size_t carry_chunk = size_t(256) << 10;
   size_t node_capacity = 4096;  // tape nodes reserved up front
   bool anomaly = false;         // check every op's output for NaN / Inf
+  // Backward accumulates the weight gradients of GRU cells sharing weights as
+  // one GEMM over many steps' rows (chunks of ~256 rows) instead of one per
+  // step: a segment knows its extent, an eager engine does not.
+  bool batch_weight_grads = true;
 };
 
 struct TapeStats {
@@ -68,6 +72,7 @@ struct TapeStats {
   size_t node_count = 0;         // nodes on the tape now
   size_t persistent_bytes = 0;   // persistent pool bytes in use
   size_t carry_bytes = 0;        // carry buffers in use
+  size_t workspace_bytes = 0;    // op workspace and backward's batching buffers (reserved, reused)
   uint64_t system_allocations = 0;  // chunks taken from the system, all arenas, process-wide
   uint64_t segment_index = 0;    // 1 for the first segment
   uint64_t step = 0;             // tape step counter
@@ -75,6 +80,9 @@ struct TapeStats {
 };
 
 class Segment;
+namespace detail {
+struct GruBatch;  // engine/ops_internal.h
+}
 
 class Tape {
  public:
@@ -121,6 +129,7 @@ class Tape {
   // Per-op workspace outside the segment arena (reset by every op; grows once, then reused).
   void* scratch(size_t bytes);
   void scratch_reset() { scratch_.reset(); }
+  detail::GruBatch& gru_batch() { return *gru_batch_; }
   std::string expired_message(const Tensor& t, const char* what) const;
   bool is_live(const Tensor& t) const;
 
@@ -139,6 +148,7 @@ class Tape {
   Arena pool_;
   Arena carry_[2];
   Arena scratch_;
+  std::unique_ptr<detail::GruBatch> gru_batch_;
   std::vector<Node> nodes_;
   std::array<size_t, kOpKinds> bytes_by_op_{};
   std::vector<Tensor> params_;  // every parameter made (for zero_grad)
