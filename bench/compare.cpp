@@ -38,6 +38,8 @@ const Size kSizes[] = {{1, 128}, {32, 128}, {32, 512}, {64, 1024}};
 struct Extra {
   double peak_bytes = 0;     // segtape: segment high-water; LibTorch: allocator peak above the segment's start
   double allocs_per_step = 0;  // heap allocations per step (operator new + malloc family)
+  double saved_bytes = 0;      // segtape: what forward kept for backward
+  double analytic_bytes = 0;   // the least backward needs (bench/workload.h)
 };
 std::map<std::string, Extra> g_extra;
 
@@ -61,6 +63,8 @@ void BM_segtape_train(benchmark::State& st, const char* name) {
   Extra e;
   e.allocs_per_step = allocs_per_step([&] { m.train_segment(); });
   e.peak_bytes = double(m.tape.stats().last_segment_peak);
+  e.saved_bytes = double(m.saved_bytes);
+  e.analytic_bytes = double(analytic_saved_bytes(st.range(0), st.range(1)));
   g_extra[key_of(name, st.range(0), st.range(1))] = e;
   for (auto _ : st) m.train_segment();
   st.SetItemsProcessed(st.iterations() * kK);
@@ -226,6 +230,19 @@ std::string table(Collector& c, int threads, bool torch) {
     row(std::to_string(z.B) + ", " + std::to_string(z.H), key("segtape_train", z.B, z.H), key("libtorch_train", z.B, z.H),
         key("floor_sgemm", z.B, z.H));
   row("inference 1, 128", key("segtape_infer", 1, 128), key("libtorch_infer", 1, 128), "");
+  o << "\nSegment memory of segtape's training step against the analytic minimum of what backward must keep "
+       "(bench/workload.h: x, h, the four GRU gate vectors, logits, log-sum-exp and targets per step):\n\n"
+    << "| B, H | analytic minimum | saved by forward | saved / minimum | segment peak (incl. backward's gradients) | peak / minimum |\n"
+    << "|---|---|---|---|---|---|\n";
+  for (const Size& z : kSizes) {
+    const Extra& e = g_extra[key("segtape_train", z.B, z.H)];
+    if (e.analytic_bytes <= 0) continue;
+    char r1[32], r2[32];
+    std::snprintf(r1, sizeof r1, "%.3f×", e.saved_bytes / e.analytic_bytes);
+    std::snprintf(r2, sizeof r2, "%.3f×", e.peak_bytes / e.analytic_bytes);
+    o << "| " << z.B << ", " << z.H << " | " << fmt_bytes(e.analytic_bytes) << " | " << fmt_bytes(e.saved_bytes) << " | " << r1
+      << " | " << fmt_bytes(e.peak_bytes) << " | " << r2 << " |\n";
+  }
   return o.str();
 }
 

@@ -26,6 +26,14 @@ struct Data {
   std::span<const int64_t> yt(int64_t t) const { return std::span<const int64_t>(y).subspan(size_t(t * B), size_t(B)); }
 };
 
+// The least a segment must keep for backward, per the workload's math: per
+// step x_t (B x I), h_t (B x H, the next step's input), the GRU gates r, z, n
+// and W_hn h + b_hn (4 B x H), the logits (B x C), a log-sum-exp per row (B)
+// and the int64 targets (B).
+inline size_t analytic_saved_bytes(int64_t B, int64_t H) {
+  return size_t(kK) * size_t(B) * (size_t(kI + H + 4 * H + kC + 1) * sizeof(float) + sizeof(int64_t));
+}
+
 struct SegtapeModel {
   Tape tape;
   nn::Rng rng{1};
@@ -34,6 +42,7 @@ struct SegtapeModel {
   nn::Adam opt;
   Tensor h;
   const Data& data;
+  size_t saved_bytes = 0;  // arena bytes the forward kept for backward (live just before backward)
   SegtapeModel(int64_t B, int64_t H, const Data& d)
       : tape(Device::cpu(), {.segment_budget = size_t(256) << 20}),
         cell(tape, rng, kI, H),
@@ -51,6 +60,7 @@ struct SegtapeModel {
       Tensor l = cross_entropy(head(h), tape.from(data.yt(t), {data.B}));
       loss = t ? add(loss, l) : l;
     }
+    saved_bytes = tape.stats().live_bytes;
     seg.backward(loss);
     opt.step();
     opt.zero_grad();

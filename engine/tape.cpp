@@ -288,11 +288,40 @@ void Tape::backward(const Tensor& root, const Tensor* seed, bool retain) {
   const size_t count = size_t(root.node) + 1;
   void** grads = static_cast<void**>(alloc(count * sizeof(void*), OpKind::Grad, "backward"));
   std::memset(grads, 0, count * sizeof(void*));
+  // A node's gradient is dead once the node has been processed (its consumers
+  // all come later on the tape): its buffer goes to a free list by size and is
+  // reused, so backward's working set stays a few buffers, not one per node.
+  // The list lives in the freed buffers themselves: no heap.
+  struct FreeList {
+    std::array<size_t, 32> size{};
+    std::array<void*, 32> head{};
+    int n = 0;
+    void put(void* p, size_t bytes) {
+      for (int k = 0; k < n; ++k)
+        if (size[k] == bytes) {
+          *static_cast<void**>(p) = head[k];
+          head[k] = p;
+          return;
+        }
+      if (n == int(size.size())) return;  // more distinct sizes than slots: let the arena keep it
+      size[n] = bytes, head[n] = p, *static_cast<void**>(p) = nullptr, ++n;
+    }
+    void* take(size_t bytes) {
+      for (int k = 0; k < n; ++k)
+        if (size[k] == bytes && head[k]) {
+          void* p = head[k];
+          head[k] = *static_cast<void**>(p);
+          return p;
+        }
+      return nullptr;
+    }
+  } free_list;
   auto grad_buffer = [&](int32_t node) -> void* {
     if (!grads[node]) {
-      const Tensor& o = nodes_[node].out;
-      grads[node] = alloc(o.nbytes(), OpKind::Grad, "backward");
-      std::memset(grads[node], 0, o.nbytes());
+      const size_t bytes = align_up(nodes_[node].out.nbytes());
+      void* p = free_list.take(bytes);
+      grads[node] = p ? p : alloc(bytes, OpKind::Grad, "backward");
+      std::memset(grads[node], 0, bytes);
     }
     return grads[node];
   };
@@ -320,6 +349,8 @@ void Tape::backward(const Tensor& root, const Tensor* seed, bool retain) {
     }
     scratch_.reset();
     backward_node(*this, n, grads[i], dst);
+    free_list.put(grads[i], align_up(n.out.nbytes()));
+    grads[i] = nullptr;
   }
   detail::flush_gru_batch(*this);
   if (!retain) released_upto_ = std::max(released_upto_, count);
