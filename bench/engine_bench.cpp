@@ -5,6 +5,7 @@
 #include <random>
 #include <vector>
 
+#include "segtape/nn/layers.h"
 #include "segtape/ops.h"
 
 using namespace segtape;
@@ -72,6 +73,32 @@ void BM_gru_step(benchmark::State& state) {
   state.counters["segment_peak_bytes"] = double(tape.stats().last_segment_peak);
 }
 BENCHMARK(BM_gru_step)->Args({1, 128})->Args({32, 512})->Unit(benchmark::kMicrosecond);
+
+// The same step through the module API (nn::GRUCell): it must cost what the raw op costs.
+void BM_gru_step_module(benchmark::State& state) {
+  const int64_t B = state.range(0), H = state.range(1), I = 32, K = 32;
+  Tape tape(Device::cpu(), {.segment_budget = 256 << 20});
+  nn::Rng rng(1);
+  nn::GRUCell cell(tape, rng, I, H);
+  std::vector<float> x(size_t(B * I), 0.1f);
+  Tensor h = tape.persistent({B, H});
+  int64_t steps = 0;
+  for (auto _ : state) {
+    Segment seg = tape.segment();
+    Tensor loss;
+    for (int64_t t = 0; t < K; ++t) {
+      h = cell(tape.from(std::span<const float>(x), {B, I}), h);
+      Tensor l = mean(h);
+      loss = t ? add(loss, l) : l;
+    }
+    seg.backward(loss);
+    h = seg.carry(h);
+    steps += K;
+  }
+  state.counters["us_per_step"] = benchmark::Counter(double(steps), benchmark::Counter::kIsRate | benchmark::Counter::kInvert,
+                                                     benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_gru_step_module)->Args({1, 128})->Args({32, 512})->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
