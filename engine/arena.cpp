@@ -12,27 +12,37 @@ namespace segtape {
 namespace memory {
 namespace {
 std::atomic<uint64_t> g_system_allocations{0};
-}
+std::atomic<uint64_t> g_device_allocations{0};
+}  // namespace
 uint64_t system_allocations() { return g_system_allocations.load(std::memory_order_relaxed); }
+uint64_t device_allocations() { return g_device_allocations.load(std::memory_order_relaxed); }
 }  // namespace memory
 
-namespace {
-std::byte* take_chunk(size_t cap) {
-  void* p = std::aligned_alloc(kAlign, align_up(cap ? cap : kAlign));
-  if (!p) throw Error("segtape: out of memory: could not reserve an arena chunk of " + std::to_string(cap) + " bytes");
+std::byte* Arena::take_chunk(size_t cap) {
+  const size_t n = align_up(cap ? cap : kAlign);
+  void* p = nullptr;
+  if (alloc_.take) {
+    p = alloc_.take(alloc_.ctx, n, alloc_.what);  // throws with the device's own message
+  } else {
+    p = std::aligned_alloc(kAlign, n);
+    if (!p) throw Error("segtape: out of memory: could not reserve an arena chunk of " + std::to_string(cap) + " bytes");
+  }
   memory::g_system_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (alloc_.device) memory::g_device_allocations.fetch_add(1, std::memory_order_relaxed);
   return static_cast<std::byte*>(p);
 }
-}  // namespace
 
-Arena::Arena(size_t capacity, bool grow, size_t grow_limit)
-    : first_capacity_(align_up(capacity)), grow_(grow), grow_limit_(grow_limit) {
+Arena::Arena(size_t capacity, bool grow, size_t grow_limit, ChunkAllocator alloc)
+    : first_capacity_(align_up(capacity)), grow_(grow), grow_limit_(grow_limit), alloc_(alloc) {
   chunks_.reserve(64);
   if (first_capacity_) chunks_.push_back({take_chunk(first_capacity_), first_capacity_});
 }
 
 Arena::~Arena() {
-  for (auto& c : chunks_) std::free(c.base);
+  for (auto& c : chunks_) {
+    if (alloc_.give) alloc_.give(alloc_.ctx, c.base);
+    else std::free(c.base);
+  }
 }
 
 void* Arena::try_alloc(size_t bytes) {

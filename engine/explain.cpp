@@ -108,7 +108,7 @@ std::string Explanation::report(size_t max_rows) const {
     if (k != size_t(OpKind::Input) && k != size_t(OpKind::Grad) && arena_by_op[k] > node_bytes_by_op[k])
       untracked += arena_by_op[k] - node_bytes_by_op[k];
   r += "  held by tape nodes       " + pad(format_bytes(node_bytes), 11) + pct(node_bytes, arena_bytes) + "\n";
-  r += "  backward gradients       " + pad(format_bytes(grads), 11) + pct(grads, arena_bytes) + "\n";
+  r += "  backward's buffers       " + pad(format_bytes(grads), 11) + pct(grads, arena_bytes) + "\n";
   r += "  inputs (from / zeros)    " + pad(format_bytes(inputs), 11) + pct(inputs, arena_bytes) + "\n";
   r += "  outputs without history  " + pad(format_bytes(untracked), 11) + pct(untracked, arena_bytes) + "\n";
 
@@ -150,9 +150,9 @@ std::string Explanation::report(size_t max_rows) const {
          "(h = seg.carry(h)), keep values rather than graphs (detach, copy_into), or record under NoGradGuard what "
          "needs no gradient.";
     if (grads > node_bytes / 4)
-      r += " Backward's gradient buffers hold " + format_bytes(grads) +
-           ": they stay in the arena until the segment ends, so a backward per step through the whole history "
-           "grows quadratically.";
+      r += " Backward's buffers hold " + format_bytes(grads) +
+           ": each backward's gradient buffers and pointer table stay in the arena until the segment ends, so "
+           "a backward per step inside one segment adds its own every step.";
     r += "\n";
   } else {
     r += "diagnosis: the tape covers at most one step: no history is retained across steps.\n";

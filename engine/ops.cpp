@@ -1,12 +1,17 @@
 // Every op: shape checks and forward here, its backward rule in backward_node()
-// below, both on the CPU through plain loops and BLAS (cpu/blas.h).
+// below, both on the CPU through plain loops and BLAS (cpu/blas.h). On a
+// device tape the same entry points check and record exactly as on the CPU,
+// and the computing part goes to the backend instead (engine/backend.h):
+// `if (!device_forward(...)) <CPU code>` marks each such place.
 #include "segtape/ops.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
+#include "backend.h"
 #include "cpu/blas.h"
 #include "cpu/vmath.h"
 #include "ops_internal.h"
@@ -47,6 +52,32 @@ Tape& check(const char* op, std::initializer_list<const Tensor*> ts) {
   throw ShapeError(std::string(op) + ": " + why + ": " + list(ts));
 }
 
+// On a device tape: the backend computes op k's output (and saved buffer)
+// from the inputs and attributes the node will record; false on the CPU.
+Node device_node(OpKind k, const Tensor& out, std::span<const Tensor> ins, std::array<int64_t, 4> ia, double fa, void* saved) {
+  Node n;
+  n.op = k;
+  n.n_in = uint8_t(ins.size());
+  for (size_t i = 0; i < ins.size(); ++i) n.in[i] = ins[i];
+  n.out = out;
+  n.ia = ia;
+  n.fa = fa;
+  n.saved = saved;
+  return n;
+}
+bool device_forward(Tape& t, OpKind k, const Tensor& out, std::span<const Tensor> ins, std::array<int64_t, 4> ia = {},
+                    double fa = 0, void* saved = nullptr) {
+  detail::Backend* be = t.backend();
+  if (!be) return false;
+  Node n = device_node(k, out, ins, ia, fa, saved);
+  be->forward(t, n);
+  return true;
+}
+bool device_forward(Tape& t, OpKind k, const Tensor& out, std::initializer_list<Tensor> ins, std::array<int64_t, 4> ia = {},
+                    double fa = 0, void* saved = nullptr) {
+  return device_forward(t, k, out, std::span<const Tensor>(ins.begin(), ins.size()), ia, fa, saved);
+}
+
 Node* finish(Tape& t, OpKind k, Tensor& out, std::initializer_list<Tensor> ins, size_t bytes) {
   t.check_output(out, k);
   if (!t.wants_grad(ins)) return nullptr;
@@ -73,7 +104,7 @@ Tensor binary(OpKind k, const char* op, const Tensor& a, const Tensor& b) {
   Tape& t = check(op, {&a, &b});
   check_broadcast(op, a, b);
   Tensor out = t.make(a.shape, a.dtype, k, op);
-  dispatch(a.dtype, [&]<class T>() {
+  if (!device_forward(t, k, out, {a, b})) dispatch(a.dtype, [&]<class T>() {
     const T* pa = static_cast<const T*>(a.ptr);
     const T* pb = static_cast<const T*>(b.ptr);
     T* po = static_cast<T*>(out.ptr);
@@ -92,7 +123,7 @@ Tensor binary(OpKind k, const char* op, const Tensor& a, const Tensor& b) {
 Tensor unary(OpKind k, const char* op, const Tensor& a, double s = 0) {
   Tape& t = check(op, {&a});
   Tensor out = t.make(a.shape, a.dtype, k, op);
-  dispatch(a.dtype, [&]<class T>() {
+  if (!device_forward(t, k, out, {a}, {}, s)) dispatch(a.dtype, [&]<class T>() {
     const T* x = static_cast<const T*>(a.ptr);
     T* y = static_cast<T*>(out.ptr);
     const int64_t n = a.numel();
@@ -140,7 +171,7 @@ Tensor reduce(OpKind k, const char* op, const Tensor& a, int axis, bool all) {
   Tensor out = t.make(os, a.dtype, k, op);
   const AxisView v = all ? AxisView{1, a.numel(), 1} : axis_view(a.shape, ax);
   const bool is_mean = k == OpKind::Mean;
-  dispatch(a.dtype, [&]<class T>() {
+  if (!device_forward(t, k, out, {a}, {ax, 0, 0, 0})) dispatch(a.dtype, [&]<class T>() {
     const T* x = static_cast<const T*>(a.ptr);
     T* y = static_cast<T*>(out.ptr);
     for (int64_t o = 0; o < v.outer; ++o)
@@ -159,7 +190,7 @@ Tensor softmax_impl(OpKind k, const char* op, const Tensor& a) {
   if (a.rank() < 1) shape_error(op, "needs rank >= 1", {&a});
   Tensor out = t.make(a.shape, a.dtype, k, op);
   const int64_t C = a.shape.last(), R = a.shape.rows();
-  dispatch(a.dtype, [&]<class T>() {
+  if (!device_forward(t, k, out, {a})) dispatch(a.dtype, [&]<class T>() {
     const T* x = static_cast<const T*>(a.ptr);
     T* y = static_cast<T*>(out.ptr);
     for (int64_t r = 0; r < R; ++r) {
@@ -193,7 +224,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     shape_error("matmul", std::string("inner dimensions differ (") + std::to_string(K) + " vs " + std::to_string(Kb) +
                     (ta ? ", a transposed" : "") + (tb ? ", b transposed" : "") + ")", {&a, &b});
   Tensor out = t.make({M, N}, a.dtype, OpKind::MatMul, "matmul");
-  dispatch(a.dtype, [&]<class T>() {
+  if (!device_forward(t, OpKind::MatMul, out, {a, b}, {ta, tb, 0, 0})) dispatch(a.dtype, [&]<class T>() {
     cpu::gemm(ta, tb, M, N, K, T(1), static_cast<const T*>(a.ptr), a.dim(1), static_cast<const T*>(b.ptr), b.dim(1),
               T(0), static_cast<T*>(out.ptr), N);
   });
@@ -229,7 +260,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction r, i
   const int64_t B = logits.dim(0), C = logits.dim(1);
   const int64_t* y = static_cast<const int64_t*>(targets.ptr);
   int64_t count = 0;
-  for (int64_t i = 0; i < B; ++i) {
+  // On a device the targets are checked (and counted) by the kernel; an out
+  // of range target is reported at the next synchronisation.
+  for (int64_t i = 0; i < B && !t.backend(); ++i) {
     if (y[i] == ignore_index) continue;
     if (y[i] < 0 || y[i] >= C)
       throw IndexError(std::string(op) + ": target " + std::to_string(y[i]) + " at row " + std::to_string(i) +
@@ -238,11 +271,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction r, i
   }
   Tensor out = t.make({}, logits.dtype, OpKind::CrossEntropy, op);
   const bool g = t.wants_grad({&logits, 1});
-  // Backward recomputes softmax from the logits and this per-row log-sum-exp.
-  const size_t saved_bytes = size_t(B) * dtype_size(logits.dtype);
+  // Backward recomputes softmax from the logits and this per-row log-sum-exp
+  // (a device also keeps the count of counted rows after them, as a T).
+  const size_t saved_bytes = size_t(B + (t.backend() ? 1 : 0)) * dtype_size(logits.dtype);
   t.scratch_reset();
   void* saved = g ? t.alloc(saved_bytes, OpKind::CrossEntropy, op) : t.scratch(saved_bytes);
-  dispatch(logits.dtype, [&]<class T>() {
+  if (!device_forward(t, OpKind::CrossEntropy, out, {logits, targets}, {int64_t(r), ignore_index, 0, 0}, 0, saved))
+    dispatch(logits.dtype, [&]<class T>() {
     const T* x = static_cast<const T*>(logits.ptr);
     T* lse = static_cast<T*>(saved);
     T total = 0;
@@ -270,7 +305,7 @@ Tensor mse_loss(const Tensor& a, const Tensor& b, Reduction r) {
   Tape& t = check("mse_loss", {&a, &b});
   if (!(a.shape == b.shape)) shape_error("mse_loss", "shapes differ", {&a, &b});
   Tensor out = t.make({}, a.dtype, OpKind::MseLoss, "mse_loss");
-  dispatch(a.dtype, [&]<class T>() {
+  if (!device_forward(t, OpKind::MseLoss, out, {a, b}, {int64_t(r), 0, 0, 0})) dispatch(a.dtype, [&]<class T>() {
     const T* x = static_cast<const T*>(a.ptr);
     const T* y = static_cast<const T*>(b.ptr);
     T s = 0;
@@ -317,7 +352,8 @@ Tensor concat(std::span<const Tensor> parts, int axis) {
   const AxisView v = axis_view(os, ax);
   const size_t es = dtype_size(a.dtype);
   int64_t off = 0;
-  for (const Tensor& p : parts) {
+  const bool device = device_forward(t, OpKind::Concat, out, parts, {ax, 0, 0, 0});
+  for (const Tensor& p : device ? std::span<const Tensor>() : parts) {
     const int64_t w = p.dim(ax) * v.inner;
     for (int64_t o = 0; o < v.outer; ++o)
       std::memcpy(static_cast<char*>(out.ptr) + size_t((o * v.n * v.inner + off)) * es,
@@ -346,7 +382,8 @@ Tensor slice(const Tensor& a, int axis, int64_t start, int64_t length) {
   Tensor out = t.make(os, a.dtype, OpKind::Slice, op);
   const AxisView v = axis_view(a.shape, ax);
   const size_t es = dtype_size(a.dtype);
-  for (int64_t o = 0; o < v.outer; ++o)
+  const bool device = device_forward(t, OpKind::Slice, out, {a}, {ax, start, length, 0});
+  for (int64_t o = 0; o < v.outer && !device; ++o)
     std::memcpy(static_cast<char*>(out.ptr) + size_t(o * length * v.inner) * es,
                 static_cast<const char*>(a.ptr) + size_t((o * v.n + start) * v.inner) * es, size_t(length * v.inner) * es);
   if (Node* nd = finish(t, OpKind::Slice, out, {a}, out.nbytes())) nd->ia = {ax, start, length, 0};
@@ -379,7 +416,7 @@ Tensor transpose(const Tensor& a) {
   if (a.rank() != 2) shape_error("transpose", "expects a 2-D tensor", {&a});
   const int64_t R = a.dim(0), C = a.dim(1);
   Tensor out = t.make({C, R}, a.dtype, OpKind::Transpose, "transpose");
-  dispatch(a.dtype, [&]<class T>() {
+  if (!device_forward(t, OpKind::Transpose, out, {a})) dispatch(a.dtype, [&]<class T>() {
     const T* x = static_cast<const T*>(a.ptr);
     T* y = static_cast<T*>(out.ptr);
     for (int64_t r = 0; r < R; ++r)
@@ -398,7 +435,8 @@ Tensor embedding(const Tensor& w, const Tensor& idx) {
   if (idx.rank() >= Shape::kMaxRank) shape_error(op, "indices of rank <= 3", {&w, &idx});
   const int64_t N = w.dim(0), D = w.dim(1);
   const int64_t* ix = static_cast<const int64_t*>(idx.ptr);
-  for (int64_t i = 0; i < idx.numel(); ++i)
+  // On a device the kernel checks the indices (reported at the next synchronisation).
+  for (int64_t i = 0; i < idx.numel() && !t.backend(); ++i)
     if (ix[i] < 0 || ix[i] >= N)
       throw IndexError(std::string(op) + ": index " + std::to_string(ix[i]) + " at position " + std::to_string(i) +
                        " is out of range for " + std::to_string(N) + " rows (weight " + w.describe() + ")");
@@ -406,7 +444,8 @@ Tensor embedding(const Tensor& w, const Tensor& idx) {
   os.dims[os.rank++] = int32_t(D);
   Tensor out = t.make(os, w.dtype, OpKind::Embedding, op);
   const size_t row = size_t(D) * dtype_size(w.dtype);
-  for (int64_t i = 0; i < idx.numel(); ++i)
+  const bool device = device_forward(t, OpKind::Embedding, out, {w, idx});
+  for (int64_t i = 0; i < idx.numel() && !device; ++i)
     std::memcpy(static_cast<char*>(out.ptr) + size_t(i) * row, static_cast<const char*>(w.ptr) + size_t(ix[i]) * row, row);
   finish(t, OpKind::Embedding, out, {w, idx}, out.nbytes());
   return out;
@@ -467,9 +506,62 @@ Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tens
   const size_t saved_bytes = size_t(B * 4 * H) * dtype_size(x.dtype);  // r, z, n, W_hn h + b_hn per row
   t.scratch_reset();
   void* saved = keep ? t.alloc(saved_bytes, OpKind::GruCell, op) : t.scratch(saved_bytes);
-  dispatch(x.dtype, [&]<class T>() { gru_gates<T>(t, x, h, w_ih, w_hh, b_ih, b_hh, static_cast<T*>(saved), static_cast<T*>(out.ptr)); });
+  if (!device_forward(t, OpKind::GruCell, out, ins, {}, 0, saved))
+    dispatch(x.dtype, [&]<class T>() { gru_gates<T>(t, x, h, w_ih, w_hh, b_ih, b_hh, static_cast<T*>(saved), static_cast<T*>(out.ptr)); });
   t.check_output(out, OpKind::GruCell);
   if (g) t.record(OpKind::GruCell, out, ins, out.nbytes() + (keep ? saved_bytes : 0)).saved = keep ? saved : nullptr;
+  return out;
+}
+
+namespace {
+// Concatenates v[0, n) along axis 0 into v[0], in place, in groups of at most
+// Node::kMaxInputs (a balanced tree: each element is copied log_6(n) times).
+Tensor concat_rows(std::vector<Tensor>& v, size_t n) {
+  constexpr size_t G = Node::kMaxInputs;
+  while (n > 1) {
+    size_t m = 0;
+    for (size_t i = 0; i < n; i += G) {
+      const size_t k = std::min(G, n - i);
+      v[m++] = k == 1 ? v[i] : concat(std::span<const Tensor>(v.data() + i, k), 0);
+    }
+    n = m;
+  }
+  return v[0];
+}
+}  // namespace
+
+Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+                    const Tensor& b_hh) {
+  const char* op = "gru_sequence";
+  Tape& t = check(op, {&x, &h0, &w_ih, &w_hh, &b_ih, &b_hh});
+  if (x.rank() != 3 || h0.rank() != 2 || w_ih.rank() != 2 || w_hh.rank() != 2 || x.dim(0) < 1 || x.dim(1) != h0.dim(0))
+    shape_error(op, "expects x [T, B, I] with T >= 1, h0 [B, H], w_ih [3H, I], w_hh [3H, H]", {&x, &h0, &w_ih, &w_hh});
+  const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = h0.dim(1);
+  if (w_ih.dim(0) != 3 * H || w_ih.dim(1) != I || w_hh.dim(0) != 3 * H || w_hh.dim(1) != H)
+    shape_error(op, "weights must be w_ih [3H, I] and w_hh [3H, H] for x [T, B, I], h0 [B, H]", {&x, &h0, &w_ih, &w_hh});
+  if (b_ih.numel() != 3 * H || b_hh.numel() != 3 * H) shape_error(op, "biases must have 3H elements", {&h0, &b_ih, &b_hh});
+  if (!t.backend()) {
+    // CPU: T fused cells, their states stacked along a new leading axis.
+    std::vector<Tensor> steps(static_cast<size_t>(T));
+    Tensor h = h0;
+    for (int64_t s = 0; s < T; ++s)
+      steps[size_t(s)] = h = gru_cell(reshape(slice(x, 0, s, 1), {B, I}), h, w_ih, w_hh, b_ih, b_hh);
+    return reshape(concat_rows(steps, size_t(T)), {T, B, H});
+  }
+  // Device: one node; the backend allocates cuDNN's weight and reserve space
+  // in the arena (n.saved, counted in n.bytes) when a gradient is wanted.
+  Tensor out = t.make({T, B, H}, x.dtype, OpKind::GruSequence, op);
+  const std::initializer_list<Tensor> ins = {x, h0, w_ih, w_hh, b_ih, b_hh};
+  const bool g = t.wants_grad(ins);
+  Node n = device_node(OpKind::GruSequence, out, std::span<const Tensor>(ins.begin(), ins.size()), {g, 0, 0, 0}, 0, nullptr);
+  n.bytes = out.nbytes();
+  t.backend()->forward(t, n);
+  t.check_output(out, OpKind::GruSequence);
+  if (g) {
+    Node& r = t.record(OpKind::GruSequence, out, ins, n.bytes);
+    r.saved = n.saved;
+    r.ia = n.ia;
+  }
   return out;
 }
 
@@ -478,7 +570,13 @@ void copy_into(const Tensor& dst, const Tensor& src) {
   src.check_live("copy_into (source)");
   if (!(dst.shape == src.shape) || dst.dtype != src.dtype)
     throw ShapeError("copy_into: destination " + dst.describe() + " and source " + src.describe() + " differ");
-  if (dst.ptr != src.ptr) std::memmove(dst.ptr, src.ptr, src.nbytes());
+  if (dst.on_device() != src.on_device())
+    throw TapeError("copy_into: destination " + dst.describe() + " on " + dst.tape->device().str() + " and source " +
+                    src.describe() + " on " + src.tape->device().str() +
+                    ": copy between devices through the host (to_host / from_host)");
+  if (dst.ptr == src.ptr || !src.nbytes()) return;
+  if (detail::Backend* be = dst.tape->backend()) be->copy(dst.ptr, src.ptr, src.nbytes(), detail::Backend::Copy::DeviceToDevice);
+  else std::memmove(dst.ptr, src.ptr, src.nbytes());
 }
 
 // ---------------------------------------------------------------- backward
@@ -706,6 +804,7 @@ void backward_typed(Tape& tape, const Node& nd, const T* g, const std::array<voi
     case OpKind::Input:
     case OpKind::Carry:
     case OpKind::Grad:
+    case OpKind::GruSequence:  // recorded on devices only: the CPU composes gru_cell steps
     case OpKind::Count: break;
   }
   throw TapeError(std::string("backward: no rule for op ") + op_name(nd.op));
@@ -775,6 +874,7 @@ void prepare_gru_batch(Tape& tape, int64_t last_node) {
 }  // namespace detail
 
 void backward_node(Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst) {
+  if (detail::Backend* be = tape.backend()) return be->backward(tape, n, gout, dst);
   if (n.out.dtype == DType::F32) backward_typed(tape, n, static_cast<const float*>(gout), dst);
   else backward_typed(tape, n, static_cast<const double*>(gout), dst);
 }

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <tuple>
 
+#include "backend.h"
 #include "ops_internal.h"
 
 namespace segtape {
@@ -27,18 +29,69 @@ std::string format_bytes(size_t b) {
   return buf;
 }
 
+namespace detail {
+// Backward's free list of dead gradient buffers on a device tape: the CPU's
+// policy (reuse by exact aligned size), with the links kept on the host
+// because device memory cannot hold them for us. Stacks keep their capacity.
+struct DeviceFreeList {
+  std::array<size_t, 32> size{};
+  std::array<std::vector<void*>, 32> stack;
+  int n = 0;
+  void clear() {
+    for (int k = 0; k < n; ++k) stack[size_t(k)].clear();
+    n = 0;
+  }
+  void put(void* p, size_t bytes) {
+    for (int k = 0; k < n; ++k)
+      if (size[size_t(k)] == bytes) return stack[size_t(k)].push_back(p);
+    if (n == int(size.size())) return;  // more distinct sizes than slots: let the arena keep it
+    size[size_t(n)] = bytes;
+    stack[size_t(n++)].push_back(p);
+  }
+  void* take(size_t bytes) {
+    for (int k = 0; k < n; ++k)
+      if (size[size_t(k)] == bytes && !stack[size_t(k)].empty()) {
+        void* p = stack[size_t(k)].back();
+        stack[size_t(k)].pop_back();
+        return p;
+      }
+    return nullptr;
+  }
+};
+}  // namespace detail
+
+namespace {
+// CPU tapes have no backend; a CUDA tape's backend checks for a GPU first.
+std::unique_ptr<detail::Backend> make_backend(const Device& d, const TapeOptions& o) {
+  if (d.kind == Device::Kind::CPU) return nullptr;
+  return detail::make_cuda_backend(d, o);
+}
+ChunkAllocator pool_memory(detail::Backend* be, const char* what) { return be ? be->allocator(what) : ChunkAllocator{}; }
+}  // namespace
+
+// On a device every pool is one fixed allocation (no growth: a segment runs
+// at the same addresses every time); on the CPU they are chunked as before.
 Tape::Tape(Device device, TapeOptions options)
     : device_(device),
       options_(options),
-      arena_(options.segment_budget, options.grow, options.grow_limit),
-      pool_(options.persistent_chunk, true),
-      carry_{Arena(options.carry_chunk, true), Arena(options.carry_chunk, true)},
-      scratch_(size_t(64) << 10, true),
+      backend_(make_backend(device, options)),
+      arena_(options.segment_budget, options.grow, options.grow_limit,
+             pool_memory(backend_.get(), "segment arena (TapeOptions::segment_budget)")),
+      pool_(backend_ ? options.device_persistent : options.persistent_chunk, !backend_, 0,
+            pool_memory(backend_.get(), "persistent pool (TapeOptions::device_persistent)")),
+      carry_{Arena(backend_ ? options.device_carry : options.carry_chunk, !backend_, 0,
+                   pool_memory(backend_.get(), "carry buffer (TapeOptions::device_carry)")),
+             Arena(backend_ ? options.device_carry : options.carry_chunk, !backend_, 0,
+                   pool_memory(backend_.get(), "carry buffer (TapeOptions::device_carry)"))},
+      scratch_(backend_ ? options.device_workspace : size_t(64) << 10, !backend_, 0,
+               pool_memory(backend_.get(), "op workspace (TapeOptions::device_workspace)")),
       gru_batch_(std::make_unique<detail::GruBatch>()) {
-  if (device.kind != Device::Kind::CPU)
-    throw Error("Tape: device " + device.str() + " is not available in this build (CPU only)");
   nodes_.reserve(options.node_capacity);
   params_.reserve(256);
+  if (backend_) {
+    grad_table_.reserve(options.node_capacity);
+    device_free_ = std::make_unique<detail::DeviceFreeList>();
+  }
 }
 
 Tape::~Tape() = default;
@@ -47,6 +100,7 @@ Segment Tape::segment() {
   if (open_)
     throw TapeError("tape.segment(): segment " + std::to_string(seg_index_) +
                     " is still open; end it (let its Segment go out of scope, or call end()) before opening the next");
+  if (backend_) backend_->segment_begin(seg_index_ + 1);  // may raise what the last segment left behind
   ++seg_index_;
   open_ = true;
   arena_.reset();
@@ -58,14 +112,74 @@ Segment Tape::segment() {
   return Segment(this);
 }
 
-void Tape::end_segment() {
+void Tape::end_segment(bool abandoned) {
   if (!open_) return;
   last_segment_peak_ = arena_.peak();
   open_ = false;
   nodes_.clear();
   arena_.reset();
   released_upto_ = 0;
+  if (backend_) backend_->segment_end(abandoned);  // launches a captured / replayed CUDA graph
 }
+
+void Tape::synchronize() {
+  if (backend_) backend_->synchronize();
+}
+
+void Tape::discard_graph() {
+  if (backend_) backend_->discard_graph();
+}
+
+void Tape::set_anomaly(bool on) {
+  if (on && backend_ && options_.graph_replay)
+    throw TapeError("set_anomaly(true): anomaly mode reads every op's output on the host, which a CUDA graph "
+                    "segment cannot do; turn TapeOptions::graph_replay off to use it");
+  options_.anomaly = on;
+}
+
+void Tape::fill_zero(void* p, size_t bytes) {
+  if (!bytes) return;
+  if (backend_) backend_->zero(p, bytes);
+  else std::memset(p, 0, bytes);
+}
+
+// ---- host access to tensor memory (declared in tensor.h): through the
+// backend on a device, memcpy on the CPU.
+
+bool Tensor::on_device() const { return tape && space != Space::None && tape->backend(); }
+
+namespace detail {
+namespace {
+void check_host_copy(const Tensor& t, DType d, size_t count, const char* what) {
+  t.check_live(what);
+  if (t.dtype != d)
+    throw ShapeError(std::string(what) + ": " + dtype_name(d) + " values for tensor " + t.describe());
+  if (count != size_t(t.numel()))
+    throw ShapeError(std::string(what) + ": " + std::to_string(count) + " values for tensor " + t.describe() + " (" +
+                     std::to_string(t.numel()) + " elements)");
+}
+}  // namespace
+
+void tensor_to_host(const Tensor& t, DType d, void* out, size_t count) {
+  check_host_copy(t, d, count, "to_host()");
+  if (!count) return;
+  if (t.on_device()) t.tape->backend()->copy(out, t.ptr, t.nbytes(), Backend::Copy::DeviceToHost);
+  else std::memcpy(out, t.ptr, t.nbytes());
+}
+
+void tensor_from_host(const Tensor& t, DType d, const void* in, size_t count) {
+  check_host_copy(t, d, count, "from_host()");
+  if (!count) return;
+  if (t.on_device()) t.tape->backend()->copy(t.ptr, in, t.nbytes(), Backend::Copy::HostToDevice);
+  else std::memmove(t.ptr, in, t.nbytes());
+}
+
+void device_data_error(const Tensor& t, const char* dtype) {
+  throw TapeError(std::string("data<") + dtype + ">(): tensor " + t.describe() + " lives in " + t.tape->device().str() +
+                  " memory, which the host cannot read or write directly; copy it with t.to_host(span) / "
+                  "t.to_host<T>() (or write it with t.from_host(span))");
+}
+}  // namespace detail
 
 bool Tape::is_live(const Tensor& t) const {
   switch (t.space) {
@@ -153,7 +267,12 @@ Tensor Tape::persistent_alloc(const Shape& s, DType d) {
   Tensor t;
   const size_t n = size_t(s.numel()) * dtype_size(d);
   t.ptr = pool_.try_alloc(n);
-  std::memset(t.ptr, 0, n);
+  if (!t.ptr)  // only a device pool is fixed; the host pool grows
+    throw Error("tape.parameter() / persistent(): the persistent pool on " + device_.str() + " is full (" +
+                format_bytes(pool_.used()) + " of " + format_bytes(pool_.reserved()) + " in use, asked for " +
+                format_bytes(align_up(n)) + " for " + std::string(dtype_name(d)) + s.str() +
+                "): raise TapeOptions::device_persistent");
+  fill_zero(t.ptr, n);
   t.tape = this;
   t.shape = s;
   t.dtype = d;
@@ -176,7 +295,7 @@ Tensor Tape::empty(const Shape& s, DType d) { return make(s, d, OpKind::Input, "
 
 Tensor Tape::zeros(const Shape& s, DType d) {
   Tensor t = make(s, d, OpKind::Input, "tape.zeros()");
-  std::memset(t.ptr, 0, t.nbytes());
+  fill_zero(t.ptr, t.nbytes());
   return t;
 }
 
@@ -187,7 +306,9 @@ Tensor from_impl(Tape& tape, std::span<const T> v, const Shape& s) {
     throw ShapeError("tape.from(): " + std::to_string(v.size()) + " values for shape " + s.str() + " (" +
                      std::to_string(s.numel()) + " elements)");
   Tensor t = tape.make(s, dtype_of<T>(), OpKind::Input, "tape.from()");
-  if (!v.empty()) std::memcpy(t.ptr, v.data(), v.size_bytes());
+  if (v.empty()) return t;
+  if (detail::Backend* be = tape.backend()) be->copy(t.ptr, v.data(), v.size_bytes(), detail::Backend::Copy::HostToDevice);
+  else std::memcpy(t.ptr, v.data(), v.size_bytes());
   return t;
 }
 }  // namespace
@@ -197,12 +318,15 @@ Tensor Tape::from(std::span<const double> v, const Shape& s) { return from_impl(
 Tensor Tape::from(std::span<const int64_t> v, const Shape& s) { return from_impl(*this, v, s); }
 
 void Tape::zero_grad() {
-  for (const Tensor& p : params_) std::memset(p.grad, 0, p.nbytes());
+  for (const Tensor& p : params_) fill_zero(p.grad, p.nbytes());
 }
 
 void* Tape::scratch(size_t bytes) {
   void* p = scratch_.try_alloc(bytes);
-  if (!p) throw Error("segtape: out of memory in op workspace");
+  if (!p)
+    throw Error(backend_ ? "segtape: the op workspace on " + device_.str() + " (" + format_bytes(scratch_.budget()) +
+                               ") cannot hold " + format_bytes(align_up(bytes)) + " more: raise TapeOptions::device_workspace"
+                         : std::string("segtape: out of memory in op workspace"));
   return p;
 }
 
@@ -230,7 +354,10 @@ void Tape::check_output(const Tensor& out, OpKind k) {
   if (!options_.anomaly || out.dtype == DType::I64) return;
   const int64_t n = out.numel();
   int64_t bad = -1;
-  if (out.dtype == DType::F32) {
+  double bad_value = 0;
+  if (backend_) {
+    std::tie(bad, bad_value) = backend_->first_nonfinite(out);
+  } else if (out.dtype == DType::F32) {
     const float* p = static_cast<const float*>(out.ptr);
     for (int64_t i = 0; i < n && bad < 0; ++i)
       if (!std::isfinite(p[i])) bad = i;
@@ -240,7 +367,9 @@ void Tape::check_output(const Tensor& out, OpKind k) {
       if (!std::isfinite(p[i])) bad = i;
   }
   if (bad >= 0) {
-    const double v = out.dtype == DType::F32 ? static_cast<const float*>(out.ptr)[bad] : static_cast<const double*>(out.ptr)[bad];
+    const double v = backend_ ? bad_value
+                     : out.dtype == DType::F32 ? static_cast<const float*>(out.ptr)[bad]
+                                               : static_cast<const double*>(out.ptr)[bad];
     throw AnomalyError("anomaly mode: op '" + std::string(op_name(k)) + "' at step " + std::to_string(step_) +
                        " (segment " + std::to_string(seg_index_) + ") produced " + (std::isnan(v) ? "NaN" : "Inf") +
                        " at element " + std::to_string(bad) + " of its output " + std::string(dtype_name(out.dtype)) +
@@ -261,6 +390,10 @@ TapeStats Tape::stats() const {
   s.segment_index = seg_index_;
   s.step = step_;
   s.bytes_by_op = bytes_by_op_;
+  if (backend_)
+    s.device_bytes = arena_.reserved() + pool_.reserved() + carry_[0].reserved() + carry_[1].reserved() +
+                     scratch_.reserved() + backend_->internal_device_bytes();
+  s.device_allocations = memory::device_allocations();
   return s;
 }
 
@@ -286,8 +419,15 @@ void Tape::backward(const Tensor& root, const Tensor* seed, bool retain) {
                      " elements; backward(loss) needs a single-element loss (or pass the output gradient)");
   }
   const size_t count = size_t(root.node) + 1;
-  void** grads = static_cast<void**>(alloc(count * sizeof(void*), OpKind::Grad, "backward"));
-  std::memset(grads, 0, count * sizeof(void*));
+  void** grads;
+  if (backend_) {  // host data: kept off the device arena
+    grad_table_.assign(count, nullptr);
+    grads = grad_table_.data();
+    device_free_->clear();
+  } else {
+    grads = static_cast<void**>(alloc(count * sizeof(void*), OpKind::Grad, "backward"));
+    std::memset(grads, 0, count * sizeof(void*));
+  }
   // A node's gradient is dead once the node has been processed (its consumers
   // all come later on the tape): its buffer goes to a free list by size and is
   // reused, so backward's working set stays a few buffers, not one per node.
@@ -319,14 +459,17 @@ void Tape::backward(const Tensor& root, const Tensor* seed, bool retain) {
   auto grad_buffer = [&](int32_t node) -> void* {
     if (!grads[node]) {
       const size_t bytes = align_up(nodes_[node].out.nbytes());
-      void* p = free_list.take(bytes);
+      void* p = backend_ ? device_free_->take(bytes) : free_list.take(bytes);
       grads[node] = p ? p : alloc(bytes, OpKind::Grad, "backward");
-      std::memset(grads[node], 0, bytes);
+      fill_zero(grads[node], bytes);
     }
     return grads[node];
   };
   void* g0 = grad_buffer(root.node);
-  if (seed) std::memcpy(g0, seed->ptr, root.nbytes());
+  if (backend_) {
+    if (seed) backend_->copy(g0, seed->ptr, root.nbytes(), detail::Backend::Copy::DeviceToDevice);
+    else backend_->fill(g0, 1, root.dtype, 1.0);
+  } else if (seed) std::memcpy(g0, seed->ptr, root.nbytes());
   else if (root.dtype == DType::F32) *static_cast<float*>(g0) = 1.0f;
   else *static_cast<double*>(g0) = 1.0;
 
@@ -349,7 +492,8 @@ void Tape::backward(const Tensor& root, const Tensor* seed, bool retain) {
     }
     scratch_.reset();
     backward_node(*this, n, grads[i], dst);
-    free_list.put(grads[i], align_up(n.out.nbytes()));
+    if (backend_) device_free_->put(grads[i], align_up(n.out.nbytes()));
+    else free_list.put(grads[i], align_up(n.out.nbytes()));
     grads[i] = nullptr;
   }
   detail::flush_gru_batch(*this);
@@ -369,8 +513,12 @@ Tensor Tape::carry(const Tensor& x) {
   if (!open_) throw TapeError("carry: no segment is open");
   Tensor c = x;
   c.ptr = carry_[seg_index_ % 2].try_alloc(x.nbytes());
-  if (!c.ptr) throw Error("carry: out of memory");
-  std::memcpy(c.ptr, x.ptr, x.nbytes());
+  if (!c.ptr)
+    throw Error(backend_ ? "carry: the carry buffer on " + device_.str() + " (" + format_bytes(carry_[0].budget()) +
+                               ") cannot hold " + x.describe() + " more: raise TapeOptions::device_carry"
+                         : std::string("carry: out of memory"));
+  if (backend_) backend_->copy(c.ptr, x.ptr, x.nbytes(), detail::Backend::Copy::DeviceToDevice);
+  else std::memcpy(c.ptr, x.ptr, x.nbytes());
   c.space = Space::Carry;
   c.gen = seg_index_;
   c.node = -1;

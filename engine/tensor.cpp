@@ -68,10 +68,17 @@ void Tensor::check_live(const char* what) const {
 double Tensor::item() const {
   check_live("item()");
   if (numel() != 1) throw ShapeError("item(): tensor " + describe() + " has " + std::to_string(numel()) + " elements, not 1");
+  unsigned char v[8];
+  detail::tensor_to_host(*this, dtype, v, 1);  // a device tensor: waits for the device, then copies
+  auto as = [&]<class T>() {
+    T x;
+    std::memcpy(&x, v, sizeof x);
+    return double(x);
+  };
   switch (dtype) {
-    case DType::F32: return *static_cast<const float*>(ptr);
-    case DType::F64: return *static_cast<const double*>(ptr);
-    case DType::I64: return double(*static_cast<const int64_t*>(ptr));
+    case DType::F32: return as.template operator()<float>();
+    case DType::F64: return as.template operator()<double>();
+    case DType::I64: return as.template operator()<int64_t>();
   }
   return 0;
 }

@@ -2,6 +2,8 @@
 // Strict arenas have one chunk (the budget) and refuse to grow; growing arenas
 // (the teaching policy, the persistent pool, carry buffers) add chunks when
 // full and keep them across resets, so after warm-up they allocate nothing.
+// Where chunks come from is pluggable (ChunkAllocator): host memory by
+// default, device memory for the arenas of a CUDA tape (one chunk each).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -10,9 +12,25 @@
 namespace segtape {
 
 namespace memory {
-// Every chunk any segtape arena takes from the system bumps this counter.
+// Every chunk any segtape arena takes from the system bumps this counter
+// (host and device chunks alike).
 uint64_t system_allocations();
+// Chunks taken from a device allocator (cudaMalloc), a subset of the above.
+// A CUDA tape takes all of its chunks when it is made: this stays constant
+// while it trains.
+uint64_t device_allocations();
 }  // namespace memory
+
+// Where an arena's chunks come from. Default (take == nullptr): host memory
+// (aligned_alloc). A device backend passes functions that reserve device
+// memory; take throws a segtape::Error naming `what` when it cannot.
+struct ChunkAllocator {
+  void* (*take)(void* ctx, size_t bytes, const char* what) = nullptr;
+  void (*give)(void* ctx, void* p) = nullptr;
+  void* ctx = nullptr;
+  const char* what = "arena chunk";  // for messages: which pool asked
+  bool device = false;               // counts in memory::device_allocations()
+};
 
 inline constexpr size_t kAlign = 64;
 constexpr size_t align_up(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
@@ -22,7 +40,8 @@ class Arena {
   // capacity: size of the first chunk (the budget when !grow).
   // grow: add chunks of max(chunk, request) when full.
   // grow_limit: with grow, refuse once used() would exceed it (0 = no limit).
-  Arena(size_t capacity, bool grow, size_t grow_limit = 0);
+  // alloc: where chunks come from (host memory by default).
+  Arena(size_t capacity, bool grow, size_t grow_limit = 0, ChunkAllocator alloc = {});
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -36,6 +55,7 @@ class Arena {
   size_t reserved() const;                 // bytes held from the system
   size_t budget() const { return grow_ ? grow_limit_ : first_capacity_; }
   bool grows() const { return grow_; }
+  bool on_device() const { return alloc_.device; }
   // true when p points into memory handed out since the last reset
   bool owns(const void* p) const;
 
@@ -44,6 +64,7 @@ class Arena {
     std::byte* base;
     size_t cap;
   };
+  std::byte* take_chunk(size_t cap);
   std::vector<Chunk> chunks_;
   size_t cur_ = 0;     // current chunk
   size_t off_ = 0;     // offset in current chunk
@@ -52,6 +73,7 @@ class Arena {
   size_t first_capacity_;
   bool grow_;
   size_t grow_limit_;
+  ChunkAllocator alloc_;
 };
 
 }  // namespace segtape

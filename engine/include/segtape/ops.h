@@ -51,6 +51,14 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh,
                 const Tensor& b_ih, const Tensor& b_hh, bool recompute = false);
 
+// PyTorch's single-layer GRU over a whole sequence, as ONE op: x [T, B, I],
+// h0 [B, H], weights and biases as gru_cell's -> the state at every step
+// [T, B, H] (the last row is h_T). On CUDA one node runs cuDNN's GRU
+// (cudnnRNNForward / BackwardData / BackwardWeights); on the CPU it is
+// composed of T fused gru_cell steps (same values, a node per step).
+Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+                    const Tensor& b_hh);
+
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
 inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,7 +24,8 @@ namespace segtape {
 #define SEGTAPE_OPS(X)                                                                      \
   X(Input) X(MatMul) X(Add) X(Sub) X(Mul) X(Div) X(Neg) X(Scale) X(Tanh) X(Sigmoid) X(Relu) \
   X(Exp) X(Log) X(Sum) X(Mean) X(Softmax) X(LogSoftmax) X(CrossEntropy) X(MseLoss)         \
-  X(Concat) X(Slice) X(Reshape) X(Transpose) X(Embedding) X(GruCell) X(Carry) X(Grad)
+  X(Concat) X(Slice) X(Reshape) X(Transpose) X(Embedding) X(GruCell) X(Carry) X(Grad)         \
+  X(GruSequence)
 
 enum class OpKind : uint8_t {
 #define SEGTAPE_ENUM(name) name,
@@ -63,6 +65,25 @@ struct TapeOptions {
   // one GEMM over many steps' rows (chunks of ~256 rows) instead of one per
   // step: a segment knows its extent, an eager engine does not.
   bool batch_weight_grads = true;
+
+  // ---- CUDA tapes (Device::cuda()); ignored on the CPU. Every pool is one
+  // device allocation made when the tape is made, sized here, and never
+  // grows: a segment runs at the same addresses every time (docs/cuda.md).
+  // The segment arena is segment_budget bytes; `grow` is CPU-only.
+  size_t device_persistent = size_t(256) << 20;  // parameters, gradients, optimizer state
+  size_t device_carry = size_t(16) << 20;        // each of the two carry buffers
+  size_t device_workspace = size_t(64) << 20;    // op workspace (and as much again for the backend's own)
+  // Let cuBLAS / cuDNN use TF32 tensor cores for float32 (faster, ~1e-3
+  // relative error). Off: float32 products are computed in float32.
+  bool allow_tf32 = false;
+  // Segment 1 runs eagerly, segments 2 and 3 are captured as CUDA graphs
+  // (one per parity: carried values alternate between two buffers), and
+  // every later segment replays the graph of its parity; it must repeat that
+  // segment's ops, shapes and scalar attributes. Values of a graph segment
+  // exist only once it has ended: no item() / to_host() inside one. See
+  // docs/cuda.md for the restrictions.
+  bool graph_replay = false;
+  size_t graph_staging = size_t(4) << 20;  // pinned host bytes per segment for tape.from() under graph_replay
 };
 
 struct TapeStats {
@@ -77,11 +98,15 @@ struct TapeStats {
   uint64_t segment_index = 0;    // 1 for the first segment
   uint64_t step = 0;             // tape step counter
   std::array<size_t, kOpKinds> bytes_by_op{};  // arena bytes of the current segment by op kind
+  size_t device_bytes = 0;           // CUDA: bytes this tape holds on the device (all pools, fixed at setup)
+  uint64_t device_allocations = 0;   // device chunks taken, process-wide (memory::device_allocations())
 };
 
 class Segment;
 namespace detail {
 struct GruBatch;  // engine/ops_internal.h
+class Backend;    // engine/backend.h: the device backend (null on the CPU)
+struct DeviceFreeList;  // engine/tape.cpp
 }
 
 class Tape {
@@ -114,7 +139,13 @@ class Tape {
   const TapeOptions& options() const { return options_; }
   TapeStats stats() const;
   const std::vector<Node>& nodes() const { return nodes_; }
-  void set_anomaly(bool on) { options_.anomaly = on; }
+  void set_anomaly(bool on);
+  // CUDA: waits until the device has done everything issued so far and raises
+  // what it recorded (an index out of range). A no-op on the CPU.
+  void synchronize();
+  // CUDA graph replay: forget the captured graphs; the next segment runs
+  // eagerly and the two after it are captured again (e.g. after a change of shape).
+  void discard_graph();
 
   // Zero every parameter gradient made by this tape.
   void zero_grad();
@@ -129,6 +160,10 @@ class Tape {
   // Per-op workspace outside the segment arena (reset by every op; grows once, then reused).
   void* scratch(size_t bytes);
   void scratch_reset() { scratch_.reset(); }
+  // The device backend (nullptr on the CPU): engine/backend.h.
+  detail::Backend* backend() const { return backend_.get(); }
+  // Zeroes `bytes` at p (tape memory: host or device).
+  void fill_zero(void* p, size_t bytes);
   detail::GruBatch& gru_batch() { return *gru_batch_; }
   std::string expired_message(const Tensor& t, const char* what) const;
   bool is_live(const Tensor& t) const;
@@ -136,7 +171,7 @@ class Tape {
  private:
   friend class Segment;
   friend class NoGradGuard;
-  void end_segment();
+  void end_segment(bool abandoned = false);
   void backward(const Tensor& root, const Tensor* seed, bool retain);
   Tensor carry(const Tensor& x);
   std::string budget_report(size_t request, OpKind kind, const char* op) const;
@@ -144,6 +179,7 @@ class Tape {
 
   Device device_;
   TapeOptions options_;
+  std::unique_ptr<detail::Backend> backend_;  // made before the arenas, which take its memory
   Arena arena_;
   Arena pool_;
   Arena carry_[2];
@@ -152,6 +188,8 @@ class Tape {
   std::vector<Node> nodes_;
   std::array<size_t, kOpKinds> bytes_by_op_{};
   std::vector<Tensor> params_;  // every parameter made (for zero_grad)
+  std::unique_ptr<detail::DeviceFreeList> device_free_;
+  std::vector<void*> grad_table_;  // device tapes: backward's node -> gradient table (the CPU keeps it in the arena)
   uint32_t seg_index_ = 0;
   uint64_t step_ = 0;
   size_t released_upto_ = 0;  // nodes [0, released_upto_) were freed by a non-retained backward
@@ -166,9 +204,14 @@ struct BackwardOptions {
 
 class Segment {
  public:
-  Segment(Segment&& o) noexcept : tape_(o.tape_) { o.tape_ = nullptr; }
+  Segment(Segment&& o) noexcept : tape_(o.tape_), unwinding_(o.unwinding_) { o.tape_ = nullptr; }
   Segment& operator=(Segment&&) = delete;
-  ~Segment() { end(); }
+  ~Segment() {
+    // Ending because an exception unwinds through the segment: a CUDA graph
+    // being captured or replayed is dropped instead of launched.
+    if (tape_) tape_->end_segment(std::uncaught_exceptions() > unwinding_);
+    tape_ = nullptr;
+  }
 
   // d(loss)/d(parameters) accumulated into the parameters' gradient buffers.
   // loss must hold one element; for others pass the output gradient.
@@ -182,8 +225,9 @@ class Segment {
 
  private:
   friend class Tape;
-  explicit Segment(Tape* t) : tape_(t) {}
+  explicit Segment(Tape* t) : tape_(t), unwinding_(std::uncaught_exceptions()) {}
   Tape* tape_;
+  int unwinding_;  // exceptions in flight when the segment opened
 };
 
 // Nothing is recorded while a guard is alive (inference, frozen history).

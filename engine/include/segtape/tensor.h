@@ -9,6 +9,8 @@
 #include <initializer_list>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "segtape/error.h"
 
@@ -83,9 +85,16 @@ struct Tensor {
 
   // Checked access: throws ExpiredTensorError for a dead handle and
   // ShapeError for the wrong element type. Never reads freed memory.
+  // Host memory only: on a CUDA tensor it raises (use to_host / from_host).
   template <class T> T* data() const;
   template <class T> std::span<T> span() const { return {data<T>(), size_t(numel())}; }
-  double item() const;  // the single element of a 1-element tensor, as double
+  double item() const;  // the single element of a 1-element tensor, as double (CUDA: waits for the device)
+  // Copies of the values, on any device (CUDA: to_host waits for the device).
+  // The span must hold numel() elements of the tensor's dtype.
+  template <class T> void to_host(std::span<T> out) const;
+  template <class T> std::vector<T> to_host() const;
+  template <class T> void from_host(std::span<const T> in) const;  // tensor <- host values
+  bool on_device() const;  // the bytes are in device memory (a CUDA tape)
   void check_live(const char* what) const;
   bool is_live() const;
   // "f32[32,128] (segment 3, step 17)"
@@ -94,11 +103,32 @@ struct Tensor {
   Tensor grad_tensor() const;
 };
 
+namespace detail {
+// Copies between a tensor's bytes and host memory (tensor.cpp): checks
+// liveness, dtype and size, and goes through the device backend on CUDA.
+void tensor_to_host(const Tensor& t, DType d, void* out, size_t count);
+void tensor_from_host(const Tensor& t, DType d, const void* in, size_t count);
+[[noreturn]] void device_data_error(const Tensor& t, const char* dtype);
+}  // namespace detail
+
 template <class T> T* Tensor::data() const {
   check_live("data access");
   if (dtype != dtype_of<T>())
     throw ShapeError("data<" + std::string(dtype_name(dtype_of<T>())) + ">() on a tensor of dtype " + dtype_name(dtype));
+  if (on_device()) detail::device_data_error(*this, dtype_name(dtype_of<T>()));
   return static_cast<T*>(ptr);
+}
+
+template <class T> void Tensor::to_host(std::span<T> out) const {
+  detail::tensor_to_host(*this, dtype_of<std::remove_const_t<T>>(), out.data(), out.size());
+}
+template <class T> std::vector<T> Tensor::to_host() const {
+  std::vector<T> v(static_cast<size_t>(numel()));
+  to_host(std::span<T>(v));
+  return v;
+}
+template <class T> void Tensor::from_host(std::span<const T> in) const {
+  detail::tensor_from_host(*this, dtype_of<T>(), in.data(), in.size());
 }
 
 }  // namespace segtape

@@ -1,0 +1,260 @@
+// The benchmark workload of bench/workload.h on a GPU: GRUCell(I = 32, H) ->
+// Linear(H, 16) -> cross-entropy, float32, segments of K = 32 steps with the
+// state carried, one training step = forward + backward + SGD (lr 1e-3).
+// SGD, not workload.h's Adam: on CUDA segtape's optimizer is written with
+// engine ops (which have no sqrt), and both engines must run the same step.
+//
+// One source, two programs that never share a process (each engine brings
+// its own CUDA runtime, cuBLAS and cuDNN):
+//   cuda_bench         segtape: eager, and with CUDA-graph replay
+//   cuda_bench_torch   LibTorch on CUDA (-DSEGTAPE_BENCH_TORCH_CUDA): eager,
+//                      and the whole segment captured as a CUDA graph
+// Each prints one CSV row per (mode, B, H):
+//   engine,mode,B,H,us_per_step,engine_peak_bytes,engine_reserved_bytes,footprint_bytes,final_loss
+// engine_peak: segtape's arena high-water / LibTorch's allocator peak of
+// allocated bytes; engine_reserved: what the engine holds on the device
+// (segtape: all its fixed pools; LibTorch: allocator reserved peak);
+// footprint: the drop in the device's free memory from before the model was
+// made to after the run (cudaMemGetInfo; includes cuBLAS / cuDNN handles).
+//
+//   cuda_bench [--segments N] [--sizes 32x512,64x1024]
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "segtape/nn/random.h"  // header-only: the inputs are the same in both programs
+
+#ifdef SEGTAPE_BENCH_TORCH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/torch.h>
+#else
+#include "segtape/ops.h"
+#endif
+
+namespace {
+
+constexpr int64_t kI = 32, kC = 16, kK = 32;
+constexpr double kLr = 1e-3;
+
+// x [K, B, I], y [K, B]: bench/workload.h's Data, same seed and draws.
+struct Data {
+  int64_t B;
+  std::vector<float> x;
+  std::vector<int64_t> y;
+  explicit Data(int64_t b) : B(b), x(size_t(kK * b * kI)), y(size_t(kK * b)) {
+    segtape::nn::Rng rng(11);
+    for (float& v : x) v = float(rng.uniform(-1, 1));
+    for (int64_t& v : y) v = int64_t(rng.next_u64() % uint64_t(kC));
+  }
+};
+
+// Initial parameters, PyTorch's bounds: U(-1/sqrt(H), 1/sqrt(H)) for all.
+std::vector<float> init(segtape::nn::Rng& rng, int64_t n, int64_t fan) {
+  std::vector<float> v(static_cast<size_t>(n));
+  const double b = 1.0 / std::sqrt(double(fan));
+  for (float& x : v) x = float(rng.uniform(-b, b));
+  return v;
+}
+
+size_t free_device_bytes() {
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+  return free;
+}
+
+using Clock = std::chrono::steady_clock;
+
+void row(const char* engine, const char* mode, int64_t B, int64_t H, double us, double peak, double reserved, double footprint,
+         double loss) {
+  std::printf("%s,%s,%lld,%lld,%.2f,%.0f,%.0f,%.0f,%.6f\n", engine, mode, (long long)B, (long long)H, us, peak, reserved,
+              footprint, loss);
+  std::fflush(stdout);
+}
+
+#ifndef SEGTAPE_BENCH_TORCH_CUDA
+// ------------------------------------------------------------------ segtape
+using namespace segtape;
+
+struct Model {
+  Tape tape;
+  std::vector<Tensor> p;  // w_ih [3H, I], w_hh [3H, H], b_ih, b_hh [3H], w_out [C, H], b_out [C]
+  Tensor h, loss;         // persistent: the carried state's start, the last segment's loss
+  const Data& data;
+  int64_t H;
+  Model(int64_t H_, const Data& d, bool graph)
+      : tape(Device::cuda(), [&] {
+          TapeOptions o;
+          o.segment_budget = size_t(512) << 20;
+          o.device_persistent = size_t(64) << 20;
+          o.device_carry = size_t(4) << 20;
+          o.device_workspace = size_t(32) << 20;
+          o.graph_replay = graph;
+          return o;
+        }()),
+        data(d),
+        H(H_) {
+    nn::Rng rng(1);
+    const std::vector<Shape> shapes = {{3 * H, kI}, {3 * H, H}, {3 * H}, {3 * H}, {kC, H}, {kC}};
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      p.push_back(tape.parameter(shapes[k]));
+      const std::vector<float> v = init(rng, shapes[k].numel(), k < 4 ? H : H);
+      p.back().from_host(std::span<const float>(v));
+    }
+    h = tape.persistent({d.B, H});
+    loss = tape.persistent({1});
+  }
+  void segment() {
+    Segment seg = tape.segment();
+    Tensor total;
+    const int64_t B = data.B;
+    for (int64_t t = 0; t < kK; ++t) {
+      Tensor x = tape.from(std::span<const float>(data.x).subspan(size_t(t * B * kI), size_t(B * kI)), {B, kI});
+      Tensor y = tape.from(std::span<const int64_t>(data.y).subspan(size_t(t * B), size_t(B)), {B});
+      h = gru_cell(x, h, p[0], p[1], p[2], p[3]);
+      Tensor l = cross_entropy(add(matmul(h, p[4], false, true), p[5]), y);
+      total = t ? add(total, l) : l;
+    }
+    seg.backward(total);
+    {
+      NoGradGuard ng(tape);
+      for (const Tensor& w : p) copy_into(w, sub(w, scale(w.grad_tensor(), kLr)));
+      copy_into(loss, reshape(total, {1}));
+    }
+    tape.zero_grad();
+    h = seg.carry(h);
+  }
+};
+
+void run(int64_t B, int64_t H, int segments, bool graph) {
+  const Data data(B);
+  const size_t free_before = free_device_bytes();
+  Model m(H, data, graph);
+  for (int s = 0; s < 4; ++s) m.segment();  // warm-up (and, with graphs, the two captures)
+  m.tape.synchronize();
+  const auto t0 = Clock::now();
+  for (int s = 0; s < segments; ++s) m.segment();
+  m.tape.synchronize();
+  const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / double(segments * kK);
+  const TapeStats st = m.tape.stats();
+  row("segtape", graph ? "graph" : "eager", B, H, us, double(st.last_segment_peak), double(st.device_bytes),
+      double(free_before - free_device_bytes()), m.loss.item());
+}
+
+#else
+// ------------------------------------------------------------------ LibTorch
+struct Model {
+  torch::nn::GRUCell cell;
+  torch::nn::Linear head;
+  std::unique_ptr<torch::optim::SGD> opt;
+  torch::Tensor h, x, y, loss;
+  Model(int64_t B, int64_t H, const Data& d) : cell(kI, H), head(H, kC) {
+    cell->to(torch::kCUDA);
+    head->to(torch::kCUDA);
+    std::vector<torch::Tensor> params = cell->parameters();
+    for (auto& q : head->parameters()) params.push_back(q);
+    opt = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(kLr));
+    const auto f = torch::TensorOptions().device(torch::kCUDA);
+    h = torch::zeros({B, H}, f);
+    loss = torch::zeros({}, f);
+    x = torch::from_blob(const_cast<float*>(d.x.data()), {kK, B, kI}, torch::kFloat).to(torch::kCUDA);
+    y = torch::from_blob(const_cast<int64_t*>(d.y.data()), {kK, B}, torch::kLong).to(torch::kCUDA);
+  }
+  // forward + backward + SGD; the state and loss written in place (static
+  // addresses, so the same code can be captured as a graph).
+  void body() {
+    torch::Tensor hh = h, total;
+    for (int64_t t = 0; t < kK; ++t) {
+      hh = cell(x[t], hh);
+      torch::Tensor l = torch::nn::functional::cross_entropy(head(hh), y[t]);
+      total = t ? total + l : l;
+    }
+    total.backward();
+    opt->step();
+    torch::NoGradGuard ng;
+    h.copy_(hh);
+    loss.copy_(total);
+  }
+  void segment() {
+    opt->zero_grad();
+    body();
+  }
+};
+
+void run(int64_t B, int64_t H, int segments, bool graph) {
+  const Data data(B);
+  torch::zeros({1}, torch::TensorOptions().device(torch::kCUDA));  // the context and allocator exist now
+  torch::cuda::synchronize();
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  const size_t free_before = free_device_bytes();
+  c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+  Model m(B, H, data);
+  // A side stream, as graph capture requires (eager uses it too, for the same conditions).
+  c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
+  c10::cuda::CUDAStreamGuard guard(stream);
+  for (int s = 0; s < 4; ++s) m.segment();  // warm-up
+  torch::cuda::synchronize();
+  at::cuda::CUDAGraph g;
+  if (graph) {
+    // No gradient tensors before the capture: backward makes them inside the
+    // graph's pool, and every replay overwrites them (zero_grad(set_to_none)).
+    for (auto& group : m.opt->param_groups())
+      for (auto& q : group.params()) q.mutable_grad().reset();
+    g.capture_begin();
+    m.body();
+    g.capture_end();
+    torch::cuda::synchronize();
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int s = 0; s < segments; ++s) graph ? g.replay() : m.segment();
+  torch::cuda::synchronize();
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / double(segments * kK);
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+  constexpr size_t kAggregate = 0;  // StatType::AGGREGATE; its namespace moved between releases
+  row("libtorch", graph ? "graph" : "eager", B, H, us, double(stats.allocated_bytes[kAggregate].peak),
+      double(stats.reserved_bytes[kAggregate].peak), double(free_before - free_device_bytes()), m.loss.item<double>());
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int segments = 50;
+  std::vector<std::pair<int64_t, int64_t>> sizes = {{32, 512}, {64, 1024}};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--segments") segments = std::atoi(argv[i + 1]);
+    else if (a == "--sizes") {
+      sizes.clear();
+      std::string s = argv[i + 1];
+      size_t at = 0;
+      while (at < s.size()) {
+        const size_t end = s.find(',', at) == std::string::npos ? s.size() : s.find(',', at);
+        const std::string one = s.substr(at, end - at);
+        const size_t x = one.find('x');
+        sizes.push_back({std::atoll(one.substr(0, x).c_str()), std::atoll(one.substr(x + 1).c_str())});
+        at = end + 1;
+      }
+    }
+  }
+  std::printf("engine,mode,B,H,us_per_step,engine_peak_bytes,engine_reserved_bytes,footprint_bytes,final_loss\n");
+  int failures = 0;
+  for (const auto& [B, H] : sizes)
+    for (bool graph : {false, true}) {
+      try {
+        run(B, H, segments, graph);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "B=%lld H=%lld %s: %s\n", (long long)B, (long long)H, graph ? "graph" : "eager", e.what());
+        ++failures;
+      }
+    }
+  return failures ? 1 : 0;
+}

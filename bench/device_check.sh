@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# GPU verification of the CUDA backend, for a machine with a GPU (written for
+# the lent H200 with a CUDA PyTorch; docs/cuda.md lists what is pending):
+#
+#   1. configure and build with CUDA (no LibTorch in this build: its CUDA
+#      runtime and segtape's never share a process), CMAKE_CUDA_ARCHITECTURES 90
+#   2. ctest -L cuda (must pass with nothing skipped: a skip means no GPU was
+#      found), then the CPU engine suites in the same build
+#   3. cuda_bench: segtape's training step on the GPU, eager and graph-replayed,
+#      at (B=32, H=512) and (B=64, H=1024)
+#   4. when python3's torch has CUDA: a second build against it
+#      (-DCMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path) of cuda_bench_torch,
+#      the same workload in LibTorch, eager and CUDA-graph captured
+#   5. $OUT/results.md: the test summary and the benchmark table
+#
+# Every step has a time limit under one overall deadline (7 min by default,
+# SEGTAPE_DEVICE_DEADLINE seconds), so the script ends well inside 8 minutes
+# whatever hangs; logs of every step are in $OUT.
+#
+#   OUT=/tmp/out bash bench/device_check.sh        (OUT defaults to ./device-check-out)
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${OUT:-$ROOT/device-check-out}
+mkdir -p "$OUT"
+JOBS=$(nproc 2>/dev/null || echo 4)
+DEADLINE=$((SECONDS + ${SEGTAPE_DEVICE_DEADLINE:-420}))
+BUILD=${SEGTAPE_DEVICE_BUILD:-$ROOT/build-device}
+BUILD_TORCH=${SEGTAPE_DEVICE_BUILD_TORCH:-$ROOT/build-device-torch}
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+status=0
+
+log() { echo "[${SECONDS}s] $*" | tee -a "$SUMMARY"; }
+
+# step NAME LIMIT_SECONDS COMMAND...: runs with output in $OUT/NAME.log, within the deadline.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((DEADLINE - SECONDS))
+  if ((left < 15)); then
+    log "SKIPPED $name: the overall deadline is reached"
+    return 124
+  fi
+  ((limit > left)) && limit=$left
+  log "== $name (limit ${limit} s)"
+  local rc=0
+  timeout --kill-after=5 "$limit" "$@" >"$OUT/$name.log" 2>&1 || rc=$?
+  if ((rc == 0)); then
+    log "   ok"
+  else
+    log "   FAILED: exit $rc$( ((rc == 124)) && echo ' (time limit)'); last lines of $name.log:"
+    tail -n 25 "$OUT/$name.log" | sed 's/^/   | /' | tee -a "$SUMMARY"
+  fi
+  return $rc
+}
+
+# ---- 0. the machine
+{
+  echo "## nvidia-smi"; nvidia-smi 2>&1 || true
+  echo "## nvcc"; (command -v nvcc || ls /usr/local/cuda/bin/nvcc) 2>&1; (nvcc --version || /usr/local/cuda/bin/nvcc --version) 2>&1 || true
+  echo "## cmake"; cmake --version 2>&1 | head -1
+  echo "## compiler"; c++ --version 2>&1 | head -1
+  echo "## cuDNN"; grep -hE '^#define CUDNN_(MAJOR|MINOR|PATCHLEVEL)' /usr/local/cuda/include/cudnn_version.h /usr/include/cudnn_version.h 2>/dev/null
+  echo "## torch"; python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1
+  echo "## nproc"; echo "$JOBS"
+} >"$OUT/machine.txt" 2>&1
+log "machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo 'nvidia-smi failed')"
+
+# ---- 1. build with CUDA
+if step configure 90 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DSEGTAPE_WITH_TORCH=OFF -DSEGTAPE_WITH_CUDA=ON; then
+  if ! grep -q "CUDA backend on" "$OUT/configure.log"; then
+    log "FAILED: the build has no CUDA backend (nvcc or cuDNN 9 not found): see configure.log"
+    status=1
+  fi
+else
+  log "configure failed: missing packages? (segtape needs OpenBLAS, nlohmann-json, CLI11, fmt, GoogleTest, Google Benchmark; see configure.log)"
+  status=1
+fi
+
+# builder DIR: the command that builds several targets of DIR in one parallel
+# run (cmake --build --target a b builds them one after the other).
+builder() {
+  if [[ -f "$1/build.ninja" ]]; then echo ninja -C "$1" -j "$JOBS"; else echo make -C "$1" -j "$JOBS"; fi
+}
+
+built=0
+# shellcheck disable=SC2046 # builder's words are meant to split
+if ((status == 0)) && step build 240 $(builder "$BUILD") cuda_test cuda_bench gradcheck_test segment_test memory_test errors_test; then
+  built=1
+  # nvcc's code generation: sm_90 SASS and compute_90 PTX.
+  echo "   kernels: $(grep -o -- '--generate-code=[^ ]*' "$BUILD/engine/CMakeFiles/segtape_cuda_kernels.dir/flags.make" 2>/dev/null)" |
+    tee -a "$SUMMARY"
+else
+  status=1
+fi
+
+# ---- 2. tests
+if ((built)); then
+  step cuda-tests 180 ctest --test-dir "$BUILD" -L cuda --output-on-failure -j 8 --output-junit "$OUT/cuda-tests.xml" || status=1
+  skipped=$(grep -c '(Skipped)' "$OUT/cuda-tests.log" 2>/dev/null || true)
+  if [[ "${skipped:-0}" != "0" ]]; then
+    log "FAILED: $skipped cuda tests skipped: the GPU was not found by the tests (see cuda-tests.log)"
+    status=1
+  fi
+  step cpu-tests 90 env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ctest --test-dir "$BUILD" -L 'gradcheck|segment|memory|errors' -j "$JOBS" --output-on-failure || status=1
+  # The training test prints its loss curve summary and arena high-water.
+  grep -h "loss: CPU" "$OUT/cuda-tests.log" "$BUILD/Testing/Temporary/LastTest.log" 2>/dev/null | head -1 >>"$SUMMARY" || true
+  cp "$BUILD/Testing/Temporary/LastTest.log" "$OUT/ctest-last.log" 2>/dev/null || true
+fi
+
+# ---- 3. segtape on the GPU
+if ((built)); then
+  step bench-segtape 90 "$BUILD/bench/cuda_bench" --segments 50 || status=1
+  grep -E '^(engine|segtape),' "$OUT/bench-segtape.log" >"$OUT/bench-segtape.csv" || true
+fi
+
+# ---- 4. LibTorch on the GPU (optional: needs python3's torch with CUDA)
+torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null || true)
+torch_cuda=$(python3 -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
+if [[ -n "$torch_prefix" && "$torch_cuda" == "1" ]]; then
+  # shellcheck disable=SC2046 # builder's words are meant to split
+  if step configure-torch 90 cmake -S "$ROOT" -B "$BUILD_TORCH" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$torch_prefix" -DSEGTAPE_WITH_TORCH=ON -DSEGTAPE_BENCH_TORCH_CUDA=ON &&
+    step build-torch 180 $(builder "$BUILD_TORCH") cuda_bench_torch &&
+    step bench-libtorch 90 "$BUILD_TORCH/bench/cuda_bench_torch" --segments 50; then
+    grep -E '^libtorch,' "$OUT/bench-libtorch.log" >"$OUT/bench-libtorch.csv" || true
+  else
+    log "LibTorch comparison not available (see the logs above); segtape's numbers stand alone"
+  fi
+else
+  log "no CUDA torch in python3 (prefix '${torch_prefix}', cuda ${torch_cuda}): LibTorch comparison skipped"
+fi
+
+# ---- 5. the table
+{
+  echo "# segtape CUDA device check"
+  echo
+  echo "Machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+  echo "Torch: $(python3 -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null || echo none)"
+  echo
+  echo "## Tests"
+  echo
+  for f in cuda-tests cpu-tests; do
+    [[ -f "$OUT/$f.log" ]] && echo "- $f: $(grep -E 'tests passed|tests failed' "$OUT/$f.log" | tail -1)"
+  done
+  echo
+  echo "## Training step (GRUCell(32, H) -> Linear(H, 16) -> cross-entropy, K = 32, SGD), per step"
+  echo
+  echo "| engine | mode | B, H | µs / step | engine peak | engine reserved | device footprint | loss after run |"
+  echo "|---|---|---|---|---|---|---|---|"
+  cat "$OUT"/bench-*.csv 2>/dev/null | grep -v '^engine,' | sort -t, -k3,3n -k4,4n -k1,1 -k2,2 |
+    awk -F, '
+      function mib(b) { return sprintf("%.1f MiB", b / 1048576) }
+      { printf "| %s | %s | %s, %s | %.1f | %s | %s | %s | %.4f |\n", $1, $2, $3, $4, $5, mib($6), mib($7), mib($8), $9 }'
+  echo
+  echo "engine peak: segtape's segment-arena high-water / LibTorch's allocator peak (allocated bytes)."
+  echo "engine reserved: segtape's fixed pools (arena, persistent, carry, workspaces) / LibTorch's reserved peak."
+  echo "device footprint: drop of cudaMemGetInfo's free bytes from before the model to after the run (handles included)."
+  echo
+  echo "## Summary log"
+  echo
+  sed 's/^/    /' "$SUMMARY"
+} >"$OUT/results.md"
+
+log "done in ${SECONDS} s: $( ((status == 0)) && echo 'all checks passed' || echo 'SOME CHECKS FAILED') (results.md)"
+exit $status

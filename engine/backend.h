@@ -1,0 +1,69 @@
+// Engine-internal: the one interface between the op table (ops.cpp, tape.cpp)
+// and a device backend. The CPU path does not go through it: a CPU tape has
+// no backend and every op computes in its own plain loops, as before. A CUDA
+// tape has one (engine/cuda/backend.cpp), made by make_cuda_backend(); a build
+// without CUDA links engine/cuda/stub.cpp instead, whose make_cuda_backend()
+// raises. Public headers only forward-declare this class: no CUDA type and no
+// #ifdef on CUDA leaves engine/cuda/.
+//
+// Contract of forward / backward: they compute exactly what the CPU code of
+// the same OpKind computes (same inputs, attributes and saved buffers as the
+// recorded Node, see ops.cpp), asynchronously on the backend's one stream.
+// Backward accumulates (+=) into dst[j], like backward_node().
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "segtape/tape.h"
+
+namespace segtape::detail {
+
+class Backend {
+ public:
+  enum class Copy : uint8_t { HostToDevice, DeviceToHost, DeviceToDevice };
+
+  virtual ~Backend() = default;
+
+  // Chunk allocator for one of the tape's pools (`what` names the pool and
+  // the option that sizes it, for the out-of-memory message).
+  virtual ChunkAllocator allocator(const char* what) = 0;
+
+  // ---- the op table. n.out is allocated; n.in, n.ia, n.fa, n.saved as recorded.
+  // forward may allocate in the segment arena (tape.alloc) and then sets
+  // n.saved and adds the bytes to n.bytes (GruSequence's cuDNN buffers).
+  virtual void forward(Tape& tape, Node& n) = 0;
+  virtual void backward(Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst) = 0;
+
+  // ---- memory. Stream-ordered; DeviceToHost waits for the stream and
+  // raises what the device recorded (an index out of range) before returning.
+  virtual void copy(void* dst, const void* src, size_t bytes, Copy kind) = 0;
+  virtual void zero(void* dst, size_t bytes) = 0;
+  virtual void fill(void* dst, int64_t n, DType d, double value) = 0;
+  // Index of the first NaN / Inf of a floating tensor (-1: none) and its
+  // value; waits for the stream (anomaly mode).
+  virtual std::pair<int64_t, double> first_nonfinite(const Tensor& t) = 0;
+  // Waits for the stream; raises errors the device recorded.
+  virtual void synchronize() = 0;
+
+  // ---- segment boundaries: CUDA-graph capture and replay (TapeOptions::graph_replay).
+  virtual void segment_begin(uint32_t index) = 0;
+  // Must not throw (it runs from ~Segment); an error is kept and raised by
+  // the next segment_begin() or synchronize(). abandoned: the segment is
+  // ending because an exception is unwinding through it.
+  virtual void segment_end(bool abandoned) noexcept = 0;
+  virtual void discard_graph() = 0;
+
+  // Bytes this tape holds on the device besides its arenas (cuBLAS workspace,
+  // the backend's own op workspace), and a one-line description of the device.
+  virtual size_t internal_device_bytes() const = 0;
+  virtual std::string describe() const = 0;
+};
+
+// Defined by engine/cuda/backend.cpp in a CUDA build and by engine/cuda/stub.cpp
+// otherwise. Raises a segtape::Error when no GPU can be used, saying why.
+std::unique_ptr<Backend> make_cuda_backend(const Device& device, const TapeOptions& options);
+
+}  // namespace segtape::detail

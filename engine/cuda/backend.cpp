@@ -1,0 +1,416 @@
+// The CUDA backend's setup, memory, copies, synchronisation and CUDA-graph
+// capture / replay (cuda_backend.h; design in docs/cuda.md).
+#include <cstring>
+#include <string>
+
+#include "check.h"
+#include "cuda_backend.h"
+
+namespace segtape::cuda {
+namespace {
+
+constexpr size_t kCublasWorkspace = size_t(32) << 20;  // NVIDIA's recommendation for Hopper
+constexpr size_t kInternalWords = 4096;                // error record, first_nonfinite's result
+
+// ---- chunk allocators for the arenas (engine/arena.h); ctx is the backend.
+void* device_take(void* ctx, size_t bytes, const char* what) {
+  auto* be = static_cast<CudaBackend*>(ctx);
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaSuccess) return p;
+  (void)cudaGetLastError();
+  size_t free = 0, total = 0;
+  const bool info = cudaMemGetInfo(&free, &total) == cudaSuccess;
+  (void)cudaGetLastError();
+  throw Error("Tape(" + be->device().str() + "): out of device memory: reserving the " + what + " asked cudaMalloc for " +
+              format_bytes(bytes) + " (" + std::to_string(bytes) + " bytes) and got " + cudaGetErrorName(e) +
+              (info ? "; " + format_bytes(free) + " of " + format_bytes(total) + " are free on the device" : std::string()) +
+              ". Lower that option (or the others: segment_budget, device_persistent, device_carry, device_workspace).");
+}
+
+void device_give(void* ctx, void* p) {
+  // The stream may still use the memory: wait for it first (no throwing here).
+  cudaStreamSynchronize(static_cast<CudaBackend*>(ctx)->stream());
+  cudaFree(p);
+  (void)cudaGetLastError();
+}
+
+void* pinned_take(void* ctx, size_t bytes, const char* what) {
+  auto* be = static_cast<CudaBackend*>(ctx);
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocMapped);
+  if (e == cudaSuccess) return p;
+  (void)cudaGetLastError();
+  throw Error("Tape(" + be->device().str() + "): cannot reserve the " + what + ": cudaHostAlloc of " + format_bytes(bytes) +
+              " failed with " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+
+void pinned_give(void*, void* p) {
+  cudaFreeHost(p);
+  (void)cudaGetLastError();
+}
+
+uint64_t mix4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+  uint64_t h = 14695981039346656037ull;
+  for (uint64_t v : {a, b, c, d}) h = (h ^ v) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(const Device& device, const TapeOptions& options) : device_(device), options_(options) {
+  if (options.grow)
+    throw Error("Tape(" + device.str() + "): TapeOptions::grow (the teaching policy) is CPU-only: a device arena is one "
+                "allocation of segment_budget bytes made at setup");
+  if (options.graph_replay && options.anomaly)
+    throw Error("Tape(" + device.str() + "): anomaly mode reads every op's output on the host, which a CUDA-graph "
+                "segment cannot do: turn off TapeOptions::anomaly or graph_replay");
+  // Without a driver (or a GPU) this is where it shows: cudaErrorInsufficientDriver, cudaErrorNoDevice, ...
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error(std::string("Device::cuda(): no CUDA GPU found (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")");
+  }
+  if (count == 0) throw Error("Device::cuda(): no CUDA GPU found (cudaGetDeviceCount: 0 devices)");
+  if (device.index < 0 || device.index >= count)
+    throw Error("Device::cuda(" + std::to_string(device.index) + "): this machine has " + std::to_string(count) +
+                " CUDA GPU(s), numbered from 0");
+  try {
+    SEGTAPE_CHECK(cudaSetDevice(device.index));
+    cudaDeviceProp prop{};
+    SEGTAPE_CHECK(cudaGetDeviceProperties(&prop, device.index));
+    name_ = std::string(prop.name) + " (sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ")";
+    SEGTAPE_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    SEGTAPE_CHECK(cublasCreate(&blas_));
+    SEGTAPE_CHECK(cublasSetStream(blas_, stream_));
+    SEGTAPE_CHECK(cublasSetPointerMode(blas_, CUBLAS_POINTER_MODE_HOST));
+    // Default math keeps float32 products in float32; TF32 only when allowed.
+    SEGTAPE_CHECK(cublasSetMathMode(blas_, options.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    SEGTAPE_CHECK(cudnnCreate(&dnn_));
+    SEGTAPE_CHECK(cudnnSetStream(dnn_, stream_));
+    // One device allocation for the backend's own memory.
+    internal_ = std::make_unique<Arena>(kCublasWorkspace + kInternalWords + options.device_workspace, false, 0,
+                                        allocator("backend workspace (TapeOptions::device_workspace)"));
+    void* cublas_ws = internal_->try_alloc(kCublasWorkspace);
+    SEGTAPE_CHECK(cublasSetWorkspace(blas_, cublas_ws, kCublasWorkspace));  // cuBLAS then allocates nothing (graph capture)
+    error_record_ = static_cast<ErrorRecord*>(internal_->try_alloc(sizeof(ErrorRecord)));
+    scratch_word_ = static_cast<unsigned long long*>(internal_->try_alloc(sizeof(unsigned long long)));
+    temp_base_ = static_cast<std::byte*>(internal_->try_alloc(options.device_workspace));
+    temp_cap_ = options.device_workspace;
+    SEGTAPE_CHECK(cudaMemsetAsync(error_record_, 0, sizeof(ErrorRecord), stream_));
+    // One pinned host allocation: the error flag the kernels raise, and the staging of graph segments.
+    const size_t staging = options.graph_replay ? align_up(options.graph_staging) : 0;
+    pinned_ = std::make_unique<Arena>(kAlign + staging, false, 0,
+                                      ChunkAllocator{pinned_take, pinned_give, this,
+                                                     "pinned staging (TapeOptions::graph_staging)", false});
+    error_flag_ = static_cast<int32_t*>(pinned_->try_alloc(sizeof(int32_t)));
+    *error_flag_ = 0;
+    void* flag_device = nullptr;
+    SEGTAPE_CHECK(cudaHostGetDevicePointer(&flag_device, error_flag_, 0));
+    error_flag_device_ = static_cast<int32_t*>(flag_device);
+    if (staging) {
+      staging_base_ = static_cast<std::byte*>(pinned_->try_alloc(staging));
+      staging_cap_ = staging;
+    }
+    SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+CudaBackend::~CudaBackend() { release(); }
+
+void CudaBackend::release() noexcept {
+  if (stream_) cudaStreamSynchronize(stream_);
+  drop_graph();
+  gru_plans_.clear();
+  // The handles before the memory they were given (cuBLAS's workspace), the
+  // memory before the stream its release waits on.
+  if (dnn_) cudnnDestroy(dnn_);
+  if (blas_) cublasDestroy(blas_);
+  internal_.reset();
+  pinned_.reset();
+  if (stream_) cudaStreamDestroy(stream_);
+  dnn_ = nullptr, blas_ = nullptr, stream_ = nullptr;
+  (void)cudaGetLastError();
+}
+
+ChunkAllocator CudaBackend::allocator(const char* what) { return {device_take, device_give, this, what, true}; }
+
+std::string CudaBackend::describe() const { return device_.str() + ": " + name_; }
+
+size_t CudaBackend::internal_device_bytes() const { return internal_ ? internal_->reserved() : 0; }
+
+void* CudaBackend::temp_bytes(size_t bytes) {
+  const size_t at = (temp_used_ + kAlign - 1) & ~(kAlign - 1);
+  if (at + bytes > temp_cap_)
+    throw Error("CUDA backend: the op temporaries need more than TapeOptions::device_workspace (" + format_bytes(temp_cap_) +
+                "): raise it");
+  temp_used_ = at + bytes;
+  return temp_base_ + at;
+}
+
+// ---------------------------------------------------------------- ops
+
+void CudaBackend::forward(Tape& tape, Node& n) {
+  temp_used_ = 0;
+  if (n.op == OpKind::GruSequence) return gru_sequence_forward(*this, tape, n);  // gates itself after its arena allocations
+  if (issue(signature(n, nullptr, nullptr), op_name(n.op))) forward_op(*this, tape, n);
+}
+
+void CudaBackend::backward(Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst) {
+  temp_used_ = 0;
+  if (n.op == OpKind::GruSequence) return gru_sequence_backward(*this, tape, n, gout, dst);
+  if (issue(signature(n, gout, &dst), op_name(n.op))) backward_op(*this, tape, n, gout, dst);
+}
+
+void CudaBackend::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                       const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  for (int64_t v : {M, N, K, lda, ldb, ldc})
+    if (v > INT32_MAX) throw ShapeError("matmul: dimension " + std::to_string(v) + " is too large for cuBLAS");
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the
+  // operands and the sizes; each row-major matrix is its transpose in
+  // column-major with the same leading dimension. The one place this is done.
+  SEGTAPE_CHECK(cublasSgemm(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K),
+                            &alpha, B, int(ldb < 1 ? 1 : ldb), A, int(lda < 1 ? 1 : lda), &beta, C, int(ldc < 1 ? 1 : ldc)));
+}
+
+void CudaBackend::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
+                       const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  for (int64_t v : {M, N, K, lda, ldb, ldc})
+    if (v > INT32_MAX) throw ShapeError("matmul: dimension " + std::to_string(v) + " is too large for cuBLAS");
+  SEGTAPE_CHECK(cublasDgemm(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K),
+                            &alpha, B, int(ldb < 1 ? 1 : ldb), A, int(lda < 1 ? 1 : lda), &beta, C, int(ldc < 1 ? 1 : ldc)));
+}
+
+// ---------------------------------------------------------------- memory
+
+void CudaBackend::copy(void* dst, const void* src, size_t bytes, Copy kind) {
+  if (!bytes) return;
+  switch (kind) {
+    case Copy::HostToDevice: {
+      if (!in_graph_segment()) {
+        // Pageable source: CUDA stages it before returning, so the caller may reuse it at once.
+        SEGTAPE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+        return;
+      }
+      // A graph segment copies from pinned staging at a fixed place; the host
+      // refills it (the previous graph has finished: segment_begin waited).
+      const size_t at = staging_used_;
+      if (at + align_up(bytes) > staging_cap_)
+        throw Error("tape.from() in a CUDA-graph segment: the segment's host inputs exceed TapeOptions::graph_staging (" +
+                    format_bytes(staging_cap_) + "): raise it");
+      staging_used_ += align_up(bytes);
+      std::memcpy(staging_base_ + at, src, bytes);
+      if (issue(mix4(1, reinterpret_cast<uintptr_t>(dst), at, bytes), "tape.from() (host to device copy)"))
+        SEGTAPE_CHECK(cudaMemcpyAsync(dst, staging_base_ + at, bytes, cudaMemcpyHostToDevice, stream_));
+      return;
+    }
+    case Copy::DeviceToHost:
+      if (in_graph_segment())
+        throw TapeError("reading a value on the host (item(), to_host()) inside a CUDA-graph segment: its values exist "
+                        "only once the segment has ended and its graph has run. Read it after the segment (copy_into a "
+                        "persistent tensor inside it), or turn TapeOptions::graph_replay off");
+      SEGTAPE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+      SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
+      raise_device_errors();
+      return;
+    case Copy::DeviceToDevice:
+      if (issue(mix4(2, reinterpret_cast<uintptr_t>(dst), reinterpret_cast<uintptr_t>(src), bytes), "device copy"))
+        SEGTAPE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+      return;
+  }
+}
+
+void CudaBackend::zero(void* dst, size_t bytes) {
+  if (bytes && issue(mix4(3, reinterpret_cast<uintptr_t>(dst), bytes, 0), "zero fill"))
+    SEGTAPE_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
+}
+
+void CudaBackend::fill(void* dst, int64_t n, DType d, double value) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof bits);
+  if (n <= 0 || !issue(mix4(4, reinterpret_cast<uintptr_t>(dst), uint64_t(n) << 8 | uint64_t(d), bits), "fill")) return;
+  if (d == DType::F32) cuda::fill<float>(stream_, static_cast<float*>(dst), n, float(value));
+  else if (d == DType::F64) cuda::fill<double>(stream_, static_cast<double*>(dst), n, value);
+  else throw TapeError("fill: integer tensors are not filled on the device");
+}
+
+std::pair<int64_t, double> CudaBackend::first_nonfinite(const Tensor& t) {
+  if (in_graph_segment()) throw TapeError("anomaly mode inside a CUDA-graph segment");  // excluded at setup; defensive
+  SEGTAPE_CHECK(cudaMemsetAsync(scratch_word_, 0xff, sizeof(unsigned long long), stream_));
+  if (t.dtype == DType::F32) cuda::first_nonfinite<float>(stream_, static_cast<const float*>(t.ptr), t.numel(), scratch_word_);
+  else cuda::first_nonfinite<double>(stream_, static_cast<const double*>(t.ptr), t.numel(), scratch_word_);
+  unsigned long long index = 0;
+  copy(&index, scratch_word_, sizeof index, Copy::DeviceToHost);
+  if (index == ~0ull) return {-1, 0.0};
+  double v = 0;
+  if (t.dtype == DType::F32) {
+    float f = 0;
+    copy(&f, static_cast<const float*>(t.ptr) + index, sizeof f, Copy::DeviceToHost);
+    v = f;
+  } else {
+    copy(&v, static_cast<const double*>(t.ptr) + index, sizeof v, Copy::DeviceToHost);
+  }
+  return {int64_t(index), v};
+}
+
+void CudaBackend::synchronize() {
+  if (in_graph_segment())
+    throw TapeError("tape.synchronize() inside a CUDA-graph segment: its work runs when the segment ends");
+  SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
+  raise_device_errors();
+  raise_pending();
+}
+
+void CudaBackend::raise_device_errors() {
+  if (*reinterpret_cast<volatile int32_t*>(error_flag_) == 0) return;
+  ErrorRecord r;
+  SEGTAPE_CHECK(cudaMemcpy(&r, error_record_, sizeof r, cudaMemcpyDeviceToHost));
+  SEGTAPE_CHECK(cudaMemset(error_record_, 0, sizeof r));
+  *error_flag_ = 0;
+  const std::string where = " (found by a kernel on " + device_.str() +
+                            " and reported at the first synchronisation after it; work issued in between used";
+  if (r.code == kEmbeddingIndex)
+    throw IndexError("embedding: index " + std::to_string(r.value) + " at position " + std::to_string(r.position) +
+                     " is out of range for " + std::to_string(r.limit) + " rows" + where + " a zero row for it)");
+  throw IndexError("cross_entropy: target " + std::to_string(r.value) + " at row " + std::to_string(r.position) +
+                   " is out of range for " + std::to_string(r.limit) + " classes" + where +
+                   " a loss without that row)");
+}
+
+void CudaBackend::raise_pending() {
+  if (pending_.empty()) return;
+  const std::string m = std::move(pending_);
+  pending_.clear();
+  throw TapeError(m);
+}
+
+// ---------------------------------------------------------------- CUDA graphs
+//
+// With TapeOptions::graph_replay the first segment runs eagerly (warm-up:
+// cuBLAS / cuDNN initialise lazily there); the second and third are captured
+// with cudaStreamBeginCapture / EndCapture, instantiated and launched at their
+// end; every later segment replays the one captured from a segment of the same
+// parity (carried values alternate between two buffers, so segment s repeats
+// the addresses of segment s - 2). The host still runs the ops (tape nodes,
+// arena bookkeeping, checks), but instead of issuing device work each call
+// checks that it matches the captured one (issue()), and segment_end launches
+// the graph. The arena gives every tensor the same address in every such
+// segment, so the captured kernels read and write the right memory.
+
+bool CudaBackend::issue(uint64_t sig, const char* what) {
+  switch (mode_) {
+    case Mode::Eager: return true;
+    case Mode::Capturing: graph_->signatures.push_back(sig); return true;
+    case Mode::Replaying: break;
+  }
+  const std::vector<uint64_t>& captured = graph_->signatures;
+  if (replay_pos_ >= captured.size() || captured[replay_pos_] != sig) {
+    replay_failed_ = true;
+    throw TapeError("CUDA graph replay: segment " + std::to_string(segment_) + " issued '" + what + "' as device call #" +
+                    std::to_string(replay_pos_ + 1) + ", which differs from the captured segment " +
+                    std::to_string(graph_->captured) + " (" + std::to_string(captured.size()) +
+                    " calls): a replayed segment must repeat the captured one's ops, shapes, scalar attributes and "
+                    "addresses. Call tape.discard_graph() after a change of shape, or turn TapeOptions::graph_replay off");
+  }
+  ++replay_pos_;
+  return false;
+}
+
+void CudaBackend::segment_begin(uint32_t index) {
+  raise_pending();
+  segment_ = index;
+  if (!options_.graph_replay) return;
+  // The previous graph must have finished reading the staging before the
+  // host refills it; this is also where device-found errors surface.
+  SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
+  raise_device_errors();
+  staging_used_ = 0;
+  Graph& g = graphs_[index % 2];
+  if (g.exec) {
+    graph_ = &g;
+    mode_ = Mode::Replaying;
+    replay_pos_ = 0;
+    replay_failed_ = false;
+  } else if (warm_) {
+    g.signatures.clear();
+    SEGTAPE_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    graph_ = &g;
+    mode_ = Mode::Capturing;
+  }
+}
+
+void CudaBackend::segment_end(bool abandoned) noexcept {
+  if (!options_.graph_replay) return;
+  const Mode m = mode_;
+  mode_ = Mode::Eager;
+  try {
+    switch (m) {
+      case Mode::Eager:
+        if (!abandoned) warm_ = true;
+        return;
+      case Mode::Capturing: {
+        cudaGraph_t g = nullptr;
+        const cudaError_t e = cudaStreamEndCapture(stream_, &g);
+        if (abandoned) {  // an exception left the segment half issued: keep nothing
+          if (g) cudaGraphDestroy(g);
+          (void)cudaGetLastError();
+          graph_->signatures.clear();
+          return;
+        }
+        check(e, "cudaStreamEndCapture(stream_, &g)");
+        cudaGraphExec_t exec = nullptr;
+        const cudaError_t ie = cudaGraphInstantiate(&exec, g, 0);
+        cudaGraphDestroy(g);
+        check(ie, "cudaGraphInstantiate(&exec, g, 0)");
+        graph_->exec = exec;
+        graph_->captured = segment_;
+        SEGTAPE_CHECK(cudaGraphLaunch(exec, stream_));  // the captured segment's own work runs now
+        return;
+      }
+      case Mode::Replaying:
+        if (abandoned || replay_failed_) return;  // the error went to the caller; nothing to run
+        if (replay_pos_ != graph_->signatures.size()) {
+          pending_ = "CUDA graph replay: segment " + std::to_string(segment_) + " issued " + std::to_string(replay_pos_) +
+                     " device calls where the captured segment " + std::to_string(graph_->captured) + " issued " +
+                     std::to_string(graph_->signatures.size()) +
+                     "; its graph was not run (its values are undefined). Call tape.discard_graph() after a change of "
+                     "shape, or turn TapeOptions::graph_replay off";
+          return;
+        }
+        SEGTAPE_CHECK(cudaGraphLaunch(graph_->exec, stream_));
+        return;
+    }
+  } catch (const std::exception& e) {
+    pending_ = e.what();
+    drop_graph();
+  }
+}
+
+void CudaBackend::drop_graph() noexcept {
+  for (Graph& g : graphs_) {
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+    g = Graph{};
+  }
+  graph_ = nullptr;
+  (void)cudaGetLastError();
+}
+
+void CudaBackend::discard_graph() {
+  if (in_graph_segment()) throw TapeError("tape.discard_graph() inside a CUDA-graph segment: call it between segments");
+  drop_graph();
+  warm_ = false;
+}
+
+}  // namespace segtape::cuda
+
+namespace segtape::detail {
+std::unique_ptr<Backend> make_cuda_backend(const Device& device, const TapeOptions& options) {
+  return std::make_unique<cuda::CudaBackend>(device, options);
+}
+}  // namespace segtape::detail

@@ -1,0 +1,144 @@
+// The CUDA backend (engine-internal; see engine/backend.h for the contract
+// and docs/cuda.md for the design). One per CUDA tape: one stream, one cuBLAS
+// and one cuDNN handle, its own device workspace, and the CUDA-graph state.
+//
+//   backend.cpp        setup, memory, copies, synchronisation, graph capture / replay
+//   op_table.cpp       forward and backward of every op (kernels + cuBLAS)
+//   gru_sequence.cpp   the whole-sequence GRU through cuDNN
+//   kernels.cu, gru_kernels.cu   segtape's own kernels (kernels.h)
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "kernels.h"
+
+namespace segtape::cuda {
+
+// cuDNN descriptors and sizes of one GRU sequence shape, made on first use
+// (in an eager segment) and kept for the tape's life.
+struct GruPlan {
+  int64_t T = 0, B = 0, I = 0, H = 0;
+  DType dtype = DType::F32;
+  cudnnDropoutDescriptor_t dropout = nullptr;
+  cudnnRNNDescriptor_t rnn = nullptr;
+  cudnnRNNDataDescriptor_t x = nullptr, y = nullptr;
+  cudnnTensorDescriptor_t h = nullptr;
+  size_t weight_bytes = 0, work_train = 0, work_infer = 0, reserve_bytes = 0;
+  // Byte offsets in the weight space of cuDNN's matrices and biases by
+  // linLayerID: 0..2 input (r, z, n), 3..5 recurrent (r, z, n).
+  std::array<size_t, 6> matrix{}, bias{};
+  bool offsets_known = false;
+  ~GruPlan();
+};
+
+class CudaBackend final : public detail::Backend {
+ public:
+  CudaBackend(const Device& device, const TapeOptions& options);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  // ---- detail::Backend
+  ChunkAllocator allocator(const char* what) override;
+  void forward(Tape& tape, Node& n) override;
+  void backward(Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst) override;
+  void copy(void* dst, const void* src, size_t bytes, Copy kind) override;
+  void zero(void* dst, size_t bytes) override;
+  void fill(void* dst, int64_t n, DType d, double value) override;
+  std::pair<int64_t, double> first_nonfinite(const Tensor& t) override;
+  void synchronize() override;
+  void segment_begin(uint32_t index) override;
+  void segment_end(bool abandoned) noexcept override;
+  void discard_graph() override;
+  size_t internal_device_bytes() const override;
+  std::string describe() const override;
+
+  // ---- for the op implementations
+  cudaStream_t stream() const { return stream_; }
+  cudnnHandle_t dnn() const { return dnn_; }
+  const TapeOptions& options() const { return options_; }
+  const Device& device() const { return device_; }
+  ErrorSink errors() const { return {error_record_, error_flag_device_}; }
+  // Temporaries of the op being run (the backend's own workspace), valid
+  // until the op returns; the region is reused by the next op.
+  void* temp_bytes(size_t bytes);
+  template <class T> T* temp(int64_t n) { return static_cast<T*>(temp_bytes(size_t(n) * sizeof(T))); }
+  // What is left of the temporaries, for a reduction's partial sums (take last).
+  template <class T> Partials<T> partials() {
+    const size_t at = (temp_used_ + 63) & ~size_t(63);
+    return {reinterpret_cast<T*>(temp_base_ + at), int64_t(at < temp_cap_ ? (temp_cap_ - at) / sizeof(T) : 0)};
+  }
+  // Graph replay gate, called before an op's device work and after its arena
+  // allocations: true = issue the work (eager, or being captured); false =
+  // the replayed graph already holds it (and the call matched the capture).
+  bool issue(uint64_t signature, const char* what);
+  // C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C, row-major with row strides
+  // lda / ldb / ldc as stored: cpu::gemm's contract, through cuBLAS.
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+            int64_t ldb, float beta, float* C, int64_t ldc);
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda, const double* B,
+            int64_t ldb, double beta, double* C, int64_t ldc);
+  GruPlan& gru_plan(int64_t T, int64_t B, int64_t I, int64_t H, DType d);
+
+ private:
+  enum class Mode : uint8_t { Eager, Capturing, Replaying };
+  bool in_graph_segment() const { return mode_ != Mode::Eager; }
+  void raise_device_errors();  // after a sync: what the kernels recorded
+  void raise_pending();        // what segment_end could not throw
+  void drop_graph() noexcept;
+  void release() noexcept;
+
+  Device device_;
+  TapeOptions options_;
+  std::string name_;  // "NVIDIA H200 (sm_90)"
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  cudnnHandle_t dnn_ = nullptr;
+  // One device allocation: cuBLAS workspace, error record, scratch words, op temporaries.
+  std::unique_ptr<Arena> internal_;
+  // One pinned host allocation: the error flag, and tape.from()'s staging under graph replay.
+  std::unique_ptr<Arena> pinned_;
+  ErrorRecord* error_record_ = nullptr;
+  int32_t* error_flag_ = nullptr;  // host pointer (mapped)
+  int32_t* error_flag_device_ = nullptr;  // the same flag, as the kernels address it
+  unsigned long long* scratch_word_ = nullptr;  // first_nonfinite's result
+  std::byte* temp_base_ = nullptr;
+  size_t temp_cap_ = 0, temp_used_ = 0;
+  std::byte* staging_base_ = nullptr;
+  size_t staging_cap_ = 0, staging_used_ = 0;
+  std::vector<std::unique_ptr<GruPlan>> gru_plans_;
+  // CUDA graph replay (TapeOptions::graph_replay). Two graphs: carried
+  // values alternate between the two carry buffers, so a segment repeats the
+  // addresses of the segment two before it (even / odd segments).
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    std::vector<uint64_t> signatures;  // one per device call of the captured segment
+    uint32_t captured = 0;             // the segment it was captured from
+  };
+  Mode mode_ = Mode::Eager;
+  bool warm_ = false;  // an eager segment has run: lazy initialisations are done
+  std::array<Graph, 2> graphs_;
+  Graph* graph_ = nullptr;  // the one being captured or replayed
+  uint32_t segment_ = 0;
+  size_t replay_pos_ = 0;
+  bool replay_failed_ = false;
+  std::string pending_;  // an error segment_end() could not throw
+};
+
+// op_table.cpp: every op but GruSequence. gru_sequence.cpp: GruSequence.
+void forward_op(CudaBackend& be, Tape& tape, Node& n);
+void backward_op(CudaBackend& be, Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst);
+void gru_sequence_forward(CudaBackend& be, Tape& tape, Node& n);
+void gru_sequence_backward(CudaBackend& be, Tape& tape, const Node& n, const void* gout,
+                           const std::array<void*, Node::kMaxInputs>& dst);
+// The graph-replay signature of an op call: kind, addresses, shapes, attributes.
+uint64_t signature(const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>* dst);
+
+}  // namespace segtape::cuda

@@ -1,0 +1,229 @@
+// gru_sequence on CUDA: PyTorch's single-layer GRU over T steps as one
+// cuDNN call per direction of the pass (cudnnRNNForward, then
+// cudnnRNNBackwardData_v8 and cudnnRNNBackwardWeights_v8).
+//
+// Weights. cuDNN keeps its parameters in one opaque "weight space"; segtape
+// keeps PyTorch's four tensors. cuDNN's GRU (CUDNN_GRU, CUDNN_RNN_DOUBLE_BIAS)
+// computes, per gate, W x + b_W + R h + b_R with
+//   r = s(W_r x + b_Wr + R_r h + b_Rr)    z = s(W_z x + b_Wz + R_z h + b_Rz)
+//   h~ = tanh(W_h x + b_Wh + r * (R_h h + b_Rh))    h' = (1 - z) h~ + z h
+// which is PyTorch's GRU with W = weight_ih, R = weight_hh, b_W = bias_ih,
+// b_R = bias_hh, gate by gate in the same order r, z, n (cuDNN's
+// linLayerID 0, 1, 2 for W and 3, 4, 5 for R). cudnnGetRNNWeightParams gives
+// where each [H, I] / [H, H] matrix and [H] bias lives in the weight space;
+// forward copies PyTorch's row blocks there (12 device copies), backward adds
+// cuDNN's weight gradients back into PyTorch's gradient blocks.
+//
+// Memory: the weight space and cuDNN's reserve space (what backward needs)
+// are saved in the segment arena with the node; cuDNN's workspace is taken
+// from the arena too (forward: the op's bytes; backward: Grad bytes).
+#include <cstring>
+#include <vector>
+
+#include "check.h"
+#include "cuda_backend.h"
+
+namespace segtape::cuda {
+namespace {
+
+cudnnDataType_t dnn_type(DType d) { return d == DType::F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT; }
+
+// cuDNN's buffers start on 256 bytes (as cudaMalloc's do): the arena aligns
+// to 64, so take up to 192 bytes more and round up.
+constexpr size_t kDnnAlign = 256;
+size_t dnn_align(size_t n) { return (n + kDnnAlign - 1) & ~(kDnnAlign - 1); }
+std::byte* dnn_alloc(Tape& tape, size_t bytes, OpKind kind, const char* op) {
+  auto* p = static_cast<std::byte*>(tape.alloc(bytes + kDnnAlign - kAlign, kind, op));
+  const size_t off = reinterpret_cast<uintptr_t>(p) & (kDnnAlign - 1);  // a multiple of kAlign
+  return off ? p + (kDnnAlign - off) : p;
+}
+size_t dnn_bytes(size_t bytes) { return align_up(bytes + kDnnAlign - kAlign); }  // what dnn_alloc takes from the arena
+
+// Finds where cuDNN put each matrix and bias of pseudo-layer 0, relative to
+// `space`, and checks their shapes are the ones this file maps.
+void find_offsets(CudaBackend& be, GruPlan& p, const void* space) {
+  cudnnTensorDescriptor_t m = nullptr, b = nullptr;
+  SEGTAPE_CHECK(cudnnCreateTensorDescriptor(&m));
+  try {
+    SEGTAPE_CHECK(cudnnCreateTensorDescriptor(&b));
+  } catch (...) {
+    cudnnDestroyTensorDescriptor(m);
+    throw;
+  }
+  auto elements = [](cudnnTensorDescriptor_t d) {
+    cudnnDataType_t t;
+    int nb = 0, dims[8] = {}, strides[8] = {};
+    SEGTAPE_CHECK(cudnnGetTensorNdDescriptor(d, 8, &t, &nb, dims, strides));
+    int64_t e = 1;
+    for (int i = 0; i < nb; ++i) e *= dims[i];
+    return e;
+  };
+  try {
+    for (int id = 0; id < 6; ++id) {
+      void* ma = nullptr;
+      void* ba = nullptr;
+      SEGTAPE_CHECK(cudnnGetRNNWeightParams(be.dnn(), p.rnn, 0, p.weight_bytes, space, id, m, &ma, b, &ba));
+      const int64_t want = p.H * (id < 3 ? p.I : p.H);
+      if (!ma || !ba || elements(m) != want || elements(b) != p.H)
+        throw Error("gru_sequence: cuDNN's GRU weight layout (linLayerID " + std::to_string(id) + ": " +
+                    std::to_string(elements(m)) + " weights, " + std::to_string(elements(b)) +
+                    " biases) is not the [H, I|H] + [H] per gate that segtape maps to PyTorch's tensors");
+      p.matrix[size_t(id)] = size_t(static_cast<const char*>(ma) - static_cast<const char*>(space));
+      p.bias[size_t(id)] = size_t(static_cast<const char*>(ba) - static_cast<const char*>(space));
+    }
+  } catch (...) {
+    cudnnDestroyTensorDescriptor(m);
+    cudnnDestroyTensorDescriptor(b);
+    throw;
+  }
+  cudnnDestroyTensorDescriptor(m);
+  cudnnDestroyTensorDescriptor(b);
+  p.offsets_known = true;
+}
+
+// PyTorch's blocks of gate g: rows [gH, (g+1)H) of w_ih / w_hh, elements
+// [gH, (g+1)H) of the biases, in the order of linLayerID.
+struct Blocks {
+  const void* src[12];
+  size_t bytes[12];
+  size_t at[12];  // offset in the weight space
+};
+Blocks blocks(const GruPlan& p, const Node& nd) {
+  const size_t es = dtype_size(p.dtype);
+  const size_t HI = size_t(p.H * p.I) * es, HH = size_t(p.H * p.H) * es, Hb = size_t(p.H) * es;
+  Blocks k{};
+  for (int gate = 0; gate < 3; ++gate) {
+    const size_t g = size_t(gate);
+    k.src[g] = static_cast<const char*>(nd.in[2].ptr) + g * HI, k.bytes[g] = HI, k.at[g] = p.matrix[g];
+    k.src[3 + g] = static_cast<const char*>(nd.in[3].ptr) + g * HH, k.bytes[3 + g] = HH, k.at[3 + g] = p.matrix[3 + g];
+    k.src[6 + g] = static_cast<const char*>(nd.in[4].ptr) + g * Hb, k.bytes[6 + g] = Hb, k.at[6 + g] = p.bias[g];
+    k.src[9 + g] = static_cast<const char*>(nd.in[5].ptr) + g * Hb, k.bytes[9 + g] = Hb, k.at[9 + g] = p.bias[3 + g];
+  }
+  return k;
+}
+
+}  // namespace
+
+GruPlan::~GruPlan() {
+  if (h) cudnnDestroyTensorDescriptor(h);
+  if (y) cudnnDestroyRNNDataDescriptor(y);
+  if (x) cudnnDestroyRNNDataDescriptor(x);
+  if (rnn) cudnnDestroyRNNDescriptor(rnn);
+  if (dropout) cudnnDestroyDropoutDescriptor(dropout);
+}
+
+GruPlan& CudaBackend::gru_plan(int64_t T, int64_t B, int64_t I, int64_t H, DType d) {
+  for (auto& p : gru_plans_)
+    if (p->T == T && p->B == B && p->I == I && p->H == H && p->dtype == d) return *p;
+  if (in_graph_segment())
+    throw TapeError("gru_sequence: a new shape [" + std::to_string(T) + ", " + std::to_string(B) + ", " + std::to_string(I) +
+                    "] inside a CUDA-graph segment; graph replay needs the shapes of the segment it captured");
+  for (int64_t v : {T, B, I, H})
+    if (v > INT32_MAX) throw ShapeError("gru_sequence: dimension " + std::to_string(v) + " is too large for cuDNN");
+  auto plan = std::make_unique<GruPlan>();
+  GruPlan& p = *plan;
+  p.T = T, p.B = B, p.I = I, p.H = H, p.dtype = d;
+  const cudnnDataType_t dt = dnn_type(d);
+  SEGTAPE_CHECK(cudnnCreateDropoutDescriptor(&p.dropout));
+  SEGTAPE_CHECK(cudnnSetDropoutDescriptor(p.dropout, dnn(), 0.0f, nullptr, 0, 0));  // no dropout: no RNG state
+  SEGTAPE_CHECK(cudnnCreateRNNDescriptor(&p.rnn));
+  // FMA math keeps float32 products in float32 (no TF32) unless allowed.
+  const cudnnMathType_t math = d == DType::F32 && !options().allow_tf32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+  SEGTAPE_CHECK(cudnnSetRNNDescriptor_v8(p.rnn, CUDNN_RNN_ALGO_STANDARD, CUDNN_GRU, CUDNN_RNN_DOUBLE_BIAS,
+                                         CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, dt, dt, math, int32_t(I), int32_t(H),
+                                         int32_t(H), 1, p.dropout, CUDNN_RNN_PADDED_IO_DISABLED));
+  // x [T, B, I] and y [T, B, H] sequence-major, every sequence T long: the
+  // packed layout is then exactly the contiguous [T, B, *] tensor.
+  const std::vector<int> lengths(static_cast<size_t>(B), static_cast<int>(T));
+  SEGTAPE_CHECK(cudnnCreateRNNDataDescriptor(&p.x));
+  SEGTAPE_CHECK(cudnnSetRNNDataDescriptor(p.x, dt, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, int(T), int(B), int(I),
+                                          lengths.data(), nullptr));
+  SEGTAPE_CHECK(cudnnCreateRNNDataDescriptor(&p.y));
+  SEGTAPE_CHECK(cudnnSetRNNDataDescriptor(p.y, dt, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, int(T), int(B), int(H),
+                                          lengths.data(), nullptr));
+  // h0 [layers = 1, B, H]
+  const int hdims[3] = {1, int(B), int(H)}, hstrides[3] = {int(B * H), int(H), 1};
+  SEGTAPE_CHECK(cudnnCreateTensorDescriptor(&p.h));
+  SEGTAPE_CHECK(cudnnSetTensorNdDescriptor(p.h, dt, 3, hdims, hstrides));
+  SEGTAPE_CHECK(cudnnGetRNNWeightSpaceSize(dnn(), p.rnn, &p.weight_bytes));
+  SEGTAPE_CHECK(cudnnGetRNNTempSpaceSizes(dnn(), p.rnn, CUDNN_FWD_MODE_TRAINING, p.x, &p.work_train, &p.reserve_bytes));
+  size_t no_reserve = 0;
+  SEGTAPE_CHECK(cudnnGetRNNTempSpaceSizes(dnn(), p.rnn, CUDNN_FWD_MODE_INFERENCE, p.x, &p.work_infer, &no_reserve));
+  gru_plans_.push_back(std::move(plan));
+  return p;
+}
+
+// n.ia[0]: a gradient is wanted (training mode: keep cuDNN's reserve space).
+// Sets n.saved = [weight space | reserve space] and n.ia = {training,
+// weight bytes, reserve bytes, 0}; adds the arena bytes taken to n.bytes.
+void gru_sequence_forward(CudaBackend& be, Tape& tape, Node& n) {
+  const Tensor &x = n.in[0], &h0 = n.in[1];
+  const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = h0.dim(1);
+  GruPlan& p = be.gru_plan(T, B, I, H, x.dtype);
+  const bool training = n.ia[0] != 0;
+  const size_t wbytes = dnn_align(p.weight_bytes), rbytes = training ? dnn_align(p.reserve_bytes) : 0;
+  const size_t work_bytes = training ? p.work_train : p.work_infer;
+  // Arena first (host bookkeeping that a replayed segment must repeat too).
+  std::byte* block = dnn_alloc(tape, wbytes + rbytes, OpKind::GruSequence, "gru_sequence");  // [weights | reserve]
+  void* work = work_bytes ? dnn_alloc(tape, work_bytes, OpKind::GruSequence, "gru_sequence") : nullptr;
+  n.saved = block;
+  n.ia = {training, int64_t(wbytes), int64_t(rbytes), 0};
+  n.bytes += dnn_bytes(wbytes + rbytes) + (work_bytes ? dnn_bytes(work_bytes) : 0);
+  int32_t* lengths = be.temp<int32_t>(B);  // cuDNN's devSeqLengths: every sequence T long
+  if (!p.offsets_known) find_offsets(be, p, block);
+  if (!be.issue(signature(n, nullptr, nullptr), "gru_sequence")) return;
+  const cudaStream_t s = be.stream();
+  fill_i32(s, lengths, B, int32_t(T));
+  const Blocks k = blocks(p, n);
+  for (int i = 0; i < 12; ++i)
+    SEGTAPE_CHECK(cudaMemcpyAsync(block + k.at[i], k.src[i], k.bytes[i], cudaMemcpyDeviceToDevice, s));
+  SEGTAPE_CHECK(cudnnRNNForward(be.dnn(), p.rnn, training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE, lengths, p.x,
+                                x.ptr, p.y, n.out.ptr, p.h, h0.ptr, /*hy=*/nullptr, /*cDesc (LSTM only)=*/p.h, nullptr,
+                                nullptr, p.weight_bytes, block, work_bytes, work, training ? p.reserve_bytes : 0,
+                                training ? block + wbytes : nullptr));
+}
+
+void gru_sequence_backward(CudaBackend& be, Tape& tape, const Node& n, const void* gout,
+                           const std::array<void*, Node::kMaxInputs>& dst) {
+  const Tensor &x = n.in[0], &h0 = n.in[1];
+  const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = h0.dim(1);
+  GruPlan& p = be.gru_plan(T, B, I, H, x.dtype);
+  std::byte* block = static_cast<std::byte*>(n.saved);
+  const size_t wbytes = size_t(n.ia[1]);
+  const bool weights = dst[2] || dst[3] || dst[4] || dst[5];
+  // cuDNN writes (not adds) dx and dhx: into arena buffers, then added to dst.
+  void* work = p.work_train ? dnn_alloc(tape, p.work_train, OpKind::Grad, "backward") : nullptr;
+  void* dx = tape.alloc(x.nbytes(), OpKind::Grad, "backward");
+  void* dhx = dst[1] ? tape.alloc(h0.nbytes(), OpKind::Grad, "backward") : nullptr;
+  void* dw = weights ? dnn_alloc(tape, p.weight_bytes, OpKind::Grad, "backward") : nullptr;
+  int32_t* lengths = be.temp<int32_t>(B);
+  if (!be.issue(signature(n, gout, &dst), "gru_sequence backward")) return;
+  const cudaStream_t s = be.stream();
+  fill_i32(s, lengths, B, int32_t(T));
+  // Data gradients first: cuDNN requires them before the weight gradients (same reserve space).
+  SEGTAPE_CHECK(cudnnRNNBackwardData_v8(be.dnn(), p.rnn, lengths, p.y, n.out.ptr, gout, p.x, dx, p.h, h0.ptr,
+                                        /*dhy=*/nullptr, dhx, /*cDesc (LSTM only)=*/p.h, nullptr, nullptr, nullptr,
+                                        p.weight_bytes, block, p.work_train, work, p.reserve_bytes, block + wbytes));
+  const int64_t es = int64_t(dtype_size(x.dtype));
+  auto add = [&](void* to, const void* from, int64_t bytes) {
+    if (x.dtype == DType::F32) accumulate<float>(s, static_cast<float*>(to), static_cast<const float*>(from), bytes / es);
+    else accumulate<double>(s, static_cast<double*>(to), static_cast<const double*>(from), bytes / es);
+  };
+  if (dst[0]) add(dst[0], dx, int64_t(x.nbytes()));
+  if (dst[1]) add(dst[1], dhx, int64_t(h0.nbytes()));
+  if (!weights) return;
+  SEGTAPE_CHECK(cudaMemsetAsync(dw, 0, p.weight_bytes, s));  // cuDNN 9 only adds weight gradients
+  SEGTAPE_CHECK(cudnnRNNBackwardWeights_v8(be.dnn(), p.rnn, CUDNN_WGRAD_MODE_ADD, lengths, p.x, x.ptr, p.h, h0.ptr, p.y,
+                                           n.out.ptr, p.weight_bytes, dw, p.work_train, work, p.reserve_bytes,
+                                           block + wbytes));
+  const Blocks k = blocks(p, n);
+  for (int i = 0; i < 12; ++i) {
+    const size_t which = 2 + size_t(i) / 3;  // w_ih, w_hh, b_ih, b_hh: 3 gate blocks each
+    void* to = dst[which];
+    if (!to) continue;
+    const size_t into = static_cast<const char*>(k.src[i]) - static_cast<const char*>(n.in[which].ptr);
+    add(static_cast<char*>(to) + into, static_cast<const std::byte*>(dw) + k.at[i], int64_t(k.bytes[i]));
+  }
+}
+
+}  // namespace segtape::cuda

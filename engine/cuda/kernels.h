@@ -1,0 +1,109 @@
+// segtape's own CUDA kernels, as host-callable launchers (kernels.cu,
+// gru_kernels.cu). Each is explicitly instantiated for float and double.
+// Row-major, contiguous tensors; every pointer is device memory unless said.
+// Every launcher checks its launch (check_launch) and returns at once: the
+// work runs on `s`, the tape's stream.
+//
+// Reductions are deterministic (a fixed assignment of elements to threads
+// and a fixed tree): the same inputs give the same bits, eager or replayed.
+// The one atomicAdd is embedding_backward's scatter (repeated indices).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace segtape::cuda {
+
+// What a kernel found wrong with its input (an index out of range). The
+// first writer wins; the host reads it after the next synchronisation.
+struct ErrorRecord {
+  int32_t code = 0;  // ErrorCode
+  int32_t pad = 0;
+  int64_t value = 0;     // the offending index / target
+  int64_t position = 0;  // where in the index tensor
+  int64_t limit = 0;     // rows / classes
+};
+enum ErrorCode : int32_t { kNoError = 0, kEmbeddingIndex = 1, kTargetIndex = 2 };
+// rec: device memory. flag: mapped pinned host memory set to 1 by the writer,
+// so the host can test for an error after a sync without a copy.
+struct ErrorSink {
+  ErrorRecord* rec = nullptr;
+  int32_t* flag = nullptr;
+};
+
+// Scratch for a reduction's partial sums (device memory, `capacity` elements).
+template <class T>
+struct Partials {
+  T* ptr = nullptr;
+  int64_t capacity = 0;
+};
+
+enum class Binary : uint8_t { Add, Sub, Mul, Div };
+enum class Unary : uint8_t { Neg, Scale, Tanh, Sigmoid, Relu, Exp, Log };
+
+template <class T> void fill(cudaStream_t s, T* p, int64_t n, T value);
+void fill_i32(cudaStream_t s, int32_t* p, int64_t n, int32_t value);
+template <class T> void accumulate(cudaStream_t s, T* dst, const T* src, int64_t n);  // dst += src
+
+// o[i] = a[i] (op) b[i % bn]: b has a's shape, a's last dim, or one element.
+template <class T> void binary_forward(cudaStream_t s, Binary k, const T* a, const T* b, T* o, int64_t n, int64_t bn);
+// da[i] += d(o)/d(a) * g[i]
+template <class T> void binary_backward_a(cudaStream_t s, Binary k, const T* g, const T* b, T* da, int64_t n, int64_t bn);
+// db[c] += sum over rows of d(o)/d(b) * g
+template <class T>
+void binary_backward_b(cudaStream_t s, Binary k, const T* g, const T* a, const T* b, T* db, int64_t n, int64_t bn, Partials<T> p);
+
+template <class T> void unary_forward(cudaStream_t s, Unary k, const T* x, T* y, int64_t n, T scale);
+template <class T> void unary_backward(cudaStream_t s, Unary k, const T* g, const T* x, const T* y, T* dx, int64_t n, T scale);
+
+// y[o, i] = sum_j x[o, j, i] / divisor   (x viewed as [outer, n, inner])
+template <class T>
+void reduce_axis(cudaStream_t s, const T* x, T* y, int64_t outer, int64_t n, int64_t inner, T divisor, Partials<T> p);
+// dx[o, j, i] += g[o, i] * scale
+template <class T> void reduce_axis_backward(cudaStream_t s, const T* g, T* dx, int64_t outer, int64_t n, int64_t inner, T scale);
+// d[c] += sum_r x[r, c] over a [rows, cols] matrix (bias gradients)
+template <class T> void column_sums(cudaStream_t s, const T* x, T* d, int64_t rows, int64_t cols, Partials<T> p);
+
+// Along rows of [rows, cols]; log selects log-softmax.
+template <class T> void softmax_forward(cudaStream_t s, const T* x, T* y, int64_t rows, int64_t cols, bool log);
+template <class T> void softmax_backward(cudaStream_t s, const T* g, const T* y, T* dx, int64_t rows, int64_t cols, bool log);
+
+// Fused log-softmax + NLL. saved [B + 1]: per-row log-sum-exp, then the count
+// of counted rows. row_loss [2B]: scratch. out: the scalar loss.
+template <class T>
+void cross_entropy_forward(cudaStream_t s, const T* logits, const int64_t* targets, int64_t B, int64_t C, int64_t ignore,
+                           bool mean, T* saved, T* row_loss, T* out, ErrorSink err);
+template <class T>
+void cross_entropy_backward(cudaStream_t s, const T* g, const T* logits, const int64_t* targets, const T* saved, int64_t B,
+                            int64_t C, int64_t ignore, bool mean, T* dlogits);
+
+template <class T> void mse_forward(cudaStream_t s, const T* a, const T* b, int64_t n, bool mean, T* out, Partials<T> p);
+template <class T> void mse_backward(cudaStream_t s, const T* g, const T* a, const T* b, int64_t n, bool mean, T* da, T* db);
+
+// dst[r * dst_pitch + c] += src[r * src_pitch + c] for r < rows, c < width (elements)
+template <class T>
+void add_strided(cudaStream_t s, T* dst, int64_t dst_pitch, const T* src, int64_t src_pitch, int64_t rows, int64_t width);
+// y [C, R] (+)= x [R, C] transposed
+template <class T> void transpose(cudaStream_t s, const T* x, T* y, int64_t R, int64_t C, bool accumulate);
+
+// out [count, D] = w [N, D] rows at idx; a bad index gives a zero row and an ErrorRecord.
+template <class T>
+void embedding_forward(cudaStream_t s, const T* w, const int64_t* idx, T* out, int64_t count, int64_t N, int64_t D, ErrorSink err);
+template <class T>
+void embedding_backward(cudaStream_t s, const T* g, const int64_t* idx, T* dw, int64_t count, int64_t N, int64_t D);
+
+// *index = smallest i with x[i] not finite (left at its initial all-ones when none)
+template <class T> void first_nonfinite(cudaStream_t s, const T* x, int64_t n, unsigned long long* index);
+
+// ---- the GRU cell's elementwise parts (gru_kernels.cu); the GEMMs around them are cuBLAS.
+// gi, gh [B, 3H] = x W_ih^T, h W_hh^T (no biases). S [B, 4H] = r, z, n, W_hn h + b_hn.
+// y [B, H] = (1 - z) n + z h, or nullptr (gates only: backward's recompute).
+template <class T>
+void gru_gates_forward(cudaStream_t s, int64_t B, int64_t H, const T* gi, const T* gh, const T* b_ih, const T* b_hh,
+                       const T* h, T* S, T* y);
+// g [B, H] the output gradient -> dgi, dgh [B, 3H] (the pre-activation gradients
+// of the two GEMMs, biases included) and dh [B, H] += g z (nullable).
+template <class T>
+void gru_gates_backward(cudaStream_t s, int64_t B, int64_t H, const T* g, const T* h, const T* S, T* dgi, T* dgh, T* dh);
+
+}  // namespace segtape::cuda

@@ -1,0 +1,11 @@
+// A build without CUDA (nvcc was not found when it was configured): a CUDA
+// tape cannot be made, and says why. Compiled instead of the rest of this
+// folder; see engine/CMakeLists.txt.
+#include "backend.h"
+
+namespace segtape::detail {
+std::unique_ptr<Backend> make_cuda_backend(const Device& device, const TapeOptions&) {
+  throw Error("Tape(" + device.str() + "): this build of segtape has no CUDA backend (nvcc was not found when it was "
+              "configured, or SEGTAPE_WITH_CUDA was OFF); use Device::cpu(), or rebuild where the CUDA toolkit is installed");
+}
+}  // namespace segtape::detail

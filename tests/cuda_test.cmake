@@ -1,0 +1,6 @@
+# CUDA backend tests (ctest label `cuda`), built whenever the CUDA backend is
+# (SEGTAPE_HAVE_CUDA: nvcc and cuDNN 9 found). Every test that needs a GPU
+# skips itself, saying why, when none can be used; the rest run anywhere.
+if(SEGTAPE_HAVE_CUDA)
+  segtape_test(cuda_test SOURCES cuda_test.cpp LABELS cuda LIBS segtape_engine)
+endif()

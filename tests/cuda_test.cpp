@@ -1,0 +1,563 @@
+// The CUDA backend against the CPU (label `cuda`). Without a GPU every test
+// that needs one skips, with the reason Tape(Device::cuda()) gave.
+//
+//  - CudaOps: one table, every op on CUDA (float32 and float64) against the
+//    CPU float64 reference, values and gradients, small and large shapes,
+//    with the tolerance stated per op.
+//  - the cuDNN GRU sequence (one op over K steps) and the fused GRU cell
+//    stepped K times, against the CPU: values and every gradient.
+//  - a TBPTT training run of 20 segments on CPU, CUDA and CUDA with graph
+//    replay: the same loss curve; on CUDA the same arena high-water in every
+//    segment and no device allocation after setup; replay bit-equal to eager.
+//  - errors: no GPU, data<T>() on device memory, out of memory at setup,
+//    device-found index errors, graph replay of a different segment.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "util.h"
+
+using namespace segtape;
+using namespace segtape::test;
+
+namespace {
+
+// Small pools: the tests need little, and many tapes are made.
+TapeOptions cuda_options() {
+  TapeOptions o;
+  o.segment_budget = size_t(64) << 20;
+  o.device_persistent = size_t(64) << 20;
+  o.device_carry = size_t(1) << 20;
+  o.device_workspace = size_t(16) << 20;
+  return o;
+}
+
+// Empty when a CUDA tape can be made; else why not (the test's skip message).
+const std::string& gpu_missing() {
+  static const std::string why = [] {
+    try {
+      Tape probe(Device::cuda(), cuda_options());
+      return std::string();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  }();
+  return why;
+}
+
+#define REQUIRE_GPU()                                                        \
+  do {                                                                       \
+    if (!gpu_missing().empty()) GTEST_SKIP() << "no usable GPU: " << gpu_missing(); \
+  } while (0)
+
+// ---- values on any device, through the host
+void set(const Tensor& t, const std::vector<double>& v) {
+  if (t.dtype == DType::F64) return t.from_host(std::span<const double>(v));
+  const std::vector<float> f(v.begin(), v.end());
+  t.from_host(std::span<const float>(f));
+}
+std::vector<double> get(const Tensor& t) {
+  if (t.dtype == DType::F64) return t.to_host<double>();
+  const std::vector<float> f = t.to_host<float>();
+  return {f.begin(), f.end()};
+}
+Tensor param(Tape& tape, const Shape& s, DType d, const std::vector<double>& v) {
+  Tensor p = tape.parameter(s, d);
+  set(p, v);
+  return p;
+}
+Tensor constant(Tape& tape, const Shape& s, DType d, const std::vector<double>& v) {
+  if (d == DType::F64) return tape.from(std::span<const double>(v), s);
+  const std::vector<float> f(v.begin(), v.end());
+  return tape.from(std::span<const float>(f), s);
+}
+std::vector<double> uniform(std::mt19937& rng, int64_t n, double lo = -1, double hi = 1) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (double& x : v) x = std::uniform_real_distribution<double>(lo, hi)(rng);
+  return v;
+}
+
+// ------------------------------------------------------------------ every op
+
+struct Case {
+  std::string name;
+  std::function<std::vector<Shape>(const int64_t* d)> shapes;  // from random dims d[0..3]
+  std::function<Tensor(Tape&, const std::vector<Tensor>&, const int64_t* d)> f;
+  double lo = -1, hi = 1;  // input range
+  double tol32 = 1e-5;     // float32 on CUDA vs float64 on the CPU: relative error, values and gradients
+};
+
+std::vector<Case> cases() {
+  using S = std::vector<Shape>;
+  std::vector<Case> c;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      c.push_back({"matmul_t" + std::to_string(ta) + std::to_string(tb),
+                   [=](const int64_t* d) {
+                     return S{ta ? Shape{d[1], d[0]} : Shape{d[0], d[1]}, tb ? Shape{d[2], d[1]} : Shape{d[1], d[2]}};
+                   },
+                   [=](Tape&, const std::vector<Tensor>& in, const int64_t*) { return matmul(in[0], in[1], ta, tb); }, -1, 1,
+                   2e-5});
+  const std::pair<const char*, Tensor (*)(const Tensor&, const Tensor&)> bin[] = {{"add", add}, {"sub", sub}, {"mul", mul}, {"div", div}};
+  for (auto [name, fn] : bin) {
+    const bool is_div = std::string(name) == "div";
+    const double lo = is_div ? 0.5 : -1, hi = is_div ? 2.0 : 1;
+    c.push_back({std::string(name) + "_same", [](const int64_t* d) { return S{{d[0], d[1]}, {d[0], d[1]}}; },
+                 [fn](Tape&, const std::vector<Tensor>& in, const int64_t*) { return fn(in[0], in[1]); }, lo, hi});
+    c.push_back({std::string(name) + "_row", [](const int64_t* d) { return S{{d[0], d[1], d[2]}, {d[2]}}; },
+                 [fn](Tape&, const std::vector<Tensor>& in, const int64_t*) { return fn(in[0], in[1]); }, lo, hi, 2e-5});
+    c.push_back({std::string(name) + "_scalar", [](const int64_t* d) { return S{{d[0], d[1]}, {1}}; },
+                 [fn](Tape&, const std::vector<Tensor>& in, const int64_t*) { return fn(in[0], in[1]); }, lo, hi, 5e-5});
+  }
+  const std::pair<const char*, Tensor (*)(const Tensor&)> un[] = {{"neg", neg},   {"tanh", tanh}, {"sigmoid", sigmoid},
+                                                                  {"relu", relu}, {"exp", exp},   {"softmax", softmax},
+                                                                  {"log_softmax", log_softmax}};
+  for (auto [name, fn] : un)
+    c.push_back({name, [](const int64_t* d) { return S{{d[0], d[1], d[2]}}; },
+                 [fn](Tape&, const std::vector<Tensor>& in, const int64_t*) { return fn(in[0]); }});
+  c.push_back({"log", [](const int64_t* d) { return S{{d[0], d[1]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return log(in[0]); }, 0.3, 2.0});
+  c.push_back({"scale", [](const int64_t* d) { return S{{d[0], d[1]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return scale(in[0], -2.5); }});
+  // Sums of up to 70^3 elements: float32 rounding grows with the count.
+  c.push_back({"sum_all", [](const int64_t* d) { return S{{d[0], d[1], d[2]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return sum(in[0]); }, -1, 1, 1e-4});
+  c.push_back({"mean_all", [](const int64_t* d) { return S{{d[0], d[1], d[2]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return mean(in[0]); }, -1, 1, 1e-4});
+  for (int ax = 0; ax < 3; ++ax) {
+    c.push_back({"sum_axis" + std::to_string(ax), [](const int64_t* d) { return S{{d[0], d[1], d[2]}}; },
+                 [ax](Tape&, const std::vector<Tensor>& in, const int64_t*) { return sum(in[0], ax); }, -1, 1, 2e-5});
+    c.push_back({"mean_axis" + std::to_string(ax), [](const int64_t* d) { return S{{d[0], d[1], d[2]}}; },
+                 [ax](Tape&, const std::vector<Tensor>& in, const int64_t*) { return mean(in[0], ax); }, -1, 1, 2e-5});
+  }
+  for (int red = 0; red < 2; ++red)
+    c.push_back({red ? "cross_entropy_sum_ignore" : "cross_entropy_mean", [](const int64_t* d) { return S{{d[0] + 1, d[1] + 1}}; },
+                 [red](Tape& t, const std::vector<Tensor>& in, const int64_t* d) {
+                   std::vector<int64_t> y(static_cast<size_t>(d[0] + 1));
+                   for (size_t i = 0; i < y.size(); ++i) y[i] = int64_t(i * 7 % size_t(d[1] + 1));
+                   if (red) y[0] = -100;  // ignored row
+                   return cross_entropy(in[0], t.from(std::span<const int64_t>(y), {int64_t(y.size())}),
+                                        red ? Reduction::Sum : Reduction::Mean);
+                 },
+                 -1, 1, 2e-5});
+  c.push_back({"mse_loss", [](const int64_t* d) { return S{{d[0], d[1]}, {d[0], d[1]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return mse_loss(in[0], in[1]); }, -1, 1, 2e-5});
+  c.push_back({"mse_loss_sum", [](const int64_t* d) { return S{{d[0], d[1]}, {d[0], d[1]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return mse_loss(in[0], in[1], Reduction::Sum); }, -1, 1,
+               2e-5});
+  for (int ax = 0; ax < 2; ++ax)
+    c.push_back({"concat_axis" + std::to_string(ax),
+                 [ax](const int64_t* d) {
+                   return ax ? S{{d[0], d[1]}, {d[0], d[2]}, {d[0], 1}} : S{{d[0], d[1]}, {d[2], d[1]}, {1, d[1]}};
+                 },
+                 [ax](Tape&, const std::vector<Tensor>& in, const int64_t*) { return concat({in[0], in[1], in[2]}, ax); }});
+  c.push_back({"slice", [](const int64_t* d) { return S{{d[0], d[1] + 2, d[2]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t* d) { return slice(in[0], 1, 1, d[1]); }});
+  c.push_back({"reshape", [](const int64_t* d) { return S{{d[0], d[1], d[2]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t* d) {
+                 return mul(reshape(in[0], {d[0] * d[1], d[2]}), reshape(in[0], {d[0] * d[1], d[2]}));
+               }});
+  c.push_back({"transpose", [](const int64_t* d) { return S{{d[0], d[1]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return transpose(in[0]); }});
+  c.push_back({"embedding", [](const int64_t* d) { return S{{d[0] + 2, d[1]}}; },
+               [](Tape& t, const std::vector<Tensor>& in, const int64_t* d) {
+                 std::vector<int64_t> ix = {0, d[0] + 1, 1, 0};  // repeats accumulate
+                 return embedding(in[0], t.from(std::span<const int64_t>(ix), {2, 2}));
+               }});
+  auto gru_shapes = [](const int64_t* d) {
+    return S{{d[0], d[1]}, {d[0], d[2]}, {3 * d[2], d[1]}, {3 * d[2], d[2]}, {3 * d[2]}, {3 * d[2]}};
+  };
+  c.push_back({"gru_cell", gru_shapes,
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return gru_cell(in[0], in[1], in[2], in[3], in[4], in[5]); },
+               -1, 1, 2e-5});
+  c.push_back({"gru_cell_recompute", gru_shapes,
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) {
+                 return gru_cell(in[0], in[1], in[2], in[3], in[4], in[5], true);
+               },
+               -1, 1, 2e-5});
+  // x [T = d0 + 1, B = d1, I = d2], h0 [B, H = d3 + 1]: cuDNN on CUDA, fused cells on the CPU.
+  c.push_back({"gru_sequence",
+               [](const int64_t* d) {
+                 const int64_t T = d[0] + 1, B = d[1], I = d[2], H = d[3] + 1;
+                 return S{{T, B, I}, {B, H}, {3 * H, I}, {3 * H, H}, {3 * H}, {3 * H}};
+               },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) {
+                 return gru_sequence(in[0], in[1], in[2], in[3], in[4], in[5]);
+               },
+               -1, 1, 1e-4});  // up to 71 recurrent steps of float32
+  // Composed graphs.
+  c.push_back({"mlp_cross_entropy", [](const int64_t* d) { return S{{d[0], d[1]}, {d[1], d[2]}, {d[2]}, {d[2], 3}}; },
+               [](Tape& t, const std::vector<Tensor>& in, const int64_t* d) {
+                 Tensor hid = tanh(add(matmul(in[0], in[1]), in[2]));
+                 std::vector<int64_t> y(static_cast<size_t>(d[0]), 2);
+                 return cross_entropy(matmul(hid, in[3]), t.from(std::span<const int64_t>(y), {d[0]}));
+               },
+               -1, 1, 5e-5});
+  c.push_back({"gru_unrolled_3", gru_shapes,
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) {
+                 Tensor h = in[1];
+                 Tensor loss;
+                 for (int s = 0; s < 3; ++s) {
+                   h = gru_cell(scale(in[0], 1.0 + s), h, in[2], in[3], in[4], in[5]);
+                   Tensor l = mean(mul(h, h));
+                   loss = s ? add(loss, l) : l;
+                 }
+                 return loss;
+               },
+               -1, 1, 5e-5});
+  c.push_back({"softmax_log_exp_chain", [](const int64_t* d) { return S{{d[0], d[1] + 1}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) {
+                 return sum(log(add(softmax(in[0]), exp(relu(in[0])))), 1);
+               },
+               -1, 1, 5e-5});
+  return c;
+}
+
+struct Result {
+  std::vector<double> out;
+  std::vector<std::vector<double>> grads;
+};
+
+// f(inputs) and the gradients of sum(f(inputs) * w), on one tape.
+Result evaluate(const Case& c, Tape& tape, DType dt, const int64_t* d, const std::vector<Shape>& shapes,
+                const std::vector<std::vector<double>>& values, std::vector<double>& w, std::mt19937& rng) {
+  std::vector<Tensor> in;
+  for (size_t k = 0; k < shapes.size(); ++k) in.push_back(param(tape, shapes[k], dt, values[k]));
+  Result r;
+  {
+    Segment seg = tape.segment();
+    Tensor out = c.f(tape, in, d);
+    if (w.empty()) w = uniform(rng, out.numel());
+    r.out = get(out);
+    seg.backward(sum(mul(out, constant(tape, out.shape, dt, w))));
+  }
+  for (const Tensor& p : in) r.grads.push_back(get(p.grad_tensor()));
+  return r;
+}
+
+class CudaOps : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaOps, MatchCpuFloat64InValuesAndGradients) {
+  REQUIRE_GPU();
+  const Case cs = cases()[size_t(GetParam())];
+  for (int trial = 0; trial < 3; ++trial) {
+    std::mt19937 rng(4321 + 31 * unsigned(GetParam()) + unsigned(trial));
+    // Two small trials (edge shapes of 1..4), one large (20..70: multi-block
+    // reductions, chunked partial sums, tiled transposes, long rows).
+    const int64_t lo = trial < 2 ? 1 : 20, hi = trial < 2 ? 4 : 70;
+    int64_t d[4];
+    for (auto& v : d) v = std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+    const std::vector<Shape> shapes = cs.shapes(d);
+    std::vector<std::vector<double>> values;
+    for (const Shape& s : shapes) values.push_back(uniform(rng, s.numel(), cs.lo, cs.hi));
+    std::vector<double> w;
+    Tape cpu;
+    const Result ref = evaluate(cs, cpu, DType::F64, d, shapes, values, w, rng);
+    for (DType dt : {DType::F32, DType::F64}) {
+      const double tol = dt == DType::F32 ? cs.tol32 : 1e-12;
+      Tape gpu(Device::cuda(), cuda_options());
+      const Result r = evaluate(cs, gpu, dt, d, shapes, values, w, rng);
+      const std::string what = cs.name + " " + dtype_name(dt) + " trial " + std::to_string(trial) + " dims " +
+                               std::to_string(d[0]) + "," + std::to_string(d[1]) + "," + std::to_string(d[2]) + "," +
+                               std::to_string(d[3]);
+      EXPECT_LE(rel_error(r.out, ref.out), tol) << what << ": values";
+      for (size_t k = 0; k < shapes.size(); ++k)
+        EXPECT_LE(rel_error(r.grads[k], ref.grads[k]), tol) << what << ": gradient of input " << k << " " << shapes[k].str();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, CudaOps, ::testing::Range(0, int(cases().size())),
+                         [](const ::testing::TestParamInfo<int>& i) { return cases()[size_t(i.param)].name; });
+
+// ------------------------------------------------------------------ GRU over K steps
+
+struct GruRun {
+  std::vector<double> out, h_last;
+  std::vector<std::vector<double>> grads;  // x, h0, w_ih, w_hh, b_ih, b_hh
+};
+
+// sequence: one gru_sequence op; else K gru_cell steps (recompute: in-step checkpointing).
+GruRun run_gru(Tape& tape, DType dt, int64_t K, int64_t B, int64_t I, int64_t H, bool sequence, bool recompute, bool grad,
+               uint32_t seed) {
+  std::mt19937 rng(seed);
+  const double bound = 1 / std::sqrt(double(H));
+  const std::vector<Shape> shapes = {{K, B, I}, {B, H}, {3 * H, I}, {3 * H, H}, {3 * H}, {3 * H}};
+  std::vector<Tensor> p;
+  for (size_t k = 0; k < shapes.size(); ++k)
+    p.push_back(param(tape, shapes[k], dt, uniform(rng, shapes[k].numel(), k < 2 ? -1 : -bound, k < 2 ? 1 : bound)));
+  const std::vector<double> w = uniform(rng, K * B * H);
+  GruRun r;
+  Segment seg = tape.segment();
+  Tensor out;
+  std::optional<NoGradGuard> inference;  // nothing recorded (cuDNN: inference mode, no reserve space)
+  if (!grad) inference.emplace(tape);
+  if (sequence) {
+    out = gru_sequence(p[0], p[1], p[2], p[3], p[4], p[5]);
+  } else {
+    std::vector<Tensor> steps;
+    Tensor h = p[1];
+    for (int64_t t = 0; t < K; ++t) {
+      h = gru_cell(reshape(slice(p[0], 0, t, 1), {B, I}), h, p[2], p[3], p[4], p[5], recompute);
+      steps.push_back(reshape(h, {1, B, H}));
+    }
+    out = steps[0];
+    for (size_t t = 1; t < steps.size(); ++t) out = concat({out, steps[t]}, 0);
+  }
+  r.out = get(out);
+  r.h_last = get(slice(out, 0, K - 1, 1));
+  if (grad) {
+    seg.backward(sum(mul(out, constant(tape, out.shape, dt, w))));
+    for (const Tensor& t : p) r.grads.push_back(get(t.grad_tensor()));
+  }
+  return r;
+}
+
+void expect_gru_close(const GruRun& a, const GruRun& ref, double tol, const std::string& what) {
+  EXPECT_LE(rel_error(a.out, ref.out), tol) << what << ": outputs";
+  EXPECT_LE(rel_error(a.h_last, ref.h_last), tol) << what << ": last state";
+  const char* names[] = {"x", "h0", "w_ih", "w_hh", "b_ih", "b_hh"};
+  for (size_t k = 0; k < a.grads.size() && k < ref.grads.size(); ++k)
+    EXPECT_LE(rel_error(a.grads[k], ref.grads[k]), tol) << what << ": gradient of " << names[k];
+}
+
+TEST(CudaGru, CudnnSequenceMatchesCpuGruOverKSteps) {
+  REQUIRE_GPU();
+  struct Size {
+    int64_t K, B, I, H;
+  };
+  for (const Size s : {Size{5, 3, 4, 6}, Size{32, 16, 32, 128}}) {
+    Tape cpu;
+    const GruRun ref = run_gru(cpu, DType::F64, s.K, s.B, s.I, s.H, false, false, true, 77);
+    for (DType dt : {DType::F32, DType::F64}) {
+      Tape gpu(Device::cuda(), cuda_options());
+      const std::string what = std::string("cuDNN GRU ") + dtype_name(dt) + " K=" + std::to_string(s.K) + " H=" + std::to_string(s.H);
+      expect_gru_close(run_gru(gpu, dt, s.K, s.B, s.I, s.H, true, false, true, 77), ref, dt == DType::F32 ? 5e-5 : 1e-11, what);
+      // Inference mode (no reserve space) gives the same values.
+      const GruRun inf = run_gru(gpu, dt, s.K, s.B, s.I, s.H, true, false, false, 77);
+      EXPECT_LE(rel_error(inf.out, ref.out), dt == DType::F32 ? 5e-5 : 1e-11) << what << " (inference)";
+    }
+  }
+}
+
+TEST(CudaGru, FusedCellSteppedMatchesCpu) {
+  REQUIRE_GPU();
+  for (bool recompute : {false, true}) {
+    Tape cpu;
+    const GruRun ref = run_gru(cpu, DType::F64, 12, 8, 16, 64, false, false, true, 5);
+    for (DType dt : {DType::F32, DType::F64}) {
+      Tape gpu(Device::cuda(), cuda_options());
+      expect_gru_close(run_gru(gpu, dt, 12, 8, 16, 64, false, recompute, true, 5), ref, dt == DType::F32 ? 5e-5 : 1e-11,
+                       std::string("fused cell ") + dtype_name(dt) + (recompute ? " recompute" : ""));
+    }
+  }
+}
+
+// The CPU composition of gru_sequence against central finite differences (runs without a GPU).
+TEST(CudaGru, CpuSequenceGradcheck) {
+  const int64_t K = 3, B = 2, I = 3, H = 2;
+  Tape tape;
+  std::mt19937 rng(9);
+  const std::vector<Shape> shapes = {{K, B, I}, {B, H}, {3 * H, I}, {3 * H, H}, {3 * H}, {3 * H}};
+  std::vector<Tensor> p;
+  for (const Shape& s : shapes) p.push_back(param(tape, s, DType::F64, uniform(rng, s.numel())));
+  const std::vector<double> w = uniform(rng, K * B * H);
+  auto loss = [&] { return sum(mul(gru_sequence(p[0], p[1], p[2], p[3], p[4], p[5]), tape.from(std::span<const double>(w), {K, B, H}))); };
+  {
+    Segment seg = tape.segment();
+    seg.backward(loss());
+  }
+  auto eval = [&] {
+    Segment seg = tape.segment();
+    NoGradGuard ng(tape);
+    return loss().item();
+  };
+  for (size_t k = 0; k < p.size(); ++k)
+    EXPECT_LE(rel_error(values(p[k].grad_tensor()), numeric_grad(p[k], eval)), 1e-6) << "input " << k;
+}
+
+// ------------------------------------------------------------------ TBPTT training
+
+constexpr int64_t kB = 8, kI = 12, kH = 32, kC = 5, kK = 8;
+constexpr int kSegments = 20;
+
+struct Curve {
+  std::vector<double> loss;        // per segment
+  std::vector<size_t> peak;        // arena high-water per segment
+  uint64_t device_allocs_setup = 0, device_allocs_end = 0;
+};
+
+// x -> GRUCell -> Linear -> cross-entropy, K steps per segment, state carried,
+// SGD written with engine ops (so it runs inside the segment, on any device,
+// and is captured with it under graph replay).
+Curve train(Device dev, bool graph_replay) {
+  TapeOptions o = cuda_options();
+  o.segment_budget = size_t(8) << 20;
+  o.graph_replay = graph_replay;
+  Tape tape(dev, o);
+  std::mt19937 rng(2024);
+  const double bound = 1 / std::sqrt(double(kH));
+  const std::vector<Shape> shapes = {{3 * kH, kI}, {3 * kH, kH}, {3 * kH}, {3 * kH}, {kC, kH}, {kC}};
+  std::vector<Tensor> p;
+  for (const Shape& s : shapes) p.push_back(param(tape, s, DType::F32, uniform(rng, s.numel(), -bound, bound)));
+  Tensor h = tape.persistent({kB, kH});
+  Tensor loss_value = tape.persistent({1});
+  std::vector<float> xs(size_t(kSegments * kK * kB * kI));
+  std::vector<int64_t> ys(size_t(kSegments * kK * kB));
+  for (float& v : xs) v = float(std::uniform_real_distribution<double>(-1, 1)(rng));
+  for (size_t i = 0; i < ys.size(); ++i) ys[i] = int64_t((i * 5 + i / 7) % kC);
+  Curve c;
+  c.device_allocs_setup = memory::device_allocations();
+  for (int s = 0; s < kSegments; ++s) {
+    {
+      Segment seg = tape.segment();
+      Tensor loss;
+      for (int64_t t = 0; t < kK; ++t, tape.next_step()) {
+        const size_t at = size_t(s * kK + t);
+        Tensor x = tape.from(std::span<const float>(xs).subspan(at * kB * kI, kB * kI), {kB, kI});
+        Tensor y = tape.from(std::span<const int64_t>(ys).subspan(at * kB, kB), {kB});
+        h = gru_cell(x, h, p[0], p[1], p[2], p[3]);
+        Tensor l = cross_entropy(add(matmul(h, p[4], false, true), p[5]), y);
+        loss = t ? add(loss, l) : l;
+      }
+      seg.backward(loss);
+      {
+        NoGradGuard ng(tape);
+        for (const Tensor& w : p) copy_into(w, sub(w, scale(w.grad_tensor(), 0.05)));
+        copy_into(loss_value, reshape(loss, {1}));
+      }
+      tape.zero_grad();
+      h = seg.carry(h);
+    }
+    c.loss.push_back(loss_value.item());  // after the segment: its graph (if any) has run
+    c.peak.push_back(tape.stats().last_segment_peak);
+  }
+  c.device_allocs_end = memory::device_allocations();
+  return c;
+}
+
+TEST(CudaTraining, TbpttTwentySegmentsMatchesCpuWithFixedMemoryAndReplayEqualsEager) {
+  REQUIRE_GPU();
+  const Curve cpu = train(Device::cpu(), false);
+  const Curve eager = train(Device::cuda(), false);
+  const Curve replay = train(Device::cuda(), true);
+  ASSERT_EQ(eager.loss.size(), size_t(kSegments));
+  for (int s = 0; s < kSegments; ++s) {
+    EXPECT_NEAR(eager.loss[size_t(s)], cpu.loss[size_t(s)], 1e-4 * std::max(1.0, std::fabs(cpu.loss[size_t(s)])))
+        << "segment " << s;
+    // Captured (segments 2, 3) and replayed (4..20) segments run the eager kernels on the same data.
+    EXPECT_EQ(replay.loss[size_t(s)], eager.loss[size_t(s)]) << "segment " << s;
+    EXPECT_EQ(eager.peak[size_t(s)], eager.peak[0]) << "segment " << s;
+    EXPECT_EQ(replay.peak[size_t(s)], eager.peak[0]) << "segment " << s;
+  }
+  EXPECT_LT(eager.loss.back(), eager.loss.front());  // it learns
+  EXPECT_EQ(eager.device_allocs_end, eager.device_allocs_setup) << "cudaMalloc after setup";
+  EXPECT_EQ(replay.device_allocs_end, replay.device_allocs_setup) << "cudaMalloc after setup";
+  std::printf("loss: CPU %.6f -> %.6f, CUDA %.6f -> %.6f, replayed %.6f -> %.6f; arena high-water %zu bytes\n",
+              cpu.loss.front(), cpu.loss.back(), eager.loss.front(), eager.loss.back(), replay.loss.front(),
+              replay.loss.back(), eager.peak[0]);
+}
+
+// ------------------------------------------------------------------ errors
+
+TEST(CudaErrors, WithoutAGpuTheTapeSaysWhy) {
+  if (gpu_missing().empty()) GTEST_SKIP() << "a GPU is present";
+  EXPECT_NE(gpu_missing().find("no CUDA GPU found (cudaGetDeviceCount: "), std::string::npos) << gpu_missing();
+  EXPECT_THROW(Tape(Device::cuda()), Error);
+}
+
+TEST(CudaErrors, HostAccessToDeviceMemorySaysUseToHost) {
+  REQUIRE_GPU();
+  Tape tape(Device::cuda(), cuda_options());
+  Tensor p = tape.persistent({2, 3});
+  try {
+    (void)p.data<float>();
+    FAIL() << "data<float>() on device memory did not raise";
+  } catch (const TapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("to_host"), std::string::npos) << e.what();
+  }
+  const std::vector<float> v = {1, 2, 3, 4, 5, 6};
+  p.from_host(std::span<const float>(v));
+  EXPECT_EQ(p.to_host<float>(), v);
+  Segment seg = tape.segment();
+  EXPECT_EQ(sum(tape.from(std::span<const float>(v), {6})).item(), 21.0);
+}
+
+TEST(CudaErrors, OutOfMemoryAtSetupNamesThePoolAndTheSize) {
+  REQUIRE_GPU();
+  TapeOptions o = cuda_options();
+  o.segment_budget = size_t(1) << 50;  // 1 PiB
+  try {
+    Tape tape(Device::cuda(), o);
+    FAIL() << "a 1 PiB arena was reserved";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("out of device memory"), std::string::npos) << m;
+    EXPECT_NE(m.find("segment arena (TapeOptions::segment_budget)"), std::string::npos) << m;
+    EXPECT_NE(m.find("1125899906842624 bytes"), std::string::npos) << m;
+  }
+}
+
+TEST(CudaErrors, IndexOutOfRangeFoundOnTheDeviceIsReportedAtTheNextSync) {
+  REQUIRE_GPU();
+  Tape tape(Device::cuda(), cuda_options());
+  Tensor w = tape.parameter({4, 3});
+  Segment seg = tape.segment();
+  const std::vector<int64_t> ix = {0, 99};
+  (void)embedding(w, tape.from(std::span<const int64_t>(ix), {2}));
+  try {
+    tape.synchronize();
+    FAIL() << "index 99 of 4 rows was not reported";
+  } catch (const IndexError& err) {
+    EXPECT_NE(std::string(err.what()).find("index 99 at position 1"), std::string::npos) << err.what();
+  }
+  const std::vector<int64_t> y = {7};
+  Tensor l = cross_entropy(tape.from(std::span<const float>(std::vector<float>{0, 1, 2}), {1, 3}), tape.from(std::span<const int64_t>(y), {1}));
+  EXPECT_THROW((void)l.item(), IndexError);
+  tape.synchronize();  // reported once
+}
+
+TEST(CudaErrors, AnomalyModeFindsTheFirstNonFiniteValue) {
+  REQUIRE_GPU();
+  TapeOptions o = cuda_options();
+  o.anomaly = true;
+  Tape tape(Device::cuda(), o);
+  Segment seg = tape.segment();
+  const std::vector<float> v = {1, -1, 2};
+  try {
+    (void)log(tape.from(std::span<const float>(v), {3}));
+    FAIL() << "log(-1) passed anomaly mode";
+  } catch (const AnomalyError& e) {
+    EXPECT_NE(std::string(e.what()).find("NaN at element 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaErrors, GraphReplayOfADifferentSegmentIsRefused) {
+  REQUIRE_GPU();
+  TapeOptions o = cuda_options();
+  o.graph_replay = true;
+  Tape tape(Device::cuda(), o);
+  Tensor a = tape.parameter({4});
+  Tensor out = tape.persistent({4});
+  auto run = [&](double factor) {
+    Segment seg = tape.segment();
+    copy_into(out, scale(a, factor));
+  };
+  for (int s = 0; s < 4; ++s) run(2.0);  // eager, captured x2, replayed
+  try {
+    run(3.0);  // another scalar attribute: not the captured kernel
+    FAIL() << "a different segment was replayed";
+  } catch (const TapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA graph replay"), std::string::npos) << e.what();
+  }
+  tape.discard_graph();
+  run(3.0);  // eager again
+  tape.synchronize();
+}
+
+}  // namespace
