@@ -14,7 +14,9 @@
 #include <sstream>
 
 #include "segtape/agent/plot.h"
+#include "segtape/agent/retention.h"
 #include "segtape/agent/trainer.h"
+#include "segtape/explain.h"
 
 namespace fs = std::filesystem;
 using namespace segtape;
@@ -280,6 +282,83 @@ int eval(const std::string& checkpoint, int64_t steps, uint64_t seed) {
   return 0;
 }
 
+// ---- segtape retention: the retention lab (agent/retention.h, docs/retention.md)
+
+struct RetentionArgs {
+  retention::LabConfig c;
+  std::string budget = "1MiB", out, cases, dot;
+  bool explain = false, no_libtorch = false, anomaly_only = false;
+};
+
+int retention_lab(RetentionArgs& a) {
+  namespace rt = retention;
+  rt::LabConfig c = a.c;
+  c.budget = parse_bytes(a.budget);
+  c.validate();
+  if (a.anomaly_only) {
+    const rt::AnomalyCost ac = rt::anomaly_cost(c);
+    std::printf("anomaly mode on the agent loop (Trainer, recall, tbptt:%ld, B=%ld, H=%ld): %.1f us/step off, %.1f us/step on (%+.1f%%)\n",
+                c.trainer_k, c.batch, c.hidden, ac.us_off, ac.us_on, ac.percent());
+    return 0;
+  }
+  std::vector<rt::Case> which;
+  if (a.cases.empty()) {
+    for (const rt::CaseInfo& i : rt::cases()) which.push_back(i.id);
+  } else {
+    std::stringstream ss(a.cases);
+    for (std::string name; std::getline(ss, name, ',');) which.push_back(rt::parse_case(name));
+  }
+  fs::path out = a.out;
+  if (out.empty()) {
+    char stamp[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+    out = fs::path("runs") / (std::string("retention-") + stamp);
+  }
+  prepare_dir(out);
+  rt::TorchRunner torch = nullptr;
+#ifdef SEGTAPE_WITH_LIBTORCH
+  if (!a.no_libtorch) torch = &rt::run_libtorch;
+#endif
+  if (!a.dot.empty()) {
+    // A small segment: pitfall 1 over 3 steps, every step with a target.
+    rt::LabConfig small = c;
+    small.steps = 3, small.lag = 1;
+    rt::RunOptions o;
+    o.inspect = [&](const Tape& t) { write_text(a.dot, to_dot(t)); };
+    rt::run_segtape(rt::Case::HiddenNotDetached, small, o);
+    std::printf("wrote %s (the tape of pitfall 1 after 3 steps; render with: dot -Tsvg %s -o tape.svg)\n", a.dot.c_str(), a.dot.c_str());
+  }
+  rt::LabHooks hooks;
+  const bool tty = isatty(STDERR_FILENO);
+  hooks.progress = [&](const std::string& line) {
+    if (tty) std::fprintf(stderr, "\r%-60s", line.c_str());
+  };
+  std::string explained;
+  if (a.explain)
+    hooks.inspect = [&](rt::Case k, const Tape& t) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const Explanation e = explain(t);
+      const double ms = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      explained += fmt::format("== {} (pitfall {}), at its last step; explained {} nodes in {:.2f} ms\n{}\n", rt::info(k).name,
+                               int(k) + 1, e.node_count, ms, e.report());
+    };
+  const auto t0 = std::chrono::steady_clock::now();
+  rt::LabReport rep = rt::run_lab(c, which, torch, hooks);
+#ifdef SEGTAPE_WITH_LIBTORCH
+  if (a.no_libtorch) rep.libtorch_note = "LibTorch not run (--no-libtorch)";
+#endif
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (tty) std::fprintf(stderr, "\r%-60s\r", "");
+  write_text(out / "retention.csv", rt::to_csv(rep));
+  write_text(out / "retention.json", rt::to_json(rep));
+  write_text(out / "retention.svg", rt::to_svg(rep));
+  if (!explained.empty()) std::printf("%s", explained.c_str());
+  std::printf("%s", rt::table(rep).c_str());
+  std::printf("%.1f s; files: %s/{retention.csv, retention.json, retention.svg}\n", wall, out.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -327,6 +406,23 @@ int main(int argc, char** argv) {
   ev->add_option("--steps", eval_steps, "Steps to evaluate")->capture_default_str();
   ev->add_option("--seed", eval_seed, "Seed of the fresh episodes")->capture_default_str();
 
+  RetentionArgs ra;
+  CLI::App* rl = app.add_subcommand(
+      "retention", "The retention lab: every graph-retention pitfall beside its fix, measured on segtape and LibTorch (docs/retention.md)");
+  rl->add_option("--steps", ra.c.steps, "Steps per case (pitfalls 1, 5-7 take time, pitfall 4 memory, quadratic in it)")
+      ->capture_default_str();
+  rl->add_option("--batch", ra.c.batch, "Parallel streams B")->capture_default_str();
+  rl->add_option("--hidden", ra.c.hidden, "GRU hidden size H")->capture_default_str();
+  rl->add_option("--budget", ra.budget, "Strict-policy segment budget (pitfall reruns, fixes) and the line the table reports crossing")
+      ->capture_default_str();
+  rl->add_option("--seed", ra.c.seed, "Seed of the model and the data")->capture_default_str();
+  rl->add_option("--out", ra.out, "Output directory (default runs/retention-<time>)");
+  rl->add_option("--cases", ra.cases, "Comma-separated cases to run (default: all)");
+  rl->add_flag("--explain", ra.explain, "Print the explainer's report (who holds the memory) for each pitfall at its last step");
+  rl->add_option("--dot", ra.dot, "Write the Graphviz DOT of a small segment's tape (pitfall 1, 3 steps) to this file");
+  rl->add_flag("--no-libtorch", ra.no_libtorch, "Run segtape only");
+  rl->add_flag("--anomaly-cost", ra.anomaly_only, "Only measure anomaly mode's cost per step on the agent loop (also part of every lab run)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -335,6 +431,7 @@ int main(int argc, char** argv) {
   try {
     if (*tr) return train(ta, *tr);
     if (*ev) return eval(ck, eval_steps, eval_seed);
+    if (*rl) return retention_lab(ra);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "segtape: error: %s\n", e.what());
     return 2;

@@ -1,0 +1,187 @@
+// The retention lab: every graph-retention pitfall of recurrent agent loops
+// beside its fix, run on segtape and (when built with it) on LibTorch with the
+// same model, sizes and data, measuring memory after every step.
+// `segtape retention` runs it; tests/retention_test.cpp calls the same
+// functions; docs/retention.md explains the results.
+//
+// The model: tokens of the delayed-recall env -> Embedding(vocab, embed) ->
+// GRUCell(embed, hidden) -> Linear(hidden, vocab), cross-entropy on the token
+// shown `lag` steps earlier (no loss before the first target). The pitfalls are
+// deliberately wrong loops; each fix is a loop whose memory per segment is flat.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "segtape/tape.h"
+
+namespace segtape::agent::retention {
+
+struct LabConfig {
+  int64_t steps = 200;   // env steps per case (one episode)
+  int64_t batch = 8;     // B streams
+  int64_t vocab = 16;    // recall tokens = classes
+  int64_t embed = 32;    // E
+  int64_t hidden = 128;  // H
+  int64_t lag = 8;       // recall lag: steps [0, lag) have no target
+  int64_t k = 8;         // steps per segment of tbptt:K / nograd-history / window, and pitfall 3's update interval
+  int64_t window = 8;    // window:N
+  int64_t trainer_k = 32;  // gru-state: the agent Trainer with tbptt:trainer_k
+  double lr = 0.05;      // SGD (the lab's loops); the Trainer uses its Adam
+  double clip = 1.0;     // pitfall 6's clip_grad_norm
+  size_t budget = size_t(1) << 20;  // strict-policy segment budget (pitfall reruns and fixes)
+  uint64_t seed = 1;
+  // Throws Error naming the first impossible value.
+  void validate() const;
+};
+
+enum class Case {
+  // pitfalls
+  HiddenNotDetached,  // 1: h never detached, backward every step (retain_graph)
+  LossSum,            // 2: loss = loss + step_loss over the episode, one backward at the end
+  LogitsBuffer,       // 3: logits kept in a buffer with their graph; TBPTT otherwise correct
+  GrowingContext,     // 4: prompt-style history: concat of every past embedding, not detached
+  DetachInputOnly,    // 5: the input embedding detached, h still carries the graph
+  ClipGrad,           // 6: pitfall 1 plus gradient clipping
+  Checkpoint,         // 7: pitfall 1 with in-step recomputation of the GRU gates
+  // fixes
+  Tbptt,              // tbptt:K: segments of K steps, h carried
+  Detach,             // detach: K = 1
+  NogradHistory,      // nograd-history: gradient of the current step only, h arrives as a value
+  Window,             // window:N: the last N embeddings as values, no recurrence
+  GruState,           // the agent's Trainer (tbptt:trainer_k): the compressed, fixed-size GRU state
+};
+
+struct CaseInfo {
+  Case id;
+  std::string name;     // command-line name, e.g. "hidden-not-detached"
+  bool pitfall = false;
+  bool backward_every_step = false;  // needs retain_graph (pitfalls 1, 5, 6, 7)
+  std::string summary;  // one line: what the loop does
+  std::string remedy;   // one line: the fix (pitfalls) or what it fixes (fixes)
+};
+const std::vector<CaseInfo>& cases();
+const CaseInfo& info(Case c);
+// Throws Error listing the names when unknown.
+Case parse_case(const std::string& name);
+
+// One run of one case on one engine.
+struct Trace {
+  std::string engine;  // "segtape" or "libtorch"
+  Case id{};
+  std::vector<int64_t> step;    // the step each row was measured after
+  std::vector<double> bytes;    // memory after that step (see memory_source)
+  std::vector<double> seconds;  // wall time of that step (per step for rows covering several)
+  std::vector<double> grad_bytes;  // segtape: of `bytes`, backward's gradient buffers (OpKind::Grad)
+  std::vector<double> segment_peaks;  // fixes: high-water of every segment (segtape: to the byte)
+  std::string memory_source;    // what `bytes` counts
+  // segtape pitfalls, from the explainer at the last step: bytes held by tape
+  // nodes, by backward's gradient buffers, and the steps the tape spans.
+  double final_node_bytes = 0, final_grad_bytes = 0, held_steps = 0;
+  // When the run stopped on an error (the strict policy's refusal).
+  std::string error_type, error;
+  int64_t error_step = -1;
+};
+
+// What to do with the segtape tape at the last step, before its segment ends
+// (the explainer, the DOT export). Called once, for single-segment cases.
+using Inspect = std::function<void(const Tape&)>;
+
+struct RunOptions {
+  // false: pitfalls run under the teaching policy (the arena grows); true:
+  // under the strict policy with budget `LabConfig::budget` (they raise).
+  // Fixes always run under the strict policy.
+  bool strict = false;
+  // Pitfalls 1, 5, 6, 7: backward every step with retain_graph (false shows
+  // the double-backward TapeError a user gets first).
+  bool retain_graph = true;
+  bool anomaly = false;  // TapeOptions::anomaly
+  Inspect inspect;
+};
+
+// Runs one case on segtape. Errors from the strict policy are caught into the
+// trace; any other exception propagates.
+Trace run_segtape(Case c, const LabConfig& cfg, const RunOptions& o = {});
+
+// The same case on LibTorch (agent/retention_torch.cpp, linked into the
+// segtape program only when LibTorch was found).
+Trace run_libtorch(Case c, const LabConfig& cfg);
+using TorchRunner = Trace (*)(Case, const LabConfig&);
+
+// The env's data for one episode, shared by both engines: tokens and targets [steps, batch].
+struct Episode {
+  int64_t steps = 0, batch = 0;
+  std::vector<int64_t> tokens, targets;
+  bool has_target(int64_t t) const;  // any stream has a target at step t
+};
+Episode make_episode(const LabConfig& cfg);
+
+// The lab model's initial weights under PyTorch's names ("encoder.weight",
+// "gru.weight_ih", ..., "head.bias", "ctx.weight", ...; window mode: "compress.*"
+// instead of "gru.*"), so that LibTorch starts from exactly segtape's model.
+struct NamedValues {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+std::vector<NamedValues> initial_weights(const LabConfig& cfg, bool window_mode);
+
+// Least-squares line through (step, bytes), every row but the last (where
+// pitfalls 2 and 4 run their one backward).
+struct Fit {
+  double slope = 0, intercept = 0;
+};
+Fit fit_line(const Trace& t);
+
+struct Summary {
+  double bytes_per_step = 0;      // slope of the fit
+  double bytes_last = 0;          // at the last row
+  double bytes_peak = 0;          // the largest row
+  double growth_end = 0;          // mean bytes per step over the last 10% of rows (shows curvature)
+  double ms_start = 0, ms_end = 0;  // mean time per step over the first / last 10% of rows
+  double budget_step = -1;        // first step above the budget, or extrapolated from the fit; -1: never
+  bool budget_extrapolated = false;
+};
+Summary summarise(const Trace& t, size_t budget);
+
+// Anomaly mode's cost on the agent loop (the Trainer, recall, tbptt:trainer_k):
+// the median time per step of a segment with and without it, over `steps`
+// steps of two trainers run in turn.
+struct AnomalyCost {
+  double us_off = 0, us_on = 0;
+  double percent() const { return us_off > 0 ? 100.0 * (us_on - us_off) / us_off : 0; }
+};
+AnomalyCost anomaly_cost(const LabConfig& cfg, int64_t steps = 8192);
+
+// The whole lab.
+struct CaseResult {
+  Case id{};
+  Trace segtape, strict;        // teaching (pitfalls) / strict (fixes) run; strict rerun of a pitfall
+  Trace no_retain;              // pitfalls 1, 5, 6, 7 without retain_graph (the double-backward error)
+  Trace libtorch;               // empty engine string when LibTorch was not built
+};
+struct LabReport {
+  LabConfig config;
+  std::vector<CaseResult> results;
+  AnomalyCost anomaly;
+  bool libtorch_built = false;
+  std::string libtorch_memory;  // what LibTorch's bytes count (allocator statistics or RSS)
+  // Said wherever LibTorch's results would be when it did not run.
+  std::string libtorch_note = "LibTorch not built (configure with libtorch-dev installed to run it)";
+};
+struct LabHooks {
+  std::function<void(const std::string&)> progress;  // a line before each run
+  // Each pitfall's teaching-policy tape at its last step (the explainer, DOT).
+  std::function<void(Case, const Tape&)> inspect;
+};
+// torch: nullptr when LibTorch was not built (its panel then says so).
+LabReport run_lab(const LabConfig& cfg, const std::vector<Case>& which, TorchRunner torch, const LabHooks& hooks = {});
+
+std::string to_csv(const LabReport& r);   // engine,case,step,bytes
+std::string to_json(const LabReport& r);  // per case and engine: the Summary, the strict error
+std::string to_svg(const LabReport& r);   // memory vs step, one panel per engine
+std::string table(const LabReport& r);    // the terminal summary
+
+}  // namespace segtape::agent::retention

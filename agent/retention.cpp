@@ -1,0 +1,633 @@
+// The retention lab on segtape: the pitfalls (deliberately wrong loops, run
+// under the teaching policy so the arena grows, then rerun under the strict
+// policy to show the error) and the fixes (strict policy), measured after every
+// step; plus the summaries and the csv / json / svg / table outputs.
+#include "segtape/agent/retention.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "segtape/agent/env.h"
+#include "segtape/agent/plot.h"
+#include "segtape/agent/policy.h"
+#include "segtape/agent/trainer.h"
+#include "segtape/explain.h"
+#include "segtape/nn/optim.h"
+#include "segtape/ops.h"
+
+namespace segtape::agent::retention {
+
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------- cases, config
+
+const std::vector<CaseInfo>& cases() {
+  static const std::vector<CaseInfo> v = {
+      {Case::HiddenNotDetached, "hidden-not-detached", true, true,
+       "h never detached; backward every step with retain_graph", "end the segment every K steps and carry h (tbptt:K; PyTorch: h = h.detach())"},
+      {Case::LossSum, "loss-sum", true, false, "loss = loss + step_loss over the episode, one backward at the end",
+       "backward and cut every K steps (tbptt:K)"},
+      {Case::LogitsBuffer, "logits-buffer", true, false,
+       "every step's logits appended to a list with their graph; TBPTT every K steps otherwise correct",
+       "keep values, not graphs: logits.detach() / .item() (segtape: read them before the segment ends)"},
+      {Case::GrowingContext, "growing-context", true, false,
+       "prompt-style history = cat(history, e_t), never detached; feature = tanh(Linear(mean(history)))",
+       "a fixed-size history: window:N, nograd-history, or the GRU state (gru-state)"},
+      {Case::DetachInputOnly, "detach-input-only", true, true, "the input embedding detached, h still carries the graph",
+       "detach the state, not the input (tbptt:K, detach)"},
+      {Case::ClipGrad, "clip-grad", true, true, "pitfall 1 plus clip_grad_norm after every backward",
+       "clipping bounds gradients, not memory: tbptt:K"},
+      {Case::Checkpoint, "checkpoint", true, true, "pitfall 1 with the GRU gates recomputed in backward (in-step checkpointing)",
+       "checkpointing shrinks each step, not the number of steps kept: tbptt:K"},
+      {Case::Tbptt, "tbptt", false, false, "segments of K steps, h carried across the boundary", "fixes 1, 2, 5, 6, 7"},
+      {Case::Detach, "detach", false, false, "segments of one step (h carried every step)", "fixes 1, 2, 5, 6, 7 without gradient through time"},
+      {Case::NogradHistory, "nograd-history", false, false, "h = gru(e, detach(h)): the current step's gradient only",
+       "fixes 4 and 5 (history as a value)"},
+      {Case::Window, "window", false, false, "the last N embeddings as detached values, no recurrence", "fixes 4 (bounded prompt)"},
+      {Case::GruState, "gru-state", false, false, "the agent's Trainer (tbptt): history compressed in the fixed-size GRU state",
+       "fixes 3 and 4 (what the agent program does)"},
+  };
+  return v;
+}
+
+const CaseInfo& info(Case c) { return cases()[size_t(c)]; }
+
+Case parse_case(const std::string& name) {
+  std::string names;
+  for (const CaseInfo& c : cases()) {
+    if (c.name == name) return c.id;
+    names += (names.empty() ? "" : ", ") + c.name;
+  }
+  throw Error("unknown retention case '" + name + "' (choose from " + names + ")");
+}
+
+namespace {
+std::string label(Case c, const LabConfig& cfg) {
+  const CaseInfo& i = info(c);
+  if (i.pitfall) return std::to_string(int(c) + 1) + " " + i.name;
+  switch (c) {
+    case Case::Tbptt: return "tbptt:" + std::to_string(cfg.k);
+    case Case::Window: return "window:" + std::to_string(cfg.window);
+    case Case::GruState: return "gru-state (tbptt:" + std::to_string(cfg.trainer_k) + ")";
+    default: return i.name;
+  }
+}
+}  // namespace
+
+void LabConfig::validate() const {
+  auto need = [](bool ok, const char* m) {
+    if (!ok) throw Error(std::string("retention: ") + m);
+  };
+  need(steps >= 2 && steps <= 100000, "--steps must be in [2, 100000]");
+  need(batch >= 1 && batch <= 4096, "--batch must be in [1, 4096]");
+  need(hidden >= 1 && hidden <= 8192, "--hidden must be in [1, 8192]");
+  need(embed >= 1 && embed <= 8192 && vocab >= 2 && vocab <= 100000, "embed in [1, 8192] and vocab in [2, 100000]");
+  need(lag >= 0 && lag < steps, "--steps must be greater than the recall lag (the first target arrives at step lag)");
+  need(k >= 1 && trainer_k >= 1, "K must be >= 1");
+  need(window >= 1 && window <= 64, "window N must be in [1, 64]");
+  need(budget >= 1024, "--budget must be at least 1 KiB");
+}
+
+// ---------------------------------------------------------------- data, model
+
+bool Episode::has_target(int64_t t) const {
+  for (int64_t b = 0; b < batch; ++b)
+    if (targets[size_t(t * batch + b)] != kNoTarget) return true;
+  return false;
+}
+
+Episode make_episode(const LabConfig& cfg) {
+  EnvOptions eo;
+  eo.lag = cfg.lag;
+  eo.vocab = cfg.vocab;
+  auto env = make_env("recall", cfg.batch, cfg.seed * 7919u + 3u, eo);
+  Episode ep{cfg.steps, cfg.batch, std::vector<int64_t>(size_t(cfg.steps * cfg.batch)), std::vector<int64_t>(size_t(cfg.steps * cfg.batch))};
+  const size_t B = size_t(cfg.batch);
+  std::vector<int64_t> actions(B, 0);
+  std::vector<float> reward(B);
+  std::vector<uint8_t> done(B);
+  for (int64_t t = 0; t < cfg.steps; ++t) {
+    env->observe(std::span<int64_t>(ep.tokens).subspan(size_t(t) * B, B), {});
+    env->targets(std::span<int64_t>(ep.targets).subspan(size_t(t) * B, B));
+    env->step(actions, reward, done);  // recall's stream does not depend on the actions
+  }
+  return ep;
+}
+
+namespace {
+
+EnvSpec recall_spec(const LabConfig& c) { return {"recall", c.vocab, 0, c.vocab, true, "accuracy"}; }
+
+// The lab's model: the agent's Policy (encoder -> GRUCell -> head, or window
+// mode's compress layer) and ctx, the prompt-style feature layer of pitfall 4.
+struct Model {
+  nn::Rng rng;
+  Policy policy;
+  nn::Linear ctx;  // [E] -> [H]
+  std::vector<nn::NamedTensor> named;
+  std::vector<Tensor> params;
+  Tensor w_ih, w_hh, b_ih, b_hh;  // the GRU's, for gru_cell(..., recompute = true)
+  std::optional<nn::SGD> sgd;
+
+  Model(Tape& t, const LabConfig& c, bool window)
+      : rng(c.seed), policy(t, rng, recall_spec(c), {c.embed, c.hidden, window ? c.window : 0, false}), ctx(t, rng, c.embed, c.hidden) {
+    named = policy.named_parameters();
+    for (auto& [n, p] : ctx.named_parameters()) named.push_back({"ctx." + n, p});
+    for (auto& [n, p] : named) {
+      params.push_back(p);
+      if (n == "gru.weight_ih") w_ih = p;
+      if (n == "gru.weight_hh") w_hh = p;
+      if (n == "gru.bias_ih") b_ih = p;
+      if (n == "gru.bias_hh") b_hh = p;
+    }
+    sgd.emplace(named, nn::SGDOptions{.lr = c.lr});
+  }
+  void update() {
+    sgd->step();
+    sgd->zero_grad();
+  }
+};
+
+std::span<const int64_t> row_of(const std::vector<int64_t>& v, int64_t t, int64_t B) {
+  return std::span<const int64_t>(v).subspan(size_t(t * B), size_t(B));
+}
+
+void add_row(Trace& tr, int64_t step, double bytes, Clock::time_point start, int64_t steps = 1, double grads = 0) {
+  tr.step.push_back(step);
+  tr.bytes.push_back(bytes);
+  tr.grad_bytes.push_back(grads);
+  tr.seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count() / double(steps));
+}
+
+void record_error(Trace& tr, const Error& e, int64_t step) {
+  tr.error_type = dynamic_cast<const BudgetError*>(&e)          ? "BudgetError"
+                  : dynamic_cast<const ExpiredTensorError*>(&e) ? "ExpiredTensorError"
+                  : dynamic_cast<const AnomalyError*>(&e)       ? "AnomalyError"
+                  : dynamic_cast<const TapeError*>(&e)          ? "TapeError"
+                                                                : "Error";
+  tr.error = e.what();
+  tr.error_step = step;
+}
+
+constexpr const char* kArenaSource = "segtape: segment arena bytes in use after the step (Tape::stats().live_bytes)";
+
+// The pitfalls: one segment for the whole episode, as the wrong code keeps it.
+void run_pitfall(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
+  TapeOptions to;
+  if (o.strict) {
+    to.segment_budget = cfg.budget;
+  } else {  // teaching policy: 1 MiB chunks, no limit
+    to.segment_budget = size_t(1) << 20;
+    to.grow = true;
+  }
+  to.anomaly = o.anomaly;
+  to.node_capacity = size_t(cfg.steps) * 8 + 64;
+  Tape tape(Device::cpu(), to);
+  Model m(tape, cfg, false);
+  const Episode ep = make_episode(cfg);
+  const int64_t B = cfg.batch;
+  const bool every_step = info(c).backward_every_step;
+  Segment seg = tape.segment();
+  try {
+    Tensor h = tape.zeros({B, cfg.hidden});
+    Tensor loss, history;
+    std::vector<Tensor> kept_logits;  // pitfall 3's buffer
+    for (int64_t t = 0; t < cfg.steps; ++t, tape.next_step()) {
+      const auto start = Clock::now();
+      Tensor e = m.policy.encode(tape.from(row_of(ep.tokens, t, B), {B}));
+      Tensor logits;
+      if (c == Case::GrowingContext) {
+        // The whole past, as a prompt: [t + 1, B, E], its graph kept.
+        Tensor e1 = reshape(e, {1, B, cfg.embed});
+        history = t ? concat({history, e1}, 0) : e1;
+        logits = m.policy.logits(tanh(m.ctx(mean(history, 0))));
+      } else {
+        if (c == Case::DetachInputOnly) e = detach(e);  // cuts nothing that matters: h still links every step
+        h = c == Case::Checkpoint ? gru_cell(e, h, m.w_ih, m.w_hh, m.b_ih, m.b_hh, /*recompute=*/true) : m.policy.recur(e, h);
+        logits = m.policy.logits(h);
+      }
+      if (c == Case::LogitsBuffer) kept_logits.push_back(logits);
+      if (ep.has_target(t)) {
+        Tensor l = cross_entropy(logits, tape.from(row_of(ep.targets, t, B), {B}), Reduction::Mean, kNoTarget);
+        if (every_step) {
+          seg.backward(l, {.retain_graph = o.retain_graph});
+          if (c == Case::ClipGrad) nn::clip_grad_norm(m.params, cfg.clip);
+        } else {
+          loss = loss.defined() ? add(loss, l) : l;
+        }
+      }
+      if (c == Case::LogitsBuffer && (t + 1) % cfg.k == 0) {  // TBPTT, otherwise correct
+        if (loss.defined()) seg.backward(loss), m.update();
+        loss = {};
+        h = detach(h);
+      }
+      const bool last = t + 1 == cfg.steps;
+      if (last) {
+        // Pitfalls 1, 5, 6, 7 update only now: an update between backwards
+        // through the same history would change weights that earlier steps
+        // saved (PyTorch refuses that with its in-place modification error).
+        if (loss.defined()) seg.backward(loss);
+        m.update();
+        // Why the buffer exists: the episode's predictions, read at its end
+        // (which in segtape needs the segment that made them to be open).
+        for (const Tensor& l : kept_logits) (void)l.data<float>();
+      }
+      const TapeStats st = tape.stats();
+      add_row(tr, t, double(st.live_bytes), start, 1, double(st.bytes_by_op[size_t(OpKind::Grad)]));
+      if (last) {
+        const Explanation x = explain(tape, 0);
+        tr.final_node_bytes = double(x.node_bytes);
+        tr.final_grad_bytes = double(x.arena_by_op[size_t(OpKind::Grad)]);
+        tr.held_steps = double(x.by_step.empty() ? 0 : x.last_step - x.first_step + 1);
+        if (o.inspect) o.inspect(tape);
+      }
+    }
+  } catch (const Error& e) {
+    if (!o.strict && o.retain_graph) throw;  // the teaching run must not fail
+    record_error(tr, e, int64_t(tape.step()));
+  }
+}
+
+// The agent's own Trainer: the compressed GRU state, TBPTT with K = trainer_k.
+// It runs whole segments, so it is measured at segment ends (the segment's
+// high-water, which is where the arena stands after backward).
+void run_trainer(const LabConfig& cfg, const RunOptions& o, Trace& tr) {
+  TrainConfig tc;
+  tc.env = "recall";
+  tc.history = History::parse("tbptt:" + std::to_string(cfg.trainer_k));
+  tc.steps = cfg.steps, tc.batch = cfg.batch, tc.hidden = cfg.hidden, tc.embed = cfg.embed, tc.seed = cfg.seed;
+  tc.budget = cfg.budget;
+  tc.env_options.lag = cfg.lag, tc.env_options.vocab = cfg.vocab;
+  Trainer trainer(tc);
+  trainer.tape().set_anomaly(o.anomaly);
+  try {
+    while (!trainer.done()) {
+      const auto start = Clock::now();
+      const SegmentResult r = trainer.run_segment();
+      const size_t peak = trainer.tape().stats().last_segment_peak;
+      add_row(tr, trainer.step() - 1, double(peak), start, r.steps);
+      tr.segment_peaks.push_back(double(peak));
+    }
+  } catch (const Error& e) {
+    record_error(tr, e, trainer.step());
+  }
+}
+
+// The fixes: segments of K steps under the strict policy.
+void run_fix(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
+  if (c == Case::GruState) return run_trainer(cfg, o, tr);
+  TapeOptions to;
+  to.segment_budget = cfg.budget;
+  to.anomaly = o.anomaly;
+  Tape tape(Device::cpu(), to);
+  const bool window = c == Case::Window;
+  Model m(tape, cfg, window);
+  const Episode ep = make_episode(cfg);
+  const int64_t B = cfg.batch, K = c == Case::Detach ? 1 : cfg.k;
+  Tensor h = tape.persistent({B, cfg.hidden});
+  std::vector<Tensor> ring;  // window: the last N - 1 embeddings as values, oldest at `pos`
+  for (int64_t i = 0; window && i + 1 < cfg.window; ++i) ring.push_back(tape.persistent({B, cfg.embed}));
+  std::vector<Tensor> parts(size_t(cfg.window));
+  size_t pos = 0;
+  try {
+    for (int64_t t0 = 0; t0 < cfg.steps; t0 += K) {
+      Segment seg = tape.segment();
+      Tensor loss;
+      const int64_t n = std::min(K, cfg.steps - t0);
+      for (int64_t i = 0; i < n; ++i, tape.next_step()) {
+        const int64_t t = t0 + i;
+        const auto start = Clock::now();
+        Tensor e = m.policy.encode(tape.from(row_of(ep.tokens, t, B), {B}));
+        Tensor f;
+        if (window) {
+          for (size_t j = 0; j < ring.size(); ++j) parts[j] = ring[(pos + j) % ring.size()];
+          parts[ring.size()] = e;
+          f = m.policy.compress(parts);
+          if (!ring.empty()) copy_into(ring[pos], detach(e)), pos = (pos + 1) % ring.size();
+        } else {
+          h = m.policy.recur(e, c == Case::NogradHistory ? detach(h) : h);
+          f = h;
+        }
+        Tensor logits = m.policy.logits(f);
+        if (ep.has_target(t)) {
+          Tensor l = cross_entropy(logits, tape.from(row_of(ep.targets, t, B), {B}), Reduction::Mean, kNoTarget);
+          loss = loss.defined() ? add(loss, l) : l;
+        }
+        if (i + 1 == n && loss.defined()) seg.backward(loss), m.update();
+        const TapeStats st = tape.stats();
+        add_row(tr, t, double(st.live_bytes), start, 1, double(st.bytes_by_op[size_t(OpKind::Grad)]));
+      }
+      if (!window) h = seg.carry(h);  // the TBPTT boundary
+      seg.end();
+      tr.segment_peaks.push_back(double(tape.stats().last_segment_peak));
+    }
+  } catch (const Error& e) {
+    record_error(tr, e, int64_t(tape.step()));
+  }
+}
+
+}  // namespace
+
+Trace run_segtape(Case c, const LabConfig& cfg, const RunOptions& o) {
+  cfg.validate();
+  Trace tr;
+  tr.engine = "segtape";
+  tr.id = c;
+  tr.memory_source = kArenaSource;
+  if (info(c).pitfall) run_pitfall(c, cfg, o, tr);
+  else run_fix(c, cfg, o, tr);
+  return tr;
+}
+
+std::vector<NamedValues> initial_weights(const LabConfig& cfg, bool window_mode) {
+  TapeOptions to;
+  to.segment_budget = 64 << 10;
+  Tape tape(Device::cpu(), to);
+  Model m(tape, cfg, window_mode);
+  std::vector<NamedValues> out;
+  for (const auto& [name, p] : m.named) {
+    const auto v = p.span<float>();
+    out.push_back({name, std::vector<int64_t>(p.shape.dims.begin(), p.shape.dims.begin() + p.rank()), {v.begin(), v.end()}});
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- summaries
+
+Fit fit_line(const Trace& t) {
+  // Every row but the last: pitfalls 2 and 4 run their one backward there.
+  const size_t n = t.step.size() > 3 ? t.step.size() - 1 : t.step.size();
+  if (n < 2) return {0, n ? t.bytes[0] : 0};
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = double(t.step[i]), y = t.bytes[i];
+    sx += x, sy += y, sxx += x * x, sxy += x * y;
+  }
+  const double d = double(n) * sxx - sx * sx;
+  if (d == 0) return {0, sy / double(n)};
+  const double slope = (double(n) * sxy - sx * sy) / d;
+  return {slope, (sy - slope * sx) / double(n)};
+}
+
+Summary summarise(const Trace& t, size_t budget) {
+  Summary s;
+  const size_t n = t.step.size();
+  if (n == 0) return s;
+  const Fit f = fit_line(t);
+  s.bytes_per_step = f.slope;
+  s.bytes_last = t.bytes.back();
+  s.bytes_peak = *std::max_element(t.bytes.begin(), t.bytes.end());
+  const size_t tail = std::max<size_t>(2, n / 10);
+  const size_t a = n > tail ? n - tail : 0;
+  if (n >= 2 && t.step[n - 1] > t.step[a]) s.growth_end = (t.bytes[n - 1] - t.bytes[a]) / double(t.step[n - 1] - t.step[a]);
+  // Time per step over the first and the last 10% of rows.
+  auto mean_ms = [&](size_t from, size_t to) {
+    double sum = 0;
+    for (size_t i = from; i < to; ++i) sum += t.seconds[i];
+    return to > from ? 1e3 * sum / double(to - from) : 0.0;
+  };
+  const size_t w = std::max<size_t>(1, n / 10);
+  s.ms_start = mean_ms(0, std::min(n, w));
+  s.ms_end = mean_ms(n - std::min(n, w), n);
+  for (size_t i = 0; i < n; ++i)
+    if (t.bytes[i] > double(budget)) {
+      s.budget_step = double(t.step[i]);
+      return s;
+    }
+  // Extrapolate only what really grows: a fix's sawtooth has a small slope
+  // too, but the same high-water in its last quarter as in its third (the
+  // first holds the steps before the first target).
+  auto max_of = [&](size_t from, size_t to) { return *std::max_element(t.bytes.begin() + ptrdiff_t(from), t.bytes.begin() + ptrdiff_t(to)); };
+  const size_t q = n / 4;
+  const bool grows = q >= 1 && max_of(n - q, n) > 1.01 * max_of(n - 2 * q, n - q);
+  if (grows && f.slope > 0) {
+    s.budget_step = std::max((double(budget) - f.intercept) / f.slope, double(t.step.back() + 1));
+    s.budget_extrapolated = true;
+  }
+  return s;
+}
+
+AnomalyCost anomaly_cost(const LabConfig& cfg, int64_t steps) {
+  TrainConfig tc;
+  tc.env = "recall";
+  tc.history = History::parse("tbptt:" + std::to_string(cfg.trainer_k));
+  tc.steps = steps, tc.batch = cfg.batch, tc.hidden = cfg.hidden, tc.embed = cfg.embed, tc.seed = cfg.seed;
+  tc.env_options.lag = cfg.lag, tc.env_options.vocab = cfg.vocab;
+  // Two identical trainers, one with anomaly mode, run segment by segment in
+  // turn: whatever else the machine does hits both alike, and the median
+  // segment time ignores the bursts.
+  Trainer off(tc), on(tc);
+  on.tape().set_anomaly(true);
+  std::vector<double> t_off, t_on;
+  auto timed = [](Trainer& tr) {
+    const auto start = Clock::now();
+    const SegmentResult r = tr.run_segment();
+    return 1e6 * std::chrono::duration<double>(Clock::now() - start).count() / double(std::max<int64_t>(r.steps, 1));
+  };
+  while (!off.done()) {
+    t_off.push_back(timed(off));
+    t_on.push_back(timed(on));
+  }
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  return {median(t_off), median(t_on)};
+}
+
+// ---------------------------------------------------------------- the lab
+
+LabReport run_lab(const LabConfig& cfg, const std::vector<Case>& which, TorchRunner torch,
+                  const LabHooks& hooks) {
+  cfg.validate();
+  LabReport rep;
+  rep.config = cfg;
+  rep.libtorch_built = torch != nullptr;
+  auto say = [&](const std::string& s) {
+    if (hooks.progress) hooks.progress(s);
+  };
+  for (Case c : which) {
+    CaseResult r;
+    r.id = c;
+    const std::string name = label(c, cfg);
+    RunOptions o;
+    if (hooks.inspect) o.inspect = [&](const Tape& t) { hooks.inspect(c, t); };
+    say("segtape  " + name);
+    r.segtape = run_segtape(c, cfg, o);
+    if (info(c).pitfall) {
+      RunOptions strict;
+      strict.strict = true;
+      r.strict = run_segtape(c, cfg, strict);
+      strict.retain_graph = false;
+      if (info(c).backward_every_step) r.no_retain = run_segtape(c, cfg, strict);
+    }
+    if (torch) {
+      say("libtorch " + name);
+      r.libtorch = torch(c, cfg);
+      if (rep.libtorch_memory.empty()) rep.libtorch_memory = r.libtorch.memory_source;
+    }
+    rep.results.push_back(std::move(r));
+  }
+  say("anomaly mode cost");
+  rep.anomaly = anomaly_cost(cfg);
+  return rep;
+}
+
+namespace {
+
+std::string num(double v, const char* f = "%.0f") {
+  char b[48];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+// A fit's slope may be slightly negative (a fix's sawtooth).
+std::string signed_bytes(double b) { return (b < 0 ? "-" : "") + format_bytes(size_t(std::fabs(b))); }
+
+nlohmann::json summary_json(const Trace& t, size_t budget, const std::string& absent) {
+  nlohmann::json j;
+  if (t.engine.empty()) return absent;
+  const Summary s = summarise(t, budget);
+  j["memory"] = t.memory_source;
+  j["bytes_per_step"] = s.bytes_per_step;
+  j["bytes_per_step_at_end"] = s.growth_end;
+  j["bytes_last_step"] = s.bytes_last;
+  j["bytes_peak"] = s.bytes_peak;
+  if (t.held_steps > 0) {
+    j["explained_at_last_step"] = {{"tape_node_bytes", t.final_node_bytes},
+                                   {"tape_node_bytes_per_step", t.final_node_bytes / t.held_steps},
+                                   {"backward_gradient_bytes", t.final_grad_bytes},
+                                   {"steps_held", t.held_steps}};
+  }
+  j["ms_per_step_start"] = s.ms_start;
+  j["ms_per_step_end"] = s.ms_end;
+  j["budget_bytes"] = budget;
+  if (s.budget_step < 0) j["budget_exceeded_at_step"] = nullptr;
+  else j["budget_exceeded_at_step"] = std::round(s.budget_step);
+  j["budget_step_extrapolated"] = s.budget_extrapolated;
+  j["rows"] = t.step.size();
+  if (!t.segment_peaks.empty()) {
+    const auto [lo, hi] = std::minmax_element(t.segment_peaks.begin() + std::min<ptrdiff_t>(1, ptrdiff_t(t.segment_peaks.size()) - 1),
+                                              t.segment_peaks.end());
+    j["segment_peak_min_after_first"] = *lo;
+    j["segment_peak_max_after_first"] = *hi;
+    j["segments"] = t.segment_peaks.size();
+  }
+  if (!t.error.empty()) j["error"] = {{"type", t.error_type}, {"step", t.error_step}, {"message", t.error}};
+  return j;
+}
+
+nlohmann::json error_json(const Trace& t) {
+  if (t.error.empty()) return "no error";
+  return {{"type", t.error_type}, {"step", t.error_step}, {"message", t.error}};
+}
+
+}  // namespace
+
+std::string to_csv(const LabReport& r) {
+  std::string s = "engine,case,step,bytes\n";
+  for (const CaseResult& c : r.results)
+    for (const Trace* t : {&c.segtape, &c.libtorch})
+      for (size_t i = 0; i < t->step.size(); ++i)
+        s += t->engine + "," + info(c.id).name + "," + std::to_string(t->step[i]) + "," + num(t->bytes[i]) + "\n";
+  return s;
+}
+
+std::string to_json(const LabReport& r) {
+  const LabConfig& c = r.config;
+  nlohmann::json j;
+  j["config"] = {{"steps", c.steps}, {"batch", c.batch}, {"vocab", c.vocab}, {"embed", c.embed}, {"hidden", c.hidden},
+                 {"lag", c.lag}, {"k", c.k}, {"window", c.window}, {"trainer_k", c.trainer_k}, {"lr", c.lr},
+                 {"clip", c.clip}, {"budget", c.budget}, {"seed", c.seed}};
+  j["memory"] = {{"segtape", kArenaSource},
+                 {"libtorch", r.libtorch_built ? r.libtorch_memory : r.libtorch_note}};
+  j["anomaly_mode"] = {{"loop", "agent Trainer, recall, tbptt:" + std::to_string(c.trainer_k)},
+                       {"us_per_step_off", r.anomaly.us_off},
+                       {"us_per_step_on", r.anomaly.us_on},
+                       {"cost_percent", r.anomaly.percent()}};
+  nlohmann::json cs = nlohmann::json::array();
+  for (const CaseResult& x : r.results) {
+    const CaseInfo& i = info(x.id);
+    nlohmann::json e = {{"case", i.name}, {"label", label(x.id, c)}, {"pitfall", i.pitfall}, {"summary", i.summary}, {"remedy", i.remedy}};
+    e["segtape"] = summary_json(x.segtape, c.budget, "not run");
+    e["segtape"]["policy"] = i.pitfall ? "teaching (TapeOptions{.grow = true})" : "strict (segment_budget = budget)";
+    if (i.pitfall) e["segtape_strict_policy_error"] = error_json(x.strict);
+    if (i.backward_every_step) e["segtape_without_retain_graph_error"] = error_json(x.no_retain);
+    e["libtorch"] = summary_json(x.libtorch, c.budget, r.libtorch_note);
+    cs.push_back(e);
+  }
+  j["cases"] = cs;
+  return j.dump(2) + "\n";
+}
+
+std::string to_svg(const LabReport& r) {
+  // KiB on a plain log axis: decade ticks (100, 1000, 10000 KiB) read better
+  // here than the byte axis's powers of 1024 over four decades.
+  Panel st{"segtape: segment arena after each step (pitfalls: teaching policy; fixes: strict)", "step", "KiB", {}, true, false};
+  Panel lt{r.libtorch_built ? "LibTorch: live CPU tensor bytes after each step (counting allocator), same model and data"
+                            : r.libtorch_note,
+           "step", "KiB", {}, true, false};
+  if (r.libtorch_built && r.libtorch_memory.rfind("RSS", 0) == 0) lt.title = "LibTorch: process RSS after each step (allocator not installed)";
+  for (const CaseResult& c : r.results) {
+    for (auto [t, p] : {std::pair{&c.segtape, &st}, std::pair{&c.libtorch, &lt}}) {
+      if (t->engine.empty()) continue;
+      Series s{label(c.id, r.config), {}, {}};
+      for (size_t i = 0; i < t->step.size(); ++i) s.x.push_back(double(t->step[i])), s.y.push_back(t->bytes[i] / 1024);
+      p->series.push_back(std::move(s));
+    }
+  }
+  return render_svg({st, lt}, 1000, 420);
+}
+
+std::string table(const LabReport& r) {
+  const LabConfig& c = r.config;
+  std::string s;
+  char b[512];
+  std::snprintf(b, sizeof b, "retention lab: B=%ld vocab=%ld embed=%ld H=%ld, %ld steps, lag %ld, K=%ld, budget %s\n", c.batch, c.vocab,
+                c.embed, c.hidden, c.steps, c.lag, c.k, format_bytes(c.budget).c_str());
+  s += b;
+  s += "memory: segtape = segment arena bytes in use; libtorch = " +
+       (r.libtorch_built ? r.libtorch_memory : r.libtorch_note) + "\n\n";
+  std::snprintf(b, sizeof b, "%-24s | %-31s | %-31s | %-15s | %s\n", "case", "segtape: B/step  peak   ms/step", "libtorch: B/step  peak  ms/step",
+                "over budget at", "strict policy (segtape)");
+  s += b;
+  s += std::string(24, '-') + "-+-" + std::string(31, '-') + "-+-" + std::string(31, '-') + "-+-" + std::string(15, '-') + "-+-" +
+       std::string(30, '-') + "\n";
+  auto cell = [&](const Trace& t) -> std::string {
+    if (t.engine.empty()) return "not run";
+    const Summary m = summarise(t, c.budget);
+    char x[96];
+    std::snprintf(x, sizeof x, "%9s %9s %4.2f>%-5.2f", signed_bytes(m.bytes_per_step).c_str(), format_bytes(size_t(m.bytes_peak)).c_str(),
+                  m.ms_start, m.ms_end);
+    return x;
+  };
+  auto over = [&](const Trace& t) -> std::string {
+    if (t.engine.empty()) return "-";
+    const Summary m = summarise(t, c.budget);
+    if (m.budget_step < 0) return "never";
+    return (m.budget_extrapolated ? "~" : "") + num(m.budget_step);
+  };
+  for (const CaseResult& x : r.results) {
+    std::string strict = "-";
+    if (info(x.id).pitfall)
+      strict = x.strict.error.empty() ? "no error (fits the budget)"
+                                      : x.strict.error_type + " at step " + std::to_string(x.strict.error_step);
+    if (!info(x.id).pitfall && !x.segtape.error.empty()) strict = "FAILED: " + x.segtape.error_type;
+    if (!info(x.id).pitfall && x.segtape.error.empty()) strict = "fits (peak " + format_bytes(size_t(*std::max_element(x.segtape.segment_peaks.begin(), x.segtape.segment_peaks.end()))) + ")";
+    std::snprintf(b, sizeof b, "%-24s | %-31s | %-31s | %6s / %-6s | %s\n", label(x.id, c).c_str(), cell(x.segtape).c_str(),
+                  cell(x.libtorch).c_str(), over(x.segtape).c_str(), over(x.libtorch).c_str(), strict.c_str());
+    s += b;
+  }
+  s += "\nB/step: least-squares slope of bytes vs step; ms/step: first 10% > last 10% of steps; over budget at: step at which\n"
+       "the budget is exceeded (segtape / libtorch; ~ extrapolated from the fit).\n";
+  std::snprintf(b, sizeof b, "anomaly mode on the agent loop (Trainer, tbptt:%ld): %.1f us/step off, %.1f us/step on (%+.1f%%)\n",
+                c.trainer_k, r.anomaly.us_off, r.anomaly.us_on, r.anomaly.percent());
+  s += b;
+  return s;
+}
+
+}  // namespace segtape::agent::retention

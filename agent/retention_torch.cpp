@@ -1,0 +1,257 @@
+// The retention lab on LibTorch: the same pitfalls and fixes as
+// agent/retention.cpp, written the way a PyTorch user writes them, with the
+// same model (segtape's initial weights, copied by name), sizes and data.
+// Memory is LibTorch's live CPU tensor bytes, counted by our own allocator
+// installed in front of the default one (agent/torch_memory.h); if that
+// cannot be installed, the process RSS, and the output says which.
+// Compiled into the segtape program only when LibTorch was found.
+#include <torch/torch.h>
+
+#include <chrono>
+
+#include "segtape/agent/env.h"
+#include "segtape/agent/retention.h"
+#include "segtape/agent/trainer.h"
+#include "torch_memory.h"
+
+namespace segtape::agent::retention {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Memory {
+  bool counting = false;
+  std::string source;
+  double live() const {
+    return counting ? double(torch_memory::CountingAllocator::stats().live.load()) : double(resident_bytes());
+  }
+  double peak() const {
+    return counting ? double(torch_memory::CountingAllocator::stats().peak.load()) : double(resident_bytes());
+  }
+  void reset_peak() const {
+    if (counting) torch_memory::CountingAllocator::reset_peak();
+  }
+};
+
+const Memory& memory() {
+  static const Memory m = [] {
+    Memory m;
+    try {
+      const c10::Allocator* ours = &torch_memory::install();  // before asking which one is in place
+      m.counting = c10::GetCPUAllocator() == ours;
+    } catch (const std::exception&) {
+      m.counting = false;
+    }
+    m.source = m.counting
+                   ? "libtorch: live bytes of CPU tensor storage after the step, counted by an allocator of our own installed "
+                     "with c10::SetCPUAllocator in front of LibTorch's default one (allocator statistics of our own; "
+                     "autograd's graph nodes live on the C++ heap and are not counted)"
+                   : "RSS: the process resident set size after the step (the counting allocator could not be installed)";
+    // One intra-op thread: these tensors are far too small to split, and segtape runs single-threaded too.
+    torch::set_num_threads(1);
+    return m;
+  }();
+  return m;
+}
+
+// Embedding -> GRUCell -> Linear head (or window mode's compress layer), plus
+// pitfall 4's ctx layer: PyTorch's names, segtape's initial values.
+struct Net : torch::nn::Module {
+  torch::nn::Embedding encoder{nullptr};
+  torch::nn::GRUCell gru{nullptr};
+  torch::nn::Linear compress{nullptr}, head{nullptr}, ctx{nullptr};
+
+  Net(const LabConfig& c, bool window) {
+    encoder = register_module("encoder", torch::nn::Embedding(c.vocab, c.embed));
+    if (window) compress = register_module("compress", torch::nn::Linear(c.window * c.embed, c.hidden));
+    else gru = register_module("gru", torch::nn::GRUCell(c.embed, c.hidden));
+    head = register_module("head", torch::nn::Linear(c.hidden, c.vocab));
+    ctx = register_module("ctx", torch::nn::Linear(c.embed, c.hidden));
+    torch::NoGradGuard ng;
+    auto params = named_parameters();
+    for (const NamedValues& v : initial_weights(c, window)) {
+      torch::Tensor* p = params.find(v.name);
+      if (!p || p->sizes() != torch::IntArrayRef(v.shape))
+        throw Error("retention (libtorch): parameter '" + v.name + "' is missing or has another shape than segtape's");
+      p->copy_(torch::from_blob(const_cast<float*>(v.values.data()), v.shape, torch::kFloat32));
+    }
+    // Gradients exist from the start (as segtape's persistent ones do), so the
+    // baseline counts them and the curves show only what the loop retains.
+    for (torch::Tensor& p : parameters()) p.mutable_grad() = torch::zeros_like(p);
+  }
+};
+
+// In-step checkpointing of the GRU cell: forward runs without recording
+// (a custom Function's forward records nothing) and saves only its inputs;
+// backward recomputes the cell with grad enabled and differentiates it.
+// torch.utils.checkpoint has no C++ counterpart in LibTorch 1.13; this is
+// what it does, for one op.
+struct CheckpointedGru : torch::autograd::Function<CheckpointedGru> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& h,
+                               const torch::Tensor& w_ih, const torch::Tensor& w_hh, const torch::Tensor& b_ih,
+                               const torch::Tensor& b_hh) {
+    ctx->save_for_backward({x, h, w_ih, w_hh, b_ih, b_hh});
+    return torch::gru_cell(x, h, w_ih, w_hh, b_ih, b_hh);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
+    const auto saved = ctx->get_saved_variables();
+    torch::AutoGradMode enable(true);
+    std::vector<torch::Tensor> in, wanted;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      in.push_back(saved[i].detach().requires_grad_(ctx->needs_input_grad(i)));
+      if (ctx->needs_input_grad(i)) wanted.push_back(in.back());
+    }
+    const torch::Tensor y = torch::gru_cell(in[0], in[1], in[2], in[3], in[4], in[5]);
+    const auto grads = torch::autograd::grad({y}, wanted, {g[0]});
+    torch::autograd::variable_list out(saved.size());
+    for (size_t i = 0, j = 0; i < saved.size(); ++i)
+      if (ctx->needs_input_grad(i)) out[i] = grads[j++];
+    return out;
+  }
+};
+
+struct Run {
+  const LabConfig& cfg;
+  Trace& tr;
+  const Memory& mem;
+  const Episode ep;
+  double base = 0;
+
+  torch::Tensor tokens(int64_t t) const { return at(ep.tokens, t); }
+  torch::Tensor targets(int64_t t) const { return at(ep.targets, t); }
+  torch::Tensor at(const std::vector<int64_t>& v, int64_t t) const {
+    // A view of the episode's memory: no tensor allocation to count.
+    return torch::from_blob(const_cast<int64_t*>(v.data()) + t * cfg.batch, {cfg.batch}, torch::kLong);
+  }
+  void row(int64_t t, Clock::time_point start) {
+    tr.step.push_back(t);
+    tr.bytes.push_back(mem.live() - base);
+    tr.seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+};
+
+torch::Tensor ce(const torch::Tensor& logits, const torch::Tensor& y) {
+  return torch::nn::functional::cross_entropy(logits, y, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kNoTarget));
+}
+
+void pitfall(Case c, Run& r) {
+  const LabConfig& cfg = r.cfg;
+  Net net(cfg, false);
+  torch::optim::SGD opt(net.parameters(), torch::optim::SGDOptions(cfg.lr));
+  const bool every_step = info(c).backward_every_step;
+  r.base = r.mem.live();
+  torch::Tensor h = torch::zeros({cfg.batch, cfg.hidden});
+  torch::Tensor loss, history;
+  std::vector<torch::Tensor> kept_logits;  // pitfall 3's buffer
+  for (int64_t t = 0; t < cfg.steps; ++t) {
+    const auto start = Clock::now();
+    torch::Tensor e = net.encoder(r.tokens(t));
+    torch::Tensor logits;
+    if (c == Case::GrowingContext) {
+      history = t ? torch::cat({history, e.unsqueeze(0)}, 0) : e.unsqueeze(0);  // [t + 1, B, E]
+      logits = net.head(torch::tanh(net.ctx(history.mean(0))));
+    } else {
+      if (c == Case::DetachInputOnly) e = e.detach();
+      h = c == Case::Checkpoint ? CheckpointedGru::apply(e, h, net.gru->weight_ih, net.gru->weight_hh, net.gru->bias_ih, net.gru->bias_hh)
+                                : net.gru(e, h);
+      logits = net.head(h);
+    }
+    if (c == Case::LogitsBuffer) kept_logits.push_back(logits);
+    if (r.ep.has_target(t)) {
+      torch::Tensor l = ce(logits, r.targets(t));
+      if (every_step) {
+        l.backward({}, /*retain_graph=*/true);
+        if (c == Case::ClipGrad) torch::nn::utils::clip_grad_norm_(net.parameters(), cfg.clip);
+      } else {
+        loss = loss.defined() ? loss + l : l;
+      }
+    }
+    if (c == Case::LogitsBuffer && (t + 1) % cfg.k == 0) {
+      if (loss.defined()) loss.backward(), opt.step(), opt.zero_grad();
+      loss = torch::Tensor();
+      h = h.detach();
+    }
+    if (t + 1 == cfg.steps) {
+      if (loss.defined()) loss.backward();
+      opt.step();
+      opt.zero_grad();
+      if (c == Case::LogitsBuffer) (void)torch::stack(kept_logits).argmax(-1);  // what the buffer was for
+    }
+    r.row(t, start);
+  }
+}
+
+void fix(Case c, Run& r) {
+  const LabConfig& cfg = r.cfg;
+  const bool window = c == Case::Window, trainer = c == Case::GruState;
+  Net net(cfg, window);
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (trainer) opt = std::make_unique<torch::optim::Adam>(net.parameters(), torch::optim::AdamOptions(3e-3));  // the Trainer's
+  else opt = std::make_unique<torch::optim::SGD>(net.parameters(), torch::optim::SGDOptions(cfg.lr));
+  const int64_t K = c == Case::Detach ? 1 : trainer ? cfg.trainer_k : cfg.k;
+  // Adam allocates its moments at its first step; take that step now, on zero
+  // gradients (a no-op update), so the baseline holds them as segtape's
+  // persistent pool does.
+  opt->step();
+  r.base = r.mem.live();
+  torch::Tensor h = torch::zeros({cfg.batch, cfg.hidden});
+  std::vector<torch::Tensor> ring;  // window: the last N - 1 embeddings as values
+  for (int64_t i = 0; window && i + 1 < cfg.window; ++i) ring.push_back(torch::zeros({cfg.batch, cfg.embed}));
+  for (int64_t t0 = 0; t0 < cfg.steps; t0 += K) {
+    r.mem.reset_peak();
+    torch::Tensor loss;
+    const int64_t n = std::min(K, cfg.steps - t0);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = t0 + i;
+      const auto start = Clock::now();
+      torch::Tensor e = net.encoder(r.tokens(t));
+      torch::Tensor f;
+      if (window) {
+        std::vector<torch::Tensor> parts(ring.begin(), ring.end());
+        parts.push_back(e);
+        f = torch::tanh(net.compress(torch::cat(parts, 1)));
+        if (!ring.empty()) ring.erase(ring.begin()), ring.push_back(e.detach());
+      } else {
+        h = net.gru(e, c == Case::NogradHistory ? h.detach() : h);
+        f = h;
+      }
+      torch::Tensor logits = net.head(f);
+      if (r.ep.has_target(t)) {
+        torch::Tensor l = ce(logits, r.targets(t));
+        loss = loss.defined() ? loss + l : l;
+      }
+      if (i + 1 == n && loss.defined()) {
+        loss.backward();
+        if (trainer) torch::nn::utils::clip_grad_norm_(net.parameters(), 1.0);
+        opt->step();
+        opt->zero_grad();
+      }
+      r.row(t, start);
+    }
+    h = h.detach();  // the TBPTT boundary
+    r.tr.segment_peaks.push_back(r.mem.peak() - r.base);
+  }
+}
+
+}  // namespace
+
+Trace run_libtorch(Case c, const LabConfig& cfg) {
+  cfg.validate();
+  const Memory& mem = memory();
+  Trace tr;
+  tr.engine = "libtorch";
+  tr.id = c;
+  tr.memory_source = mem.source;
+  Run r{cfg, tr, mem, make_episode(cfg)};
+  try {
+    if (info(c).pitfall) pitfall(c, r);
+    else fix(c, r);
+  } catch (const c10::Error& e) {  // a LibTorch refusal is a result too
+    tr.error_type = "c10::Error";
+    tr.error = e.what_without_backtrace();
+    tr.error_step = tr.step.empty() ? 0 : tr.step.back() + 1;
+  }
+  return tr;
+}
+
+}  // namespace segtape::agent::retention
