@@ -8,7 +8,7 @@ SEGTAPE_JOBS=${SEGTAPE_JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 # Debian packages segtape builds against (docs/design.md says why each is there).
 SEGTAPE_DEBS_BUILD=(build-essential cmake libopenblas-dev nlohmann-json3-dev libcli11-dev libfmt-dev)
-SEGTAPE_DEBS_TEST=(libgtest-dev libbenchmark-dev libtorch-dev python3 python3-pip clang libclang-rt-14-dev)
+SEGTAPE_DEBS_TEST=(libgtest-dev libbenchmark-dev libtorch-dev python3 python3-pip clang libclang-rt-14-dev clang-tidy)
 
 segtape_missing_debs() {
   local p
@@ -46,6 +46,116 @@ segtape_install_pytest_deps() {
 }
 
 segtape_configure_build() {
-  cmake -S "$SEGTAPE_ROOT" -B "$SEGTAPE_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  cmake -S "$SEGTAPE_ROOT" -B "$SEGTAPE_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "$@" >/dev/null
   cmake --build "$SEGTAPE_BUILD" -j "$SEGTAPE_JOBS"
+}
+
+# ---- Hardening stages (docs/hardening.md), run by tests/run.sh --sanitize /
+# --fuzz / --tidy and all three in CI. Each returns non-zero on a finding.
+
+SEGTAPE_SANITIZE_BUILD=${SEGTAPE_SANITIZE_BUILD:-$SEGTAPE_ROOT/build-asan}
+SEGTAPE_FUZZ_BUILD=${SEGTAPE_FUZZ_BUILD:-$SEGTAPE_ROOT/build-fuzz}
+
+# The sanitizer build: engine, nn, agent and the tests with AddressSanitizer
+# (leaks included) and UndefinedBehaviorSanitizer; no LibTorch (it is not
+# built with ASan), no CUDA, no benchmarks.
+segtape_sanitize_configure() {
+  cmake -S "$SEGTAPE_ROOT" -B "$SEGTAPE_SANITIZE_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DSEGTAPE_SANITIZE=address,undefined -DSEGTAPE_WITH_TORCH=OFF -DSEGTAPE_WITH_CUDA=OFF \
+    -DSEGTAPE_BUILD_BENCH=OFF -DSEGTAPE_NATIVE=ON -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null || return 1
+}
+
+# Every CPU test (not `parity`: LibTorch; not GPU tests) under the sanitizers.
+segtape_sanitize() {
+  # (|| return: errexit is off inside a function called from `f || ...`)
+  segtape_sanitize_configure || return 1
+  cmake --build "$SEGTAPE_SANITIZE_BUILD" -j "$SEGTAPE_JOBS" || return 1
+  (cd "$SEGTAPE_SANITIZE_BUILD" &&
+    ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1 \
+    UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 LSAN_OPTIONS=report_objects=1 \
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
+    ctest --output-on-failure -j "$SEGTAPE_JOBS" -LE 'parity|cuda|gpu' "$@")
+}
+
+# The safetensors parser's libFuzzer target, built with clang (ASan + UBSan),
+# run for SECONDS on a copy of tests/fuzz/corpus (the committed corpus is
+# never written). A crash leaves its input in build-fuzz/artifacts/: add it to
+# tests/fuzz/corpus as a regression seed and fix the parser.
+segtape_fuzz() {
+  local seconds=${1:-60} cxx
+  cxx=$(command -v clang++-14 || command -v clang++ || true)
+  if [[ -z "$cxx" ]]; then
+    echo "segtape: fuzz: clang++ not found (apt-get install clang libclang-rt-14-dev)" >&2
+    return 1
+  fi
+  local dir=$SEGTAPE_FUZZ_BUILD bin=$SEGTAPE_FUZZ_BUILD/safetensors_fuzz
+  mkdir -p "$dir"
+  local src
+  for src in tests/fuzz/safetensors_fuzz.cpp nn/safetensors.cpp nn/include/segtape/nn/safetensors.h engine/include/segtape/error.h; do
+    [[ "$SEGTAPE_ROOT/$src" -nt "$bin" ]] && rm -f "$bin"
+  done
+  if [[ ! -x "$bin" ]]; then
+    local flags=(-std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+                 -I"$SEGTAPE_ROOT/engine/include" -I"$SEGTAPE_ROOT/nn/include")
+    "$cxx" "${flags[@]}" -c "$SEGTAPE_ROOT/tests/fuzz/safetensors_fuzz.cpp" -o "$dir/fuzz.o" &
+    local pid=$!
+    "$cxx" "${flags[@]}" -c "$SEGTAPE_ROOT/nn/safetensors.cpp" -o "$dir/safetensors.o" || { wait $pid; return 1; }
+    wait $pid || return 1
+    "$cxx" "${flags[@]}" "$dir/fuzz.o" "$dir/safetensors.o" -o "$bin" || return 1
+  fi
+  rm -rf "$dir/corpus" "$dir/artifacts"
+  cp -r "$SEGTAPE_ROOT/tests/fuzz/corpus" "$dir/corpus" || return 1
+  mkdir -p "$dir/artifacts"
+  if ! "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+       -artifact_prefix="$dir/artifacts/" "$dir/corpus" >"$dir/fuzz.log" 2>&1; then
+    tail -n 60 "$dir/fuzz.log" >&2
+    echo "segtape: fuzz: the safetensors parser failed; the input is in $dir/artifacts/" >&2
+    return 1
+  fi
+  echo "segtape: fuzz: $(grep -o 'number_of_executed_units: *[0-9]*' "$dir/fuzz.log" | grep -o '[0-9]*$') executions in ${seconds} s, no crash (log: $dir/fuzz.log)"
+}
+
+# clang-tidy (.clang-tidy) over engine/, nn/ and agent/ sources, with the
+# main build's compilation database (every source it compiles, CUDA host code
+# included; .cu files are nvcc's). Findings are compared with
+# cmake/clang-tidy-baseline.txt (known findings in code awaiting its owner's
+# fix, "path: check" per finding): a finding not in it fails.
+# agent/retention_torch.cpp is left out: it is LibTorch glue, and parsing
+# LibTorch's headers takes clang-tidy ~100 s of a 2-core CI run
+# (SEGTAPE_TIDY_SKIP='' puts it back).
+SEGTAPE_TIDY_SKIP=${SEGTAPE_TIDY_SKIP-'agent/retention_torch\.cpp'}
+segtape_tidy() {
+  local runner
+  runner=$(command -v run-clang-tidy-14 || command -v run-clang-tidy || true)
+  if [[ -z "$runner" ]]; then
+    echo "segtape: tidy: run-clang-tidy not found (apt-get install clang-tidy)" >&2
+    return 1
+  fi
+  if [[ ! -f "$SEGTAPE_BUILD/compile_commands.json" ]]; then
+    cmake -S "$SEGTAPE_ROOT" -B "$SEGTAPE_BUILD" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null || return 1
+  fi
+  local log=$SEGTAPE_BUILD/clang-tidy.log found=$SEGTAPE_BUILD/clang-tidy-findings.txt files
+  files=$(grep -cE "\"file\": \"$SEGTAPE_ROOT/(engine|nn|agent)/.*\.cpp\"" "$SEGTAPE_BUILD/compile_commands.json" || true)
+  if [[ "${files:-0}" -eq 0 ]]; then
+    echo "segtape: tidy: no engine/nn/agent sources in $SEGTAPE_BUILD/compile_commands.json" >&2
+    return 1
+  fi
+  # (GCC compiles segtape: its -W options and #pragma GCC are unknown to clang, not findings.)
+  "$runner" -p "$SEGTAPE_BUILD" -j "$SEGTAPE_JOBS" -quiet \
+    -extra-arg=-Wno-unknown-warning-option -extra-arg=-Wno-unknown-pragmas \
+    "^$SEGTAPE_ROOT/${SEGTAPE_TIDY_SKIP:+(?!($SEGTAPE_TIDY_SKIP)\$)}(engine|nn|agent)/.*\.cpp\$" >"$log" 2>&1 || true
+  sed 's/\x1b\[[0-9;]*m//g' "$log" |
+    grep -E "^$SEGTAPE_ROOT/.*:[0-9]+:[0-9]+: (warning|error): .*\[[^]]+\]$" |
+    sed -E 's/,-warnings-as-errors\]$/]/' | sort -u |
+    sed -E "s#^$SEGTAPE_ROOT/##; s#^([^:]+):[0-9]+:[0-9]+: .*\[([^],]+)[^]]*\]\$#\1: \2#" | sort >"$found"
+  local baseline=$SEGTAPE_ROOT/cmake/clang-tidy-baseline.txt new gone
+  new=$(comm -23 "$found" <(grep -v '^#' "$baseline" 2>/dev/null | sed '/^$/d' | sort) || true)
+  gone=$(comm -13 "$found" <(grep -v '^#' "$baseline" 2>/dev/null | sed '/^$/d' | sort) || true)
+  echo "segtape: tidy: $files sources in the build (SEGTAPE_TIDY_SKIP aside), $(wc -l <"$found") findings, $(grep -v '^#' "$baseline" 2>/dev/null | sed '/^$/d' | wc -l) known (cmake/clang-tidy-baseline.txt); log: $log"
+  [[ -z "$gone" ]] || printf 'segtape: tidy: fixed, remove from the baseline:\n%s\n' "$gone"
+  if [[ -n "$new" ]]; then
+    printf 'segtape: tidy: new findings (fix them, or NOLINT(check) a false positive with a reason):\n%s\n' "$new" >&2
+    grep -F -f <(echo "$new" | cut -d: -f1 | sort -u) <(sed 's/\x1b\[[0-9;]*m//g' "$log") | grep -E "(warning|error):" >&2 || true
+    return 1
+  fi
 }

@@ -1,0 +1,22 @@
+# Long-run and packaging checks (docs/hardening.md), run by ctest like the rest:
+#   soak     tests/soak.sh: `segtape train` for many steps keeps RSS and the
+#            segment high-water flat (from metrics.csv)
+#   soak     tests/kill_test.sh: SIGKILL during checkpoint writes never leaves an
+#            unloadable checkpoint; --resume ends bit-identical to an unbroken run
+#   package  tests/package/test.sh: cmake --install, then find_package(segtape)
+#            from an out-of-tree project
+# Not in a sanitizer build: these time the real program (an instrumented one
+# is 2-3x slower and its RSS is ASan's shadow memory), and an instrumented
+# install cannot be linked by the uninstrumented consumer project.
+if(TARGET segtape AND NOT SEGTAPE_SANITIZE)
+  set(SEGTAPE_SOAK_STEPS 100000 CACHE STRING "Steps of the ctest soak (tests/soak.sh)")
+  set(SEGTAPE_KILLS 20 CACHE STRING "SIGKILLs of the ctest kill test (tests/kill_test.sh)")
+  add_test(NAME soak COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/soak.sh ${SEGTAPE_SOAK_STEPS} $<TARGET_FILE:segtape>)
+  add_test(NAME kill_during_checkpoint COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/kill_test.sh ${SEGTAPE_KILLS} $<TARGET_FILE:segtape>)
+  set_tests_properties(soak kill_during_checkpoint PROPERTIES LABELS soak TIMEOUT 600
+                       ENVIRONMENT "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1")
+  # The longest test (~30 s, mostly waiting): started first, it overlaps the rest.
+  set_tests_properties(kill_during_checkpoint PROPERTIES COST 1000)
+  add_test(NAME package COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/package/test.sh ${PROJECT_BINARY_DIR})
+  set_tests_properties(package PROPERTIES LABELS package TIMEOUT 600)
+endif()

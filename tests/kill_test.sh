@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# SIGKILL `segtape train` at random moments while it writes checkpoints (one
+# every 32 steps, so most of its time is spent writing them), KILLS times;
+# every other kill is aimed at a write in progress (its temporary file exists).
+# After every kill the checkpoint on disk must load (`segtape eval`); then
+# `--resume` runs to the end, and the final checkpoint must be byte-identical
+# to that of a run that was never interrupted (resume is bit-exact on CPU).
+# Usage: tests/kill_test.sh [KILLS] [SEGTAPE_BIN]   (default 20; ctest label `soak`)
+# SEGTAPE_KILL_SEED fixes the random delays (printed on every run).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+kills=${1:-20}
+bin=${2:-${SEGTAPE_BIN:-${SEGTAPE_BUILD:-$root/build}/agent/segtape}}
+[[ -x "$bin" ]] || { echo "kill_test: no segtape program at $bin (build first, or pass its path)" >&2; exit 1; }
+seed=${SEGTAPE_KILL_SEED:-$(( $(date +%s) % 32768 ))}
+RANDOM=$seed
+export OPENBLAS_NUM_THREADS=1
+work=$(mktemp -d "${TMPDIR:-/tmp}/segtape-kill.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+steps=960000  # far more than 20 attempts get through: the run must outlast the kills
+args=(--env recall --history tbptt:32 --steps "$steps" --batch 4 --hidden 32 --seed 5 --eval-steps 32)
+run="$work/run" ck="$work/run/checkpoint.safetensors"
+
+# How long the program takes to start (it may load LibTorch): delays are drawn after that.
+startup_ms=100000
+for _ in 1 2 3; do
+  t0=$(date +%s%N); "$bin" --version >/dev/null; ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  (( ms < startup_ms )) && startup_ms=$ms
+done
+
+# The same run, never interrupted (checkpointed at its default interval only), alongside.
+"$bin" train "${args[@]}" --out "$work/straight" >"$work/straight.log" 2>&1 &
+straight_pid=$!
+
+killed=0 attempts=0 finished=0 evals=()
+while (( killed < kills )); do
+  if [[ -f "$ck" ]]; then
+    "$bin" train --resume "$run" --checkpoint-every 32 >"$work/log" 2>&1 &
+  else  # killed before its first checkpoint: start again
+    "$bin" train "${args[@]}" --checkpoint-every 32 --out "$run" --force >"$work/log" 2>&1 &
+  fi
+  pid=$!
+  attempts=$(( attempts + 1 ))
+  delay_ms=$(( startup_ms + RANDOM % 400 ))
+  sleep "$(( delay_ms / 1000 )).$(printf %03d $(( delay_ms % 1000 )))"
+  if (( attempts % 2 == 0 )); then
+    # Every other kill is aimed: wait for this process's next temporary
+    # checkpoint file to appear (a write under way), then kill at once.
+    for (( spin = 0; spin < 200000; spin++ )); do
+      compgen -G "$run/.checkpoint.safetensors.tmp.$pid.*" >/dev/null && break
+      kill -0 "$pid" 2>/dev/null || break
+    done
+  fi
+  if kill -KILL "$pid" 2>/dev/null; then
+    wait "$pid" 2>/dev/null || true
+    killed=$(( killed + 1 ))
+  else
+    wait "$pid" || { cat "$work/log" >&2; echo "kill_test: segtape train failed (seed $seed)" >&2; exit 1; }
+    finished=1
+    break
+  fi
+  # What the kill left must load: a copy is evaluated while the run goes on.
+  if [[ -f "$ck" ]]; then
+    cp "$ck" "$work/after-kill-$killed.safetensors"
+    "$bin" eval --checkpoint "$work/after-kill-$killed.safetensors" --steps 32 >"$work/eval-$killed.log" 2>&1 &
+    evals+=("$!:$killed:$delay_ms")
+  fi
+done
+for e in "${evals[@]}"; do
+  IFS=: read -r epid k ms <<<"$e"
+  if ! wait "$epid"; then
+    cat "$work/eval-$k.log" >&2
+    cp "$work/after-kill-$k.safetensors" "${TMPDIR:-/tmp}/segtape-kill-unloadable.safetensors" 2>/dev/null || true
+    echo "kill_test: after kill $k (at $ms ms) the checkpoint does not load (seed $seed; kept in ${TMPDIR:-/tmp}/segtape-kill-unloadable.safetensors)" >&2
+    exit 1
+  fi
+done
+# A kill between creating the temporary file and renaming it leaves the
+# temporary behind (the old checkpoint stays in place): count those.
+mid_write=$(find "$run" -name '.checkpoint.safetensors.tmp.*' | wc -l)
+if (( ! finished )); then
+  # (checkpoints only every 3200 steps from here: that does not change the result, only the time)
+  "$bin" train --resume "$run" --checkpoint-every 3200 >"$work/log" 2>&1 || { cat "$work/log" >&2; echo "kill_test: final --resume failed (seed $seed)" >&2; exit 1; }
+fi
+
+wait "$straight_pid" || { cat "$work/straight.log" >&2; echo "kill_test: the unbroken run failed" >&2; exit 1; }
+if ! cmp -s "$ck" "$work/straight/checkpoint.safetensors"; then
+  echo "kill_test: the resumed run's final checkpoint differs from the unbroken run's (seed $seed)" >&2
+  exit 1
+fi
+echo "kill_test: $killed SIGKILLs in $attempts starts (seed $seed, start-up ${startup_ms} ms), $mid_write of them mid-write" \
+     "(temporary file left, checkpoint intact); ${#evals[@]} checkpoints left by kills, every one loaded; the resumed run's final checkpoint is" \
+     "byte-identical to an unbroken run's"
+(( killed == kills )) || { echo "kill_test: the run ended after only $killed kills: raise steps" >&2; exit 1; }
