@@ -138,7 +138,7 @@ class Dialogue final : public Env {
   void observe(std::span<int64_t>, std::span<float> vec) const override {
     for (int64_t b = 0; b < batch_; ++b) {
       const float* e = table_.data() + msg(b) * D_;
-      nn::Rng jitter(uint64_t(s_[size_t(4 * b + 3)]));
+      nn::Rng jitter{uint64_t(s_[size_t(4 * b + 3)])};
       for (int64_t d = 0; d < D_; ++d)
         vec[size_t(b * D_ + d)] = e[d] + float(0.05 * (jitter.uniform() - 0.5) / std::sqrt(double(D_)));
     }

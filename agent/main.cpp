@@ -189,6 +189,10 @@ int train(TrainArgs& a, CLI::App& cmd) {
   std::vector<Row> rows;
   if (resume) {
     tr.load(out / "checkpoint.safetensors");
+    // A run killed while writing leaves its temporary file; the checkpoint itself is intact.
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(out, ec))
+      if (e.path().filename().string().rfind(".checkpoint.safetensors.tmp", 0) == 0) fs::remove(e.path(), ec);
     rows = read_csv(out / "metrics.csv");
     while (!rows.empty() && rows.back().step > tr.step()) rows.pop_back();
   }
@@ -361,7 +365,7 @@ int retention_lab(RetentionArgs& a) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run_cli(int argc, char** argv) {
   CLI::App app{"segtape: recurrent agents with fixed memory per segment (truncated BPTT as the structure of the engine)"};
   app.set_version_flag("--version", std::string("segtape ") + SEGTAPE_VERSION);
   app.require_subcommand(1);
@@ -425,8 +429,16 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line, like every other error: what was wrong and where to look.
+    std::fprintf(stderr, "segtape: error: %s (see segtape --help, or segtape train --help)\n", e.what());
+    return e.get_exit_code() ? e.get_exit_code() : 2;
   }
   try {
     if (*tr) return train(ta, *tr);
@@ -437,4 +449,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {  // setting up the parser could throw too (out of memory): never terminate()
+    return run_cli(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "segtape: error: %s\n", e.what());
+    return 2;
+  }
 }

@@ -83,7 +83,7 @@ std::string render_svg(const std::vector<Panel>& panels, int width, int panel_he
       }
     if (!std::isfinite(xlo)) xlo = 0, xhi = 1, ylo = 0, yhi = 1;
     if (xhi == xlo) xhi = xlo + 1;
-    if (yhi == ylo) yhi = ylo + (P.log_y ? 1 : std::max(1.0, std::fabs(ylo) * 0.1)), ylo -= P.log_y ? 0 : 0;
+    if (yhi == ylo) yhi = ylo + (P.log_y ? 1 : std::max(1.0, std::fabs(ylo) * 0.1));
     if (!P.log_y && ylo > 0 && ylo < 0.5 * yhi) ylo = 0;  // anchor at zero when it is near
     const double pad = (yhi - ylo) * 0.05;
     yhi += pad;

@@ -235,7 +235,10 @@ SegmentResult Trainer::run_segment() {
     // One segment for the whole run: the arena keeps every step (teaching).
     if (!full_) full_.emplace(tape_->segment());
     SegmentResult r = env_->spec().supervised ? supervised_segment(*full_, n) : actor_critic_segment(*full_, n);
-    if (done()) full_.reset();
+    if (done()) {  // keep the final state, then end the one segment
+      h_ = full_->carry(h_);
+      full_.reset();
+    }
     return r;
   }
   Segment seg = tape_->segment();

@@ -500,9 +500,19 @@ void Tape::backward(const Tensor& root, const Tensor* seed, bool retain) {
   if (!retain) released_upto_ = std::max(released_upto_, count);
 }
 
-void Segment::backward(const Tensor& loss, BackwardOptions o) { tape_->backward(loss, nullptr, o.retain_graph); }
-void Segment::backward(const Tensor& out, const Tensor& g, BackwardOptions o) { tape_->backward(out, &g, o.retain_graph); }
-Tensor Segment::carry(const Tensor& x) { return tape_->carry(x); }
+namespace {
+Tape& open_tape(Tape* t, const char* what) {
+  if (!t)
+    throw TapeError(std::string(what) + ": this Segment has ended (or was moved from); open a new one with tape.segment()");
+  return *t;
+}
+}  // namespace
+void Segment::backward(const Tensor& loss, BackwardOptions o) { open_tape(tape_, "backward").backward(loss, nullptr, o.retain_graph); }
+void Segment::backward(const Tensor& out, const Tensor& g, BackwardOptions o) {
+  open_tape(tape_, "backward").backward(out, &g, o.retain_graph);
+}
+Tensor Segment::carry(const Tensor& x) { return open_tape(tape_, "carry").carry(x); }
+Tape& Segment::tape() { return open_tape(tape_, "Segment::tape"); }
 void Segment::end() {
   if (tape_) tape_->end_segment();
   tape_ = nullptr;

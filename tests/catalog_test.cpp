@@ -579,17 +579,14 @@ TEST(Catalog, ProgramArgumentsAndPaths) {
   EXPECT_TRUE(ev.exited && ev.code == 0) << ev.err;
 }
 
-// ------------------------------------------------------------ known gaps
+// ------------------------------------------------------------ fixed gaps
 
-// Rows that crash or misbehave today, kept here (disabled, so ctest lists them
-// as "Not Run (Disabled)") until the code they exercise is fixed; then enable
-// them (drop DISABLED_) and move each row into its table above.
-//  - engine/tape.cpp: Segment::carry / backward on an ended or moved-from
-//    Segment dereference a null Tape* (UBSan: "member call on null pointer").
-//  - agent: `segtape train --history full` ends with "segtape: error:
-//    checkpoint save: tensor ... has expired": run_segment() closes the one
-//    segment when the run is done, then train() saves the expired state.
-TEST(Catalog, DISABLED_KnownGaps) {
+// Rows that once crashed or misbehaved (found by this catalog under UBSan):
+//  - Segment::carry / backward on an ended or moved-from Segment dereferenced
+//    a null Tape*; they now raise TapeError.
+//  - `segtape train --history full` failed at its final checkpoint: the state
+//    expired with the one segment; it is now carried out before it ends.
+TEST(Catalog, FormerGaps) {
   Tape tape;
   const Tensor w = tape.parameter({2});
   std::vector<Row> rows = {

@@ -12,7 +12,8 @@
 namespace segtape::cpu {
 
 inline float exp_fast(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
+  // Above ~88.7 the exponent field reaches 255: the result is +Inf, as expf's.
+  x = std::min(std::max(x, -87.0f), 89.0f);
   // n = round(x / ln 2) by truncating conversion (std::floor would block vectorization).
   const float t = x * 1.44269504088896341f;
   const int32_t ni = int32_t(t + (t >= 0.0f ? 0.5f : -0.5f));

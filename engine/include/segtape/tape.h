@@ -221,7 +221,7 @@ class Segment {
   // The copy stays valid through the next segment.
   Tensor carry(const Tensor& x);
   void end();  // the destructor calls it; idempotent
-  Tape& tape() { return *tape_; }
+  Tape& tape();
 
  private:
   friend class Tape;
