@@ -46,40 +46,11 @@ BENCHMARK(BM_sigmoid)->Args({1, 128})->Args({32, 512});
 BENCHMARK(BM_softmax)->Args({1, 128})->Args({32, 512});
 BENCHMARK(BM_matmul)->Args({1, 128})->Args({32, 512});
 
-// One GRU-cell step, forward + backward, segments of K = 32 steps. Time per step.
-void BM_gru_step(benchmark::State& state) {
-  const int64_t B = state.range(0), H = state.range(1), I = 32, K = 32;
-  Tape tape(Device::cpu(), {.segment_budget = 256 << 20});
-  Tensor w_ih = tape.parameter({3 * H, I}), w_hh = tape.parameter({3 * H, H});
-  Tensor b_ih = tape.parameter({3 * H}), b_hh = tape.parameter({3 * H});
-  fill(w_ih, 1), fill(w_hh, 2), fill(b_ih, 3), fill(b_hh, 4);
-  std::vector<float> x(size_t(B * I), 0.1f);
-  Tensor h = tape.persistent({B, H});
-  int64_t steps = 0;
-  for (auto _ : state) {
-    Segment seg = tape.segment();
-    Tensor loss;
-    for (int64_t t = 0; t < K; ++t) {
-      h = gru_cell(tape.from(std::span<const float>(x), {B, I}), h, w_ih, w_hh, b_ih, b_hh);
-      Tensor l = mean(h);
-      loss = t ? add(loss, l) : l;
-    }
-    seg.backward(loss);
-    h = seg.carry(h);
-    steps += K;
-  }
-  state.counters["us_per_step"] = benchmark::Counter(double(steps), benchmark::Counter::kIsRate | benchmark::Counter::kInvert,
-                                                     benchmark::Counter::kIs1000);
-  state.counters["segment_peak_bytes"] = double(tape.stats().last_segment_peak);
-}
-BENCHMARK(BM_gru_step)->Args({1, 128})->Args({32, 512})->Unit(benchmark::kMicrosecond);
-
-// The same step through the module API (nn::GRUCell): it must cost what the raw op costs.
-void BM_gru_step_module(benchmark::State& state) {
-  const int64_t B = state.range(0), H = state.range(1), I = 32, K = 32;
-  Tape tape(Device::cpu(), {.segment_budget = 256 << 20});
-  nn::Rng rng(1);
-  nn::GRUCell cell(tape, rng, I, H);
+// Segments of K = 32 GRU steps, forward + backward, the state carried; `cell`
+// maps (x, h) to the next h. Reports time per step.
+template <class Cell>
+void run_gru_segments(benchmark::State& state, Tape& tape, int64_t B, int64_t I, int64_t H, Cell cell) {
+  constexpr int64_t K = 32;
   std::vector<float> x(size_t(B * I), 0.1f);
   Tensor h = tape.persistent({B, H});
   int64_t steps = 0;
@@ -97,6 +68,27 @@ void BM_gru_step_module(benchmark::State& state) {
   }
   state.counters["us_per_step"] = benchmark::Counter(double(steps), benchmark::Counter::kIsRate | benchmark::Counter::kInvert,
                                                      benchmark::Counter::kIs1000);
+  state.counters["segment_peak_bytes"] = double(tape.stats().last_segment_peak);
+}
+
+// One GRU-cell step through the raw engine op.
+void BM_gru_step(benchmark::State& state) {
+  const int64_t B = state.range(0), H = state.range(1), I = 32;
+  Tape tape(Device::cpu(), {.segment_budget = 256 << 20});
+  Tensor w_ih = tape.parameter({3 * H, I}), w_hh = tape.parameter({3 * H, H});
+  Tensor b_ih = tape.parameter({3 * H}), b_hh = tape.parameter({3 * H});
+  fill(w_ih, 1), fill(w_hh, 2), fill(b_ih, 3), fill(b_hh, 4);
+  run_gru_segments(state, tape, B, I, H, [&](const Tensor& x, const Tensor& h) { return gru_cell(x, h, w_ih, w_hh, b_ih, b_hh); });
+}
+BENCHMARK(BM_gru_step)->Args({1, 128})->Args({32, 512})->Unit(benchmark::kMicrosecond);
+
+// The same step through the module API (nn::GRUCell): it must cost what the raw op costs.
+void BM_gru_step_module(benchmark::State& state) {
+  const int64_t B = state.range(0), H = state.range(1), I = 32;
+  Tape tape(Device::cpu(), {.segment_budget = 256 << 20});
+  nn::Rng rng(1);
+  nn::GRUCell cell(tape, rng, I, H);
+  run_gru_segments(state, tape, B, I, H, [&](const Tensor& x, const Tensor& h) { return cell(x, h); });
 }
 BENCHMARK(BM_gru_step_module)->Args({1, 128})->Args({32, 512})->Unit(benchmark::kMicrosecond);
 

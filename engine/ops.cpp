@@ -318,6 +318,21 @@ Tensor mse_loss(const Tensor& a, const Tensor& b, Reduction r) {
 
 Tensor concat(std::initializer_list<Tensor> parts, int axis) { return concat(std::span<const Tensor>(parts.begin(), parts.size()), axis); }
 
+Tensor concat_rows(std::span<Tensor> v) {
+  if (v.empty()) throw ShapeError("concat_rows: no tensors given");
+  constexpr size_t G = Node::kMaxInputs;
+  size_t n = v.size();
+  while (n > 1) {
+    size_t m = 0;
+    for (size_t i = 0; i < n; i += G) {
+      const size_t k = std::min(G, n - i);
+      v[m++] = k == 1 ? v[i] : concat(std::span<const Tensor>(v.data() + i, k), 0);
+    }
+    n = m;
+  }
+  return v[0];
+}
+
 Tensor concat(std::span<const Tensor> parts, int axis) {
   const char* op = "concat";
   if (parts.empty()) throw ShapeError("concat: no tensors given");
@@ -513,23 +528,6 @@ Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tens
   return out;
 }
 
-namespace {
-// Concatenates v[0, n) along axis 0 into v[0], in place, in groups of at most
-// Node::kMaxInputs (a balanced tree: each element is copied log_6(n) times).
-Tensor concat_rows(std::vector<Tensor>& v, size_t n) {
-  constexpr size_t G = Node::kMaxInputs;
-  while (n > 1) {
-    size_t m = 0;
-    for (size_t i = 0; i < n; i += G) {
-      const size_t k = std::min(G, n - i);
-      v[m++] = k == 1 ? v[i] : concat(std::span<const Tensor>(v.data() + i, k), 0);
-    }
-    n = m;
-  }
-  return v[0];
-}
-}  // namespace
-
 Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
                     const Tensor& b_hh) {
   const char* op = "gru_sequence";
@@ -546,7 +544,7 @@ Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const
     Tensor h = h0;
     for (int64_t s = 0; s < T; ++s)
       steps[size_t(s)] = h = gru_cell(reshape(slice(x, 0, s, 1), {B, I}), h, w_ih, w_hh, b_ih, b_hh);
-    return reshape(concat_rows(steps, size_t(T)), {T, B, H});
+    return reshape(concat_rows(std::span<Tensor>(steps.data(), size_t(T))), {T, B, H});
   }
   // Device: one node; the backend allocates cuDNN's weight and reserve space
   // in the arena (n.saved, counted in n.bytes) when a gradient is wanted.

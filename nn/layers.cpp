@@ -33,22 +33,6 @@ void fill_normal(const Tensor& t, Rng& rng) {
 
 std::string dims(int64_t a, int64_t b) { return "(" + std::to_string(a) + ", " + std::to_string(b) + ")"; }
 
-// Concatenates v[0, n) along axis 0 into v[0], in place. The engine's concat
-// takes at most Node::kMaxInputs parts per node; a balanced tree of groups
-// copies each element log_6(n) times, where a left fold would copy O(n^2).
-Tensor concat_rows(std::vector<Tensor>& v, size_t n) {
-  constexpr size_t G = Node::kMaxInputs;
-  while (n > 1) {
-    size_t m = 0;
-    for (size_t i = 0; i < n; i += G) {
-      const size_t k = std::min(G, n - i);
-      v[m++] = k == 1 ? v[i] : concat(std::span<const Tensor>(v.data() + i, k), 0);
-    }
-    n = m;
-  }
-  return v[0];
-}
-
 }  // namespace
 
 // ---- Linear
@@ -154,7 +138,7 @@ GRU::Output GRU::forward(const Tensor& x, const Tensor& h0) {
       seq = gru_sequence(seq, h, L.weight_ih, L.weight_hh, L.bias_ih, L.bias_hh);  // [T, B, H]
       last_[size_t(l)] = reshape(slice(seq, 0, T - 1, 1), {B, H});
     }
-    return {seq, reshape(concat_rows(last_, size_t(num_layers)), {num_layers, B, H})};
+    return {seq, reshape(concat_rows(std::span<Tensor>(last_.data(), size_t(num_layers))), {num_layers, B, H})};
   }
   steps_.resize(size_t(T));  // keeps its capacity: no allocation once T was seen
   for (int64_t t = 0; t < T; ++t) steps_[size_t(t)] = reshape(slice(x, 0, t, 1), {B, input_size});
@@ -167,8 +151,8 @@ GRU::Output GRU::forward(const Tensor& x, const Tensor& h0) {
     last_[size_t(l)] = h;
   }
   Output o;
-  o.output = reshape(concat_rows(steps_, size_t(T)), {T, B, H});
-  o.h_n = reshape(concat_rows(last_, size_t(num_layers)), {num_layers, B, H});
+  o.output = reshape(concat_rows(std::span<Tensor>(steps_.data(), size_t(T))), {T, B, H});
+  o.h_n = reshape(concat_rows(std::span<Tensor>(last_.data(), size_t(num_layers))), {num_layers, B, H});
   return o;
 }
 

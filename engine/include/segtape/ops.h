@@ -38,6 +38,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction r = 
 Tensor mse_loss(const Tensor& a, const Tensor& b, Reduction r = Reduction::Mean);
 Tensor concat(std::span<const Tensor> parts, int axis);
 Tensor concat(std::initializer_list<Tensor> parts, int axis);
+// Concatenates many parts along axis 0 as a balanced tree of concat nodes
+// (each element copied log_6(n) times, no heap), using `parts` as scratch:
+// its contents are overwritten.
+Tensor concat_rows(std::span<Tensor> parts);
 Tensor slice(const Tensor& a, int axis, int64_t start, int64_t length);
 Tensor reshape(const Tensor& a, const Shape& s);  // a view: no bytes
 Tensor transpose(const Tensor& a);                // 2-D
