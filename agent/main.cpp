@@ -167,6 +167,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     for (const char* opt : {"--env", "--history", "--batch", "--hidden", "--embed", "--lag", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr"})
       if (cmd.count(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
     if (cmd.count("--steps")) c.steps = a.c.steps;
+    if (cmd.count("--device")) c.device = a.c.device;  // a run may move between the CPU and a GPU
   } else {
     c.history = History::parse(a.history);
     if (!a.budget.empty()) c.budget = parse_bytes(a.budget);
@@ -183,9 +184,9 @@ int train(TrainArgs& a, CLI::App& cmd) {
                   ", pass --force to overwrite it, or choose another --out");
   }
   c.validate();
+  Trainer tr(c);  // before the directory: a device that cannot be used leaves nothing behind
   prepare_dir(out);
 
-  Trainer tr(c);
   std::vector<Row> rows;
   if (resume) {
     tr.load(out / "checkpoint.safetensors");
@@ -275,8 +276,9 @@ int train(TrainArgs& a, CLI::App& cmd) {
   return 0;
 }
 
-int eval(const std::string& checkpoint, int64_t steps, uint64_t seed) {
-  const TrainConfig c = Trainer::read_config(checkpoint);
+int eval(const std::string& checkpoint, int64_t steps, uint64_t seed, const std::string& device) {
+  TrainConfig c = Trainer::read_config(checkpoint);
+  if (!device.empty()) c.device = device;
   Trainer tr(c);
   tr.load(checkpoint);
   const double s = tr.evaluate(steps, seed);
@@ -386,7 +388,8 @@ int run_cli(int argc, char** argv) {
   tr->add_option("--lr", ta.c.lr, "Adam learning rate")->capture_default_str();
   tr->add_option("--clip", ta.c.clip, "Gradient norm clip (0 = off)")->capture_default_str();
   tr->add_option("--seed", ta.c.seed, "Seed for the model, the env and sampling")->capture_default_str();
-  tr->add_option("--device", ta.c.device, "cpu (cuda where built with a GPU backend)")->capture_default_str();
+  tr->add_option("--device", ta.c.device, "cpu, or cuda (a build with the CUDA backend and a GPU; docs/cuda.md)")
+      ->capture_default_str();
   tr->add_option("--out", ta.out, "Output directory (default runs/<env>-<time>)");
   tr->add_option("--resume", ta.resume, "Continue the run in this directory from its checkpoint");
   tr->add_flag("--force", ta.force, "Overwrite a run already in --out");
@@ -409,6 +412,8 @@ int run_cli(int argc, char** argv) {
   ev->add_option("--checkpoint", ck, "checkpoint.safetensors written by train")->required();
   ev->add_option("--steps", eval_steps, "Steps to evaluate")->capture_default_str();
   ev->add_option("--seed", eval_seed, "Seed of the fresh episodes")->capture_default_str();
+  std::string eval_device;
+  ev->add_option("--device", eval_device, "cpu or cuda (default: the device the checkpoint was trained on)");
 
   RetentionArgs ra;
   CLI::App* rl = app.add_subcommand(
@@ -420,6 +425,8 @@ int run_cli(int argc, char** argv) {
   rl->add_option("--budget", ra.budget, "Strict-policy segment budget (pitfall reruns, fixes) and the line the table reports crossing")
       ->capture_default_str();
   rl->add_option("--seed", ra.c.seed, "Seed of the model and the data")->capture_default_str();
+  rl->add_option("--device", ra.c.device, "segtape's side on cpu or cuda (LibTorch's side runs on its CPU)")
+      ->capture_default_str();
   rl->add_option("--out", ra.out, "Output directory (default runs/retention-<time>)");
   rl->add_option("--cases", ra.cases, "Comma-separated cases to run (default: all)");
   rl->add_flag("--explain", ra.explain, "Print the explainer's report (who holds the memory) for each pitfall at its last step");
@@ -442,7 +449,7 @@ int run_cli(int argc, char** argv) {
   }
   try {
     if (*tr) return train(ta, *tr);
-    if (*ev) return eval(ck, eval_steps, eval_seed);
+    if (*ev) return eval(ck, eval_steps, eval_seed, eval_device);
     if (*rl) return retention_lab(ra);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "segtape: error: %s\n", e.what());

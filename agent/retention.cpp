@@ -90,6 +90,8 @@ void LabConfig::validate() const {
   need(k >= 1 && trainer_k >= 1, "K must be >= 1");
   need(window >= 1 && window <= 64, "window N must be in [1, 64]");
   need(budget >= 1024, "--budget must be at least 1 KiB");
+  need(device == "cpu" || device == "cuda", "--device must be cpu or cuda");
+  need(device_arena >= budget, "the CUDA teaching arena (device_arena) must be at least --budget");
 }
 
 // ---------------------------------------------------------------- data, model
@@ -173,6 +175,8 @@ void record_error(Trace& tr, const Error& e, int64_t step) {
   tr.error_step = step;
 }
 
+Device lab_device(const LabConfig& c) { return c.device == "cuda" ? Device::cuda() : Device::cpu(); }
+
 constexpr const char* kArenaSource = "segtape: segment arena bytes in use after the step (Tape::stats().live_bytes)";
 
 // The pitfalls: one segment for the whole episode, as the wrong code keeps it.
@@ -180,13 +184,15 @@ void run_pitfall(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
   TapeOptions to;
   if (o.strict) {
     to.segment_budget = cfg.budget;
+  } else if (cfg.device == "cuda") {  // a device arena cannot grow: one large fixed one
+    to.segment_budget = cfg.device_arena;
   } else {  // teaching policy: 1 MiB chunks, no limit
     to.segment_budget = size_t(1) << 20;
     to.grow = true;
   }
   to.anomaly = o.anomaly;
   to.node_capacity = size_t(cfg.steps) * 8 + 64;
-  Tape tape(Device::cpu(), to);
+  Tape tape(lab_device(cfg), to);
   Model m(tape, cfg, false);
   const Episode ep = make_episode(cfg);
   const int64_t B = cfg.batch;
@@ -234,7 +240,7 @@ void run_pitfall(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
         m.update();
         // Why the buffer exists: the episode's predictions, read at its end
         // (which in segtape needs the segment that made them to be open).
-        for (const Tensor& l : kept_logits) (void)l.data<float>();
+        for (const Tensor& l : kept_logits) (void)l.to_host<float>();
       }
       const TapeStats st = tape.stats();
       add_row(tr, t, double(st.live_bytes), start, 1, double(st.bytes_by_op[size_t(OpKind::Grad)]));
@@ -261,6 +267,7 @@ void run_trainer(const LabConfig& cfg, const RunOptions& o, Trace& tr) {
   tc.history = History::parse("tbptt:" + std::to_string(cfg.trainer_k));
   tc.steps = cfg.steps, tc.batch = cfg.batch, tc.hidden = cfg.hidden, tc.embed = cfg.embed, tc.seed = cfg.seed;
   tc.budget = cfg.budget;
+  tc.device = cfg.device;
   tc.env_options.lag = cfg.lag, tc.env_options.vocab = cfg.vocab;
   Trainer trainer(tc);
   trainer.tape().set_anomaly(o.anomaly);
@@ -283,7 +290,7 @@ void run_fix(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
   TapeOptions to;
   to.segment_budget = cfg.budget;
   to.anomaly = o.anomaly;
-  Tape tape(Device::cpu(), to);
+  Tape tape(lab_device(cfg), to);
   const bool window = c == Case::Window;
   Model m(tape, cfg, window);
   const Episode ep = make_episode(cfg);
@@ -416,6 +423,7 @@ AnomalyCost anomaly_cost(const LabConfig& cfg, int64_t steps) {
   tc.env = "recall";
   tc.history = History::parse("tbptt:" + std::to_string(cfg.trainer_k));
   tc.steps = steps, tc.batch = cfg.batch, tc.hidden = cfg.hidden, tc.embed = cfg.embed, tc.seed = cfg.seed;
+  tc.device = cfg.device;
   tc.env_options.lag = cfg.lag, tc.env_options.vocab = cfg.vocab;
   // Two identical trainers, one with anomaly mode, run segment by segment in
   // turn: whatever else the machine does hits both alike, and the median
@@ -542,7 +550,7 @@ std::string to_json(const LabReport& r) {
   nlohmann::json j;
   j["config"] = {{"steps", c.steps}, {"batch", c.batch}, {"vocab", c.vocab}, {"embed", c.embed}, {"hidden", c.hidden},
                  {"lag", c.lag}, {"k", c.k}, {"window", c.window}, {"trainer_k", c.trainer_k}, {"lr", c.lr},
-                 {"clip", c.clip}, {"budget", c.budget}, {"seed", c.seed}};
+                 {"clip", c.clip}, {"budget", c.budget}, {"seed", c.seed}, {"device", c.device}};
   j["memory"] = {{"segtape", kArenaSource},
                  {"libtorch", r.libtorch_built ? r.libtorch_memory : r.libtorch_note}};
   j["anomaly_mode"] = {{"loop", "agent Trainer, recall, tbptt:" + std::to_string(c.trainer_k)},
@@ -587,8 +595,8 @@ std::string table(const LabReport& r) {
   const LabConfig& c = r.config;
   std::string s;
   char b[512];
-  std::snprintf(b, sizeof b, "retention lab: B=%ld vocab=%ld embed=%ld H=%ld, %ld steps, lag %ld, K=%ld, budget %s\n", c.batch, c.vocab,
-                c.embed, c.hidden, c.steps, c.lag, c.k, format_bytes(c.budget).c_str());
+  std::snprintf(b, sizeof b, "retention lab: B=%ld vocab=%ld embed=%ld H=%ld, %ld steps, lag %ld, K=%ld, budget %s, segtape on %s\n",
+                c.batch, c.vocab, c.embed, c.hidden, c.steps, c.lag, c.k, format_bytes(c.budget).c_str(), c.device.c_str());
   s += b;
   s += "memory: segtape = segment arena bytes in use; libtorch = " +
        (r.libtorch_built ? r.libtorch_memory : r.libtorch_note) + "\n\n";

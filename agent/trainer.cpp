@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <list>
 
 #include "segtape/nn/safetensors.h"
 #include "segtape/ops.h"
@@ -123,7 +124,9 @@ void TrainConfig::validate() const {
   need(std::isfinite(lr) && lr > 0 && lr < 10, "--lr must be a positive number below 10");
   need(std::isfinite(clip) && clip >= 0, "--clip must be >= 0 (0 turns clipping off)");
   need(device == "cpu" || device == "cuda", "--device must be cpu or cuda");
-  need(device == "cpu", "--device cuda: this build has no CUDA backend for the agent yet; use --device cpu");
+  need(device == "cpu" || history.kind != History::Kind::Full,
+       "--history full keeps its run in one growing arena (the teaching policy), which is CPU-only: use --device cpu "
+       "or a bounded history (tbptt:K, detach, window:N, nograd-history)");
   need(env_options.lag >= 1 && env_options.lag <= 100000, "--lag must be in [1, 100000]");
   need(env_options.vocab >= 2 && env_options.vocab <= 1'000'000, "--vocab must be in [2, 1e6]");
   need(env_options.corridor >= 1 && env_options.corridor <= 100000, "--corridor must be in [1, 100000]");
@@ -162,7 +165,7 @@ int64_t argmax_row(const float* p, int64_t n) {
 Trainer::Trainer(const TrainConfig& c)
     : config_(c), init_rng_(c.seed), act_rng_(c.seed ^ 0xac7u) {
   config_.validate();
-  tape_ = std::make_unique<Tape>(Device::cpu(), tape_options(config_));
+  tape_ = std::make_unique<Tape>(config_.device == "cuda" ? Device::cuda() : Device::cpu(), tape_options(config_));
   env_ = make_env(c.env, c.batch, c.seed * 1000003u + 17u, c.env_options);
   const EnvSpec& spec = env_->spec();
   PolicyShape shape{c.embed, c.hidden, c.history.kind == History::Kind::Window ? c.history.window : 0, !spec.supervised};
@@ -186,6 +189,8 @@ Trainer::Trainer(const TrainConfig& c)
   seg_actions_.assign(K * B, 0);
   returns_.assign(B, 0.0f);
   window_keep_.assign(B * size_t(c.embed), 0.0f);
+  host_rows_.assign(B * size_t(spec.num_actions), 0.0f);
+  host_values_.assign(B, 0.0f);
 }
 
 Trainer::~Trainer() = default;
@@ -269,8 +274,8 @@ SegmentResult Trainer::supervised_segment(Segment& seg, int64_t n) {
       ++r.loss_steps;
       loss = loss.defined() ? add(loss, l) : l;
     }
-    const float* p = logits.data<float>();
-    for (int64_t b = 0; b < B; ++b) actions_[size_t(b)] = argmax_row(p + b * A, A);
+    logits.to_host(std::span<float>(host_rows_));
+    for (int64_t b = 0; b < B; ++b) actions_[size_t(b)] = argmax_row(host_rows_.data() + b * A, A);
     env_->step(actions_, rewards_, done_);
   }
   r.steps = n;
@@ -291,7 +296,8 @@ SegmentResult Trainer::actor_critic_segment(Segment& seg, int64_t n) {
     Tensor lp = log_softmax(policy_->logits(f));  // [B, A]
     logp_.push_back(lp);
     values_.push_back(policy_->value(f));        // [B, 1]
-    const float* p = lp.data<float>();
+    lp.to_host(std::span<float>(host_rows_));
+    const float* p = host_rows_.data();
     for (int64_t b = 0; b < B; ++b) {  // sample a ~ softmax
       double u = act_rng_.uniform(), acc = 0;
       int64_t a = A - 1;
@@ -316,20 +322,19 @@ SegmentResult Trainer::actor_critic_segment(Segment& seg, int64_t n) {
     NoGradGuard ng(*tape_);
     const Tensor keep_h = h_;
     const int64_t keep_pos = window_pos_;
-    if (!window_.empty()) {  // feature() overwrites the oldest ring slot: keep it
-      const auto slot = window_[size_t(window_pos_)].span<float>();
-      std::copy(slot.begin(), slot.end(), window_keep_.begin());
-    }
+    // feature() overwrites the oldest ring slot: keep it
+    if (!window_.empty()) window_[size_t(window_pos_)].to_host(std::span<float>(window_keep_));
     Tensor v = policy_->value(feature(policy_->encode(observe_tensor())));
-    for (int64_t b = 0; b < B; ++b) ret[size_t(b)] = v.data<float>()[b];
+    v.to_host(std::span<float>(ret));
     h_ = keep_h;
     window_pos_ = keep_pos;
-    if (!window_.empty()) std::copy(window_keep_.begin(), window_keep_.end(), window_[size_t(window_pos_)].span<float>().begin());
+    if (!window_.empty()) window_[size_t(window_pos_)].from_host(std::span<const float>(window_keep_));
   }
   Tensor loss;
   const float inv_b = 1.0f / float(B);
   for (int64_t i = n - 1; i >= 0; --i) {
-    const float* v = values_[size_t(i)].data<float>();
+    values_[size_t(i)].to_host(std::span<float>(host_values_));
+    const float* v = host_values_.data();
     std::fill(weights_.begin(), weights_.end(), 0.0f);
     for (int64_t b = 0; b < B; ++b) {
       const size_t k = size_t(i * B + b);
@@ -362,10 +367,11 @@ double Trainer::evaluate(int64_t steps, uint64_t seed) {
   Tensor keep_h = h_;
   const int64_t keep_pos = window_pos_;
   std::vector<std::vector<float>> keep_window;
-  for (const Tensor& w : window_) keep_window.emplace_back(w.span<float>().begin(), w.span<float>().end());
+  for (const Tensor& w : window_) keep_window.push_back(w.to_host<float>());
   Tensor h0 = tape_->persistent({config_.batch, config_.hidden});
   h_ = h0;
-  for (const Tensor& w : window_) std::fill(w.span<float>().begin(), w.span<float>().end(), 0.0f);
+  const std::vector<float> zeros(window_keep_.size(), 0.0f);
+  for (const Tensor& w : window_) w.from_host(std::span<const float>(zeros));
   const int64_t B = config_.batch, A = env_->spec().num_actions;
   const int64_t K = std::max<int64_t>(config_.history.k, 32);
   for (int64_t done_steps = 0; done_steps < steps;) {
@@ -373,8 +379,8 @@ double Trainer::evaluate(int64_t steps, uint64_t seed) {
     NoGradGuard ng(*tape_);
     for (int64_t i = 0; i < K && done_steps < steps; ++i, ++done_steps) {
       Tensor logits = policy_->logits(feature(policy_->encode(observe_tensor())));
-      const float* p = logits.data<float>();
-      for (int64_t b = 0; b < B; ++b) actions_[size_t(b)] = argmax_row(p + b * A, A);
+      logits.to_host(std::span<float>(host_rows_));
+      for (int64_t b = 0; b < B; ++b) actions_[size_t(b)] = argmax_row(host_rows_.data() + b * A, A);
       env_->step(actions_, rewards_, done_);
     }
     copy_into(h0, h_);
@@ -384,7 +390,7 @@ double Trainer::evaluate(int64_t steps, uint64_t seed) {
   env_ = std::move(keep_env);
   h_ = keep_h;
   window_pos_ = keep_pos;
-  for (size_t i = 0; i < window_.size(); ++i) std::copy(keep_window[i].begin(), keep_window[i].end(), window_[i].span<float>().begin());
+  for (size_t i = 0; i < window_.size(); ++i) window_[i].from_host(std::span<const float>(keep_window[i]));
   return score;
 }
 
@@ -393,12 +399,14 @@ double Trainer::evaluate(int64_t steps, uint64_t seed) {
 namespace {
 namespace st = segtape::safetensors;
 
-std::span<const std::byte> bytes_of(const Tensor& t) { return {static_cast<const std::byte*>(t.ptr), t.nbytes()}; }
-
-st::TensorRef ref(const std::string& name, const Tensor& t) {
+// The tensor's bytes copied to the host (it may live on a device), kept in
+// `staged` (a list: its elements never move) for the reference to point at.
+st::TensorRef ref(const std::string& name, const Tensor& t, std::list<std::vector<std::byte>>& staged) {
   t.check_live("checkpoint save");
   std::vector<int64_t> shape(t.shape.dims.begin(), t.shape.dims.begin() + t.rank());
-  return {name, t.dtype == DType::F64 ? st::DType::F64 : st::DType::F32, shape, bytes_of(t)};
+  std::vector<std::byte>& bytes = staged.emplace_back(t.nbytes());
+  t.to_host_bytes(bytes);
+  return {name, t.dtype == DType::F64 ? st::DType::F64 : st::DType::F32, shape, bytes};
 }
 
 template <class T>
@@ -414,16 +422,16 @@ void restore(const st::File& f, const std::string& name, const Tensor& t) {
   if (info->dtype != st::DType::F32 || info->shape != shape)
     throw CheckpointError(f.source + ": tensor '" + name + "' is " + info->dtype_str + " of another shape than the model's " +
                           t.shape.str() + " (a checkpoint of another configuration?)");
-  const auto data = f.data(*info);
-  std::memcpy(t.ptr, data.data(), data.size());
+  t.from_host_bytes(f.data(*info));
 }
 }  // namespace
 
 void Trainer::save(const std::filesystem::path& file, const std::map<std::string, std::string>& extra) const {
   if (full_) throw Error("save: history 'full' keeps its whole run in one open segment; it checkpoints only at the end");
   std::vector<st::TensorRef> refs;
-  for (const auto& [name, t] : policy_->named_parameters()) refs.push_back(ref("policy." + name, t));
-  for (const auto& [name, t] : optim_->state()) refs.push_back(ref("optim." + name, t));
+  std::list<std::vector<std::byte>> staged;
+  for (const auto& [name, t] : policy_->named_parameters()) refs.push_back(ref("policy." + name, t, staged));
+  for (const auto& [name, t] : optim_->state()) refs.push_back(ref("optim." + name, t, staged));
   const std::vector<int64_t> counters = {step_, optim_->step_count(), window_pos_};
   const auto ir = init_rng_.state(), ar = act_rng_.state();
   const std::vector<uint64_t> rngs = {ir.seed, ir.counter, ar.seed, ar.counter};
@@ -431,8 +439,8 @@ void Trainer::save(const std::filesystem::path& file, const std::map<std::string
   refs.push_back(ints_ref("train.counters", counters));
   refs.push_back(ints_ref("train.rngs", rngs));
   refs.push_back(ints_ref("env.state", env_state));
-  refs.push_back(ref("state.h", h_));
-  for (size_t i = 0; i < window_.size(); ++i) refs.push_back(ref("state.window." + std::to_string(i), window_[i]));
+  refs.push_back(ref("state.h", h_, staged));
+  for (size_t i = 0; i < window_.size(); ++i) refs.push_back(ref("state.window." + std::to_string(i), window_[i], staged));
   auto meta = config_.to_metadata();
   meta["format"] = "segtape-train-1";
   for (const auto& [k, v] : extra) meta[k] = v;

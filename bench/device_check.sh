@@ -11,7 +11,9 @@
 #   4. when python3's torch has CUDA: a second build against it
 #      (-DCMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path) of cuda_bench_torch,
 #      the same workload in LibTorch, eager and CUDA-graph captured
-#   5. $OUT/results.md: the test summary and the benchmark table
+#   5. the agent on the GPU: `segtape train --device cuda` (recall, 6000 steps)
+#      and `segtape retention --device cuda --no-libtorch` (100 steps)
+#   6. $OUT/results.md: the test summary, the benchmark table, the agent's summary
 #
 # Every step has a time limit under one overall deadline (7 min by default,
 # SEGTAPE_DEVICE_DEADLINE seconds), so the script ends well inside 8 minutes
@@ -87,7 +89,7 @@ builder() {
 
 built=0
 # shellcheck disable=SC2046 # builder's words are meant to split
-if ((status == 0)) && step build 240 $(builder "$BUILD") cuda_test cuda_bench gradcheck_test segment_test memory_test errors_test; then
+if ((status == 0)) && step build 240 $(builder "$BUILD") cuda_test cuda_nn_test cuda_bench segtape gradcheck_test segment_test memory_test errors_test; then
   built=1
   # nvcc's code generation: sm_90 SASS and compute_90 PTX.
   echo "   kernels: $(grep -o -- '--generate-code=[^ ]*' "$BUILD/engine/CMakeFiles/segtape_cuda_kernels.dir/flags.make" 2>/dev/null)" |
@@ -133,7 +135,13 @@ else
   log "no CUDA torch in python3 (prefix '${torch_prefix}', cuda ${torch_cuda}): LibTorch comparison skipped"
 fi
 
-# ---- 5. the table
+# ---- 5. the agent and the retention lab on the GPU (after the benchmarks: they matter less)
+if ((built)); then
+  step agent-train 120 "$BUILD/agent/segtape" train --device cuda --steps 6000 --out "$OUT/agent-run" --force || status=1
+  step retention 90 "$BUILD/agent/segtape" retention --device cuda --no-libtorch --steps 100 --out "$OUT/retention" || status=1
+fi
+
+# ---- 6. the table
 {
   echo "# segtape CUDA device check"
   echo
@@ -158,6 +166,14 @@ fi
   echo "engine peak: segtape's segment-arena high-water / LibTorch's allocator peak (allocated bytes)."
   echo "engine reserved: segtape's fixed pools (arena, persistent, carry, workspaces) / LibTorch's reserved peak."
   echo "device footprint: drop of cudaMemGetInfo's free bytes from before the model to after the run (handles included)."
+  echo
+  echo "## The agent on the GPU (segtape train --device cuda --steps 6000)"
+  echo
+  tail -n 8 "$OUT/agent-train.log" 2>/dev/null | sed 's/^/    /'
+  echo
+  echo "## The retention lab, segtape on the GPU (--steps 100)"
+  echo
+  tail -n 20 "$OUT/retention.log" 2>/dev/null | sed 's/^/    /'
   echo
   echo "## Summary log"
   echo

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "segtape/tape.h"
+#include "segtape/update.h"
 
 namespace segtape::detail {
 
@@ -47,6 +48,14 @@ class Backend {
   virtual std::pair<int64_t, double> first_nonfinite(const Tensor& t) = 0;
   // Waits for the stream; raises errors the device recorded.
   virtual void synchronize() = 0;
+
+  // ---- parameter updates (segtape/update.h), in place on the stream, with
+  // the arithmetic of update_math.h. g, buf: device pointers (buf nullable).
+  virtual void sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdStep& s) = 0;
+  virtual void adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamStep& s) = 0;
+  virtual void scale(void* x, int64_t n, DType d, double factor) = 0;  // x *= factor
+  // Sum of x[i]^2 accumulated in double; waits for the stream.
+  virtual double sum_squares(const void* x, int64_t n, DType d) = 0;
 
   // ---- segment boundaries: CUDA-graph capture and replay (TapeOptions::graph_replay).
   virtual void segment_begin(uint32_t index) = 0;

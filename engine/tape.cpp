@@ -158,20 +158,33 @@ void check_host_copy(const Tensor& t, DType d, size_t count, const char* what) {
     throw ShapeError(std::string(what) + ": " + std::to_string(count) + " values for tensor " + t.describe() + " (" +
                      std::to_string(t.numel()) + " elements)");
 }
+void check_byte_copy(const Tensor& t, size_t bytes, const char* what) {
+  t.check_live(what);
+  if (bytes != t.nbytes())
+    throw ShapeError(std::string(what) + ": " + std::to_string(bytes) + " bytes for tensor " + t.describe() + " (" +
+                     std::to_string(t.nbytes()) + " bytes)");
+}
+// The copy itself, after the checks: through the backend on a device.
+void copy_bytes(const Tensor& t, void* host, size_t bytes, bool to_host) {
+  if (!bytes) return;
+  if (t.on_device())
+    t.tape->backend()->copy(to_host ? host : t.ptr, to_host ? t.ptr : host, bytes,
+                            to_host ? Backend::Copy::DeviceToHost : Backend::Copy::HostToDevice);
+  else if (to_host)
+    std::memcpy(host, t.ptr, bytes);
+  else
+    std::memmove(t.ptr, host, bytes);
+}
 }  // namespace
 
 void tensor_to_host(const Tensor& t, DType d, void* out, size_t count) {
   check_host_copy(t, d, count, "to_host()");
-  if (!count) return;
-  if (t.on_device()) t.tape->backend()->copy(out, t.ptr, t.nbytes(), Backend::Copy::DeviceToHost);
-  else std::memcpy(out, t.ptr, t.nbytes());
+  copy_bytes(t, out, t.nbytes(), true);
 }
 
 void tensor_from_host(const Tensor& t, DType d, const void* in, size_t count) {
   check_host_copy(t, d, count, "from_host()");
-  if (!count) return;
-  if (t.on_device()) t.tape->backend()->copy(t.ptr, in, t.nbytes(), Backend::Copy::HostToDevice);
-  else std::memmove(t.ptr, in, t.nbytes());
+  copy_bytes(t, const_cast<void*>(in), t.nbytes(), false);
 }
 
 void device_data_error(const Tensor& t, const char* dtype) {
@@ -180,6 +193,16 @@ void device_data_error(const Tensor& t, const char* dtype) {
                   "t.to_host<T>() (or write it with t.from_host(span))");
 }
 }  // namespace detail
+
+void Tensor::to_host_bytes(std::span<std::byte> out) const {
+  detail::check_byte_copy(*this, out.size(), "to_host_bytes()");
+  detail::copy_bytes(*this, out.data(), out.size(), true);
+}
+
+void Tensor::from_host_bytes(std::span<const std::byte> in) const {
+  detail::check_byte_copy(*this, in.size(), "from_host_bytes()");
+  detail::copy_bytes(*this, const_cast<std::byte*>(in.data()), in.size(), false);
+}
 
 bool Tape::is_live(const Tensor& t) const {
   switch (t.space) {

@@ -12,22 +12,25 @@ namespace {
 namespace st = segtape::safetensors;
 
 // One named tensor of a checkpoint: where its bytes come from (save) or go
-// to (load), with the dtype and shape the model expects.
+// to (load), with the dtype and shape the model expects. Either a tensor
+// (copied through to_host_bytes / from_host_bytes, so it may live on a
+// device) or a host buffer of the caller's (step counters, rng state).
 struct Slot {
   std::string name;
   st::DType dtype;
   std::vector<int64_t> shape;
-  void* data;
-  size_t bytes;
+  Tensor tensor;
+  void* host = nullptr;
+  size_t bytes = 0;
 };
 
 Slot tensor_slot(std::string name, const Tensor& t) {
   const st::DType d = t.dtype == DType::F32 ? st::DType::F32 : t.dtype == DType::F64 ? st::DType::F64 : st::DType::I64;
-  return {std::move(name), d, std::vector<int64_t>(t.shape.dims.begin(), t.shape.dims.begin() + t.rank()), t.ptr,
+  return {std::move(name), d, std::vector<int64_t>(t.shape.dims.begin(), t.shape.dims.begin() + t.rank()), t, nullptr,
           t.nbytes()};
 }
 Slot i64_slot(std::string name, int64_t* v, std::vector<int64_t> shape, size_t n) {
-  return {std::move(name), st::DType::I64, std::move(shape), v, n * sizeof(int64_t)};
+  return {std::move(name), st::DType::I64, std::move(shape), Tensor{}, v, n * sizeof(int64_t)};
 }
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -39,9 +42,18 @@ std::string dtype_str(st::DType d) { return std::string(st::dtype_name(d)); }
 
 void write(const std::filesystem::path& path, const std::vector<Slot>& slots, const Metadata& metadata) {
   std::vector<st::TensorRef> refs;
+  std::vector<std::vector<std::byte>> staged(slots.size());  // the tensors' bytes, copied to the host
   refs.reserve(slots.size());
-  for (const Slot& s : slots)
-    refs.push_back({s.name, s.dtype, s.shape, std::span<const std::byte>(static_cast<const std::byte*>(s.data), s.bytes)});
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const Slot& s = slots[i];
+    std::span<const std::byte> bytes(static_cast<const std::byte*>(s.host), s.bytes);
+    if (s.tensor.defined()) {
+      staged[i].resize(s.bytes);
+      s.tensor.to_host_bytes(staged[i]);
+      bytes = staged[i];
+    }
+    refs.push_back({s.name, s.dtype, s.shape, bytes});
+  }
   st::save_atomic(path, refs, metadata);
 }
 
@@ -85,7 +97,10 @@ void check(const st::File& f, const std::vector<Slot>& slots, bool strict, std::
 // Only after check() found nothing: every slot the file has is copied.
 void copy(const st::File& f, const std::vector<Slot>& slots) {
   for (const Slot& s : slots)
-    if (const st::TensorInfo* t = f.find(s.name)) std::memcpy(s.data, f.data(*t).data(), s.bytes);
+    if (const st::TensorInfo* t = f.find(s.name)) {
+      if (s.tensor.defined()) s.tensor.from_host_bytes(f.data(*t));
+      else std::memcpy(s.host, f.data(*t).data(), s.bytes);
+    }
 }
 
 std::vector<Slot> param_slots(const Module& m) {

@@ -5,6 +5,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace segtape::nn {
 namespace {
@@ -17,18 +18,27 @@ int64_t positive(int64_t n, const char* layer, const char* what) {
   return n;
 }
 
+// Values drawn on the host in element order, then copied to the tensor
+// wherever it lives (one code path for the CPU and a device).
+template <class Draw>
+void fill_from(const Tensor& t, Draw&& draw) {
+  if (t.dtype == DType::F64) {
+    std::vector<double> v(size_t(t.numel()));
+    for (double& x : v) x = draw();
+    t.from_host(std::span<const double>(v));
+  } else {
+    std::vector<float> v(size_t(t.numel()));
+    for (float& x : v) x = float(draw());
+    t.from_host(std::span<const float>(v));
+  }
+}
+
 void fill_uniform(const Tensor& t, Rng& rng, double bound) {
-  if (t.dtype == DType::F64)
-    for (double& v : t.span<double>()) v = rng.uniform(-bound, bound);
-  else
-    for (float& v : t.span<float>()) v = float(rng.uniform(-bound, bound));
+  fill_from(t, [&] { return rng.uniform(-bound, bound); });
 }
 
 void fill_normal(const Tensor& t, Rng& rng) {
-  if (t.dtype == DType::F64)
-    for (double& v : t.span<double>()) v = rng.normal();
-  else
-    for (float& v : t.span<float>()) v = float(rng.normal());
+  fill_from(t, [&] { return rng.normal(); });
 }
 
 std::string dims(int64_t a, int64_t b) { return "(" + std::to_string(a) + ", " + std::to_string(b) + ")"; }

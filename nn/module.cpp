@@ -1,6 +1,6 @@
 #include "segtape/nn/module.h"
 
-#include <cstring>
+#include "segtape/update.h"
 
 namespace segtape::nn {
 
@@ -58,7 +58,7 @@ int64_t Module::parameter_count() const {
 }
 
 void Module::zero_grad() {
-  for (const auto& [n, p] : params_) std::memset(p.grad, 0, p.nbytes());
+  for (const auto& [n, p] : params_) segtape::zero_grad(p);
   for (const auto& [n, c] : children_) c->zero_grad();
 }
 

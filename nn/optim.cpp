@@ -1,7 +1,8 @@
 #include "segtape/nn/optim.h"
 
 #include <cmath>
-#include <cstring>
+
+#include "segtape/update.h"
 
 namespace segtape::nn {
 
@@ -31,7 +32,7 @@ Tensor Optimizer::add_state(const char* what, size_t i) {
 }
 
 void Optimizer::zero_grad() {
-  for (const auto& [name, p] : params_) std::memset(p.grad, 0, p.nbytes());
+  for (const auto& [name, p] : params_) segtape::zero_grad(p);
 }
 
 void Optimizer::set_step_count(int64_t n) {
@@ -51,12 +52,6 @@ void require(bool ok, const char* opt, const std::string& what) {
   if (!ok) throw Error(std::string("nn::") + opt + ": invalid option: " + what);
 }
 
-template <class F>
-void dispatch(const Tensor& p, F&& f) {
-  if (p.dtype == DType::F64) f.template operator()<double>();
-  else f.template operator()<float>();
-}
-
 }  // namespace
 
 // ---- SGD
@@ -73,26 +68,8 @@ SGD::SGD(std::vector<NamedTensor> params, SGDOptions o) : Optimizer(std::move(pa
 
 void SGD::step() {
   // PyTorch creates the buffer as a clone of the first step's gradient.
-  const bool first = steps_ == 0;
-  for (size_t k = 0; k < params_.size(); ++k) {
-    const Tensor& pt = params_[k].second;
-    dispatch(pt, [&]<class T>() {
-      T* p = static_cast<T*>(pt.ptr);
-      const T* g = static_cast<const T*>(pt.grad);
-      T* buf = o_.momentum != 0 ? static_cast<T*>(buf_[k].ptr) : nullptr;
-      // Scalars rounded to T once, as PyTorch's kernels take them.
-      const T wd = T(o_.weight_decay), mom = T(o_.momentum), keep = T(1 - o_.dampening), neg_lr = T(-o_.lr);
-      for (int64_t i = 0, n = pt.numel(); i < n; ++i) {
-        T d = g[i];
-        if (o_.weight_decay != 0) d = d + wd * p[i];
-        if (buf) {
-          buf[i] = first ? d : buf[i] * mom + keep * d;
-          d = o_.nesterov ? d + mom * buf[i] : buf[i];
-        }
-        p[i] = p[i] + neg_lr * d;
-      }
-    });
-  }
+  const SgdStep st{o_.lr, o_.momentum, o_.dampening, o_.weight_decay, o_.nesterov, steps_ == 0};
+  for (size_t k = 0; k < params_.size(); ++k) sgd_step(params_[k].second, buf_.empty() ? Tensor{} : buf_[k], st);
   ++steps_;
 }
 
@@ -112,54 +89,13 @@ Adam::Adam(std::vector<NamedTensor> params, AdamOptions o, bool decoupled)
 
 void Adam::step() {
   ++steps_;
-  // Bias corrections in double, as PyTorch computes them on Python floats.
-  const double t = double(steps_);
-  const double bc1 = 1 - std::pow(o_.beta1, t), bc2 = 1 - std::pow(o_.beta2, t);
-  const double step_size = o_.lr / bc1, bc2_sqrt = std::sqrt(bc2);
-  for (size_t k = 0; k < params_.size(); ++k) {
-    const Tensor& pt = params_[k].second;
-    dispatch(pt, [&]<class T>() {
-      T* p = static_cast<T*>(pt.ptr);
-      const T* g = static_cast<const T*>(pt.grad);
-      T* m = static_cast<T*>(m_[k].ptr);
-      T* v = static_cast<T*>(v_[k].ptr);
-      const T decay = T(1 - o_.lr * o_.weight_decay), wd = T(o_.weight_decay);
-      const T b1 = T(o_.beta1), b2 = T(o_.beta2), c1 = T(1 - o_.beta1), c2 = T(1 - o_.beta2);
-      const T s2 = T(bc2_sqrt), eps = T(o_.eps), neg_step = T(-step_size);
-      const bool coupled = !decoupled_ && o_.weight_decay != 0;
-      for (int64_t i = 0, n = pt.numel(); i < n; ++i) {
-        if (decoupled_) p[i] = p[i] * decay;  // param.mul_(1 - lr * weight_decay)
-        T d = g[i];
-        if (coupled) d = d + wd * p[i];         // grad.add(param, alpha=weight_decay)
-        m[i] = m[i] * b1 + c1 * d;              // exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-        v[i] = v[i] * b2 + c2 * d * d;          // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        const T denom = std::sqrt(v[i]) / s2 + eps;  // (exp_avg_sq.sqrt() / sqrt(bc2)).add_(eps)
-        p[i] = p[i] + neg_step * m[i] / denom;  // param.addcdiv_(exp_avg, denom, value=-step_size)
-      }
-    });
-  }
+  const AdamStep st{o_.lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, decoupled_, steps_};
+  for (size_t k = 0; k < params_.size(); ++k) adam_step(params_[k].second, m_[k], v_[k], st);
 }
 
 // ---- clip_grad_norm
 
 namespace {
-
-double grad_sq(const Tensor& p) {
-  double s = 0;
-  dispatch(p, [&]<class T>() {
-    const T* g = static_cast<const T*>(p.grad);
-    for (int64_t i = 0, n = p.numel(); i < n; ++i) s += double(g[i]) * double(g[i]);
-  });
-  return s;
-}
-
-void scale_grad(const Tensor& p, double c) {
-  dispatch(p, [&]<class T>() {
-    T* g = static_cast<T*>(p.grad);
-    const T k = T(c);
-    for (int64_t i = 0, n = p.numel(); i < n; ++i) g[i] = g[i] * k;
-  });
-}
 
 void check_param(const Tensor& p) {
   if (!p.defined() || !p.grad) throw Error("nn::clip_grad_norm: " + (p.defined() ? p.describe() : std::string("an undefined tensor")) + " has no gradient buffer (not a parameter)");
@@ -181,18 +117,18 @@ bool must_scale(double coef) { return !(coef >= 1.0); }
 
 double clip_grad_norm(std::span<const Tensor> params, double max_norm) {
   double sq = 0;
-  for (const Tensor& p : params) check_param(p), sq += grad_sq(p);
+  for (const Tensor& p : params) check_param(p), sq += grad_squared_norm(p);
   const double total = std::sqrt(sq), coef = max_norm / (total + 1e-6);
   if (must_scale(coef))
-    for (const Tensor& p : params) scale_grad(p, coef);
+    for (const Tensor& p : params) segtape::scale_grad(p, coef);
   return total;
 }
 
 double clip_grad_norm(const Module& m, double max_norm) {
   double sq = 0;
-  for_each_param(m, [&](const Tensor& p) { sq += grad_sq(p); });
+  for_each_param(m, [&](const Tensor& p) { sq += grad_squared_norm(p); });
   const double total = std::sqrt(sq), coef = max_norm / (total + 1e-6);
-  if (must_scale(coef)) for_each_param(m, [&](const Tensor& p) { scale_grad(p, coef); });
+  if (must_scale(coef)) for_each_param(m, [&](const Tensor& p) { segtape::scale_grad(p, coef); });
   return total;
 }
 

@@ -28,6 +28,7 @@
 #include "segtape/nn/optim.h"
 #include "segtape/nn/safetensors.h"
 #include "segtape/ops.h"
+#include "segtape/update.h"
 
 using namespace segtape;
 namespace fs = std::filesystem;
@@ -208,6 +209,38 @@ TEST(Catalog, OpsRejectMismatchedShapesDtypesAndIndices) {
   // After every refusal the segment is still usable and recorded nothing broken.
   const int n = walk(rows, [&](const Row& r) { EXPECT_NO_THROW(seg.backward(sum(mul(a, a)))) << "after: " << r.what; });
   EXPECT_GE(n, 45);
+}
+
+// ------------------------------------------------------------ engine: parameter updates and host copies
+
+TEST(Catalog, UpdatesAndHostCopiesRejectBadTensors) {
+  Tape tape, other;
+  const Tensor p = tape.parameter({2, 3}), pd = tape.parameter({2, 3}, DType::F64);
+  const Tensor st = tape.persistent({2, 3}), wrong = tape.persistent({3, 2}), st64 = tape.persistent({2, 3}, DType::F64);
+  const Tensor foreign = other.persistent({2, 3});
+  const std::vector<float> init = {1, 2, 3, 4, 5, 6};
+  p.from_host(std::span<const float>(init));
+  Segment seg = tape.segment();
+  const Tensor x = tape.zeros({2, 3});
+  std::vector<std::byte> five(5);
+  const std::vector<Row> rows = {
+      {"sgd_step of a segment tensor", Kind::Error, "not a parameter", [&] { sgd_step(x, {}, {}); }},
+      {"sgd_step with momentum and no buffer", Kind::Error, "needs a momentum buffer",
+       [&] { sgd_step(p, {}, {.momentum = 0.9}); }},
+      {"sgd_step with a [3,2] buffer for [2,3]", Kind::Shape, "momentum buffer", [&] { sgd_step(p, wrong, {.momentum = 0.9}); }},
+      {"adam_step with exp_avg of another tape", Kind::Tape, "another tape", [&] { adam_step(p, foreign, st, {}); }},
+      {"adam_step with f32 state for an f64 parameter", Kind::Shape, "exp_avg_sq", [&] { adam_step(pd, st64, st, {}); }},
+      {"adam_step at step 0", Kind::Error, "step must be >= 1", [&] { adam_step(p, st, st, {.step = 0}); }},
+      {"zero_grad of an undefined tensor", Kind::Error, "undefined", [&] { zero_grad(Tensor{}); }},
+      {"scale_grad of a segment tensor", Kind::Error, "not a parameter", [&] { scale_grad(x, 2); }},
+      {"grad_squared_norm of optimizer state", Kind::Error, "not a parameter", [&] { (void)grad_squared_norm(st); }},
+      {"to_host_bytes: 5 bytes for 24", Kind::Shape, "5 bytes for tensor", [&] { x.to_host_bytes(five); }},
+      {"from_host_bytes: 5 bytes for 24", Kind::Shape, "5 bytes for tensor", [&] { p.from_host_bytes(five); }},
+  };
+  const int n = walk(rows, [&](const Row& r) {
+    EXPECT_EQ(p.to_host<float>(), init) << "a refused update changed the parameter: " << r.what;
+  });
+  EXPECT_EQ(n, 11);
 }
 
 // ------------------------------------------------------------ engine: tape and segments
@@ -447,6 +480,10 @@ TEST(Catalog, TrainerConfigsAndCheckpoints) {
       {"--lr nan", Kind::Error, "--lr", invalid([](agent::TrainConfig& c) { c.lr = std::nan(""); })},
       {"--clip -1", Kind::Error, "--clip", invalid([](agent::TrainConfig& c) { c.clip = -1; })},
       {"--device tpu", Kind::Error, "--device", invalid([](agent::TrainConfig& c) { c.device = "tpu"; })},
+      {"--history full on cuda", Kind::Error, "CPU-only", invalid([](agent::TrainConfig& c) {
+         c.device = "cuda";
+         c.history = agent::History::parse("full");
+       })},
       {"--history window:100", Kind::Error, "window:N", invalid([](agent::TrainConfig& c) {
          c.history = agent::History::parse("window:100");
        })},

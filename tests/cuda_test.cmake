@@ -3,4 +3,6 @@
 # skips itself, saying why, when none can be used; the rest run anywhere.
 if(SEGTAPE_HAVE_CUDA)
   segtape_test(cuda_test SOURCES cuda_test.cpp LABELS cuda LIBS segtape_engine)
+  # nn, the agent Trainer and the retention lab on CUDA against the CPU.
+  segtape_test(cuda_nn_test SOURCES cuda_nn_test.cpp LABELS cuda LIBS segtape_agent)
 endif()

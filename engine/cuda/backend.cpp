@@ -56,6 +56,13 @@ uint64_t mix4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
   return h;
 }
 
+uint64_t bits_of(double v) {
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+uint64_t ptr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
 }  // namespace
 
 CudaBackend::CudaBackend(const Device& device, const TapeOptions& options) : device_(device), options_(options) {
@@ -265,6 +272,64 @@ void CudaBackend::synchronize() {
   SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
   raise_device_errors();
   raise_pending();
+}
+
+// ---------------------------------------------------------------- parameter updates
+//
+// Outside a segment (where nn's optimizers run them) these are plain eager
+// work. Inside a graph segment they are captured like any device call; their
+// signature holds the scalars, so a step whose scalars change (Adam's bias
+// corrections) must run outside the graph segments, as docs/cuda.md says.
+
+void CudaBackend::sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdStep& s) {
+  const uint64_t sig = mix4(mix4(5, ptr(p), ptr(g), ptr(buf)), uint64_t(n) << 8 | uint64_t(d),
+                            mix4(bits_of(s.lr), bits_of(s.momentum), bits_of(s.dampening), bits_of(s.weight_decay)),
+                            uint64_t(s.nesterov) << 1 | uint64_t(s.first));
+  if (n <= 0 || !issue(sig, "sgd_step")) return;
+  const bool has_buf = buf != nullptr;
+  if (d == DType::F32)
+    cuda::sgd_update<float>(stream_, n, static_cast<float*>(p), static_cast<const float*>(g), static_cast<float*>(buf),
+                            detail::sgd_scalars<float>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first, has_buf));
+  else
+    cuda::sgd_update<double>(stream_, n, static_cast<double*>(p), static_cast<const double*>(g), static_cast<double*>(buf),
+                             detail::sgd_scalars<double>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first, has_buf));
+}
+
+void CudaBackend::adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamStep& s) {
+  const uint64_t sig = mix4(mix4(6, ptr(p), ptr(g), mix4(ptr(m), ptr(v), uint64_t(n) << 8 | uint64_t(d), uint64_t(s.decoupled))),
+                            mix4(bits_of(s.lr), bits_of(s.beta1), bits_of(s.beta2), bits_of(s.eps)), bits_of(s.weight_decay),
+                            uint64_t(s.step));
+  if (n <= 0 || !issue(sig, "adam_step")) return;
+  if (d == DType::F32)
+    cuda::adam_update<float>(stream_, n, static_cast<float*>(p), static_cast<const float*>(g), static_cast<float*>(m),
+                             static_cast<float*>(v),
+                             detail::adam_scalars<float>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step));
+  else
+    cuda::adam_update<double>(stream_, n, static_cast<double*>(p), static_cast<const double*>(g), static_cast<double*>(m),
+                              static_cast<double*>(v),
+                              detail::adam_scalars<double>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step));
+}
+
+void CudaBackend::scale(void* x, int64_t n, DType d, double factor) {
+  if (n <= 0 || !issue(mix4(7, ptr(x), uint64_t(n) << 8 | uint64_t(d), bits_of(factor)), "scale_grad")) return;
+  if (d == DType::F32)
+    cuda::unary_forward<float>(stream_, Unary::Scale, static_cast<const float*>(x), static_cast<float*>(x), n, float(factor));
+  else
+    cuda::unary_forward<double>(stream_, Unary::Scale, static_cast<const double*>(x), static_cast<double*>(x), n, factor);
+}
+
+double CudaBackend::sum_squares(const void* x, int64_t n, DType d) {
+  if (in_graph_segment())
+    throw TapeError("grad_squared_norm (clip_grad_norm) inside a CUDA-graph segment: it returns a value to the host, "
+                    "which exists only once the segment has ended; clip after the segment");
+  if (n <= 0) return 0;
+  temp_used_ = 0;
+  double* out = temp<double>(1);
+  if (d == DType::F32) cuda::sum_squares<float>(stream_, static_cast<const float*>(x), n, out, partials<double>());
+  else cuda::sum_squares<double>(stream_, static_cast<const double*>(x), n, out, partials<double>());
+  double r = 0;
+  copy(&r, out, sizeof r, Copy::DeviceToHost);
+  return r;
 }
 
 void CudaBackend::raise_device_errors() {

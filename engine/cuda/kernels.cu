@@ -349,6 +349,19 @@ template <class T> void transpose(cudaStream_t s, const T* x, T* y, int64_t R, i
   check_launch("transpose");
 }
 
+template <class T> void sgd_update(cudaStream_t s, int64_t n, T* p, const T* g, T* buf, detail::SgdScalars<T> sc) {
+  each(s, n, [=] __device__(int64_t i) { detail::sgd_element(p[i], g[i], buf ? buf + i : nullptr, sc); }, "sgd_update");
+}
+
+template <class T> void adam_update(cudaStream_t s, int64_t n, T* p, const T* g, T* m, T* v, detail::AdamScalars<T> sc) {
+  each(s, n, [=] __device__(int64_t i) { detail::adam_element(p[i], g[i], m[i], v[i], sc); }, "adam_update");
+}
+
+template <class T> void sum_squares(cudaStream_t s, const T* x, int64_t n, double* out, Partials<double> p) {
+  auto value = [=] __device__(int64_t, int64_t j, int64_t) { const double v = double(x[j]); return v * v; };
+  launch_reduce<double>(s, 1, n, 1, value, out, 1.0, false, p, "sum_squares");
+}
+
 template <class T>
 void embedding_forward(cudaStream_t s, const T* w, const int64_t* idx, T* out, int64_t count, int64_t N, int64_t D, ErrorSink err) {
   each(s, count * D, [=] __device__(int64_t k) {
@@ -399,7 +412,10 @@ template <class T> void first_nonfinite(cudaStream_t s, const T* x, int64_t n, u
   template void transpose<T>(cudaStream_t, const T*, T*, int64_t, int64_t, bool);                                   \
   template void embedding_forward<T>(cudaStream_t, const T*, const int64_t*, T*, int64_t, int64_t, int64_t, ErrorSink); \
   template void embedding_backward<T>(cudaStream_t, const T*, const int64_t*, T*, int64_t, int64_t, int64_t);        \
-  template void first_nonfinite<T>(cudaStream_t, const T*, int64_t, unsigned long long*);
+  template void first_nonfinite<T>(cudaStream_t, const T*, int64_t, unsigned long long*);                            \
+  template void sgd_update<T>(cudaStream_t, int64_t, T*, const T*, T*, detail::SgdScalars<T>);                       \
+  template void adam_update<T>(cudaStream_t, int64_t, T*, const T*, T*, T*, detail::AdamScalars<T>);                 \
+  template void sum_squares<T>(cudaStream_t, const T*, int64_t, double*, Partials<double>);
 
 SEGTAPE_INSTANTIATE(float)
 SEGTAPE_INSTANTIATE(double)

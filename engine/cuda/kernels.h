@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "update_math.h"
+
 namespace segtape::cuda {
 
 // What a kernel found wrong with its input (an index out of range). The
@@ -94,6 +96,12 @@ void embedding_backward(cudaStream_t s, const T* g, const int64_t* idx, T* dw, i
 
 // *index = smallest i with x[i] not finite (left at its initial all-ones when none)
 template <class T> void first_nonfinite(cudaStream_t s, const T* x, int64_t n, unsigned long long* index);
+
+// ---- parameter updates (segtape/update.h): update_math.h's arithmetic per element.
+template <class T> void sgd_update(cudaStream_t s, int64_t n, T* p, const T* g, T* buf, detail::SgdScalars<T> sc);
+template <class T> void adam_update(cudaStream_t s, int64_t n, T* p, const T* g, T* m, T* v, detail::AdamScalars<T> sc);
+// *out = sum of x[i]^2, accumulated in double (deterministic, like every reduction here)
+template <class T> void sum_squares(cudaStream_t s, const T* x, int64_t n, double* out, Partials<double> p);
 
 // ---- the GRU cell's elementwise parts (gru_kernels.cu); the GEMMs around them are cuBLAS.
 // gi, gh [B, 3H] = x W_ih^T, h W_hh^T (no biases). S [B, 4H] = r, z, n, W_hn h + b_hn.

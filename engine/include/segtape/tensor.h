@@ -94,6 +94,9 @@ struct Tensor {
   template <class T> void to_host(std::span<T> out) const;
   template <class T> std::vector<T> to_host() const;
   template <class T> void from_host(std::span<const T> in) const;  // tensor <- host values
+  // The same for the raw bytes (exactly nbytes() of them, any alignment): serialisation.
+  void to_host_bytes(std::span<std::byte> out) const;
+  void from_host_bytes(std::span<const std::byte> in) const;
   bool on_device() const;  // the bytes are in device memory (a CUDA tape)
   void check_live(const char* what) const;
   bool is_live() const;

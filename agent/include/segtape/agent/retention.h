@@ -33,6 +33,11 @@ struct LabConfig {
   double clip = 1.0;     // pitfall 6's clip_grad_norm
   size_t budget = size_t(1) << 20;  // strict-policy segment budget (pitfall reruns and fixes)
   uint64_t seed = 1;
+  // segtape's side: "cpu" or "cuda". On CUDA a pitfall's teaching run cannot
+  // grow its arena (device pools are one allocation each): it runs in one
+  // fixed arena of device_arena bytes instead. LibTorch's side runs on its CPU.
+  std::string device = "cpu";
+  size_t device_arena = size_t(1) << 30;
   // Throws Error naming the first impossible value.
   void validate() const;
 };

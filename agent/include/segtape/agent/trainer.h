@@ -108,6 +108,7 @@ class Trainer {
   std::vector<uint8_t> seg_done_;
   std::vector<int64_t> seg_actions_;
   std::vector<float> returns_, window_keep_;
+  std::vector<float> host_rows_, host_values_;  // device -> host copies of [B, A] rows and [B] values
 };
 
 // Resident set size of this process, bytes (from /proc/self/statm).

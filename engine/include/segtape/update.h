@@ -1,0 +1,49 @@
+// In-place parameter updates that run where the tensors live: plain loops on
+// the CPU, kernels on the tape's stream on CUDA. They are not recorded (no
+// node, no gradient) and act on persistent tensors: parameters, their
+// gradient buffers and optimizer state. nn's optimizers and clip_grad_norm
+// are built on them; the arithmetic is PyTorch 1.13's (docs/nn.md).
+//
+// None of them allocates. Only grad_squared_norm returns a value to the host,
+// so on CUDA it waits for the device; the others are asynchronous there.
+#pragma once
+#include <cstdint>
+
+#include "segtape/tensor.h"
+
+namespace segtape {
+
+struct SgdStep {
+  double lr = 1e-2;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+  bool first = false;  // the first step: the momentum buffer becomes the gradient (PyTorch's clone)
+};
+
+// g = grad + wd p; with a momentum buffer: buf = g (first) or momentum buf + (1 - dampening) g,
+// g = nesterov ? g + momentum buf : buf; then p -= lr g. momentum_buffer: undefined without momentum.
+void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdStep& s);
+
+struct AdamStep {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;
+  bool decoupled = false;  // AdamW: p *= 1 - lr wd first, and the gradient is not decayed
+  int64_t step = 1;        // this step's number t (>= 1), for the bias corrections 1 - beta^t
+};
+
+// m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+// p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamStep& s);
+
+// The parameter's gradient buffer: set to zero, scaled, or its sum of squares
+// (accumulated in double; on CUDA this waits for the device).
+void zero_grad(const Tensor& param);
+void scale_grad(const Tensor& param, double factor);
+double grad_squared_norm(const Tensor& param);
+
+}  // namespace segtape

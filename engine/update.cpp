@@ -1,0 +1,105 @@
+// segtape/update.h: checks, then the CPU loops or the tape's device backend.
+// The per-element arithmetic is update_math.h's, shared with the CUDA kernels.
+#include "segtape/update.h"
+
+#include <cstring>
+#include <string>
+
+#include "backend.h"
+#include "segtape/error.h"
+#include "segtape/tape.h"
+#include "update_math.h"
+
+namespace segtape {
+namespace {
+
+// A parameter: a live persistent floating tensor with a gradient buffer.
+// (Error strings are built only on failure: the checks allocate nothing.)
+void check_param(const char* op, const Tensor& p) {
+  if (!p.defined()) throw Error(std::string(op) + ": the parameter is an undefined tensor");
+  p.check_live(op);
+  if (p.space != Space::Persistent || !p.grad)
+    throw Error(std::string(op) + ": " + p.describe() +
+                " is not a parameter (no gradient buffer): make it with tape.parameter() or Module::register_parameter()");
+  if (p.dtype == DType::I64) throw ShapeError(std::string(op) + ": " + p.describe() + " is an integer tensor");
+}
+
+// Optimizer state: persistent, like the parameter, on its tape.
+void check_state(const char* op, const char* what, const Tensor& p, const Tensor& s) {
+  if (!s.defined()) throw Error(std::string(op) + ": " + what + " is an undefined tensor");
+  s.check_live(op);
+  if (s.tape != p.tape) throw TapeError(std::string(op) + ": " + what + " belongs to another tape than the parameter");
+  if (s.space != Space::Persistent || !(s.shape == p.shape) || s.dtype != p.dtype)
+    throw ShapeError(std::string(op) + ": " + what + " " + s.describe() + " must be a persistent tensor like the parameter " +
+                     p.describe());
+}
+
+template <class F>
+void by_dtype(const Tensor& p, F&& f) {
+  if (p.dtype == DType::F64) f.template operator()<double>();
+  else f.template operator()<float>();
+}
+
+}  // namespace
+
+void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdStep& s) {
+  check_param("sgd_step", param);
+  const bool has_buf = momentum_buffer.defined();
+  if (has_buf) check_state("sgd_step", "the momentum buffer", param, momentum_buffer);
+  if (s.momentum != 0 && !has_buf) throw Error("sgd_step: momentum " + std::to_string(s.momentum) + " needs a momentum buffer");
+  if (detail::Backend* be = param.tape->backend())
+    return be->sgd_step(param.dtype, param.numel(), param.ptr, param.grad, has_buf ? momentum_buffer.ptr : nullptr, s);
+  by_dtype(param, [&]<class T>() {
+    const auto sc = detail::sgd_scalars<T>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first, has_buf);
+    T* p = static_cast<T*>(param.ptr);
+    const T* g = static_cast<const T*>(param.grad);
+    T* buf = has_buf ? static_cast<T*>(momentum_buffer.ptr) : nullptr;
+    for (int64_t i = 0, n = param.numel(); i < n; ++i) detail::sgd_element(p[i], g[i], buf ? buf + i : nullptr, sc);
+  });
+}
+
+void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamStep& s) {
+  check_param("adam_step", param);
+  check_state("adam_step", "exp_avg", param, exp_avg);
+  check_state("adam_step", "exp_avg_sq", param, exp_avg_sq);
+  if (s.step < 1) throw Error("adam_step: step must be >= 1, got " + std::to_string(s.step));
+  if (detail::Backend* be = param.tape->backend())
+    return be->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s);
+  by_dtype(param, [&]<class T>() {
+    const auto sc = detail::adam_scalars<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step);
+    T* p = static_cast<T*>(param.ptr);
+    const T* g = static_cast<const T*>(param.grad);
+    T* m = static_cast<T*>(exp_avg.ptr);
+    T* v = static_cast<T*>(exp_avg_sq.ptr);
+    for (int64_t i = 0, n = param.numel(); i < n; ++i) detail::adam_element(p[i], g[i], m[i], v[i], sc);
+  });
+}
+
+void zero_grad(const Tensor& param) {
+  check_param("zero_grad", param);
+  if (detail::Backend* be = param.tape->backend()) return be->zero(param.grad, param.nbytes());
+  std::memset(param.grad, 0, param.nbytes());
+}
+
+void scale_grad(const Tensor& param, double factor) {
+  check_param("scale_grad", param);
+  if (detail::Backend* be = param.tape->backend()) return be->scale(param.grad, param.numel(), param.dtype, factor);
+  by_dtype(param, [&]<class T>() {
+    T* g = static_cast<T*>(param.grad);
+    const T k = T(factor);
+    for (int64_t i = 0, n = param.numel(); i < n; ++i) g[i] = g[i] * k;
+  });
+}
+
+double grad_squared_norm(const Tensor& param) {
+  check_param("grad_squared_norm", param);
+  if (detail::Backend* be = param.tape->backend()) return be->sum_squares(param.grad, param.numel(), param.dtype);
+  double s = 0;
+  by_dtype(param, [&]<class T>() {
+    const T* g = static_cast<const T*>(param.grad);
+    for (int64_t i = 0, n = param.numel(); i < n; ++i) s += double(g[i]) * double(g[i]);
+  });
+  return s;
+}
+
+}  // namespace segtape

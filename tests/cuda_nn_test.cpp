@@ -1,0 +1,271 @@
+// The nn stack, the agent and the retention lab on CUDA against the CPU
+// (label `cuda`). Without a GPU every test that needs one skips, with the
+// reason Tape(Device::cuda()) gave; the no-GPU tests run instead.
+//
+//  - layers initialise to the same values on both devices (host draw, copy);
+//  - SGD (momentum, dampening, Nesterov, weight decay), Adam and AdamW with
+//    clip_grad_norm: five steps on CUDA equal the CPU's within float rounding;
+//  - training-state checkpoints written on one device load on the other;
+//  - the agent Trainer (`segtape train --device cuda`): the same losses as on
+//    the CPU, a fixed arena high-water and no device allocation after the
+//    first segment; its checkpoint evaluates on the CPU;
+//  - the retention lab's segtape side on CUDA: a pitfall grows, a fix is flat.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "segtape/agent/retention.h"
+#include "segtape/agent/trainer.h"
+#include "segtape/nn/checkpoint.h"
+#include "segtape/nn/layers.h"
+#include "segtape/nn/optim.h"
+#include "segtape/ops.h"
+
+using namespace segtape;
+namespace fs = std::filesystem;
+
+namespace {
+
+TapeOptions small_pools() {
+  TapeOptions o;
+  o.segment_budget = size_t(16) << 20;
+  o.device_persistent = size_t(16) << 20;
+  o.device_carry = size_t(1) << 20;
+  o.device_workspace = size_t(8) << 20;
+  return o;
+}
+
+const std::string& gpu_missing() {
+  static const std::string why = [] {
+    try {
+      Tape probe(Device::cuda(), small_pools());
+      return std::string();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  }();
+  return why;
+}
+
+#define REQUIRE_GPU()                                                                 \
+  do {                                                                                \
+    if (!gpu_missing().empty()) GTEST_SKIP() << "no usable GPU: " << gpu_missing(); \
+  } while (0)
+
+fs::path scratch(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("segtape-cuda-nn-" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d / name;
+}
+
+// Every parameter of a module, as host values, in named order.
+std::vector<std::vector<float>> host_params(const nn::Module& m) {
+  std::vector<std::vector<float>> out;
+  for (const auto& [name, p] : m.named_parameters()) out.push_back(p.to_host<float>());
+  return out;
+}
+
+void expect_close(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b, double rel,
+                  const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t t = 0; t < a.size(); ++t) {
+    ASSERT_EQ(a[t].size(), b[t].size()) << what;
+    for (size_t i = 0; i < a[t].size(); ++i)
+      ASSERT_NEAR(a[t][i], b[t][i], rel * std::max(1.0, std::fabs(double(b[t][i])))) << what << ": tensor " << t << " [" << i << "]";
+  }
+}
+
+// Embedding -> GRUCell -> Linear, cross-entropy: the agent's shape, small.
+struct Net : nn::Module {
+  nn::Embedding enc;
+  nn::GRUCell cell;
+  nn::Linear head;
+  Net(Tape& t, nn::Rng& rng)
+      : nn::Module(t), enc(t, rng, 10, 6), cell(t, rng, 6, 12), head(t, rng, 12, 10) {
+    register_module("enc", enc);
+    register_module("cell", cell);
+    register_module("head", head);
+  }
+};
+
+constexpr int64_t kB = 4, kSteps = 6;
+
+// One update of Net on fixed data (step `it`): a segment of kSteps, backward,
+// clip, step, zero_grad. Returns the loss and the clipped norm.
+std::pair<double, double> iterate(Tape& tape, Net& net, nn::Optimizer& opt, int it) {
+  Segment seg = tape.segment();
+  Tensor h = tape.zeros({kB, 12}), loss;
+  for (int64_t t = 0; t < kSteps; ++t) {
+    std::vector<int64_t> x(kB), y(kB);
+    for (int64_t b = 0; b < kB; ++b) x[size_t(b)] = (it * 7 + t * 3 + b) % 10, y[size_t(b)] = (it + t * 5 + b * 3) % 10;
+    h = net.cell(net.enc(tape.from(std::span<const int64_t>(x), {kB})), h);
+    Tensor l = cross_entropy(net.head(h), tape.from(std::span<const int64_t>(y), {kB}));
+    loss = t ? add(loss, l) : l;
+  }
+  const double value = loss.item();
+  seg.backward(loss);
+  const double norm = nn::clip_grad_norm(net, 0.5);
+  opt.step();
+  opt.zero_grad();
+  return {value, norm};
+}
+
+agent::TrainConfig recall_config(const std::string& device) {
+  agent::TrainConfig c;
+  c.env = "recall";
+  c.history = agent::History::parse("tbptt:8");
+  c.steps = 96;
+  c.batch = 8;
+  c.hidden = 32;
+  c.embed = 16;
+  c.env_options.lag = 3;
+  c.env_options.vocab = 8;
+  c.budget = size_t(8) << 20;
+  c.device = device;
+  return c;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ nn
+
+TEST(CudaNn, LayersInitialiseToTheCpuValues) {
+  REQUIRE_GPU();
+  Tape cpu(Device::cpu(), small_pools()), gpu(Device::cuda(), small_pools());
+  nn::Rng r1(7), r2(7);
+  Net a(cpu, r1), b(gpu, r2);
+  nn::GRU ga(cpu, r1, 5, 9, 2), gb(gpu, r2, 5, 9, 2);
+  EXPECT_EQ(host_params(b), host_params(a));  // drawn on the host, copied: bit for bit
+  EXPECT_EQ(host_params(gb), host_params(ga));
+}
+
+TEST(CudaNn, OptimizerStepsWithClippingMatchTheCpu) {
+  REQUIRE_GPU();
+  struct Config {
+    const char* what;
+    std::function<std::unique_ptr<nn::Optimizer>(const nn::Module&)> make;
+  };
+  const std::vector<Config> configs = {
+      {"SGD momentum nesterov wd", [](const nn::Module& m) {
+         return std::make_unique<nn::SGD>(m, nn::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true});
+       }},
+      {"SGD momentum dampening", [](const nn::Module& m) {
+         return std::make_unique<nn::SGD>(m, nn::SGDOptions{.lr = 0.1, .momentum = 0.8, .dampening = 0.3});
+       }},
+      {"Adam wd", [](const nn::Module& m) { return std::make_unique<nn::Adam>(m, nn::AdamOptions{.lr = 1e-2, .weight_decay = 1e-2}); }},
+      {"AdamW", [](const nn::Module& m) { return std::make_unique<nn::AdamW>(m, nn::AdamWOptions{.lr = 1e-2}); }},
+  };
+  for (const Config& c : configs) {
+    SCOPED_TRACE(c.what);
+    Tape cpu(Device::cpu(), small_pools()), gpu(Device::cuda(), small_pools());
+    nn::Rng r1(3), r2(3);
+    Net a(cpu, r1), b(gpu, r2);
+    auto oa = c.make(a), ob = c.make(b);
+    for (int it = 0; it < 5; ++it) {
+      const auto [la, na] = iterate(cpu, a, *oa, it);
+      const auto [lb, nb] = iterate(gpu, b, *ob, it);
+      EXPECT_NEAR(lb, la, 1e-4 * std::max(1.0, std::fabs(la))) << "loss, iteration " << it;
+      EXPECT_NEAR(nb, na, 1e-4 * std::max(1.0, na)) << "gradient norm, iteration " << it;
+    }
+    expect_close(host_params(b), host_params(a), 1e-4, std::string(c.what) + " parameters");
+    std::vector<std::vector<float>> sa, sb;
+    for (const auto& [n, t] : oa->state()) sa.push_back(t.to_host<float>());
+    for (const auto& [n, t] : ob->state()) sb.push_back(t.to_host<float>());
+    expect_close(sb, sa, 1e-4, std::string(c.what) + " optimizer state");
+  }
+}
+
+TEST(CudaNn, TrainingStateCheckpointsMoveBetweenDevices) {
+  REQUIRE_GPU();
+  Tape cpu(Device::cpu(), small_pools()), gpu(Device::cuda(), small_pools());
+  nn::Rng r1(11), r2(99);
+  Net a(cpu, r1), b(gpu, r2);  // different initial values
+  nn::Adam oa(a, {}), ob(b, {});
+  for (int it = 0; it < 3; ++it) iterate(gpu, b, ob, it);
+  const fs::path f = scratch("gpu-state.safetensors");
+  nn::save_training_state(f, b, ob, r2, 3);
+  nn::load_training_state(f, a, oa, r1);  // CUDA -> CPU
+  EXPECT_EQ(host_params(a), host_params(b));
+  EXPECT_EQ(oa.step_count(), 3);
+  // and back: one more identical step on each stays together
+  const fs::path g = scratch("cpu-state.safetensors");
+  nn::save_training_state(g, a, oa, r1, 3);
+  nn::load_training_state(g, b, ob, r2);  // CPU -> CUDA
+  iterate(cpu, a, oa, 3);
+  iterate(gpu, b, ob, 3);
+  expect_close(host_params(b), host_params(a), 1e-4, "after one more step");
+  fs::remove_all(f.parent_path());
+}
+
+// ------------------------------------------------------------------ agent
+
+TEST(CudaAgent, TrainerMatchesTheCpuWithFixedDeviceMemory) {
+  REQUIRE_GPU();
+  agent::Trainer cpu(recall_config("cpu")), gpu(recall_config("cuda"));
+  size_t peak = 0;
+  uint64_t allocs = 0;
+  for (int s = 0; !gpu.done(); ++s) {
+    const agent::SegmentResult rc = cpu.run_segment(), rg = gpu.run_segment();
+    ASSERT_EQ(rg.steps, rc.steps);
+    EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 1e-3 * std::max(1.0, std::fabs(rc.loss_sum))) << "segment " << s;
+    const size_t p = gpu.tape().stats().last_segment_peak;
+    if (s == 0) peak = p, allocs = memory::device_allocations();
+    EXPECT_EQ(p, peak) << "arena high-water of segment " << s;
+    EXPECT_EQ(memory::device_allocations(), allocs) << "device allocation in segment " << s;
+  }
+  const fs::path f = scratch("trainer.safetensors");
+  gpu.save(f);
+  agent::TrainConfig back = agent::Trainer::read_config(f);
+  EXPECT_EQ(back.device, "cuda");
+  back.device = "cpu";  // `segtape eval --device cpu` of a GPU run
+  agent::Trainer evaluator(back);
+  evaluator.load(f);
+  EXPECT_NEAR(evaluator.evaluate(64, 5), gpu.evaluate(64, 5), 0.05);
+  fs::remove_all(f.parent_path());
+}
+
+TEST(CudaAgent, ActorCriticRunsOnCuda) {
+  REQUIRE_GPU();
+  agent::TrainConfig c = recall_config("cuda");
+  c.env = "tmaze";
+  c.env_options.corridor = 4;
+  agent::Trainer t(c);
+  double sum = 0;
+  while (!t.done()) sum += t.run_segment().loss_sum;
+  EXPECT_TRUE(std::isfinite(sum));
+}
+
+TEST(CudaAgent, RetentionLabPitfallGrowsAndFixIsFlatOnCuda) {
+  REQUIRE_GPU();
+  agent::retention::LabConfig cfg;
+  cfg.steps = 40;
+  cfg.device = "cuda";
+  cfg.device_arena = size_t(256) << 20;
+  using agent::retention::Case;
+  const auto pit = agent::retention::run_segtape(Case::HiddenNotDetached, cfg);
+  ASSERT_TRUE(pit.error.empty()) << pit.error;
+  EXPECT_GT(pit.bytes.back(), 4 * pit.bytes[size_t(cfg.lag) + 1]);
+  const auto fix = agent::retention::run_segtape(Case::Tbptt, cfg);
+  ASSERT_TRUE(fix.error.empty()) << fix.error;
+  ASSERT_GE(fix.segment_peaks.size(), size_t(3));
+  // From the second segment on (the first ends before the first target: no backward).
+  for (size_t i = 1; i < fix.segment_peaks.size(); ++i) EXPECT_EQ(fix.segment_peaks[i], fix.segment_peaks[1]) << "segment " << i;
+}
+
+// ------------------------------------------------------------------ without a GPU
+
+TEST(CudaAgent, WithoutAGpuTheTrainerSaysWhy) {
+  if (gpu_missing().empty()) GTEST_SKIP() << "a GPU is present";
+  try {
+    agent::Trainer t(recall_config("cuda"));
+    ADD_FAILURE() << "a CUDA trainer was made without a GPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA GPU found"), std::string::npos) << e.what();
+  }
+}
