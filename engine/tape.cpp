@@ -262,6 +262,7 @@ std::string Tape::budget_report(size_t request, OpKind kind, const char* op) con
   std::map<uint32_t, size_t> by_step;
   for (const Node& n : nodes_) by_step[n.step] += align_up(n.bytes);
   std::vector<std::pair<size_t, uint32_t>> steps;
+  steps.reserve(by_step.size());
   for (auto& [s, b] : by_step) steps.push_back({b, s});
   std::sort(steps.rbegin(), steps.rend());
   m += "\nBy step (largest first, " + std::to_string(steps.size()) + " steps on the tape):";
