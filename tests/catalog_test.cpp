@@ -640,6 +640,15 @@ TEST(Catalog, FormerGaps) {
        }},
   };
   walk(rows);
+  {  // rows of length 0: Shape::rows() divided by the last dim (an integer division by zero, SIGFPE)
+    const Tensor e = tape.parameter({3, 0});
+    Segment s = tape.segment();
+    const Tensor y = softmax(e), z = log_softmax(e);
+    EXPECT_EQ(y.shape, (Shape{3, 0}));
+    EXPECT_EQ(z.shape, (Shape{3, 0}));
+    EXPECT_EQ(e.shape.rows(), 3);
+    EXPECT_NO_THROW(s.backward(add(sum(y), sum(z))));
+  }
   Scratch dir("gaps");
   const Exit r = run("train --history full --steps 64 --batch 2 --hidden 8 --eval-steps 8 --out " + (dir / "full").string());
   EXPECT_TRUE(r.exited && r.code == 0) << r.err;

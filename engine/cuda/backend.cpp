@@ -222,6 +222,7 @@ void CudaBackend::copy(void* dst, const void* src, size_t bytes, Copy kind) {
         throw TapeError("reading a value on the host (item(), to_host()) inside a CUDA-graph segment: its values exist "
                         "only once the segment has ended and its graph has run. Read it after the segment (copy_into a "
                         "persistent tensor inside it), or turn TapeOptions::graph_replay off");
+      raise_pending();  // a graph segment that did not run: its values are undefined, say so
       SEGTAPE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
       SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
       raise_device_errors();
@@ -249,6 +250,7 @@ void CudaBackend::fill(void* dst, int64_t n, DType d, double value) {
 
 std::pair<int64_t, double> CudaBackend::first_nonfinite(const Tensor& t) {
   if (in_graph_segment()) throw TapeError("anomaly mode inside a CUDA-graph segment");  // excluded at setup; defensive
+  raise_pending();
   SEGTAPE_CHECK(cudaMemsetAsync(scratch_word_, 0xff, sizeof(unsigned long long), stream_));
   if (t.dtype == DType::F32) cuda::first_nonfinite<float>(stream_, static_cast<const float*>(t.ptr), t.numel(), scratch_word_);
   else cuda::first_nonfinite<double>(stream_, static_cast<const double*>(t.ptr), t.numel(), scratch_word_);
@@ -322,6 +324,7 @@ double CudaBackend::sum_squares(const void* x, int64_t n, DType d) {
   if (in_graph_segment())
     throw TapeError("grad_squared_norm (clip_grad_norm) inside a CUDA-graph segment: it returns a value to the host, "
                     "which exists only once the segment has ended; clip after the segment");
+  raise_pending();
   if (n <= 0) return 0;
   temp_used_ = 0;
   double* out = temp<double>(1);
@@ -335,8 +338,12 @@ double CudaBackend::sum_squares(const void* x, int64_t n, DType d) {
 void CudaBackend::raise_device_errors() {
   if (*reinterpret_cast<volatile int32_t*>(error_flag_) == 0) return;
   ErrorRecord r;
-  SEGTAPE_CHECK(cudaMemcpy(&r, error_record_, sizeof r, cudaMemcpyDeviceToHost));
-  SEGTAPE_CHECK(cudaMemset(error_record_, 0, sizeof r));
+  // On the tape's stream, and waited for: the legacy default stream does not
+  // order with a non-blocking stream, so a plain cudaMemset could race the
+  // next kernel that reports (and wipe its record).
+  SEGTAPE_CHECK(cudaMemcpyAsync(&r, error_record_, sizeof r, cudaMemcpyDeviceToHost, stream_));
+  SEGTAPE_CHECK(cudaMemsetAsync(error_record_, 0, sizeof r, stream_));
+  SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
   *error_flag_ = 0;
   const std::string where = " (found by a kernel on " + device_.str() +
                             " and reported at the first synchronisation after it; work issued in between used";
@@ -430,9 +437,9 @@ void CudaBackend::segment_end(bool abandoned) noexcept {
         }
         check(e, "cudaStreamEndCapture(stream_, &g)");
         cudaGraphExec_t exec = nullptr;
-        const cudaError_t ie = cudaGraphInstantiate(&exec, g, 0);
+        const cudaError_t ie = cudaGraphInstantiateWithFlags(&exec, g, 0);
         cudaGraphDestroy(g);
-        check(ie, "cudaGraphInstantiate(&exec, g, 0)");
+        check(ie, "cudaGraphInstantiateWithFlags(&exec, g, 0)");
         graph_->exec = exec;
         graph_->captured = segment_;
         SEGTAPE_CHECK(cudaGraphLaunch(exec, stream_));  // the captured segment's own work runs now

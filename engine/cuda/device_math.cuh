@@ -29,6 +29,8 @@ template <class T> __device__ __forceinline__ T dmax(T a, T b) {
 template <class T> __device__ __forceinline__ T dsigmoid(T x) { return T(1) / (T(1) + dexp<T>(-x)); }
 
 inline constexpr int kThreads = 256;
+// The reductions' trees halve the lanes: a power of two, or lanes are dropped.
+static_assert((kThreads & (kThreads - 1)) == 0, "kThreads must be a power of two");
 
 template <class F>
 __global__ void each_kernel(int64_t n, F f) {

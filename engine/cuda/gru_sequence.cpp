@@ -17,6 +17,7 @@
 // Memory: the weight space and cuDNN's reserve space (what backward needs)
 // are saved in the segment arena with the node; cuDNN's workspace is taken
 // from the arena too (forward: the op's bytes; backward: Grad bytes).
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -118,8 +119,11 @@ GruPlan& CudaBackend::gru_plan(int64_t T, int64_t B, int64_t I, int64_t H, DType
   if (in_graph_segment())
     throw TapeError("gru_sequence: a new shape [" + std::to_string(T) + ", " + std::to_string(B) + ", " + std::to_string(I) +
                     "] inside a CUDA-graph segment; graph replay needs the shapes of the segment it captured");
-  for (int64_t v : {T, B, I, H})
-    if (v > INT32_MAX) throw ShapeError("gru_sequence: dimension " + std::to_string(v) + " is too large for cuDNN");
+  // cuDNN takes int sizes and strides: the products it forms must fit too.
+  const int64_t widest = std::max(I, H);
+  if (T > INT32_MAX || B * widest > INT32_MAX || T * B * widest > INT32_MAX || 3 * H * widest > INT32_MAX)
+    throw ShapeError("gru_sequence: [T, B, I] = [" + std::to_string(T) + ", " + std::to_string(B) + ", " + std::to_string(I) +
+                     "] with H = " + std::to_string(H) + " is too large for cuDNN's 32-bit sizes");
   auto plan = std::make_unique<GruPlan>();
   GruPlan& p = *plan;
   p.T = T, p.B = B, p.I = I, p.H = H, p.dtype = d;
@@ -187,6 +191,8 @@ void gru_sequence_backward(CudaBackend& be, Tape& tape, const Node& n, const voi
                            const std::array<void*, Node::kMaxInputs>& dst) {
   const Tensor &x = n.in[0], &h0 = n.in[1];
   const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = h0.dim(1);
+  if (!n.ia[0] || !n.saved)  // recorded only when a gradient is wanted, i.e. after a training-mode forward
+    throw TapeError("gru_sequence: backward of a forward that ran in inference mode (no cuDNN reserve space)");
   GruPlan& p = be.gru_plan(T, B, I, H, x.dtype);
   std::byte* block = static_cast<std::byte*>(n.saved);
   const size_t wbytes = size_t(n.ia[1]);

@@ -52,7 +52,11 @@ struct Shape {
     return n;
   }
   int64_t last() const { return rank ? dims[rank - 1] : 1; }
-  int64_t rows() const { return rank ? numel() / last() : 1; }  // all but the last dim
+  int64_t rows() const {  // the product of all but the last dim (not numel() / last(): the last may be 0)
+    int64_t n = 1;
+    for (int i = 0; i + 1 < rank; ++i) n *= dims[i];
+    return n;
+  }
   bool operator==(const Shape& o) const;
   std::string str() const;
 };
