@@ -318,37 +318,24 @@ Tensor mse_loss(const Tensor& a, const Tensor& b, Reduction r) {
 
 Tensor concat(std::initializer_list<Tensor> parts, int axis) { return concat(std::span<const Tensor>(parts.begin(), parts.size()), axis); }
 
-Tensor concat_rows(std::span<Tensor> v) {
-  if (v.empty()) throw ShapeError("concat_rows: no tensors given");
-  constexpr size_t G = Node::kMaxInputs;
-  size_t n = v.size();
-  while (n > 1) {
-    size_t m = 0;
-    for (size_t i = 0; i < n; i += G) {
-      const size_t k = std::min(G, n - i);
-      v[m++] = k == 1 ? v[i] : concat(std::span<const Tensor>(v.data() + i, k), 0);
-    }
-    n = m;
-  }
-  return v[0];
-}
-
 Tensor concat(std::span<const Tensor> parts, int axis) {
   const char* op = "concat";
   if (parts.empty()) throw ShapeError("concat: no tensors given");
   if (parts.size() > size_t(Node::kMaxInputs)) {
-    // A node holds at most kMaxInputs inputs: concatenate in groups.
-    Tensor head = concat(parts.first(Node::kMaxInputs), axis);
-    std::array<Tensor, Node::kMaxInputs> rest;
-    size_t i = 0;
-    rest[i++] = head;
-    size_t k = Node::kMaxInputs;
-    while (k < parts.size()) {
-      while (i < rest.size() && k < parts.size()) rest[i++] = parts[k++];
-      rest[0] = concat(std::span<const Tensor>(rest.data(), i), axis);
-      i = 1;
+    // A node holds at most G = kMaxInputs inputs. More parts are split into G
+    // runs of nearly equal length, each concatenated the same way (a run of
+    // one part is used as it is), then the runs in one node: a balanced tree,
+    // so every byte is copied about log_G(n) times (a chain of groups would
+    // copy the growing head again for every group: O(n^2 / G) bytes). No heap.
+    constexpr size_t G = Node::kMaxInputs;
+    const size_t n = parts.size();
+    std::array<Tensor, G> runs;
+    for (size_t r = 0, at = 0; r < G; ++r) {
+      const size_t len = n / G + (r < n % G ? 1 : 0);
+      runs[r] = len == 1 ? parts[at] : concat(parts.subspan(at, len), axis);
+      at += len;
     }
-    return rest[0];
+    return concat(std::span<const Tensor>(runs.data(), G), axis);
   }
   const Tensor& a = parts[0];
   Tape& t = check(op, {&a});
@@ -544,7 +531,7 @@ Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const
     Tensor h = h0;
     for (int64_t s = 0; s < T; ++s)
       steps[size_t(s)] = h = gru_cell(reshape(slice(x, 0, s, 1), {B, I}), h, w_ih, w_hh, b_ih, b_hh);
-    return reshape(concat_rows(std::span<Tensor>(steps.data(), size_t(T))), {T, B, H});
+    return reshape(concat(std::span<const Tensor>(steps.data(), size_t(T)), 0), {T, B, H});
   }
   // Device: one node; the backend allocates cuDNN's weight and reserve space
   // in the arena (n.saved, counted in n.bytes) when a gradient is wanted.

@@ -148,7 +148,7 @@ GRU::Output GRU::forward(const Tensor& x, const Tensor& h0) {
       seq = gru_sequence(seq, h, L.weight_ih, L.weight_hh, L.bias_ih, L.bias_hh);  // [T, B, H]
       last_[size_t(l)] = reshape(slice(seq, 0, T - 1, 1), {B, H});
     }
-    return {seq, reshape(concat_rows(std::span<Tensor>(last_.data(), size_t(num_layers))), {num_layers, B, H})};
+    return {seq, reshape(concat(std::span<const Tensor>(last_.data(), size_t(num_layers)), 0), {num_layers, B, H})};
   }
   steps_.resize(size_t(T));  // keeps its capacity: no allocation once T was seen
   for (int64_t t = 0; t < T; ++t) steps_[size_t(t)] = reshape(slice(x, 0, t, 1), {B, input_size});
@@ -161,8 +161,8 @@ GRU::Output GRU::forward(const Tensor& x, const Tensor& h0) {
     last_[size_t(l)] = h;
   }
   Output o;
-  o.output = reshape(concat_rows(std::span<Tensor>(steps_.data(), size_t(T))), {T, B, H});
-  o.h_n = reshape(concat_rows(std::span<Tensor>(last_.data(), size_t(num_layers))), {num_layers, B, H});
+  o.output = reshape(concat(std::span<const Tensor>(steps_.data(), size_t(T)), 0), {T, B, H});
+  o.h_n = reshape(concat(std::span<const Tensor>(last_.data(), size_t(num_layers)), 0), {num_layers, B, H});
   return o;
 }
 

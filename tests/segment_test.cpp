@@ -209,3 +209,37 @@ TEST(Segment, BatchedGruWeightGradientsEqualPerStepOnes) {
   }
 }
 }  // namespace
+
+// More parts than a node's 6 inputs: a balanced tree of concat nodes. 36 rows
+// of 16 floats (64 B each): 6 runs of 6 rows, then the 6 runs: every row is
+// copied twice (4,608 B), where a chain of groups copied the growing head
+// again for every group (6 + 11 + ... + 36 = 147 rows, 9,408 B). Values and
+// gradients are checked too (each part gets its own row's gradient back).
+TEST(Segment, ConcatOfManyPartsIsABalancedTree) {
+  Tape tape;
+  constexpr int64_t kParts = 36, kD = 16;
+  std::vector<Tensor> parts;
+  for (int64_t i = 0; i < kParts; ++i) {
+    parts.push_back(tape.parameter({1, kD}));
+    std::vector<float> v(kD);
+    for (int64_t j = 0; j < kD; ++j) v[size_t(j)] = float(i * 100 + j);
+    parts.back().from_host(std::span<const float>(v));
+  }
+  Segment seg = tape.segment();
+  const Tensor all = concat(std::span<const Tensor>(parts), 0);
+  ASSERT_EQ(all.shape, (Shape{kParts, kD}));
+  const std::vector<float> got = all.to_host<float>();
+  for (int64_t i = 0; i < kParts; ++i)
+    for (int64_t j = 0; j < kD; ++j) ASSERT_EQ(got[size_t(i * kD + j)], float(i * 100 + j));
+  EXPECT_EQ(tape.stats().bytes_by_op[size_t(OpKind::Concat)], size_t(2 * kParts * kD * sizeof(float)));
+  // d(sum(all * all)) / d(part i) = 2 part i
+  seg.backward(sum(mul(all, all)));
+  for (int64_t i = 0; i < kParts; ++i) {
+    const std::vector<float> g = parts[size_t(i)].grad_tensor().to_host<float>();
+    for (int64_t j = 0; j < kD; ++j) ASSERT_EQ(g[size_t(j)], 2.0f * float(i * 100 + j));
+  }
+  // Along axis 1 too (window:N's compress layer): 13 parts of [2, 3].
+  std::vector<Tensor> cols;
+  for (int i = 0; i < 13; ++i) cols.push_back(tape.zeros({2, 3}));
+  EXPECT_EQ(concat(std::span<const Tensor>(cols), 1).shape, (Shape{2, 39}));
+}

@@ -36,12 +36,10 @@ enum class Reduction : uint8_t { Mean, Sum };
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction r = Reduction::Mean,
                      int64_t ignore_index = -100);
 Tensor mse_loss(const Tensor& a, const Tensor& b, Reduction r = Reduction::Mean);
+// Any number of parts: more than a node's 6 inputs become a balanced tree of
+// concat nodes (each element copied about log_6(n) times; no heap allocation).
 Tensor concat(std::span<const Tensor> parts, int axis);
 Tensor concat(std::initializer_list<Tensor> parts, int axis);
-// Concatenates many parts along axis 0 as a balanced tree of concat nodes
-// (each element copied log_6(n) times, no heap), using `parts` as scratch:
-// its contents are overwritten.
-Tensor concat_rows(std::span<Tensor> parts);
 Tensor slice(const Tensor& a, int axis, int64_t start, int64_t length);
 Tensor reshape(const Tensor& a, const Shape& s);  // a view: no bytes
 Tensor transpose(const Tensor& a);                // 2-D
