@@ -28,6 +28,12 @@ class Backend {
 
   virtual ~Backend() = default;
 
+  // True for the host-emulated device (segtape/emulation.h): its memory is host
+  // memory and the ops run the CPU code of ops.cpp on it; forward / backward
+  // are never called. Everything else (memory, copies, updates) goes through
+  // the backend as on a GPU.
+  virtual bool computes_on_host() const { return false; }
+
   // Chunk allocator for one of the tape's pools (`what` names the pool and
   // the option that sizes it, for the out-of-memory message).
   virtual ChunkAllocator allocator(const char* what) = 0;
@@ -74,5 +80,19 @@ class Backend {
 // Defined by engine/cuda/backend.cpp in a CUDA build and by engine/cuda/stub.cpp
 // otherwise. Raises a segtape::Error when no GPU can be used, saying why.
 std::unique_ptr<Backend> make_cuda_backend(const Device& device, const TapeOptions& options);
+
+// engine/emulated_backend.cpp (segtape/emulation.h).
+std::unique_ptr<Backend> make_host_emulated_backend(const Device& device, const TapeOptions& options);
+
+// A device whose ops compute with the backend: a real one, not the emulator.
+inline bool device_computes(const Backend* be) { return be && !be->computes_on_host(); }
+
+// The CPU implementations of the parameter updates (update.cpp): what a CPU
+// tape runs, and what the host-emulated device runs. Same contract as the
+// Backend methods of the same names.
+void cpu_sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdStep& s);
+void cpu_adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamStep& s);
+void cpu_scale(void* x, int64_t n, DType d, double factor);
+double cpu_sum_squares(const void* x, int64_t n, DType d);
 
 }  // namespace segtape::detail

@@ -68,7 +68,7 @@ Node device_node(OpKind k, const Tensor& out, std::span<const Tensor> ins, std::
 bool device_forward(Tape& t, OpKind k, const Tensor& out, std::span<const Tensor> ins, std::array<int64_t, 4> ia = {},
                     double fa = 0, void* saved = nullptr) {
   detail::Backend* be = t.backend();
-  if (!be) return false;
+  if (!detail::device_computes(be)) return false;
   Node n = device_node(k, out, ins, ia, fa, saved);
   be->forward(t, n);
   return true;
@@ -262,7 +262,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction r, i
   int64_t count = 0;
   // On a device the targets are checked (and counted) by the kernel; an out
   // of range target is reported at the next synchronisation.
-  for (int64_t i = 0; i < B && !t.backend(); ++i) {
+  for (int64_t i = 0; i < B && !detail::device_computes(t.backend()); ++i) {
     if (y[i] == ignore_index) continue;
     if (y[i] < 0 || y[i] >= C)
       throw IndexError(std::string(op) + ": target " + std::to_string(y[i]) + " at row " + std::to_string(i) +
@@ -273,7 +273,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction r, i
   const bool g = t.wants_grad({&logits, 1});
   // Backward recomputes softmax from the logits and this per-row log-sum-exp
   // (a device also keeps the count of counted rows after them, as a T).
-  const size_t saved_bytes = size_t(B + (t.backend() ? 1 : 0)) * dtype_size(logits.dtype);
+  const size_t saved_bytes = size_t(B + (detail::device_computes(t.backend()) ? 1 : 0)) * dtype_size(logits.dtype);
   t.scratch_reset();
   void* saved = g ? t.alloc(saved_bytes, OpKind::CrossEntropy, op) : t.scratch(saved_bytes);
   if (!device_forward(t, OpKind::CrossEntropy, out, {logits, targets}, {int64_t(r), ignore_index, 0, 0}, 0, saved))
@@ -438,7 +438,7 @@ Tensor embedding(const Tensor& w, const Tensor& idx) {
   const int64_t N = w.dim(0), D = w.dim(1);
   const int64_t* ix = static_cast<const int64_t*>(idx.ptr);
   // On a device the kernel checks the indices (reported at the next synchronisation).
-  for (int64_t i = 0; i < idx.numel() && !t.backend(); ++i)
+  for (int64_t i = 0; i < idx.numel() && !detail::device_computes(t.backend()); ++i)
     if (ix[i] < 0 || ix[i] >= N)
       throw IndexError(std::string(op) + ": index " + std::to_string(ix[i]) + " at position " + std::to_string(i) +
                        " is out of range for " + std::to_string(N) + " rows (weight " + w.describe() + ")");
@@ -525,7 +525,7 @@ Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const
   if (w_ih.dim(0) != 3 * H || w_ih.dim(1) != I || w_hh.dim(0) != 3 * H || w_hh.dim(1) != H)
     shape_error(op, "weights must be w_ih [3H, I] and w_hh [3H, H] for x [T, B, I], h0 [B, H]", {&x, &h0, &w_ih, &w_hh});
   if (b_ih.numel() != 3 * H || b_hh.numel() != 3 * H) shape_error(op, "biases must have 3H elements", {&h0, &b_ih, &b_hh});
-  if (!t.backend()) {
+  if (!detail::device_computes(t.backend())) {
     // CPU: T fused cells, their states stacked along a new leading axis.
     std::vector<Tensor> steps(static_cast<size_t>(T));
     Tensor h = h0;
@@ -859,7 +859,7 @@ void prepare_gru_batch(Tape& tape, int64_t last_node) {
 }  // namespace detail
 
 void backward_node(Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst) {
-  if (detail::Backend* be = tape.backend()) return be->backward(tape, n, gout, dst);
+  if (detail::Backend* be = tape.backend(); detail::device_computes(be)) return be->backward(tape, n, gout, dst);
   if (n.out.dtype == DType::F32) backward_typed(tape, n, static_cast<const float*>(gout), dst);
   else backward_typed(tape, n, static_cast<const double*>(gout), dst);
 }

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "backend.h"
+#include "segtape/emulation.h"
 #include "ops_internal.h"
 
 namespace segtape {
@@ -64,6 +65,7 @@ namespace {
 // CPU tapes have no backend; a CUDA tape's backend checks for a GPU first.
 std::unique_ptr<detail::Backend> make_backend(const Device& d, const TapeOptions& o) {
   if (d.kind == Device::Kind::CPU) return nullptr;
+  if (emulation::emulating_cuda_on_host()) return detail::make_host_emulated_backend(d, o);
   return detail::make_cuda_backend(d, o);
 }
 ChunkAllocator pool_memory(detail::Backend* be, const char* what) { return be ? be->allocator(what) : ChunkAllocator{}; }

@@ -35,27 +35,63 @@ void check_state(const char* op, const char* what, const Tensor& p, const Tensor
 }
 
 template <class F>
-void by_dtype(const Tensor& p, F&& f) {
-  if (p.dtype == DType::F64) f.template operator()<double>();
+void by_dtype(DType d, F&& f) {
+  if (d == DType::F64) f.template operator()<double>();
   else f.template operator()<float>();
 }
 
 }  // namespace
+
+namespace detail {
+
+void cpu_sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdStep& s) {
+  by_dtype(d, [&]<class T>() {
+    const auto sc = sgd_scalars<T>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first, buf != nullptr);
+    T* pt = static_cast<T*>(p);
+    const T* gt = static_cast<const T*>(g);
+    T* bt = static_cast<T*>(buf);
+    for (int64_t i = 0; i < n; ++i) sgd_element(pt[i], gt[i], bt ? bt + i : nullptr, sc);
+  });
+}
+
+void cpu_adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamStep& s) {
+  by_dtype(d, [&]<class T>() {
+    const auto sc = adam_scalars<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step);
+    T* pt = static_cast<T*>(p);
+    const T* gt = static_cast<const T*>(g);
+    T* mt = static_cast<T*>(m);
+    T* vt = static_cast<T*>(v);
+    for (int64_t i = 0; i < n; ++i) adam_element(pt[i], gt[i], mt[i], vt[i], sc);
+  });
+}
+
+void cpu_scale(void* x, int64_t n, DType d, double factor) {
+  by_dtype(d, [&]<class T>() {
+    T* xt = static_cast<T*>(x);
+    const T k = T(factor);
+    for (int64_t i = 0; i < n; ++i) xt[i] = xt[i] * k;
+  });
+}
+
+double cpu_sum_squares(const void* x, int64_t n, DType d) {
+  double s = 0;
+  by_dtype(d, [&]<class T>() {
+    const T* xt = static_cast<const T*>(x);
+    for (int64_t i = 0; i < n; ++i) s += double(xt[i]) * double(xt[i]);
+  });
+  return s;
+}
+
+}  // namespace detail
 
 void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdStep& s) {
   check_param("sgd_step", param);
   const bool has_buf = momentum_buffer.defined();
   if (has_buf) check_state("sgd_step", "the momentum buffer", param, momentum_buffer);
   if (s.momentum != 0 && !has_buf) throw Error("sgd_step: momentum " + std::to_string(s.momentum) + " needs a momentum buffer");
-  if (detail::Backend* be = param.tape->backend())
-    return be->sgd_step(param.dtype, param.numel(), param.ptr, param.grad, has_buf ? momentum_buffer.ptr : nullptr, s);
-  by_dtype(param, [&]<class T>() {
-    const auto sc = detail::sgd_scalars<T>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first, has_buf);
-    T* p = static_cast<T*>(param.ptr);
-    const T* g = static_cast<const T*>(param.grad);
-    T* buf = has_buf ? static_cast<T*>(momentum_buffer.ptr) : nullptr;
-    for (int64_t i = 0, n = param.numel(); i < n; ++i) detail::sgd_element(p[i], g[i], buf ? buf + i : nullptr, sc);
-  });
+  void* buf = has_buf ? momentum_buffer.ptr : nullptr;
+  if (detail::Backend* be = param.tape->backend()) return be->sgd_step(param.dtype, param.numel(), param.ptr, param.grad, buf, s);
+  detail::cpu_sgd_step(param.dtype, param.numel(), param.ptr, param.grad, buf, s);
 }
 
 void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamStep& s) {
@@ -65,14 +101,7 @@ void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg
   if (s.step < 1) throw Error("adam_step: step must be >= 1, got " + std::to_string(s.step));
   if (detail::Backend* be = param.tape->backend())
     return be->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s);
-  by_dtype(param, [&]<class T>() {
-    const auto sc = detail::adam_scalars<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step);
-    T* p = static_cast<T*>(param.ptr);
-    const T* g = static_cast<const T*>(param.grad);
-    T* m = static_cast<T*>(exp_avg.ptr);
-    T* v = static_cast<T*>(exp_avg_sq.ptr);
-    for (int64_t i = 0, n = param.numel(); i < n; ++i) detail::adam_element(p[i], g[i], m[i], v[i], sc);
-  });
+  detail::cpu_adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s);
 }
 
 void zero_grad(const Tensor& param) {
@@ -84,22 +113,13 @@ void zero_grad(const Tensor& param) {
 void scale_grad(const Tensor& param, double factor) {
   check_param("scale_grad", param);
   if (detail::Backend* be = param.tape->backend()) return be->scale(param.grad, param.numel(), param.dtype, factor);
-  by_dtype(param, [&]<class T>() {
-    T* g = static_cast<T*>(param.grad);
-    const T k = T(factor);
-    for (int64_t i = 0, n = param.numel(); i < n; ++i) g[i] = g[i] * k;
-  });
+  detail::cpu_scale(param.grad, param.numel(), param.dtype, factor);
 }
 
 double grad_squared_norm(const Tensor& param) {
   check_param("grad_squared_norm", param);
   if (detail::Backend* be = param.tape->backend()) return be->sum_squares(param.grad, param.numel(), param.dtype);
-  double s = 0;
-  by_dtype(param, [&]<class T>() {
-    const T* g = static_cast<const T*>(param.grad);
-    for (int64_t i = 0, n = param.numel(); i < n; ++i) s += double(g[i]) * double(g[i]);
-  });
-  return s;
+  return detail::cpu_sum_squares(param.grad, param.numel(), param.dtype);
 }
 
 }  // namespace segtape

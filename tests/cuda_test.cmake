@@ -6,3 +6,9 @@ if(SEGTAPE_HAVE_CUDA)
   # nn, the agent Trainer and the retention lab on CUDA against the CPU.
   segtape_test(cuda_nn_test SOURCES cuda_nn_test.cpp LABELS cuda LIBS segtape_agent)
 endif()
+
+# The same nn / agent / retention-lab device tests on the host-emulated device
+# (segtape/emulation.h): built and run in every build, GPU or not, so CI runs
+# the device code paths of the tape, nn and the agent (and ASan sees them).
+segtape_test(emulated_device_test SOURCES cuda_nn_test.cpp LABELS emulated LIBS segtape_agent PREFIX "emulated.")
+target_compile_definitions(emulated_device_test PRIVATE SEGTAPE_TEST_EMULATED_DEVICE)

@@ -1,0 +1,17 @@
+// Test seams. Not for production use.
+#pragma once
+
+namespace segtape::emulation {
+
+// While on, every new Tape(Device::cuda(i)) gets a host-emulated device
+// instead of the CUDA backend (also in a build without CUDA): its pools are
+// host memory the host may not touch directly (data<T>() raises, as on a
+// GPU), copies, fills and parameter updates go through the backend
+// interface, and the ops compute with the CPU code. It lets the CPU-only CI
+// run the device code paths of the tape, nn and the agent (tests/
+// cuda_nn_test.cpp built as emulated_device_test). It is not a model of a
+// GPU's numerics, streams or graphs: graph replay is refused.
+void emulate_cuda_on_host(bool on);
+bool emulating_cuda_on_host();
+
+}  // namespace segtape::emulation
