@@ -107,20 +107,26 @@ __device__ __forceinline__ T binary_op(Binary k, T x, T y) {
 // ---- transpose through a shared tile (coalesced reads and writes)
 constexpr int kTile = 32;
 template <class T>
+// Row tiles are strided over grid y (at most 65535 blocks there), so any
+// number of rows fits one launch; the loop bound depends on the block only,
+// so every thread of a block reaches the same barriers.
 __global__ void transpose_kernel(const T* x, T* y, int64_t R, int64_t C, bool accumulate) {
   __shared__ T tile[kTile][kTile + 1];
-  const int64_t c0 = int64_t(blockIdx.x) * kTile, r0 = int64_t(blockIdx.y) * kTile;
-  for (int k = threadIdx.y; k < kTile; k += blockDim.y) {
-    const int64_t r = r0 + k, c = c0 + threadIdx.x;
-    if (r < R && c < C) tile[k][threadIdx.x] = x[r * C + c];
-  }
-  __syncthreads();
-  for (int k = threadIdx.y; k < kTile; k += blockDim.y) {
-    const int64_t c = c0 + k, r = r0 + threadIdx.x;  // y[c, r]
-    if (r < R && c < C) {
-      const T v = tile[threadIdx.x][k];
-      y[c * R + r] = accumulate ? y[c * R + r] + v : v;
+  const int64_t c0 = int64_t(blockIdx.x) * kTile;
+  for (int64_t r0 = int64_t(blockIdx.y) * kTile; r0 < R; r0 += int64_t(gridDim.y) * kTile) {
+    for (int k = threadIdx.y; k < kTile; k += blockDim.y) {
+      const int64_t r = r0 + k, c = c0 + threadIdx.x;
+      if (r < R && c < C) tile[k][threadIdx.x] = x[r * C + c];
     }
+    __syncthreads();
+    for (int k = threadIdx.y; k < kTile; k += blockDim.y) {
+      const int64_t c = c0 + k, r = r0 + threadIdx.x;  // y[c, r]
+      if (r < R && c < C) {
+        const T v = tile[threadIdx.x][k];
+        y[c * R + r] = accumulate ? y[c * R + r] + v : v;
+      }
+    }
+    __syncthreads();  // the tile is refilled by the next row tile
   }
 }
 
@@ -344,8 +350,8 @@ void add_strided(cudaStream_t s, T* dst, int64_t dst_pitch, const T* src, int64_
 template <class T> void transpose(cudaStream_t s, const T* x, T* y, int64_t R, int64_t C, bool accumulate) {
   if (R <= 0 || C <= 0) return;
   const int64_t gx = (C + kTile - 1) / kTile, gy = (R + kTile - 1) / kTile;
-  if (gy > 65535 || gx > INT_MAX) throw Error("transpose: matrix too large for one launch");
-  transpose_kernel<T><<<dim3(unsigned(gx), unsigned(gy)), dim3(kTile, 8), 0, s>>>(x, y, R, C, accumulate);
+  if (gx > INT_MAX) throw Error("transpose: matrix too wide for one launch (" + std::to_string(C) + " columns)");
+  transpose_kernel<T><<<dim3(unsigned(gx), unsigned(gy < 65535 ? gy : 65535)), dim3(kTile, 8), 0, s>>>(x, y, R, C, accumulate);
   check_launch("transpose");
 }
 
