@@ -1,0 +1,151 @@
+// The op table shared by gradcheck_test.cpp (every op on the CPU in float64
+// against finite differences) and cuda_test.cpp (every op on CUDA against the
+// CPU): one entry per op and variant, with its input shapes from random dims
+// d[0..3], the op as a function of its inputs, the input value range, and the
+// float32 tolerance the CUDA comparison allows (relative, norm-wise).
+#pragma once
+#include <functional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "segtape/ops.h"
+
+namespace segtape::test {
+
+struct OpCase {
+  std::string name;
+  std::function<std::vector<Shape>(const int64_t* d)> shapes;  // from random dims d[0..3]
+  std::function<Tensor(Tape&, const std::vector<Tensor>&, const int64_t* d)> f;
+  double lo = -1, hi = 1;  // input range
+  double tol32 = 1e-5;     // float32 on CUDA vs float64 on the CPU: relative error, values and gradients
+};
+
+inline std::vector<OpCase> op_cases() {
+  using S = std::vector<Shape>;
+  std::vector<OpCase> c;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      c.push_back({"matmul_t" + std::to_string(ta) + std::to_string(tb),
+                   [=](const int64_t* d) {
+                     return S{ta ? Shape{d[1], d[0]} : Shape{d[0], d[1]}, tb ? Shape{d[2], d[1]} : Shape{d[1], d[2]}};
+                   },
+                   [=](Tape&, const std::vector<Tensor>& in, const int64_t*) { return matmul(in[0], in[1], ta, tb); }, -1, 1,
+                   2e-5});
+  const std::pair<const char*, Tensor (*)(const Tensor&, const Tensor&)> bin[] = {{"add", add}, {"sub", sub}, {"mul", mul}, {"div", div}};
+  for (auto [name, fn] : bin) {
+    const bool is_div = std::string(name) == "div";
+    const double lo = is_div ? 0.5 : -1, hi = is_div ? 2.0 : 1;
+    c.push_back({std::string(name) + "_same", [](const int64_t* d) { return S{{d[0], d[1]}, {d[0], d[1]}}; },
+                 [fn](Tape&, const std::vector<Tensor>& in, const int64_t*) { return fn(in[0], in[1]); }, lo, hi});
+    c.push_back({std::string(name) + "_row", [](const int64_t* d) { return S{{d[0], d[1], d[2]}, {d[2]}}; },
+                 [fn](Tape&, const std::vector<Tensor>& in, const int64_t*) { return fn(in[0], in[1]); }, lo, hi, 2e-5});
+    c.push_back({std::string(name) + "_scalar", [](const int64_t* d) { return S{{d[0], d[1]}, {1}}; },
+                 [fn](Tape&, const std::vector<Tensor>& in, const int64_t*) { return fn(in[0], in[1]); }, lo, hi, 5e-5});
+  }
+  const std::pair<const char*, Tensor (*)(const Tensor&)> un[] = {{"neg", neg},   {"tanh", tanh}, {"sigmoid", sigmoid},
+                                                                  {"relu", relu}, {"exp", exp},   {"softmax", softmax},
+                                                                  {"log_softmax", log_softmax}};
+  for (auto [name, fn] : un)
+    c.push_back({name, [](const int64_t* d) { return S{{d[0], d[1], d[2]}}; },
+                 [fn](Tape&, const std::vector<Tensor>& in, const int64_t*) { return fn(in[0]); }});
+  c.push_back({"log", [](const int64_t* d) { return S{{d[0], d[1]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return log(in[0]); }, 0.3, 2.0});
+  c.push_back({"scale", [](const int64_t* d) { return S{{d[0], d[1]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return scale(in[0], -2.5); }});
+  // Sums of up to 70^3 elements: float32 rounding grows with the count.
+  c.push_back({"sum_all", [](const int64_t* d) { return S{{d[0], d[1], d[2]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return sum(in[0]); }, -1, 1, 1e-4});
+  c.push_back({"mean_all", [](const int64_t* d) { return S{{d[0], d[1], d[2]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return mean(in[0]); }, -1, 1, 1e-4});
+  for (int ax = 0; ax < 3; ++ax) {
+    c.push_back({"sum_axis" + std::to_string(ax), [](const int64_t* d) { return S{{d[0], d[1], d[2]}}; },
+                 [ax](Tape&, const std::vector<Tensor>& in, const int64_t*) { return sum(in[0], ax); }, -1, 1, 2e-5});
+    c.push_back({"mean_axis" + std::to_string(ax), [](const int64_t* d) { return S{{d[0], d[1], d[2]}}; },
+                 [ax](Tape&, const std::vector<Tensor>& in, const int64_t*) { return mean(in[0], ax); }, -1, 1, 2e-5});
+  }
+  for (int red = 0; red < 2; ++red)
+    c.push_back({red ? "cross_entropy_sum_ignore" : "cross_entropy_mean", [](const int64_t* d) { return S{{d[0] + 1, d[1] + 1}}; },
+                 [red](Tape& t, const std::vector<Tensor>& in, const int64_t* d) {
+                   std::vector<int64_t> y(static_cast<size_t>(d[0] + 1));
+                   for (size_t i = 0; i < y.size(); ++i) y[i] = int64_t(i * 7 % size_t(d[1] + 1));
+                   if (red) y[0] = -100;  // ignored row
+                   return cross_entropy(in[0], t.from(std::span<const int64_t>(y), {int64_t(y.size())}),
+                                        red ? Reduction::Sum : Reduction::Mean);
+                 },
+                 -1, 1, 2e-5});
+  c.push_back({"mse_loss", [](const int64_t* d) { return S{{d[0], d[1]}, {d[0], d[1]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return mse_loss(in[0], in[1]); }, -1, 1, 2e-5});
+  c.push_back({"mse_loss_sum", [](const int64_t* d) { return S{{d[0], d[1]}, {d[0], d[1]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return mse_loss(in[0], in[1], Reduction::Sum); }, -1, 1,
+               2e-5});
+  for (int ax = 0; ax < 2; ++ax)
+    c.push_back({"concat_axis" + std::to_string(ax),
+                 [ax](const int64_t* d) {
+                   return ax ? S{{d[0], d[1]}, {d[0], d[2]}, {d[0], 1}} : S{{d[0], d[1]}, {d[2], d[1]}, {1, d[1]}};
+                 },
+                 [ax](Tape&, const std::vector<Tensor>& in, const int64_t*) { return concat({in[0], in[1], in[2]}, ax); }});
+  c.push_back({"slice", [](const int64_t* d) { return S{{d[0], d[1] + 2, d[2]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t* d) { return slice(in[0], 1, 1, d[1]); }});
+  c.push_back({"reshape", [](const int64_t* d) { return S{{d[0], d[1], d[2]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t* d) {
+                 return mul(reshape(in[0], {d[0] * d[1], d[2]}), reshape(in[0], {d[0] * d[1], d[2]}));
+               }});
+  c.push_back({"transpose", [](const int64_t* d) { return S{{d[0], d[1]}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return transpose(in[0]); }});
+  c.push_back({"embedding", [](const int64_t* d) { return S{{d[0] + 2, d[1]}}; },
+               [](Tape& t, const std::vector<Tensor>& in, const int64_t* d) {
+                 std::vector<int64_t> ix = {0, d[0] + 1, 1, 0};  // repeats accumulate
+                 return embedding(in[0], t.from(std::span<const int64_t>(ix), {2, 2}));
+               }});
+  auto gru_shapes = [](const int64_t* d) {
+    return S{{d[0], d[1]}, {d[0], d[2]}, {3 * d[2], d[1]}, {3 * d[2], d[2]}, {3 * d[2]}, {3 * d[2]}};
+  };
+  c.push_back({"gru_cell", gru_shapes,
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return gru_cell(in[0], in[1], in[2], in[3], in[4], in[5]); },
+               -1, 1, 2e-5});
+  c.push_back({"gru_cell_recompute", gru_shapes,
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) {
+                 return gru_cell(in[0], in[1], in[2], in[3], in[4], in[5], true);
+               },
+               -1, 1, 2e-5});
+  // x [T = d0 + 1, B = d1, I = d2], h0 [B, H = d3 + 1]: cuDNN on CUDA, fused cells on the CPU.
+  c.push_back({"gru_sequence",
+               [](const int64_t* d) {
+                 const int64_t T = d[0] + 1, B = d[1], I = d[2], H = d[3] + 1;
+                 return S{{T, B, I}, {B, H}, {3 * H, I}, {3 * H, H}, {3 * H}, {3 * H}};
+               },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) {
+                 return gru_sequence(in[0], in[1], in[2], in[3], in[4], in[5]);
+               },
+               -1, 1, 1e-4});  // up to 71 recurrent steps of float32
+  // Composed graphs.
+  c.push_back({"mlp_cross_entropy", [](const int64_t* d) { return S{{d[0], d[1]}, {d[1], d[2]}, {d[2]}, {d[2], 3}}; },
+               [](Tape& t, const std::vector<Tensor>& in, const int64_t* d) {
+                 Tensor hid = tanh(add(matmul(in[0], in[1]), in[2]));
+                 std::vector<int64_t> y(static_cast<size_t>(d[0]), 2);
+                 return cross_entropy(matmul(hid, in[3]), t.from(std::span<const int64_t>(y), {d[0]}));
+               },
+               -1, 1, 5e-5});
+  c.push_back({"gru_unrolled_3", gru_shapes,
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) {
+                 Tensor h = in[1];
+                 Tensor loss;
+                 for (int s = 0; s < 3; ++s) {
+                   h = gru_cell(scale(in[0], 1.0 + s), h, in[2], in[3], in[4], in[5]);
+                   Tensor l = mean(mul(h, h));
+                   loss = s ? add(loss, l) : l;
+                 }
+                 return loss;
+               },
+               -1, 1, 5e-5});
+  c.push_back({"softmax_log_exp_chain", [](const int64_t* d) { return S{{d[0], d[1] + 1}}; },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) {
+                 return sum(log(add(softmax(in[0]), exp(relu(in[0])))), 1);
+               },
+               -1, 1, 5e-5});
+  return c;
+}
+
+}  // namespace segtape::test
