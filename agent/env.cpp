@@ -22,6 +22,8 @@ void Env::load_state(std::span<const int64_t> s) {
   if (s.size() != ints.size() + 4)
     throw Error("env '" + spec().name + "': saved state has " + std::to_string(s.size()) + " integers, expected " +
                 std::to_string(ints.size() + 4) + " (a checkpoint of another configuration?)");
+  if (s[2] < 0 || s[3] < s[2] || !valid_state(s.subspan(4)))
+    throw Error("env '" + spec().name + "': saved state is out of range for this configuration (a damaged checkpoint?)");
   rng_.set_state({uint64_t(s[0]), uint64_t(s[1])});
   score_num_ = s[2], score_den_ = s[3];
   std::copy(s.begin() + 4, s.end(), ints.begin());
@@ -61,6 +63,11 @@ class Recall final : public Env {
 
  private:
   std::vector<int64_t>& state_ints() override { return s_; }
+  bool valid_state(std::span<const int64_t> v) const override {  // per stream: t >= 0, ring tokens in [0, V)
+    for (size_t i = 0; i < v.size(); ++i)
+      if (v[i] < 0 || (i % size_t(L_ + 2) != 0 && v[i] >= V_)) return false;
+    return true;
+  }
   int64_t t(int64_t b) const { return s_[size_t(b * (L_ + 2))]; }
   int64_t* ring(int64_t b) { return s_.data() + b * (L_ + 2) + 1; }
   const int64_t* ring(int64_t b) const { return s_.data() + b * (L_ + 2) + 1; }
@@ -109,6 +116,11 @@ class TMaze final : public Env {
 
  private:
   std::vector<int64_t>& state_ints() override { return s_; }
+  bool valid_state(std::span<const int64_t> v) const override {  // per stream: cue in {0, 1}, position in [0, N]
+    for (size_t i = 0; i + 1 < v.size(); i += 2)
+      if (v[i] < 0 || v[i] > 1 || v[i + 1] < 0 || v[i + 1] > N_) return false;
+    return true;
+  }
   int64_t N_;
   EnvSpec spec_;
   std::vector<int64_t> s_;
@@ -170,6 +182,12 @@ class Dialogue final : public Env {
 
  private:
   std::vector<int64_t>& state_ints() override { return s_; }
+  // per stream: turn in [0, T), city in [0, C), message in [0, messages); the jitter id is any value
+  bool valid_state(std::span<const int64_t> v) const override {
+    for (size_t i = 0; i + 3 < v.size(); i += 4)
+      if (v[i] < 0 || v[i] >= T_ || v[i + 1] < 0 || v[i + 1] >= C_ || v[i + 2] < 0 || v[i + 2] >= messages()) return false;
+    return true;
+  }
   int64_t messages() const { return C_ + kFillers + kRequests; }
   int64_t msg(int64_t b) const { return s_[size_t(4 * b + 2)]; }
   int64_t target(int64_t b) const {

@@ -321,6 +321,11 @@ int retention_lab(RetentionArgs& a) {
     std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
     out = fs::path("runs") / (std::string("retention-") + stamp);
   }
+  if (c.device == "cuda") {  // a device that cannot be used says so before anything is written
+    TapeOptions small;
+    small.segment_budget = small.device_persistent = small.device_carry = small.device_workspace = size_t(1) << 20;
+    Tape probe(Device::cuda(), small);
+  }
   prepare_dir(out);
   rt::TorchRunner torch = nullptr;
 #ifdef SEGTAPE_WITH_LIBTORCH

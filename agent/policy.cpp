@@ -26,6 +26,16 @@ Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& 
   }
 }
 
+int64_t Policy::parameters_for(const EnvSpec& env, const PolicyShape& s) {
+  auto linear = [](int64_t in, int64_t out) { return in * out + out; };
+  int64_t n = env.vocab > 0 ? env.vocab * s.embed : linear(env.obs_dim, s.embed);  // encoder
+  n += s.window > 0 ? linear(s.window * s.embed, s.hidden)                           // compress
+                    : 3 * s.hidden * (s.embed + s.hidden) + 6 * s.hidden;            // gru
+  n += linear(s.hidden, env.num_actions);                                              // head
+  if (s.value_head) n += linear(s.hidden, 1);                                          // value
+  return n;
+}
+
 Tensor Policy::encode(const Tensor& obs) const {
   if (token_encoder_) return (*token_encoder_)(obs);
   return tanh((*vector_encoder_)(obs));

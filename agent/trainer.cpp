@@ -154,6 +154,21 @@ TapeOptions tape_options(const TrainConfig& c) {
   return o;
 }
 
+// A device's pools are fixed at setup, and a `segtape train` user cannot
+// size them by hand: the persistent pool is sized from the model (its
+// parameters, their gradients and Adam's two moments: four floats each, with
+// room for the per-tensor alignment), the recurrent state, the window ring and
+// a few spare states (evaluate, load); the carry buffer from the state it
+// carries. The defaults stay as floors.
+void size_device_pools(TapeOptions& o, const EnvSpec& spec, const PolicyShape& shape, int64_t batch) {
+  const size_t params = size_t(Policy::parameters_for(spec, shape));
+  const size_t state = align_up(size_t(batch * shape.hidden) * sizeof(float));
+  const size_t ring = size_t(std::max<int64_t>(shape.window, 1)) * align_up(size_t(batch * shape.embed) * sizeof(float));
+  const size_t model = 4 * params * sizeof(float) + 4 * 16 * kAlign;  // 4 copies; <= 16 tensors, each padded
+  o.device_persistent = std::max(o.device_persistent, model + 4 * state + ring + (size_t(4) << 20));
+  o.device_carry = std::max(o.device_carry, 2 * state + (size_t(1) << 20));
+}
+
 int64_t argmax_row(const float* p, int64_t n) {
   int64_t best = 0;
   for (int64_t i = 1; i < n; ++i)
@@ -165,10 +180,12 @@ int64_t argmax_row(const float* p, int64_t n) {
 Trainer::Trainer(const TrainConfig& c)
     : config_(c), init_rng_(c.seed), act_rng_(c.seed ^ 0xac7u) {
   config_.validate();
-  tape_ = std::make_unique<Tape>(config_.device == "cuda" ? Device::cuda() : Device::cpu(), tape_options(config_));
   env_ = make_env(c.env, c.batch, c.seed * 1000003u + 17u, c.env_options);
   const EnvSpec& spec = env_->spec();
   PolicyShape shape{c.embed, c.hidden, c.history.kind == History::Kind::Window ? c.history.window : 0, !spec.supervised};
+  TapeOptions options = tape_options(config_);
+  if (config_.device == "cuda") size_device_pools(options, spec, shape, c.batch);
+  tape_ = std::make_unique<Tape>(config_.device == "cuda" ? Device::cuda() : Device::cpu(), options);
   policy_ = std::make_unique<Policy>(*tape_, init_rng_, spec, shape);
   optim_ = std::make_unique<nn::Adam>(*policy_, nn::AdamOptions{.lr = c.lr});
   h_ = tape_->persistent({c.batch, c.hidden});
@@ -470,6 +487,11 @@ void Trainer::load(const std::filesystem::path& file) {
   const auto rngs = f.values<int64_t>("train.rngs");
   const auto env_state = f.values<int64_t>("env.state");
   if (counters.size() != 3 || rngs.size() != 4) throw CheckpointError(file.string() + ": malformed train.counters / train.rngs");
+  const int64_t ring = std::max<int64_t>(int64_t(window_.size()), 1);
+  if (counters[0] < 0 || counters[1] < 0 || counters[2] < 0 || counters[2] >= ring)
+    throw CheckpointError(file.string() + ": train.counters out of range (step " + std::to_string(counters[0]) +
+                          ", optimizer steps " + std::to_string(counters[1]) + ", window position " +
+                          std::to_string(counters[2]) + " of " + std::to_string(ring) + "): a damaged checkpoint?");
   std::vector<std::pair<std::string, Tensor>> targets;
   for (const auto& [name, t] : policy_->named_parameters()) targets.push_back({"policy." + name, t});
   for (const auto& [name, t] : optim_->state()) targets.push_back({"optim." + name, t});

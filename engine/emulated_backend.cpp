@@ -18,7 +18,7 @@ namespace {
 std::atomic<bool> g_emulate{false};
 
 void* host_take(void*, size_t bytes, const char* what) {
-  void* p = std::aligned_alloc(kAlign, align_up(bytes));
+  void* p = std::aligned_alloc(kAlign, align_up(bytes ? bytes : 1));
   if (!p) throw Error(std::string("host-emulated device: out of host memory reserving the ") + what);
   return p;
 }

@@ -340,6 +340,7 @@ Tensor concat(std::span<const Tensor> parts, int axis) {
   const Tensor& a = parts[0];
   Tape& t = check(op, {&a});
   const int ax = norm_axis(op, a, axis);
+  if (parts.size() == 1) return a;  // nothing to join: the part itself, like a view (no copy, no node)
   Shape os = a.shape;
   int64_t total = 0;
   for (const Tensor& p : parts) {

@@ -32,6 +32,9 @@ void check_state(const char* op, const char* what, const Tensor& p, const Tensor
   if (s.space != Space::Persistent || !(s.shape == p.shape) || s.dtype != p.dtype)
     throw ShapeError(std::string(op) + ": " + what + " " + s.describe() + " must be a persistent tensor like the parameter " +
                      p.describe());
+  if (s.ptr == p.ptr || s.ptr == p.grad)
+    throw Error(std::string(op) + ": " + what + " is the parameter's own " + (s.ptr == p.ptr ? "values" : "gradient") +
+                ": optimizer state needs a tensor of its own");
 }
 
 template <class F>
@@ -89,6 +92,7 @@ void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdStep&
   const bool has_buf = momentum_buffer.defined();
   if (has_buf) check_state("sgd_step", "the momentum buffer", param, momentum_buffer);
   if (s.momentum != 0 && !has_buf) throw Error("sgd_step: momentum " + std::to_string(s.momentum) + " needs a momentum buffer");
+  if (s.momentum == 0 && has_buf) throw Error("sgd_step: a momentum buffer with momentum 0 (pass an undefined buffer)");
   void* buf = has_buf ? momentum_buffer.ptr : nullptr;
   if (detail::Backend* be = param.tape->backend()) return be->sgd_step(param.dtype, param.numel(), param.ptr, param.grad, buf, s);
   detail::cpu_sgd_step(param.dtype, param.numel(), param.ptr, param.grad, buf, s);
@@ -98,6 +102,7 @@ void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg
   check_param("adam_step", param);
   check_state("adam_step", "exp_avg", param, exp_avg);
   check_state("adam_step", "exp_avg_sq", param, exp_avg_sq);
+  if (exp_avg.ptr == exp_avg_sq.ptr) throw Error("adam_step: exp_avg and exp_avg_sq are the same tensor");
   if (s.step < 1) throw Error("adam_step: step must be >= 1, got " + std::to_string(s.step));
   if (detail::Backend* be = param.tape->backend())
     return be->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s);

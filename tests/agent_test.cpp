@@ -43,6 +43,23 @@ Trace run_env(Env& env, int steps, int64_t action = 0) {
   return t;
 }
 
+// The count that sizes a device's persistent pool (Policy::parameters_for,
+// computed without building) equals the built policy's, for every env, with
+// and without the window's compress layer and the value head.
+TEST(Policy, ParameterCountWithoutBuildingMatchesTheBuiltPolicy) {
+  for (const std::string& env : env_names())
+    for (int64_t window : {int64_t(0), int64_t(5)}) {
+      SCOPED_TRACE(env + " window " + std::to_string(window));
+      auto e = make_env(env, 2, 1, EnvOptions{});
+      const EnvSpec& spec = e->spec();
+      const PolicyShape shape{6, 10, window, !spec.supervised};
+      Tape tape;
+      nn::Rng rng(1);
+      const Policy built(tape, rng, spec, shape);
+      EXPECT_EQ(Policy::parameters_for(spec, shape), built.parameter_count());
+    }
+}
+
 TEST(Env, SeededAndDeterministic) {
   for (const std::string& name : env_names()) {
     auto a = make_env(name, 4, 7, {}), b = make_env(name, 4, 7, {}), c = make_env(name, 4, 8, {});

@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -216,7 +217,7 @@ TEST(Catalog, OpsRejectMismatchedShapesDtypesAndIndices) {
 TEST(Catalog, UpdatesAndHostCopiesRejectBadTensors) {
   Tape tape, other;
   const Tensor p = tape.parameter({2, 3}), pd = tape.parameter({2, 3}, DType::F64);
-  const Tensor st = tape.persistent({2, 3}), wrong = tape.persistent({3, 2}), st64 = tape.persistent({2, 3}, DType::F64);
+  const Tensor st = tape.persistent({2, 3}), st2 = tape.persistent({2, 3}), wrong = tape.persistent({3, 2}), st64 = tape.persistent({2, 3}, DType::F64);
   const Tensor foreign = other.persistent({2, 3});
   const std::vector<float> init = {1, 2, 3, 4, 5, 6};
   p.from_host(std::span<const float>(init));
@@ -230,7 +231,10 @@ TEST(Catalog, UpdatesAndHostCopiesRejectBadTensors) {
       {"sgd_step with a [3,2] buffer for [2,3]", Kind::Shape, "momentum buffer", [&] { sgd_step(p, wrong, {.momentum = 0.9}); }},
       {"adam_step with exp_avg of another tape", Kind::Tape, "another tape", [&] { adam_step(p, foreign, st, {}); }},
       {"adam_step with f32 state for an f64 parameter", Kind::Shape, "exp_avg_sq", [&] { adam_step(pd, st64, st, {}); }},
-      {"adam_step at step 0", Kind::Error, "step must be >= 1", [&] { adam_step(p, st, st, {.step = 0}); }},
+      {"adam_step at step 0", Kind::Error, "step must be >= 1", [&] { adam_step(p, st, st2, {.step = 0}); }},
+      {"adam_step with one tensor as both moments", Kind::Error, "the same tensor", [&] { adam_step(p, st, st, {}); }},
+      {"adam_step with the parameter as its state", Kind::Error, "parameter's own values", [&] { adam_step(p, p, st, {}); }},
+      {"sgd_step with a buffer and momentum 0", Kind::Error, "momentum 0", [&] { sgd_step(p, st, {}); }},
       {"zero_grad of an undefined tensor", Kind::Error, "undefined", [&] { zero_grad(Tensor{}); }},
       {"scale_grad of a segment tensor", Kind::Error, "not a parameter", [&] { scale_grad(x, 2); }},
       {"grad_squared_norm of optimizer state", Kind::Error, "not a parameter", [&] { (void)grad_squared_norm(st); }},
@@ -240,7 +244,7 @@ TEST(Catalog, UpdatesAndHostCopiesRejectBadTensors) {
   const int n = walk(rows, [&](const Row& r) {
     EXPECT_EQ(p.to_host<float>(), init) << "a refused update changed the parameter: " << r.what;
   });
-  EXPECT_EQ(n, 11);
+  EXPECT_EQ(n, 14);
 }
 
 // ------------------------------------------------------------ engine: tape and segments
@@ -450,6 +454,26 @@ TEST(Catalog, TrainerConfigsAndCheckpoints) {
     t.save(p);
     return p;
   };
+  // The good checkpoint with one integer of one I64 tensor replaced: well-formed
+  // files whose values are out of range.
+  auto tampered = [&](const std::string& tensor, size_t index, int64_t value, const std::string& name) {
+    const st::File f = st::load(good);
+    std::vector<std::vector<std::byte>> bytes;
+    bytes.reserve(f.tensors.size());
+    std::vector<st::TensorRef> refs;
+    for (const st::TensorInfo& t : f.tensors) {
+      const auto d = f.data(t);
+      bytes.emplace_back(d.begin(), d.end());
+      if (t.name == tensor) std::memcpy(bytes.back().data() + index * sizeof value, &value, sizeof value);
+      refs.push_back({t.name, t.dtype, t.shape, bytes.back()});
+    }
+    const fs::path p = dir / name;
+    st::save_atomic(p, refs, f.metadata);
+    return p;
+  };
+  const fs::path bad_window = tampered("train.counters", 2, 5, "bad-window.safetensors");
+  const fs::path bad_steps = tampered("train.counters", 1, -3, "bad-steps.safetensors");
+  const fs::path bad_env = tampered("env.state", 4, -7, "bad-env.safetensors");
   const fs::path wider = other([](agent::TrainConfig& c) { c.hidden = 12; }, "wider.safetensors");
   const fs::path tmaze = other([](agent::TrainConfig& c) { c.env = "tmaze"; }, "tmaze.safetensors");
   const fs::path k4 = other([](agent::TrainConfig& c) { c.history = agent::History::parse("tbptt:4"); }, "k4.safetensors");
@@ -495,6 +519,12 @@ TEST(Catalog, TrainerConfigsAndCheckpoints) {
       {"load a checkpoint with another --hidden", Kind::Checkpoint, "another --batch/--hidden/--embed",
        [&] { trainer.load(wider); }},
       {"load a checkpoint of another --env", Kind::Checkpoint, "another --env", [&] { trainer.load(tmaze); }},
+      {"load a checkpoint whose window position is past the ring", Kind::Checkpoint, "train.counters out of range",
+       [&] { trainer.load(bad_window); }},
+      {"load a checkpoint with a negative optimizer step count", Kind::Checkpoint, "train.counters out of range",
+       [&] { trainer.load(bad_steps); }},
+      {"load a checkpoint whose env state is out of range", Kind::Error, "saved state is out of range",
+       [&] { trainer.load(bad_env); }},
       {"load a checkpoint with another --history", Kind::Checkpoint, "another --history", [&] { trainer.load(k4); }},
       {"read_config of a state_dict", Kind::Checkpoint, "not a segtape training checkpoint",
        [&] { (void)agent::Trainer::read_config(dir / "state_dict.safetensors"); }},

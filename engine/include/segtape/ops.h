@@ -38,6 +38,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction r = 
 Tensor mse_loss(const Tensor& a, const Tensor& b, Reduction r = Reduction::Mean);
 // Any number of parts: more than a node's 6 inputs become a balanced tree of
 // concat nodes (each element copied about log_6(n) times; no heap allocation).
+// One part is returned as it is (no copy, no node), as reshape returns a view.
 Tensor concat(std::span<const Tensor> parts, int axis);
 Tensor concat(std::initializer_list<Tensor> parts, int axis);
 Tensor slice(const Tensor& a, int axis, int64_t start, int64_t length);

@@ -65,6 +65,10 @@ class Env {
   int64_t draw(int64_t n) { return int64_t(rng_.next_u64() % uint64_t(n)); }
   // Per-stream integers that make up the env's state (besides the rng).
   virtual std::vector<int64_t>& state_ints() = 0;
+  // Whether saved per-stream integers are a state this env can be in
+  // (counters >= 0, indices in range): load_state refuses anything else, so a
+  // damaged checkpoint never becomes an out-of-range index.
+  virtual bool valid_state(std::span<const int64_t> ints) const = 0;
 
   int64_t batch_;
   nn::Rng rng_;
