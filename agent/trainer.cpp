@@ -188,7 +188,8 @@ Trainer::Trainer(const TrainConfig& c)
   tape_ = std::make_unique<Tape>(config_.device == "cuda" ? Device::cuda() : Device::cpu(), options);
   policy_ = std::make_unique<Policy>(*tape_, init_rng_, spec, shape);
   optim_ = std::make_unique<nn::Adam>(*policy_, nn::AdamOptions{.lr = c.lr});
-  h_ = tape_->persistent({c.batch, c.hidden});
+  h_ = h_home_ = tape_->persistent({c.batch, c.hidden});
+  eval_h_ = tape_->persistent({c.batch, c.hidden});
   for (int64_t i = 0; i + 1 < shape.window; ++i) window_.push_back(tape_->persistent({c.batch, c.embed}));
   const size_t B = size_t(c.batch);
   tokens_.assign(B, 0);
@@ -381,11 +382,16 @@ double Trainer::evaluate(int64_t steps, uint64_t seed) {
   // training state (h, window ring, env) is put back afterwards.
   std::unique_ptr<Env> keep_env = std::move(env_);
   env_ = make_env(config_.env, config_.batch, seed, config_.env_options);
-  Tensor keep_h = h_;
+  // The training state may be a carried value, which would expire in the
+  // segments below: keep it in its persistent home. The evaluation's own
+  // state has a persistent home too (allocated once: evaluate may be called
+  // any number of times without the pools growing).
+  copy_into(h_home_, h_);
   const int64_t keep_pos = window_pos_;
   std::vector<std::vector<float>> keep_window;
   for (const Tensor& w : window_) keep_window.push_back(w.to_host<float>());
-  Tensor h0 = tape_->persistent({config_.batch, config_.hidden});
+  Tensor h0 = eval_h_;
+  h0.from_host(std::span<const float>(std::vector<float>(size_t(h0.numel()), 0.0f)));
   h_ = h0;
   const std::vector<float> zeros(window_keep_.size(), 0.0f);
   for (const Tensor& w : window_) w.from_host(std::span<const float>(zeros));
@@ -405,7 +411,7 @@ double Trainer::evaluate(int64_t steps, uint64_t seed) {
   }
   const double score = env_->score();
   env_ = std::move(keep_env);
-  h_ = keep_h;
+  h_ = h_home_;
   window_pos_ = keep_pos;
   for (size_t i = 0; i < window_.size(); ++i) window_[i].from_host(std::span<const float>(keep_window[i]));
   return score;
@@ -495,8 +501,7 @@ void Trainer::load(const std::filesystem::path& file) {
   std::vector<std::pair<std::string, Tensor>> targets;
   for (const auto& [name, t] : policy_->named_parameters()) targets.push_back({"policy." + name, t});
   for (const auto& [name, t] : optim_->state()) targets.push_back({"optim." + name, t});
-  Tensor h = tape_->persistent({config_.batch, config_.hidden});
-  targets.push_back({"state.h", h});
+  targets.push_back({"state.h", h_home_});
   for (size_t i = 0; i < window_.size(); ++i) targets.push_back({"state.window." + std::to_string(i), window_[i]});
   // Checks shapes of all first (restore into scratch copies would double memory; check then copy).
   for (const auto& [name, t] : targets) {
@@ -508,7 +513,7 @@ void Trainer::load(const std::filesystem::path& file) {
   }
   env_->load_state(env_state);
   for (const auto& [name, t] : targets) restore(f, name, t);
-  h_ = h;
+  h_ = h_home_;
   step_ = counters[0];
   optim_->set_step_count(counters[1]);
   window_pos_ = counters[2];

@@ -213,6 +213,30 @@ TEST(Resume, ContinuesBitIdentically) {
   fs::remove_all(dir);
 }
 
+// Evaluating mid-run changes nothing about the run: training continues
+// bit-identically (the carried state is kept in a persistent home, not left to
+// expire in evaluate's segments), and repeated evaluations do not grow memory.
+TEST(Evaluate, MidRunLeavesTrainingUnchangedAndMemoryFlat) {
+  for (const char* env : {"recall", "tmaze"}) {
+    for (const char* h : {"tbptt:8", "window:3"}) {
+      SCOPED_TRACE(std::string(env) + " " + h);
+      TrainConfig c = small(env, h, 0);
+      c.steps = c.history.k * 8;
+      Trainer straight(c), paused(c);
+      for (int i = 0; i < 3; ++i) straight.run_segment(), paused.run_segment();
+      const size_t persistent = paused.tape().stats().persistent_bytes;
+      for (int i = 0; i < 4; ++i) (void)paused.evaluate(40, uint64_t(i));
+      EXPECT_EQ(paused.tape().stats().persistent_bytes, persistent);
+      while (!straight.done()) {
+        const SegmentResult a = straight.run_segment();
+        const SegmentResult b = paused.run_segment();
+        EXPECT_EQ(a.loss_sum, b.loss_sum);
+      }
+      EXPECT_EQ(params_of(straight), params_of(paused));
+    }
+  }
+}
+
 TEST(Learning, RecallBeatsChanceClearly) {
   TrainConfig c = small("recall", "tbptt:16", 3200);
   c.batch = 16;

@@ -95,7 +95,8 @@ class Trainer {
   std::unique_ptr<Policy> policy_;
   std::unique_ptr<nn::Adam> optim_;
   int64_t step_ = 0;
-  Tensor h_;                         // carried GRU state [B, hidden] (persistent)
+  Tensor h_;                         // the GRU state [B, hidden]: carried between segments, or h_home_
+  Tensor h_home_, eval_h_;           // persistent homes of the training state (evaluate, load) and of evaluate's
   std::vector<Tensor> window_;       // window mode: last N embeddings (persistent), ring
   int64_t window_pos_ = 0;
   std::optional<Segment> full_;      // history `full`: the one segment of the whole run
