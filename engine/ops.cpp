@@ -142,17 +142,8 @@ Tensor unary(OpKind k, const char* op, const Tensor& a, double s = 0) {
   return out;
 }
 
-// [outer, n, inner] view of a shape around an axis.
-struct AxisView {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-AxisView axis_view(const Shape& s, int axis) {
-  AxisView v;
-  for (int i = 0; i < axis; ++i) v.outer *= s[i];
-  v.n = s[axis];
-  for (int i = axis + 1; i < s.rank; ++i) v.inner *= s[i];
-  return v;
-}
+using detail::AxisView;
+using detail::axis_view;
 
 int norm_axis(const char* op, const Tensor& a, int axis) {
   const int ax = axis < 0 ? axis + a.rank() : axis;
@@ -618,15 +609,8 @@ void backward_typed(Tape& tape, const Node& nd, const T* g, const std::array<voi
       const Tensor& b = nd.in[1];
       const bool ta = nd.ia[0], tb = nd.ia[1];
       const int64_t M = out.dim(0), N = out.dim(1), K = ta ? a.dim(0) : a.dim(1);
-      const T* pb = static_cast<const T*>(b.ptr);
-      if (da) {
-        if (!ta) cpu::gemm(false, !tb, M, K, N, T(1), g, N, pb, b.dim(1), T(1), da, K);   // dA = dC op(B)^T
-        else cpu::gemm(tb, true, K, M, N, T(1), pb, b.dim(1), g, N, T(1), da, M);         // dA = op(B) dC^T
-      }
-      if (db) {
-        if (!tb) cpu::gemm(!ta, false, K, N, M, T(1), x, a.dim(1), g, N, T(1), db, N);    // dB = op(A)^T dC
-        else cpu::gemm(true, ta, N, K, M, T(1), g, N, x, a.dim(1), T(1), db, K);          // dB = dC^T op(A)
-      }
+      auto gemm = [](auto... args) { cpu::gemm(args...); };
+      detail::matmul_backward<T>(gemm, ta, tb, M, N, K, g, x, a.dim(1), static_cast<const T*>(b.ptr), b.dim(1), da, db);
       return;
     }
     case OpKind::Add:

@@ -7,6 +7,35 @@
 namespace segtape {
 
 namespace detail {
+// [outer, n, inner] view of a shape around an axis (the CPU ops and the CUDA op table).
+struct AxisView {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+inline AxisView axis_view(const Shape& s, int axis) {
+  AxisView v;
+  for (int i = 0; i < axis; ++i) v.outer *= s[i];
+  v.n = s[axis];
+  for (int i = axis + 1; i < s.rank; ++i) v.inner *= s[i];
+  return v;
+}
+
+// Backward of C [M, N] = op(A) op(B) (K inner), accumulating into dA / dB
+// (nullptr: not wanted), through any GEMM with cpu::gemm's row-major
+// contract: gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc). The
+// CPU passes cpu::gemm, the CUDA backend its cuBLAS mapping.
+template <class T, class Gemm>
+void matmul_backward(Gemm&& gemm, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* g, const T* a, int64_t lda,
+                     const T* b, int64_t ldb, T* da, T* db) {
+  if (da) {
+    if (!ta) gemm(false, !tb, M, K, N, T(1), g, N, b, ldb, T(1), da, K);  // dA = dC op(B)^T
+    else gemm(tb, true, K, M, N, T(1), b, ldb, g, N, T(1), da, M);        // dA = op(B) dC^T
+  }
+  if (db) {
+    if (!tb) gemm(!ta, false, K, N, M, T(1), a, lda, g, N, T(1), db, N);  // dB = op(A)^T dC
+    else gemm(true, ta, N, K, M, T(1), g, N, a, lda, T(1), db, K);        // dB = dC^T op(A)
+  }
+}
+
 // Backward's deferred GRU weight gradients: the rows of d(x W_ih^T) and
 // d(h W_hh^T) of consecutive steps that share weights are stacked, with the
 // steps' x and h, and flushed as one GEMM per weight (see TapeOptions).

@@ -6,6 +6,7 @@
 
 #include "check.h"
 #include "cuda_backend.h"
+#include "ops_internal.h"
 #include "segtape/ops.h"
 
 namespace segtape::cuda {
@@ -14,17 +15,8 @@ namespace {
 template <class T> const T* in(const Tensor& t) { return static_cast<const T*>(t.ptr); }
 template <class T> T* out(const Tensor& t) { return static_cast<T*>(t.ptr); }
 
-// [outer, n, inner] around an axis (engine/ops.cpp's AxisView).
-struct AxisView {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-AxisView axis_view(const Shape& s, int axis) {
-  AxisView v;
-  for (int i = 0; i < axis; ++i) v.outer *= s[i];
-  v.n = s[axis];
-  for (int i = axis + 1; i < s.rank; ++i) v.inner *= s[i];
-  return v;
-}
+using detail::AxisView;
+using detail::axis_view;
 
 Binary binary_kind(OpKind k) {
   switch (k) {
@@ -162,15 +154,8 @@ void backward_typed(CudaBackend& be, const Node& nd, const T* g, const std::arra
       const Tensor& b = nd.in[1];
       const bool ta = nd.ia[0], tb = nd.ia[1];
       const int64_t M = o.dim(0), N = o.dim(1), K = ta ? a.dim(0) : a.dim(1);
-      const T* pb = in<T>(b);
-      if (da) {
-        if (!ta) be.gemm(false, !tb, M, K, N, T(1), g, N, pb, b.dim(1), T(1), da, K);  // dA = dC op(B)^T
-        else be.gemm(tb, true, K, M, N, T(1), pb, b.dim(1), g, N, T(1), da, M);        // dA = op(B) dC^T
-      }
-      if (db) {
-        if (!tb) be.gemm(!ta, false, K, N, M, T(1), x, a.dim(1), g, N, T(1), db, N);   // dB = op(A)^T dC
-        else be.gemm(true, ta, N, K, M, T(1), g, N, x, a.dim(1), T(1), db, K);         // dB = dC^T op(A)
-      }
+      auto gemm = [&be](auto... args) { be.gemm(args...); };
+      detail::matmul_backward<T>(gemm, ta, tb, M, N, K, g, x, a.dim(1), in<T>(b), b.dim(1), da, db);
       return;
     }
     case OpKind::Add:
