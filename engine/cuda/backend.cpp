@@ -173,25 +173,39 @@ void CudaBackend::backward(Tape& tape, const Node& n, const void* gout, const st
   if (issue(signature(n, gout, &dst), op_name(n.op))) backward_op(*this, tape, n, gout, dst);
 }
 
-void CudaBackend::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                       const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+namespace {
+cublasStatus_t blas_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* alpha,
+                         const float* A, int lda, const float* B, int ldb, const float* beta, float* C, int ldc) {
+  return cublasSgemm(h, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+cublasStatus_t blas_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const double* alpha,
+                         const double* A, int lda, const double* B, int ldb, const double* beta, double* C, int ldc) {
+  return cublasDgemm(h, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the
+// operands and the sizes; each row-major matrix is its transpose in
+// column-major with the same leading dimension. The one place this is done.
+template <class T>
+void row_major_gemm(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+                    const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   for (int64_t v : {M, N, K, lda, ldb, ldc})
     if (v > INT32_MAX) throw ShapeError("matmul: dimension " + std::to_string(v) + " is too large for cuBLAS");
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the
-  // operands and the sizes; each row-major matrix is its transpose in
-  // column-major with the same leading dimension. The one place this is done.
-  SEGTAPE_CHECK(cublasSgemm(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K),
-                            &alpha, B, int(ldb < 1 ? 1 : ldb), A, int(lda < 1 ? 1 : lda), &beta, C, int(ldc < 1 ? 1 : ldc)));
+  check(blas_gemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K), &alpha, B,
+                  int(ldb < 1 ? 1 : ldb), A, int(lda < 1 ? 1 : lda), &beta, C, int(ldc < 1 ? 1 : ldc)),
+        sizeof(T) == 4 ? "cublasSgemm" : "cublasDgemm");
+}
+}  // namespace
+
+void CudaBackend::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                       const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  row_major_gemm(blas_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void CudaBackend::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
                        const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  for (int64_t v : {M, N, K, lda, ldb, ldc})
-    if (v > INT32_MAX) throw ShapeError("matmul: dimension " + std::to_string(v) + " is too large for cuBLAS");
-  SEGTAPE_CHECK(cublasDgemm(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K),
-                            &alpha, B, int(ldb < 1 ? 1 : ldb), A, int(lda < 1 ? 1 : lda), &beta, C, int(ldc < 1 ? 1 : ldc)));
+  row_major_gemm(blas_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 // ---------------------------------------------------------------- memory

@@ -131,16 +131,29 @@ __global__ void transpose_kernel(const T* x, T* y, int64_t R, int64_t C, bool ac
 }
 
 // ---- softmax rows: one block per row
+
+// A row's maximum m and sum of exp(x - m), known to every thread of the
+// block (softmax, log-softmax and cross-entropy rows).
 template <class T>
-__global__ void softmax_kernel(const T* x, T* y, int64_t cols, bool log) {
-  const T* xr = x + int64_t(blockIdx.x) * cols;
-  T* yr = y + int64_t(blockIdx.x) * cols;
+struct RowExp {
+  T m, sum;
+};
+template <class T>
+__device__ RowExp<T> row_exp(const T* xr, int64_t cols) {
   T m = -INFINITY;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = dmax<T>(m, xr[c]);
   m = block_reduce(m, [](T a, T b) { return dmax<T>(a, b); });
   T sum = 0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += dexp<T>(xr[c] - m);
   sum = block_reduce(sum, [](T a, T b) { return a + b; });
+  return {m, sum};
+}
+
+template <class T>
+__global__ void softmax_kernel(const T* x, T* y, int64_t cols, bool log) {
+  const T* xr = x + int64_t(blockIdx.x) * cols;
+  T* yr = y + int64_t(blockIdx.x) * cols;
+  const auto [m, sum] = row_exp(xr, cols);
   if (log) {
     const T lse = m + dlog<T>(sum);
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = xr[c] - lse;
@@ -168,12 +181,7 @@ __global__ void cross_entropy_rows(const T* x, const int64_t* targets, int64_t C
                                    T* row_count, ErrorSink err) {
   const int64_t i = blockIdx.x;
   const T* xr = x + i * C;
-  T m = -INFINITY;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = dmax<T>(m, xr[c]);
-  m = block_reduce(m, [](T a, T b) { return dmax<T>(a, b); });
-  T sum = 0;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) sum += dexp<T>(xr[c] - m);
-  sum = block_reduce(sum, [](T a, T b) { return a + b; });
+  const auto [m, sum] = row_exp(xr, C);
   if (threadIdx.x != 0) return;
   const T lse = m + dlog<T>(sum);
   lse_out[i] = lse;
