@@ -57,8 +57,8 @@ class Backend {
 
   // ---- parameter updates (segtape/update.h), in place on the stream, with
   // the arithmetic of update_math.h. g, buf: device pointers (buf nullable).
-  virtual void sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdStep& s) = 0;
-  virtual void adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamStep& s) = 0;
+  virtual void sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdOptions& s, bool first) = 0;
+  virtual void adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled, int64_t step) = 0;
   virtual void scale(void* x, int64_t n, DType d, double factor) = 0;  // x *= factor
   // Sum of x[i]^2 accumulated in double; waits for the stream.
   virtual double sum_squares(const void* x, int64_t n, DType d) = 0;
@@ -90,8 +90,8 @@ inline bool device_computes(const Backend* be) { return be && !be->computes_on_h
 // The CPU implementations of the parameter updates (update.cpp): what a CPU
 // tape runs, and what the host-emulated device runs. Same contract as the
 // Backend methods of the same names.
-void cpu_sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdStep& s);
-void cpu_adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamStep& s);
+void cpu_sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdOptions& s, bool first);
+void cpu_adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled, int64_t step);
 void cpu_scale(void* x, int64_t n, DType d, double factor);
 double cpu_sum_squares(const void* x, int64_t n, DType d);
 

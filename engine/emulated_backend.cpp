@@ -61,11 +61,11 @@ class HostEmulatedBackend final : public detail::Backend {
     return {-1, 0.0};
   }
   void synchronize() override {}
-  void sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdStep& s) override {
-    detail::cpu_sgd_step(d, n, p, g, buf, s);
+  void sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdOptions& s, bool first) override {
+    detail::cpu_sgd_step(d, n, p, g, buf, s, first);
   }
-  void adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamStep& s) override {
-    detail::cpu_adam_step(d, n, p, g, m, v, s);
+  void adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled, int64_t step) override {
+    detail::cpu_adam_step(d, n, p, g, m, v, s, decoupled, step);
   }
   void scale(void* x, int64_t n, DType d, double factor) override { detail::cpu_scale(x, n, d, factor); }
   double sum_squares(const void* x, int64_t n, DType d) override { return detail::cpu_sum_squares(x, n, d); }

@@ -47,9 +47,9 @@ void by_dtype(DType d, F&& f) {
 
 namespace detail {
 
-void cpu_sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdStep& s) {
+void cpu_sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdOptions& s, bool first) {
   by_dtype(d, [&]<class T>() {
-    const auto sc = sgd_scalars<T>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first, buf != nullptr);
+    const auto sc = sgd_scalars<T>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, first, buf != nullptr);
     T* pt = static_cast<T*>(p);
     const T* gt = static_cast<const T*>(g);
     T* bt = static_cast<T*>(buf);
@@ -57,9 +57,9 @@ void cpu_sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const S
   });
 }
 
-void cpu_adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamStep& s) {
+void cpu_adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled, int64_t step) {
   by_dtype(d, [&]<class T>() {
-    const auto sc = adam_scalars<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step);
+    const auto sc = adam_scalars<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled, step);
     T* pt = static_cast<T*>(p);
     const T* gt = static_cast<const T*>(g);
     T* mt = static_cast<T*>(m);
@@ -87,26 +87,27 @@ double cpu_sum_squares(const void* x, int64_t n, DType d) {
 
 }  // namespace detail
 
-void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdStep& s) {
+void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdOptions& s, bool first) {
   check_param("sgd_step", param);
   const bool has_buf = momentum_buffer.defined();
   if (has_buf) check_state("sgd_step", "the momentum buffer", param, momentum_buffer);
   if (s.momentum != 0 && !has_buf) throw Error("sgd_step: momentum " + std::to_string(s.momentum) + " needs a momentum buffer");
   if (s.momentum == 0 && has_buf) throw Error("sgd_step: a momentum buffer with momentum 0 (pass an undefined buffer)");
   void* buf = has_buf ? momentum_buffer.ptr : nullptr;
-  if (detail::Backend* be = param.tape->backend()) return be->sgd_step(param.dtype, param.numel(), param.ptr, param.grad, buf, s);
-  detail::cpu_sgd_step(param.dtype, param.numel(), param.ptr, param.grad, buf, s);
+  if (detail::Backend* be = param.tape->backend()) return be->sgd_step(param.dtype, param.numel(), param.ptr, param.grad, buf, s, first);
+  detail::cpu_sgd_step(param.dtype, param.numel(), param.ptr, param.grad, buf, s, first);
 }
 
-void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamStep& s) {
+void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& s, bool decoupled,
+               int64_t step) {
   check_param("adam_step", param);
   check_state("adam_step", "exp_avg", param, exp_avg);
   check_state("adam_step", "exp_avg_sq", param, exp_avg_sq);
   if (exp_avg.ptr == exp_avg_sq.ptr) throw Error("adam_step: exp_avg and exp_avg_sq are the same tensor");
-  if (s.step < 1) throw Error("adam_step: step must be >= 1, got " + std::to_string(s.step));
+  if (step < 1) throw Error("adam_step: step must be >= 1, got " + std::to_string(step));
   if (detail::Backend* be = param.tape->backend())
-    return be->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s);
-  detail::cpu_adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s);
+    return be->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled, step);
+  detail::cpu_adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled, step);
 }
 
 void zero_grad(const Tensor& param) {

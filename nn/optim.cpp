@@ -68,8 +68,7 @@ SGD::SGD(std::vector<NamedTensor> params, SGDOptions o) : Optimizer(std::move(pa
 
 void SGD::step() {
   // PyTorch creates the buffer as a clone of the first step's gradient.
-  const SgdStep st{o_.lr, o_.momentum, o_.dampening, o_.weight_decay, o_.nesterov, steps_ == 0};
-  for (size_t k = 0; k < params_.size(); ++k) sgd_step(params_[k].second, buf_.empty() ? Tensor{} : buf_[k], st);
+  for (size_t k = 0; k < params_.size(); ++k) sgd_step(params_[k].second, buf_.empty() ? Tensor{} : buf_[k], o_, steps_ == 0);
   ++steps_;
 }
 
@@ -89,8 +88,7 @@ Adam::Adam(std::vector<NamedTensor> params, AdamOptions o, bool decoupled)
 
 void Adam::step() {
   ++steps_;
-  const AdamStep st{o_.lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, decoupled_, steps_};
-  for (size_t k = 0; k < params_.size(); ++k) adam_step(params_[k].second, m_[k], v_[k], st);
+  for (size_t k = 0; k < params_.size(); ++k) adam_step(params_[k].second, m_[k], v_[k], o_, decoupled_, steps_);
 }
 
 // ---- clip_grad_norm

@@ -297,33 +297,33 @@ void CudaBackend::synchronize() {
 // signature holds the scalars, so a step whose scalars change (Adam's bias
 // corrections) must run outside the graph segments, as docs/cuda.md says.
 
-void CudaBackend::sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdStep& s) {
+void CudaBackend::sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdOptions& s, bool first) {
   const uint64_t sig = mix4(mix4(5, ptr(p), ptr(g), ptr(buf)), uint64_t(n) << 8 | uint64_t(d),
                             mix4(bits_of(s.lr), bits_of(s.momentum), bits_of(s.dampening), bits_of(s.weight_decay)),
-                            uint64_t(s.nesterov) << 1 | uint64_t(s.first));
+                            uint64_t(s.nesterov) << 1 | uint64_t(first));
   if (n <= 0 || !issue(sig, "sgd_step")) return;
   const bool has_buf = buf != nullptr;
   if (d == DType::F32)
     cuda::sgd_update<float>(stream_, n, static_cast<float*>(p), static_cast<const float*>(g), static_cast<float*>(buf),
-                            detail::sgd_scalars<float>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first, has_buf));
+                            detail::sgd_scalars<float>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, first, has_buf));
   else
     cuda::sgd_update<double>(stream_, n, static_cast<double*>(p), static_cast<const double*>(g), static_cast<double*>(buf),
-                             detail::sgd_scalars<double>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first, has_buf));
+                             detail::sgd_scalars<double>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, first, has_buf));
 }
 
-void CudaBackend::adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamStep& s) {
-  const uint64_t sig = mix4(mix4(6, ptr(p), ptr(g), mix4(ptr(m), ptr(v), uint64_t(n) << 8 | uint64_t(d), uint64_t(s.decoupled))),
+void CudaBackend::adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled, int64_t step) {
+  const uint64_t sig = mix4(mix4(6, ptr(p), ptr(g), mix4(ptr(m), ptr(v), uint64_t(n) << 8 | uint64_t(d), uint64_t(decoupled))),
                             mix4(bits_of(s.lr), bits_of(s.beta1), bits_of(s.beta2), bits_of(s.eps)), bits_of(s.weight_decay),
-                            uint64_t(s.step));
+                            uint64_t(step));
   if (n <= 0 || !issue(sig, "adam_step")) return;
   if (d == DType::F32)
     cuda::adam_update<float>(stream_, n, static_cast<float*>(p), static_cast<const float*>(g), static_cast<float*>(m),
                              static_cast<float*>(v),
-                             detail::adam_scalars<float>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step));
+                             detail::adam_scalars<float>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled, step));
   else
     cuda::adam_update<double>(stream_, n, static_cast<double*>(p), static_cast<const double*>(g), static_cast<double*>(m),
                               static_cast<double*>(v),
-                              detail::adam_scalars<double>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step));
+                              detail::adam_scalars<double>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled, step));
 }
 
 void CudaBackend::scale(void* x, int64_t n, DType d, double factor) {

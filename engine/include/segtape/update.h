@@ -13,32 +13,33 @@
 
 namespace segtape {
 
-struct SgdStep {
+// The optimizers' options, with PyTorch's defaults (nn::SGDOptions and
+// nn::AdamOptions are these).
+struct SgdOptions {
   double lr = 1e-2;
   double momentum = 0;
   double dampening = 0;
   double weight_decay = 0;
   bool nesterov = false;
-  bool first = false;  // the first step: the momentum buffer becomes the gradient (PyTorch's clone)
 };
-
-// g = grad + wd p; with a momentum buffer: buf = g (first) or momentum buf + (1 - dampening) g,
-// g = nesterov ? g + momentum buf : buf; then p -= lr g. momentum_buffer: undefined without momentum.
-void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdStep& s);
-
-struct AdamStep {
+struct AdamOptions {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0;
-  bool decoupled = false;  // AdamW: p *= 1 - lr wd first, and the gradient is not decayed
-  int64_t step = 1;        // this step's number t (>= 1), for the bias corrections 1 - beta^t
 };
 
+// g = grad + wd p; with a momentum buffer: buf = g (first) or momentum buf + (1 - dampening) g,
+// g = nesterov ? g + momentum buf : buf; then p -= lr g. momentum_buffer: undefined without momentum.
+// first: the first step (the momentum buffer becomes the gradient: PyTorch's clone).
+void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdOptions& o, bool first);
+
 // m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
-// p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
-void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamStep& s);
+// p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps), t = step (>= 1).
+// decoupled (AdamW): p *= 1 - lr wd first, and the gradient is not decayed.
+void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& o, bool decoupled,
+               int64_t step);
 
 // The parameter's gradient buffer: set to zero, scaled, or its sum of squares
 // (accumulated in double; on CUDA this waits for the device).

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "segtape/nn/module.h"
+#include "segtape/update.h"
 
 namespace segtape::nn {
 
@@ -44,13 +45,8 @@ class Optimizer {
 // Parameters named by position ("0", "1", ...), as in PyTorch's optimizer state_dict.
 std::vector<NamedTensor> numbered(std::span<const Tensor> params);
 
-struct SGDOptions {
-  double lr = 1e-2;
-  double momentum = 0;
-  double dampening = 0;
-  double weight_decay = 0;
-  bool nesterov = false;
-};
+// lr, momentum, dampening, weight_decay, nesterov (segtape/update.h).
+using SGDOptions = segtape::SgdOptions;
 
 // g = grad + wd * p; with momentum: buf = g (first step) or momentum * buf + (1 - dampening) * g,
 // g = nesterov ? g + momentum * buf : buf; then p -= lr * g.
@@ -68,13 +64,8 @@ class SGD : public Optimizer {
   std::vector<Tensor> buf_;  // momentum buffers (empty without momentum)
 };
 
-struct AdamOptions {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0;
-};
+// lr, beta1, beta2, eps, weight_decay (segtape/update.h).
+using segtape::AdamOptions;
 // Same fields; PyTorch's AdamW defaults weight_decay to 1e-2.
 struct AdamWOptions {
   double lr = 1e-3;
