@@ -13,6 +13,8 @@
 
 #include "segtape/agent/trainer.h"
 
+#include "process.h"
+
 using namespace segtape;
 using namespace segtape::agent;
 namespace fs = std::filesystem;
@@ -255,19 +257,11 @@ struct CmdResult {
   std::string out;
 };
 CmdResult sh(const std::string& args) {
-  const std::string cmd = std::string(SEGTAPE_BIN) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  const test::Process r = test::run_shell(std::string(SEGTAPE_BIN) + " " + args + " 2>&1");
+  return {r.code, r.output};
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using test::slurp;
 
 TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
   const fs::path dir = fs::temp_directory_path() / ("segtape_cli_" + std::to_string(::getpid()));

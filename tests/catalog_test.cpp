@@ -31,6 +31,8 @@
 #include "segtape/ops.h"
 #include "segtape/update.h"
 
+#include "process.h"
+
 using namespace segtape;
 namespace fs = std::filesystem;
 namespace st = segtape::safetensors;
@@ -97,10 +99,7 @@ int walk(const std::vector<Row>& rows, const std::function<void(const Row&)>& af
   return n;
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using test::slurp;
 void spit(const fs::path& p, const std::string& bytes) {
   std::ofstream o(p, std::ios::binary | std::ios::trunc);
   o << bytes;
@@ -556,13 +555,8 @@ struct Exit {
 
 Exit run(const std::string& args) {
   // stderr only (stdout to /dev/null): what a user sees when it fails.
-  const std::string cmd = std::string(SEGTAPE_BIN) + " " + args + " 2>&1 >/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st), WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  const test::Process r = test::run_shell(std::string(SEGTAPE_BIN) + " " + args + " 2>&1 >/dev/null");
+  return {r.exited, r.code, r.output};
 }
 
 TEST(Catalog, ProgramArgumentsAndPaths) {

@@ -35,6 +35,8 @@
 #include "segtape/ops.h"
 #include "segtape/emulation.h"
 
+#include "gpu.h"
+
 using namespace segtape;
 namespace fs = std::filesystem;
 
@@ -49,31 +51,8 @@ const bool kEmulated = [] {
 constexpr bool kEmulated = false;
 #endif
 
-TapeOptions small_pools() {
-  TapeOptions o;
-  o.segment_budget = size_t(16) << 20;
-  o.device_persistent = size_t(16) << 20;
-  o.device_carry = size_t(1) << 20;
-  o.device_workspace = size_t(8) << 20;
-  return o;
-}
-
-const std::string& gpu_missing() {
-  static const std::string why = [] {
-    try {
-      Tape probe(Device::cuda(), small_pools());
-      return std::string();
-    } catch (const std::exception& e) {
-      return std::string(e.what());
-    }
-  }();
-  return why;
-}
-
-#define REQUIRE_GPU()                                                                 \
-  do {                                                                                \
-    if (!gpu_missing().empty()) GTEST_SKIP() << "no usable GPU: " << gpu_missing(); \
-  } while (0)
+using test::gpu_missing;
+using test::small_device_pools;
 
 fs::path scratch(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("segtape-cuda-nn-" + std::to_string(::getpid()));
@@ -154,7 +133,7 @@ agent::TrainConfig recall_config(const std::string& device) {
 
 TEST(CudaNn, LayersInitialiseToTheCpuValues) {
   REQUIRE_GPU();
-  Tape cpu(Device::cpu(), small_pools()), gpu(Device::cuda(), small_pools());
+  Tape cpu(Device::cpu(), small_device_pools()), gpu(Device::cuda(), small_device_pools());
   nn::Rng r1(7), r2(7);
   Net a(cpu, r1), b(gpu, r2);
   nn::GRU ga(cpu, r1, 5, 9, 2), gb(gpu, r2, 5, 9, 2);
@@ -180,7 +159,7 @@ TEST(CudaNn, OptimizerStepsWithClippingMatchTheCpu) {
   };
   for (const Config& c : configs) {
     SCOPED_TRACE(c.what);
-    Tape cpu(Device::cpu(), small_pools()), gpu(Device::cuda(), small_pools());
+    Tape cpu(Device::cpu(), small_device_pools()), gpu(Device::cuda(), small_device_pools());
     nn::Rng r1(3), r2(3);
     Net a(cpu, r1), b(gpu, r2);
     auto oa = c.make(a), ob = c.make(b);
@@ -200,7 +179,7 @@ TEST(CudaNn, OptimizerStepsWithClippingMatchTheCpu) {
 
 TEST(CudaNn, TrainingStateCheckpointsMoveBetweenDevices) {
   REQUIRE_GPU();
-  Tape cpu(Device::cpu(), small_pools()), gpu(Device::cuda(), small_pools());
+  Tape cpu(Device::cpu(), small_device_pools()), gpu(Device::cuda(), small_device_pools());
   nn::Rng r1(11), r2(99);
   Net a(cpu, r1), b(gpu, r2);  // different initial values
   nn::Adam oa(a, {}), ob(b, {});
@@ -286,7 +265,7 @@ TEST(CudaAgent, RetentionLabPitfallGrowsAndFixIsFlatOnCuda) {
 // host exactly as on a GPU, so code that passes here does not touch it.
 TEST(EmulatedDevice, RefusesHostAccessLikeAGpu) {
   if (!kEmulated) GTEST_SKIP() << "only in emulated_device_test";
-  Tape tape(Device::cuda(), small_pools());
+  Tape tape(Device::cuda(), small_device_pools());
   const Tensor p = tape.parameter({2, 3});
   EXPECT_TRUE(p.on_device());
   EXPECT_THROW((void)p.data<float>(), TapeError);
@@ -295,7 +274,7 @@ TEST(EmulatedDevice, RefusesHostAccessLikeAGpu) {
   p.from_host(std::span<const float>(v));
   EXPECT_EQ(p.to_host<float>(), v);
   EXPECT_GT(memory::device_allocations(), 0u);
-  TapeOptions grow = small_pools();
+  TapeOptions grow = small_device_pools();
   grow.grow = true;
   EXPECT_THROW(Tape(Device::cuda(), grow), Error);  // the teaching policy is CPU-only, as on a GPU
 }

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu.h"
 #include "op_cases.h"
 #include "util.h"
 
@@ -28,33 +29,14 @@ using namespace segtape::test;
 
 namespace {
 
-// Small pools: the tests need little, and many tapes are made.
+// The small pools, with room for the op table's largest shapes (dims up to 70).
 TapeOptions cuda_options() {
-  TapeOptions o;
-  o.segment_budget = size_t(64) << 20;
-  o.device_persistent = size_t(64) << 20;
-  o.device_carry = size_t(1) << 20;
+  TapeOptions o = small_device_pools();
+  o.segment_budget = o.device_persistent = size_t(64) << 20;
   o.device_workspace = size_t(16) << 20;
   return o;
 }
 
-// Empty when a CUDA tape can be made; else why not (the test's skip message).
-const std::string& gpu_missing() {
-  static const std::string why = [] {
-    try {
-      Tape probe(Device::cuda(), cuda_options());
-      return std::string();
-    } catch (const std::exception& e) {
-      return std::string(e.what());
-    }
-  }();
-  return why;
-}
-
-#define REQUIRE_GPU()                                                        \
-  do {                                                                       \
-    if (!gpu_missing().empty()) GTEST_SKIP() << "no usable GPU: " << gpu_missing(); \
-  } while (0)
 
 // ---- values on any device, through the host
 void set(const Tensor& t, const std::vector<double>& v) {
