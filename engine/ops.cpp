@@ -19,11 +19,7 @@
 namespace segtape {
 namespace {
 
-template <class F>
-void dispatch(DType d, F&& f) {
-  if (d == DType::F32) f.template operator()<float>();
-  else f.template operator()<double>();
-}
+using detail::dispatch;
 
 std::string list(std::initializer_list<const Tensor*> ts) {
   std::string s;

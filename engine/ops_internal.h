@@ -7,6 +7,14 @@
 namespace segtape {
 
 namespace detail {
+// Calls f.template operator()<T>() with T the C++ type of a floating dtype
+// (float for F32, double otherwise: callers have excluded I64).
+template <class F>
+void dispatch(DType d, F&& f) {
+  if (d == DType::F32) f.template operator()<float>();
+  else f.template operator()<double>();
+}
+
 // [outer, n, inner] view of a shape around an axis (the CPU ops and the CUDA op table).
 struct AxisView {
   int64_t outer = 1, n = 1, inner = 1;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend.h"
+#include "ops_internal.h"
 #include "segtape/error.h"
 #include "segtape/tape.h"
 #include "update_math.h"
@@ -37,18 +38,14 @@ void check_state(const char* op, const char* what, const Tensor& p, const Tensor
                 ": optimizer state needs a tensor of its own");
 }
 
-template <class F>
-void by_dtype(DType d, F&& f) {
-  if (d == DType::F64) f.template operator()<double>();
-  else f.template operator()<float>();
-}
+using detail::dispatch;
 
 }  // namespace
 
 namespace detail {
 
 void cpu_sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdOptions& s, bool first) {
-  by_dtype(d, [&]<class T>() {
+  dispatch(d, [&]<class T>() {
     const auto sc = sgd_scalars<T>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, first, buf != nullptr);
     T* pt = static_cast<T*>(p);
     const T* gt = static_cast<const T*>(g);
@@ -58,7 +55,7 @@ void cpu_sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const S
 }
 
 void cpu_adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled, int64_t step) {
-  by_dtype(d, [&]<class T>() {
+  dispatch(d, [&]<class T>() {
     const auto sc = adam_scalars<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled, step);
     T* pt = static_cast<T*>(p);
     const T* gt = static_cast<const T*>(g);
@@ -69,7 +66,7 @@ void cpu_adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v,
 }
 
 void cpu_scale(void* x, int64_t n, DType d, double factor) {
-  by_dtype(d, [&]<class T>() {
+  dispatch(d, [&]<class T>() {
     T* xt = static_cast<T*>(x);
     const T k = T(factor);
     for (int64_t i = 0; i < n; ++i) xt[i] = xt[i] * k;
@@ -78,7 +75,7 @@ void cpu_scale(void* x, int64_t n, DType d, double factor) {
 
 double cpu_sum_squares(const void* x, int64_t n, DType d) {
   double s = 0;
-  by_dtype(d, [&]<class T>() {
+  dispatch(d, [&]<class T>() {
     const T* xt = static_cast<const T*>(x);
     for (int64_t i = 0; i < n; ++i) s += double(xt[i]) * double(xt[i]);
   });

@@ -5,6 +5,7 @@
 
 #include "check.h"
 #include "cuda_backend.h"
+#include "ops_internal.h"
 
 namespace segtape::cuda {
 namespace {
@@ -302,13 +303,10 @@ void CudaBackend::sgd_step(DType d, int64_t n, void* p, const void* g, void* buf
                             mix4(bits_of(s.lr), bits_of(s.momentum), bits_of(s.dampening), bits_of(s.weight_decay)),
                             uint64_t(s.nesterov) << 1 | uint64_t(first));
   if (n <= 0 || !issue(sig, "sgd_step")) return;
-  const bool has_buf = buf != nullptr;
-  if (d == DType::F32)
-    cuda::sgd_update<float>(stream_, n, static_cast<float*>(p), static_cast<const float*>(g), static_cast<float*>(buf),
-                            detail::sgd_scalars<float>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, first, has_buf));
-  else
-    cuda::sgd_update<double>(stream_, n, static_cast<double*>(p), static_cast<const double*>(g), static_cast<double*>(buf),
-                             detail::sgd_scalars<double>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, first, has_buf));
+  detail::dispatch(d, [&]<class T>() {
+    cuda::sgd_update<T>(stream_, n, static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(buf),
+                        detail::sgd_scalars<T>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, first, buf != nullptr));
+  });
 }
 
 void CudaBackend::adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled, int64_t step) {
@@ -316,22 +314,17 @@ void CudaBackend::adam_step(DType d, int64_t n, void* p, const void* g, void* m,
                             mix4(bits_of(s.lr), bits_of(s.beta1), bits_of(s.beta2), bits_of(s.eps)), bits_of(s.weight_decay),
                             uint64_t(step));
   if (n <= 0 || !issue(sig, "adam_step")) return;
-  if (d == DType::F32)
-    cuda::adam_update<float>(stream_, n, static_cast<float*>(p), static_cast<const float*>(g), static_cast<float*>(m),
-                             static_cast<float*>(v),
-                             detail::adam_scalars<float>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled, step));
-  else
-    cuda::adam_update<double>(stream_, n, static_cast<double*>(p), static_cast<const double*>(g), static_cast<double*>(m),
-                              static_cast<double*>(v),
-                              detail::adam_scalars<double>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled, step));
+  detail::dispatch(d, [&]<class T>() {
+    cuda::adam_update<T>(stream_, n, static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(m), static_cast<T*>(v),
+                         detail::adam_scalars<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled, step));
+  });
 }
 
 void CudaBackend::scale(void* x, int64_t n, DType d, double factor) {
   if (n <= 0 || !issue(mix4(7, ptr(x), uint64_t(n) << 8 | uint64_t(d), bits_of(factor)), "scale_grad")) return;
-  if (d == DType::F32)
-    cuda::unary_forward<float>(stream_, Unary::Scale, static_cast<const float*>(x), static_cast<float*>(x), n, float(factor));
-  else
-    cuda::unary_forward<double>(stream_, Unary::Scale, static_cast<const double*>(x), static_cast<double*>(x), n, factor);
+  detail::dispatch(d, [&]<class T>() {
+    cuda::unary_forward<T>(stream_, Unary::Scale, static_cast<const T*>(x), static_cast<T*>(x), n, T(factor));
+  });
 }
 
 double CudaBackend::sum_squares(const void* x, int64_t n, DType d) {
@@ -342,8 +335,7 @@ double CudaBackend::sum_squares(const void* x, int64_t n, DType d) {
   if (n <= 0) return 0;
   temp_used_ = 0;
   double* out = temp<double>(1);
-  if (d == DType::F32) cuda::sum_squares<float>(stream_, static_cast<const float*>(x), n, out, partials<double>());
-  else cuda::sum_squares<double>(stream_, static_cast<const double*>(x), n, out, partials<double>());
+  detail::dispatch(d, [&]<class T>() { cuda::sum_squares<T>(stream_, static_cast<const T*>(x), n, out, partials<double>()); });
   double r = 0;
   copy(&r, out, sizeof r, Copy::DeviceToHost);
   return r;
