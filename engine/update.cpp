@@ -38,8 +38,6 @@ void check_state(const char* op, const char* what, const Tensor& p, const Tensor
                 ": optimizer state needs a tensor of its own");
 }
 
-using detail::dispatch;
-
 }  // namespace
 
 namespace detail {
