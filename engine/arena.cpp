@@ -47,7 +47,8 @@ Arena::~Arena() {
 
 void* Arena::try_alloc(size_t bytes) {
   const size_t n = align_up(bytes);
-  if (grow_ && grow_limit_ && used_ + n > grow_limit_) return nullptr;
+  if (grow_ && grow_limit_ && used_ + outside_ + n > grow_limit_) return nullptr;
+  if (!grow_ && used_ + outside_ + n > first_capacity_) return nullptr;
   // Fit in the current chunk, else move to a later chunk that is big enough.
   while (cur_ < chunks_.size()) {
     Chunk& c = chunks_[cur_];

@@ -27,8 +27,16 @@ std::string list(std::initializer_list<const Tensor*> ts) {
   return s;
 }
 
-// Every op's entry check: defined, live, one tape, CPU, and (unless ints are
-// allowed) one floating dtype shared by all inputs.
+// Every op needs an open segment, views included: its output and any node
+// it records belong to that segment.
+void require_segment(const Tape& t, const char* op) {
+  if (!t.segment_open())
+    throw TapeError(std::string(op) + ": no segment is open; open one with tape.segment() (an op's output and its "
+                    "tape node belong to the open segment)");
+}
+
+// Every op's entry check: defined, live, one tape, an open segment, and
+// (unless ints are allowed) one floating dtype shared by all inputs.
 Tape& check(const char* op, std::initializer_list<const Tensor*> ts) {
   Tape* tape = nullptr;
   DType d = DType::F32;
@@ -41,6 +49,7 @@ Tape& check(const char* op, std::initializer_list<const Tensor*> ts) {
     if (first) d = t->dtype, first = false;
     else if (t->dtype != d) throw ShapeError(std::string(op) + ": dtypes differ: " + list(ts));
   }
+  require_segment(*tape, op);
   return *tape;
 }
 
@@ -394,6 +403,7 @@ Tensor reshape(const Tensor& a, const Shape& s) {
 
 Tensor detach(const Tensor& a) {
   a.check_live("detach");
+  require_segment(*a.tape, "detach");
   Tensor out = a;
   out.node = -1;
   out.requires_grad = false;

@@ -88,7 +88,9 @@ Tape::Tape(Device device, TapeOptions options)
       scratch_(backend_ ? options.device_workspace : size_t(64) << 10, !backend_, 0,
                pool_memory(backend_.get(), "op workspace (TapeOptions::device_workspace)")),
       gru_batch_(std::make_unique<detail::GruBatch>()) {
-  nodes_.reserve(options.node_capacity);
+  // Nodes count against the budget: never reserve more than it can hold.
+  const size_t budget = arena_.budget();
+  nodes_.reserve(budget ? std::min(options.node_capacity, budget / sizeof(Node)) : options.node_capacity);
   params_.reserve(256);
   if (backend_) {
     grad_table_.reserve(options.node_capacity);
@@ -109,6 +111,9 @@ Segment Tape::segment() {
   arena_.reset_peak();
   carry_[seg_index_ % 2].reset();  // frees what was carried two segments ago
   nodes_.clear();
+  arena_.set_outside(0);
+  node_peak_ = 0;
+  seg_first_step_ = step_;
   bytes_by_op_.fill(0);
   released_upto_ = 0;
   return Segment(this);
@@ -119,6 +124,7 @@ void Tape::end_segment(bool abandoned) {
   last_segment_peak_ = arena_.peak();
   open_ = false;
   nodes_.clear();
+  arena_.set_outside(0);
   arena_.reset();
   released_upto_ = 0;
   if (backend_) backend_->segment_end(abandoned);  // launches a captured / replayed CUDA graph
@@ -242,38 +248,71 @@ void* Tape::alloc(size_t bytes, OpKind kind, const char* op) {
   return p;
 }
 
+const char* Tape::budget_name() const {
+  if (options_.budget_name) return options_.budget_name;
+  return arena_.grows() ? "TapeOptions::grow_limit" : "TapeOptions::segment_budget";
+}
+
+// The report leads with what holds the most memory (not with the request
+// that happened to cross the line), then gives the advice that fits: one
+// step larger than the budget, outputs kept with no graph, or history
+// retained across steps.
 std::string Tape::budget_report(size_t request, OpKind kind, const char* op) const {
   const size_t budget = arena_.budget();
-  std::string m = std::string(op) + ": segment budget exceeded: op '" + op_name(kind) + "' at step " +
-                  std::to_string(step_) + " asked for " + format_bytes(align_up(request)) + " with " +
-                  format_bytes(arena_.used()) + " of the " + format_bytes(budget) + " budget in use (segment " +
-                  std::to_string(seg_index_) + ", " + std::to_string(nodes_.size()) + " tape nodes).\n";
-  // By op kind, largest first.
-  std::vector<std::pair<size_t, size_t>> kinds;
+  const size_t node_bytes = nodes_.size() * sizeof(Node);
+  const size_t held = arena_.used() + node_bytes;
+  const double whole = double(std::max<size_t>(held, 1));
+  auto pct = [&](size_t b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * double(b) / whole);
+    return std::string(buf);
+  };
+  // Contributors, largest first: the arena bytes of each op kind, and the nodes.
+  std::vector<std::pair<size_t, std::string>> parts;
   for (size_t k = 0; k < kOpKinds; ++k)
-    if (bytes_by_op_[k]) kinds.push_back({bytes_by_op_[k], k});
-  std::sort(kinds.rbegin(), kinds.rend());
-  const double used = double(std::max<size_t>(arena_.used(), 1));
-  m += "What filled the arena, by op kind:";
-  for (auto& [b, k] : kinds) {
-    char pct[32];
-    std::snprintf(pct, sizeof pct, " (%.1f%%)", 100.0 * double(b) / used);
-    m += std::string(" ") + op_name(OpKind(k)) + " " + format_bytes(b) + pct + ";";
-  }
+    if (bytes_by_op_[k]) parts.push_back({bytes_by_op_[k], op_name(OpKind(k))});
+  if (node_bytes) parts.push_back({node_bytes, "tape nodes"});
+  std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+
+  std::string m = "segment budget exceeded (" + std::string(budget_name()) + " = " + format_bytes(budget) + ", segment " +
+                  std::to_string(seg_index_) + ", step " + std::to_string(step_) + "): ";
+  if (!parts.empty())
+    m += "the largest share is " + parts[0].second + " with " + format_bytes(parts[0].first) + " (" + pct(parts[0].first) +
+         " of the " + format_bytes(held) + " held); ";
+  m += "then " + std::string(op) + " (op '" + op_name(kind) + "') asked for " + format_bytes(align_up(request)) + " more.\n";
+
+  m += "What holds the segment's memory, largest first:";
+  for (auto& [b, name] : parts) m += " " + name + " " + format_bytes(b) + " (" + pct(b) + ");";
+  m += "\nTape nodes: " + std::to_string(nodes_.size()) + " x " + std::to_string(sizeof(Node)) + " B = " +
+       format_bytes(node_bytes) + " (counted in the budget).";
   // By step, largest first (recorded nodes only).
   std::map<uint32_t, size_t> by_step;
-  for (const Node& n : nodes_) by_step[n.step] += align_up(n.bytes);
+  for (const Node& n : nodes_) by_step[n.step] += align_up(n.bytes) + sizeof(Node);
   std::vector<std::pair<size_t, uint32_t>> steps;
   steps.reserve(by_step.size());
-  for (auto& [s, b] : by_step) steps.push_back({b, s});
+  for (auto& [st, b] : by_step) steps.push_back({b, st});
   std::sort(steps.rbegin(), steps.rend());
-  m += "\nBy step (largest first, " + std::to_string(steps.size()) + " steps on the tape):";
+  m += "\nBy step (recorded nodes, largest first, " + std::to_string(steps.size()) + " steps on the tape):";
   for (size_t i = 0; i < steps.size() && i < 8; ++i)
     m += " step " + std::to_string(steps[i].second) + " " + format_bytes(steps[i].first) + ";";
   if (steps.size() > 8) m += " ...";
-  m += "\nA segment whose memory grows with every step is retaining history: end the segment every K steps "
-       "(TBPTT) and carry the state across the boundary (h = seg.carry(h)), detach what needs no gradient, or "
-       "raise segment_budget.";
+
+  const uint64_t seg_steps = step_ - seg_first_step_ + 1;  // steps this segment has begun
+  if (seg_steps == 1) {
+    m += "\nOne step needs more than the budget: step " + std::to_string(step_) + " alone holds " + format_bytes(held) +
+         " and asks for " + format_bytes(align_up(request)) + " more, over the " + format_bytes(budget) +
+         " budget. This is not retained history, and a shorter segment cannot help (a segment holds at least one "
+         "step): make the step smaller (batch, hidden size, sequence length) or raise " + budget_name() + ".";
+  } else if (nodes_.empty()) {
+    m += "\nNo graph is recorded in this segment (0 tape nodes: grad is off, or no input requires grad), yet the arena "
+         "keeps every tensor made in the segment until it ends: the outputs of " + std::to_string(seg_steps) +
+         " steps fill it. This is not retained history: end the segment more often (a segment per chunk of the "
+         "rollout), or copy what must outlive it into persistent tensors (copy_into), or raise " + budget_name() + ".";
+  } else {
+    m += "\nA segment whose memory grows with every step is retaining history: end the segment every K steps "
+         "(TBPTT) and carry the state across the boundary (h = seg.carry(h)), detach what needs no gradient, or "
+         "raise " + std::string(budget_name()) + ".";
+  }
   return m;
 }
 
@@ -364,7 +403,19 @@ bool Tape::wants_grad(std::span<const Tensor> inputs) const {
 }
 
 Node& Tape::record(OpKind k, Tensor& out, std::span<const Tensor> inputs, size_t bytes) {
+  // A node is segment memory: it counts against the budget with the arena.
+  const size_t budget = arena_.budget();
+  const size_t node_bytes = (nodes_.size() + 1) * sizeof(Node);
+  if (budget && arena_.used() + node_bytes > budget)
+    throw BudgetError(budget_report(sizeof(Node), k, (std::string("recording a tape node for ") + op_name(k)).c_str()));
+  if (nodes_.size() == nodes_.capacity()) {  // grow within what the budget can hold
+    size_t cap = std::max<size_t>(64, 2 * nodes_.capacity());
+    if (budget) cap = std::min(cap, std::max(budget / sizeof(Node), nodes_.size() + 1));
+    nodes_.reserve(cap);
+  }
   Node& n = nodes_.emplace_back();
+  arena_.set_outside(node_bytes);
+  node_peak_ = std::max(node_peak_, node_bytes);
   n.op = k;
   n.n_in = uint8_t(inputs.size());
   n.step = uint32_t(step_);
@@ -372,6 +423,12 @@ Node& Tape::record(OpKind k, Tensor& out, std::span<const Tensor> inputs, size_t
   for (size_t i = 0; i < inputs.size(); ++i) n.in[i] = inputs[i];
   out.node = int32_t(nodes_.size() - 1);
   out.requires_grad = true;
+  // A node index means "this segment's tape": whatever space the bytes live
+  // in (a view of a parameter or of a carried value), the handle now
+  // belongs to the open segment and expires with it.
+  out.space = Space::Segment;
+  out.gen = seg_index_;
+  out.step = uint32_t(step_);
   n.out = out;
   return n;
 }
@@ -409,6 +466,8 @@ TapeStats Tape::stats() const {
   s.peak_bytes = arena_.peak();
   s.last_segment_peak = last_segment_peak_;
   s.node_count = nodes_.size();
+  s.node_bytes = nodes_.size() * sizeof(Node);
+  s.node_peak_bytes = node_peak_;
   s.persistent_bytes = pool_.used();
   s.carry_bytes = carry_[0].used() + carry_[1].used();
   s.workspace_bytes = scratch_.reserved() + gru_batch_->buffers.reserved();

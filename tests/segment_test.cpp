@@ -243,3 +243,217 @@ TEST(Segment, ConcatOfManyPartsIsABalancedTree) {
   for (int i = 0; i < 13; ++i) cols.push_back(tape.zeros({2, 3}));
   EXPECT_EQ(concat(std::span<const Tensor>(cols), 1).shape, (Shape{2, 39}));
 }
+
+// ---- views of any tensor: valid wherever they are used, or the expired error
+
+namespace {
+// d/dW of sum(x @ reshape(W)ᵀ): every row of W's gradient is the column sums of x.
+std::vector<float> matmul_sum_weight_grad(const std::vector<float>& x, int64_t B, int64_t I, int64_t O) {
+  std::vector<float> g(size_t(O * I), 0.0f);
+  for (int64_t o = 0; o < O; ++o)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < I; ++i) g[size_t(o * I + i)] += x[size_t(b * I + i)];
+  return g;
+}
+template <class F>
+std::string expired_message(F f) {
+  try {
+    f();
+  } catch (const ExpiredTensorError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(SegmentViews, ViewOfAParameterMadeInOneSegmentExpiresInTheNext) {
+  // A view that records a node belongs to the segment that recorded it.
+  constexpr int64_t B = 4, I = 8, O = 8;
+  Tape tape;
+  Tensor w = tape.parameter({O * I});  // flat, viewed as [O, I]
+  Tensor view;
+  {
+    Segment seg = tape.segment();
+    view = reshape(w, {O, I});
+    EXPECT_EQ(view.space, Space::Segment);
+  }
+  Segment seg = tape.segment();
+  std::vector<float> xv(size_t(B * I), 0.5f);
+  Tensor x = tape.from(std::span<const float>(xv), {B, I});
+  const std::string m = expired_message([&] { (void)matmul(x, view, false, true); });
+  EXPECT_NE(m.find("made in segment 1"), std::string::npos) << m;
+  for (const char* op : {"transpose", "slice", "detach", "concat"}) {
+    const std::string m2 = expired_message([&] {
+      if (std::string(op) == "transpose") (void)transpose(view);
+      else if (std::string(op) == "slice") (void)slice(view, 0, 0, 1);
+      else if (std::string(op) == "detach") (void)detach(view);
+      else (void)concat({view}, 0);
+    });
+    EXPECT_NE(m2.find("has expired"), std::string::npos) << op << ": " << m2;
+  }
+}
+
+TEST(SegmentViews, ViewsOfParametersGiveTheRightGradientInEverySegment) {
+  // Each segment makes its own view; the gradient lands in the parameter's
+  // buffer with the right values, segment after segment.
+  constexpr int64_t B = 4, I = 8, O = 8;
+  Tape tape;
+  Tensor w = tape.parameter({O * I});
+  std::vector<float> xv(size_t(B * I));
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = float(i % 7) - 3.0f;
+  const std::vector<float> want = matmul_sum_weight_grad(xv, B, I, O);
+  for (int s = 0; s < 3; ++s) {
+    tape.zero_grad();
+    Segment seg = tape.segment();
+    Tensor x = tape.from(std::span<const float>(xv), {B, I});
+    Tensor wt = transpose(reshape(w, {O, I}));  // [I, O], a copy of a view
+    seg.backward(sum(matmul(x, wt)));
+    const std::vector<float> got = w.grad_tensor().to_host<float>();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_FLOAT_EQ(got[i], want[i]) << "segment " << s << " element " << i;
+  }
+}
+
+TEST(SegmentViews, UnrecordedViewsOfPersistentTensorsStayValid) {
+  // No node (no gradient wanted): the view is the persistent bytes, valid in any segment.
+  Tape tape;
+  Tensor p = tape.persistent({2, 3});
+  p.from_host(std::span<const float>(std::vector<float>{1, 2, 3, 4, 5, 6}));
+  Tensor w = tape.parameter({6});
+  Tensor flat, frozen;
+  {
+    Segment seg = tape.segment();
+    flat = reshape(p, {6});
+    frozen = detach(w);
+    EXPECT_EQ(flat.space, Space::Persistent);
+    EXPECT_EQ(frozen.space, Space::Persistent);
+    EXPECT_FALSE(frozen.requires_grad);
+  }
+  Segment seg = tape.segment();
+  EXPECT_DOUBLE_EQ(sum(flat).item(), 21.0);
+  EXPECT_DOUBLE_EQ(sum(frozen).item(), 0.0);
+}
+
+TEST(SegmentViews, EveryOpRaisesWithNoSegmentOpen) {
+  Tape tape;
+  Tensor w = tape.parameter({2, 3});
+  Tensor v = tape.persistent({2, 3});
+  auto raises = [&](const char* op, auto f) {
+    try {
+      f();
+      ADD_FAILURE() << op << " ran with no segment open";
+    } catch (const TapeError& e) {
+      EXPECT_NE(std::string(e.what()).find("no segment is open"), std::string::npos) << op << ": " << e.what();
+      EXPECT_EQ(std::string(e.what()).rfind(op, 0), 0u) << e.what();
+    }
+  };
+  raises("reshape", [&] { (void)reshape(w, {3, 2}); });
+  raises("reshape", [&] { (void)reshape(v, {6}); });
+  raises("transpose", [&] { (void)transpose(w); });
+  raises("slice", [&] { (void)slice(w, 0, 0, 1); });
+  raises("concat", [&] { (void)concat({w}, 0); });
+  raises("concat", [&] { (void)concat({w, w}, 0); });
+  raises("detach", [&] { (void)detach(w); });
+  raises("add", [&] { (void)add(w, w); });
+  EXPECT_EQ(tape.stats().node_count, 0u);
+}
+
+// ---- node memory is segment memory
+
+TEST(SegmentNodes, NodesCountInTheBudgetAndTheArrayStaysWithinIt) {
+  // 200,000 zero-byte views under a 1 MiB budget: refused once the nodes
+  // fill the budget, with node memory named in the report.
+  const size_t budget = size_t(1) << 20;
+  Tape tape(Device::cpu(), {.segment_budget = budget});
+  Tensor w = tape.parameter({4, 4});
+  std::string m;
+  size_t nodes_when_refused = 0;
+  {
+    Segment seg = tape.segment();
+    try {
+      for (int i = 0; i < 200000; ++i) (void)reshape(w, {16});
+    } catch (const BudgetError& e) {
+      m = e.what();
+    }
+    nodes_when_refused = tape.stats().node_count;
+    EXPECT_LE(tape.stats().node_bytes + tape.stats().live_bytes, budget);
+    EXPECT_LE(tape.nodes().capacity() * sizeof(Node), budget + sizeof(Node));  // the array never outgrew the budget
+  }
+  ASSERT_FALSE(m.empty()) << "200,000 views ran without error under a 1 MiB budget";
+  EXPECT_EQ(nodes_when_refused, budget / sizeof(Node));
+  EXPECT_NE(m.find("the largest share is tape nodes"), std::string::npos) << m;
+  EXPECT_NE(m.find("Tape nodes: " + std::to_string(nodes_when_refused)), std::string::npos) << m;
+  EXPECT_EQ(tape.stats().node_peak_bytes, nodes_when_refused * sizeof(Node));
+  // The next segment starts empty and the same work fails at the same count.
+  Segment seg = tape.segment();
+  EXPECT_EQ(tape.stats().node_bytes, 0u);
+}
+
+TEST(SegmentNodes, NodeAndArenaBytesShareTheBudget) {
+  // With nodes recorded, an arena request that fits alone is refused when
+  // arena + nodes would pass the budget.
+  const size_t budget = size_t(64) << 10;
+  Tape tape(Device::cpu(), {.segment_budget = budget});
+  Tensor w = tape.parameter({4});
+  Segment seg = tape.segment();
+  for (int i = 0; i < 100; ++i) (void)reshape(w, {2, 2});  // 100 nodes, 0 arena bytes
+  const size_t nodes = 100 * sizeof(Node);
+  const size_t fits_alone = budget - 4096;  // fits an empty arena, not beside the nodes
+  ASSERT_GT(nodes, 4096u);
+  EXPECT_THROW((void)tape.empty({int64_t(fits_alone / sizeof(float))}), BudgetError);
+  EXPECT_NO_THROW((void)tape.empty({int64_t((budget - nodes - 64) / sizeof(float))}));
+}
+
+// ---- the budget report's advice fits the case
+
+namespace {
+std::string budget_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const BudgetError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(SegmentBudgetAdvice, OneStepLargerThanTheBudgetIsToldSo) {
+  Tape tape(Device::cpu(), {.segment_budget = 64 << 10});
+  Tensor w = tape.parameter({256, 256});
+  Segment seg = tape.segment();
+  const std::string m = budget_message([&] {
+    Tensor x = tape.zeros({64, 256});
+    (void)matmul(x, w);  // 64 KiB output beside a 64 KiB input: step 0 alone is too big
+  });
+  ASSERT_FALSE(m.empty());
+  EXPECT_NE(m.find("One step needs more than the budget"), std::string::npos) << m;
+  EXPECT_EQ(m.find("retaining history"), std::string::npos) << m;
+  EXPECT_NE(m.find("raise TapeOptions::segment_budget"), std::string::npos) << m;
+}
+
+TEST(SegmentBudgetAdvice, OutputsKeptWithNoGraphAreNotCalledRetention) {
+  Tape tape(Device::cpu(), {.segment_budget = 64 << 10});
+  Tensor w = tape.parameter({16, 16});
+  Segment seg = tape.segment();
+  const std::string m = budget_message([&] {
+    NoGradGuard ng(tape);
+    Tensor h = tape.zeros({4, 16});
+    for (int t = 0; t < 10000; ++t, tape.next_step()) h = tanh(matmul(h, w));
+  });
+  ASSERT_FALSE(m.empty());
+  EXPECT_NE(m.find("No graph is recorded in this segment (0 tape nodes"), std::string::npos) << m;
+  EXPECT_EQ(m.find("retaining history"), std::string::npos) << m;
+}
+
+TEST(SegmentBudgetAdvice, TheBudgetIsNamedAsTheCallerSetsIt) {
+  Tape tape(Device::cpu(), {.segment_budget = 64 << 10, .budget_name = "--budget"});
+  Tensor w = tape.parameter({16, 16});
+  Segment seg = tape.segment();
+  const std::string m = budget_message([&] {
+    Tensor h = tape.zeros({4, 16});
+    for (int t = 0; t < 10000; ++t, tape.next_step()) h = tanh(matmul(h, w));
+  });
+  EXPECT_NE(m.find("segment budget exceeded (--budget = 64.0 KiB"), std::string::npos) << m;
+  EXPECT_NE(m.find("raise --budget"), std::string::npos) << m;
+  EXPECT_EQ(m.find("TapeOptions"), std::string::npos) << m;
+}

@@ -46,8 +46,13 @@ class Arena {
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
 
-  // nullptr when the request does not fit (strict) or passes grow_limit.
+  // nullptr when the request does not fit (strict) or passes grow_limit,
+  // counting the bytes held outside the arena against the budget too.
   void* try_alloc(size_t bytes);
+  // Bytes held outside the arena that count against its budget (the tape's
+  // nodes): a request fits only when used() + outside() + request <= budget().
+  void set_outside(size_t bytes) { outside_ = bytes; }
+  size_t outside() const { return outside_; }
   void reset();  // O(1) in the bytes handed out; keeps every chunk
   size_t used() const { return used_; }    // bytes handed out since reset (aligned sizes)
   size_t peak() const { return peak_; }    // high-water since construction or reset_peak()
@@ -70,6 +75,7 @@ class Arena {
   size_t off_ = 0;     // offset in current chunk
   size_t used_ = 0;
   size_t peak_ = 0;
+  size_t outside_ = 0;
   size_t first_capacity_;
   bool grow_;
   size_t grow_limit_;

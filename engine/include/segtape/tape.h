@@ -59,7 +59,14 @@ struct TapeOptions {
   size_t grow_limit = 0;
   size_t persistent_chunk = size_t(1) << 20;
   size_t carry_chunk = size_t(256) << 10;
-  size_t node_capacity = 4096;  // tape nodes reserved up front
+  // Tape nodes reserved up front (at most what the budget can hold). Nodes
+  // count against the segment budget (sizeof(Node) each); the array grows,
+  // within the budget, when a segment records more.
+  size_t node_capacity = 4096;
+  // How budget errors name the budget: the option a user sets (the CLI
+  // passes "--budget"). nullptr: "TapeOptions::segment_budget" (or
+  // "TapeOptions::grow_limit" under the teaching policy).
+  const char* budget_name = nullptr;
   bool anomaly = false;         // check every op's output for NaN / Inf
   // Backward accumulates the weight gradients of GRU cells sharing weights as
   // one GEMM over many steps' rows (chunks of ~256 rows) instead of one per
@@ -91,6 +98,8 @@ struct TapeStats {
   size_t peak_bytes = 0;         // high-water of the current segment
   size_t last_segment_peak = 0;  // high-water of the last ended segment
   size_t node_count = 0;         // nodes on the tape now
+  size_t node_bytes = 0;         // their bytes (node_count * sizeof(Node)), counted in the segment budget
+  size_t node_peak_bytes = 0;    // high-water of node_bytes in the current (or last) segment
   size_t persistent_bytes = 0;   // persistent pool bytes in use
   size_t carry_bytes = 0;        // carry buffers in use
   size_t workspace_bytes = 0;    // op workspace and backward's batching buffers (reserved, reused)
@@ -175,6 +184,7 @@ class Tape {
   void backward(const Tensor& root, const Tensor* seed, bool retain);
   Tensor carry(const Tensor& x);
   std::string budget_report(size_t request, OpKind kind, const char* op) const;
+  const char* budget_name() const;
   Tensor persistent_alloc(const Shape& s, DType d);
 
   Device device_;
@@ -192,6 +202,8 @@ class Tape {
   std::vector<void*> grad_table_;  // device tapes: backward's node -> gradient table (the CPU keeps it in the arena)
   uint32_t seg_index_ = 0;
   uint64_t step_ = 0;
+  uint64_t seg_first_step_ = 0;  // the step at which the open segment opened
+  size_t node_peak_ = 0;         // node bytes high-water of the current / last segment
   size_t released_upto_ = 0;  // nodes [0, released_upto_) were freed by a non-retained backward
   size_t last_segment_peak_ = 0;
   bool open_ = false;
