@@ -8,9 +8,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -79,6 +83,36 @@ const DTypeDesc* find_dtype(std::string_view name) {
 }
 
 unsigned dtype_bytes(DType d) { return d == DType::F32 ? 4 : 8; }  // F64, I64
+
+// CRC-32 tables for slicing by 8: kCrc[0][b] is the CRC register after
+// shifting byte b through it (reflected polynomial 0xEDB88320); kCrc[k][b]
+// is the same followed by k zero bytes, so 8 input bytes take 8 lookups.
+constexpr std::array<std::array<std::uint32_t, 256>, 8> kCrc = [] {
+  std::array<std::array<std::uint32_t, 256>, 8> t{};
+  for (std::uint32_t b = 0; b < 256; ++b) {
+    std::uint32_t c = b;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    t[0][b] = c;
+  }
+  for (std::size_t k = 1; k < 8; ++k)
+    for (std::size_t b = 0; b < 256; ++b) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xFFu];
+  return t;
+}();
+
+std::string hex8(std::uint32_t v) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+// A stored checksum value: exactly 8 hex digits (no sign, no "0x").
+bool parse_hex8(const std::string& s, std::uint32_t& out) {
+  const auto hex = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; };
+  if (s.size() != 8 || !std::all_of(s.begin(), s.end(), hex)) return false;
+  return std::from_chars(s.data(), s.data() + s.size(), out, 16).ec == std::errc{};
+}
+
+bool is_checksum_key(std::string_view k) { return k.starts_with(kChecksumKeyPrefix); }
 
 // Offset of the first byte that is not part of well-formed UTF-8 (no
 // overlongs, no surrogates, nothing above U+10FFFF), or npos. nlohmann checks
@@ -277,8 +311,17 @@ std::vector<std::byte> serialize_impl(std::span<const TensorRef> tensors,
     return sa != sb ? sa > sb : a->name < b->name;
   });
 
+  std::map<std::string, std::string> meta;
+  for (const auto& [k, v] : metadata) {
+    if (is_checksum_key(k))
+      fail(src, "metadata key " + quote(k) + " is reserved (keys starting with '" + std::string(kChecksumKeyPrefix) +
+                    "' hold the checksums segtape writes itself)");
+    meta.emplace(k, v);
+  }
+  for (const TensorRef* t : order) meta[std::string(kChecksumKeyPrefix) + t->name] = hex8(crc32(t->data));
+
   json h = json::object();
-  if (!metadata.empty()) h["__metadata__"] = metadata;
+  if (!meta.empty()) h["__metadata__"] = meta;
   std::uint64_t offset = 0;
   for (const TensorRef* t : order) {
     const std::uint64_t n = t->data.size();
@@ -306,6 +349,22 @@ std::vector<std::byte> serialize_impl(std::span<const TensorRef> tensors,
 }
 
 }  // namespace
+
+std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t crc) {
+  crc = ~crc;
+  const std::byte* p = bytes.data();
+  std::size_t n = bytes.size();
+  for (; n >= 8; p += 8, n -= 8) {  // little-endian words (see the static_assert above)
+    std::uint32_t lo = 0, hi = 0;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= crc;
+    crc = kCrc[7][lo & 0xFFu] ^ kCrc[6][(lo >> 8) & 0xFFu] ^ kCrc[5][(lo >> 16) & 0xFFu] ^ kCrc[4][lo >> 24] ^
+          kCrc[3][hi & 0xFFu] ^ kCrc[2][(hi >> 8) & 0xFFu] ^ kCrc[1][(hi >> 16) & 0xFFu] ^ kCrc[0][hi >> 24];
+  }
+  for (; n > 0; --n, ++p) crc = kCrc[0][(crc ^ std::to_integer<std::uint32_t>(*p)) & 0xFFu] ^ (crc >> 8);
+  return ~crc;
+}
 
 std::string_view dtype_name(DType d) {
   switch (d) {
@@ -345,33 +404,48 @@ File parse(std::vector<std::byte> bytes, std::string source) {
     fail(src, "file is " + std::to_string(size) + " bytes, shorter than the 8-byte header-length prefix");
   std::uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
-  if (n > kMaxHeaderBytes)
-    fail(src, "header length " + std::to_string(n) + " exceeds the " + std::to_string(kMaxHeaderBytes) +
-                  "-byte limit");
-  if (n > size - 8)
-    fail(src, "header length " + std::to_string(n) + " is larger than the " + std::to_string(size - 8) +
-                  " bytes after the length prefix");
-
   const char* first = reinterpret_cast<const char*>(bytes.data()) + 8;
+  // A file of another kind (JSON or CSV text, an image, ...) fails here: its
+  // first 8 bytes read as an absurd header length, or the byte after them is
+  // not the '{' every safetensors header starts with (the reference requires
+  // it too). Such failures say so first, then give the precise detail.
+  const bool opens_with_brace = size > 8 && first[0] == '{';
+  const std::string not_safetensors =
+      "not a safetensors file (one starts with an 8-byte little-endian header length followed by that many "
+      "bytes of JSON header beginning with '{'): ";
+  const std::string lead = opens_with_brace ? std::string() : not_safetensors;  // starts the header checks' messages
+  if (n > kMaxHeaderBytes)
+    fail(src, not_safetensors + "header length " + std::to_string(n) + " exceeds the " +
+                  std::to_string(kMaxHeaderBytes) + "-byte limit");
+  if (n > size - 8)
+    fail(src, lead + "header length " + std::to_string(n) + " is larger than the " + std::to_string(size - 8) +
+                  " bytes after the length prefix" + (opens_with_brace ? " (is the file truncated?)" : ""));
+
   const char* last = first + n;
   if (std::size_t bad = utf8_error(reinterpret_cast<const unsigned char*>(first), n); bad != std::string::npos)
-    fail(src, "header is not valid UTF-8 (byte " + std::to_string(bad) + " of the header)");
+    fail(src, lead + "header is not valid UTF-8 (byte " + std::to_string(bad) + " of the header)");
   // nlohmann's lexer takes a NUL byte for the end of input and would ignore
   // whatever follows it; raw NUL is never valid JSON, so reject it here.
   if (const void* z = std::memchr(first, 0, n))
-    fail(src, "header is not valid JSON: NUL byte at byte " +
+    fail(src, lead + "header is not valid JSON: NUL byte at byte " +
                   std::to_string(static_cast<const char*>(z) - first) + " of the header");
   HeaderChecker checker;
   bool ok = false;
   try {
     ok = json::sax_parse(first, last, &checker);
   } catch (const json::exception& e) {  // not expected from sax_parse, but never let it escape
-    fail(src, std::string("header is not valid JSON: ") + e.what());
+    fail(src, lead + "header is not valid JSON: " + e.what());
   }
-  if (!ok) fail(src, checker.error.empty() ? "header is not valid JSON" : checker.error);
+  if (!ok) fail(src, lead + (checker.error.empty() ? "header is not valid JSON" : checker.error));
   const json h = json::parse(first, last, nullptr, /*allow_exceptions=*/false);
-  if (h.is_discarded()) fail(src, "header is not valid JSON");
-  if (!h.is_object()) fail(src, std::string("header is not a JSON object but ") + h.type_name());
+  if (h.is_discarded()) fail(src, lead + "header is not valid JSON");
+  if (!h.is_object()) fail(src, lead + "header is not a JSON object but " + h.type_name());
+  // A JSON object whose text does not start with '{' (leading whitespace, a BOM).
+  if (!opens_with_brace) {
+    char byte[8];
+    std::snprintf(byte, sizeof byte, "0x%02x", static_cast<unsigned char>(first[0]));
+    fail(src, not_safetensors + "the header's first byte is " + byte + ", not '{'");
+  }
 
   File f;
   const std::uint64_t data_len = size - 8 - n;
@@ -408,9 +482,46 @@ File parse(std::vector<std::byte> bytes, std::string source) {
     fail(src, "gap: " + std::to_string(data_len - pos) + " bytes at the end of the data buffer " +
                   (prev ? "after the last tensor " + quote(prev->name) : std::string("and no tensors")));
 
+  // The checksum keys move out of the user's metadata into f.checksums.
+  for (auto it = f.metadata.begin(); it != f.metadata.end();) {
+    if (!is_checksum_key(it->first)) {
+      ++it;
+      continue;
+    }
+    std::uint32_t crc = 0;
+    if (!parse_hex8(it->second, crc))
+      fail(src, "\"__metadata__\" key " + quote(it->first) + " should hold a CRC-32 as 8 hex digits but holds " +
+                    quote(it->second));
+    f.checksums.emplace(it->first.substr(kChecksumKeyPrefix.size()), crc);
+    it = f.metadata.erase(it);
+  }
+
   f.bytes = std::move(bytes);
   f.data_start = static_cast<std::size_t>(8 + n);
   f.source = std::move(source);
+
+  // Every stored checksum is verified before any tensor can be read.
+  const TensorInfo* damaged = nullptr;
+  std::uint32_t stored = 0, actual = 0;
+  std::size_t n_damaged = 0;
+  for (const TensorInfo& t : f.tensors) {
+    const auto c = f.checksums.find(t.name);
+    if (c == f.checksums.end()) continue;
+    const std::uint32_t got = crc32(f.data(t));
+    if (got == c->second) continue;
+    if (n_damaged++ == 0) {
+      damaged = &t;
+      stored = c->second;
+      actual = got;
+    }
+  }
+  if (damaged)
+    fail(f.source, "tensor " + quote(damaged->name) + ": its " + std::to_string(damaged->end - damaged->begin) +
+                  " data bytes do not match the stored checksum (CRC-32 " + hex8(stored) + " in metadata key " +
+                  quote(std::string(kChecksumKeyPrefix) + damaged->name) + ", the bytes give " + hex8(actual) +
+                  "): the file is damaged" +
+                  (n_damaged > 1 ? "; " + std::to_string(n_damaged - 1) + " more tensor(s) do not match either" : "") +
+                  " (if another tool changed this tensor on purpose, delete that key to load it unchecked)");
   return f;
 }
 

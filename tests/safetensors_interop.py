@@ -8,9 +8,14 @@ Both sides compute the expected values from the same formulas (see
 tests/safetensors_test.cpp, InteropTensors), so no data is passed around:
   float tensors: element i = i * 0.5 - 3
   int64 tensors: element i = i * 1000000007 - 3
+check also verifies that the metadata is a flat str -> str map holding
+METADATA plus one "segtape.crc32.<name>" key per tensor whose value is
+zlib.crc32 of the tensor's bytes as 8 lowercase hex digits. write stores no
+checksums, as any other writer: segtape must load such files.
 Exit status: 0 ok, 1 mismatch (reason on stderr), 2 usage error.
 """
 import sys
+import zlib
 
 import numpy as np
 from safetensors import safe_open
@@ -25,6 +30,7 @@ SPEC = {
     "empty": (np.float32, (0, 4)),
 }
 METADATA = {"producer": "segtape", "step": "17"}
+CHECKSUM_PREFIX = "segtape.crc32."
 
 
 def expected(dtype, shape):
@@ -44,8 +50,19 @@ def check(path):
         if not np.array_equal(t, expected(dtype, shape)):
             return f"{name}: values differ: {t.ravel()[:8]}"
     with safe_open(path, framework="numpy") as f:
-        if f.metadata() != METADATA:
-            return f"metadata {f.metadata()} != {METADATA}"
+        meta = f.metadata()
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        return f"metadata is not str -> str: {meta!r}"
+    user = {k: v for k, v in meta.items() if not k.startswith(CHECKSUM_PREFIX)}
+    if user != METADATA:
+        return f"metadata {user} != {METADATA}"
+    sums = {k[len(CHECKSUM_PREFIX):]: v for k, v in meta.items() if k.startswith(CHECKSUM_PREFIX)}
+    if set(sums) != set(SPEC):
+        return f"checksum keys for {sorted(sums)}, want one per tensor {sorted(SPEC)}"
+    for name, stored in sums.items():
+        want = format(zlib.crc32(np.ascontiguousarray(tensors[name]).tobytes()), "08x")
+        if stored != want:
+            return f"{name}: stored checksum {stored!r}, zlib.crc32 of its bytes is {want!r}"
     return None
 
 

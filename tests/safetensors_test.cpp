@@ -1,6 +1,7 @@
-// Tests for segtape::safetensors: round trips, a catalog of corrupt files
-// (every parser check), crash-safe saving, and interop with Hugging Face's
-// Python package. Also checks (and on request regenerates) the fuzz seeds.
+// Tests for segtape::safetensors: round trips, per-tensor checksums, a catalog
+// of corrupt files (every parser check), crash-safe saving, and interop with
+// Hugging Face's Python package. Also checks (and on request regenerates) the
+// fuzz seeds.
 #include "segtape/nn/safetensors.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
@@ -229,6 +231,17 @@ TEST(SafetensorsSerialize, RejectsBadTensors) {
   expect_error({{"x", st::DType::F64, {1LL << 40, 1LL << 40}, as_bytes(six)}}, "overflows 64 bits");
 }
 
+TEST(SafetensorsSerialize, RejectsChecksumKeysInMetadata) {
+  const std::vector<float> six(6);
+  const std::vector<st::TensorRef> refs{{"x", st::DType::F32, {6}, as_bytes(six)}};
+  try {
+    (void)st::serialize(refs, {{"segtape.crc32.x", "00000000"}});
+    ADD_FAILURE() << "no throw";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("metadata key 'segtape.crc32.x' is reserved"), std::string::npos) << e.what();
+  }
+}
+
 // -------------------------------------------------------- corrupt-file catalog
 
 struct Corrupt {
@@ -359,6 +372,18 @@ std::vector<Corrupt> catalog() {
        "duplicate key 'k' inside entry '__metadata__'"},
       {"long_name_truncated", [] { return make_file("{\"" + std::string(5000, 'n') + "\":1}"); },
        "...' (5000 bytes): entry is not an object"},
+      {"json_text_file", [] { return to_bytes("{\n  \"eval_accuracy\": 0.5,\n  \"steps\": 64\n}\n"); },
+       "not a safetensors file (one starts with an 8-byte little-endian header length"},
+      {"header_leading_space", [] { return make_file(" {}"); },
+       "not a safetensors file (one starts with an 8-byte little-endian header length followed by that many bytes "
+       "of JSON header beginning with '{'): the header's first byte is 0x20, not '{'"},
+      {"header_array_not_safetensors", [] { return make_file("[1,2]"); },
+       "not a safetensors file (one starts with"},
+      {"checksum_not_hex", [=] { return make_file("{\"__metadata__\":{\"segtape.crc32.t\":\"0x12ab\"}," + entry("t", ok) + "}", 8); },
+       "\"__metadata__\" key 'segtape.crc32.t' should hold a CRC-32 as 8 hex digits but holds '0x12ab'"},
+      {"checksum_mismatch", [=] { return make_file("{\"__metadata__\":{\"segtape.crc32.t\":\"00000000\"}," + entry("t", ok) + "}", 8); },
+       "tensor 't': its 8 data bytes do not match the stored checksum (CRC-32 00000000 in metadata key "
+       "'segtape.crc32.t', the bytes give "},
   };
 }
 
@@ -386,6 +411,144 @@ TEST(SafetensorsCorrupt, TruncatedValidFileFailsEverywhere) {
   for (std::size_t len = 0; len < good.size(); ++len)
     EXPECT_THROW((void)st::parse(Bytes(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(len))), CheckpointError)
         << len;
+}
+
+// ------------------------------------------------------------------ checksums
+
+TEST(SafetensorsChecksum, IsZlibCrc32) {
+  // The standard check value of CRC-32/ISO-HDLC, and what Python's
+  // zlib.crc32 gives for these inputs.
+  EXPECT_EQ(st::crc32(to_bytes("123456789")), 0xCBF43926u);
+  EXPECT_EQ(st::crc32({}), 0u);
+  EXPECT_EQ(st::crc32(to_bytes("The quick brown fox jumps over the lazy dog")), 0x414FA339u);
+  EXPECT_EQ(st::crc32(to_bytes("6789"), st::crc32(to_bytes("12345"))), 0xCBF43926u);
+  // Against the bit-at-a-time definition, for every start offset and length
+  // up to 40 bytes of a pseudo-random buffer (all alignments and tails of the
+  // 8-bytes-at-a-time loop).
+  auto bitwise = [](std::span<const std::byte> b) {
+    std::uint32_t c = 0xFFFFFFFFu;
+    for (const std::byte x : b) {
+      c ^= std::to_integer<std::uint32_t>(x);
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    }
+    return ~c;
+  };
+  Bytes buf(64);
+  std::uint32_t x = 12345;
+  for (std::byte& b : buf) b = static_cast<std::byte>((x = x * 1103515245u + 12345u) >> 24);
+  for (std::size_t at = 0; at < 8; ++at)
+    for (std::size_t len = 0; len <= 40; ++len) {
+      const auto s = std::span<const std::byte>(buf).subspan(at, len);
+      ASSERT_EQ(st::crc32(s), bitwise(s)) << "offset " << at << " length " << len;
+    }
+}
+
+TEST(SafetensorsChecksum, EveryTensorWrittenCarriesOne) {
+  const InteropTensors t;
+  const auto refs = t.refs();
+  const Bytes bytes = st::serialize(refs, t.metadata);
+  const st::File f = st::parse(bytes);
+  // One stored checksum per tensor, each the CRC-32 of its data bytes; the
+  // keys are kept out of the user's metadata.
+  ASSERT_EQ(f.checksums.size(), refs.size());
+  for (const st::TensorInfo& ti : f.tensors) {
+    ASSERT_TRUE(f.checksums.contains(ti.name)) << ti.name;
+    EXPECT_EQ(f.checksums.at(ti.name), st::crc32(f.data(ti))) << ti.name;
+  }
+  EXPECT_EQ(f.metadata, t.metadata);
+  // In the header they are flat string entries of __metadata__.
+  const std::string header(reinterpret_cast<const char*>(bytes.data()) + 8, f.data_start - 8);
+  char want[64];
+  std::snprintf(want, sizeof want, "\"segtape.crc32.w\":\"%08x\"", st::crc32(as_bytes(t.w)));
+  EXPECT_NE(header.find(want), std::string::npos) << header;
+  // Re-writing what was read (as a tool that edits one tensor does) gives
+  // fresh checksums and the same file.
+  std::vector<st::TensorRef> again;
+  for (const st::TensorInfo& ti : f.tensors) again.push_back({ti.name, ti.dtype, ti.shape, f.data(ti)});
+  EXPECT_EQ(st::serialize(again, f.metadata), bytes);
+}
+
+TEST_F(TempDir, FlippedDataByteNamesTheTensor) {
+  const InteropTensors t;
+  const auto refs = t.refs();
+  const fs::path p = dir / "ckpt.safetensors";
+  st::save_atomic(p, refs, t.metadata);
+  const st::File good = st::load(p);
+  int damaged_files = 0;
+  for (const st::TensorInfo& ti : good.tensors) {
+    if (ti.begin == ti.end) continue;  // the empty tensor has no byte to flip
+    for (const std::uint64_t at : {ti.begin, ti.end - 1}) {
+      SCOPED_TRACE(ti.name + " byte " + std::to_string(at));
+      Bytes b = good.bytes;
+      b[good.data_start + at] ^= std::byte{0x01};
+      const fs::path q = dir / "flipped.safetensors";
+      std::ofstream(q, std::ios::binary | std::ios::trunc)
+          .write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+      try {
+        (void)st::load(q);
+        ADD_FAILURE() << "a flipped data byte loaded silently";
+      } catch (const CheckpointError& e) {
+        const std::string msg = e.what();
+        EXPECT_EQ(msg.rfind(q.string() + ": tensor '" + ti.name + "': its ", 0), 0u) << msg;
+        EXPECT_NE(msg.find("do not match the stored checksum"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("the file is damaged"), std::string::npos) << msg;
+      }
+      ++damaged_files;
+    }
+  }
+  EXPECT_EQ(damaged_files, 8);  // two bytes of each of the 4 non-empty tensors
+}
+
+TEST(SafetensorsChecksum, FilesWithoutChecksumsLoad) {
+  // As PyTorch's safetensors writes them: no segtape keys at all, or metadata
+  // of its own. Nothing to verify, the values load as they are.
+  const std::string body = R"("dtype":"F32","shape":[2],"data_offsets":[0,8])";
+  for (const std::string& meta : {std::string(), std::string(R"("__metadata__":{"format":"pt"},)")}) {
+    SCOPED_TRACE(meta);
+    const st::File f = st::parse(make_file("{" + meta + entry("t", body) + "}", 8));
+    EXPECT_TRUE(f.checksums.empty());
+    EXPECT_EQ(f.data(*f.find("t")).size(), 8u);
+    EXPECT_EQ(f.data(*f.find("t"))[7], std::byte{7});
+  }
+  // A checksum for one tensor verifies that one; the other loads unchecked.
+  const Bytes data{std::byte{0}, std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}, std::byte{5}, std::byte{6}, std::byte{7}};
+  char meta[96];
+  std::snprintf(meta, sizeof meta, R"("__metadata__":{"segtape.crc32.a":"%08x"},)",
+                st::crc32(std::span<const std::byte>(data).first(4)));
+  const st::File f = st::parse(make_file(std::string("{") + meta +
+                                             entry("a", R"("dtype":"F32","shape":[1],"data_offsets":[0,4])") + "," +
+                                             entry("b", R"("dtype":"F32","shape":[1],"data_offsets":[4,8])") + "}",
+                                         8));
+  EXPECT_EQ(f.checksums.size(), 1u);
+  EXPECT_TRUE(f.metadata.empty());
+}
+
+TEST_F(TempDir, TextFileIsNotASafetensorsFile) {
+  // What `segtape eval --checkpoint metrics.json` reads: its first 8 bytes
+  // ("{\n  \"eval") as a header length are absurd.
+  const fs::path p = dir / "metrics.json";
+  std::ofstream(p, std::ios::binary) << "{\n  \"eval_accuracy\": 0.5,\n  \"steps\": 64\n}\n";
+  try {
+    (void)st::load(p);
+    ADD_FAILURE();
+  } catch (const CheckpointError& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind(p.string() + ": not a safetensors file (", 0), 0u) << msg;
+    EXPECT_NE(msg.find("): header length "), std::string::npos) << msg;
+  }
+  // A truncated safetensors file is not called "not a safetensors file".
+  const InteropTensors t;
+  const auto refs = t.refs();
+  const Bytes good = st::serialize(refs, t.metadata);
+  try {
+    (void)st::parse(Bytes(good.begin(), good.begin() + 40), "cut");
+    ADD_FAILURE();
+  } catch (const CheckpointError& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find("not a safetensors file"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("is larger than the 32 bytes after the length prefix (is the file truncated?)"), std::string::npos)
+        << msg;
+  }
 }
 
 TEST_F(TempDir, LoadNamesThePath) {
@@ -546,6 +709,7 @@ TEST_F(TempDir, InteropWeLoadPythonFile) {
   ASSERT_EQ(std::system(interop_command("write", p).c_str()), 0);
   const st::File f = st::load(p);
   expect_interop_values(f);
+  EXPECT_TRUE(f.checksums.empty());  // Python's writer stores none; nothing to verify
   // float16 [-3, -2.5, -2] as raw bytes: 0xC200, 0xC100, 0xC000 little-endian.
   const st::TensorInfo* h = f.find("half");
   ASSERT_NE(h, nullptr);

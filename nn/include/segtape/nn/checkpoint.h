@@ -1,8 +1,10 @@
 // Checkpoints on safetensors files (format: docs/checkpoint-format.md; names:
-// docs/nn.md). Writes are atomic (safetensors::save_atomic). Loads validate
-// the whole file against the model first and copy only when everything
-// matches, so a failed load leaves the model untouched; one CheckpointError
-// lists every problem and names the file.
+// docs/nn.md). Writes are atomic (safetensors::save_atomic) and store a
+// CRC-32 of every tensor's bytes, which every load verifies (a damaged file
+// is a CheckpointError naming the tensor). Loads validate the whole file
+// against the model first and copy only when everything matches, so a failed
+// load leaves the model untouched; one CheckpointError lists every problem
+// and names the file.
 #pragma once
 #include <cstdint>
 #include <filesystem>

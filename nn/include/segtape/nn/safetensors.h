@@ -4,6 +4,9 @@
 // then the raw little-endian data buffer. See docs/checkpoint-format.md.
 // parse() treats its input as hostile: every problem is a segtape::CheckpointError
 // naming the source and the problem; it never reads outside the buffer.
+// serialize() stores the CRC-32 of every tensor's data bytes in __metadata__
+// and parse() verifies each stored one, so damaged tensor data is an error,
+// not silently wrong values.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +36,17 @@ std::string_view dtype_name(DType d);
 // the reference implementation).
 inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 
+// The CRC-32 of tensor "<name>"'s data bytes is stored under the metadata key
+// kChecksumKeyPrefix + "<name>" as 8 lowercase hex digits (a flat string to
+// string entry, so other safetensors readers keep working). Callers' metadata
+// may not use the prefix.
+inline constexpr std::string_view kChecksumKeyPrefix = "segtape.crc32.";
+
+// CRC-32 as zlib, PNG and Python's zlib.crc32 compute it (reflected polynomial
+// 0xEDB88320, initial value and final xor 0xFFFFFFFF). Chains like zlib's:
+// crc32(b, crc32(a)) == crc32(a followed by b). crc32("123456789") == 0xCBF43926.
+std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t crc = 0);
+
 struct TensorInfo {
   std::string name;
   std::string dtype_str;  // as written in the file, e.g. "BF16"
@@ -50,7 +64,11 @@ inline constexpr DType dtype_of = std::is_same_v<T, float>          ? DType::F32
 // A parsed, fully validated file. Owns its bytes; the spans from data() stay
 // valid while the File lives (moving the File keeps them valid too).
 struct File {
-  std::map<std::string, std::string> metadata;  // "__metadata__", if present
+  std::map<std::string, std::string> metadata;  // "__metadata__", if present, less the checksum keys
+  // The stored checksums: tensor name -> CRC-32 of its data bytes. parse()
+  // has verified each one whose tensor is in the file; a tensor without one
+  // (a file from another writer) is not verified.
+  std::map<std::string, std::uint32_t> checksums;
   std::vector<TensorInfo> tensors;              // in data-offset order
   std::vector<std::byte> bytes;                 // the whole file
   std::size_t data_start = 0;                   // 8 + header length
@@ -74,7 +92,8 @@ struct File {
   const TensorInfo& require(std::string_view name, DType want) const;
 };
 
-// Validates everything (see docs/checkpoint-format.md for the list of checks).
+// Validates everything (see docs/checkpoint-format.md for the list of checks),
+// including every stored checksum.
 File parse(std::vector<std::byte> bytes, std::string source = "<memory>");
 // Reads the whole file and parses it; errors name the path.
 File load(const std::filesystem::path& path);
@@ -90,7 +109,9 @@ struct TensorRef {
 // The whole file in memory. Like the reference writer, tensors are laid out
 // by descending dtype size, then name: deterministic, and with the data buffer
 // starting 8-byte aligned every tensor is naturally aligned in the file.
-// CheckpointError on a bad TensorRef (size/shape mismatch, duplicate name, ...).
+// The metadata written is `metadata` plus one checksum key per tensor.
+// CheckpointError on a bad TensorRef (size/shape mismatch, duplicate name, ...)
+// or a metadata key starting with kChecksumKeyPrefix.
 std::vector<std::byte> serialize(std::span<const TensorRef> tensors,
                                  const std::map<std::string, std::string>& metadata = {});
 
