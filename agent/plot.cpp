@@ -56,10 +56,53 @@ std::vector<double> ticks(double lo, double hi, int target = 5) {
   return t;
 }
 
+// One marker centred at (x, y), radius r.
+std::string marker_svg(Marker m, double x, double y, double r, const std::string& stroke, const std::string& fill, double sw) {
+  char b[400];
+  const std::string style = "fill=\"" + fill + "\" stroke=\"" + stroke + "\" stroke-width=\"" + fmt_num(sw, false) + "\"";
+  switch (m) {
+    case Marker::None: return "";
+    case Marker::Circle: std::snprintf(b, sizeof b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%.1f\" %s/>", x, y, r, style.c_str()); break;
+    case Marker::Square:
+      std::snprintf(b, sizeof b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" %s/>", x - r * 0.85, y - r * 0.85, 1.7 * r,
+                    1.7 * r, style.c_str());
+      break;
+    case Marker::Triangle:
+      std::snprintf(b, sizeof b, "<polygon points=\"%.1f,%.1f %.1f,%.1f %.1f,%.1f\" %s/>", x, y - r * 1.1, x - r, y + r * 0.8, x + r,
+                    y + r * 0.8, style.c_str());
+      break;
+    case Marker::TriangleDown:
+      std::snprintf(b, sizeof b, "<polygon points=\"%.1f,%.1f %.1f,%.1f %.1f,%.1f\" %s/>", x, y + r * 1.1, x - r, y - r * 0.8, x + r,
+                    y - r * 0.8, style.c_str());
+      break;
+    case Marker::Plus:
+      std::snprintf(b, sizeof b,
+                    "<path d=\"M%.1f,%.1f L%.1f,%.1f M%.1f,%.1f L%.1f,%.1f\" fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\"/>",
+                    x - r * 1.2, y, x + r * 1.2, y, x, y - r * 1.2, x, y + r * 1.2, stroke.c_str(), std::max(sw, 1.8));
+      break;
+    case Marker::Diamond:
+      std::snprintf(b, sizeof b, "<polygon points=\"%.1f,%.1f %.1f,%.1f %.1f,%.1f %.1f,%.1f\" %s/>", x, y - r * 1.2, x + r, y, x,
+                    y + r * 1.2, x - r, y, style.c_str());
+      break;
+    case Marker::Cross:
+      std::snprintf(b, sizeof b,
+                    "<path d=\"M%.1f,%.1f L%.1f,%.1f M%.1f,%.1f L%.1f,%.1f\" fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\"/>",
+                    x - r, y - r, x + r, y + r, x - r, y + r, x + r, y - r, stroke.c_str(), std::max(sw, 1.5));
+      break;
+  }
+  return b;
+}
+
 }  // namespace
 
+std::string series_color(size_t i) { return kColors[i % (sizeof kColors / sizeof *kColors)]; }
+
 std::string render_svg(const std::vector<Panel>& panels, int width, int panel_height) {
-  const int ml = 90, mr = 200, mt = 34, mb = 46;
+  size_t longest = 0;
+  for (const Panel& P : panels)
+    for (const Series& se : P.series) longest = std::max(longest, se.label.size());
+  const int ml = 90, mb = 46;
+  const int mr = std::max(200, 50 + int(6.6 * double(longest)));  // the legend column: about 6.6 px per character
   const int height = int(panels.size()) * panel_height;
   std::string s;
   char buf[512];
@@ -70,32 +113,58 @@ std::string render_svg(const std::vector<Panel>& panels, int width, int panel_he
   s += buf;
   for (size_t p = 0; p < panels.size(); ++p) {
     const Panel& P = panels[p];
+    std::vector<std::string> note;
+    for (size_t a = 0; !P.note.empty() && a <= P.note.size();) {
+      const size_t e = std::min(P.note.find('\n', a), P.note.size());
+      note.push_back(P.note.substr(a, e - a));
+      a = e + 1;
+    }
+    const int mt = 34 + 15 * int(note.size());
     const double y0 = double(p) * panel_height;
     const double pw = width - ml - mr, ph = panel_height - mt - mb;
     double xlo = std::numeric_limits<double>::infinity(), xhi = -xlo, ylo = xlo, yhi = -xlo;
     auto ty = [&](double v) { return P.log_y ? std::log10(v) : v; };
+    auto take_y = [&](double v) {
+      if ((P.log_y && !(v > 0)) || !std::isfinite(v)) return;
+      ylo = std::min(ylo, ty(v)), yhi = std::max(yhi, ty(v));
+    };
     for (const Series& se : P.series)
       for (size_t i = 0; i < se.x.size() && i < se.y.size(); ++i) {
         if (P.log_y && !(se.y[i] > 0)) continue;
         if (!std::isfinite(se.y[i]) || !std::isfinite(se.x[i])) continue;
         xlo = std::min(xlo, se.x[i]), xhi = std::max(xhi, se.x[i]);
-        ylo = std::min(ylo, ty(se.y[i])), yhi = std::max(yhi, ty(se.y[i]));
+        take_y(se.y[i]);
       }
-    if (!std::isfinite(xlo)) xlo = 0, xhi = 1, ylo = 0, yhi = 1;
+    for (const RefLine& l : P.hlines) take_y(l.y);
+    if (!std::isfinite(xlo)) xlo = 0, xhi = 1;
+    if (!std::isfinite(ylo)) ylo = 0, yhi = 1;
     if (xhi == xlo) xhi = xlo + 1;
     if (yhi == ylo) yhi = ylo + (P.log_y ? 1 : std::max(1.0, std::fabs(ylo) * 0.1));
     if (!P.log_y && ylo > 0 && ylo < 0.5 * yhi) ylo = 0;  // anchor at zero when it is near
     const double pad = (yhi - ylo) * 0.05;
     yhi += pad;
     if (P.log_y || ylo != 0) ylo -= pad;
+    if (P.y_min && (!P.log_y || *P.y_min > 0)) ylo = ty(*P.y_min);
+    if (P.y_max && (!P.log_y || *P.y_max > 0)) yhi = ty(*P.y_max);
+    if (!(yhi > ylo)) yhi = ylo + 1;
     auto X = [&](double v) { return ml + (v - xlo) / (xhi - xlo) * pw; };
     auto Y = [&](double v) { return y0 + mt + ph - (ty(v) - ylo) / (yhi - ylo) * ph; };
     auto Yt = [&](double tv) { return y0 + mt + ph - (tv - ylo) / (yhi - ylo) * ph; };
+    auto inside = [&](double x, double y) {
+      return std::isfinite(y) && (!P.log_y || y > 0) && ty(y) >= ylo && ty(y) <= yhi && x >= xlo && x <= xhi;
+    };
     std::snprintf(buf, sizeof buf, "<text x=\"%d\" y=\"%.1f\" font-size=\"14\" font-weight=\"bold\">%s</text>\n", ml,
                   y0 + 20, esc(P.title).c_str());
     s += buf;
-    std::snprintf(buf, sizeof buf, "<rect x=\"%d\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#444\"/>\n",
-                  ml, y0 + mt, pw, ph);
+    for (size_t i = 0; i < note.size(); ++i) {
+      std::snprintf(buf, sizeof buf, "<text x=\"%d\" y=\"%.1f\" fill=\"#333\">%s</text>\n", ml, y0 + 36 + 15 * double(i),
+                    esc(note[i]).c_str());
+      s += buf;
+    }
+    std::snprintf(buf, sizeof buf,
+                  "<clipPath id=\"plot%zu\"><rect x=\"%d\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\"/></clipPath>\n"
+                  "<rect x=\"%d\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#444\"/>\n",
+                  p, ml, y0 + mt, pw, ph, ml, y0 + mt, pw, ph);
     s += buf;
     for (double t : ticks(xlo, xhi)) {
       std::snprintf(buf, sizeof buf,
@@ -143,21 +212,50 @@ std::string render_svg(const std::vector<Panel>& panels, int width, int panel_he
                   "<text x=\"16\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(-90 16 %.1f)\">%s%s</text>\n",
                   y0 + mt + ph / 2, y0 + mt + ph / 2, esc(P.ylabel).c_str(), P.log_y ? " (log)" : "");
     s += buf;
+    for (const RefLine& l : P.hlines) {
+      if (!inside(xlo, l.y)) continue;
+      std::snprintf(buf, sizeof buf,
+                    "<line class=\"hline\" x1=\"%d\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.4\"%s/>"
+                    "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"%s\">%s</text>\n",
+                    ml, ml + pw, Y(l.y), Y(l.y), l.color.c_str(),
+                    l.dash.empty() ? "" : (" stroke-dasharray=\"" + l.dash + "\"").c_str(), ml + pw - 4, Y(l.y) - 5,
+                    l.color.c_str(), esc(l.label).c_str());
+      s += buf;
+    }
     for (size_t k = 0; k < P.series.size(); ++k) {
       const Series& se = P.series[k];
-      const char* col = kColors[k % (sizeof kColors / sizeof *kColors)];
-      std::string pts;
+      const std::string col = se.color.empty() ? series_color(k) : se.color;
+      const std::string dash = se.dash.empty() ? "" : " stroke-dasharray=\"" + se.dash + "\"";
+      std::string pts, marks;
       for (size_t i = 0; i < se.x.size() && i < se.y.size(); ++i) {
         if ((P.log_y && !(se.y[i] > 0)) || !std::isfinite(se.y[i])) continue;
         std::snprintf(buf, sizeof buf, "%.1f,%.1f ", X(se.x[i]), Y(se.y[i]));
         pts += buf;
+        if (se.marker != Marker::None && i >= se.marker_offset && (i - se.marker_offset) % std::max<size_t>(se.marker_every, 1) == 0 &&
+            inside(se.x[i], se.y[i]))
+          marks += marker_svg(se.marker, X(se.x[i]), Y(se.y[i]), 3.5, col, col, 1);
       }
-      s += "<polyline fill=\"none\" stroke-width=\"1.8\" stroke=\"" + std::string(col) + "\" points=\"" + pts + "\"/>\n";
-      const double ly = y0 + mt + 10 + double(k) * 16;
+      s += "<polyline class=\"series\" data-label=\"" + esc(se.label) + "\" fill=\"none\" stroke-width=\"1.8\" stroke=\"" + col + "\"" +
+           dash + " clip-path=\"url(#plot" + std::to_string(p) + ")\" points=\"" + pts + "\"/>\n";
+      if (!marks.empty()) s += "<g class=\"markers\">" + marks + "</g>\n";
+      for (const Mark& m : se.marks) {
+        if (!inside(m.x, m.y)) continue;
+        s += "<g class=\"mark\">" +
+             marker_svg(se.marker == Marker::None ? Marker::Circle : se.marker, X(m.x), Y(m.y), 6.5, col, "white", 2.2);
+        if (!m.label.empty()) {
+          std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">%s</text>", X(m.x) + 9, Y(m.y) - 8, col.c_str(),
+                        esc(m.label).c_str());
+          s += buf;
+        }
+        s += "</g>\n";
+      }
+      const double ly = y0 + mt + 10 + double(k) * 16, lx = ml + pw + 10;
       std::snprintf(buf, sizeof buf,
-                    "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/><text x=\"%.1f\" "
-                    "y=\"%.1f\">%s</text>\n",
-                    ml + pw + 10, ml + pw + 30, ly, ly, col, ml + pw + 35, ly + 4, esc(se.label).c_str());
+                    "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2.5\"%s/>", lx, lx + 26, ly,
+                    ly, col.c_str(), dash.c_str());
+      s += buf;
+      s += marker_svg(se.marker, lx + 13, ly, 3.5, col, col, 1);
+      std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", lx + 31, ly + 4, esc(se.label).c_str());
       s += buf;
     }
   }

@@ -8,8 +8,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <unordered_map>
 
 #include "segtape/agent/env.h"
 #include "segtape/agent/plot.h"
@@ -48,22 +50,13 @@ const std::vector<CaseInfo>& cases() {
       {Case::NogradHistory, "nograd-history", false, false, "h = gru(e, detach(h)): the current step's gradient only",
        "fixes 4 and 5 (history as a value)"},
       {Case::Window, "window", false, false, "the last N embeddings as detached values, no recurrence", "fixes 4 (bounded prompt)"},
-      {Case::GruState, "gru-state", false, false, "the agent's Trainer (tbptt): history compressed in the fixed-size GRU state",
+      {Case::GruState, "gru-state", false, false, "the agent Trainer's loop (tbptt, Adam, clipping): history compressed in the fixed-size GRU state",
        "fixes 3 and 4 (what the agent program does)"},
   };
   return v;
 }
 
 const CaseInfo& info(Case c) { return cases()[size_t(c)]; }
-
-Case parse_case(const std::string& name) {
-  std::string names;
-  for (const CaseInfo& c : cases()) {
-    if (c.name == name) return c.id;
-    names += (names.empty() ? "" : ", ") + c.name;
-  }
-  throw Error("unknown retention case '" + name + "' (choose from " + names + ")");
-}
 
 namespace {
 std::string label(Case c, const LabConfig& cfg) {
@@ -76,7 +69,33 @@ std::string label(Case c, const LabConfig& cfg) {
     default: return i.name;
   }
 }
+
+std::string trimmed(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+  return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
+}
 }  // namespace
+
+std::string case_names(const LabConfig& cfg) {
+  std::string names;
+  for (const CaseInfo& c : cases()) names += (names.empty() ? "" : ", ") + label(c.id, cfg);
+  return names;
+}
+
+Case parse_case(const std::string& name, const LabConfig& cfg) {
+  const std::string n = trimmed(name);
+  for (const CaseInfo& c : cases()) {
+    const std::string number = std::to_string(int(c.id) + 1);
+    if (n == c.name || n == label(c.id, cfg) || (c.pitfall && n == number)) return c.id;
+  }
+  // A fix's parameter that is not the lab's: say which one runs.
+  for (const CaseInfo& c : cases()) {
+    if (c.pitfall || n.rfind(c.name + ":", 0) != 0) continue;
+    throw Error("retention case '" + n + "': the lab runs " + label(c.id, cfg) + " (valid names: " + case_names(cfg) + ")");
+  }
+  throw Error("unknown retention case '" + n + "' (valid names: " + case_names(cfg) +
+              "; a pitfall also by its name or number alone, a fix without its parameter)");
+}
 
 void LabConfig::validate() const {
   auto need = [](bool ok, const char* m) {
@@ -134,6 +153,8 @@ struct Model {
   std::vector<Tensor> params;
   Tensor w_ih, w_hh, b_ih, b_hh;  // the GRU's, for gru_cell(..., recompute = true)
   std::optional<nn::SGD> sgd;
+  std::optional<nn::Adam> adam;  // gru-state: the agent Trainer's optimizer, with its clipping
+  double clip = 0;
 
   Model(Tape& t, const LabConfig& c, bool window)
       : rng(c.seed), policy(t, rng, recall_spec(c), {c.embed, c.hidden, window ? c.window : 0, false}), ctx(t, rng, c.embed, c.hidden) {
@@ -148,7 +169,19 @@ struct Model {
     }
     sgd.emplace(named, nn::SGDOptions{.lr = c.lr});
   }
+  // The agent Trainer's update (TrainConfig's defaults): clip_grad_norm, then Adam.
+  void use_trainer_update() {
+    const TrainConfig tc;
+    adam.emplace(policy, nn::AdamOptions{.lr = tc.lr});
+    clip = tc.clip;
+  }
   void update() {
+    if (adam) {
+      if (clip > 0) nn::clip_grad_norm(policy, clip);
+      adam->step();
+      adam->zero_grad();
+      return;
+    }
     sgd->step();
     sgd->zero_grad();
   }
@@ -176,6 +209,11 @@ void record_error(Trace& tr, const Error& e, int64_t step) {
 }
 
 Device lab_device(const LabConfig& c) { return c.device == "cuda" ? Device::cuda() : Device::cpu(); }
+
+void inspect(const RunOptions& o, const Tape& tape, const std::vector<nn::NamedTensor>& params) {
+  if (o.inspect) o.inspect(tape);
+  if (o.inspect_named) o.inspect_named(tape, params);
+}
 
 constexpr const char* kArenaSource = "segtape: segment arena bytes in use after the step (Tape::stats().live_bytes)";
 
@@ -250,7 +288,7 @@ void run_pitfall(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
         tr.final_node_bytes = double(x.node_bytes);
         tr.final_grad_bytes = double(x.arena_by_op[size_t(OpKind::Grad)]);
         tr.held_steps = double(x.by_step.empty() ? 0 : x.last_step - x.first_step + 1);
-        if (o.inspect) o.inspect(tape);
+        inspect(o, tape, m.named);
       }
     }
   } catch (const Error& e) {
@@ -261,43 +299,23 @@ void run_pitfall(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
   }
 }
 
-// The agent's own Trainer: the compressed GRU state, TBPTT with K = trainer_k.
-// It runs whole segments, so it is measured at segment ends (the segment's
-// high-water, which is where the arena stands after backward).
-void run_trainer(const LabConfig& cfg, const RunOptions& o, Trace& tr) {
-  TrainConfig tc;
-  tc.env = "recall";
-  tc.history = History::parse("tbptt:" + std::to_string(cfg.trainer_k));
-  tc.steps = cfg.steps, tc.batch = cfg.batch, tc.hidden = cfg.hidden, tc.embed = cfg.embed, tc.seed = cfg.seed;
-  tc.budget = cfg.budget;
-  tc.device = cfg.device;
-  tc.env_options.lag = cfg.lag, tc.env_options.vocab = cfg.vocab;
-  Trainer trainer(tc);
-  trainer.tape().set_anomaly(o.anomaly);
-  try {
-    while (!trainer.done()) {
-      const auto start = Clock::now();
-      const SegmentResult r = trainer.run_segment();
-      const size_t peak = trainer.tape().stats().last_segment_peak;
-      add_row(tr, trainer.step() - 1, double(peak), start, r.steps);
-      tr.segment_peaks.push_back(double(peak));
-    }
-  } catch (const Error& e) {
-    record_error(tr, e, trainer.step());
-  }
-}
-
-// The fixes: segments of K steps under the strict policy.
+// The fixes: segments of K steps under the strict policy. gru-state is the
+// agent Trainer's supervised loop (agent/trainer.cpp), step by step: tbptt
+// with K = trainer_k, the logits and the loss read on the host every step,
+// clipping and Adam at the segment's end (its segment high-waters equal a
+// Trainer's to the byte: tests/retention_test.cpp).
 void run_fix(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
-  if (c == Case::GruState) return run_trainer(cfg, o, tr);
   TapeOptions to;
   to.segment_budget = cfg.budget;
   to.anomaly = o.anomaly;
   Tape tape(lab_device(cfg), to);
   const bool window = c == Case::Window;
+  const bool trainer = c == Case::GruState;
   Model m(tape, cfg, window);
+  if (trainer) m.use_trainer_update();
   const Episode ep = make_episode(cfg);
-  const int64_t B = cfg.batch, K = c == Case::Detach ? 1 : cfg.k;
+  const int64_t B = cfg.batch, K = c == Case::Detach ? 1 : trainer ? cfg.trainer_k : cfg.k;
+  std::vector<float> host_logits;
   Tensor h = tape.persistent({B, cfg.hidden});
   std::vector<Tensor> ring;  // window: the last N - 1 embeddings as values, oldest at `pos`
   for (int64_t i = 0; window && i + 1 < cfg.window; ++i) ring.push_back(tape.persistent({B, cfg.embed}));
@@ -325,11 +343,14 @@ void run_fix(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
         Tensor logits = m.policy.logits(f);
         if (ep.has_target(t)) {
           Tensor l = cross_entropy(logits, tape.from(row_of(ep.targets, t, B), {B}), Reduction::Mean, kNoTarget);
+          if (trainer) (void)l.item();  // the Trainer sums the losses on the host
           loss = loss.defined() ? add(loss, l) : l;
         }
+        if (trainer) host_logits.resize(size_t(logits.numel())), logits.to_host(std::span<float>(host_logits));  // its actions
         if (i + 1 == n && loss.defined()) seg.backward(loss), m.update();
         const TapeStats st = tape.stats();
         add_row(tr, t, double(st.live_bytes), start, 1, double(st.bytes_by_op[size_t(OpKind::Grad)]));
+        if (t + 1 == cfg.steps) inspect(o, tape, m.named);
       }
       if (!window) h = seg.carry(h);  // the TBPTT boundary
       seg.end();
@@ -351,6 +372,32 @@ Trace run_segtape(Case c, const LabConfig& cfg, const RunOptions& o) {
   if (info(c).pitfall) run_pitfall(c, cfg, o, tr);
   else run_fix(c, cfg, o, tr);
   return tr;
+}
+
+std::string tape_dot(Case c, const LabConfig& cfg) {
+  LabConfig small = cfg;
+  small.lag = 1;  // every step but the first has a target
+  if (info(c).pitfall) {
+    small.steps = 3;
+  } else {
+    small.k = small.trainer_k = 2;
+    small.steps = c == Case::Detach ? 2 : 4;  // two segments; the second is drawn
+  }
+  std::string dot;
+  RunOptions o;
+  o.inspect_named = [&](const Tape& t, const std::vector<nn::NamedTensor>& params) {
+    std::unordered_map<const void*, std::string> names;
+    for (const auto& [name, p] : params) names.emplace(p.ptr, name);
+    DotOptions d;
+    d.name_of = [&](const void* p) {
+      const auto it = names.find(p);
+      return it == names.end() ? std::string() : it->second;
+    };
+    dot = to_dot(t, d);
+  };
+  const Trace tr = run_segtape(c, small, o);
+  if (!tr.error.empty()) throw Error("retention: the DOT run of " + info(c).name + " failed: " + tr.error);
+  return dot;
 }
 
 std::vector<NamedValues> initial_weights(const LabConfig& cfg, bool window_mode) {
@@ -466,7 +513,7 @@ LabReport run_lab(const LabConfig& cfg, const std::vector<Case>& which, TorchRun
     r.id = c;
     const std::string name = label(c, cfg);
     RunOptions o;
-    if (hooks.inspect) o.inspect = [&](const Tape& t) { hooks.inspect(c, t); };
+    if (hooks.inspect && info(c).pitfall) o.inspect = [&](const Tape& t) { hooks.inspect(c, t); };
     say("segtape  " + name);
     r.segtape = run_segtape(c, cfg, o);
     if (info(c).pitfall) {
@@ -575,23 +622,74 @@ std::string to_json(const LabReport& r) {
   return j.dump(2) + "\n";
 }
 
+namespace {
+// Case i (0-based) is drawn with kMarkers[i % 7]; pitfall i with kDashes[i], fixes solid.
+const char* const kDashes[] = {"7 4", "2 3", "10 3 2 3", "5 2", "1 2", "12 5", "6 2 2 2"};
+const Marker kMarkers[] = {Marker::Circle, Marker::Square, Marker::Triangle, Marker::Diamond,
+                           Marker::Cross,  Marker::TriangleDown, Marker::Plus};
+}  // namespace
+
 std::string to_svg(const LabReport& r) {
+  const LabConfig& c = r.config;
+  const size_t n_cases = cases().size();
   // KiB on a plain log axis: decade ticks (100, 1000, 10000 KiB) read better
   // here than the byte axis's powers of 1024 over four decades.
   Panel st{"segtape: segment arena after each step (pitfalls: teaching policy; fixes: strict)", "step", "KiB", {}, true, false};
-  Panel lt{r.libtorch_built ? "LibTorch: live CPU tensor bytes after each step (counting allocator), same model and data"
-                            : r.libtorch_note,
-           "step", "KiB", {}, true, false};
+  Panel lt{"LibTorch: live CPU tensor bytes after each step (counting allocator), same model and data", "step", "KiB", {}, true, false};
   if (r.libtorch_built && r.libtorch_memory.rfind("RSS", 0) == 0) lt.title = "LibTorch: process RSS after each step (allocator not installed)";
-  for (const CaseResult& c : r.results) {
-    for (auto [t, p] : {std::pair{&c.segtape, &st}, std::pair{&c.libtorch, &lt}}) {
+  const std::string budget = format_bytes(c.budget);
+  st.note = "dashed with markers: pitfalls; solid: fixes; horizontal line: the " + budget +
+            " budget; open marker: a pitfall's first step over it (legend: that step, ~ extrapolated).\n"
+            "A curve identical to an earlier one lies under it and says so in its legend (\"= 1\": the same as pitfall 1); its markers sit at other steps.";
+  lt.note = "Same conventions; the budget applies to segtape only and is drawn for comparison.";
+  double lo = double(c.budget) / 1024, hi = lo;
+  for (const CaseResult& x : r.results) {
+    const CaseInfo& ci = info(x.id);
+    const size_t k = size_t(x.id);
+    for (auto [t, p] : {std::pair{&x.segtape, &st}, std::pair{&x.libtorch, &lt}}) {
       if (t->engine.empty()) continue;
-      Series s{label(c.id, r.config), {}, {}};
-      for (size_t i = 0; i < t->step.size(); ++i) s.x.push_back(double(t->step[i])), s.y.push_back(t->bytes[i] / 1024);
+      Series s{label(x.id, c), {}, {}};
+      for (size_t i = 0; i < t->step.size(); ++i) {
+        s.x.push_back(double(t->step[i])), s.y.push_back(t->bytes[i] / 1024);
+        if (s.y.back() > 0) lo = std::min(lo, s.y.back()), hi = std::max(hi, s.y.back());
+      }
+      s.color = series_color(k);
+      // Markers every eighth of the run, each case at its own offset, so that
+      // curves drawn on top of each other still show every case.
+      s.marker = kMarkers[k % std::size(kMarkers)];
+      s.marker_every = std::max<size_t>(1, t->step.size() / 8);
+      s.marker_offset = k * s.marker_every / n_cases;
+      std::string notes;
+      if (ci.pitfall) {
+        s.dash = kDashes[k % std::size(kDashes)];
+        for (const CaseResult& y : r.results) {
+          if (&y == &x) break;
+          const Trace& u = t == &x.segtape ? y.segtape : y.libtorch;
+          if (info(y.id).pitfall && u.step == t->step && u.bytes == t->bytes) {
+            notes += "= " + std::to_string(int(y.id) + 1);
+            break;
+          }
+        }
+        const Summary m = summarise(*t, c.budget);
+        if (m.budget_step >= 0) {
+          notes += (notes.empty() ? "" : "; ") + std::string("over at ") + (m.budget_extrapolated ? "~" : "") + num(m.budget_step);
+          for (size_t i = 0; i < t->step.size() && !m.budget_extrapolated; ++i)
+            if (double(t->step[i]) == m.budget_step) s.marks.push_back({s.x[i], s.y[i], ""});
+        }
+      }
+      if (!notes.empty()) s.label += " (" + notes + ")";
       p->series.push_back(std::move(s));
     }
   }
-  return render_svg({st, lt}, 1000, 420);
+  for (Panel* p : {&st, &lt}) {
+    p->hlines.push_back({double(c.budget) / 1024, "budget " + budget + " (strict policy)"});
+    p->y_min = lo / 1.3, p->y_max = hi * 1.3;  // one scale for both engines
+  }
+  if (!r.libtorch_built) {
+    st.note += "\n" + r.libtorch_note + ": only segtape's panel is drawn.";
+    return render_svg({st}, 1100, 470);
+  }
+  return render_svg({st, lt}, 1100, 470);
 }
 
 std::string table(const LabReport& r) {

@@ -27,6 +27,16 @@ std::string pct(size_t part, size_t whole) {
   return b;
 }
 
+// A string inside a DOT "..." label.
+std::string dot_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o;
+}
+
 std::string pad(std::string s, size_t w) {
   if (s.size() < w) s.append(w - s.size(), ' ');
   return s;
@@ -171,7 +181,7 @@ std::string to_dot(const Tape& tape, const DotOptions& o) {
                     (o.last_step == UINT32_MAX ? std::string("end") : std::to_string(o.last_step)) + "] exceed max_nodes = " +
                     std::to_string(o.max_nodes) + "; narrow the step range (DotOptions::first_step / last_step)");
   std::string s = "digraph segment_" + std::to_string(tape.segment_index()) +
-                  " {\n  rankdir=LR;\n  node [fontname=\"sans-serif\", fontsize=10];\n";
+                  " {\n  rankdir=LR;\n  node [fontname=\"sans-serif\", fontsize=10];\n  edge [fontname=\"sans-serif\", fontsize=10];\n";
   char buf[512];
   std::unordered_map<const void*, size_t> leaves;  // leaf tensor memory -> id
   bool stub = false;
@@ -201,14 +211,19 @@ std::string to_dot(const Tape& tape, const DotOptions& o) {
         edges += "  earlier -> n" + std::to_string(i) + ";\n";
       } else {
         auto [it, fresh] = leaves.try_emplace(in.ptr, leaves.size());
+        const bool carried = in.space == Space::Carry;
         if (fresh) {
-          const char* what = in.requires_grad ? "parameter" : in.space == Space::Carry ? "carried" : "no grad";
-          std::snprintf(buf, sizeof buf, "  l%zu [shape=ellipse, style=filled, fillcolor=\"%s\", label=\"%s\\n%s%s\"];\n",
-                        it->second, in.requires_grad ? "#dde8f7" : "#eeeeee", what, dtype_name(in.dtype),
+          const std::string name = o.name_of ? o.name_of(in.ptr) : std::string();
+          std::string what = carried ? "carried state" : in.requires_grad ? "parameter" : "no grad";
+          if (!name.empty()) what = carried ? name + " (carried state)" : name;
+          std::snprintf(buf, sizeof buf, "  l%zu [shape=ellipse, style=filled, fillcolor=\"%s\"%s, label=\"%s\\n%s%s\"];\n",
+                        it->second, carried ? "#f9d6d5" : in.requires_grad ? "#dde8f7" : "#eeeeee",
+                        carried ? ", color=\"#c0392b\", penwidth=2" : "", dot_escape(what).c_str(), dtype_name(in.dtype),
                         in.shape.str().c_str());
           edges += buf;
         }
-        edges += "  l" + std::to_string(it->second) + " -> n" + std::to_string(i) + ";\n";
+        edges += "  l" + std::to_string(it->second) + " -> n" + std::to_string(i) +
+                 (carried ? " [color=\"#c0392b\", penwidth=2.5, fontcolor=\"#c0392b\", label=\"carried state\"]" : "") + ";\n";
       }
     }
   }

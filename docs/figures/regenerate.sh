@@ -5,8 +5,10 @@
 #   docs/figures/retention.json  per case and engine: growth per step, peak, time, budget step, errors
 #   docs/figures/retention.csv   every measurement (engine, case, step, bytes)
 #   docs/figures/retention.txt   the terminal table and the explainer's report of every pitfall
-#   docs/figures/tape.dot        the tape of pitfall 1 after 3 steps (tape.svg too when Graphviz is installed)
-# LibTorch's panel is filled when libtorch-dev is installed (else it says "LibTorch not built").
+#   docs/figures/tape.dot        the tape of pitfall 1 after 3 steps, parameters named
+#   docs/figures/tape-tbptt.dot  tbptt's second segment: h arrives as the carried state (highlighted)
+#                                (tape.svg and tape-tbptt.svg too when Graphviz is installed)
+# LibTorch's panel is drawn when libtorch-dev is installed (else one panel, with a note saying why).
 # Usage: bash docs/figures/regenerate.sh [extra `segtape retention` arguments]
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../tests/setup.sh"
@@ -21,8 +23,8 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 "$SEGTAPE_BUILD/agent/segtape" retention --out "$out" --explain --dot "$figures/tape.dot" "$@" | tee "$figures/retention.txt"
 cp "$out/retention.svg" "$out/retention.json" "$out/retention.csv" "$figures/"
 if command -v dot >/dev/null; then
-  dot -Tsvg "$figures/tape.dot" -o "$figures/tape.svg"
+  for g in tape tape-tbptt; do dot -Tsvg "$figures/$g.dot" -o "$figures/$g.svg"; done
 else
-  echo "(Graphviz not installed: $figures/tape.dot not rendered; apt-get install graphviz)"
+  echo "(Graphviz not installed: $figures/tape.dot and tape-tbptt.dot not rendered; apt-get install graphviz)"
 fi
-echo "regenerated: $(cd "$figures" && ls retention.* tape.*)"
+echo "regenerated: $(cd "$figures" && ls retention.* tape*)"

@@ -12,6 +12,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -73,12 +74,19 @@ struct DotOptions {
   uint32_t first_step = 0;
   uint32_t last_step = UINT32_MAX;
   size_t max_nodes = 2000;  // refuse to draw more (a DOT of a huge tape helps nobody)
+  // The name of a leaf tensor (a parameter, an input) by its memory
+  // (Tensor::ptr), or "" when unknown; the engine knows no names, a module
+  // does: fill it from nn::Module::named_parameters(). Unset: no names.
+  std::function<std::string(const void* ptr)> name_of;
 };
 
 // Graphviz DOT of the open segment's tape: one box per node (op, step, output
-// shape, arena bytes, saved bytes), parameters and inputs as ellipses, edges
-// from each input to its consumer, nodes clustered by step. Throws TapeError
-// when no segment is open or more than max_nodes nodes would be drawn.
+// shape, arena bytes, saved bytes), parameters and inputs as ellipses (named
+// by name_of when it knows them), edges from each input to its consumer,
+// nodes clustered by step. The carried state (a leaf in Space::Carry, made by
+// Segment::carry) is drawn red, its edges bold and labelled "carried state".
+// Throws TapeError when no segment is open or more than max_nodes nodes would
+// be drawn.
 std::string to_dot(const Tape& tape, const DotOptions& options = {});
 
 }  // namespace segtape

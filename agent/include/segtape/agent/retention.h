@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "segtape/nn/module.h"
 #include "segtape/tape.h"
 
 namespace segtape::agent::retention {
@@ -69,8 +70,16 @@ struct CaseInfo {
 };
 const std::vector<CaseInfo>& cases();
 const CaseInfo& info(Case c);
-// Throws Error listing the names when unknown.
-Case parse_case(const std::string& name);
+// The valid case names as the table prints them, one string:
+// "1 hidden-not-detached, ..., 7 checkpoint, tbptt:8, detach, nograd-history,
+// window:8, gru-state (tbptt:32)" (the numbers from cfg).
+std::string case_names(const LabConfig& cfg = {});
+// A case by any of: its name ("hidden-not-detached", "tbptt"), its label in
+// the table ("1 hidden-not-detached", "tbptt:8", "gru-state (tbptt:32)"), or a
+// pitfall's number ("1"); surrounding blanks ignored. A fix's parameter must
+// be cfg's (tbptt:16 is refused when cfg.k is 8). Throws Error listing
+// case_names(cfg) when unknown.
+Case parse_case(const std::string& name, const LabConfig& cfg = {});
 
 // One run of one case on one engine.
 struct Trace {
@@ -91,8 +100,11 @@ struct Trace {
 };
 
 // What to do with the segtape tape at the last step, before its segment ends
-// (the explainer, the DOT export). Called once, for single-segment cases.
+// (the explainer, the DOT export). Called once: at a pitfall's last step (its
+// one segment) or at a fix's last step (its last segment).
 using Inspect = std::function<void(const Tape&)>;
+// The same, also given the model's parameters by name ("gru.weight_hh", ...).
+using InspectNamed = std::function<void(const Tape&, const std::vector<nn::NamedTensor>& params)>;
 
 struct RunOptions {
   // false: pitfalls run under the teaching policy (the arena grows); true:
@@ -104,6 +116,7 @@ struct RunOptions {
   bool retain_graph = true;
   bool anomaly = false;  // TapeOptions::anomaly
   Inspect inspect;
+  InspectNamed inspect_named;
 };
 
 // Runs one case on segtape. Errors from the strict policy are caught into the
@@ -160,6 +173,12 @@ struct AnomalyCost {
 };
 AnomalyCost anomaly_cost(const LabConfig& cfg, int64_t steps = 8192);
 
+// Graphviz DOT (segtape/explain.h) of a small run's tape with the parameters
+// named ("gru.weight_hh", ...): a pitfall's one segment after 3 steps, or a
+// fix's second segment of 2 steps (detach: of 1), where the state arrives
+// carried (its edge highlighted). Sizes and seed from cfg.
+std::string tape_dot(Case c, const LabConfig& cfg);
+
 // The whole lab.
 struct CaseResult {
   Case id{};
@@ -186,7 +205,11 @@ LabReport run_lab(const LabConfig& cfg, const std::vector<Case>& which, TorchRun
 
 std::string to_csv(const LabReport& r);   // engine,case,step,bytes
 std::string to_json(const LabReport& r);  // per case and engine: the Summary, the strict error
-std::string to_svg(const LabReport& r);   // memory vs step, one panel per engine
+// Memory vs step, one panel per engine (one panel and a note without
+// LibTorch) on one log scale: pitfalls dashed with markers, fixes solid, the
+// budget as a horizontal line with each pitfall's first step over it marked;
+// a curve identical to an earlier one says so in its legend ("= 1").
+std::string to_svg(const LabReport& r);
 std::string table(const LabReport& r);    // the terminal summary
 
 }  // namespace segtape::agent::retention
