@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -28,14 +31,17 @@ using namespace segtape::agent;
 
 namespace {
 
+// One metrics row: a log interval's means.
 struct Row {
-  int64_t step;
-  double loss, score;
-  size_t segment_peak, rss;
-  double steps_per_s;
+  int64_t step = 0;
+  double loss = 0, score = 0;
+  double episode_return = std::nan("");  // RL: mean return of the episodes that ended in the interval
+  size_t segment_peak = 0, rss = 0;
+  double steps_per_s = 0;
 };
 
-size_t parse_bytes(const std::string& s) {
+// A size such as 64MiB, 512KiB, 2GiB or a byte count, > 0.
+size_t parse_bytes(const std::string& s, const char* flag = "--budget") {
   size_t used = 0;
   double v = 0;
   try {
@@ -49,23 +55,28 @@ size_t parse_bytes(const std::string& s) {
                : unit == "MiB" || unit == "M" ? 1048576.0
                : unit == "GiB" || unit == "G" ? 1073741824.0
                                               : -1;
-  if (used == 0 || mul < 0 || !(v > 0) || v * mul > 1e13)
-    throw Error("--budget '" + s + "': expected a size such as 64MiB, 512KiB, 2GiB or a byte count");
+  if (used == 0 || mul < 0 || !(v >= 0) || v * mul > 1e13)
+    throw Error(std::string(flag) + " '" + s + "': expected a size such as 64MiB, 512KiB, 2GiB or a byte count");
+  if (v * mul < 1) throw Error(std::string(flag) + " '" + s + "': must be a positive size, such as 64MiB");
   return size_t(v * mul);
 }
 
-// Atomic text write: temp file, then rename, so a crash never leaves half a file.
+// Atomic text write: temp file, then rename, so a crash never leaves half a
+// file. Errors name the file asked for (not the temporary one).
 void write_text(const fs::path& p, const std::string& text) {
   const fs::path tmp = p.parent_path() / ("." + p.filename().string() + ".tmp");
   {
     std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
     o << text;
     o.flush();
-    if (!o) throw Error("cannot write " + tmp.string() + ": " + std::strerror(errno));
+    if (!o) throw Error("cannot write " + p.string() + ": " + std::strerror(errno));
   }
   std::error_code ec;
   fs::rename(tmp, p, ec);
-  if (ec) throw Error("cannot write " + p.string() + ": " + ec.message());
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw Error("cannot write " + p.string() + ": " + ec.message());
+  }
 }
 
 void prepare_dir(const fs::path& dir) {
@@ -81,43 +92,133 @@ void prepare_dir(const fs::path& dir) {
   fs::remove(probe, ec);
 }
 
-std::string csv(const std::vector<Row>& rows) {
-  std::string s = "step,loss,accuracy,segment_peak_bytes,rss_bytes,steps_per_s\n";
-  for (const Row& r : rows)
-    s += fmt::format("{},{:.6g},{:.6g},{},{},{:.6g}\n", r.step, r.loss, r.score, r.segment_peak, r.rss, r.steps_per_s);
-  return s;
+// A file the program will write later: refused now, by the name given, if
+// it names a directory or its directory is missing or not writable.
+void check_output_file(const std::string& given, const char* flag) {
+  const fs::path p(given);
+  if (given.empty() || given.back() == '/' || fs::is_directory(p))
+    throw Error(std::string(flag) + " " + given + ": is a directory; give a file name, such as " +
+                (fs::path(given) / "tape.dot").string());
+  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  if (!fs::is_directory(dir)) throw Error(std::string(flag) + " " + given + ": the directory " + dir.string() + " does not exist");
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw Error(std::string(flag) + " " + given + ": cannot write in " + dir.string() + " (" + std::strerror(errno) + ")");
 }
 
-std::vector<Row> read_csv(const fs::path& p) {
-  std::vector<Row> rows;
-  std::ifstream in(p);
-  std::string line;
-  std::getline(in, line);  // header
-  while (std::getline(in, line)) {
-    Row r{};
-    if (std::sscanf(line.c_str(), "%ld,%lf,%lf,%zu,%zu,%lf", &r.step, &r.loss, &r.score, &r.segment_peak, &r.rss,
-                    &r.steps_per_s) == 6)
-      rows.push_back(r);
+// metrics.csv: one row per log interval, each on disk as soon as it is
+// logged (appended and flushed), so a run that stops loses no row.
+class MetricsCsv {
+ public:
+  MetricsCsv(const fs::path& path, const std::string& measure, bool rl) : path_(path), measure_(measure), rl_(rl) {}
+  ~MetricsCsv() {
+    if (f_) std::fclose(f_);
   }
-  return rows;
-}
+  // Starts the file with these rows (a resumed run's rows up to its checkpoint).
+  void start(const std::vector<Row>& rows) {
+    std::string text = header();
+    for (const Row& r : rows) text += line(r);
+    write_text(path_, text);
+    f_ = std::fopen(path_.c_str(), "ab");
+    if (!f_) throw Error("cannot append to " + path_.string() + ": " + std::strerror(errno));
+  }
+  void append(const Row& r) {
+    const std::string l = line(r);
+    if (std::fwrite(l.data(), 1, l.size(), f_) != l.size() || std::fflush(f_) != 0)
+      throw Error("cannot append to " + path_.string() + ": " + std::strerror(errno));
+  }
+  // The rows of an existing file of this run (columns found by name).
+  static std::vector<Row> read(const fs::path& p) {
+    std::vector<Row> rows;
+    std::ifstream in(p);
+    std::string line;
+    if (!std::getline(in, line)) return rows;
+    std::vector<std::string> cols;
+    std::stringstream hs(line);
+    for (std::string c; std::getline(hs, c, ',');) cols.push_back(c);
+    while (std::getline(in, line)) {
+      std::stringstream ls(line);
+      Row r;
+      size_t i = 0;
+      for (std::string v; std::getline(ls, v, ',') && i < cols.size(); ++i) {
+        const std::string& c = cols[i];
+        const double d = v.empty() ? std::nan("") : std::strtod(v.c_str(), nullptr);
+        if (c == "step") r.step = int64_t(d);
+        else if (c == "loss") r.loss = d;
+        else if (c == "episode_return") r.episode_return = d;
+        else if (c == "segment_peak_bytes") r.segment_peak = size_t(d);
+        else if (c == "rss_bytes") r.rss = size_t(d);
+        else if (c == "steps_per_s") r.steps_per_s = d;
+        else if (i == 2) r.score = d;  // the env's measure (accuracy, success)
+      }
+      if (i == cols.size()) rows.push_back(r);
+    }
+    return rows;
+  }
 
-std::string plot(const std::vector<Row>& rows, const TrainConfig& c, const std::string& measure) {
-  Series loss{"loss per step", {}, {}}, score{measure, {}, {}}, peak{"segment peak (arena)", {}, {}}, rss{"process RSS", {}, {}};
+ private:
+  std::string header() const {
+    return "step,loss," + measure_ + (rl_ ? ",episode_return" : "") + ",segment_peak_bytes,rss_bytes,steps_per_s\n";
+  }
+  std::string line(const Row& r) const {
+    std::string ret;
+    if (rl_) ret = std::isnan(r.episode_return) ? "," : fmt::format(",{:.6g}", r.episode_return);
+    return fmt::format("{},{:.6g},{:.6g}{},{},{},{:.6g}\n", r.step, r.loss, r.score, ret, r.segment_peak, r.rss, r.steps_per_s);
+  }
+  fs::path path_;
+  std::string measure_;
+  bool rl_;
+  FILE* f_ = nullptr;
+};
+
+// The training plot: loss; the env's measure on a fixed 0-100 % axis with the
+// chance level and the final greedy evaluation; RL: the episode return;
+// memory. Nothing is drawn for a measure no interval has a value of.
+std::string plot(const std::vector<Row>& rows, const TrainConfig& c, const EnvSpec& spec, std::optional<double> eval) {
+  const std::string& measure = spec.measure;
+  Series loss{"loss per step", {}, {}}, score{measure + " (training)", {}, {}},
+      ret{"mean episode return", {}, {}}, peak{"segment peak (arena)", {}, {}}, rss{"process RSS", {}, {}};
   for (const Row& r : rows) {
     const double x = double(r.step);
     loss.x.push_back(x), loss.y.push_back(r.loss);
     score.x.push_back(x), score.y.push_back(100.0 * r.score);
+    if (!std::isnan(r.episode_return)) ret.x.push_back(x), ret.y.push_back(r.episode_return);
     peak.x.push_back(x), peak.y.push_back(double(r.segment_peak));
     rss.x.push_back(x), rss.y.push_back(double(r.rss));
   }
   const std::string what = c.env + ", history " + c.history.str() + ", B=" + std::to_string(c.batch) + ", H=" + std::to_string(c.hidden);
-  std::vector<Panel> panels = {
-      {"Training loss (" + what + ")", "step", "loss", {loss}, false, false},
-      {measure + " (%)", "step", measure + " %", {score}, false, false},
-      {"Memory: segment high-water vs process RSS", "step", "bytes", {peak, rss}, false, true},
-  };
+  const double chance = 100.0 / double(spec.num_actions);
+  Panel score_panel{measure + " (%)", "step", measure + " %", {score}, false, false};
+  score_panel.y_min = 0, score_panel.y_max = 100;
+  score_panel.hlines.push_back({chance, fmt::format("chance {:.1f}% (uniform over {} actions)", chance, spec.num_actions), "#888888", "4 3"});
+  if (eval && !rows.empty())
+    score_panel.series[0].marks.push_back({double(rows.back().step), 100.0 * *eval, fmt::format("eval {:.1f}% (greedy)", 100.0 * *eval)});
+  std::vector<Panel> panels = {{"Training loss (" + what + ")", "step", "loss", {loss}, false, false}, score_panel};
+  if (!spec.supervised) {
+    Panel rp{"Episode return", "step", "return", {ret}, false, false};
+    if (ret.x.empty()) rp.note = "no episode ended in a logged interval";
+    panels.push_back(rp);
+  }
+  panels.push_back({"Memory: segment high-water vs process RSS", "step", "bytes", {peak, rss}, false, true});
   return render_svg(panels);
+}
+
+// Numbers as numbers: the checkpoint's string metadata, typed for JSON.
+nlohmann::json config_json(const TrainConfig& c, size_t budget_applied) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : c.to_metadata()) {
+    char* end = nullptr;
+    errno = 0;
+    const long long i = std::strtoll(v.c_str(), &end, 10);
+    if (!v.empty() && *end == '\0' && errno == 0) {
+      j[k] = i;
+      continue;
+    }
+    const double d = std::strtod(v.c_str(), &end);
+    if (!v.empty() && *end == '\0' && std::isfinite(d)) j[k] = d;
+    else j[k] = v;
+  }
+  j["budget"] = budget_applied;
+  return j;
 }
 
 class Progress {
@@ -148,6 +249,20 @@ class Progress {
   std::chrono::steady_clock::time_point last_{};
 };
 
+// Ctrl-C / SIGTERM: the run finishes the segment it is in, writes its
+// checkpoint and metrics, and says how to resume. The handler resets itself:
+// a second signal ends the process at once.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+void catch_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
 struct TrainArgs {
   TrainConfig c;
   std::string history = "tbptt:32", budget, out, resume;
@@ -158,13 +273,19 @@ struct TrainArgs {
 int train(TrainArgs& a, CLI::App& cmd) {
   fs::path out;
   TrainConfig c = a.c;
+  c.budget_name = "--budget";
   const bool resume = !a.resume.empty();
+  for (const char* opt : {"--log-every", "--checkpoint-every", "--eval-steps"}) {
+    const int64_t v = std::string(opt) == "--log-every" ? a.log_every : std::string(opt) == "--checkpoint-every" ? a.checkpoint_every : a.eval_steps;
+    if (cmd.count(opt) && v < 1) throw Error(std::string(opt) + " " + std::to_string(v) + ": must be >= 1");
+  }
   if (resume) {
     out = a.resume;
     const fs::path ck = out / "checkpoint.safetensors";
     if (!fs::exists(ck)) throw Error("--resume " + out.string() + ": no checkpoint.safetensors there; start a new run with --out");
     c = Trainer::read_config(ck);
-    for (const char* opt : {"--env", "--history", "--batch", "--hidden", "--embed", "--lag", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr"})
+    c.budget_name = "--budget";
+    for (const char* opt : {"--env", "--history", "--batch", "--hidden", "--embed", "--lag", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget"})
       if (cmd.count(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
     if (cmd.count("--steps")) c.steps = a.c.steps;
     if (cmd.count("--device")) c.device = a.c.device;  // a run may move between the CPU and a GPU
@@ -184,92 +305,153 @@ int train(TrainArgs& a, CLI::App& cmd) {
                   ", pass --force to overwrite it, or choose another --out");
   }
   c.validate();
-  Trainer tr(c);  // before the directory: a device that cannot be used leaves nothing behind
-  prepare_dir(out);
+  Trainer tr(c);  // before the directory: a device that cannot be used, or a model too large, leaves nothing behind
+  const EnvSpec& spec = tr.env().spec();
+  const std::string measure = spec.measure;
 
   std::vector<Row> rows;
   if (resume) {
     tr.load(out / "checkpoint.safetensors");
-    // A run killed while writing leaves its temporary file; the checkpoint itself is intact.
+    if (tr.done()) {  // nothing to do: every file stays as it is
+      std::printf("%s: already complete (step %ld of %ld); nothing to do. To train further, pass --steps N with N > %ld.\n",
+                  out.c_str(), tr.step(), c.steps, tr.step());
+      return 0;
+    }
+    // A run killed while writing leaves its temporary files; the files themselves are intact.
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(out, ec))
-      if (e.path().filename().string().rfind(".checkpoint.safetensors.tmp", 0) == 0) fs::remove(e.path(), ec);
-    rows = read_csv(out / "metrics.csv");
+      if (e.path().filename().string().rfind(".", 0) == 0 && e.path().extension() == ".tmp") fs::remove(e.path(), ec);
+    rows = MetricsCsv::read(out / "metrics.csv");
     while (!rows.empty() && rows.back().step > tr.step()) rows.pop_back();
+  } else {
+    prepare_dir(out);
   }
-  const std::string measure = tr.env().spec().measure;
+  MetricsCsv csv(out / "metrics.csv", measure, !spec.supervised);
+  csv.start(rows);
+
   const int64_t K = c.history.k;
   const int64_t log_every = a.log_every > 0 ? a.log_every : std::max<int64_t>(K, (c.steps / 100 + K - 1) / K * K);
   const int64_t ck_every = a.checkpoint_every > 0 ? a.checkpoint_every : std::max<int64_t>(K, (c.steps / 10 + K - 1) / K * K);
   const bool full = c.history.kind == History::Kind::Full;
-  std::printf("segtape %s: training %s (%s, %s) with history %s for %ld steps, batch %ld, hidden %ld -> %s\n", SEGTAPE_VERSION,
-              c.env.c_str(), tr.env().spec().supervised ? "supervised" : "actor-critic", measure.c_str(), c.history.str().c_str(),
-              c.steps, c.batch, c.hidden, out.c_str());
+  std::printf("segtape %s: training %s (%s, %s) with history %s for %ld steps, batch %ld, hidden %ld, budget %s%s -> %s\n",
+              SEGTAPE_VERSION, c.env.c_str(), spec.supervised ? "supervised" : "actor-critic", measure.c_str(),
+              c.history.str().c_str(), c.steps, c.batch, c.hidden, format_bytes(tr.budget()).c_str(),
+              full ? (c.budget ? " (growth limit)" : " (growth limit, the default for full; set it with --budget)") : "",
+              out.c_str());
   std::fflush(stdout);
 
+  catch_stop_signals();
   Progress bar(c.steps);
   const auto t0 = std::chrono::steady_clock::now();
   auto interval_start = t0;
   int64_t interval_steps = 0, next_log = (tr.step() / log_every + 1) * log_every, next_ck = (tr.step() / ck_every + 1) * ck_every;
-  double loss_sum = 0, last_loss = 0;
-  int64_t loss_n = 0;
-  size_t peak = 0;
-  tr.env().reset_score();
+  double loss_sum = 0, last_loss = 0, return_sum = 0;
+  int64_t loss_n = 0, episodes = 0;
+  size_t peak = 0, node_peak = 0;
+  std::string stopped;  // why the run ended before its last step ("" when it did not)
+  if (!resume) tr.env().reset_score();  // a resumed env's score counts continue from its checkpoint
+  auto log_row = [&](std::chrono::steady_clock::time_point now) {
+    const double secs = std::chrono::duration<double>(now - interval_start).count();
+    Row row{tr.step(), last_loss, tr.env().score(), episodes ? return_sum / double(episodes) : std::nan(""), peak,
+            resident_bytes(), secs > 0 ? double(interval_steps) / secs : 0};
+    rows.push_back(row);
+    csv.append(row);
+    if (!bar.tty())
+      std::printf("step %ld/%ld  loss %.4f  %s %.1f%%  segment peak %s  rss %s  %.0f steps/s\n", tr.step(), c.steps, last_loss,
+                  measure.c_str(), 100 * tr.env().score(), format_bytes(peak).c_str(), format_bytes(row.rss).c_str(), row.steps_per_s);
+    std::fflush(stdout);
+    tr.env().reset_score();
+    loss_sum = 0, loss_n = 0, interval_steps = 0, return_sum = 0, episodes = 0;
+    interval_start = now;
+  };
   while (!tr.done()) {
-    const SegmentResult r = tr.run_segment();
+    if (g_stop_signal) {
+      stopped = g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
+      break;
+    }
+    SegmentResult r;
+    try {
+      r = tr.run_segment();
+    } catch (const BudgetError& e) {
+      if (!full) throw;
+      // The teaching run reached its limit: that climb is the lesson, so
+      // its metrics and plot are written up to here.
+      stopped = e.what();
+      peak = tr.tape().stats().peak_bytes;
+      if (interval_steps) log_row(std::chrono::steady_clock::now());
+      break;
+    }
     interval_steps += r.steps;
     loss_sum += r.loss_sum;
     loss_n += r.loss_steps;
+    return_sum += r.return_sum;
+    episodes += r.episodes;
     peak = full ? tr.tape().stats().peak_bytes : tr.tape().stats().last_segment_peak;
+    node_peak = std::max(node_peak, tr.tape().stats().node_peak_bytes);
     const auto now = std::chrono::steady_clock::now();
-    const double secs = std::chrono::duration<double>(now - interval_start).count();
-    const double rate = secs > 0 ? double(interval_steps) / secs : 0;
     if (loss_n) last_loss = loss_sum / double(loss_n);
-    bar.update(tr.step(), last_loss, tr.env().score(), peak, rate, measure);
+    const double secs = std::chrono::duration<double>(now - interval_start).count();
+    bar.update(tr.step(), last_loss, tr.env().score(), peak, secs > 0 ? double(interval_steps) / secs : 0, measure);
     if (tr.step() >= next_log || tr.done()) {
-      rows.push_back({tr.step(), last_loss, tr.env().score(), peak, resident_bytes(), rate});
-      if (!bar.tty())
-        std::printf("step %ld/%ld  loss %.4f  %s %.1f%%  segment peak %s  rss %s  %.0f steps/s\n", tr.step(), c.steps, last_loss,
-                    measure.c_str(), 100 * tr.env().score(), format_bytes(peak).c_str(), format_bytes(rows.back().rss).c_str(), rate);
-      std::fflush(stdout);
-      tr.env().reset_score();
-      loss_sum = 0, loss_n = 0, interval_steps = 0;
-      interval_start = now;
+      log_row(now);
       next_log += log_every;
     }
     if (!full && (tr.step() >= next_ck || tr.done())) {
       tr.save(out / "checkpoint.safetensors");
-      write_text(out / "metrics.csv", csv(rows));
       next_ck += ck_every;
     }
   }
   bar.finish();
+  const bool budget_stop = full && !stopped.empty() && stopped != "SIGINT" && stopped != "SIGTERM";
+  const bool signal_stop = !stopped.empty() && !budget_stop;
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (full) tr.save(out / "checkpoint.safetensors");
-  const double eval = tr.evaluate(a.eval_steps, c.seed + 7919);
+  if (!full && signal_stop) tr.save(out / "checkpoint.safetensors");  // the segment boundary it stopped at
+  if (full && !stopped.empty() && interval_steps) log_row(std::chrono::steady_clock::now());
+  if (full && stopped.empty()) tr.save(out / "checkpoint.safetensors");
+  std::optional<double> eval;
+  if (stopped.empty()) eval = tr.evaluate(a.eval_steps, c.seed + 7919);
   const TapeStats st = tr.tape().stats();
   nlohmann::json j;
-  j["config"] = c.to_metadata();
+  j["config"] = config_json(c, tr.budget());
   j["steps"] = tr.step();
   j["final_loss"] = rows.empty() ? 0.0 : rows.back().loss;
   j["final_" + measure] = rows.empty() ? 0.0 : rows.back().score;
-  j["eval_" + measure] = eval;
-  j["eval_steps"] = a.eval_steps;
+  if (!spec.supervised && !rows.empty() && !std::isnan(rows.back().episode_return))
+    j["final_episode_return"] = rows.back().episode_return;
+  if (eval) j["eval_" + measure] = *eval, j["eval_steps"] = a.eval_steps;
   j["segment_peak_bytes"] = peak;
+  j["node_peak_bytes"] = node_peak;  // tape nodes of the largest segment (counted in the budget too)
   j["persistent_bytes"] = st.persistent_bytes;
   j["parameters"] = tr.policy().parameter_count();
   j["rss_bytes"] = resident_bytes();
   j["wall_seconds"] = wall;
   j["resumed"] = resume;
-  write_text(out / "metrics.csv", csv(rows));
+  j["complete"] = stopped.empty();
+  if (signal_stop) j["interrupted"] = stopped;
+  if (budget_stop) j["stopped_by_budget"] = stopped;
   write_text(out / "metrics.json", j.dump(2) + "\n");
-  write_text(out / "plot.svg", plot(rows, c, measure));
+  write_text(out / "plot.svg", plot(rows, c, spec, eval));
+  if (signal_stop) {
+    std::printf("\nstopped by %s at step %ld of %ld; wrote %s/{%smetrics.csv, metrics.json, plot.svg}\n", stopped.c_str(),
+                tr.step(), c.steps, out.c_str(), full ? "" : "checkpoint.safetensors, ");
+    if (!full) std::printf("resume with: segtape train --resume %s\n", out.c_str());
+    else std::printf("(--history full keeps its run in one segment and cannot be resumed)\n");
+    return stopped == "SIGINT" ? 130 : 143;
+  }
+  if (budget_stop) {
+    std::fprintf(stderr, "segtape: error: %s\n", stopped.c_str());
+    std::printf("\nthe run stopped at its budget at step %ld; metrics and plot up to the stop: %s/{metrics.csv, metrics.json, plot.svg}\n",
+                tr.step(), out.c_str());
+    return 2;
+  }
   std::printf("\nsummary\n");
   std::printf("  env / history        %s / %s\n", c.env.c_str(), c.history.str().c_str());
   std::printf("  steps                %ld (batch %ld) in %.1f s\n", tr.step(), c.batch, wall);
   std::printf("  final loss           %.4f\n", rows.empty() ? 0.0 : rows.back().loss);
   std::printf("  train %-14s %.2f%% (last log interval)\n", measure.c_str(), 100 * (rows.empty() ? 0.0 : rows.back().score));
-  std::printf("  eval %-15s %.2f%% (%ld fresh steps x %ld streams, greedy)\n", measure.c_str(), 100 * eval, a.eval_steps, c.batch);
+  if (j.contains("final_episode_return"))
+    std::printf("  episode return       %.3f (mean, last log interval)\n", j["final_episode_return"].get<double>());
+  std::printf("  eval %-15s %.2f%% (%ld fresh steps x %ld streams, greedy)\n", measure.c_str(), 100 * *eval, a.eval_steps, c.batch);
   std::printf("  segment peak         %s%s\n", format_bytes(peak).c_str(), full ? " (one growing segment)" : " (fixed per segment)");
   std::printf("  persistent memory    %s (%ld parameters)\n", format_bytes(st.persistent_bytes).c_str(), tr.policy().parameter_count());
   std::printf("  files                %s/{metrics.csv, metrics.json, checkpoint.safetensors, plot.svg}\n", out.c_str());
@@ -277,6 +459,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
 }
 
 int eval(const std::string& checkpoint, int64_t steps, uint64_t seed, const std::string& device) {
+  if (steps < 1) throw Error("--steps " + std::to_string(steps) + ": must be >= 1 (steps of greedy evaluation)");
   TrainConfig c = Trainer::read_config(checkpoint);
   if (!device.empty()) c.device = device;
   Trainer tr(c);
@@ -293,13 +476,14 @@ int eval(const std::string& checkpoint, int64_t steps, uint64_t seed, const std:
 struct RetentionArgs {
   retention::LabConfig c;
   std::string budget = "1MiB", out, cases, dot;
-  bool explain = false, no_libtorch = false, anomaly_only = false;
+  bool explain = false, no_libtorch = false, anomaly_only = false, force = false;
 };
 
 int retention_lab(RetentionArgs& a) {
   namespace rt = retention;
   rt::LabConfig c = a.c;
   c.budget = parse_bytes(a.budget);
+  check_device_flag(c.device);
   c.validate();
   if (a.anomaly_only) {
     const rt::AnomalyCost ac = rt::anomaly_cost(c);
@@ -312,7 +496,7 @@ int retention_lab(RetentionArgs& a) {
     for (const rt::CaseInfo& i : rt::cases()) which.push_back(i.id);
   } else {
     std::stringstream ss(a.cases);
-    for (std::string name; std::getline(ss, name, ',');) which.push_back(rt::parse_case(name));
+    for (std::string name; std::getline(ss, name, ',');) which.push_back(rt::parse_case(name, c));
   }
   fs::path out = a.out;
   if (out.empty()) {
@@ -321,6 +505,9 @@ int retention_lab(RetentionArgs& a) {
     std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
     out = fs::path("runs") / (std::string("retention-") + stamp);
   }
+  if (!a.force && (fs::exists(out / "retention.json") || fs::exists(out / "retention.csv") || fs::exists(out / "retention.svg")))
+    throw Error("--out " + out.string() + " already holds a lab run; pass --force to overwrite it, or choose another --out");
+  if (!a.dot.empty()) check_output_file(a.dot, "--dot");
   if (c.device == "cuda") {  // a device that cannot be used says so before anything is written
     TapeOptions small;
     small.segment_budget = small.device_persistent = small.device_carry = small.device_workspace = size_t(1) << 20;
@@ -332,13 +519,13 @@ int retention_lab(RetentionArgs& a) {
   if (!a.no_libtorch) torch = &rt::run_libtorch;
 #endif
   if (!a.dot.empty()) {
-    // A small segment: pitfall 1 over 3 steps, every step with a target.
-    rt::LabConfig small = c;
-    small.steps = 3, small.lag = 1;
-    rt::RunOptions o;
-    o.inspect = [&](const Tape& t) { write_text(a.dot, to_dot(t)); };
-    rt::run_segtape(rt::Case::HiddenNotDetached, small, o);
-    std::printf("wrote %s (the tape of pitfall 1 after 3 steps; render with: dot -Tsvg %s -o tape.svg)\n", a.dot.c_str(), a.dot.c_str());
+    // Small segments, parameters named: pitfall 1 over 3 steps, and tbptt's
+    // second segment (the state arrives carried) beside it as <name>-tbptt.dot.
+    const fs::path fix = fs::path(a.dot).replace_filename(fs::path(a.dot).stem().string() + "-tbptt" + fs::path(a.dot).extension().string());
+    write_text(a.dot, rt::tape_dot(rt::Case::HiddenNotDetached, c));
+    write_text(fix, rt::tape_dot(rt::Case::Tbptt, c));
+    std::printf("wrote %s (the tape of pitfall 1 after 3 steps) and %s (tbptt's second segment, h carried in); render with: dot -Tsvg %s -o tape.svg\n",
+                a.dot.c_str(), fix.c_str(), a.dot.c_str());
   }
   rt::LabHooks hooks;
   const bool tty = isatty(STDERR_FILENO);
@@ -373,7 +560,7 @@ int retention_lab(RetentionArgs& a) {
 }  // namespace
 
 int run_cli(int argc, char** argv) {
-  CLI::App app{"segtape: recurrent agents with fixed memory per segment (truncated BPTT as the structure of the engine)"};
+  CLI::App app{"segtape: recurrent agents with fixed memory per segment (truncated BPTT as the structure of the engine)", "segtape"};
   app.set_version_flag("--version", std::string("segtape ") + SEGTAPE_VERSION);
   app.require_subcommand(1);
 
@@ -398,7 +585,7 @@ int run_cli(int argc, char** argv) {
   tr->add_option("--out", ta.out, "Output directory (default runs/<env>-<time>)");
   tr->add_option("--resume", ta.resume, "Continue the run in this directory from its checkpoint");
   tr->add_flag("--force", ta.force, "Overwrite a run already in --out");
-  tr->add_option("--budget", ta.budget, "Segment arena budget, e.g. 64MiB (for full: the growth limit)");
+  tr->add_option("--budget", ta.budget, "Segment budget: arena and tape nodes, e.g. 64MiB (default 64MiB; for --history full the growth limit, default 1GiB)");
   tr->add_option("--lag", ta.c.env_options.lag, "recall: lag L")->capture_default_str();
   tr->add_option("--vocab", ta.c.env_options.vocab, "recall: vocabulary size")->capture_default_str();
   tr->add_option("--corridor", ta.c.env_options.corridor, "tmaze: corridor length N")->capture_default_str();
@@ -433,12 +620,34 @@ int run_cli(int argc, char** argv) {
   rl->add_option("--device", ra.c.device, "segtape's side on cpu or cuda (LibTorch's side runs on its CPU)")
       ->capture_default_str();
   rl->add_option("--out", ra.out, "Output directory (default runs/retention-<time>)");
-  rl->add_option("--cases", ra.cases, "Comma-separated cases to run (default: all)");
+  rl->add_option("--cases", ra.cases, "Comma-separated cases to run (default: all), by name, number or as the table prints them: " +
+                                          retention::case_names(ra.c));
   rl->add_flag("--explain", ra.explain, "Print the explainer's report (who holds the memory) for each pitfall at its last step");
-  rl->add_option("--dot", ra.dot, "Write the Graphviz DOT of a small segment's tape (pitfall 1, 3 steps) to this file");
+  rl->add_option("--dot", ra.dot, "Write the Graphviz DOT of a small segment's tape (pitfall 1, 3 steps) to this file, and tbptt's second segment (the state carried in) beside it as <name>-tbptt.dot");
   rl->add_flag("--no-libtorch", ra.no_libtorch, "Run segtape only");
+  rl->add_flag("--force", ra.force, "Overwrite a lab run already in --out");
   rl->add_flag("--anomaly-cost", ra.anomaly_only, "Only measure anomaly mode's cost per step on the agent loop (also part of every lab run)");
 
+  // Commands in the program's own terms: `segtape`, `segtape help [cmd]`, `segtape foo`.
+  const std::vector<std::string> commands = {"train", "eval", "retention"};
+  if (argc < 2) {
+    std::printf("%s", app.help().c_str());
+    std::fprintf(stderr, "segtape: error: a command is required: train, eval or retention (segtape help <command> for its options)\n");
+    return 2;
+  }
+  const std::string first = argv[1];
+  if (first == "help") {
+    if (argc == 2) return std::printf("%s", app.help().c_str()), 0;
+    const std::string which = argv[2];
+    if (std::find(commands.begin(), commands.end(), which) != commands.end())
+      return std::printf("%s", app.get_subcommand(which)->help().c_str()), 0;
+    std::fprintf(stderr, "segtape: error: no command '%s' (commands: train, eval, retention)\n", which.c_str());
+    return 2;
+  }
+  if (first.rfind("-", 0) != 0 && std::find(commands.begin(), commands.end(), first) == commands.end()) {
+    std::fprintf(stderr, "segtape: error: unknown command '%s' (commands: train, eval, retention; see segtape help)\n", first.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -123,7 +123,7 @@ void TrainConfig::validate() const {
   need(embed >= 1 && embed <= 16384, "--embed must be in [1, 16384]");
   need(std::isfinite(lr) && lr > 0 && lr < 10, "--lr must be a positive number below 10");
   need(std::isfinite(clip) && clip >= 0, "--clip must be >= 0 (0 turns clipping off)");
-  need(device == "cpu" || device == "cuda", "--device must be cpu or cuda");
+  check_device_flag(device);
   need(device == "cpu" || history.kind != History::Kind::Full,
        "--history full keeps its run in one growing arena (the teaching policy), which is CPU-only: use --device cpu "
        "or a bounded history (tbptt:K, detach, window:N, nograd-history)");
@@ -136,22 +136,82 @@ void TrainConfig::validate() const {
   need(history.kind != History::Kind::Window || history.window <= 64, "--history window:N needs N <= 64");
 }
 
+void check_device_flag(const std::string& device) {
+  if (device != "cpu" && device != "cuda") throw Error("--device " + device + ": must be cpu or cuda");
+  if (device == "cuda" && !Device::cuda_built())
+    throw Error("--device cuda: this build of segtape has no CUDA backend (nvcc was not found when it was configured); "
+                "use --device cpu, or rebuild where the CUDA toolkit is installed (docs/cuda.md)");
+}
+
 // ---------------------------------------------------------------- trainer
 
 namespace {
 constexpr size_t kDefaultBudget = size_t(64) << 20;
+constexpr size_t kDefaultFullLimit = size_t(1) << 30;
+
+size_t applied_budget(const TrainConfig& c) {
+  if (c.history.kind == History::Kind::Full) return c.budget ? c.budget : kDefaultFullLimit;
+  return c.budget ? c.budget : kDefaultBudget;
+}
 
 TapeOptions tape_options(const TrainConfig& c) {
   TapeOptions o;
+  o.budget_name = c.budget_name;
   if (c.history.kind == History::Kind::Full) {
-    // Teaching policy: one segment for the whole run, the arena grows; --budget stops it.
+    // Teaching policy: one segment for the whole run, the arena grows; the budget stops it.
     o.grow = true;
     o.segment_budget = size_t(4) << 20;
-    o.grow_limit = c.budget;
+    o.grow_limit = applied_budget(c);
   } else {
-    o.segment_budget = c.budget ? c.budget : kDefaultBudget;
+    o.segment_budget = applied_budget(c);
   }
   return o;
+}
+
+PolicyShape policy_shape(const TrainConfig& c, const EnvSpec& spec) {
+  return {c.embed, c.hidden, c.history.kind == History::Kind::Window ? c.history.window : 0, !spec.supervised};
+}
+
+size_t physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
+}
+
+// A lower bound of what one step keeps in the arena: the forward outputs the
+// step's ops allocate (encoder, recurrence or window, head), each aligned;
+// backward's buffers and the loss come on top.
+SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
+  const PolicyShape shape = policy_shape(c, spec);
+  const size_t B = size_t(c.batch), E = size_t(c.embed), H = size_t(c.hidden), A = size_t(spec.num_actions);
+  auto f32 = [](size_t n) { return align_up(n * sizeof(float)); };
+  SizeEstimate e;
+  e.parameter_bytes = 4 * size_t(Policy::parameters_for(spec, shape)) * sizeof(float);
+  e.step_bytes = f32(B * E) + f32(B * A);                                   // embedding, logits
+  if (shape.window > 0) e.step_bytes += f32(B * size_t(shape.window) * E) + 2 * f32(B * H);  // concat, linear, tanh
+  else e.step_bytes += f32(B * H) + f32(4 * B * H);                                          // GRU output + saved gates
+  if (shape.value_head) e.step_bytes += f32(B);
+  const size_t steps = c.history.kind == History::Kind::Full ? 1 : size_t(c.history.k);
+  e.segment_bytes = e.step_bytes * steps;
+  e.budget = applied_budget(c);
+  return e;
+}
+
+void check_sizes(const TrainConfig& c, const SizeEstimate& e) {
+  const bool full = c.history.kind == History::Kind::Full;
+  if (e.segment_bytes > e.budget)
+    throw BudgetError(
+        std::string(full ? "one step" : "a segment of " + std::to_string(c.history.k) + " steps") + " keeps at least " +
+        format_bytes(e.segment_bytes) + " (" + format_bytes(e.step_bytes) + " per step at batch " + std::to_string(c.batch) +
+        ", hidden " + std::to_string(c.hidden) + ", embed " + std::to_string(c.embed) + "), more than the " +
+        format_bytes(e.budget) + " " + c.budget_name + (full ? " (the growth limit)" : "") +
+        ": raise " + c.budget_name + ", or make the step smaller (batch, hidden size)" +
+        (full ? "" : " or the segment shorter (--history tbptt:K with a smaller K)"));
+  const size_t machine = physical_memory();
+  const size_t need = e.parameter_bytes + std::min(e.segment_bytes, e.budget);
+  if (machine && need > machine)
+    throw Error("the model needs at least " + format_bytes(need) + " (parameters, gradients and Adam's moments " +
+                format_bytes(e.parameter_bytes) + ", plus a segment of " + format_bytes(std::min(e.segment_bytes, e.budget)) +
+                ") but this machine has " + format_bytes(machine) + " of memory: make the model smaller (--hidden, --embed)");
 }
 
 // A device's pools are fixed at setup, and a `segtape train` user cannot
@@ -182,7 +242,8 @@ Trainer::Trainer(const TrainConfig& c)
   config_.validate();
   env_ = make_env(c.env, c.batch, c.seed * 1000003u + 17u, c.env_options);
   const EnvSpec& spec = env_->spec();
-  PolicyShape shape{c.embed, c.hidden, c.history.kind == History::Kind::Window ? c.history.window : 0, !spec.supervised};
+  const PolicyShape shape = policy_shape(c, spec);
+  check_sizes(config_, estimate_sizes(config_, spec));  // before anything is allocated
   TapeOptions options = tape_options(config_);
   if (config_.device == "cuda") size_device_pools(options, spec, shape, c.batch);
   tape_ = std::make_unique<Tape>(config_.device == "cuda" ? Device::cuda() : Device::cpu(), options);
@@ -209,9 +270,17 @@ Trainer::Trainer(const TrainConfig& c)
   window_keep_.assign(B * size_t(c.embed), 0.0f);
   host_rows_.assign(B * size_t(spec.num_actions), 0.0f);
   host_values_.assign(B, 0.0f);
+  episode_return_.assign(B, 0.0f);
 }
 
 Trainer::~Trainer() = default;
+
+SizeEstimate Trainer::estimate(const TrainConfig& c) {
+  c.validate();
+  return estimate_sizes(c, make_env(c.env, c.batch, 0, c.env_options)->spec());
+}
+
+size_t Trainer::budget() const { return applied_budget(config_); }
 
 Tensor Trainer::observe_tensor() {
   const EnvSpec& spec = env_->spec();
@@ -329,6 +398,11 @@ SegmentResult Trainer::actor_critic_segment(Segment& seg, int64_t n) {
       actions_[size_t(b)] = a;
     }
     env_->step(actions_, rewards_, done_);
+    for (int64_t b = 0; b < B; ++b) {
+      float& g = episode_return_[size_t(b)];
+      g += rewards_[size_t(b)];
+      if (done_[size_t(b)]) r.return_sum += double(g), ++r.episodes, g = 0.0f;
+    }
     std::copy(actions_.begin(), actions_.end(), seg_actions_.begin() + i * B);
     std::copy(rewards_.begin(), rewards_.end(), seg_rewards_.begin() + i * B);
     std::copy(done_.begin(), done_.end(), seg_done_.begin() + i * B);
@@ -463,6 +537,8 @@ void Trainer::save(const std::filesystem::path& file, const std::map<std::string
   refs.push_back(ints_ref("train.rngs", rngs));
   refs.push_back(ints_ref("env.state", env_state));
   refs.push_back(ref("state.h", h_, staged));
+  refs.push_back({"train.episode_return", st::DType::F32, {int64_t(episode_return_.size())},
+                  std::as_bytes(std::span<const float>(episode_return_))});
   for (size_t i = 0; i < window_.size(); ++i) refs.push_back(ref("state.window." + std::to_string(i), window_[i], staged));
   auto meta = config_.to_metadata();
   meta["format"] = "segtape-train-1";
@@ -511,8 +587,16 @@ void Trainer::load(const std::filesystem::path& file) {
       throw CheckpointError(file.string() + ": tensor '" + name + "' is missing or does not match the model " + t.shape.str() +
                             " (a checkpoint of another configuration?)");
   }
+  std::vector<float> episode_return(episode_return_.size(), 0.0f);  // absent in older checkpoints: 0
+  if (f.find("train.episode_return")) {
+    episode_return = f.values<float>("train.episode_return");
+    if (episode_return.size() != episode_return_.size())
+      throw CheckpointError(file.string() + ": train.episode_return has " + std::to_string(episode_return.size()) +
+                            " streams, this run " + std::to_string(episode_return_.size()));
+  }
   env_->load_state(env_state);
   for (const auto& [name, t] : targets) restore(f, name, t);
+  episode_return_ = std::move(episode_return);
   h_ = h_home_;
   step_ = counters[0];
   optim_->set_step_count(counters[1]);

@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <set>
+#include <sstream>
 
 #include "segtape/agent/trainer.h"
 
@@ -239,6 +241,45 @@ TEST(Evaluate, MidRunLeavesTrainingUnchangedAndMemoryFlat) {
   }
 }
 
+// ---- sizes known before anything is allocated
+
+TEST(Sizes, EstimateIsALowerBoundCloseToTheMeasuredSegment) {
+  for (const char* env : {"recall", "tmaze", "dialogue"}) {
+    for (const char* h : {"tbptt:8", "window:4", "detach"}) {
+      SCOPED_TRACE(std::string(env) + " " + h);
+      TrainConfig c = small(env, h, 0);
+      c.steps = c.history.k * 12;
+      const SizeEstimate e = Trainer::estimate(c);
+      Trainer tr(c);
+      size_t peak = 0;
+      while (!tr.done()) tr.run_segment(), peak = std::max(peak, tr.tape().stats().last_segment_peak);
+      EXPECT_LE(e.segment_bytes, peak);      // a lower bound: never refuses a run that fits
+      EXPECT_GE(e.segment_bytes, peak / 3);  // and close enough to be worth checking
+      EXPECT_EQ(e.parameter_bytes, 4 * size_t(tr.policy().parameter_count()) * sizeof(float));
+      EXPECT_EQ(e.budget, tr.budget());
+    }
+  }
+}
+
+TEST(Sizes, AModelThatCannotFitIsRefusedBeforeAnythingIsAllocated) {
+  TrainConfig c = small("recall", "tbptt:32", 100);
+  c.hidden = 16384;
+  c.batch = 32;
+  c.embed = 32;
+  const uint64_t chunks = memory::system_allocations();
+  try {
+    Trainer tr(c);
+    FAIL() << "a 320 MiB segment was accepted under a 64 MiB budget";
+  } catch (const BudgetError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("keeps at least 320.1 MiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("more than the 64.0 MiB TrainConfig::budget"), std::string::npos) << m;
+  }
+  EXPECT_EQ(memory::system_allocations(), chunks);  // no arena was made
+  TrainConfig full = small("recall", "full", 100);
+  EXPECT_EQ(Trainer::estimate(full).budget, size_t(1) << 30);  // full's stated default growth limit
+}
+
 TEST(Learning, RecallBeatsChanceClearly) {
   TrainConfig c = small("recall", "tbptt:16", 3200);
   c.batch = 16;
@@ -319,6 +360,117 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
   CmdResult res = sh("train --resume " + d + " --steps 128");
   EXPECT_EQ(res.code, 0) << res.out;
   EXPECT_NE(slurp(dir / "checkpoint.safetensors"), before);
+  fs::remove_all(dir);
+}
+
+// Ctrl-C mid-interval: the run finishes its segment, writes its checkpoint,
+// metrics and plot, and says how to resume; the resumed run ends with a
+// checkpoint byte-identical to an uninterrupted run's. metrics.csv rows are
+// on disk as soon as they are logged (the interruption waits for them).
+TEST(Cli, SigintStopsGracefullyAndResumesBitIdentically) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_sigint_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string args = " --steps 3200 --batch 16 --hidden 64 --log-every 32 --eval-steps 32 --history tbptt:16";
+  const std::string a = (dir / "straight").string(), b = (dir / "stopped").string();
+  CmdResult straight = sh("train" + args + " --out " + a);
+  ASSERT_EQ(straight.code, 0) << straight.out;
+  // Start the run, wait until metrics.csv holds two rows (header + 2), then SIGINT it.
+  const std::string script = std::string(SEGTAPE_BIN) + " train" + args + " --out " + b + " > " + b + ".log 2>&1 & p=$!; " +
+                             "for i in $(seq 1 3000); do [ $(cat " + b + "/metrics.csv 2>/dev/null | wc -l) -ge 3 ] && break; " +
+                             "sleep 0.01; done; rows=$(cat " + b + "/metrics.csv | wc -l); kill -INT $p; wait $p; " +
+                             "echo \"rc=$? rows=$rows\"";
+  const test::Process stop = test::run_shell("sh -c '" + script + "'");
+  const std::string log = slurp(b + ".log");
+  ASSERT_NE(stop.output.find("rc=130"), std::string::npos) << stop.output << log;
+  EXPECT_EQ(stop.output.find("rows=0"), std::string::npos) << "no metrics row reached the disk while running";
+  EXPECT_NE(log.find("stopped by SIGINT at step"), std::string::npos) << log;
+  EXPECT_NE(log.find("resume with: segtape train --resume " + b), std::string::npos) << log;
+  for (const char* f : {"checkpoint.safetensors", "metrics.csv", "metrics.json", "plot.svg"}) EXPECT_TRUE(fs::exists(fs::path(b) / f)) << f;
+  const std::string json = slurp(fs::path(b) / "metrics.json");
+  EXPECT_NE(json.find("\"interrupted\": \"SIGINT\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"complete\": false"), std::string::npos) << json;
+  // It stopped mid-run, between checkpoints (every 320 steps by default here).
+  const size_t at = log.find("stopped by SIGINT at step ");
+  const long step = std::stol(log.substr(at + 26));
+  EXPECT_GT(step, 0);
+  EXPECT_LT(step, 3200);
+  EXPECT_EQ(step % 16, 0) << "not a segment boundary";
+
+  CmdResult resumed = sh("train --resume " + b);
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_EQ(slurp(fs::path(b) / "checkpoint.safetensors"), slurp(fs::path(a) / "checkpoint.safetensors"));
+  // Every row is there once, in order, up to the last step.
+  std::vector<long> steps;
+  std::stringstream rows(slurp(fs::path(b) / "metrics.csv"));
+  std::string line;
+  std::getline(rows, line);
+  while (std::getline(rows, line)) steps.push_back(std::stol(line));
+  ASSERT_EQ(steps.size(), 100u);
+  for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i], long(32 * (i + 1)));
+
+  // Resuming a complete run does nothing and says so.
+  const std::string json_done = slurp(fs::path(b) / "metrics.json");
+  CmdResult again = sh("train --resume " + b);
+  EXPECT_EQ(again.code, 0) << again.out;
+  EXPECT_NE(again.out.find("already complete (step 3200 of 3200)"), std::string::npos) << again.out;
+  EXPECT_EQ(slurp(fs::path(b) / "metrics.json"), json_done);
+  fs::remove_all(dir);
+}
+
+// A teaching run stopped by its budget still writes its metrics and plot:
+// the climb to the limit is the lesson.
+TEST(Cli, FullHistoryStoppedByItsBudgetWritesMetricsAndPlot) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_full_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  CmdResult r = sh("train --history full --budget 2MiB --steps 100000 --batch 4 --hidden 16 --log-every 32 --out " + dir.string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("segment budget exceeded (--budget = 2.0 MiB"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("retaining history"), std::string::npos) << r.out;
+  const std::string json = slurp(dir / "metrics.json");
+  EXPECT_NE(json.find("\"stopped_by_budget\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"budget\": 2097152"), std::string::npos) << json;  // the budget applied, as a number
+  const std::string csv = slurp(dir / "metrics.csv");
+  EXPECT_GT(std::count(csv.begin(), csv.end(), '\n'), 3) << csv;
+  EXPECT_NE(slurp(dir / "plot.svg").find("<svg"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+// metrics.json holds numbers as numbers and the budget applied; an RL run
+// names its measure and logs the episode return; the plot draws the measure
+// on a fixed 0-100 % axis with the chance level and the evaluation.
+TEST(Cli, MetricsAreTypedAndRlRunsLogReturns) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_metrics_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  CmdResult r = sh("train --env tmaze --corridor 2 --steps 640 --batch 8 --hidden 16 --log-every 64 --eval-steps 64 --out " + dir.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string json = slurp(dir / "metrics.json");
+  EXPECT_NE(json.find("\"gamma\": 0.9,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"budget\": 67108864"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"batch\": 8,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"final_episode_return\""), std::string::npos) << json;
+  std::stringstream csv(slurp(dir / "metrics.csv"));
+  std::string header, row;
+  std::getline(csv, header);
+  EXPECT_EQ(header, "step,loss,success,episode_return,segment_peak_bytes,rss_bytes,steps_per_s");
+  int returns = 0;
+  while (std::getline(csv, row)) {
+    std::vector<std::string> f;
+    std::stringstream rs(row);
+    for (std::string v; std::getline(rs, v, ',');) f.push_back(v);
+    ASSERT_EQ(f.size(), 7u) << row;
+    if (!f[3].empty()) {
+      const double g = std::stod(f[3]);
+      EXPECT_GE(g, -1.0);  // tmaze: +1 or -1 per episode
+      EXPECT_LE(g, 1.0);
+      ++returns;
+    }
+  }
+  EXPECT_GT(returns, 5);
+  const std::string svg = slurp(dir / "plot.svg");
+  EXPECT_NE(svg.find("chance 50.0%"), std::string::npos);
+  EXPECT_NE(svg.find("eval "), std::string::npos);
+  EXPECT_NE(svg.find("Episode return"), std::string::npos);
   fs::remove_all(dir);
 }
 

@@ -567,6 +567,8 @@ TEST(Catalog, ProgramArgumentsAndPaths) {
   const fs::path ck = dir / "good" / "checkpoint.safetensors";
   const std::string ck_bytes = slurp(ck), csv_bytes = slurp(dir / "good" / "metrics.csv");
   spit(dir / "a-file", "x");
+  fs::create_directories(dir / "oldlab");
+  spit(dir / "oldlab" / "retention.json", "{}");
   fs::create_directories(dir / "corrupt");
   spit(dir / "corrupt" / "checkpoint.safetensors", ck_bytes.substr(0, ck_bytes.size() / 2));
   spit(dir / "truncated.safetensors", ck_bytes.substr(0, ck_bytes.size() - 1));
@@ -587,8 +589,9 @@ TEST(Catalog, ProgramArgumentsAndPaths) {
     Format format;
     std::string fragment;
   } cases[] = {
-      {"no subcommand", "", cli11, "subcommand is required"},
-      {"an unknown subcommand", "fly", cli11, "subcommand"},
+      {"no command", "", segtape, "a command is required: train, eval or retention"},
+      {"an unknown command", "fly", segtape, "unknown command 'fly'"},
+      {"help for an unknown command", "help fly", segtape, "no command 'fly'"},
       {"an unknown option", "train --frobnicate 1", cli11, "frobnicate"},
       {"a word for a number", "train --steps many", cli11, "Could not convert"},
       {"an unknown env", "train --env chess" + fresh, cli11, "chess"},
@@ -602,8 +605,25 @@ TEST(Catalog, ProgramArgumentsAndPaths) {
       {"--history window:100", "train --history window:100" + fresh, segtape, "window:N"},
       {"--history sometimes", "train --history sometimes" + fresh, segtape, "unknown --history 'sometimes'"},
       {"--budget lots", "train --budget lots" + fresh, segtape, "--budget 'lots'"},
-      {"--budget 0", "train --budget 0" + fresh, segtape, "--budget '0'"},
-      {"--device tpu", "train --device tpu" + fresh, segtape, "--device must be"},
+      {"--budget 0", "train --budget 0" + fresh, segtape, "--budget '0': must be a positive size"},
+      {"--budget on --resume", "train --resume " + good + " --budget 1MiB", segtape, "--budget cannot change on --resume"},
+      {"--eval-steps 0", "train --eval-steps 0" + fresh, segtape, "--eval-steps 0: must be >= 1"},
+      {"--log-every 0", "train --log-every 0" + fresh, segtape, "--log-every 0: must be >= 1"},
+      {"--checkpoint-every 0", "train --checkpoint-every 0" + fresh, segtape, "--checkpoint-every 0: must be >= 1"},
+      {"eval --steps -1", "eval --steps -1 --checkpoint " + ck.string(), segtape, "--steps -1: must be >= 1"},
+      {"a model whose segment cannot fit the budget", "train --hidden 16384" + fresh, segtape,
+       "a segment of 32 steps keeps at least 320.1 MiB"},
+      {"one step larger than the budget", "train --batch 65536 --budget 1MiB --history tbptt:1" + fresh, segtape,
+       "more than the 1.0 MiB --budget"},
+      {"--device cuda", "train --device cuda" + fresh, segtape,
+       Device::cuda_built() ? "no CUDA GPU found" : "--device cuda: this build of segtape has no CUDA backend"},
+      {"retention --dot of a directory", "retention --no-libtorch --dot " + d + "/ --out " + d + "/lab", segtape,
+       "--dot " + d + "/: is a directory"},
+      {"retention --dot in a missing directory", "retention --no-libtorch --dot " + d + "/none/tape.dot --out " + d + "/lab",
+       segtape, "--dot " + d + "/none/tape.dot: the directory"},
+      {"retention --out of an existing lab run", "retention --no-libtorch --out " + d + "/oldlab", segtape,
+       "already holds a lab run; pass --force"},
+      {"--device tpu", "train --device tpu" + fresh, segtape, "--device tpu: must be cpu or cuda"},
       {"--out under /proc", "train --steps 32 --out /proc/segtape-catalog", segtape, "--out /proc/segtape-catalog"},
       {"--out under a regular file", "train --steps 32 --out " + d + "/a-file/run", segtape, "cannot create the directory"},
       {"--out of an existing run", "train --steps 32 --out " + good, segtape, "already holds a run"},
@@ -634,10 +654,86 @@ TEST(Catalog, ProgramArgumentsAndPaths) {
     EXPECT_EQ(slurp(ck), ck_bytes) << "the good checkpoint changed after: " << c.args;
     EXPECT_EQ(slurp(dir / "good" / "metrics.csv"), csv_bytes) << "metrics.csv changed after: " << c.args;
   }
-  EXPECT_FALSE(fs::exists(dir / "fresh" / "checkpoint.safetensors")) << "a refused run wrote a checkpoint";
+  EXPECT_FALSE(fs::exists(dir / "fresh")) << "a refused run made its directory";
+  EXPECT_FALSE(fs::exists(dir / "lab")) << "a refused lab made its directory";
+  EXPECT_EQ(slurp(dir / "oldlab" / "retention.json"), "{}") << "a refused lab overwrote a lab run";
   // And the good run still evaluates.
   const Exit ev = run("eval --steps 16 --checkpoint " + ck.string());
   EXPECT_TRUE(ev.exited && ev.code == 0) << ev.err;
+}
+
+// ------------------------------------------------------------ checkpoint integrity
+
+// Damage that keeps a file well-formed (one bit of tensor data flipped) is
+// caught by the stored checksums on every load path, and a file of another
+// kind is called what it is.
+TEST(Catalog, CheckpointIntegrity) {
+  Scratch dir("integrity");
+  // A copy of `good` with the low bit of the first data byte of `tensor` flipped.
+  auto flipped = [&](const fs::path& good, const std::string& tensor, const std::string& name) {
+    const st::File f = st::load(good);
+    const st::TensorInfo* t = f.find(tensor);
+    EXPECT_TRUE(t && t->end > t->begin) << tensor;
+    std::string bytes = slurp(good);
+    if (t && t->end > t->begin) bytes[f.data_start + t->begin] ^= 1;
+    spit(dir / name, bytes);
+    return dir / name;
+  };
+  Tape tape;
+  nn::Rng rng(1);
+  nn::Linear lin(tape, rng, 3, 4);
+  const fs::path lin_good = dir / "linear.safetensors";
+  nn::save(lin, lin_good);
+  const std::string lin_bytes = slurp(lin_good);
+  const std::vector<float> lin_before(lin.weight.span<float>().begin(), lin.weight.span<float>().end());
+  const fs::path lin_bad = flipped(lin_good, "weight", "linear-flipped.safetensors");
+
+  agent::Trainer trainer(small());
+  trainer.run_segment();
+  const fs::path tr_good = dir / "checkpoint.safetensors";
+  trainer.save(tr_good);
+  const std::string tr_bytes = slurp(tr_good);
+  const std::string policy_tensor = "policy." + trainer.policy().named_parameters().front().first;
+  const fs::path tr_bad = flipped(tr_good, policy_tensor, "checkpoint-flipped.safetensors");
+  const fs::path tr_bad_h = flipped(tr_good, "state.h", "checkpoint-flipped-h.safetensors");
+
+  const fs::path json = dir / "metrics.json";
+  spit(json, "{\n  \"eval_accuracy\": 0.5,\n  \"steps\": 64\n}\n");
+
+  const std::string mismatch = "data bytes do not match the stored checksum";
+  std::vector<Row> rows = {
+      {"nn::load of a checkpoint with a flipped data byte", Kind::Checkpoint,
+       "linear-flipped.safetensors: tensor 'weight': its 48 " + mismatch, [&] { nn::load(lin, lin_bad); }},
+      {"non-strict nn::load of a checkpoint with a flipped data byte", Kind::Checkpoint, "the file is damaged",
+       [&] { nn::load(lin, lin_bad, /*strict=*/false); }},
+      {"trainer load of a checkpoint with a flipped parameter byte", Kind::Checkpoint,
+       "checkpoint-flipped.safetensors: tensor '" + policy_tensor + "': its", [&] { trainer.load(tr_bad); }},
+      {"trainer load of a checkpoint with a flipped recurrent-state byte", Kind::Checkpoint,
+       "tensor 'state.h': its", [&] { trainer.load(tr_bad_h); }},
+      {"read_config (segtape eval) of a checkpoint with a flipped byte", Kind::Checkpoint, mismatch,
+       [&] { (void)agent::Trainer::read_config(tr_bad); }},
+      {"read_config (segtape eval) of a JSON file", Kind::Checkpoint, "metrics.json: not a safetensors file",
+       [&] { (void)agent::Trainer::read_config(json); }},
+      {"trainer load of a JSON file", Kind::Checkpoint, "metrics.json: not a safetensors file",
+       [&] { trainer.load(json); }},
+      {"nn::load of a JSON file", Kind::Checkpoint, "metrics.json: not a safetensors file", [&] { nn::load(lin, json); }},
+  };
+  const int n = walk(rows, [&](const Row& r) {
+    EXPECT_EQ(slurp(lin_good), lin_bytes) << "after: " << r.what;
+    EXPECT_EQ(slurp(tr_good), tr_bytes) << "after: " << r.what;
+    EXPECT_TRUE(std::equal(lin_before.begin(), lin_before.end(), lin.weight.span<float>().begin()))
+        << "a refused load changed the model: " << r.what;
+    trainer.save(dir / "again.safetensors");
+    EXPECT_EQ(slurp(dir / "again.safetensors"), tr_bytes) << "a refused load changed the trainer: " << r.what;
+  });
+  EXPECT_EQ(n, 8);
+  // The program says the same on its one error line.
+  const Exit r = run("eval --checkpoint " + json.string());
+  EXPECT_TRUE(r.exited && r.code == 2) << r.err;
+  EXPECT_EQ(r.err.rfind("segtape: error: " + json.string() + ": not a safetensors file (", 0), 0u) << r.err;
+  // And the good files still load.
+  EXPECT_NO_THROW(nn::load(lin, lin_good));
+  EXPECT_NO_THROW(trainer.load(tr_good));
 }
 
 // ------------------------------------------------------------ fixed gaps
@@ -679,3 +775,41 @@ TEST(Catalog, FormerGaps) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------ the retention lab's arguments
+
+// --cases takes the names the lab's table prints (tbptt:8, window:8, "1
+// hidden-not-detached") as well as the bare ones; an unknown name or another
+// K is one "segtape: error:" line listing the valid names, before anything is
+// written.
+TEST(Catalog, RetentionLabArguments) {
+  Scratch dir("retention");
+  const std::string out = " --out " + (dir / "refused").string();
+  struct Case {
+    const char* what;
+    std::string args;
+    std::vector<std::string> fragments;
+  } cases[] = {
+      {"an unknown case", "retention --cases nonsense" + out,
+       {"unknown retention case 'nonsense'", "valid names: 1 hidden-not-detached,", "tbptt:8", "window:8", "gru-state (tbptt:32)"}},
+      {"an unknown case after good ones", "retention --cases loss-sum,tbptt:8,bogus" + out, {"unknown retention case 'bogus'"}},
+      {"a K the lab does not run", "retention --cases tbptt:16" + out, {"retention case 'tbptt:16': the lab runs tbptt:8", "valid names:"}},
+      {"a fix by number", "retention --cases 8" + out, {"unknown retention case '8'"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const Exit r = run(c.args);
+    EXPECT_TRUE(r.exited && r.code == 2) << c.args << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("segtape: error: ", 0), 0u) << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line:\n" << r.err;
+    for (const std::string& f : c.fragments) EXPECT_NE(r.err.find(f), std::string::npos) << "stderr lacks '" << f << "':\n" << r.err;
+    EXPECT_FALSE(fs::exists(dir / "refused")) << "a refused run wrote its directory";
+  }
+  // The table's names run (tiny sizes: the lab also measures anomaly mode on the agent loop).
+  const Exit ok = run("retention --cases 'tbptt:8, 2 loss-sum' --steps 16 --batch 1 --hidden 8 --no-libtorch --out " +
+                      (dir / "ok").string());
+  ASSERT_TRUE(ok.exited && ok.code == 0) << ok.err;
+  const std::string json = slurp(dir / "ok" / "retention.json");
+  EXPECT_NE(json.find("\"label\": \"tbptt:8\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"label\": \"2 loss-sum\""), std::string::npos) << json;
+}

@@ -487,6 +487,10 @@ void CudaBackend::discard_graph() {
 
 }  // namespace segtape::cuda
 
+namespace segtape {
+bool Device::cuda_built() { return true; }
+}  // namespace segtape
+
 namespace segtape::detail {
 std::unique_ptr<Backend> make_cuda_backend(const Device& device, const TapeOptions& options) {
   return std::make_unique<cuda::CudaBackend>(device, options);

@@ -3,6 +3,10 @@
 // folder; see engine/CMakeLists.txt.
 #include "backend.h"
 
+namespace segtape {
+bool Device::cuda_built() { return false; }
+}  // namespace segtape
+
 namespace segtape::detail {
 std::unique_ptr<Backend> make_cuda_backend(const Device& device, const TapeOptions&) {
   throw Error("Tape(" + device.str() + "): this build of segtape has no CUDA backend (nvcc was not found when it was "

@@ -34,6 +34,9 @@ struct Device {
   static Device cuda(int i = 0) { return {Kind::CUDA, i}; }
   bool operator==(const Device&) const = default;
   std::string str() const;
+  // Whether this build has the CUDA backend (nvcc was found when it was
+  // configured). A GPU is still needed to use it.
+  static bool cuda_built();
 };
 
 // Rank <= 4, row-major, contiguous.

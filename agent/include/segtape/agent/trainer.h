@@ -36,7 +36,9 @@ struct TrainConfig {
   double clip = 1.0;       // gradient norm clip (0 = off)
   uint64_t seed = 1;
   std::string device = "cpu";
-  size_t budget = 0;       // segment arena bytes; 0 = 64 MiB (grow limit for `full`)
+  size_t budget = 0;       // segment arena bytes; 0 = 64 MiB (for `full`: the growth limit, 0 = 1 GiB)
+  // How budget errors name the budget (the segtape command: "--budget").
+  const char* budget_name = "TrainConfig::budget";
   EnvOptions env_options;
   // actor-critic (tmaze)
   double gamma = 0.9;
@@ -53,6 +55,16 @@ struct SegmentResult {
   int64_t steps = 0;        // env steps this segment ran
   double loss_sum = 0;      // sum of per-step losses
   int64_t loss_steps = 0;   // steps that had a loss
+  double return_sum = 0;    // RL: sum of the (undiscounted) returns of episodes that ended
+  int64_t episodes = 0;     // RL: episodes that ended in this segment
+};
+
+// What a configuration will need, known before anything is allocated.
+struct SizeEstimate {
+  size_t parameter_bytes = 0;  // parameters, gradients and Adam's two moments (4 floats each)
+  size_t step_bytes = 0;       // a lower bound of the arena bytes one step keeps (its forward outputs)
+  size_t segment_bytes = 0;    // step_bytes x the steps a segment keeps (K; 1 for `full`, which grows)
+  size_t budget = 0;           // the budget that applies (segment budget, or `full`'s growth limit)
 };
 
 class Trainer {
@@ -75,6 +87,12 @@ class Trainer {
   void load(const std::filesystem::path& file);
   // Parameters only, for evaluation of a checkpoint.
   static TrainConfig read_config(const std::filesystem::path& file);
+  // The sizes a configuration needs. The constructor refuses, with these
+  // numbers, a configuration whose segment cannot fit its budget or whose
+  // parameters and segment cannot fit this machine's memory.
+  static SizeEstimate estimate(const TrainConfig& c);
+  // The budget this trainer's tape applies (TrainConfig::budget, or its default).
+  size_t budget() const;
 
   Tape& tape() { return *tape_; }
   Policy& policy() { return *policy_; }
@@ -110,7 +128,12 @@ class Trainer {
   std::vector<int64_t> seg_actions_;
   std::vector<float> returns_, window_keep_;
   std::vector<float> host_rows_, host_values_;  // device -> host copies of [B, A] rows and [B] values
+  std::vector<float> episode_return_;           // RL: each stream's return so far in its episode
 };
+
+// Throws, naming the flag, when `--device` names a device this build cannot
+// use ("cuda" in a build without the CUDA backend, or anything but cpu/cuda).
+void check_device_flag(const std::string& device);
 
 // Resident set size of this process, bytes (from /proc/self/statm).
 size_t resident_bytes();
