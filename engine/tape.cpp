@@ -92,6 +92,7 @@ Tape::Tape(Device device, TapeOptions options)
   const size_t budget = arena_.budget();
   nodes_.reserve(budget ? std::min(options.node_capacity, budget / sizeof(Node)) : options.node_capacity);
   params_.reserve(256);
+  leaf_grads_.reserve(16);
   if (backend_) {
     grad_table_.reserve(options.node_capacity);
     device_free_ = std::make_unique<detail::DeviceFreeList>();
@@ -111,6 +112,7 @@ Segment Tape::segment() {
   arena_.reset_peak();
   carry_[seg_index_ % 2].reset();  // frees what was carried two segments ago
   nodes_.clear();
+  leaf_grads_.clear();
   arena_.set_outside(0);
   node_peak_ = 0;
   seg_first_step_ = step_;
@@ -124,6 +126,7 @@ void Tape::end_segment(bool abandoned) {
   last_segment_peak_ = arena_.peak();
   open_ = false;
   nodes_.clear();
+  leaf_grads_.clear();
   arena_.set_outside(0);
   arena_.reset();
   released_upto_ = 0;
@@ -258,7 +261,7 @@ const char* Tape::budget_name() const {
 // step larger than the budget, outputs kept with no graph, or history
 // retained across steps.
 std::string Tape::budget_report(size_t request, OpKind kind, const char* op) const {
-  const size_t budget = arena_.budget();
+  const size_t budget_bytes = arena_.budget();
   const size_t node_bytes = nodes_.size() * sizeof(Node);
   const size_t held = arena_.used() + node_bytes;
   const double whole = double(std::max<size_t>(held, 1));
@@ -274,7 +277,7 @@ std::string Tape::budget_report(size_t request, OpKind kind, const char* op) con
   if (node_bytes) parts.push_back({node_bytes, "tape nodes"});
   std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
 
-  std::string m = "segment budget exceeded (" + std::string(budget_name()) + " = " + format_bytes(budget) + ", segment " +
+  std::string m = "segment budget exceeded (" + std::string(budget_name()) + " = " + format_bytes(budget_bytes) + ", segment " +
                   std::to_string(seg_index_) + ", step " + std::to_string(step_) + "): ";
   if (!parts.empty())
     m += "the largest share is " + parts[0].second + " with " + format_bytes(parts[0].first) + " (" + pct(parts[0].first) +
@@ -297,21 +300,33 @@ std::string Tape::budget_report(size_t request, OpKind kind, const char* op) con
     m += " step " + std::to_string(steps[i].second) + " " + format_bytes(steps[i].first) + ";";
   if (steps.size() > 8) m += " ...";
 
+  // One step, or many? The recorded nodes' steps say it when there are
+  // nodes; otherwise the step counter since the segment opened. Neither is
+  // known on a tape whose steps are not counted (next_step() never called).
   const uint64_t seg_steps = step_ - seg_first_step_ + 1;  // steps this segment has begun
-  if (seg_steps == 1) {
+  const bool counted = step_ > 0;
+  const bool one_step = nodes_.empty() ? seg_steps == 1 : steps.size() == 1;
+  const std::string budget = budget_name();
+  if (!counted) {
+    m += "\nThis tape's steps are not counted (tape.next_step() was never called), so this report cannot tell one "
+         "step too large for the budget from history retained over many steps. If one step alone needs more than " +
+         format_bytes(budget_bytes) + ", make it smaller (batch, hidden size) or raise " + budget +
+         "; if the segment spans many steps, end it every K steps and carry the state across the boundary "
+         "(h = seg.carry(h)). Call tape.next_step() after each step for a report by step.";
+  } else if (one_step) {
     m += "\nOne step needs more than the budget: step " + std::to_string(step_) + " alone holds " + format_bytes(held) +
-         " and asks for " + format_bytes(align_up(request)) + " more, over the " + format_bytes(budget) +
+         " and asks for " + format_bytes(align_up(request)) + " more, over the " + format_bytes(budget_bytes) +
          " budget. This is not retained history, and a shorter segment cannot help (a segment holds at least one "
-         "step): make the step smaller (batch, hidden size, sequence length) or raise " + budget_name() + ".";
+         "step): make the step smaller (batch, hidden size, sequence length) or raise " + budget + ".";
   } else if (nodes_.empty()) {
     m += "\nNo graph is recorded in this segment (0 tape nodes: grad is off, or no input requires grad), yet the arena "
          "keeps every tensor made in the segment until it ends: the outputs of " + std::to_string(seg_steps) +
          " steps fill it. This is not retained history: end the segment more often (a segment per chunk of the "
-         "rollout), or copy what must outlive it into persistent tensors (copy_into), or raise " + budget_name() + ".";
+         "rollout), or copy what must outlive it into persistent tensors (copy_into), or raise " + budget + ".";
   } else {
     m += "\nA segment whose memory grows with every step is retaining history: end the segment every K steps "
          "(TBPTT) and carry the state across the boundary (h = seg.carry(h)), detach what needs no gradient, or "
-         "raise " + std::string(budget_name()) + ".";
+         "raise " + budget + ".";
   }
   return m;
 }
@@ -484,26 +499,56 @@ TapeStats Tape::stats() const {
 
 // ---- backward ----
 
-void Tape::backward(const Tensor& root, const Tensor* seed, bool retain) {
-  root.check_live("backward");
-  if (root.tape != this) throw TapeError("backward: the loss belongs to another tape");
-  if (!root.requires_grad || root.node < 0)
-    throw TapeError("backward: " + root.describe() +
-                    " has no history (it was made under NoGradGuard, detached, carried, or from inputs that need no gradient)");
-  if (size_t(root.node) < released_upto_)
-    throw TapeError("backward: trying to backward through the segment's tape a second time: the first backward "
-                    "released nodes 0.." + std::to_string(released_upto_ - 1) +
-                    ". Pass {.retain_graph = true} to the first backward if you really need a second one "
-                    "(or, for an agent loop, end the segment and carry the state instead of keeping the graph)");
-  if (seed) {
-    seed->check_live("backward (output gradient)");
-    if (!(seed->shape == root.shape) || seed->dtype != root.dtype)
-      throw ShapeError("backward: output gradient " + seed->describe() + " does not match output " + root.describe());
-  } else if (root.numel() != 1) {
-    throw ShapeError("backward: " + root.describe() + " has " + std::to_string(root.numel()) +
-                     " elements; backward(loss) needs a single-element loss (or pass the output gradient)");
+namespace {
+// One term of the objective: a tensor of the segment with the gradient it
+// starts with (nullptr: a one-element loss, whose gradient is 1).
+struct Root {
+  const Tensor* t;
+  const Tensor* seed;
+};
+}  // namespace
+
+void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain) {
+  std::array<Root, 16> roots_buf;
+  if (seeds.size() + 1 > roots_buf.size())
+    throw TapeError("backward: " + std::to_string(seeds.size()) + " seeds; at most " + std::to_string(roots_buf.size() - 1) + " per call");
+  size_t n_roots = 0;
+  if (loss) roots_buf[n_roots++] = {loss, nullptr};
+  for (const Seed& s : seeds) roots_buf[n_roots++] = {&s.out, &s.grad};
+  const std::span<const Root> roots(roots_buf.data(), n_roots);
+  if (roots.empty()) throw TapeError("backward: nothing to differentiate (no loss and no seeds)");
+  int32_t last = -1;
+  for (const Root& r : roots) {
+    const Tensor& root = *r.t;
+    const char* what = r.seed ? "backward (seeded tensor)" : "backward";
+    root.check_live(what);
+    if (root.tape != this) throw TapeError(std::string(what) + ": the tensor belongs to another tape");
+    if (!root.requires_grad || root.node < 0)
+      throw TapeError(std::string(what) + ": " + root.describe() +
+                      " has no history (it was made under NoGradGuard, detached, carried, or from inputs that need no gradient)");
+    if (nodes_[size_t(root.node)].op == OpKind::Input)
+      throw TapeError(std::string(what) + ": " + root.describe() +
+                      " is an input() leaf: its gradient would be its own seed; seed a tensor computed from it");
+    if (size_t(root.node) < released_upto_)
+      throw TapeError("backward: trying to backward through the segment's tape a second time: the first backward "
+                      "released nodes 0.." + std::to_string(released_upto_ - 1) +
+                      ". Pass {.retain_graph = true} to the first backward if you really need a second one "
+                      "(or, for an agent loop, end the segment and carry the state instead of keeping the graph)");
+    if (r.seed) {
+      r.seed->check_live("backward (seed gradient)");
+      if (!(r.seed->shape == root.shape) || r.seed->dtype != root.dtype)
+        throw ShapeError("backward: seed gradient " + r.seed->describe() + " does not match its tensor " + root.describe());
+      if (r.seed->tape != this) throw TapeError("backward: a seed gradient belongs to another tape");
+    } else if (root.numel() != 1) {
+      throw ShapeError("backward: " + root.describe() + " has " + std::to_string(root.numel()) +
+                       " elements; backward(loss) needs a single-element loss (or pass the output gradient)");
+    }
+    for (const Root& o : roots)
+      if (&o != &r && o.t->node == root.node)
+        throw TapeError("backward: " + root.describe() + " is given twice (as the loss or a seed); pass each tensor once");
+    last = std::max(last, root.node);
   }
-  const size_t count = size_t(root.node) + 1;
+  const size_t count = size_t(last) + 1;
   void** grads;
   if (backend_) {  // host data: kept off the device arena
     grad_table_.assign(count, nullptr);
@@ -550,17 +595,28 @@ void Tape::backward(const Tensor& root, const Tensor* seed, bool retain) {
     }
     return grads[node];
   };
-  void* g0 = grad_buffer(root.node);
-  if (backend_) {
-    if (seed) backend_->copy(g0, seed->ptr, root.nbytes(), detail::Backend::Copy::DeviceToDevice);
-    else backend_->fill(g0, 1, root.dtype, 1.0);
-  } else if (seed) std::memcpy(g0, seed->ptr, root.nbytes());
-  else if (root.dtype == DType::F32) *static_cast<float*>(g0) = 1.0f;
-  else *static_cast<double*>(g0) = 1.0;
+  // input() leaves keep their gradient across backward calls: it accumulates.
+  for (const auto& [node, buf] : leaf_grads_)
+    if (buf && size_t(node) < count) grads[node] = buf;
+  for (const Root& r : roots) {
+    const Tensor& root = *r.t;
+    void* g0 = grad_buffer(root.node);  // a fresh zeroed buffer: no root is an input() leaf or given twice
+    if (backend_) {
+      if (r.seed) backend_->copy(g0, r.seed->ptr, root.nbytes(), detail::Backend::Copy::DeviceToDevice);
+      else backend_->fill(g0, 1, root.dtype, 1.0);
+    } else if (r.seed) std::memcpy(g0, r.seed->ptr, root.nbytes());
+    else if (root.dtype == DType::F32) *static_cast<float*>(g0) = 1.0f;
+    else *static_cast<double*>(g0) = 1.0;
+  }
 
-  detail::prepare_gru_batch(*this, root.node);
-  for (int64_t i = root.node; i >= 0; --i) {
+  detail::prepare_gru_batch(*this, last);
+  for (int64_t i = last; i >= 0; --i) {
     if (!grads[i]) continue;
+    if (nodes_[i].op == OpKind::Input) {  // an input() leaf: its gradient is kept for grad(), not freed
+      for (auto& lg : leaf_grads_)
+        if (lg.first == i) lg.second = grads[i];
+      continue;
+    }
     if (size_t(i) < released_upto_)
       throw TapeError("backward: trying to backward through the segment's tape a second time (node " +
                       std::to_string(i) + ", op '" + op_name(nodes_[i].op) + "' at step " +
@@ -585,6 +641,41 @@ void Tape::backward(const Tensor& root, const Tensor* seed, bool retain) {
   if (!retain) released_upto_ = std::max(released_upto_, count);
 }
 
+Tensor Tape::input(const Tensor& x) {
+  x.check_live("seg.input");
+  if (!open_) throw TapeError("seg.input: no segment is open");
+  if (x.tape != this) throw TapeError("seg.input: " + x.describe() + " belongs to another tape");
+  if (x.dtype == DType::I64) throw ShapeError("seg.input: gradients need a floating tensor, got " + x.describe());
+  if (!grad_enabled_)
+    throw TapeError("seg.input: under NoGradGuard nothing is recorded, so no gradient could be reported for " + x.describe());
+  Tensor out = x;
+  out.node = -1;
+  out.grad = nullptr;
+  out.requires_grad = false;
+  record(OpKind::Input, out, {}, 0);
+  leaf_grads_.push_back({out.node, nullptr});
+  return out;
+}
+
+Tensor Tape::input_grad(const Tensor& leaf) {
+  leaf.check_live("seg.grad");
+  if (leaf.tape != this) throw TapeError("seg.grad: " + leaf.describe() + " belongs to another tape");
+  for (auto& [node, buf] : leaf_grads_) {
+    if (node != leaf.node) continue;
+    if (!buf) {  // nothing reached it (yet): its gradient is zero
+      buf = alloc(align_up(leaf.nbytes()), OpKind::Grad, "seg.grad");
+      fill_zero(buf, align_up(leaf.nbytes()));
+    }
+    Tensor g = leaf;
+    g.ptr = buf;
+    g.node = -1;
+    g.grad = nullptr;
+    g.requires_grad = false;
+    return g;
+  }
+  throw TapeError("seg.grad: " + leaf.describe() + " is not an input() leaf of this segment; make it with x = seg.input(value)");
+}
+
 namespace {
 Tape& open_tape(Tape* t, const char* what) {
   if (!t)
@@ -592,10 +683,22 @@ Tape& open_tape(Tape* t, const char* what) {
   return *t;
 }
 }  // namespace
-void Segment::backward(const Tensor& loss, BackwardOptions o) { open_tape(tape_, "backward").backward(loss, nullptr, o.retain_graph); }
+void Segment::backward(const Tensor& loss, BackwardOptions o) { open_tape(tape_, "backward").backward(&loss, {}, o.retain_graph); }
 void Segment::backward(const Tensor& out, const Tensor& g, BackwardOptions o) {
-  open_tape(tape_, "backward").backward(out, &g, o.retain_graph);
+  const Seed seed{out, g};
+  open_tape(tape_, "backward").backward(nullptr, std::span<const Seed>(&seed, 1), o.retain_graph);
 }
+void Segment::backward(const Tensor& loss, std::initializer_list<Seed> seeds, BackwardOptions o) {
+  open_tape(tape_, "backward").backward(&loss, std::span<const Seed>(seeds.begin(), seeds.size()), o.retain_graph);
+}
+void Segment::backward(std::initializer_list<Seed> seeds, BackwardOptions o) {
+  open_tape(tape_, "backward").backward(nullptr, std::span<const Seed>(seeds.begin(), seeds.size()), o.retain_graph);
+}
+void Segment::backward(const Tensor* loss, std::span<const Seed> seeds, BackwardOptions o) {
+  open_tape(tape_, "backward").backward(loss, seeds, o.retain_graph);
+}
+Tensor Segment::input(const Tensor& x) { return open_tape(tape_, "seg.input").input(x); }
+Tensor Segment::grad(const Tensor& leaf) { return open_tape(tape_, "seg.grad").input_grad(leaf); }
 Tensor Segment::carry(const Tensor& x) { return open_tape(tape_, "carry").carry(x); }
 Tape& Segment::tape() { return open_tape(tape_, "Segment::tape"); }
 void Segment::end() {

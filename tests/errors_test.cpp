@@ -9,16 +9,7 @@ using namespace segtape;
 
 namespace {
 
-template <class E, class F>
-std::string message_of(F f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return {};
-}
+using test::message_of;
 
 TEST(Errors, ExpiredTensorNamesSegmentStepAndRemedy) {
   Tape tape;

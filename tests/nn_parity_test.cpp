@@ -11,6 +11,7 @@
 #include <random>
 
 #include "segtape/nn.h"
+#include "segtape/replay.h"
 #include "util.h"
 
 using namespace segtape;
@@ -148,6 +149,39 @@ TEST_F(NnParity, GruCellLinearCrossEntropyTbpttSegment) {
     tloss.backward();
   }
   compare_params(w, ours, theirs, true);
+}
+
+// Exact BPTT by segment replay (segtape/replay.h) against LibTorch's full
+// BPTT over the whole window, for every horizon, segment length and schedule.
+TEST_F(NnParity, ExactBpttByReplayEqualsLibTorchFullBptt) {
+  Worst w{"exact_bptt_replay"};
+  for (int64_t T : {7, 64, 1000}) {
+    const Data d(T, 3);
+    Theirs theirs;
+    Tape tape;
+    nn::Rng rng(2);
+    Ours ours(tape, rng);
+    copy_weights(ours, theirs);
+    ASSERT_FALSE(HasFatalFailure());
+    TT tloss = unroll(theirs, d, 0, T);
+    tloss.backward();
+    Tensor h0 = tape.persistent({B, H});
+    h0.from_host(std::span<const float>(d.h0));
+    const replay::StepFn step = [&](Tape& t, int64_t s, const Tensor& h, replay::Inputs&) {
+      Tensor h1 = ours.cell(t.from(d.xt(s), {B, I}), h);
+      return replay::StepResult{h1, nn::cross_entropy(ours.head(h1), t.from(d.yt(s), {B}))};
+    };
+    for (int64_t K : {1, 8, 32}) {
+      for (auto [schedule, snaps] : {std::pair{replay::Schedule::Uniform, int64_t(0)}, std::pair{replay::Schedule::Binomial, int64_t(3)}}) {
+        SCOPED_TRACE("T=" + std::to_string(T) + " K=" + std::to_string(K) + (snaps ? " binomial" : " uniform"));
+        tape.zero_grad();
+        replay::Driver drv(tape, h0, {.horizon = T, .k = K, .schedule = schedule, .snapshots = snaps});
+        const replay::Report r = drv.run(step, h0);
+        w.add("loss", {r.loss}, tvals(tloss));
+        compare_params(w, ours, theirs, true);
+      }
+    }
+  }
 }
 
 TEST_F(NnParity, EmbeddingLinearRank3) {

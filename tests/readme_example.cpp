@@ -32,6 +32,7 @@ int main() {  // learn to repeat the token shown one step earlier
       h = model.gru(model.embed(tape.from(token, {B})), h);
       loss = loss + nn::cross_entropy(model.head(h), tape.from(previous, {B}));
       previous = token;
+      tape.next_step();                    // labels the step (budget reports count steps)
     }
     seg.backward(loss);                    // gradients accumulate into the parameters
     opt.step();

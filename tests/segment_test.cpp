@@ -257,12 +257,7 @@ std::vector<float> matmul_sum_weight_grad(const std::vector<float>& x, int64_t B
 }
 template <class F>
 std::string expired_message(F f) {
-  try {
-    f();
-  } catch (const ExpiredTensorError& e) {
-    return e.what();
-  }
-  return "";
+  return message_of<ExpiredTensorError>(f);
 }
 }  // namespace
 
@@ -387,6 +382,12 @@ TEST(SegmentNodes, NodesCountInTheBudgetAndTheArrayStaysWithinIt) {
   // The next segment starts empty and the same work fails at the same count.
   Segment seg = tape.segment();
   EXPECT_EQ(tape.stats().node_bytes, 0u);
+  EXPECT_THROW(
+      {
+        for (int i = 0; i < 200000; ++i) (void)reshape(w, {16});
+      },
+      BudgetError);
+  EXPECT_EQ(tape.stats().node_count, nodes_when_refused);
 }
 
 TEST(SegmentNodes, NodeAndArenaBytesShareTheBudget) {
@@ -407,19 +408,13 @@ TEST(SegmentNodes, NodeAndArenaBytesShareTheBudget) {
 // ---- the budget report's advice fits the case
 
 namespace {
-std::string budget_message(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const BudgetError& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string budget_message(const std::function<void()>& f) { return message_of<BudgetError>(f); }
 }  // namespace
 
 TEST(SegmentBudgetAdvice, OneStepLargerThanTheBudgetIsToldSo) {
   Tape tape(Device::cpu(), {.segment_budget = 64 << 10});
   Tensor w = tape.parameter({256, 256});
+  for (int i = 0; i < 5; ++i) tape.next_step();  // steps are counted; the segment opens at step 5
   Segment seg = tape.segment();
   const std::string m = budget_message([&] {
     Tensor x = tape.zeros({64, 256});
@@ -429,6 +424,33 @@ TEST(SegmentBudgetAdvice, OneStepLargerThanTheBudgetIsToldSo) {
   EXPECT_NE(m.find("One step needs more than the budget"), std::string::npos) << m;
   EXPECT_EQ(m.find("retaining history"), std::string::npos) << m;
   EXPECT_NE(m.find("raise TapeOptions::segment_budget"), std::string::npos) << m;
+}
+
+TEST(SegmentBudgetAdvice, OneStepIsToldByTheNodesNotByTheCounter) {
+  // The step counter moved on before backward (as a loop that counts steps
+  // does), but every recorded node is of one step: still one step too large.
+  Tape tape(Device::cpu(), {.segment_budget = 26 << 10});
+  Tensor w = tape.parameter({64, 64});
+  tape.next_step();
+  Segment seg = tape.segment();
+  Tensor x = tape.zeros({32, 64});
+  Tensor loss = sum(tanh(matmul(x, w)));  // 3 x 8 KiB and 3 nodes: backward's gradients do not fit
+  tape.next_step();
+  const std::string m = budget_message([&] { seg.backward(loss); });
+  EXPECT_NE(m.find("One step needs more than the budget"), std::string::npos) << m;
+}
+
+TEST(SegmentBudgetAdvice, UncountedStepsSayTheReportCannotTell) {
+  Tape tape(Device::cpu(), {.segment_budget = 64 << 10});
+  Tensor w = tape.parameter({16, 16});
+  Segment seg = tape.segment();
+  const std::string m = budget_message([&] {
+    Tensor h = tape.zeros({4, 16});
+    for (int t = 0; t < 10000; ++t) h = tanh(matmul(h, w));  // never tape.next_step()
+  });
+  EXPECT_NE(m.find("steps are not counted"), std::string::npos) << m;
+  EXPECT_NE(m.find("end it every K steps"), std::string::npos) << m;
+  EXPECT_EQ(m.find("One step needs more"), std::string::npos) << m;
 }
 
 TEST(SegmentBudgetAdvice, OutputsKeptWithNoGraphAreNotCalledRetention) {

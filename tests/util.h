@@ -5,11 +5,26 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "segtape/ops.h"
 
 namespace segtape::test {
+
+// The message of the E that f throws (a test failure, and "", when it throws none).
+template <class E, class F>
+std::string message_of(F f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an exception";
+  return {};
+}
 
 inline void fill_uniform(const Tensor& t, std::mt19937& rng, double lo = -1, double hi = 1) {
   std::uniform_real_distribution<double> u(lo, hi);

@@ -12,7 +12,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -112,6 +114,15 @@ struct TapeStats {
 };
 
 class Segment;
+
+// One term of a seeded backward: the objective's gradient with respect to
+// `out` (a tensor of the segment), e.g. dL/dh at the state leaving it, handed
+// back by the segment after it.
+struct Seed {
+  Tensor out;
+  Tensor grad;  // out's shape and dtype
+};
+
 namespace detail {
 struct GruBatch;  // engine/ops_internal.h
 class Backend;    // engine/backend.h: the device backend (null on the CPU)
@@ -181,8 +192,11 @@ class Tape {
   friend class Segment;
   friend class NoGradGuard;
   void end_segment(bool abandoned = false);
-  void backward(const Tensor& root, const Tensor* seed, bool retain);
+  // loss (optional, one element) and seeds; at least one of them.
+  void backward(const Tensor* loss, std::span<const Seed> seeds, bool retain);
   Tensor carry(const Tensor& x);
+  Tensor input(const Tensor& x);
+  Tensor input_grad(const Tensor& leaf);
   std::string budget_report(size_t request, OpKind kind, const char* op) const;
   const char* budget_name() const;
   Tensor persistent_alloc(const Shape& s, DType d);
@@ -200,6 +214,9 @@ class Tape {
   std::vector<Tensor> params_;  // every parameter made (for zero_grad)
   std::unique_ptr<detail::DeviceFreeList> device_free_;
   std::vector<void*> grad_table_;  // device tapes: backward's node -> gradient table (the CPU keeps it in the arena)
+  // The open segment's input() leaves: node index, and the gradient buffer
+  // backward keeps for it (in the arena; nullptr until a backward reaches it).
+  std::vector<std::pair<int32_t, void*>> leaf_grads_;
   uint32_t seg_index_ = 0;
   uint64_t step_ = 0;
   uint64_t seg_first_step_ = 0;  // the step at which the open segment opened
@@ -229,6 +246,24 @@ class Segment {
   // loss must hold one element; for others pass the output gradient.
   void backward(const Tensor& loss, BackwardOptions o = {});
   void backward(const Tensor& out, const Tensor& grad_out, BackwardOptions o = {});
+  // Seeded backward: the objective is loss (if given) plus the terms whose
+  // gradients the seeds give, e.g. the state leaving the segment with dL/dh
+  // from the segment after it (exact BPTT across boundaries, docs/design.md):
+  //   seg.backward(loss, {{h_out, dh}});
+  // Each seeded tensor must belong to this segment and have history; no
+  // tensor may be seeded twice.
+  void backward(const Tensor& loss, std::initializer_list<Seed> seeds, BackwardOptions o = {});
+  void backward(std::initializer_list<Seed> seeds, BackwardOptions o = {});
+  void backward(const Tensor* loss, std::span<const Seed> seeds, BackwardOptions o = {});
+  // The dual of carry: a leaf of this segment over x's values (the same
+  // bytes, no copy, no history) whose gradient backward keeps, for grad().
+  // x: any live floating tensor (a carried or stored state, a persistent
+  // tensor). Raises under NoGradGuard (nothing would be recorded).
+  Tensor input(const Tensor& x);
+  // The gradient the backward passes of this segment accumulated for an
+  // input() leaf (zeros where nothing reached it): a tensor of this segment,
+  // e.g. dh = seg.carry(seg.grad(h_in)) hands dL/dh_in to the segment before.
+  Tensor grad(const Tensor& leaf);
   // x's value copied out of the arena, with no history: the TBPTT boundary.
   // The copy stays valid through the next segment.
   Tensor carry(const Tensor& x);

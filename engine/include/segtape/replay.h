@@ -1,0 +1,177 @@
+// Exact BPTT through a whole window in fixed memory, by segment replay.
+//
+// A recurrent step function is run over T steps. The forward pass keeps only
+// the state at segment boundaries (every K steps); the backward pass walks
+// the segments in reverse, replays each one's forward into the same arena
+// with its gradient recorded, seeds it with dL/d(state leaving it) from the
+// segment after it, and hands dL/d(state entering it) to the segment before
+// (Segment::input / Segment::grad). The parameter gradients equal those of
+// one T-step segment (full BPTT); memory is one K-step segment plus the
+// stored states. docs/exact-bptt.md has the schedules and the measured cost.
+//
+//   replay::Driver bptt(tape, h0, {.horizon = T, .k = 32});
+//   replay::Report r = bptt.run([&](Tape& t, int64_t step, const Tensor& h, replay::Inputs& in) {
+//     auto x = in.take<float>(B * I, [&](std::span<float> v) { env.observe(v); });   // stored, replayed
+//     Tensor h1 = gru(t.from(x, {B, I}), h);
+//     return replay::StepResult{h1, cross_entropy(head(h1), ...)};
+//   }, h0);
+//   opt.step(); opt.zero_grad();                 // the gradients are the whole window's
+//   h0 = bptt.final_state();                     // the state after T steps
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "segtape/tape.h"
+
+namespace segtape::replay {
+
+enum class Schedule : uint8_t {
+  Uniform,   // a state stored every K steps: one forward pass, one replay (recompute factor 2)
+  Binomial,  // `snapshots` stored states, placed by Griewank's optimal (revolve) schedule: more recompute
+};
+
+struct Options {
+  int64_t horizon = 0;                    // T: steps per window (>= 1)
+  int64_t k = 32;                         // steps per segment (>= 1)
+  Schedule schedule = Schedule::Uniform;
+  int64_t snapshots = 0;                  // Binomial: states stored besides the window's start (>= 1)
+  bool verify = true;                     // check every recomputed boundary state bit for bit
+  // Called after each segment the window runs, with the unit (K-step block)
+  // it ran, whether it recorded the gradient (a replay) or not (a forward
+  // advance), and the tape's stats then (last_segment_peak: its high-water).
+  std::function<void(int64_t unit, bool replay, const TapeStats&)> on_segment{};
+};
+
+// What the steps consumed from outside the tape — observations, actions,
+// rewards, random draws — recorded the first time each step runs and served
+// from the record on every replay, so the replay sees exactly the same. A
+// step must take() the same counts in the same order every time it runs.
+class Inputs {
+ public:
+  // n values for this step: the first time the step runs, produce(span)
+  // fills them and they are stored; on a replay the stored values come back
+  // and produce is not called. The span lives until the next take().
+  template <class T>
+  std::span<const T> take(size_t n, const std::function<void(std::span<T>)>& produce) {
+    const size_t bytes = n * sizeof(T);
+    std::vector<std::byte>& rec = steps_[size_t(step_)];
+    if (recording_) {
+      const size_t at = rec.size();
+      rec.resize(at + bytes);
+      scratch_.resize(std::max(scratch_.size(), (n + 1) * sizeof(T)));
+      T* v = reinterpret_cast<T*>(scratch_.data());
+      produce(std::span<T>(v, n));
+      std::memcpy(rec.data() + at, v, bytes);
+      cursor_ = rec.size();
+      return {v, n};
+    }
+    if (cursor_ + bytes > rec.size()) mismatch(n, sizeof(T));
+    scratch_.resize(std::max(scratch_.size(), (n + 1) * sizeof(T)));
+    T* v = reinterpret_cast<T*>(scratch_.data());
+    std::memcpy(v, rec.data() + cursor_, bytes);
+    cursor_ += bytes;
+    return {v, n};
+  }
+  // true while a step runs again (its inputs come from the record).
+  bool replaying() const { return !recording_; }
+  size_t bytes() const;  // stored bytes of this window
+
+ private:
+  friend class Driver;
+  void begin(int64_t step, bool first_time);
+  void end();
+  [[noreturn]] void mismatch(size_t n, size_t size) const;
+  std::vector<std::vector<std::byte>> steps_;  // per step: its inputs, in take() order (capacity kept across windows)
+  std::vector<std::byte> scratch_;             // the values handed out (aligned for any T by std::vector's allocator)
+  int64_t step_ = 0;
+  size_t cursor_ = 0;
+  bool recording_ = true;
+};
+
+// One step: the state leaving it, and its loss (one element; undefined for a
+// step without one). Recorded as a step of a segment: ops on the tape.
+struct StepResult {
+  Tensor state;
+  Tensor loss;
+};
+// (tape, step t in [0, T), the state entering step t, the window's inputs).
+// It must be a function of t, the state and what it takes from `in`.
+using StepFn = std::function<StepResult(Tape&, int64_t, const Tensor&, Inputs&)>;
+
+struct Report {
+  double loss = 0;               // sum of the window's step losses
+  int64_t steps_run = 0;         // step evaluations in all: forward passes and replays
+  double recompute_factor = 0;   // steps_run / T (full BPTT: 1; uniform: 2)
+  int64_t segments = 0;          // segments the window is cut into (ceil(T / K))
+  int64_t stored_states = 0;     // boundary states held at once, the window's start included
+  size_t state_bytes = 0;        // their bytes (persistent, aligned)
+  size_t input_bytes = 0;        // the inputs recorded for the window (host)
+  size_t segment_peak = 0;       // the largest arena high-water of the window's segments
+  size_t node_peak = 0;          // the largest node bytes of the window's segments
+};
+
+namespace detail {
+// One pending reversal of the schedule: units [a, a + n) with c free
+// snapshots, the state at unit a held in slot `slot`.
+struct Task {
+  int64_t a, n, c, slot;
+};
+}  // namespace detail
+
+class Driver {
+ public:
+  // Validates the options (a clear error before anything runs) and stores
+  // the boundary states in persistent tensors shaped like `state`, made once.
+  Driver(Tape& tape, const Tensor& state, const Options& options);
+
+  // Runs one window of T steps from `state` (any live tensor; its value is
+  // copied at once). Gradients accumulate (+=) into the parameters: exactly
+  // those of one T-step segment. No segment may be open. On an error the
+  // parameters are unchanged and their gradients partial (zero them).
+  Report run(const StepFn& step, const Tensor& state);
+
+  // The state after the last window's T steps (persistent, overwritten by the next run).
+  const Tensor& final_state() const { return final_; }
+  const Options& options() const { return o_; }
+  // Step evaluations a window costs under this schedule (T for the forward
+  // pass plus every replay), without running it.
+  int64_t planned_steps() const;
+
+ private:
+  struct Unit {
+    int64_t begin, end;  // steps [begin, end)
+  };
+  Unit unit(int64_t u) const { return {u * o_.k, std::min(o_.horizon, (u + 1) * o_.k)}; }
+  // Runs unit u from `from` with no gradient (one segment) and copies the
+  // resulting state into `into` (a stored state, or the work state).
+  void advance(const StepFn& step, int64_t u, const Tensor& from, const Tensor& into, Report& r);
+  // Replays unit u from `from` with its gradient recorded, seeded with dh_
+  // at its end, and leaves dL/d(state entering it) in dh_.
+  void reverse_unit(const StepFn& step, int64_t u, const Tensor& from, Report& r);
+  int64_t split(int64_t n, int64_t c) const;  // units to advance before the next snapshot
+  void check_state(int64_t boundary, const Tensor& h);  // verify, or remember, the state at a boundary
+  void note_segment(Report& r, int64_t u, bool replay) const;
+
+  Tape& tape_;
+  Options o_;
+  int64_t units_ = 0;
+  std::vector<Tensor> slots_;       // stored states (persistent): the window's start and the snapshots
+  Tensor final_;                    // the state after T steps (persistent)
+  Tensor dh_;                       // dL/d(state) at the boundary being reversed (persistent)
+  bool have_dh_ = false;            // false: dh_ is zero (nothing after depends on the state)
+  Tensor work_;                     // binomial with no snapshot left: the state being advanced
+  std::vector<detail::Task> stack_;  // the schedule's pending reversals (capacity kept)
+  Inputs inputs_;
+  std::vector<uint64_t> hash_;      // per boundary: the hash of the state first computed there
+  std::vector<uint8_t> known_;      // per boundary: hash_ is set
+  std::vector<uint8_t> ran_;        // per step: it has run this window (its inputs are recorded)
+  std::vector<std::byte> host_;     // a state's bytes on the host, for hashing
+  std::vector<int32_t> split_;      // binomial: the optimal first advance for (n units, c snapshots)
+};
+
+}  // namespace segtape::replay

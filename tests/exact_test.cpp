@@ -1,0 +1,399 @@
+// Exact BPTT by segment replay (segtape/replay.h): gradients carried back
+// across segment boundaries (Segment::input / grad, seeded backward), the
+// replay driver's uniform and binomial schedules against one-segment full
+// BPTT, its memory (identical replayed segments, stored states exactly, no
+// heap allocation after the first window) and its errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "alloc_hook.h"
+#include "segtape/nn/layers.h"
+#include "segtape/ops.h"
+#include "segtape/replay.h"
+
+using namespace segtape;
+namespace rp = segtape::replay;
+
+namespace {
+
+// GRUCell + Linear + cross-entropy on a stream of random inputs, a loss at
+// every step but every third (steps without a loss exercise the unseeded path).
+struct Model {
+  static constexpr int64_t B = 3, I = 4, H = 5, C = 3;
+  Tape tape;
+  nn::Rng rng{7};
+  DType dtype;
+  nn::GRUCell gru;
+  nn::Linear head;
+  Tensor h0;  // persistent start state
+  explicit Model(DType d, size_t budget = size_t(64) << 20)
+      : tape(Device::cpu(), {.segment_budget = budget}), dtype(d), gru(tape, rng, I, H, true, d), head(tape, rng, H, C, true, d) {
+    h0 = tape.persistent({B, H}, d);
+    std::mt19937 g(3);
+    std::uniform_real_distribution<double> u(-0.5, 0.5);
+    std::vector<double> v(size_t(B * H));
+    for (double& x : v) x = u(g);
+    set(h0, v);
+  }
+  void set(const Tensor& t, const std::vector<double>& v) {
+    if (t.dtype == DType::F64) t.from_host(std::span<const double>(v));
+    else {
+      std::vector<float> f(v.begin(), v.end());
+      t.from_host(std::span<const float>(f));
+    }
+  }
+  std::vector<Tensor> params() const {
+    return {gru.weight_ih, gru.weight_hh, gru.bias_ih, gru.bias_hh, head.weight, head.bias};
+  }
+  std::vector<double> grads() const {
+    std::vector<double> out;
+    for (const Tensor& p : params()) {
+      const Tensor g = p.grad_tensor();
+      if (g.dtype == DType::F64) for (double x : g.to_host<double>()) out.push_back(x);
+      else for (float x : g.to_host<float>()) out.push_back(double(x));
+    }
+    return out;
+  }
+  void zero_grad() { tape.zero_grad(); }
+
+  // The inputs of step t come from a generator that advances on every draw:
+  // the driver must record them the first time and replay them after.
+  struct Source {
+    std::mt19937 g{11};
+    int64_t draws = 0;
+    void fill(std::span<double> v) {
+      std::uniform_real_distribution<double> u(-1, 1);
+      for (double& x : v) x = u(g);
+      ++draws;
+    }
+  };
+  std::vector<float> xf = std::vector<float>(size_t(B * I));  // float32 inputs, converted without allocating
+  Tensor x_of(std::span<const double> v) {
+    if (dtype == DType::F64) return tape.from(v, {B, I});
+    std::copy(v.begin(), v.end(), xf.begin());
+    return tape.from(std::span<const float>(xf), {B, I});
+  }
+  rp::StepResult step(int64_t t, const Tensor& h, std::span<const double> x, std::span<const int64_t> y) {
+    Tensor h1 = gru(x_of(x), h);
+    Tensor loss;
+    if (t % 3 != 2) loss = cross_entropy(head(h1), tape.from(y, {B}));
+    return {h1, loss};
+  }
+  static void targets(int64_t t, std::span<int64_t> y) {
+    for (size_t b = 0; b < y.size(); ++b) y[b] = (t * 7 + int64_t(b) * 5) % C;
+  }
+  rp::StepFn step_fn(Source& src) {
+    return [this, &src](Tape&, int64_t t, const Tensor& h, rp::Inputs& in) {
+      // Each span lives until the next take(): x becomes a tensor before y is taken.
+      auto x = in.take<double>(size_t(B * I), [&](std::span<double> v) { src.fill(v); });
+      Tensor h1 = gru(x_of(x), h);
+      auto y = in.take<int64_t>(size_t(B), [&](std::span<int64_t> v) { targets(t, v); });
+      Tensor loss;
+      if (t % 3 != 2) loss = cross_entropy(head(h1), tape.from(y, {B}));
+      return rp::StepResult{h1, loss};
+    };
+  }
+  // Full BPTT: the whole window in one segment, the same draws in step order.
+  double full_bptt(int64_t T) {
+    Source src;
+    Segment seg = tape.segment();
+    Tensor h = h0, loss;
+    std::vector<double> x(size_t(B * I));
+    std::vector<int64_t> y(static_cast<size_t>(B));
+    for (int64_t t = 0; t < T; ++t, tape.next_step()) {
+      src.fill(x);
+      targets(t, y);
+      rp::StepResult s = step(t, h, x, y);
+      h = s.state;
+      if (s.loss.defined()) loss = loss.defined() ? add(loss, s.loss) : s.loss;
+    }
+    seg.backward(loss);
+    return loss.item();
+  }
+};
+
+double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) d += (a[i] - b[i]) * (a[i] - b[i]), n += b[i] * b[i];
+  return std::sqrt(d) / std::max(std::sqrt(n), 1e-300);
+}
+
+}  // namespace
+
+// ---- the engine: gradients across a boundary
+
+TEST(ExactBoundary, SeededSegmentsChainToFullBptt) {
+  // Two segments by hand: the second seeded only by its loss, the first by
+  // the dL/dh the second reported for the state entering it.
+  Model m(DType::F64);
+  const double full_loss = m.full_bptt(6);
+  const std::vector<double> want = m.grads();
+  m.zero_grad();
+  Model::Source src;
+  std::vector<double> x(size_t(Model::B * Model::I));
+  std::vector<int64_t> y(size_t(Model::B));
+  std::vector<std::vector<double>> xs;
+  for (int t = 0; t < 6; ++t) src.fill(x), xs.push_back(x);
+  Tensor mid = m.tape.persistent({Model::B, Model::H}, DType::F64);
+  {  // forward of the first half, no graph: the state at the boundary
+    Segment seg = m.tape.segment();
+    NoGradGuard ng(m.tape);
+    Tensor h = m.h0;
+    for (int t = 0; t < 3; ++t) Model::targets(t, y), h = m.step(t, h, xs[size_t(t)], y).state;
+    copy_into(mid, h);
+  }
+  Tensor dh_home = m.tape.persistent({Model::B, Model::H}, DType::F64);
+  double loss_sum = 0;
+  {
+    Segment seg = m.tape.segment();
+    Tensor h_in = seg.input(mid), h = h_in, loss;
+    for (int t = 3; t < 6; ++t) {
+      Model::targets(t, y);
+      rp::StepResult s = m.step(t, h, xs[size_t(t)], y);
+      h = s.state;
+      if (s.loss.defined()) loss = loss.defined() ? add(loss, s.loss) : s.loss;
+    }
+    seg.backward(loss);
+    loss_sum += loss.item();
+    copy_into(dh_home, seg.grad(h_in));
+  }
+  {
+    Segment seg = m.tape.segment();
+    Tensor h_in = seg.input(m.h0), h = h_in, loss;
+    for (int t = 0; t < 3; ++t) {
+      Model::targets(t, y);
+      rp::StepResult s = m.step(t, h, xs[size_t(t)], y);
+      h = s.state;
+      if (s.loss.defined()) loss = loss.defined() ? add(loss, s.loss) : s.loss;
+    }
+    seg.backward(loss, {{h, dh_home}});
+    loss_sum += loss.item();
+    EXPECT_EQ(seg.grad(h_in).shape, m.h0.shape);
+  }
+  EXPECT_NEAR(loss_sum, full_loss, 1e-12);
+  EXPECT_LE(rel_err(m.grads(), want), 1e-12);
+}
+
+TEST(ExactBoundary, InputLeavesAndSeedsAreChecked) {
+  Model m(DType::F32);
+  Tensor w = m.gru.weight_hh;
+  Segment seg = m.tape.segment();
+  Tensor h = seg.input(m.h0);
+  EXPECT_EQ(h.space, Space::Segment);
+  // Nothing reached it yet: its gradient is zero.
+  for (float g : seg.grad(h).to_host<float>()) EXPECT_EQ(g, 0.0f);
+  Tensor y = tanh(h);
+  EXPECT_THROW(seg.backward({{h, m.h0}}), TapeError);                   // a leaf seeded directly
+  EXPECT_THROW(seg.backward({{y, m.tape.zeros({1, 1})}}), ShapeError);  // seed of another shape
+  EXPECT_THROW(seg.backward(sum(y), {{y, y}, {y, y}}), TapeError);       // a tensor seeded twice
+  EXPECT_THROW((void)seg.grad(y), TapeError);                           // not an input() leaf
+  {
+    NoGradGuard ng(m.tape);
+    EXPECT_THROW((void)seg.input(m.h0), TapeError);  // nothing would be recorded
+  }
+  // Two backward passes accumulate into the leaf's gradient.
+  seg.backward(sum(y), {.retain_graph = true});
+  const std::vector<float> once = seg.grad(h).to_host<float>();
+  seg.backward(sum(y));
+  const std::vector<float> twice = seg.grad(h).to_host<float>();
+  for (size_t i = 0; i < once.size(); ++i) EXPECT_FLOAT_EQ(twice[i], 2 * once[i]);
+  // A new loss from the leaf after a non-retained backward: the leaf has no
+  // rule to release, so its gradient keeps accumulating.
+  seg.backward(sum(exp(h)));
+  const std::vector<float> hv = m.h0.to_host<float>(), thrice = seg.grad(h).to_host<float>();
+  for (size_t i = 0; i < hv.size(); ++i) EXPECT_NEAR(thrice[i], twice[i] + std::exp(hv[i]), 1e-5);
+  (void)w;
+}
+
+// ---- the driver against one-segment full BPTT
+
+struct Grid {
+  int64_t T, K;
+  rp::Schedule schedule;
+  int64_t snapshots;
+};
+
+class ExactDriver : public ::testing::TestWithParam<Grid> {};
+
+TEST_P(ExactDriver, GradientsEqualFullBptt) {
+  const Grid g = GetParam();
+  for (DType d : {DType::F64, DType::F32}) {
+    SCOPED_TRACE(d == DType::F64 ? "f64" : "f32");
+    Model m(d);
+    const double full_loss = m.full_bptt(g.T);
+    const std::vector<double> want = m.grads();
+    m.zero_grad();
+    Model::Source src;
+    rp::Driver drv(m.tape, m.h0, {.horizon = g.T, .k = g.K, .schedule = g.schedule, .snapshots = g.snapshots});
+    const rp::Report r = drv.run(m.step_fn(src), m.h0);
+    EXPECT_EQ(src.draws, g.T) << "each step's inputs are drawn once and replayed after";
+    const double tol = d == DType::F64 ? 1e-10 : 1e-5;
+    EXPECT_LE(rel_err(m.grads(), want), tol);
+    EXPECT_NEAR(r.loss, full_loss, std::abs(full_loss) * (d == DType::F64 ? 1e-12 : 1e-5));
+    EXPECT_EQ(r.steps_run, drv.planned_steps());
+    EXPECT_EQ(r.segments, (g.T + g.K - 1) / g.K);
+    if (g.schedule == rp::Schedule::Uniform) {
+      EXPECT_EQ(r.steps_run, 2 * g.T);  // one forward pass, one replay
+      EXPECT_DOUBLE_EQ(r.recompute_factor, 2.0);
+    } else {
+      EXPECT_GE(r.recompute_factor, 1.0);
+      EXPECT_EQ(r.stored_states, std::min(g.snapshots, r.segments - 1) + 1);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, ExactDriver,
+    ::testing::Values(Grid{7, 1, rp::Schedule::Uniform, 0}, Grid{7, 8, rp::Schedule::Uniform, 0},
+                      Grid{7, 32, rp::Schedule::Uniform, 0}, Grid{64, 1, rp::Schedule::Uniform, 0},
+                      Grid{64, 8, rp::Schedule::Uniform, 0}, Grid{64, 32, rp::Schedule::Uniform, 0},
+                      Grid{1000, 1, rp::Schedule::Uniform, 0}, Grid{1000, 8, rp::Schedule::Uniform, 0},
+                      Grid{1000, 32, rp::Schedule::Uniform, 0}, Grid{7, 1, rp::Schedule::Binomial, 2},
+                      Grid{7, 8, rp::Schedule::Binomial, 1}, Grid{64, 1, rp::Schedule::Binomial, 3},
+                      Grid{64, 8, rp::Schedule::Binomial, 2}, Grid{64, 32, rp::Schedule::Binomial, 1},
+                      Grid{1000, 1, rp::Schedule::Binomial, 10}, Grid{1000, 8, rp::Schedule::Binomial, 4},
+                      Grid{1000, 32, rp::Schedule::Binomial, 2}),
+    [](const ::testing::TestParamInfo<Grid>& i) {
+      return std::string(i.param.schedule == rp::Schedule::Uniform ? "uniform" : "binomial") + "_T" +
+             std::to_string(i.param.T) + "_K" + std::to_string(i.param.K) +
+             (i.param.schedule == rp::Schedule::Binomial ? "_s" + std::to_string(i.param.snapshots) : "");
+    });
+
+TEST(ExactSchedule, BinomialTradesStoredStatesForRecompute) {
+  // Fewer stored states, more recompute; with enough it is the uniform schedule.
+  Model m(DType::F32);
+  auto steps = [&](rp::Schedule s, int64_t snaps) {
+    rp::Driver d(m.tape, m.h0, {.horizon = 1000, .k = 8, .schedule = s, .snapshots = snaps});
+    return d.planned_steps();
+  };
+  const int64_t uniform = steps(rp::Schedule::Uniform, 0);
+  EXPECT_EQ(uniform, 2 * 1000);
+  int64_t last = 0;
+  for (int64_t c : {124, 16, 8, 4, 2, 1}) {
+    const int64_t s = steps(rp::Schedule::Binomial, c);
+    EXPECT_GE(s, last) << c << " snapshots";
+    last = s;
+  }
+  EXPECT_EQ(steps(rp::Schedule::Binomial, 124), uniform);  // 125 segments, a state at every boundary
+  EXPECT_GT(steps(rp::Schedule::Binomial, 1), 5 * uniform);
+}
+
+TEST(ExactSchedule, BinomialIsRevolvesOptimum) {
+  // Griewank's binomial checkpointing reverses n steps with s checkpoints
+  // (the start's included) in t = r n - beta(s + 1, r - 1) forward steps, r the
+  // least with beta(s, r) = C(s + r, s) >= n. With K = 1 the driver runs those,
+  // plus one replay of every step and the last step's first run.
+  auto choose = [](int64_t a, int64_t b) {
+    double c = 1;
+    for (int64_t i = 1; i <= b; ++i) c = c * double(a - b + i) / double(i);
+    return int64_t(std::llround(c));
+  };
+  auto beta = [&](int64_t s, int64_t r) { return choose(s + r, s); };
+  Model m(DType::F32);
+  constexpr int64_t T = 1000;
+  for (int64_t snapshots : {1, 2, 4, 10}) {
+    const int64_t s = snapshots + 1;
+    int64_t r = 0;
+    while (beta(s, r) < T) ++r;
+    const int64_t revolve = r * T - beta(s + 1, r - 1);
+    rp::Driver d(m.tape, m.h0, {.horizon = T, .k = 1, .schedule = rp::Schedule::Binomial, .snapshots = snapshots});
+    EXPECT_EQ(d.planned_steps(), revolve + T + 1) << snapshots << " snapshots";
+  }
+}
+
+// ---- memory
+
+TEST(ExactMemory, ReplayedSegmentsAreIdenticalStoredStatesExactNoHeapAfterTheFirstWindow) {
+  constexpr int64_t T = 96, K = 6;  // K a multiple of the loss pattern's period: every segment runs the same ops
+  Model m(DType::F32);
+  const size_t before = m.tape.stats().persistent_bytes;
+  std::vector<size_t> peaks;
+  std::vector<int64_t> replayed;
+  peaks.reserve(64), replayed.reserve(64);
+  rp::Options o{.horizon = T, .k = K};
+  o.on_segment = [&](int64_t u, bool replay, const TapeStats& s) {
+    if (replay) peaks.push_back(s.last_segment_peak), replayed.push_back(u);
+  };
+  rp::Driver drv(m.tape, m.h0, o);
+  const size_t state = align_up(size_t(Model::B * Model::H) * sizeof(float));
+  // Stored states: one per segment (the window's start included), the final state and dL/dh.
+  EXPECT_EQ(m.tape.stats().persistent_bytes - before, (T / K + 2) * state);
+  Model::Source src;
+  const rp::StepFn step = m.step_fn(src);
+  rp::Report first = drv.run(step, m.h0);
+  EXPECT_EQ(first.state_bytes, (T / K + 2) * state);
+  ASSERT_EQ(peaks.size(), size_t(T / K));
+  // Every replay after the last segment's is seeded with dL/dh: the same ops, the same bytes.
+  for (size_t i = 1; i < peaks.size(); ++i) EXPECT_EQ(peaks[i], peaks[1]) << "replay of segment " << replayed[i];
+  EXPECT_EQ(first.segment_peak, *std::max_element(peaks.begin(), peaks.end()));
+  // Later windows: the same peaks, and not one heap allocation.
+  peaks.clear(), replayed.clear();
+  const size_t persistent = m.tape.stats().persistent_bytes;
+  const uint64_t chunks = memory::system_allocations();
+  const uint64_t heap_before = alloc_hook::count();
+  alloc_hook::enable(true);
+  rp::Report second = drv.run(step, drv.final_state());
+  alloc_hook::enable(false);
+  const uint64_t allocations = alloc_hook::count() - heap_before;
+  EXPECT_EQ(allocations, 0u) << "heap allocations in the second window";
+  EXPECT_EQ(memory::system_allocations(), chunks);
+  EXPECT_EQ(m.tape.stats().persistent_bytes, persistent);
+  EXPECT_EQ(second.segment_peak, first.segment_peak);
+  for (size_t i = 1; i < peaks.size(); ++i) EXPECT_EQ(peaks[i], peaks[1]);
+}
+
+// ---- errors, each before any parameter changes
+
+TEST(ExactErrors, BadOptionsAndANonReproducibleStepAreRefused) {
+  Model m(DType::F32);
+  const std::vector<double> grads = m.grads();
+  auto message = [&](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message([&] { rp::Driver d(m.tape, m.h0, {.horizon = 10, .k = 0}); }).find("segment length K must be >= 1"),
+            std::string::npos);
+  EXPECT_NE(message([&] { rp::Driver d(m.tape, m.h0, {.horizon = 0, .k = 4}); }).find("horizon T must be >= 1"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              rp::Driver d(m.tape, m.h0, {.horizon = 10, .k = 2, .schedule = rp::Schedule::Binomial, .snapshots = 0});
+            }).find("needs >= 1 stored states"),
+            std::string::npos);
+  // A step that reads something outside its state and inputs (a counter).
+  rp::Driver drv(m.tape, m.h0, {.horizon = 16, .k = 4});
+  int calls = 0;
+  Model::Source src;
+  const rp::StepFn good = m.step_fn(src);
+  const rp::StepFn drifting = [&](Tape& t, int64_t s, const Tensor& h, rp::Inputs& in) {
+    rp::StepResult r = good(t, s, h, in);
+    r.state = scale(r.state, 1.0 + 1e-3 * double(++calls));
+    return r;
+  };
+  const std::string m1 = message([&] { drv.run(drifting, m.h0); });
+  // Found on the first replay (the last segment), before any backward.
+  EXPECT_NE(m1.find("the step function is not reproducible: replaying segment 3 (steps 12..15)"), std::string::npos) << m1;
+  const rp::StepFn greedy = [&](Tape& t, int64_t s, const Tensor& h, rp::Inputs& in) {
+    if (in.replaying()) (void)in.take<float>(1, [](std::span<float>) {});  // an input the first pass did not take
+    return good(t, s, h, in);
+  };
+  const std::string m2 = message([&] { drv.run(greedy, m.h0); });
+  EXPECT_NE(m2.find("not reproducible: on a replay, step"), std::string::npos) << m2;
+  EXPECT_EQ(m.grads(), grads) << "a refused window changed the gradients";
+  // A budget too small for one segment's replay: the engine's report, before any gradient.
+  Model tiny(DType::F32, size_t(8) << 10);
+  rp::Driver small(tiny.tape, tiny.h0, {.horizon = 64, .k = 32});
+  Model::Source s2;
+  const std::vector<double> g0 = tiny.grads();
+  EXPECT_THROW(small.run(tiny.step_fn(s2), tiny.h0), BudgetError);
+  EXPECT_EQ(tiny.grads(), g0);
+  // And a segment left open.
+  Segment open = m.tape.segment();
+  EXPECT_NE(message([&] { drv.run(good, m.h0); }).find("a segment is open"), std::string::npos);
+}
