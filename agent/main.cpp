@@ -13,6 +13,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -20,6 +21,7 @@
 #include "segtape/agent/retention.h"
 #include "segtape/agent/trainer.h"
 #include "segtape/explain.h"
+#include "segtape/nn/safetensors.h"
 
 namespace fs = std::filesystem;
 using namespace segtape;
@@ -258,7 +260,7 @@ void catch_stop_signals() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND;
+  sa.sa_flags = SA_RESETHAND | SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 }
@@ -317,14 +319,20 @@ int train(TrainArgs& a, CLI::App& cmd) {
                   out.c_str(), tr.step(), c.steps, tr.step());
       return 0;
     }
-    // A run killed while writing leaves its temporary files; the files themselves are intact.
+    // A run killed while writing leaves its temporary files (".<file>.tmp",
+    // ".checkpoint.safetensors.tmp.<pid>.<n>"); the files themselves are intact.
     std::error_code ec;
-    for (const auto& e : fs::directory_iterator(out, ec))
-      if (e.path().filename().string().rfind(".", 0) == 0 && e.path().extension() == ".tmp") fs::remove(e.path(), ec);
+    for (const auto& e : fs::directory_iterator(out, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind('.', 0) == 0 && name.find(".tmp") != std::string::npos) fs::remove(e.path(), ec);
+    }
     rows = MetricsCsv::read(out / "metrics.csv");
     while (!rows.empty() && rows.back().step > tr.step()) rows.pop_back();
   } else {
     prepare_dir(out);
+    // --force: nothing of the old run may be mistaken for the new one's.
+    std::error_code ec;
+    for (const char* f : {"checkpoint.safetensors", "metrics.csv", "metrics.json", "plot.svg"}) fs::remove(out / f, ec);
   }
   MetricsCsv csv(out / "metrics.csv", measure, !spec.supervised);
   csv.start(rows);
@@ -350,6 +358,19 @@ int train(TrainArgs& a, CLI::App& cmd) {
   size_t peak = 0, node_peak = 0;
   std::string stopped;  // why the run ended before its last step ("" when it did not)
   if (!resume) tr.env().reset_score();  // a resumed env's score counts continue from its checkpoint
+  // The open log interval's sums travel in the checkpoint, so a resumed run's
+  // next row is the row the run would have written had it never stopped.
+  auto interval_meta = [&]() -> std::map<std::string, std::string> {
+    return {{"run.interval", fmt::format("{:.17g},{},{:.17g},{},{},{:.17g}", loss_sum, loss_n, return_sum, episodes,
+                                         interval_steps, last_loss)}};
+  };
+  if (resume) {
+    const auto meta = safetensors::load(out / "checkpoint.safetensors").metadata;
+    if (auto it = meta.find("run.interval"); it != meta.end() &&
+        std::sscanf(it->second.c_str(), "%lf,%ld,%lf,%ld,%ld,%lf", &loss_sum, &loss_n, &return_sum, &episodes,
+                    &interval_steps, &last_loss) != 6)
+      throw Error("--resume " + out.string() + ": checkpoint metadata run.interval is malformed ('" + it->second + "')");
+  }
   auto log_row = [&](std::chrono::steady_clock::time_point now) {
     const double secs = std::chrono::duration<double>(now - interval_start).count();
     Row row{tr.step(), last_loss, tr.env().score(), episodes ? return_sum / double(episodes) : std::nan(""), peak,
@@ -397,7 +418,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       next_log += log_every;
     }
     if (!full && (tr.step() >= next_ck || tr.done())) {
-      tr.save(out / "checkpoint.safetensors");
+      tr.save(out / "checkpoint.safetensors", interval_meta());
       next_ck += ck_every;
     }
   }
@@ -405,7 +426,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   const bool budget_stop = full && !stopped.empty() && stopped != "SIGINT" && stopped != "SIGTERM";
   const bool signal_stop = !stopped.empty() && !budget_stop;
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!full && signal_stop) tr.save(out / "checkpoint.safetensors");  // the segment boundary it stopped at
+  if (!full && signal_stop) tr.save(out / "checkpoint.safetensors", interval_meta());  // the segment boundary it stopped at
   if (full && !stopped.empty() && interval_steps) log_row(std::chrono::steady_clock::now());
   if (full && stopped.empty()) tr.save(out / "checkpoint.safetensors");
   std::optional<double> eval;
@@ -461,6 +482,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
 int eval(const std::string& checkpoint, int64_t steps, uint64_t seed, const std::string& device) {
   if (steps < 1) throw Error("--steps " + std::to_string(steps) + ": must be >= 1 (steps of greedy evaluation)");
   TrainConfig c = Trainer::read_config(checkpoint);
+  c.budget_name = "--budget";
   if (!device.empty()) c.device = device;
   Trainer tr(c);
   tr.load(checkpoint);
@@ -483,6 +505,7 @@ int retention_lab(RetentionArgs& a) {
   namespace rt = retention;
   rt::LabConfig c = a.c;
   c.budget = parse_bytes(a.budget);
+  c.budget_name = "--budget";
   check_device_flag(c.device);
   c.validate();
   if (a.anomaly_only) {
@@ -644,7 +667,7 @@ int run_cli(int argc, char** argv) {
     std::fprintf(stderr, "segtape: error: no command '%s' (commands: train, eval, retention)\n", which.c_str());
     return 2;
   }
-  if (first.rfind("-", 0) != 0 && std::find(commands.begin(), commands.end(), first) == commands.end()) {
+  if (first.rfind('-', 0) != 0 && std::find(commands.begin(), commands.end(), first) == commands.end()) {
     std::fprintf(stderr, "segtape: error: unknown command '%s' (commands: train, eval, retention; see segtape help)\n", first.c_str());
     return 2;
   }

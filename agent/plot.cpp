@@ -235,9 +235,20 @@ std::string render_svg(const std::vector<Panel>& panels, int width, int panel_he
             inside(se.x[i], se.y[i]))
           marks += marker_svg(se.marker, X(se.x[i]), Y(se.y[i]), 3.5, col, col, 1);
       }
-      s += "<polyline class=\"series\" data-label=\"" + esc(se.label) + "\" fill=\"none\" stroke-width=\"1.8\" stroke=\"" + col + "\"" +
-           dash + " clip-path=\"url(#plot" + std::to_string(p) + ")\" points=\"" + pts + "\"/>\n";
-      if (!marks.empty()) s += "<g class=\"markers\">" + marks + "</g>\n";
+      s += "<polyline class=\"series\" data-label=\"";
+      s += esc(se.label);
+      s += "\" fill=\"none\" stroke-width=\"1.8\" stroke=\"";
+      s += col;
+      s += "\"";
+      s += dash;
+      s += " clip-path=\"url(#plot" + std::to_string(p) + ")\" points=\"";
+      s += pts;
+      s += "\"/>\n";
+      if (!marks.empty()) {
+        s += "<g class=\"markers\">";
+        s += marks;
+        s += "</g>\n";
+      }
       for (const Mark& m : se.marks) {
         if (!inside(m.x, m.y)) continue;
         s += "<g class=\"mark\">" +

@@ -220,6 +220,7 @@ constexpr const char* kArenaSource = "segtape: segment arena bytes in use after 
 // The pitfalls: one segment for the whole episode, as the wrong code keeps it.
 void run_pitfall(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
   TapeOptions to;
+  to.budget_name = cfg.budget_name;
   if (o.strict) {
     to.segment_budget = cfg.budget;
   } else if (cfg.device == "cuda") {  // a device arena cannot grow: one large fixed one
@@ -307,6 +308,7 @@ void run_pitfall(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
 void run_fix(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
   TapeOptions to;
   to.segment_budget = cfg.budget;
+  to.budget_name = cfg.budget_name;
   to.anomaly = o.anomaly;
   Tape tape(lab_device(cfg), to);
   const bool window = c == Case::Window;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <list>
 
+#include "segtape/emulation.h"
 #include "segtape/nn/safetensors.h"
 #include "segtape/ops.h"
 
@@ -123,10 +124,10 @@ void TrainConfig::validate() const {
   need(embed >= 1 && embed <= 16384, "--embed must be in [1, 16384]");
   need(std::isfinite(lr) && lr > 0 && lr < 10, "--lr must be a positive number below 10");
   need(std::isfinite(clip) && clip >= 0, "--clip must be >= 0 (0 turns clipping off)");
-  check_device_flag(device);
-  need(device == "cpu" || history.kind != History::Kind::Full,
+  need(device != "cuda" || history.kind != History::Kind::Full,
        "--history full keeps its run in one growing arena (the teaching policy), which is CPU-only: use --device cpu "
        "or a bounded history (tbptt:K, detach, window:N, nograd-history)");
+  check_device_flag(device);
   need(env_options.lag >= 1 && env_options.lag <= 100000, "--lag must be in [1, 100000]");
   need(env_options.vocab >= 2 && env_options.vocab <= 1'000'000, "--vocab must be in [2, 1e6]");
   need(env_options.corridor >= 1 && env_options.corridor <= 100000, "--corridor must be in [1, 100000]");
@@ -138,7 +139,7 @@ void TrainConfig::validate() const {
 
 void check_device_flag(const std::string& device) {
   if (device != "cpu" && device != "cuda") throw Error("--device " + device + ": must be cpu or cuda");
-  if (device == "cuda" && !Device::cuda_built())
+  if (device == "cuda" && !Device::cuda_built() && !emulation::emulating_cuda_on_host())
     throw Error("--device cuda: this build of segtape has no CUDA backend (nvcc was not found when it was configured); "
                 "use --device cpu, or rebuild where the CUDA toolkit is installed (docs/cuda.md)");
 }
@@ -198,14 +199,17 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
 
 void check_sizes(const TrainConfig& c, const SizeEstimate& e) {
   const bool full = c.history.kind == History::Kind::Full;
+  const std::string sizes = "at batch " + std::to_string(c.batch) + ", hidden " + std::to_string(c.hidden) + ", embed " +
+                            std::to_string(c.embed);
+  const std::string budget = format_bytes(e.budget) + " " + c.budget_name + (full ? " (the growth limit)" : "");
+  if (e.step_bytes > e.budget)  // no segment length helps
+    throw BudgetError("one step keeps at least " + format_bytes(e.step_bytes) + " (" + sizes + "), more than the " + budget +
+                      ": make the step smaller (batch, hidden size) or raise " + c.budget_name);
   if (e.segment_bytes > e.budget)
-    throw BudgetError(
-        std::string(full ? "one step" : "a segment of " + std::to_string(c.history.k) + " steps") + " keeps at least " +
-        format_bytes(e.segment_bytes) + " (" + format_bytes(e.step_bytes) + " per step at batch " + std::to_string(c.batch) +
-        ", hidden " + std::to_string(c.hidden) + ", embed " + std::to_string(c.embed) + "), more than the " +
-        format_bytes(e.budget) + " " + c.budget_name + (full ? " (the growth limit)" : "") +
-        ": raise " + c.budget_name + ", or make the step smaller (batch, hidden size)" +
-        (full ? "" : " or the segment shorter (--history tbptt:K with a smaller K)"));
+    throw BudgetError("a segment of " + std::to_string(c.history.k) + " steps keeps at least " + format_bytes(e.segment_bytes) +
+                      " (" + format_bytes(e.step_bytes) + " per step " + sizes + "), more than the " + budget +
+                      ": shorten the segment (--history tbptt:K with a smaller K), make the step smaller (batch, hidden "
+                      "size) or raise " + c.budget_name);
   const size_t machine = physical_memory();
   const size_t need = e.parameter_bytes + std::min(e.segment_bytes, e.budget);
   if (machine && need > machine)

@@ -251,13 +251,14 @@ TEST(Catalog, UpdatesAndHostCopiesRejectBadTensors) {
 TEST(Catalog, TapeMisuseLifetimesBudgetAndAnomalies) {
   Tape tape;
   const Tensor w = tape.parameter({2, 2});
-  Tensor stale, carried, stale_data;
+  Tensor stale, carried, stale_data, stale_view;
   {
     Segment s1 = tape.segment();
     tape.next_step();
     tape.next_step();
     stale = tanh(w);  // segment 1, step 2
     carried = s1.carry(tanh(w));
+    stale_view = reshape(w, {4});  // records a node: a tensor of segment 1
   }
   { Segment s2 = tape.segment(); }  // the carry lives through segment 2 only
   Tape other;
@@ -265,6 +266,26 @@ TEST(Catalog, TapeMisuseLifetimesBudgetAndAnomalies) {
 
   std::vector<Row> rows = {
       {"an op outside any segment", Kind::Tape, "no segment is open", [&] { (void)tanh(w); }},
+      {"a view outside any segment", Kind::Tape, "reshape: no segment is open", [&] { (void)reshape(w, {4}); }},
+      {"detach outside any segment", Kind::Tape, "detach: no segment is open", [&] { (void)detach(w); }},
+      {"a view of a parameter made in an ended segment", Kind::Expired, "made in segment 1", [&] {
+         Segment s = tape.segment();
+         (void)add(stale_view, stale_view);
+       }},
+      {"seg.grad of a tensor that is not an input() leaf", Kind::Tape, "not an input() leaf", [&] {
+         Segment s = tape.segment();
+         (void)s.grad(tanh(w));
+       }},
+      {"seg.input under NoGradGuard", Kind::Tape, "under NoGradGuard", [&] {
+         Segment s = tape.segment();
+         NoGradGuard ng(tape);
+         (void)s.input(w);
+       }},
+      {"a seed of another shape", Kind::Shape, "does not match its tensor", [&] {
+         Segment s = tape.segment();
+         Tensor y = tanh(w);
+         s.backward({{y, tape.zeros({3})}});
+       }},
       {"a second segment while one is open", Kind::Tape, "still open", [&] {
          Segment s = tape.segment();
          (void)tape.segment();
@@ -318,6 +339,13 @@ TEST(Catalog, TapeMisuseLifetimesBudgetAndAnomalies) {
                       for (int i = 0; i < 100000; ++i, t->next_step()) h = gru_cell(h, h, w_ih, w_hh, b, b);
                     }});
   }
+  // Tape nodes count in the budget: zero-byte views cannot grow the heap.
+  Tape nodes_only(Device::cpu(), {.segment_budget = 64 << 10});
+  const Tensor nw = nodes_only.parameter({4});
+  rows.push_back({"zero-byte views past the budget (tape nodes)", Kind::Budget, "the largest share is tape nodes", [&] {
+                    Segment s = nodes_only.segment();
+                    for (int i = 0; i < 200000; ++i) (void)reshape(nw, {2, 2});
+                  }});
   // Anomaly mode: the first op that makes a NaN or Inf is named.
   Tape anomalous(Device::cpu(), {.anomaly = true});
   const Tensor p = anomalous.parameter({2});
@@ -343,10 +371,10 @@ TEST(Catalog, TapeMisuseLifetimesBudgetAndAnomalies) {
                     Segment s = anomalous.segment();
                     (void)div(p, zero);
                   }});
-  EXPECT_GE(walk(rows), 16);
+  EXPECT_GE(walk(rows), 23);
 
   // Every tape still works after all that: a fresh segment trains.
-  for (Tape* t : {&tape, &small, &growing, &anomalous}) {
+  for (Tape* t : {&tape, &small, &growing, &anomalous, &nodes_only}) {
     const Tensor q = t->parameter({2});
     Segment s = t->segment();
     EXPECT_NO_THROW(s.backward(sum(tanh(q))));
@@ -613,6 +641,8 @@ TEST(Catalog, ProgramArgumentsAndPaths) {
       {"eval --steps -1", "eval --steps -1 --checkpoint " + ck.string(), segtape, "--steps -1: must be >= 1"},
       {"a model whose segment cannot fit the budget", "train --hidden 16384" + fresh, segtape,
        "a segment of 32 steps keeps at least 320.1 MiB"},
+      {"a model larger than the machine's memory", "train --vocab 1000000 --embed 16384 --history tbptt:1 --batch 1" + fresh,
+       segtape, "but this machine has"},
       {"one step larger than the budget", "train --batch 65536 --budget 1MiB --history tbptt:1" + fresh, segtape,
        "more than the 1.0 MiB --budget"},
       {"--device cuda", "train --device cuda" + fresh, segtape,

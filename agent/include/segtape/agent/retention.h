@@ -33,6 +33,7 @@ struct LabConfig {
   double lr = 0.05;      // SGD (the lab's loops); the Trainer uses its Adam
   double clip = 1.0;     // pitfall 6's clip_grad_norm
   size_t budget = size_t(1) << 20;  // strict-policy segment budget (pitfall reruns and fixes)
+  const char* budget_name = "LabConfig::budget";  // how budget errors name it (the segtape command: "--budget")
   uint64_t seed = 1;
   // segtape's side: "cpu" or "cuda". On CUDA a pitfall's teaching run cannot
   // grow its arena (device pools are one allocation each): it runs in one
