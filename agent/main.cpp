@@ -355,7 +355,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
   int64_t interval_steps = 0, next_log = (tr.step() / log_every + 1) * log_every, next_ck = (tr.step() / ck_every + 1) * ck_every;
   double loss_sum = 0, last_loss = 0, return_sum = 0;
   int64_t loss_n = 0, episodes = 0;
-  size_t peak = 0, node_peak = 0;
+  size_t peak = 0, node_peak = 0, stored_bytes = 0;
+  int64_t steps_run = 0, steps_done = 0;  // exact: step evaluations, and the steps they covered
   std::string stopped;  // why the run ended before its last step ("" when it did not)
   if (!resume) tr.env().reset_score();  // a resumed env's score counts continue from its checkpoint
   // The open log interval's sums travel in the checkpoint, so a resumed run's
@@ -408,6 +409,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
     return_sum += r.return_sum;
     episodes += r.episodes;
     peak = full ? tr.tape().stats().peak_bytes : tr.tape().stats().last_segment_peak;
+    if (r.segment_peak) peak = r.segment_peak;  // exact: the window's largest segment
+    steps_run += r.steps_run, steps_done += r.steps_run ? r.steps : 0, stored_bytes = std::max(stored_bytes, r.stored_bytes);
     node_peak = std::max(node_peak, tr.tape().stats().node_peak_bytes);
     const auto now = std::chrono::steady_clock::now();
     if (loss_n) last_loss = loss_sum / double(loss_n);
@@ -441,7 +444,11 @@ int train(TrainArgs& a, CLI::App& cmd) {
     j["final_episode_return"] = rows.back().episode_return;
   if (eval) j["eval_" + measure] = *eval, j["eval_steps"] = a.eval_steps;
   j["segment_peak_bytes"] = peak;
-  j["node_peak_bytes"] = node_peak;  // tape nodes of the largest segment (counted in the budget too)
+  j["node_peak_bytes"] = node_peak;
+  if (steps_done) {  // exact:K/T: the cost of replaying, next to the segment peak
+    j["recompute_factor"] = double(steps_run) / double(steps_done);
+    j["stored_state_bytes"] = stored_bytes;
+  }  // tape nodes of the largest segment (counted in the budget too)
   j["persistent_bytes"] = st.persistent_bytes;
   j["parameters"] = tr.policy().parameter_count();
   j["rss_bytes"] = resident_bytes();
@@ -594,7 +601,9 @@ int run_cli(int argc, char** argv) {
       ->check(CLI::IsMember(env_names()));
   tr->add_option("--history", ta.history,
                  "How history reaches the gradient: tbptt:K (segments of K steps), detach (K=1), full (one growing segment; "
-                 "teaching), window:N (last N embeddings, no recurrence), nograd-history (1-step gradient, K-step updates)")
+                 "teaching), window:N (last N embeddings, no recurrence), nograd-history (1-step gradient, K-step updates), "
+                 "exact:K/T (the gradient of T-step windows in the memory of K-step segments, by replay; T defaults to 8K; "
+                 "supervised envs)")
       ->capture_default_str();
   tr->add_option("--steps", ta.c.steps, "Environment steps to train (each over the whole batch)")->capture_default_str();
   tr->add_option("--batch", ta.c.batch, "Parallel episode streams B")->capture_default_str();

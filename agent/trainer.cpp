@@ -38,8 +38,14 @@ History History::parse(const std::string& s) {
   else if (s == "full") h.kind = Kind::Full;
   else if (s.rfind("window:", 0) == 0) h.kind = Kind::Window, h.window = number(s.substr(7), "N");
   else if (s == "nograd-history") h.kind = Kind::NoGradHistory;
-  else
-    throw Error("unknown --history '" + s + "' (choose tbptt:K, detach, full, window:N or nograd-history)");
+  else if (s.rfind("exact:", 0) == 0) {
+    const std::string spec = s.substr(6);
+    const size_t slash = spec.find('/');
+    h.kind = Kind::Exact;
+    h.k = number(spec.substr(0, slash), "K");
+    h.horizon = slash == std::string::npos ? 8 * h.k : number(spec.substr(slash + 1), "T");
+  } else
+    throw Error("unknown --history '" + s + "' (choose tbptt:K, detach, full, window:N, nograd-history, exact:K or exact:K/T)");
   return h;
 }
 
@@ -50,6 +56,7 @@ std::string History::str() const {
     case Kind::Full: return "full";
     case Kind::Window: return "window:" + std::to_string(window);
     case Kind::NoGradHistory: return "nograd-history";
+    case Kind::Exact: return "exact:" + std::to_string(k) + "/" + std::to_string(horizon);
   }
   return "?";
 }
@@ -135,6 +142,8 @@ void TrainConfig::validate() const {
   need(env_options.cities >= 1 && env_options.cities <= 10000, "--cities must be in [1, 10000]");
   need(gamma >= 0 && gamma <= 1, "--gamma must be in [0, 1]");
   need(history.kind != History::Kind::Window || history.window <= 64, "--history window:N needs N <= 64");
+  need(history.kind != History::Kind::Exact || history.horizon >= history.k,
+       "--history exact:K/T needs T >= K (a window holds at least one segment)");
 }
 
 void check_device_flag(const std::string& device) {
@@ -275,6 +284,12 @@ Trainer::Trainer(const TrainConfig& c)
   host_rows_.assign(B * size_t(spec.num_actions), 0.0f);
   host_values_.assign(B, 0.0f);
   episode_return_.assign(B, 0.0f);
+  if (c.history.kind == History::Kind::Exact) {
+    if (!spec.supervised)
+      throw Error("--history exact:K is built for the supervised envs (recall, dialogue) so far; " + c.env +
+                  " trains actor-critic, whose returns need the window's future rewards: use tbptt:K there");
+    exact_ = std::make_unique<replay::Driver>(*tape_, h_home_, replay::Options{.horizon = c.history.horizon, .k = c.history.k});
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -325,6 +340,7 @@ void Trainer::update() {
 }
 
 SegmentResult Trainer::run_segment() {
+  if (config_.history.kind == History::Kind::Exact) return exact_window(std::min(config_.history.horizon, config_.steps - step_));
   const int64_t n = std::min(config_.history.k, config_.steps - step_);
   if (n <= 0) return {};
   if (config_.history.kind == History::Kind::Full) {
@@ -374,6 +390,59 @@ SegmentResult Trainer::supervised_segment(Segment& seg, int64_t n) {
     seg.backward(loss, backward_options(config_));
     update();
   }
+  return r;
+}
+
+// Exact BPTT over a window of n steps (segtape/replay.h): the gradient of the
+// whole window, in the memory of one K-step segment and the window's
+// boundary states. The env moves on the first pass only: observations,
+// targets and the actions that step the env are inputs the replays get back.
+SegmentResult Trainer::exact_window(int64_t n) {
+  SegmentResult r;
+  if (n <= 0) return r;
+  replay::Driver* drv = exact_.get();
+  if (n < config_.history.horizon) {  // the run's last, shorter window
+    if (!exact_tail_ || exact_tail_->options().horizon != n)
+      exact_tail_ = std::make_unique<replay::Driver>(*tape_, h_home_, replay::Options{.horizon = n, .k = config_.history.k});
+    drv = exact_tail_.get();
+  }
+  const EnvSpec& spec = env_->spec();
+  const int64_t B = config_.batch, A = spec.num_actions;
+  const replay::StepFn step = [&](Tape& t, int64_t, const Tensor& h, replay::Inputs& in) {
+    Tensor x;
+    if (spec.vocab > 0) {
+      auto tok = in.take<int64_t>(size_t(B), [&](std::span<int64_t> v) { env_->observe(v, vectors_); });
+      x = t.from(tok, {B});
+    } else {
+      auto vec = in.take<float>(vectors_.size(), [&](std::span<float> v) { env_->observe(tokens_, v); });
+      x = t.from(vec, {B, spec.obs_dim});
+    }
+    Tensor h1 = policy_->recur(policy_->encode(x), h);
+    Tensor logits = policy_->logits(h1);
+    auto y = in.take<int64_t>(size_t(B), [&](std::span<int64_t> v) { env_->targets(v); });
+    Tensor loss;
+    if (std::any_of(y.begin(), y.end(), [](int64_t v) { return v != kNoTarget; })) {
+      loss = cross_entropy(logits, t.from(y, {B}), Reduction::Mean, kNoTarget);
+      if (!in.replaying()) ++r.loss_steps;
+    }
+    // Greedy actions step the env the first time only.
+    (void)in.take<int64_t>(size_t(B), [&](std::span<int64_t> a) {
+      logits.to_host(std::span<float>(host_rows_));
+      for (int64_t b = 0; b < B; ++b) a[size_t(b)] = argmax_row(host_rows_.data() + b * A, A);
+      env_->step(a, rewards_, done_);
+    });
+    return replay::StepResult{h1, loss};
+  };
+  const replay::Report rep = drv->run(step, h_);
+  update();
+  copy_into(h_home_, drv->final_state());
+  h_ = h_home_;
+  step_ += n;
+  r.steps = n;
+  r.loss_sum = rep.loss;
+  r.steps_run = rep.steps_run;
+  r.segment_peak = rep.segment_peak;
+  r.stored_bytes = rep.state_bytes;
   return r;
 }
 

@@ -170,12 +170,6 @@ void Driver::note_segment(Report& r, int64_t u, bool replay) const {
   r.node_peak = std::max(r.node_peak, s.node_peak_bytes);
 }
 
-namespace {
-void copy_state(const Tensor& into, const Tensor& h) {
-  if (into.ptr != h.ptr) copy_into(into, h);
-}
-}  // namespace
-
 void Driver::advance(const StepFn& step, int64_t u, const Tensor& from, const Tensor& into, Report& r) {
   const Unit un = unit(u);
   {
@@ -190,7 +184,7 @@ void Driver::advance(const StepFn& step, int64_t u, const Tensor& from, const Te
       ++r.steps_run;
     }
     check_state(u + 1, h);
-    copy_state(into, h);
+    copy_into(into, h);
   }
   note_segment(r, u, false);
 }
@@ -212,7 +206,7 @@ void Driver::reverse_unit(const StepFn& step, int64_t u, const Tensor& from, Rep
       if (s.loss.defined()) loss = loss.defined() ? add(loss, s.loss) : s.loss;
     }
     check_state(u + 1, h);
-    if (u + 1 == units_) copy_state(final_, h);
+    if (u + 1 == units_) copy_into(final_, h);
     if (loss.defined()) r.loss += loss.item();
     // The state leaving this segment carries dL/dh from the segment after it
     // (none after the last), where h has history to carry it back through;
@@ -244,7 +238,7 @@ Report Driver::run(const StepFn& step, const Tensor& state) {
   r.stored_states = o_.snapshots + 1;
   r.state_bytes = (slots_.size() + 3) * align_up(state.nbytes());  // slots, final, dh, work (binomial) or none
   if (!work_.defined()) r.state_bytes -= align_up(state.nbytes());
-  copy_state(slots_[0], state);
+  copy_into(slots_[0], state);
   std::fill(known_.begin(), known_.end(), 0);
   std::fill(ran_.begin(), ran_.end(), 0);
   have_dh_ = false;

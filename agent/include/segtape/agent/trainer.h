@@ -12,15 +12,17 @@
 #include "segtape/agent/env.h"
 #include "segtape/agent/policy.h"
 #include "segtape/nn/optim.h"
+#include "segtape/replay.h"
 
 namespace segtape::agent {
 
 struct History {
-  enum class Kind { Tbptt, Detach, Full, Window, NoGradHistory };
+  enum class Kind { Tbptt, Detach, Full, Window, NoGradHistory, Exact };
   Kind kind = Kind::Tbptt;
   int64_t k = 32;       // steps per segment (per update for full)
   int64_t window = 0;   // window:N
-  // "tbptt:K", "detach", "full", "window:N", "nograd-history"
+  int64_t horizon = 0;  // exact:K/T: steps per window (the gradient's reach); default 8 K
+  // "tbptt:K", "detach", "full", "window:N", "nograd-history", "exact:K" or "exact:K/T"
   static History parse(const std::string& s);
   std::string str() const;
 };
@@ -55,6 +57,9 @@ struct SegmentResult {
   int64_t steps = 0;        // env steps this segment ran
   double loss_sum = 0;      // sum of per-step losses
   int64_t loss_steps = 0;   // steps that had a loss
+  int64_t steps_run = 0;    // exact: step evaluations (forward pass and replays)
+  size_t segment_peak = 0;  // exact: the largest arena high-water of the window's segments
+  size_t stored_bytes = 0;  // exact: the boundary states it keeps
   double return_sum = 0;    // RL: sum of the (undiscounted) returns of episodes that ended
   int64_t episodes = 0;     // RL: episodes that ended in this segment
 };
@@ -105,6 +110,7 @@ class Trainer {
   void update();
   SegmentResult supervised_segment(Segment& seg, int64_t n);
   SegmentResult actor_critic_segment(Segment& seg, int64_t n);
+  SegmentResult exact_window(int64_t n);
 
   TrainConfig config_;
   std::unique_ptr<Tape> tape_;
@@ -118,6 +124,7 @@ class Trainer {
   std::vector<Tensor> window_;       // window mode: last N embeddings (persistent), ring
   int64_t window_pos_ = 0;
   std::optional<Segment> full_;      // history `full`: the one segment of the whole run
+  std::unique_ptr<replay::Driver> exact_, exact_tail_;  // history `exact`: windows of T steps, and a shorter last one
   // per-step host buffers, sized once
   std::vector<int64_t> tokens_, targets_, actions_;
   std::vector<float> vectors_, rewards_, weights_;
