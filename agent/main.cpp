@@ -277,10 +277,9 @@ int train(TrainArgs& a, CLI::App& cmd) {
   TrainConfig c = a.c;
   c.budget_name = "--budget";
   const bool resume = !a.resume.empty();
-  for (const char* opt : {"--log-every", "--checkpoint-every", "--eval-steps"}) {
-    const int64_t v = std::string(opt) == "--log-every" ? a.log_every : std::string(opt) == "--checkpoint-every" ? a.checkpoint_every : a.eval_steps;
+  for (const auto& [opt, v] : {std::pair{"--log-every", a.log_every}, std::pair{"--checkpoint-every", a.checkpoint_every},
+                                std::pair{"--eval-steps", a.eval_steps}})
     if (cmd.count(opt) && v < 1) throw Error(std::string(opt) + " " + std::to_string(v) + ": must be >= 1");
-  }
   if (resume) {
     out = a.resume;
     const fs::path ck = out / "checkpoint.safetensors";

@@ -236,8 +236,8 @@ Report Driver::run(const StepFn& step, const Tensor& state) {
   Report r;
   r.segments = units_;
   r.stored_states = o_.snapshots + 1;
-  r.state_bytes = (slots_.size() + 3) * align_up(state.nbytes());  // slots, final, dh, work (binomial) or none
-  if (!work_.defined()) r.state_bytes -= align_up(state.nbytes());
+  const size_t states = slots_.size() + 2 + (work_.defined() ? 1 : 0);  // the slots, final_, dh_ and (binomial) work_
+  r.state_bytes = states * align_up(state.nbytes());
   copy_into(slots_[0], state);
   std::fill(known_.begin(), known_.end(), 0);
   std::fill(ran_.begin(), ran_.end(), 0);
