@@ -601,8 +601,7 @@ int run_cli(int argc, char** argv) {
   tr->add_option("--history", ta.history,
                  "How history reaches the gradient: tbptt:K (segments of K steps), detach (K=1), full (one growing segment; "
                  "teaching), window:N (last N embeddings, no recurrence), nograd-history (1-step gradient, K-step updates), "
-                 "exact:K/T (the gradient of T-step windows in the memory of K-step segments, by replay; T defaults to 8K; "
-                 "supervised envs)")
+                 "exact:K/T (the gradient of T-step windows in the memory of K-step segments, by replay; T defaults to 8K)")
       ->capture_default_str();
   tr->add_option("--steps", ta.c.steps, "Environment steps to train (each over the whole batch)")->capture_default_str();
   tr->add_option("--batch", ta.c.batch, "Parallel episode streams B")->capture_default_str();

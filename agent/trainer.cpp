@@ -280,16 +280,29 @@ Trainer::Trainer(const TrainConfig& c)
   seg_done_.assign(K * B, 0);
   seg_actions_.assign(K * B, 0);
   returns_.assign(B, 0.0f);
+  seg_returns_.assign(K * B, 0.0f);
   window_keep_.assign(B * size_t(c.embed), 0.0f);
   host_rows_.assign(B * size_t(spec.num_actions), 0.0f);
   host_values_.assign(B, 0.0f);
   episode_return_.assign(B, 0.0f);
   if (c.history.kind == History::Kind::Exact) {
-    if (!spec.supervised)
-      throw Error("--history exact:K is built for the supervised envs (recall, dialogue) so far; " + c.env +
-                  " trains actor-critic, whose returns need the window's future rewards: use tbptt:K there");
-    exact_ = std::make_unique<replay::Driver>(*tape_, h_home_, replay::Options{.horizon = c.history.horizon, .k = c.history.k});
+    if (!spec.supervised) {  // the window's rewards, dones, actions and values, step by step
+      const size_t T = size_t(c.history.horizon);
+      seg_rewards_.assign(T * B, 0.0f);
+      seg_done_.assign(T * B, 0);
+      seg_actions_.assign(T * B, 0);
+      seg_returns_.assign(T * B, 0.0f);
+    }
+    exact_ = make_driver(c.history.horizon);
   }
+}
+
+std::unique_ptr<replay::Driver> Trainer::make_driver(int64_t horizon) {
+  replay::Options o{.horizon = horizon, .k = config_.history.k};
+  // Actor-critic: a step's loss needs the window's later rewards and the
+  // value of the state it ends in, known once the forward pass is done.
+  if (!env_->spec().supervised) o.on_forward = [this](const Tensor& final_state) { window_returns(final_state); };
+  return std::make_unique<replay::Driver>(*tape_, h_home_, o);
 }
 
 Trainer::~Trainer() = default;
@@ -402,22 +415,23 @@ SegmentResult Trainer::exact_window(int64_t n) {
   if (n <= 0) return r;
   replay::Driver* drv = exact_.get();
   if (n < config_.history.horizon) {  // the run's last, shorter window
-    if (!exact_tail_ || exact_tail_->options().horizon != n)
-      exact_tail_ = std::make_unique<replay::Driver>(*tape_, h_home_, replay::Options{.horizon = n, .k = config_.history.k});
+    if (!exact_tail_ || exact_tail_->options().horizon != n) exact_tail_ = make_driver(n);
     drv = exact_tail_.get();
   }
   const EnvSpec& spec = env_->spec();
   const int64_t B = config_.batch, A = spec.num_actions;
-  const replay::StepFn step = [&](Tape& t, int64_t, const Tensor& h, replay::Inputs& in) {
-    Tensor x;
+  // This step's observation: taken from the env the first time, from the record on replays.
+  const auto observed = [&](Tape& t, replay::Inputs& in) {
     if (spec.vocab > 0) {
       auto tok = in.take<int64_t>(size_t(B), [&](std::span<int64_t> v) { env_->observe(v, vectors_); });
-      x = t.from(tok, {B});
-    } else {
-      auto vec = in.take<float>(vectors_.size(), [&](std::span<float> v) { env_->observe(tokens_, v); });
-      x = t.from(vec, {B, spec.obs_dim});
+      return t.from(tok, {B});
     }
-    Tensor h1 = policy_->recur(policy_->encode(x), h);
+    auto vec = in.take<float>(vectors_.size(), [&](std::span<float> v) { env_->observe(tokens_, v); });
+    return t.from(vec, {B, spec.obs_dim});
+  };
+  replay::StepFn step;
+  if (spec.supervised) step = [&](Tape& t, int64_t, const Tensor& h, replay::Inputs& in) {
+    Tensor h1 = policy_->recur(policy_->encode(observed(t, in)), h);
     Tensor logits = policy_->logits(h1);
     auto y = in.take<int64_t>(size_t(B), [&](std::span<int64_t> v) { env_->targets(v); });
     Tensor loss;
@@ -433,6 +447,26 @@ SegmentResult Trainer::exact_window(int64_t n) {
     });
     return replay::StepResult{h1, loss};
   };
+  else step = [&](Tape&, int64_t i, const Tensor& h, replay::Inputs& in) {
+    Tensor f = policy_->recur(policy_->encode(observed(*tape_, in)), h);
+    Tensor lp = log_softmax(policy_->logits(f));  // [B, A]
+    Tensor v = policy_->value(f);                 // [B, 1]
+    // Sampled actions step the env the first time only; the step's reward
+    // and done are kept for the window's returns (window_returns).
+    (void)in.take<int64_t>(size_t(B), [&](std::span<int64_t> a) {
+      sample_actions(lp, a);
+      env_->step(a, rewards_, done_);
+      note_rewards(r);
+      const size_t at = size_t(i * B);
+      std::copy(a.begin(), a.end(), seg_actions_.begin() + at);
+      std::copy(rewards_.begin(), rewards_.end(), seg_rewards_.begin() + at);
+      std::copy(done_.begin(), done_.end(), seg_done_.begin() + at);
+    });
+    // The forward pass has no returns yet (and records no gradient): the loss is the replays'.
+    if (!in.replaying()) return replay::StepResult{f, Tensor{}};
+    return replay::StepResult{f, actor_critic_loss(i, lp, v, seg_returns_.data() + i * B)};
+  };
+  exact_window_steps_ = n;
   const replay::Report rep = drv->run(step, h_);
   update();
   copy_into(h_home_, drv->final_state());
@@ -440,15 +474,103 @@ SegmentResult Trainer::exact_window(int64_t n) {
   step_ += n;
   r.steps = n;
   r.loss_sum = rep.loss;
+  if (!spec.supervised) r.loss_steps = n;
   r.steps_run = rep.steps_run;
   r.segment_peak = rep.segment_peak;
   r.stored_bytes = rep.state_bytes;
   return r;
 }
 
+// a ~ softmax(lp) per stream, from act_rng_ (one uniform per stream).
+void Trainer::sample_actions(const Tensor& lp, std::span<int64_t> a) {
+  const int64_t B = config_.batch, A = env_->spec().num_actions;
+  lp.to_host(std::span<float>(host_rows_));
+  const float* p = host_rows_.data();
+  for (int64_t b = 0; b < B; ++b) {
+    double u = act_rng_.uniform(), acc = 0;
+    int64_t pick = A - 1;
+    for (int64_t k = 0; k < A; ++k) {
+      acc += std::exp(double(p[b * A + k]));
+      if (u < acc) {
+        pick = k;
+        break;
+      }
+    }
+    a[size_t(b)] = pick;
+  }
+}
+
+// Episode returns of the step just taken (rewards_, done_).
+void Trainer::note_rewards(SegmentResult& r) {
+  for (size_t b = 0; b < episode_return_.size(); ++b) {
+    float& g = episode_return_[b];
+    g += rewards_[b];
+    if (done_[b]) r.return_sum += double(g), ++r.episodes, g = 0.0f;
+  }
+}
+
+// Runs the n-step returns back from the bootstrap `ret` (in: the value after
+// the last step; out: step 0's return) over n steps of seg_rewards_ /
+// seg_done_, writing each step's return to returns[i * B + b].
+void Trainer::returns_over(int64_t n, std::span<float> ret, float* returns) const {
+  const size_t B = size_t(config_.batch);
+  for (int64_t i = n - 1; i >= 0; --i)
+    for (size_t b = 0; b < B; ++b) {
+      const size_t k = size_t(i) * B + b;
+      ret[b] = seg_rewards_[k] + float(config_.gamma) * ret[b] * (seg_done_[k] ? 0.0f : 1.0f);
+      returns[k] = ret[b];
+    }
+}
+
+// The value of the state after the segment or window, bootstrapped from the
+// next observation without gradient and without committing the state (the
+// next segment recomputes that step). `h` is the state after the last step.
+void Trainer::bootstrap_value(const Tensor& h, std::span<float> out) {
+  NoGradGuard ng(*tape_);
+  const Tensor keep_h = h_;
+  const int64_t keep_pos = window_pos_;
+  // feature() overwrites the oldest ring slot: keep it
+  if (!window_.empty()) window_[size_t(window_pos_)].to_host(std::span<float>(window_keep_));
+  h_ = h;
+  Tensor v = policy_->value(feature(policy_->encode(observe_tensor())));
+  v.to_host(out);
+  h_ = keep_h;
+  window_pos_ = keep_pos;
+  if (!window_.empty()) window_[size_t(window_pos_)].from_host(std::span<const float>(window_keep_));
+}
+
+// exact: the window's returns, once its forward pass is done (replay::Options::on_forward).
+void Trainer::window_returns(const Tensor& final_state) {
+  {
+    Segment seg = tape_->segment();
+    bootstrap_value(final_state, std::span<float>(returns_));
+  }
+  returns_over(exact_window_steps_, std::span<float>(returns_), seg_returns_.data());
+}
+
+// A2C's loss of step i: policy gradient -adv * log pi(a), value regression
+// to the return, entropy bonus; adv = return - value (a constant), each
+// averaged over the B streams. lp [B, A] log-probabilities, v [B, 1] values,
+// returns[b] the step's return per stream, actions from seg_actions_.
+Tensor Trainer::actor_critic_loss(int64_t i, const Tensor& lp, const Tensor& v, const float* returns) {
+  const int64_t B = config_.batch, A = env_->spec().num_actions;
+  v.to_host(std::span<float>(host_values_));
+  std::fill(weights_.begin(), weights_.end(), 0.0f);
+  const float inv_b = 1.0f / float(B);
+  for (int64_t b = 0; b < B; ++b) {
+    const float adv = returns[b] - host_values_[size_t(b)];
+    weights_[size_t(b * A + seg_actions_[size_t(i * B + b)])] = -adv * inv_b;  // policy gradient: -adv * log pi(a)
+  }
+  Tensor pg = sum(mul(lp, tape_->from(std::span<const float>(weights_), {B, A})));
+  Tensor vl = scale(mse_loss(v, tape_->from(std::span<const float>(returns, size_t(B)), {B, 1}), Reduction::Sum),
+                    0.5 * config_.value_coef / double(B));
+  Tensor neg_entropy = scale(sum(mul(exp(lp), lp)), config_.entropy / double(B));
+  return add(add(pg, vl), neg_entropy);
+}
+
 SegmentResult Trainer::actor_critic_segment(Segment& seg, int64_t n) {
   SegmentResult r;
-  const int64_t B = config_.batch, A = env_->spec().num_actions;
+  const int64_t B = config_.batch;
   logp_.clear();
   values_.clear();
   for (int64_t i = 0; i < n; ++i, ++step_, tape_->next_step()) {
@@ -456,64 +578,18 @@ SegmentResult Trainer::actor_critic_segment(Segment& seg, int64_t n) {
     Tensor lp = log_softmax(policy_->logits(f));  // [B, A]
     logp_.push_back(lp);
     values_.push_back(policy_->value(f));        // [B, 1]
-    lp.to_host(std::span<float>(host_rows_));
-    const float* p = host_rows_.data();
-    for (int64_t b = 0; b < B; ++b) {  // sample a ~ softmax
-      double u = act_rng_.uniform(), acc = 0;
-      int64_t a = A - 1;
-      for (int64_t k = 0; k < A; ++k) {
-        acc += std::exp(double(p[b * A + k]));
-        if (u < acc) {
-          a = k;
-          break;
-        }
-      }
-      actions_[size_t(b)] = a;
-    }
+    sample_actions(lp, actions_);
     env_->step(actions_, rewards_, done_);
-    for (int64_t b = 0; b < B; ++b) {
-      float& g = episode_return_[size_t(b)];
-      g += rewards_[size_t(b)];
-      if (done_[size_t(b)]) r.return_sum += double(g), ++r.episodes, g = 0.0f;
-    }
+    note_rewards(r);
     std::copy(actions_.begin(), actions_.end(), seg_actions_.begin() + i * B);
     std::copy(rewards_.begin(), rewards_.end(), seg_rewards_.begin() + i * B);
     std::copy(done_.begin(), done_.end(), seg_done_.begin() + i * B);
   }
-  // Bootstrap from the value of the next state, computed without gradient and
-  // without committing the state (the next segment recomputes that step).
-  std::vector<float>& ret = returns_;  // the running n-step return [B]
-  {
-    NoGradGuard ng(*tape_);
-    const Tensor keep_h = h_;
-    const int64_t keep_pos = window_pos_;
-    // feature() overwrites the oldest ring slot: keep it
-    if (!window_.empty()) window_[size_t(window_pos_)].to_host(std::span<float>(window_keep_));
-    Tensor v = policy_->value(feature(policy_->encode(observe_tensor())));
-    v.to_host(std::span<float>(ret));
-    h_ = keep_h;
-    window_pos_ = keep_pos;
-    if (!window_.empty()) window_[size_t(window_pos_)].from_host(std::span<const float>(window_keep_));
-  }
+  bootstrap_value(h_, std::span<float>(returns_));
+  returns_over(n, std::span<float>(returns_), seg_returns_.data());
   Tensor loss;
-  const float inv_b = 1.0f / float(B);
   for (int64_t i = n - 1; i >= 0; --i) {
-    values_[size_t(i)].to_host(std::span<float>(host_values_));
-    const float* v = host_values_.data();
-    std::fill(weights_.begin(), weights_.end(), 0.0f);
-    for (int64_t b = 0; b < B; ++b) {
-      const size_t k = size_t(i * B + b);
-      ret[size_t(b)] = seg_rewards_[k] + float(config_.gamma) * ret[size_t(b)] * (seg_done_[k] ? 0.0f : 1.0f);
-      const float adv = ret[size_t(b)] - v[b];
-      weights_[size_t(b * A + seg_actions_[k])] = -adv * inv_b;  // policy gradient: -adv * log pi(a)
-    }
-    const Tensor& lp = logp_[size_t(i)];
-    Tensor pg = sum(mul(lp, tape_->from(std::span<const float>(weights_), {B, A})));
-    Tensor vl = scale(mse_loss(values_[size_t(i)], tape_->from(std::span<const float>(ret.data(), size_t(B)), {B, 1}),
-                               Reduction::Sum),
-                      0.5 * config_.value_coef / double(B));
-    Tensor neg_entropy = scale(sum(mul(exp(lp), lp)), config_.entropy / double(B));
-    Tensor l = add(add(pg, vl), neg_entropy);
+    Tensor l = actor_critic_loss(i, logp_[size_t(i)], values_[size_t(i)], seg_returns_.data() + i * B);
     r.loss_sum += l.item();
     ++r.loss_steps;
     loss = loss.defined() ? add(loss, l) : l;

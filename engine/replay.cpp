@@ -250,7 +250,10 @@ Report Driver::run(const StepFn& step, const Tensor& state) {
       [&](int64_t u, int64_t from) {
         // The last segment is first run without a gradient too: every replay,
         // the first included, is then checked before its backward changes anything.
-        if (u == units_ - 1) advance(step, u, held(from), final_, r);
+        if (u == units_ - 1) {
+          advance(step, u, held(from), final_, r);
+          if (o_.on_forward) o_.on_forward(final_);
+        }
         reverse_unit(step, u, held(from), r);
       });
   r.recompute_factor = double(r.steps_run) / double(o_.horizon);

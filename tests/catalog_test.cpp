@@ -633,8 +633,6 @@ TEST(Catalog, ProgramArgumentsAndPaths) {
       {"--history window:100", "train --history window:100" + fresh, segtape, "window:N"},
       {"--history sometimes", "train --history sometimes" + fresh, segtape, "unknown --history 'sometimes'"},
       {"--history exact with T < K", "train --history exact:8/4" + fresh, segtape, "exact:K/T needs T >= K"},
-      {"--history exact on an actor-critic env", "train --env tmaze --history exact:8" + fresh, segtape,
-       "built for the supervised envs"},
       {"--budget lots", "train --budget lots" + fresh, segtape, "--budget 'lots'"},
       {"--budget 0", "train --budget 0" + fresh, segtape, "--budget '0': must be a positive size"},
       {"--budget on --resume", "train --resume " + good + " --budget 1MiB", segtape, "--budget cannot change on --resume"},

@@ -262,6 +262,81 @@ INSTANTIATE_TEST_SUITE_P(
              (i.param.schedule == rp::Schedule::Binomial ? "_s" + std::to_string(i.param.snapshots) : "");
     });
 
+// Options::on_forward: losses that need the whole window (actor-critic
+// returns need later rewards and the value of the state the window ends in).
+// Here step t's loss is weighted by w_t = (t + 1) * mean(state after T), known
+// only after the forward pass: the hook runs once, after all T steps and
+// before any backward, and the gradients equal full BPTT with those weights.
+TEST(ExactDriver, ALossThatNeedsTheWholeWindowComesFromTheForwardHook) {
+  constexpr int64_t T = 13;
+  for (const rp::Options& shape : {rp::Options{.horizon = T, .k = 4},
+                                   rp::Options{.horizon = T, .k = 2, .schedule = rp::Schedule::Binomial, .snapshots = 2}}) {
+    SCOPED_TRACE(shape.schedule == rp::Schedule::Uniform ? "uniform" : "binomial");
+    Model m(DType::F64);
+    // The reference: a forward pass for the final state, then one segment.
+    double mean_final = 0;
+    {
+      Model::Source src;
+      Segment seg = m.tape.segment();
+      NoGradGuard ng(m.tape);
+      Tensor h = m.h0;
+      std::vector<double> x(size_t(Model::B * Model::I));
+      std::vector<int64_t> y(size_t(Model::B));
+      for (int64_t t = 0; t < T; ++t) src.fill(x), Model::targets(t, y), h = m.step(t, h, x, y).state;
+      for (double v : h.to_host<double>()) mean_final += v / double(h.numel());
+    }
+    {
+      Model::Source src;
+      Segment seg = m.tape.segment();
+      Tensor h = m.h0, loss;
+      std::vector<double> x(size_t(Model::B * Model::I));
+      std::vector<int64_t> y(size_t(Model::B));
+      for (int64_t t = 0; t < T; ++t, m.tape.next_step()) {
+        src.fill(x), Model::targets(t, y);
+        rp::StepResult s = m.step(t, h, x, y);
+        h = s.state;
+        if (!s.loss.defined()) continue;
+        const Tensor l = scale(s.loss, double(t + 1) * mean_final);
+        loss = loss.defined() ? add(loss, l) : l;
+      }
+      seg.backward(loss);
+    }
+    const std::vector<double> want = m.grads();
+    m.zero_grad();
+
+    Model::Source src;
+    double weight = 0;  // mean(state after T), set by the hook
+    int hooks = 0, replays_before_hook = 0, replays = 0, steps_seen = 0, steps_at_hook = 0;
+    rp::Options o = shape;
+    o.on_segment = [&](int64_t, bool replay, const TapeStats&) { replays += replay; };
+    o.on_forward = [&](const Tensor& final_state) {
+      ++hooks;
+      replays_before_hook = replays;
+      steps_at_hook = steps_seen;
+      EXPECT_FALSE(m.tape.segment_open());
+      weight = 0;
+      for (double v : final_state.to_host<double>()) weight += v / double(final_state.numel());
+    };
+    rp::Driver drv(m.tape, m.h0, o);
+    const rp::StepFn inner = m.step_fn(src);
+    std::vector<uint8_t> seen(size_t(T), 0);
+    const rp::Report r = drv.run(
+        [&](Tape& tp, int64_t t, const Tensor& h, rp::Inputs& in) {
+          if (!seen[size_t(t)]) seen[size_t(t)] = 1, ++steps_seen;
+          rp::StepResult s = inner(tp, t, h, in);
+          if (!in.replaying()) s.loss = {};  // the forward pass does not know the weights yet
+          else if (s.loss.defined()) s.loss = scale(s.loss, double(t + 1) * weight);
+          return s;
+        },
+        m.h0);
+    EXPECT_EQ(hooks, 1);
+    EXPECT_EQ(steps_at_hook, T) << "the hook runs after every step has run once";
+    EXPECT_EQ(replays_before_hook, 0) << "and before any backward";
+    EXPECT_GT(r.steps_run, T);
+    EXPECT_LE(rel_err(m.grads(), want), 1e-10);
+  }
+}
+
 TEST(ExactSchedule, BinomialTradesStoredStatesForRecompute) {
   // Fewer stored states, more recompute; with enough it is the uniform schedule.
   Model m(DType::F32);

@@ -45,6 +45,13 @@ struct Options {
   // it ran, whether it recorded the gradient (a replay) or not (a forward
   // advance), and the tape's stats then (last_segment_peak: its high-water).
   std::function<void(int64_t unit, bool replay, const TapeStats&)> on_segment{};
+  // Called once per window, when the forward pass has computed the state
+  // after step T and before any segment's backward, with that state. No
+  // segment is open: the hook may open its own. For losses that need the
+  // whole window first: actor-critic returns depend on the window's later
+  // rewards and on the value of the state it ends in. Steps then compute
+  // their loss only while Inputs::replaying() (the forward pass ignores it).
+  std::function<void(const Tensor& final_state)> on_forward{};
 };
 
 // What the steps consumed from outside the tape — observations, actions,

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -111,6 +112,14 @@ class Trainer {
   SegmentResult supervised_segment(Segment& seg, int64_t n);
   SegmentResult actor_critic_segment(Segment& seg, int64_t n);
   SegmentResult exact_window(int64_t n);
+  std::unique_ptr<replay::Driver> make_driver(int64_t horizon);
+  // actor-critic
+  void sample_actions(const Tensor& lp, std::span<int64_t> a);
+  void note_rewards(SegmentResult& r);
+  void returns_over(int64_t n, std::span<float> ret, float* returns) const;
+  void bootstrap_value(const Tensor& h, std::span<float> out);
+  void window_returns(const Tensor& final_state);
+  Tensor actor_critic_loss(int64_t i, const Tensor& lp, const Tensor& v, const float* returns);
 
   TrainConfig config_;
   std::unique_ptr<Tape> tape_;
@@ -134,6 +143,8 @@ class Trainer {
   std::vector<uint8_t> seg_done_;
   std::vector<int64_t> seg_actions_;
   std::vector<float> returns_, window_keep_;
+  std::vector<float> seg_returns_;              // actor-critic: each step's return [steps of the segment or window, B]
+  int64_t exact_window_steps_ = 0;              // exact: steps of the window being run
   std::vector<float> host_rows_, host_values_;  // device -> host copies of [B, A] rows and [B] values
   std::vector<float> episode_return_;           // RL: each stream's return so far in its episode
 };
