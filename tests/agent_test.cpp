@@ -327,6 +327,32 @@ TEST(Learning, RecallBeatsChanceClearly) {
   EXPECT_GT(acc, 0.6) << "chance is 0.25";  // lag 2, vocab 4
 }
 
+// Exact BPTT learns what truncation cannot, in the same segment memory: at
+// lag 8, exact:4/32 (the gradient of 32-step windows, replayed in 4-step
+// segments) reaches >= 99 % where tbptt:4 (the same segments, truncated)
+// stays at chance. Scaled down from the lag 32/64 with K = 32 so
+// that CI can afford it (about 2 s per run in Release); docs/agent.md's lag
+// table has the default configuration at lags up to 128.
+TEST(Learning, ExactLearnsALagTruncationCannotAtTheSameSegmentPeak) {
+  auto config = [](const char* history) {
+    TrainConfig c = small("recall", history, 40000);
+    c.batch = 16;
+    c.hidden = 32;
+    c.embed = 32;
+    c.lr = 1e-2;
+    c.env_options.lag = 8;
+    return c;
+  };
+  Trainer exact(config("exact:4/32")), truncated(config("tbptt:4"));
+  size_t exact_peak = 0, truncated_peak = 0;
+  while (!exact.done()) exact_peak = std::max(exact_peak, exact.run_segment().segment_peak);
+  while (!truncated.done()) truncated.run_segment(), truncated_peak = std::max(truncated_peak, truncated.tape().stats().last_segment_peak);
+  const double exact_acc = exact.evaluate(400, 99), truncated_acc = truncated.evaluate(400, 99);
+  EXPECT_GE(exact_acc, 0.99);
+  EXPECT_LT(truncated_acc, 0.35) << "chance is 0.25 (vocab 4)";
+  EXPECT_EQ(exact_peak, truncated_peak) << "a replayed 4-step segment holds what a tbptt:4 segment holds";
+}
+
 // ---- the command line
 
 struct CmdResult {
