@@ -8,8 +8,9 @@
 namespace segtape::agent {
 namespace {
 
-const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
-                         "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#aec7e8"};
+// One colour per case of the retention lab (13), before they repeat.
+const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+                         "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#aec7e8", "#00a65a"};
 
 std::string esc(const std::string& s) {
   std::string o;

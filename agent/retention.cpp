@@ -1,7 +1,8 @@
 // The retention lab on segtape: the pitfalls (deliberately wrong loops, run
 // under the teaching policy so the arena grows, then rerun under the strict
 // policy to show the error) and the fixes (strict policy), measured after every
-// step; plus the summaries and the csv / json / svg / table outputs.
+// step; exact-replay's gradients checked against pitfall 1's; plus the
+// summaries and the csv / json / svg / table outputs.
 #include "segtape/agent/retention.h"
 
 #include <algorithm>
@@ -52,6 +53,10 @@ const std::vector<CaseInfo>& cases() {
       {Case::Window, "window", false, false, "the last N embeddings as detached values, no recurrence", "fixes 4 (bounded prompt)"},
       {Case::GruState, "gru-state", false, false, "the agent Trainer's loop (tbptt, Adam, clipping): history compressed in the fixed-size GRU state",
        "fixes 3 and 4 (what the agent program does)"},
+      {Case::ExactReplay, "exact-replay", false, false,
+       "pitfall 1's gradients (every step's loss through the whole history, one update): segments of K steps replayed in reverse from "
+       "stored boundary states (replay::Driver)",
+       "fixes 1, 5, 6, 7 without truncating the gradient: one segment's memory plus a state per K steps, each step computed twice"},
   };
   return v;
 }
@@ -66,6 +71,7 @@ std::string label(Case c, const LabConfig& cfg) {
     case Case::Tbptt: return "tbptt:" + std::to_string(cfg.k);
     case Case::Window: return "window:" + std::to_string(cfg.window);
     case Case::GruState: return "gru-state (tbptt:" + std::to_string(cfg.trainer_k) + ")";
+    case Case::ExactReplay: return "exact-replay (exact:" + std::to_string(cfg.k) + "/" + std::to_string(cfg.steps) + ")";
     default: return i.name;
   }
 }
@@ -217,6 +223,14 @@ void inspect(const RunOptions& o, const Tape& tape, const std::vector<nn::NamedT
 
 constexpr const char* kArenaSource = "segtape: segment arena bytes in use after the step (Tape::stats().live_bytes)";
 
+// Every parameter's gradient, by name (on any device).
+std::vector<NamedValues> gradients(const Model& m) {
+  std::vector<NamedValues> out;
+  for (const auto& [name, p] : m.named)
+    out.push_back({name, std::vector<int64_t>(p.shape.dims.begin(), p.shape.dims.begin() + p.rank()), p.grad_tensor().to_host<float>()});
+  return out;
+}
+
 // The pitfalls: one segment for the whole episode, as the wrong code keeps it.
 void run_pitfall(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
   TapeOptions to;
@@ -276,6 +290,7 @@ void run_pitfall(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
         // through the same history would change weights that earlier steps
         // saved (PyTorch refuses that with its in-place modification error).
         if (loss.defined()) seg.backward(loss);
+        if (c == Case::HiddenNotDetached) tr.grads = gradients(m);  // what exact-replay must equal
         m.update();
         // Why the buffer exists: the episode's predictions, read at its end
         // (which in segtape needs the segment that made them to be open).
@@ -363,6 +378,90 @@ void run_fix(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
   }
 }
 
+// exact-replay: pitfall 1's gradients in the memory of one K-step segment.
+// Pitfall 1 backpropagates every step's loss through the whole history since
+// step 0 and updates once, at the end of the episode; its gradient there is
+// the gradient of the sum of every step's loss, which is what one
+// replay::Driver window over the whole episode computes (T = steps, uniform
+// schedule). The step reads its tokens and targets as recorded inputs, as an
+// env would be read. Rows: see run_segtape in retention.h.
+void run_exact(const LabConfig& cfg, const RunOptions& o, Trace& tr) {
+  TapeOptions to;
+  to.segment_budget = cfg.budget;
+  to.budget_name = cfg.budget_name;
+  to.anomaly = o.anomaly;
+  Tape tape(lab_device(cfg), to);
+  Model m(tape, cfg, false);
+  const Episode ep = make_episode(cfg);
+  const int64_t B = cfg.batch, T = cfg.steps, K = cfg.k, S = (T + K - 1) / K;
+  const Tensor h0 = tape.persistent({B, cfg.hidden});              // zeros, as pitfall 1's h
+  const size_t state = align_up(size_t(B * cfg.hidden) * sizeof(float));  // one stored state [B, H]
+  std::vector<double> arena(size_t(T), 0), grads(size_t(T), 0), seconds(size_t(T), 0), peaks(size_t(S), 0);
+  // Every interval of the window is charged to a step: the time up to the end
+  // of a step (and the driver's work before it) to that step; a segment's
+  // backward and its boundary check to its last step.
+  Clock::time_point mark = Clock::now();
+  auto charge = [&](int64_t t) {
+    const Clock::time_point now = Clock::now();
+    seconds[size_t(t)] += std::chrono::duration<double>(now - mark).count();
+    mark = now;
+  };
+  replay::Options ro;
+  ro.horizon = T, ro.k = K;
+  ro.on_segment = [&](int64_t u, bool replayed, const TapeStats& st) {
+    const int64_t last = std::min(T, (u + 1) * K) - 1;
+    charge(last);
+    if (!replayed) return;
+    // The segment has ended: its high-water is the row of its last step (the
+    // arena only grows within a segment: these are its bytes after the
+    // backward and the hand-over of dL/dh). bytes_by_op is still the ended
+    // segment's: the tape clears it when the next one begins.
+    arena[size_t(last)] = double(st.last_segment_peak);
+    grads[size_t(last)] = double(st.bytes_by_op[size_t(OpKind::Grad)]);
+    peaks[size_t(u)] = double(st.last_segment_peak);
+  };
+  const replay::StepFn step = [&](Tape& tp, int64_t t, const Tensor& h, replay::Inputs& in) {
+    auto row = [&](const std::vector<int64_t>& v) {
+      return tp.from(in.take<int64_t>(size_t(B), [&](std::span<int64_t> out) { std::ranges::copy(row_of(v, t, B), out.begin()); }), {B});
+    };
+    replay::StepResult r{m.policy.recur(m.policy.encode(row(ep.tokens)), h), {}};
+    Tensor logits = m.policy.logits(r.state);
+    if (ep.has_target(t)) r.loss = cross_entropy(logits, row(ep.targets), Reduction::Mean, kNoTarget);
+    if (in.replaying()) {  // the pass that records the graph
+      const TapeStats st = tp.stats();
+      arena[size_t(t)] = double(st.live_bytes);
+      grads[size_t(t)] = double(st.bytes_by_op[size_t(OpKind::Grad)]);
+      if (t + 1 == T) inspect(o, tp, m.named);
+    }
+    charge(t);
+    return r;
+  };
+  try {
+    replay::Driver bptt(tape, h0, ro);
+    mark = Clock::now();
+    tr.replay = bptt.run(step, h0);
+    tr.grads = gradients(m);  // before the update, as pitfall 1's
+    const Clock::time_point update = Clock::now();
+    m.update();
+    seconds[size_t(T - 1)] += std::chrono::duration<double>(Clock::now() - update).count();
+  } catch (const Error& e) {
+    record_error(tr, e, int64_t(tape.step()));
+    return;
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    // The states needed while step t is replayed: the start of every segment
+    // up to t's (the earlier segments are still to be replayed), dL/dh and the
+    // final state; at the last step all S + 2, the driver's Report::state_bytes.
+    const double states = double(size_t(t / K + 3) * state);
+    tr.step.push_back(t);
+    tr.bytes.push_back(arena[size_t(t)] + states);
+    tr.state_bytes.push_back(states);
+    tr.grad_bytes.push_back(grads[size_t(t)]);
+    tr.seconds.push_back(seconds[size_t(t)]);
+  }
+  tr.segment_peaks = peaks;
+}
+
 }  // namespace
 
 Trace run_segtape(Case c, const LabConfig& cfg, const RunOptions& o) {
@@ -372,6 +471,7 @@ Trace run_segtape(Case c, const LabConfig& cfg, const RunOptions& o) {
   tr.id = c;
   tr.memory_source = kArenaSource;
   if (info(c).pitfall) run_pitfall(c, cfg, o, tr);
+  else if (c == Case::ExactReplay) run_exact(cfg, o, tr);
   else run_fix(c, cfg, o, tr);
   return tr;
 }
@@ -501,6 +601,47 @@ AnomalyCost anomaly_cost(const LabConfig& cfg, int64_t steps) {
 
 // ---------------------------------------------------------------- the lab
 
+double grad_tolerance(int64_t steps) { return std::max(kGradTolerance, double(steps) * std::ldexp(1.0, -23)); }
+
+GradCheck compare_gradients(const Trace& got, const Trace& want, double tolerance) {
+  GradCheck g;
+  g.tolerance = tolerance;
+  for (const Trace* t : {&got, &want})
+    if (t->grads.empty()) {
+      g.problem = t->engine + " " + info(t->id).name + " has no gradients" + (t->error.empty() ? "" : " (it stopped: " + t->error_type + ")");
+      return g;
+    }
+  g.run = true;
+  for (const NamedValues& w : want.grads) {
+    const auto it = std::find_if(got.grads.begin(), got.grads.end(), [&](const NamedValues& v) { return v.name == w.name; });
+    if (it == got.grads.end() || it->shape != w.shape) {
+      g.problem = "parameter " + w.name + (it == got.grads.end() ? " is missing" : " has another shape");
+      return g;
+    }
+    double d = 0, na = 0, nb = 0;
+    for (size_t i = 0; i < w.values.size(); ++i) {
+      const double a = it->values[i], b = w.values[i];
+      d += (a - b) * (a - b), na += a * a, nb += b * b;
+    }
+    const double den = std::sqrt(std::max(na, nb));
+    const double e = den == 0 ? std::sqrt(d) : std::sqrt(d) / den;
+    if (!(e <= g.max_rel_error) || g.worst.empty()) g.max_rel_error = e, g.worst = w.name;  // NaN included
+    ++g.parameters;
+  }
+  if (got.grads.size() != want.grads.size()) g.problem = "the two models have different parameters";
+  return g;
+}
+
+bool LabReport::checks_passed() const {
+  for (const CaseResult& r : results) {
+    if (r.id != Case::ExactReplay) continue;
+    if (!r.grad_check.passed()) return false;
+    for (const GradCheck* g : {&r.libtorch_grad_check, &r.cross_engine_check})
+      if (g->run && !g->passed()) return false;
+  }
+  return true;
+}
+
 LabReport run_lab(const LabConfig& cfg, const std::vector<Case>& which, TorchRunner torch,
                   const LabHooks& hooks) {
   cfg.validate();
@@ -531,6 +672,22 @@ LabReport run_lab(const LabConfig& cfg, const std::vector<Case>& which, TorchRun
       if (rep.libtorch_memory.empty()) rep.libtorch_memory = r.libtorch.memory_source;
     }
     rep.results.push_back(std::move(r));
+  }
+  // exact-replay's gradients against pitfall 1's, on each engine where both ran.
+  const auto p1 = std::find_if(rep.results.begin(), rep.results.end(), [](const CaseResult& r) { return r.id == Case::HiddenNotDetached; });
+  const double tol = grad_tolerance(cfg.steps);
+  for (CaseResult& r : rep.results) {
+    if (r.id != Case::ExactReplay) continue;
+    if (p1 != rep.results.end()) {
+      r.grad_check = compare_gradients(r.segtape, p1->segtape, tol);
+      if (!p1->libtorch.engine.empty()) {
+        r.cross_engine_check = compare_gradients(r.segtape, p1->libtorch, tol);
+        if (!r.libtorch.engine.empty()) r.libtorch_grad_check = compare_gradients(r.libtorch, p1->libtorch, tol);
+      }
+    } else {
+      say("segtape  " + label(Case::HiddenNotDetached, cfg) + " (the gradients exact-replay must equal)");
+      r.grad_check = compare_gradients(r.segtape, run_segtape(Case::HiddenNotDetached, cfg), tol);
+    }
   }
   say("anomaly mode cost");
   rep.anomaly = anomaly_cost(cfg);
@@ -586,6 +743,21 @@ nlohmann::json error_json(const Trace& t) {
   return {{"type", t.error_type}, {"step", t.error_step}, {"message", t.error}};
 }
 
+nlohmann::json check_json(const GradCheck& g) {
+  nlohmann::json j = {{"run", g.run}, {"equal", g.passed()}};
+  if (g.run) j["max_relative_error"] = g.max_rel_error, j["worst_parameter"] = g.worst, j["parameters"] = g.parameters;
+  if (!g.problem.empty()) j["problem"] = g.problem;
+  return j;
+}
+
+// "6.1e-06 (gru.bias_ih; tolerance 2.4e-05): equal", or "FAILED: ..." saying why.
+std::string check_line(const GradCheck& g) {
+  if (!g.run) return "FAILED: not checked: " + g.problem;
+  std::string s = num(g.max_rel_error, "%.1e") + " (" + g.worst + "; tolerance " + num(g.tolerance, "%.1e") + "): ";
+  if (!g.problem.empty()) return "FAILED: " + s + g.problem;
+  return g.passed() ? s + "equal" : "FAILED: " + s + "the gradients differ";
+}
+
 }  // namespace
 
 std::string to_csv(const LabReport& r) {
@@ -603,6 +775,7 @@ std::string to_json(const LabReport& r) {
   j["config"] = {{"steps", c.steps}, {"batch", c.batch}, {"vocab", c.vocab}, {"embed", c.embed}, {"hidden", c.hidden},
                  {"lag", c.lag}, {"k", c.k}, {"window", c.window}, {"trainer_k", c.trainer_k}, {"lr", c.lr},
                  {"clip", c.clip}, {"budget", c.budget}, {"seed", c.seed}, {"device", c.device}};
+  j["checks_passed"] = r.checks_passed();
   j["memory"] = {{"segtape", kArenaSource},
                  {"libtorch", r.libtorch_built ? r.libtorch_memory : r.libtorch_note}};
   j["anomaly_mode"] = {{"loop", "agent Trainer, recall, tbptt:" + std::to_string(c.trainer_k)},
@@ -618,6 +791,31 @@ std::string to_json(const LabReport& r) {
     if (i.pitfall) e["segtape_strict_policy_error"] = error_json(x.strict);
     if (i.backward_every_step) e["segtape_without_retain_graph_error"] = error_json(x.no_retain);
     e["libtorch"] = summary_json(x.libtorch, c.budget, r.libtorch_note);
+    if (x.id == Case::ExactReplay) {
+      const replay::Report& rp = x.segtape.replay;
+      if (!x.segtape.step.empty())
+        e["segtape"]["replay"] = {{"window_steps", c.steps},
+                                  {"k", c.k},
+                                  {"segments", rp.segments},
+                                  {"steps_run", rp.steps_run},
+                                  {"recompute_factor", rp.recompute_factor},
+                                  {"stored_states", rp.stored_states},
+                                  {"state_bytes", rp.state_bytes},
+                                  {"state_bytes_in_first_row", x.segtape.state_bytes.front()},
+                                  {"input_bytes", rp.input_bytes},
+                                  {"segment_peak", rp.segment_peak},
+                                  {"rows", "arena bytes after the step in its replayed segment (a segment's last step: its "
+                                           "high-water) + the boundary states needed then (state_bytes_in_first_row + one "
+                                           "state per K steps; all of state_bytes at the last step)"}};
+      const std::string not_run = "not checked (pitfall 1 did not run on LibTorch)";
+      e["gradient_check"] = {
+          {"against", label(Case::HiddenNotDetached, c)},
+          {"relative_error", "per parameter ||got - want|| / max(||got||, ||want||), the largest"},
+          {"tolerance", grad_tolerance(c.steps)},
+          {"segtape", check_json(x.grad_check)},
+          {"libtorch", x.libtorch_grad_check.run ? check_json(x.libtorch_grad_check) : nlohmann::json(not_run)},
+          {"segtape_vs_libtorch_pitfall_1", x.cross_engine_check.run ? check_json(x.cross_engine_check) : nlohmann::json(not_run)}};
+    }
     cs.push_back(e);
   }
   j["cases"] = cs;
@@ -703,10 +901,10 @@ std::string table(const LabReport& r) {
   s += b;
   s += "memory: segtape = segment arena bytes in use; libtorch = " +
        (r.libtorch_built ? r.libtorch_memory : r.libtorch_note) + "\n\n";
-  std::snprintf(b, sizeof b, "%-24s | %-31s | %-31s | %-15s | %s\n", "case", "segtape: B/step  peak   ms/step", "libtorch: B/step  peak  ms/step",
+  std::snprintf(b, sizeof b, "%-26s | %-31s | %-31s | %-15s | %s\n", "case", "segtape: B/step  peak   ms/step", "libtorch: B/step  peak  ms/step",
                 "over budget at", "strict policy (segtape)");
   s += b;
-  s += std::string(24, '-') + "-+-" + std::string(31, '-') + "-+-" + std::string(31, '-') + "-+-" + std::string(15, '-') + "-+-" +
+  s += std::string(26, '-') + "-+-" + std::string(31, '-') + "-+-" + std::string(31, '-') + "-+-" + std::string(15, '-') + "-+-" +
        std::string(30, '-') + "\n";
   auto cell = [&](const Trace& t) -> std::string {
     if (t.engine.empty()) return "not run";
@@ -729,12 +927,29 @@ std::string table(const LabReport& r) {
                                       : x.strict.error_type + " at step " + std::to_string(x.strict.error_step);
     if (!info(x.id).pitfall && !x.segtape.error.empty()) strict = "FAILED: " + x.segtape.error_type;
     if (!info(x.id).pitfall && x.segtape.error.empty()) strict = "fits (peak " + format_bytes(size_t(*std::max_element(x.segtape.segment_peaks.begin(), x.segtape.segment_peaks.end()))) + ")";
-    std::snprintf(b, sizeof b, "%-24s | %-31s | %-31s | %6s / %-6s | %s\n", label(x.id, c).c_str(), cell(x.segtape).c_str(),
+    std::snprintf(b, sizeof b, "%-26s | %-31s | %-31s | %6s / %-6s | %s\n", label(x.id, c).c_str(), cell(x.segtape).c_str(),
                   cell(x.libtorch).c_str(), over(x.segtape).c_str(), over(x.libtorch).c_str(), strict.c_str());
     s += b;
   }
   s += "\nB/step: least-squares slope of bytes vs step; ms/step: first 10% > last 10% of steps; over budget at: step at which\n"
        "the budget is exceeded (segtape / libtorch; ~ extrapolated from the fit).\n";
+  for (const CaseResult& x : r.results) {
+    if (x.id != Case::ExactReplay) continue;
+    const replay::Report& rp = x.segtape.replay;
+    if (!x.segtape.step.empty()) {
+      std::snprintf(b, sizeof b,
+                    "%s: one window of %ld steps in %ld segments of %ld, %ld step evaluations (recompute factor %.2f); "
+                    "%ld boundary states + dL/dh + the final state stored (%s), rows count those still needed (%s at the first step)\n",
+                    label(x.id, c).c_str(), c.steps, rp.segments, c.k, rp.steps_run, rp.recompute_factor, rp.stored_states,
+                    format_bytes(rp.state_bytes).c_str(), format_bytes(size_t(x.segtape.state_bytes.front())).c_str());
+      s += b;
+    }
+    s += label(x.id, c) + ": parameter gradients vs " + label(Case::HiddenNotDetached, c) + "'s, max relative error: segtape " +
+         check_line(x.grad_check);
+    if (x.libtorch_grad_check.run) s += "; libtorch " + check_line(x.libtorch_grad_check);
+    if (x.cross_engine_check.run) s += "; segtape's vs LibTorch's pitfall 1 " + check_line(x.cross_engine_check);
+    s += "\n";
+  }
   std::snprintf(b, sizeof b, "anomaly mode on the agent loop (Trainer, tbptt:%ld): %.1f us/step off, %.1f us/step on (%+.1f%%)\n",
                 c.trainer_k, r.anomaly.us_off, r.anomaly.us_on, r.anomaly.percent());
   s += b;

@@ -1,6 +1,7 @@
 // The retention lab on LibTorch: the same pitfalls and fixes as
-// agent/retention.cpp, written the way a PyTorch user writes them, with the
-// same model (segtape's initial weights, copied by name), sizes and data.
+// agent/retention.cpp (exact-replay's segment replay included), written the
+// way a PyTorch user writes them, with the same model (segtape's initial
+// weights, copied by name), sizes and data.
 // Memory is LibTorch's live CPU tensor bytes, counted by our own allocator
 // installed in front of the default one (agent/torch_memory.h); if that
 // cannot be installed, the process RSS, and the output says which.
@@ -134,6 +135,18 @@ torch::Tensor ce(const torch::Tensor& logits, const torch::Tensor& y) {
   return torch::nn::functional::cross_entropy(logits, y, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kNoTarget));
 }
 
+// Every parameter's gradient, by name, for exact-replay's check against pitfall 1.
+std::vector<NamedValues> gradients(torch::nn::Module& net) {
+  std::vector<NamedValues> out;
+  for (const auto& p : net.named_parameters()) {
+    const torch::Tensor g = p.value().grad().contiguous();
+    out.push_back({p.key(), g.sizes().vec(), {g.data_ptr<float>(), g.data_ptr<float>() + g.numel()}});
+  }
+  return out;
+}
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
 void pitfall(Case c, Run& r) {
   const LabConfig& cfg = r.cfg;
   Net net(cfg, false);
@@ -173,6 +186,7 @@ void pitfall(Case c, Run& r) {
     }
     if (t + 1 == cfg.steps) {
       if (loss.defined()) loss.backward();
+      if (c == Case::HiddenNotDetached) r.tr.grads = gradients(net);  // what exact-replay must equal
       opt.step();
       opt.zero_grad();
       if (c == Case::LogitsBuffer) (void)torch::stack(kept_logits).argmax(-1);  // what the buffer was for
@@ -233,6 +247,79 @@ void fix(Case c, Run& r) {
   }
 }
 
+
+// exact-replay as a PyTorch user writes it: a forward pass under no_grad that
+// keeps h at every K-th step, then each segment replayed in reverse from its
+// stored state (a leaf that requires grad) and backpropagated from its losses
+// and from dL/dh at its end; h0.grad is dL/dh for the segment before, and the
+// segment's stored state is dropped. One update, as pitfall 1's. Rows as
+// segtape's: the live bytes after step t in its replay (its segment's last
+// step: after the backward), time = forward + replay.
+void exact(Run& r) {
+  const LabConfig& cfg = r.cfg;
+  Net net(cfg, false);
+  torch::optim::SGD opt(net.parameters(), torch::optim::SGDOptions(cfg.lr));
+  const int64_t T = cfg.steps, K = cfg.k, S = (T + K - 1) / K;
+  std::vector<double> bytes(size_t(T), 0), seconds(size_t(T), 0);
+  r.tr.segment_peaks.assign(size_t(S), 0);
+  r.base = r.mem.live();
+  auto step = [&](int64_t t, const torch::Tensor& h, torch::Tensor& loss) {
+    torch::Tensor h1 = net.gru(net.encoder(r.tokens(t)), h);
+    torch::Tensor logits = net.head(h1);
+    if (r.ep.has_target(t)) {
+      torch::Tensor l = ce(logits, r.targets(t));
+      loss = loss.defined() ? loss + l : l;
+    }
+    return h1;
+  };
+  std::vector<torch::Tensor> states;  // the state entering each segment
+  {
+    torch::NoGradGuard no_grad;
+    torch::Tensor h = torch::zeros({cfg.batch, cfg.hidden});
+    for (int64_t t = 0; t < T; ++t) {
+      const auto start = Clock::now();
+      if (t % K == 0) states.push_back(h);
+      torch::Tensor loss;
+      h = step(t, h, loss);
+      seconds[size_t(t)] += seconds_since(start);
+    }
+  }
+  torch::Tensor dh;  // dL/dh at the end of the segment being replayed (none after the last)
+  for (int64_t s = S - 1; s >= 0; --s) {
+    r.mem.reset_peak();
+    const torch::Tensor h0 = states.back().detach().requires_grad_();
+    torch::Tensor h = h0, loss;
+    const int64_t end = std::min(T, (s + 1) * K);
+    for (int64_t t = s * K; t < end; ++t) {
+      const auto start = Clock::now();
+      h = step(t, h, loss);
+      if (t + 1 == end) {
+        torch::autograd::variable_list outputs, seeds;
+        if (loss.defined()) outputs.push_back(loss), seeds.push_back(torch::ones_like(loss));
+        if (dh.defined()) outputs.push_back(h), seeds.push_back(dh);
+        if (!outputs.empty()) {
+          torch::autograd::backward(outputs, seeds);
+          dh = h0.grad();
+        }
+        states.pop_back();
+      }
+      seconds[size_t(t)] += seconds_since(start);
+      bytes[size_t(t)] = r.mem.live() - r.base;
+    }
+    r.tr.segment_peaks[size_t(s)] = r.mem.peak() - r.base;
+  }
+  r.tr.grads = gradients(net);  // before the update, as pitfall 1's
+  const auto start = Clock::now();
+  opt.step();
+  opt.zero_grad();
+  seconds[size_t(T - 1)] += seconds_since(start);
+  for (int64_t t = 0; t < T; ++t) {
+    r.tr.step.push_back(t);
+    r.tr.bytes.push_back(bytes[size_t(t)]);
+    r.tr.seconds.push_back(seconds[size_t(t)]);
+  }
+}
+
 }  // namespace
 
 Trace run_libtorch(Case c, const LabConfig& cfg) {
@@ -245,6 +332,7 @@ Trace run_libtorch(Case c, const LabConfig& cfg) {
   Run r{cfg, tr, mem, make_episode(cfg)};
   try {
     if (info(c).pitfall) pitfall(c, r);
+    else if (c == Case::ExactReplay) exact(r);
     else fix(c, r);
   } catch (const c10::Error& e) {  // a LibTorch refusal is a result too
     tr.error_type = "c10::Error";

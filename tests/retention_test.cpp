@@ -3,6 +3,8 @@
 // 64 bytes), each fix has the same high-water in every segment, the strict
 // policy refuses each pitfall with its remedy in the message, and the
 // explainer attributes a known graph's bytes to the right op kinds and steps.
+// exact-replay's gradients equal pitfall 1's, and its memory is one replayed
+// segment plus a stored state per K steps.
 // Odd sizes (B=3, E=5, H=7, V=6) make every alignment visible.
 // Backward's own buffers are checked apart from the forward tape (each row
 // records its OpKind::Grad bytes): they follow the engine's gradient reuse.
@@ -223,6 +225,103 @@ TEST(Lab, SummaryAndOutputsOnASmallRun) {
   EXPECT_EQ(parse_case("window"), Case::Window);
 }
 
+// ---- exact-replay: pitfall 1's gradients by segment replay
+
+// Pitfall 1 backpropagates every step's loss through the whole history and
+// updates once; one replay::Driver window over the episode gives the same
+// gradients, whatever K (a last, shorter segment included).
+TEST(ExactReplay, GradientsEqualPitfallOnesForEveryK) {
+  const LabConfig c = small();
+  const Trace p1 = teach(Case::HiddenNotDetached);
+  ASSERT_FALSE(p1.grads.empty());
+  double norm = 0;
+  for (const NamedValues& g : p1.grads)
+    if (g.name == "gru.weight_hh")
+      for (float v : g.values) norm += double(v) * v;
+  EXPECT_GT(norm, 0) << "the recurrent weights have a gradient: the check compares something";
+  for (int64_t k : {int64_t(1), c.k, int64_t(5), c.steps}) {
+    LabConfig ck = c;
+    ck.k = k;
+    const Trace t = run_segtape(Case::ExactReplay, ck);
+    ASSERT_TRUE(t.error.empty()) << t.error;
+    const GradCheck g = compare_gradients(t, p1);
+    EXPECT_TRUE(g.run) << g.problem;
+    EXPECT_TRUE(g.problem.empty()) << g.problem;
+    EXPECT_EQ(g.parameters, p1.grads.size());
+    EXPECT_LE(g.max_rel_error, 1e-5) << "K = " << k << ", worst: " << g.worst;
+    EXPECT_TRUE(g.passed());
+    std::printf("exact-replay K=%-2ld vs pitfall 1: max relative error %.2e (%s)\n", k, g.max_rel_error, g.worst.c_str());
+  }
+  // The check sees a difference, and says when it cannot run.
+  Trace off = run_segtape(Case::ExactReplay, c);
+  off.grads[1].values[0] *= 1.01f;
+  EXPECT_FALSE(compare_gradients(off, p1).passed());
+  Trace none = off;
+  none.grads.clear();
+  EXPECT_FALSE(compare_gradients(none, p1).run);
+  EXPECT_NE(compare_gradients(none, p1).problem.find("has no gradients"), std::string::npos);
+}
+
+// Row t: the arena after step t in its replayed segment (a segment's last
+// step: the segment's high-water, backward included) + the boundary states
+// needed then: one per K steps, plus dL/dh and the final state.
+TEST(ExactReplay, OneSegmentPlusAStatePerKSteps) {
+  const LabConfig c = small();
+  const int64_t K = c.k, S = c.steps / K;
+  const Trace t = run_segtape(Case::ExactReplay, c);
+  ASSERT_TRUE(t.error.empty()) << t.error;
+  ASSERT_EQ(t.bytes.size(), size_t(c.steps));
+  ASSERT_EQ(t.state_bytes.size(), size_t(c.steps));
+  const size_t state = A(c.batch * c.hidden * 4);
+  for (int64_t s = 0; s < c.steps; ++s) {
+    ASSERT_EQ(t.state_bytes[size_t(s)], double(size_t(s / K + 3) * state)) << "step " << s;
+    EXPECT_GT(t.seconds[size_t(s)], 0) << "step " << s;
+  }
+  EXPECT_EQ(t.state_bytes.back(), double(t.replay.state_bytes)) << "all S + 2 states at the last step";
+  EXPECT_EQ(t.replay.segments, S);
+  EXPECT_EQ(t.replay.stored_states, S);
+  EXPECT_EQ(t.replay.steps_run, 2 * c.steps);
+  // The replayed segments are tbptt:K's segments: the same high-water to the
+  // byte (the state arrives as the segment's input instead of carried, the
+  // backward is seeded with dL/dh), and the same arena step by step but for
+  // the running sum of the losses, which the driver adds after the step
+  // returns: its 64 bytes appear one row later.
+  const Trace tb = run_segtape(Case::Tbptt, c);
+  ASSERT_TRUE(tb.error.empty()) << tb.error;
+  const size_t first = size_t((c.lag + K - 1) / K);  // the first segment whose every step has a target
+  ASSERT_EQ(t.segment_peaks.size(), size_t(S));
+  for (size_t u = first; u < size_t(S); ++u) EXPECT_EQ(t.segment_peaks[u], tb.segment_peaks[u]) << "segment " << u;
+  for (int64_t s = int64_t(first) * K; s < c.steps; ++s) {
+    const bool inner = s % K != 0 && s % K != K - 1;  // a running sum made, the segment's high-water not reached
+    ASSERT_EQ(t.bytes[size_t(s)] - t.state_bytes[size_t(s)], tb.bytes[size_t(s)] - (inner ? double(A(4)) : 0)) << "step " << s;
+  }
+  std::printf("exact-replay: segment high-water %.0f bytes (tbptt:%ld %.0f), %ld states of %zu bytes at the last step\n",
+              t.segment_peaks[first], K, tb.segment_peaks[first], S + 2, state);
+}
+
+// The lab runs the check (pitfall 1 for it alone when not asked for), prints
+// it and writes it to the JSON; a failed check is flagged in both.
+TEST(ExactReplay, TheLabChecksAndFlags) {
+  const LabConfig c = small();
+  LabReport r = run_lab(c, {Case::ExactReplay}, nullptr);
+  ASSERT_EQ(r.results.size(), 1u) << "pitfall 1 ran for the check, not as a case";
+  const GradCheck& g = r.results[0].grad_check;
+  EXPECT_TRUE(g.passed()) << g.problem << " " << g.max_rel_error;
+  EXPECT_FALSE(r.results[0].libtorch_grad_check.run);
+  EXPECT_TRUE(r.checks_passed());
+  const std::string tab = table(r), json = to_json(r);
+  EXPECT_NE(tab.find("exact-replay (exact:4/48): parameter gradients vs 1 hidden-not-detached's"), std::string::npos) << tab;
+  EXPECT_NE(tab.find("equal"), std::string::npos) << tab;
+  EXPECT_EQ(tab.find("FAILED"), std::string::npos) << tab;
+  EXPECT_NE(json.find("\"gradient_check\""), std::string::npos);
+  EXPECT_NE(json.find("\"checks_passed\": true"), std::string::npos);
+  EXPECT_NE(json.find("\"state_bytes\""), std::string::npos);
+  r.results[0].grad_check.max_rel_error = 1e-3;
+  EXPECT_FALSE(r.checks_passed());
+  EXPECT_NE(table(r).find("FAILED"), std::string::npos);
+  EXPECT_NE(to_json(r).find("\"checks_passed\": false"), std::string::npos);
+}
+
 // Every name the table prints is a name --cases takes; anything else is
 // refused with the list.
 TEST(Lab, ParseCaseTakesTheNamesTheTablePrints) {
@@ -235,6 +334,9 @@ TEST(Lab, ParseCaseTakesTheNamesTheTablePrints) {
   EXPECT_EQ(parse_case("6"), Case::ClipGrad);
   EXPECT_EQ(parse_case(" loss-sum "), Case::LossSum);
   EXPECT_EQ(parse_case("tbptt:4", small()), Case::Tbptt);
+  EXPECT_EQ(parse_case("exact-replay"), Case::ExactReplay);
+  EXPECT_EQ(parse_case("exact-replay (exact:8/200)"), Case::ExactReplay);
+  EXPECT_EQ(parse_case("exact-replay (exact:4/48)", small()), Case::ExactReplay);
   const std::string names = case_names(def);
   size_t n = 0;
   for (size_t a = 0; a < names.size(); ++n) {
@@ -243,7 +345,7 @@ TEST(Lab, ParseCaseTakesTheNamesTheTablePrints) {
     a = e + 2;
   }
   EXPECT_EQ(n, cases().size()) << names;
-  for (const char* want : {"1 hidden-not-detached", "7 checkpoint", "tbptt:8", "window:8", "gru-state (tbptt:32)"})
+  for (const char* want : {"1 hidden-not-detached", "7 checkpoint", "tbptt:8", "window:8", "gru-state (tbptt:32)", "exact-replay (exact:8/200)"})
     EXPECT_NE(names.find(want), std::string::npos) << names;
   auto refusal = [](const std::string& name, const LabConfig& c) -> std::string {
     try {
@@ -258,6 +360,8 @@ TEST(Lab, ParseCaseTakesTheNamesTheTablePrints) {
   EXPECT_NE(bad.find(names), std::string::npos) << bad;
   const std::string other_k = refusal("tbptt:8", small());
   EXPECT_NE(other_k.find("the lab runs tbptt:4"), std::string::npos) << other_k;
+  const std::string other_exact = refusal("exact-replay:4", def);
+  EXPECT_NE(other_exact.find("the lab runs exact-replay (exact:8/200)"), std::string::npos) << other_exact;
   EXPECT_NE(refusal("0", def).find("unknown"), std::string::npos);
   EXPECT_NE(refusal("8", def).find("unknown"), std::string::npos) << "fixes have no number";
 }

@@ -8,6 +8,9 @@
 // GRUCell(embed, hidden) -> Linear(hidden, vocab), cross-entropy on the token
 // shown `lag` steps earlier (no loss before the first target). The pitfalls are
 // deliberately wrong loops; each fix is a loop whose memory per segment is flat.
+// exact-replay computes pitfall 1's gradients (full BPTT over the episode) in
+// segments of K steps replayed in reverse (segtape/replay.h); the lab checks
+// that they are equal.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "segtape/nn/module.h"
+#include "segtape/replay.h"
 #include "segtape/tape.h"
 
 namespace segtape::agent::retention {
@@ -27,7 +31,7 @@ struct LabConfig {
   int64_t embed = 32;    // E
   int64_t hidden = 128;  // H
   int64_t lag = 8;       // recall lag: steps [0, lag) have no target
-  int64_t k = 8;         // steps per segment of tbptt:K / nograd-history / window, and pitfall 3's update interval
+  int64_t k = 8;         // steps per segment of tbptt:K / nograd-history / window / exact-replay, and pitfall 3's update interval
   int64_t window = 8;    // window:N
   int64_t trainer_k = 32;  // gru-state: the agent Trainer with tbptt:trainer_k
   double lr = 0.05;      // SGD (the lab's loops); the Trainer uses its Adam
@@ -59,6 +63,7 @@ enum class Case {
   NogradHistory,      // nograd-history: gradient of the current step only, h arrives as a value
   Window,             // window:N: the last N embeddings as values, no recurrence
   GruState,           // the agent's Trainer (tbptt:trainer_k): the compressed, fixed-size GRU state
+  ExactReplay,        // exact-replay: pitfall 1's gradients (one window over the episode) by replaying K-step segments
 };
 
 struct CaseInfo {
@@ -73,14 +78,21 @@ const std::vector<CaseInfo>& cases();
 const CaseInfo& info(Case c);
 // The valid case names as the table prints them, one string:
 // "1 hidden-not-detached, ..., 7 checkpoint, tbptt:8, detach, nograd-history,
-// window:8, gru-state (tbptt:32)" (the numbers from cfg).
+// window:8, gru-state (tbptt:32), exact-replay (exact:8/200)" (the numbers from cfg).
 std::string case_names(const LabConfig& cfg = {});
 // A case by any of: its name ("hidden-not-detached", "tbptt"), its label in
-// the table ("1 hidden-not-detached", "tbptt:8", "gru-state (tbptt:32)"), or a
-// pitfall's number ("1"); surrounding blanks ignored. A fix's parameter must
-// be cfg's (tbptt:16 is refused when cfg.k is 8). Throws Error listing
-// case_names(cfg) when unknown.
+// the table ("1 hidden-not-detached", "tbptt:8", "gru-state (tbptt:32)",
+// "exact-replay (exact:8/200)"), or a pitfall's number ("1"); surrounding
+// blanks ignored. A fix's parameter must be cfg's (tbptt:16 is refused when
+// cfg.k is 8). Throws Error listing case_names(cfg) when unknown.
 Case parse_case(const std::string& name, const LabConfig& cfg = {});
+
+// A parameter's values (or gradient) by PyTorch's name, e.g. "gru.weight_hh".
+struct NamedValues {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
 
 // One run of one case on one engine.
 struct Trace {
@@ -98,6 +110,14 @@ struct Trace {
   // When the run stopped on an error (the strict policy's refusal).
   std::string error_type, error;
   int64_t error_step = -1;
+  // Pitfall 1 and exact-replay: every parameter's gradient just before the
+  // episode's one update (the gradient of every step's loss through the whole
+  // history), for the check that the two are equal.
+  std::vector<NamedValues> grads;
+  // exact-replay on segtape: of each row of `bytes`, the boundary states it
+  // counts (see run_segtape), and the replay driver's report of the window.
+  std::vector<double> state_bytes;
+  replay::Report replay{};
 };
 
 // What to do with the segtape tape at the last step, before its segment ends
@@ -122,6 +142,17 @@ struct RunOptions {
 
 // Runs one case on segtape. Errors from the strict policy are caught into the
 // trace; any other exception propagates.
+//
+// exact-replay runs one replay::Driver window over the whole episode (T =
+// steps, uniform schedule, segments of K = cfg.k steps), then one update: the
+// loop of pitfall 1, which backpropagates every step's loss through the
+// history since step 0 and updates once at the end, so that its gradients are
+// pitfall 1's. Row t of its trace is the memory while step t is replayed:
+// the arena after step t in its replayed segment (at a segment's last step,
+// the segment's high-water, its backward included) plus the boundary states
+// needed then: the start of each segment up to t's (one state per K steps),
+// dL/dh and the final state. Row t's time is step t's forward pass plus its
+// replay (a segment's backward in its last step's row).
 Trace run_segtape(Case c, const LabConfig& cfg, const RunOptions& o = {});
 
 // The same case on LibTorch (agent/retention_torch.cpp, linked into the
@@ -140,11 +171,6 @@ Episode make_episode(const LabConfig& cfg);
 // The lab model's initial weights under PyTorch's names ("encoder.weight",
 // "gru.weight_ih", ..., "head.bias", "ctx.weight", ...; window mode: "compress.*"
 // instead of "gru.*"), so that LibTorch starts from exactly segtape's model.
-struct NamedValues {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> values;
-};
 std::vector<NamedValues> initial_weights(const LabConfig& cfg, bool window_mode);
 
 // Least-squares line through (step, bytes), every row but the last (where
@@ -180,12 +206,37 @@ AnomalyCost anomaly_cost(const LabConfig& cfg, int64_t steps = 8192);
 // carried (its edge highlighted). Sizes and seed from cfg.
 std::string tape_dot(Case c, const LabConfig& cfg);
 
+// exact-replay's gradients against pitfall 1's, parameter by parameter:
+// ||got - want|| / max(||got||, ||want||) (0 when both are zero), the largest.
+// Both are float32 sums of the same terms in other orders. Pitfall 1 adds
+// each step's backward into the gradient buffers, about T^2 / 2 terms per
+// element over an episode of T steps, and its rounding grows with T (on
+// segtape, at the lab's sizes: 2.8e-6 at T = 64, 6.1e-6 at 200, 1.2e-5 at
+// 400, while exact-replay stays within 1e-6 of LibTorch's pitfall 1), so the
+// lab allows T float32 epsilons (2^-23 each), and never less than 1e-5.
+constexpr double kGradTolerance = 1e-5;
+double grad_tolerance(int64_t steps);  // max(kGradTolerance, steps * 2^-23)
+struct GradCheck {
+  bool run = false;          // both traces had gradients
+  double max_rel_error = 0;  // the largest over the parameters
+  std::string worst;         // the parameter it was found in
+  size_t parameters = 0;
+  double tolerance = kGradTolerance;
+  std::string problem;       // why it could not be run, or what differed (a missing parameter, a shape)
+  bool passed() const { return run && problem.empty() && max_rel_error <= tolerance; }
+};
+GradCheck compare_gradients(const Trace& got, const Trace& want, double tolerance = kGradTolerance);
+
 // The whole lab.
 struct CaseResult {
   Case id{};
   Trace segtape, strict;        // teaching (pitfalls) / strict (fixes) run; strict rerun of a pitfall
   Trace no_retain;              // pitfalls 1, 5, 6, 7 without retain_graph (the double-backward error)
   Trace libtorch;               // empty engine string when LibTorch was not built
+  // exact-replay: its gradients against pitfall 1's on the same engine
+  // (LibTorch: when pitfall 1 ran there too), and segtape's against LibTorch's
+  // pitfall 1 (which of the two float32 sums differs more).
+  GradCheck grad_check, libtorch_grad_check, cross_engine_check;
 };
 struct LabReport {
   LabConfig config;
@@ -195,6 +246,8 @@ struct LabReport {
   std::string libtorch_memory;  // what LibTorch's bytes count (allocator statistics or RSS)
   // Said wherever LibTorch's results would be when it did not run.
   std::string libtorch_note = "LibTorch not built (configure with libtorch-dev installed to run it)";
+  // false when exact-replay's gradient check failed or could not run (the table and the JSON say FAILED)
+  bool checks_passed() const;
 };
 struct LabHooks {
   std::function<void(const std::string&)> progress;  // a line before each run
@@ -202,6 +255,9 @@ struct LabHooks {
   std::function<void(Case, const Tape&)> inspect;
 };
 // torch: nullptr when LibTorch was not built (its panel then says so).
+// exact-replay's gradients are checked against pitfall 1's, on each engine
+// where both ran; when pitfall 1 is not among `which`, it is run on segtape
+// for the check alone.
 LabReport run_lab(const LabConfig& cfg, const std::vector<Case>& which, TorchRunner torch, const LabHooks& hooks = {});
 
 std::string to_csv(const LabReport& r);   // engine,case,step,bytes
