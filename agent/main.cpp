@@ -583,6 +583,10 @@ int retention_lab(RetentionArgs& a) {
   if (!explained.empty()) std::printf("%s", explained.c_str());
   std::printf("%s", rt::table(rep).c_str());
   std::printf("%.1f s; files: %s/{retention.csv, retention.json, retention.svg}\n", wall, out.c_str());
+  if (!rep.checks_passed()) {
+    std::fprintf(stderr, "segtape: error: exact-replay's gradients differ from pitfall 1's beyond the tolerance (see the table)\n");
+    return 1;
+  }
   return 0;
 }
 

@@ -505,7 +505,7 @@ TEST(Cli, HelpNamesCommandsAndTheLabsCases) {
   EXPECT_NE(h.out.find("--history"), std::string::npos) << h.out;
   CmdResult r = sh("retention --help");
   EXPECT_EQ(r.code, 0) << r.out;
-  for (const char* name : {"1 hidden-not-detached", "tbptt:8", "window:8", "gru-state (tbptt:32)"})
+  for (const char* name : {"1 hidden-not-detached", "tbptt:8", "window:8", "gru-state (tbptt:32)", "exact-replay (exact:8/200)"})
     EXPECT_NE(r.out.find(name), std::string::npos) << name << "\n" << r.out;
 }
 
