@@ -285,6 +285,7 @@ Trainer::Trainer(const TrainConfig& c)
   host_rows_.assign(B * size_t(spec.num_actions), 0.0f);
   host_values_.assign(B, 0.0f);
   episode_return_.assign(B, 0.0f);
+  reset_mask_.assign(B * size_t(c.hidden), 0.0f);
   if (c.history.kind == History::Kind::Exact) {
     if (!spec.supervised) {  // the window's rewards, dones, actions and values, step by step
       const size_t T = size_t(c.history.horizon);
@@ -346,6 +347,13 @@ Tensor Trainer::feature(const Tensor& e) {
   }
 }
 
+// After env_->step: the streams whose episode ended start the next one from
+// the zero state (h · (1 − done), policy.h), inside the segment. Window mode
+// carries no state (its ring of embeddings is history by construction).
+void Trainer::reset_finished_streams() {
+  if (config_.history.kind != History::Kind::Window) h_ = reset_finished(h_, done_, reset_mask_);
+}
+
 void Trainer::update() {
   if (config_.clip > 0) nn::clip_grad_norm(*policy_, config_.clip);
   optim_->step();
@@ -397,6 +405,7 @@ SegmentResult Trainer::supervised_segment(Segment& seg, int64_t n) {
     logits.to_host(std::span<float>(host_rows_));
     for (int64_t b = 0; b < B; ++b) actions_[size_t(b)] = argmax_row(host_rows_.data() + b * A, A);
     env_->step(actions_, rewards_, done_);
+    reset_finished_streams();
   }
   r.steps = n;
   if (loss.defined()) {
@@ -429,6 +438,12 @@ SegmentResult Trainer::exact_window(int64_t n) {
     auto vec = in.take<float>(vectors_.size(), [&](std::span<float> v) { env_->observe(tokens_, v); });
     return t.from(vec, {B, spec.obs_dim});
   };
+  // The streams whose episode ended at this step start the next from zero:
+  // their done flags are an input, recorded the first time (env_->step above).
+  const auto reset_recorded = [&](const Tensor& h, replay::Inputs& in) {
+    auto d = in.take<uint8_t>(size_t(B), [&](std::span<uint8_t> v) { std::copy(done_.begin(), done_.end(), v.begin()); });
+    return reset_finished(h, d, reset_mask_);
+  };
   replay::StepFn step;
   if (spec.supervised) step = [&](Tape& t, int64_t, const Tensor& h, replay::Inputs& in) {
     Tensor h1 = policy_->recur(policy_->encode(observed(t, in)), h);
@@ -445,7 +460,7 @@ SegmentResult Trainer::exact_window(int64_t n) {
       for (int64_t b = 0; b < B; ++b) a[size_t(b)] = argmax_row(host_rows_.data() + b * A, A);
       env_->step(a, rewards_, done_);
     });
-    return replay::StepResult{h1, loss};
+    return replay::StepResult{reset_recorded(h1, in), loss};
   };
   else step = [&](Tape&, int64_t i, const Tensor& h, replay::Inputs& in) {
     Tensor f = policy_->recur(policy_->encode(observed(*tape_, in)), h);
@@ -462,9 +477,10 @@ SegmentResult Trainer::exact_window(int64_t n) {
       std::copy(rewards_.begin(), rewards_.end(), seg_rewards_.begin() + at);
       std::copy(done_.begin(), done_.end(), seg_done_.begin() + at);
     });
+    const Tensor next = reset_recorded(f, in);
     // The forward pass has no returns yet (and records no gradient): the loss is the replays'.
-    if (!in.replaying()) return replay::StepResult{f, Tensor{}};
-    return replay::StepResult{f, actor_critic_loss(i, lp, v, seg_returns_.data() + i * B)};
+    if (!in.replaying()) return replay::StepResult{next, Tensor{}};
+    return replay::StepResult{next, actor_critic_loss(i, lp, v, seg_returns_.data() + i * B)};
   };
   exact_window_steps_ = n;
   const replay::Report rep = drv->run(step, h_);
@@ -580,6 +596,7 @@ SegmentResult Trainer::actor_critic_segment(Segment& seg, int64_t n) {
     values_.push_back(policy_->value(f));        // [B, 1]
     sample_actions(lp, actions_);
     env_->step(actions_, rewards_, done_);
+    reset_finished_streams();
     note_rewards(r);
     std::copy(actions_.begin(), actions_.end(), seg_actions_.begin() + i * B);
     std::copy(rewards_.begin(), rewards_.end(), seg_rewards_.begin() + i * B);
@@ -628,6 +645,7 @@ double Trainer::evaluate(int64_t steps, uint64_t seed) {
       logits.to_host(std::span<float>(host_rows_));
       for (int64_t b = 0; b < B; ++b) actions_[size_t(b)] = argmax_row(host_rows_.data() + b * A, A);
       env_->step(actions_, rewards_, done_);
+      reset_finished_streams();
     }
     copy_into(h0, h_);
     h_ = h0;

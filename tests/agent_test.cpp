@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <random>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -153,10 +154,14 @@ TEST(History, TbpttHighWaterIsFlatToTheByte) {
         peaks.push_back(tr.tape().stats().last_segment_peak);
       }
       // After warm-up (recall has no target for its first `lag` steps, so no backward) every
-      // segment peaks at the same byte.
-      const size_t warm = 4;
+      // segment peaks at the same byte as the one 4 segments before: tmaze's
+      // episodes (4 steps at corridor 3) end at the same steps of every 4 K
+      // steps, and a segment holding an episode's end also holds its reset
+      // (reset_finished); recall, with no episodes, is flat segment to segment.
+      const size_t warm = 4, period = std::string(env) == "tmaze" ? 4 : 1;
       ASSERT_EQ(peaks.size(), 40u);
-      for (size_t i = warm; i < peaks.size(); ++i) ASSERT_EQ(peaks[i], peaks[warm]) << h << " " << env << " segment " << i;
+      for (size_t i = warm + period; i < peaks.size(); ++i)
+        ASSERT_EQ(peaks[i], peaks[i - period]) << h << " " << env << " segment " << i;
       EXPECT_GT(peaks[warm], 0u);
     }
   }
@@ -314,6 +319,87 @@ TEST(History, ExactEqualsAFullWindowSegmentAtTheMemoryOfK) {
   while (!second.done()) second.run_segment();
   EXPECT_EQ(params_of(straight), params_of(second));
   fs::remove_all(dir);
+}
+
+// Episode resets inside a segment (reset_finished, policy.h): streams that
+// end at different steps, in one batch and one segment, each get exactly the
+// gradient they get run alone, where each episode starts from the zero state
+// with no link to the one before. float64, one stream's loss at a time (the
+// others' targets ignored), so any leak across streams or resets shows.
+TEST(Resets, EachStreamGetsTheGradientItGetsAlone) {
+  constexpr int64_t B = 3, I = 3, H = 4, C = 3, T = 11;
+  // done[t][b]: the episode of stream b ends after step t.
+  const std::vector<std::vector<uint8_t>> done = {{0, 0, 0}, {0, 0, 0}, {1, 0, 0}, {0, 0, 0}, {0, 1, 0}, {0, 0, 0},
+                                                  {1, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 1, 0}, {0, 0, 0}};
+  std::mt19937 g(5);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> xs(size_t(T * B * I));
+  for (double& v : xs) v = u(g);
+  auto target = [](int64_t t, int64_t b) { return (t * 5 + b * 7) % C; };
+  struct Net {
+    Tape tape{Device::cpu()};
+    nn::Rng rng{3};
+    nn::GRUCell gru{tape, rng, I, H, true, DType::F64};
+    nn::Linear head{tape, rng, H, C, true, DType::F64};
+    std::vector<double> grads() const {
+      std::vector<double> out;
+      for (const Tensor& p : {gru.weight_ih, gru.weight_hh, gru.bias_ih, gru.bias_hh, head.weight, head.bias})
+        for (double v : p.grad_tensor().to_host<double>()) out.push_back(v);
+      return out;
+    }
+  };
+  for (int64_t s = 0; s < B; ++s) {
+    SCOPED_TRACE("stream " + std::to_string(s));
+    Net batched, alone;
+    {  // the batch, one segment, stream s's loss only
+      std::vector<double> mask;
+      Segment seg = batched.tape.segment();
+      Tensor h = batched.tape.zeros({B, H}, DType::F64), loss;
+      for (int64_t t = 0; t < T; ++t) {
+        h = batched.gru(batched.tape.from(std::span<const double>(xs.data() + t * B * I, size_t(B * I)), {B, I}), h);
+        std::vector<int64_t> y(size_t(B), kNoTarget);
+        y[size_t(s)] = target(t, s);
+        Tensor l = cross_entropy(batched.head(h), batched.tape.from(std::span<const int64_t>(y), {B}), Reduction::Sum, kNoTarget);
+        loss = loss.defined() ? add(loss, l) : l;
+        h = reset_finished(h, std::span<const uint8_t>(done[size_t(t)]), mask);
+      }
+      seg.backward(loss);
+    }
+    {  // stream s alone: each episode from a fresh zero state
+      Segment seg = alone.tape.segment();
+      Tensor h = alone.tape.zeros({1, H}, DType::F64), loss;
+      for (int64_t t = 0; t < T; ++t) {
+        h = alone.gru(alone.tape.from(std::span<const double>(xs.data() + (t * B + s) * I, size_t(I)), {1, I}), h);
+        const std::vector<int64_t> y = {target(t, s)};
+        Tensor l = cross_entropy(alone.head(h), alone.tape.from(std::span<const int64_t>(y), {1}), Reduction::Sum);
+        loss = loss.defined() ? add(loss, l) : l;
+        if (done[size_t(t)][size_t(s)]) h = alone.tape.zeros({1, H}, DType::F64);
+      }
+      seg.backward(loss);
+    }
+    const std::vector<double> a = batched.grads(), b = alone.grads();
+    double d = 0, n = 0;
+    for (size_t i = 0; i < a.size(); ++i) d += (a[i] - b[i]) * (a[i] - b[i]), n += b[i] * b[i];
+    EXPECT_LE(std::sqrt(d / n), 1e-10);
+    EXPECT_GT(n, 0.0);
+  }
+}
+
+// In the Trainer: tmaze's episodes (corridor 3: 4 steps, the streams in
+// step) end together; after the step that ends them the carried state is
+// zero, after every other step it is not; and the state the next step starts
+// from is what its episode's first step computes from zero.
+TEST(Resets, TheTrainerStartsEachEpisodeFromZero) {
+  for (const char* h : {"tbptt:1", "exact:1/1"}) {
+    SCOPED_TRACE(h);
+    Trainer tr(small("tmaze", h, 12));
+    for (int64_t t = 0; t < 12; ++t) {
+      tr.run_segment();
+      const std::vector<float> st = tr.state().to_host<float>();
+      const bool zero = std::all_of(st.begin(), st.end(), [](float v) { return v == 0.0f; });
+      EXPECT_EQ(zero, t % 4 == 3) << "after step " << t;
+    }
+  }
 }
 
 TEST(Learning, RecallBeatsChanceClearly) {

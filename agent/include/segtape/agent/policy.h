@@ -3,11 +3,17 @@
 // In window mode the GRU is replaced by a Linear layer compressing the last N
 // step embeddings (no recurrent gradient by construction).
 #pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "segtape/agent/env.h"
 #include "segtape/nn/layers.h"
+#include "segtape/ops.h"
 
 namespace segtape::agent {
 
@@ -43,5 +49,22 @@ class Policy : public nn::Module {
   std::unique_ptr<nn::Linear> compress_;
   std::unique_ptr<nn::Linear> head_, value_;
 };
+
+// Episode resets inside a segment: the state with the rows of the streams
+// whose episode just ended set to zero, h · (1 − done), so each of them starts
+// its next episode from the zero state while the segment goes on for all.
+// Nothing flows back across a reset (the gradient of h · 0 is 0). h is
+// [B, H] of element type T (float or double); `mask` is the caller's [B, H]
+// buffer (resized once). With no stream done, h comes back untouched and
+// nothing is recorded.
+template <class T>
+Tensor reset_finished(const Tensor& h, std::span<const uint8_t> done, std::vector<T>& mask) {
+  if (std::none_of(done.begin(), done.end(), [](uint8_t d) { return d != 0; })) return h;
+  const auto B = size_t(h.shape[0]), H = size_t(h.shape[1]);
+  if (done.size() != B) throw ShapeError("reset_finished: " + std::to_string(done.size()) + " done flags for a state " + h.describe());
+  mask.resize(B * H);
+  for (size_t b = 0; b < B; ++b) std::fill_n(mask.begin() + ptrdiff_t(b * H), H, done[b] ? T(0) : T(1));
+  return mul(h, h.tape->from(std::span<const T>(mask), h.shape));
+}
 
 }  // namespace segtape::agent

@@ -100,6 +100,9 @@ class Trainer {
   // The budget this trainer's tape applies (TrainConfig::budget, or its default).
   size_t budget() const;
 
+  // The carried GRU state [B, hidden] after the last step (zero rows for
+  // streams whose episode just ended).
+  const Tensor& state() const { return h_; }
   Tape& tape() { return *tape_; }
   Policy& policy() { return *policy_; }
   Env& env() { return *env_; }
@@ -109,6 +112,7 @@ class Trainer {
   Tensor observe_tensor();
   Tensor feature(const Tensor& e);  // history strategy: the [B, hidden] feature of this step
   void update();
+  void reset_finished_streams();
   SegmentResult supervised_segment(Segment& seg, int64_t n);
   SegmentResult actor_critic_segment(Segment& seg, int64_t n);
   SegmentResult exact_window(int64_t n);
@@ -145,6 +149,7 @@ class Trainer {
   std::vector<float> returns_, window_keep_;
   std::vector<float> seg_returns_;              // actor-critic: each step's return [steps of the segment or window, B]
   int64_t exact_window_steps_ = 0;              // exact: steps of the window being run
+  std::vector<float> reset_mask_;               // episode resets: the [B, hidden] mask (reset_finished)
   std::vector<float> host_rows_, host_values_;  // device -> host copies of [B, A] rows and [B] values
   std::vector<float> episode_return_;           // RL: each stream's return so far in its episode
 };
