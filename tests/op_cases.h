@@ -1,9 +1,11 @@
 // The op table shared by gradcheck_test.cpp (every op on the CPU in float64
 // against finite differences) and cuda_test.cpp (every op on CUDA against the
 // CPU): one entry per op and variant, with its input shapes from random dims
-// d[0..3], the op as a function of its inputs, the input value range, and the
-// float32 tolerance the CUDA comparison allows (relative, norm-wise).
+// d[0..3], the op as a function of its inputs, the input value ranges, and the
+// float32 tolerance the CUDA comparison allows at least (relative, norm-wise;
+// cuda_test.cpp widens it where the CPU's own float32 gap says so).
 #pragma once
+#include <cmath>
 #include <functional>
 #include <span>
 #include <string>
@@ -20,6 +22,10 @@ struct OpCase {
   std::function<Tensor(Tape&, const std::vector<Tensor>&, const int64_t* d)> f;
   double lo = -1, hi = 1;  // input range
   double tol32 = 1e-5;     // float32 on CUDA vs float64 on the CPU: relative error, values and gradients
+  // Input k's range for dims d, where inputs differ (else every input is in [lo, hi]).
+  std::function<std::pair<double, double>(size_t k, const int64_t* d)> ranges = nullptr;
+
+  std::pair<double, double> range(size_t k, const int64_t* d) const { return ranges ? ranges(k, d) : std::pair{lo, hi}; }
 };
 
 inline std::vector<OpCase> op_cases() {
@@ -111,6 +117,13 @@ inline std::vector<OpCase> op_cases() {
                },
                -1, 1, 2e-5});
   // x [T = d0 + 1, B = d1, I = d2], h0 [B, H = d3 + 1]: cuDNN on CUDA, fused cells on the CPU.
+  // x and h0 in [-1, 1]; weights and biases at PyTorch's GRU initialisation,
+  // uniform in +-1/sqrt(H). With every weight in +-1 a 60-step recurrence at
+  // H = 70 is chaotic: rounding grows 1e5-fold and more (the CPU's float32 was
+  // 2.1e-2 from its float64 in values, 1.3-1.6 in gradients), so no float32
+  // result could be checked; at PyTorch's scale the gap is 9e-7. tol32 is
+  // what cuDNN met against the CPU's cells on the H200 (CudaGru, K = 32);
+  // cuda_test.cpp widens it where the measured float32 gap requires.
   c.push_back({"gru_sequence",
                [](const int64_t* d) {
                  const int64_t T = d[0] + 1, B = d[1], I = d[2], H = d[3] + 1;
@@ -119,7 +132,10 @@ inline std::vector<OpCase> op_cases() {
                [](Tape&, const std::vector<Tensor>& in, const int64_t*) {
                  return gru_sequence(in[0], in[1], in[2], in[3], in[4], in[5]);
                },
-               -1, 1, 1e-4});  // up to 71 recurrent steps of float32
+               -1, 1, 5e-5, [](size_t k, const int64_t* d) {
+                 const double bound = k < 2 ? 1.0 : 1 / std::sqrt(double(d[3] + 1));
+                 return std::pair{-bound, bound};
+               }});
   // Composed graphs.
   c.push_back({"mlp_cross_entropy", [](const int64_t* d) { return S{{d[0], d[1]}, {d[1], d[2]}, {d[2]}, {d[2], 3}}; },
                [](Tape& t, const std::vector<Tensor>& in, const int64_t* d) {
