@@ -12,3 +12,10 @@ endif()
 # the device code paths of the tape, nn and the agent (and ASan sees them).
 segtape_test(emulated_device_test SOURCES cuda_nn_test.cpp LABELS emulated LIBS segtape_agent PREFIX "emulated.")
 target_compile_definitions(emulated_device_test PRIVATE SEGTAPE_TEST_EMULATED_DEVICE)
+
+# cuda_test.cpp again on the host-emulated device: the CPU halves of its
+# tests (each op case's float32 conditioning on the CPU, the training
+# problem's learning on the CPU) and the device code paths run in every
+# build; what only the CUDA backend does skips there.
+segtape_test(emulated_cuda_test SOURCES cuda_test.cpp LABELS emulated LIBS segtape_engine PREFIX "emulated.")
+target_compile_definitions(emulated_cuda_test PRIVATE SEGTAPE_TEST_EMULATED_DEVICE)
