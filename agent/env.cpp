@@ -1,9 +1,13 @@
 #include "segtape/agent/env.h"
 
-#include <algorithm>
-#include <cmath>
+#include <dlfcn.h>
 
-#include "segtape/error.h"
+#include <algorithm>
+#include <bit>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <map>
 
 namespace segtape::agent {
 
@@ -212,19 +216,252 @@ class Dialogue final : public Env {
   std::vector<int64_t> s_;
 };
 
+// ---- Contract checks
+
+// make_env's wrapper: forwards every call to the env it owns and checks what
+// comes back against the Env contract (env.h). Each check is one pass over
+// the B values a call filled (B x obs_dim for vector observations), next to
+// the env's own pass that filled them. The buffers are first filled with
+// values no env writes (a NaN of its own payload, an impossible token), so a
+// value the env left unwritten is told from one it wrote wrong.
+class CheckedEnv final : public Env {
+ public:
+  CheckedEnv(std::unique_ptr<Env> env, std::string name, int64_t batch)
+      : Env(batch, 0), env_(std::move(env)), name_(std::move(name)) {
+    if (!env_) throw EnvContractError("env '" + name_ + "': its factory returned no env");
+    if (env_->batch() != batch)
+      fail_at_make("batch() is " + std::to_string(env_->batch()) + ", but it was made for " + std::to_string(batch) + " streams");
+    const EnvSpec& s = env_->spec();
+    vocab_ = s.vocab, obs_dim_ = s.obs_dim, actions_ = s.num_actions;
+    if ((vocab_ > 0) == (obs_dim_ > 0) || vocab_ < 0 || obs_dim_ < 0)
+      fail_at_make("spec() has vocab " + std::to_string(vocab_) + " and obs_dim " + std::to_string(obs_dim_) +
+                   "; exactly one must be > 0 (vocab: token observations, obs_dim: vector observations)");
+    if (actions_ < 1) fail_at_make("spec().num_actions is " + std::to_string(actions_) + "; must be >= 1");
+    if (s.measure.empty()) fail_at_make("spec().measure is empty; name what score() measures, e.g. \"accuracy\"");
+  }
+
+  const EnvSpec& spec() const override { return env_->spec(); }
+
+  void observe(std::span<int64_t> tokens, std::span<float> vectors) const override {
+    const size_t B = size_t(batch_);
+    if (vocab_ > 0) {
+      need("observe", "token", tokens.size(), B);
+      std::fill_n(tokens.begin(), B, kUnwritten);
+      env_->observe(tokens, vectors);
+      if (!all_below(tokens.first(B), vocab_)) [[unlikely]]
+        for (size_t b = 0; b < B; ++b)
+          if (tokens[b] < 0 || tokens[b] >= vocab_)
+            fail(tokens[b] == kUnwritten ? "observe() left the token of stream " + std::to_string(b) + " unwritten"
+                                         : "observe() gave stream " + std::to_string(b) + " the token " + std::to_string(tokens[b]) +
+                                               ", outside [0, " + std::to_string(vocab_) + ") (spec().vocab)");
+    } else {
+      const size_t n = B * size_t(obs_dim_);
+      need("observe", "vector", vectors.size(), n);
+      std::fill_n(vectors.begin(), n, kUnwrittenFloat);
+      env_->observe(tokens, vectors);
+      if (!all_finite(vectors.first(n))) [[unlikely]]
+        for (size_t i = 0; i < n; ++i)
+          if (!std::isfinite(vectors[i]))
+            fail("observe() " + (std::bit_cast<uint32_t>(vectors[i]) == kUnwrittenBits
+                                     ? std::string("left value ") + std::to_string(i % size_t(obs_dim_)) + " of stream " +
+                                           std::to_string(i / size_t(obs_dim_)) + " unwritten (obs_dim is " + std::to_string(obs_dim_) + ")"
+                                     : "gave stream " + std::to_string(i / size_t(obs_dim_)) + " the value " + std::to_string(vectors[i]) +
+                                           " at " + std::to_string(i % size_t(obs_dim_)) + "; observations must be finite"));
+    }
+  }
+
+  void targets(std::span<int64_t> y) const override {
+    const size_t B = size_t(batch_);
+    need("targets", "target", y.size(), B);
+    std::fill_n(y.begin(), B, kUnwritten);
+    env_->targets(y);
+    uint64_t bad = 0;  // no early exit (vectorized): a class in [0, num_actions) or kNoTarget
+    for (size_t b = 0; b < B; ++b) bad |= uint64_t(uint64_t(y[b]) >= uint64_t(actions_)) & uint64_t(y[b] != kNoTarget);
+    if (bad) [[unlikely]]
+      for (size_t b = 0; b < B; ++b)
+        if ((y[b] < 0 || y[b] >= actions_) && y[b] != kNoTarget)
+          fail(y[b] == kUnwritten ? "targets() left the target of stream " + std::to_string(b) + " unwritten"
+                                  : "targets() gave stream " + std::to_string(b) + " the target " + std::to_string(y[b]) + ", outside [0, " +
+                                        std::to_string(actions_) + ") (spec().num_actions) and not kNoTarget");
+  }
+
+  void step(std::span<const int64_t> actions, std::span<float> reward, std::span<uint8_t> done) override {
+    const size_t B = size_t(batch_);
+    need("step", "action", actions.size(), B);
+    need("step", "reward", reward.size(), B);
+    need("step", "done", done.size(), B);
+    if (!all_below(actions.first(B), actions_)) [[unlikely]]
+      for (size_t b = 0; b < B; ++b)
+        if (actions[b] < 0 || actions[b] >= actions_)
+          throw Error("env '" + name_ + "', step " + std::to_string(steps_ + 1) + ": the caller's action " +
+                      std::to_string(actions[b]) + " for stream " + std::to_string(b) + " is outside [0, " + std::to_string(actions_) + ")");
+    std::fill_n(reward.begin(), B, kUnwrittenFloat);
+    std::fill_n(done.begin(), B, uint8_t(0xff));
+    env_->step(actions, reward, done);
+    uint8_t done_or = 0;
+    for (size_t b = 0; b < B; ++b) done_or |= done[b];
+    if (!all_finite(reward.first(B)) || done_or > 1) [[unlikely]]
+      for (size_t b = 0; b < B; ++b) {
+        const std::string s = " of stream " + std::to_string(b);
+        if (std::bit_cast<uint32_t>(reward[b]) == kUnwrittenBits) fail("step() left the reward" + s + " unwritten");
+        if (!std::isfinite(reward[b])) fail("step() gave the reward " + std::to_string(reward[b]) + " to stream " + std::to_string(b) + "; rewards must be finite");
+        if (done[b] == 0xff) fail("step() left done" + s + " unwritten");
+        if (done[b] > 1) fail("step() set done" + s + " to " + std::to_string(done[b]) + "; done is 0 or 1");
+      }
+    ++steps_;
+  }
+
+  double score() const override { return env_->score(); }
+  int64_t score_count() const override { return env_->score_count(); }
+  void reset_score() override { env_->reset_score(); }
+  std::vector<int64_t> save_state() const override { return env_->save_state(); }
+  void load_state(std::span<const int64_t> s) override { env_->load_state(s); }
+
+ private:
+  // Never called: save_state and load_state go to the wrapped env.
+  std::vector<int64_t>& state_ints() override { return no_ints_; }
+  bool valid_state(std::span<const int64_t>) const override { return false; }
+
+  static constexpr int64_t kUnwritten = std::numeric_limits<int64_t>::min();
+  static constexpr uint32_t kUnwrittenBits = 0x7fc5e97au;  // a quiet NaN with segtape's payload
+  static inline const float kUnwrittenFloat = std::bit_cast<float>(kUnwrittenBits);
+
+  // No NaN or infinity in v: exponent bits not all ones. Integer compares
+  // and no early exit, a loop the compiler vectorizes (std::isfinite's is not).
+  // Every value in [0, n) (a negative one is a large unsigned one).
+  static bool all_below(std::span<const int64_t> v, int64_t n) {
+    uint64_t out = 0;
+    for (const int64_t x : v) out |= uint64_t(uint64_t(x) >= uint64_t(n));
+    return out == 0;
+  }
+  static bool all_finite(std::span<const float> v) {
+    uint32_t inf_or_nan = 0;
+    for (const float x : v) inf_or_nan |= uint32_t((std::bit_cast<uint32_t>(x) & 0x7f800000u) == 0x7f800000u);
+    return inf_or_nan == 0;
+  }
+  [[noreturn]] void fail(const std::string& what) const {
+    throw EnvContractError("env '" + name_ + "', step " + std::to_string(steps_ + 1) + ": " + what +
+                           " (the Env contract: segtape/agent/env.h, docs/agent.md)");
+  }
+  [[noreturn]] void fail_at_make(const std::string& what) const {
+    throw EnvContractError("env '" + name_ + "': " + what + " (the Env contract: segtape/agent/env.h, docs/agent.md)");
+  }
+  // A caller's buffer too small for B streams: the caller's error, refused
+  // before the env could write past it.
+  void need(const char* call, const char* buffer, size_t have, size_t want) const {
+    if (have < want) [[unlikely]]
+      throw Error("env '" + name_ + "', " + call + "(): the caller's " + buffer + " buffer holds " + std::to_string(have) +
+                  " values; this env's " + std::to_string(batch_) + " streams need " + std::to_string(want));
+  }
+
+  std::unique_ptr<Env> env_;
+  std::string name_;
+  int64_t vocab_ = 0, obs_dim_ = 0, actions_ = 0;
+  int64_t steps_ = 0;  // step() calls so far: messages name step steps_ + 1
+  std::vector<int64_t> no_ints_;
+};
+
+// ---- The registry
+
+struct Registry {
+  std::vector<std::string> names;  // in registration order
+  std::vector<EnvFactory> factories;
+};
+
+void add(Registry& r, const std::string& name, EnvFactory f) {
+  if (name.empty()) throw Error("register_env: the env name is empty");
+  for (const char ch : name)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.')
+      throw Error("register_env: env name '" + name + "' has a character other than letters, digits, '-', '_' and '.'");
+  if (std::find(r.names.begin(), r.names.end(), name) != r.names.end())
+    throw Error("register_env: an env named '" + name + "' is already registered; choose another name");
+  if (!f) throw Error("register_env: the factory of env '" + name + "' is empty");
+  r.names.push_back(name);
+  r.factories.push_back(std::move(f));
+}
+
+template <class E>
+EnvFactory builtin() {
+  return [](int64_t batch, uint64_t seed, const EnvOptions& o) -> std::unique_ptr<Env> { return std::make_unique<E>(batch, seed, o); };
+}
+
+Registry& registry() {
+  static Registry r = [] {
+    Registry b;
+    add(b, "recall", builtin<Recall>());
+    add(b, "tmaze", builtin<TMaze>());
+    add(b, "dialogue", builtin<Dialogue>());
+    return b;
+  }();
+  return r;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& n : v) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
 }  // namespace
 
-const std::vector<std::string>& env_names() {
-  static const std::vector<std::string> n = {"recall", "tmaze", "dialogue"};
-  return n;
-}
+void register_env(const std::string& name, EnvFactory factory) { add(registry(), name, std::move(factory)); }
+
+const std::vector<std::string>& env_names() { return registry().names; }
 
 std::unique_ptr<Env> make_env(const std::string& name, int64_t batch, uint64_t seed, const EnvOptions& o) {
   if (batch < 1) throw Error("env: batch must be >= 1, got " + std::to_string(batch));
-  if (name == "recall") return std::make_unique<Recall>(batch, seed, o);
-  if (name == "tmaze") return std::make_unique<TMaze>(batch, seed, o);
-  if (name == "dialogue") return std::make_unique<Dialogue>(batch, seed, o);
-  throw Error("unknown env '" + name + "' (choose recall, tmaze or dialogue)");
+  const Registry& r = registry();
+  const auto it = std::find(r.names.begin(), r.names.end(), name);
+  if (it == r.names.end())
+    throw Error("unknown env '" + name + "' (registered: " + joined(r.names) +
+                "; an env of your own: register_env, or `segtape train --env-plugin FILE`)");
+  const EnvFactory& make = r.factories[size_t(it - r.names.begin())];
+  return std::make_unique<CheckedEnv>(make(batch, seed, o), name, batch);
+}
+
+std::vector<std::string> load_env_plugin(const std::filesystem::path& file) {
+  namespace fs = std::filesystem;
+  static std::map<fs::path, std::vector<std::string>> loaded;  // by absolute path: what each plug-in registered
+  std::error_code ec;
+  if (!fs::exists(file, ec)) throw Error(file.string() + ": no such file");
+  if (fs::is_directory(file, ec)) throw Error(file.string() + ": is a directory, not a shared library");
+  // An absolute path: dlopen searches the library path for a bare name.
+  const fs::path path = fs::weakly_canonical(fs::absolute(file, ec), ec);
+  if (auto it = loaded.find(path); it != loaded.end()) return it->second;
+  dlerror();
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    const char* why = dlerror();
+    throw Error(file.string() + ": cannot load it as a shared library (" + (why ? why : "dlopen failed") + ")");
+  }
+  // Reading a function pointer out of dlsym's void*: the POSIX way.
+  void* sym = dlsym(lib, "segtape_register_envs");
+  if (!sym) {
+    dlclose(lib);
+    throw Error(file.string() + ": not a segtape env plug-in (it defines no extern \"C\" void segtape_register_envs())");
+  }
+  auto* register_envs = reinterpret_cast<void (*)()>(sym);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+  // The library stays loaded from here on: its factories may be in the
+  // registry (and an env it made may outlive any handle we would close).
+  Registry& r = registry();
+  const size_t before = r.names.size();
+  auto roll_back = [&] {
+    r.names.resize(before);
+    r.factories.resize(before);
+  };
+  try {
+    register_envs();
+  } catch (const std::exception& e) {
+    roll_back();
+    throw Error(file.string() + ": segtape_register_envs() failed: " + e.what());
+  } catch (...) {
+    roll_back();
+    throw Error(file.string() + ": segtape_register_envs() failed with an exception that is not a std::exception");
+  }
+  std::vector<std::string> added(r.names.begin() + std::ptrdiff_t(before), r.names.end());
+  if (added.empty()) throw Error(file.string() + ": segtape_register_envs() registered no env (call register_env in it)");
+  loaded[path] = added;
+  return added;
 }
 
 }  // namespace segtape::agent

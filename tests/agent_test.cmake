@@ -1,3 +1,19 @@
 segtape_test(agent_test SOURCES agent_test.cpp LABELS agent LIBS segtape_agent)
 target_compile_definitions(agent_test PRIVATE SEGTAPE_BIN="$<TARGET_FILE:segtape>")
 add_dependencies(agent_test segtape)
+
+# Envs of one's own: the registry, the contract checks, plug-ins. The test
+# loads plug-ins built from the same file (SEGTAPE_ENV_TEST_PLUGIN = 1: two
+# envs, 2: no entry point, 3: registers nothing, 4: a name that is taken);
+# they link no segtape library and resolve it from env_test, which exports
+# its symbols (ENABLE_EXPORTS) as the segtape program does.
+segtape_test(env_test SOURCES env_test.cpp LABELS agent LIBS segtape_agent)
+set_target_properties(env_test PROPERTIES ENABLE_EXPORTS ON)
+foreach(i 1 2 3 4)
+  add_library(env_test_plugin_${i} MODULE env_test.cpp)
+  target_compile_definitions(env_test_plugin_${i} PRIVATE SEGTAPE_ENV_TEST_PLUGIN=${i})
+  target_link_libraries(env_test_plugin_${i} PRIVATE segtape_plugin segtape_warnings)
+  target_compile_definitions(env_test PRIVATE SEGTAPE_ENV_TEST_PLUGIN_${i}="$<TARGET_FILE:env_test_plugin_${i}>")
+  add_dependencies(env_test env_test_plugin_${i})
+endforeach()
+target_compile_definitions(env_test PRIVATE SEGTAPE_ENV_TEST_PLUGINS)

@@ -5,18 +5,52 @@
 // tmaze) or a frozen embedding vector (dialogue) — and then takes one action
 // per stream. Supervised envs also give a target class per stream (or
 // kNoTarget); reinforcement-learning envs give rewards.
+//
+// Your own env: derive from Env, keep the contract below, and register a
+// factory under a name (register_env); make_env, env_names() and
+// `segtape train --env` then know it. A shared library that defines
+// `extern "C" void segtape_register_envs()` is an env plug-in, loaded by
+// load_env_plugin (`segtape train --env-plugin lib.so`). docs/agent.md,
+// "Your own environment", and examples/custom_env/ show the whole route.
+//
+// The Env contract, checked by make_env's envs on every call (a violation
+// throws EnvContractError naming the env and the step):
+//   spec()     vocab > 0 (token observations) or obs_dim > 0 (vectors), not
+//              both; num_actions >= 1; measure not empty; the same for the
+//              env's whole life. batch() is the B it was made with.
+//   observe()  fills tokens[0, B) with values in [0, vocab) (token envs) or
+//              vectors[0, B * obs_dim) with finite values, row b = stream b
+//              (vector envs); writes nothing else, changes nothing.
+//   targets()  fills y[0, B) with a class in [0, num_actions) or kNoTarget.
+//   step()     gets actions in [0, num_actions); fills reward[0, B) with
+//              finite values and done[0, B) with 0 or 1 (1: the stream's
+//              episode ended with this step; the env restarts it by itself,
+//              and the trainer resets that stream's recurrent state).
+//   state      deterministic given the seed: everything that decides future
+//              observations lives in rng_ and state_ints(), so save_state /
+//              load_state continue bit-identically; valid_state() refuses
+//              saved integers this env cannot be in.
 #pragma once
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "segtape/error.h"
 #include "segtape/nn/random.h"
 
 namespace segtape::agent {
 
 inline constexpr int64_t kNoTarget = -100;  // matches cross_entropy's ignore index
+
+// An env broke the contract above (an observation out of range, a reward that
+// is not finite, done not 0 or 1, ...). The message names the env and the step.
+struct EnvContractError : Error {
+  using Error::Error;
+};
 
 struct EnvSpec {
   std::string name;
@@ -52,10 +86,12 @@ class Env {
   virtual void step(std::span<const int64_t> actions, std::span<float> reward, std::span<uint8_t> done) = 0;
 
   // Score since the last reset_score(): accuracy on targets (supervised) or
-  // the fraction of finished episodes that succeeded (RL).
-  double score() const { return score_den_ ? double(score_num_) / double(score_den_) : 0.0; }
-  int64_t score_count() const { return score_den_; }
-  void reset_score() { score_num_ = score_den_ = 0; }
+  // the fraction of finished episodes that succeeded (RL). An env counts into
+  // score_num_ / score_den_; these read them (virtual so that make_env's
+  // checking wrapper can hand them through to the env it wraps).
+  virtual double score() const { return score_den_ ? double(score_num_) / double(score_den_) : 0.0; }
+  virtual int64_t score_count() const { return score_den_; }
+  virtual void reset_score() { score_num_ = score_den_ = 0; }
 
   // Everything needed to continue bit-identically (for checkpoints).
   virtual std::vector<int64_t> save_state() const;
@@ -75,8 +111,45 @@ class Env {
   int64_t score_num_ = 0, score_den_ = 0;
 };
 
-// names: "recall", "tmaze", "dialogue"
+// ---- The registry: every env make_env can build, by name.
+
+// Makes an env of B streams from a seed and the options (EnvOptions: an env
+// of your own may read any field it has a use for, e.g. lag as a length).
+using EnvFactory = std::function<std::unique_ptr<Env>(int64_t batch, uint64_t seed, const EnvOptions& options)>;
+
+// Adds an env for make_env, env_names() and `segtape train --env`. Throws
+// Error for an empty name, a name with other characters than letters,
+// digits, '-', '_' and '.', a name already registered (the built-ins
+// "recall", "tmaze" and "dialogue" are), or an empty factory. Call it at
+// start-up, before make_env runs on other threads: the registry is not
+// synchronised.
+void register_env(const std::string& name, EnvFactory factory);
+
+// The env registered under `name`, wrapped in the contract checks (the
+// returned env forwards every call and refuses a broken contract with
+// EnvContractError). An unknown name throws Error listing the registered ones.
 std::unique_ptr<Env> make_env(const std::string& name, int64_t batch, uint64_t seed, const EnvOptions& o);
+// Registered names, in registration order: the built-ins first.
 const std::vector<std::string>& env_names();
+
+// ---- Plug-ins: envs from a shared library.
+//
+// A plug-in is a shared library (CMake: add_library(x MODULE ...) linked to
+// segtape::plugin) that defines
+//     extern "C" void segtape_register_envs();
+// which calls register_env for each of its envs. It does not link segtape's
+// libraries: it uses the ones of the program that loads it, which exports
+// them (the segtape program does; a program of your own links with
+// ENABLE_EXPORTS, i.e. -rdynamic). It must be built with the compiler and
+// the segtape headers of that program.
+//
+// load_env_plugin opens `file` (dlopen), calls its segtape_register_envs()
+// and returns the names it registered. Loading the same file again returns
+// the same names and registers nothing. Throws Error, message starting with
+// the file's name: no such file; not loadable (dlerror's reason: not a
+// shared library, an undefined symbol); not a plug-in (no
+// segtape_register_envs); registration failed (a name taken); registered
+// nothing.
+std::vector<std::string> load_env_plugin(const std::filesystem::path& file);
 
 }  // namespace segtape::agent
