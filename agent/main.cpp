@@ -10,6 +10,7 @@
 #include <optional>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -223,6 +224,77 @@ nlohmann::json config_json(const TrainConfig& c, size_t budget_applied) {
   return j;
 }
 
+// ---- Env plug-ins (--env-plugin FILE, docs/agent.md "Your own environment")
+//
+// Loaded before the command line is parsed, so that --env knows their envs;
+// the file an env came from is recorded in the run's checkpoints
+// (metadata "env.plugin") and metrics.json, and --resume and eval load it
+// again from there.
+
+const char* const kPluginKey = "env.plugin";
+
+// The envs that --env-plugin files registered, each with its file (absolute).
+std::map<std::string, std::string>& plugin_envs() {
+  static std::map<std::string, std::string> m;
+  return m;
+}
+
+bool env_registered(const std::string& name) {
+  return std::find(env_names().begin(), env_names().end(), name) != env_names().end();
+}
+
+std::string registered_envs() {
+  std::string s;
+  for (const std::string& n : env_names()) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+// Loads a plug-in; an error says which file and why (load_env_plugin's message starts with the file).
+void load_plugin(const std::string& file) {
+  std::error_code ec;
+  const std::string path = fs::weakly_canonical(fs::absolute(file, ec), ec).string();
+  for (const std::string& name : load_env_plugin(file)) plugin_envs()[name] = path;
+}
+
+// The --env-plugin values of a train or eval command line ("--env-plugin F"
+// or "--env-plugin=F"; CLI11 parses them again, for their help and checks).
+std::vector<std::string> plugin_args(int argc, char** argv) {
+  std::vector<std::string> files;
+  if (argc < 2 || (std::strcmp(argv[1], "train") != 0 && std::strcmp(argv[1], "eval") != 0)) return files;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    if (a == "--env-plugin" && i + 1 < argc) files.emplace_back(argv[++i]);
+    else if (a.rfind("--env-plugin=", 0) == 0) files.push_back(a.substr(13));
+  }
+  return files;
+}
+
+// The plug-in a checkpoint's env comes from ("" for a built-in env): the
+// file given with --env-plugin this time if it registered the env, else the
+// file recorded in the checkpoint, loaded now. `where` names the flag and
+// the checkpoint for the errors.
+std::string checkpoint_plugin(const fs::path& ck, const std::string& env, const std::string& where) {
+  if (auto it = plugin_envs().find(env); it != plugin_envs().end()) return it->second;
+  if (env_registered(env)) return "";
+  const auto meta = safetensors::load(ck).metadata;
+  const auto it = meta.find(kPluginKey);
+  if (it == meta.end())
+    throw Error(where + ": the checkpoint's env '" + env + "' is not registered (registered: " + registered_envs() +
+                "); load the plug-in that defines it with --env-plugin FILE");
+  try {
+    load_plugin(it->second);
+  } catch (const std::exception& e) {
+    throw Error(where + ": the checkpoint's env '" + env + "' comes from the plug-in " + it->second +
+                " (recorded in the checkpoint), which cannot be loaded (" + e.what() +
+                "); pass --env-plugin FILE with the plug-in's path");
+  }
+  if (!env_registered(env))
+    throw Error(where + ": the plug-in " + it->second + " recorded in the checkpoint no longer registers the env '" + env +
+                "' (it registers: " + registered_envs() + ")");
+  return plugin_envs()[env];
+}
+
 class Progress {
  public:
   explicit Progress(int64_t total) : total_(total), tty_(isatty(STDERR_FILENO)) {}
@@ -268,6 +340,7 @@ void catch_stop_signals() {
 struct TrainArgs {
   TrainConfig c;
   std::string history = "tbptt:32", budget, out, resume;
+  std::vector<std::string> env_plugins;  // loaded before parsing (plugin_args); here for CLI11
   int64_t log_every = 0, checkpoint_every = 0, eval_steps = 500;
   bool force = false;
 };
@@ -275,6 +348,7 @@ struct TrainArgs {
 int train(TrainArgs& a, CLI::App& cmd) {
   fs::path out;
   TrainConfig c = a.c;
+  std::string plugin;  // the file of the --env-plugin that defines c.env ("" for a built-in env)
   c.budget_name = "--budget";
   const bool resume = !a.resume.empty();
   for (const auto& [opt, v] : {std::pair{"--log-every", a.log_every}, std::pair{"--checkpoint-every", a.checkpoint_every},
@@ -286,11 +360,13 @@ int train(TrainArgs& a, CLI::App& cmd) {
     if (!fs::exists(ck)) throw Error("--resume " + out.string() + ": no checkpoint.safetensors there; start a new run with --out");
     c = Trainer::read_config(ck);
     c.budget_name = "--budget";
+    plugin = checkpoint_plugin(ck, c.env, "--resume " + out.string());
     for (const char* opt : {"--env", "--history", "--batch", "--hidden", "--embed", "--lag", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget"})
       if (cmd.count(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
     if (cmd.count("--steps")) c.steps = a.c.steps;
     if (cmd.count("--device")) c.device = a.c.device;  // a run may move between the CPU and a GPU
   } else {
+    if (auto it = plugin_envs().find(c.env); it != plugin_envs().end()) plugin = it->second;
     c.history = History::parse(a.history);
     if (!a.budget.empty()) c.budget = parse_bytes(a.budget);
     if (a.out.empty()) {
@@ -345,6 +421,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
               c.history.str().c_str(), c.steps, c.batch, c.hidden, format_bytes(tr.budget()).c_str(),
               full ? (c.budget ? " (growth limit)" : " (growth limit, the default for full; set it with --budget)") : "",
               out.c_str());
+  if (!plugin.empty()) std::printf("env %s from the plug-in %s\n", c.env.c_str(), plugin.c_str());
   std::fflush(stdout);
 
   catch_stop_signals();
@@ -360,9 +437,13 @@ int train(TrainArgs& a, CLI::App& cmd) {
   if (!resume) tr.env().reset_score();  // a resumed env's score counts continue from its checkpoint
   // The open log interval's sums travel in the checkpoint, so a resumed run's
   // next row is the row the run would have written had it never stopped.
+  std::map<std::string, std::string> run_meta;  // checkpoint metadata besides the Trainer's own
+  if (!plugin.empty()) run_meta[kPluginKey] = plugin;
   auto interval_meta = [&]() -> std::map<std::string, std::string> {
-    return {{"run.interval", fmt::format("{:.17g},{},{:.17g},{},{},{:.17g}", loss_sum, loss_n, return_sum, episodes,
-                                         interval_steps, last_loss)}};
+    std::map<std::string, std::string> m = run_meta;
+    m["run.interval"] = fmt::format("{:.17g},{},{:.17g},{},{},{:.17g}", loss_sum, loss_n, return_sum, episodes, interval_steps,
+                                    last_loss);
+    return m;
   };
   if (resume) {
     const auto meta = safetensors::load(out / "checkpoint.safetensors").metadata;
@@ -430,12 +511,13 @@ int train(TrainArgs& a, CLI::App& cmd) {
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!full && signal_stop) tr.save(out / "checkpoint.safetensors", interval_meta());  // the segment boundary it stopped at
   if (full && !stopped.empty() && interval_steps) log_row(std::chrono::steady_clock::now());
-  if (full && stopped.empty()) tr.save(out / "checkpoint.safetensors");
+  if (full && stopped.empty()) tr.save(out / "checkpoint.safetensors", run_meta);
   std::optional<double> eval;
   if (stopped.empty()) eval = tr.evaluate(a.eval_steps, c.seed + 7919);
   const TapeStats st = tr.tape().stats();
   nlohmann::json j;
   j["config"] = config_json(c, tr.budget());
+  if (!plugin.empty()) j["config"]["env_plugin"] = plugin;
   j["steps"] = tr.step();
   j["final_loss"] = rows.empty() ? 0.0 : rows.back().loss;
   j["final_" + measure] = rows.empty() ? 0.0 : rows.back().score;
@@ -489,6 +571,7 @@ int eval(const std::string& checkpoint, int64_t steps, uint64_t seed, const std:
   if (steps < 1) throw Error("--steps " + std::to_string(steps) + ": must be >= 1 (steps of greedy evaluation)");
   TrainConfig c = Trainer::read_config(checkpoint);
   c.budget_name = "--budget";
+  (void)checkpoint_plugin(checkpoint, c.env, "--checkpoint " + checkpoint);
   if (!device.empty()) c.device = device;
   Trainer tr(c);
   tr.load(checkpoint);
@@ -593,15 +676,40 @@ int retention_lab(RetentionArgs& a) {
 }  // namespace
 
 int run_cli(int argc, char** argv) {
+  // Env plug-ins first: --env then knows the names they register.
+  for (const std::string& file : plugin_args(argc, argv)) {
+    try {
+      load_plugin(file);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "segtape: error: --env-plugin %s\n", e.what());
+      return 2;
+    }
+  }
+  std::string env_help = "Environment: recall (delayed recall), tmaze (T-maze, RL), dialogue (tool use)";
+  for (const auto& [name, file] : plugin_envs()) env_help += ", " + name + " (from " + fs::path(file).filename().string() + ")";
+
   CLI::App app{"segtape: recurrent agents with fixed memory per segment (truncated BPTT as the structure of the engine)", "segtape"};
   app.set_version_flag("--version", std::string("segtape ") + SEGTAPE_VERSION);
   app.require_subcommand(1);
 
   TrainArgs ta;
   CLI::App* tr = app.add_subcommand("train", "Train a recurrent agent; writes metrics.csv, metrics.json, checkpoint.safetensors, plot.svg");
-  tr->add_option("--env", ta.c.env, "Environment: recall (delayed recall), tmaze (T-maze, RL), dialogue (tool use)")
+  tr->add_option("--env", ta.c.env, env_help)
       ->capture_default_str()
-      ->check(CLI::IsMember(env_names()));
+      ->check(CLI::Validator(
+          [](const std::string& name) {
+            return env_registered(name) ? std::string()
+                                        : "unknown env '" + name + "' (registered: " + registered_envs() +
+                                              "; an env of your own: --env-plugin FILE)";
+          },
+          "{" + [] {
+            std::string s;
+            for (const std::string& n : env_names()) s += (s.empty() ? "" : ",") + n;
+            return s;
+          }() + "}"));
+  tr->add_option("--env-plugin", ta.env_plugins,
+                 "Load envs from this shared library (defines segtape_register_envs(); docs/agent.md, \"Your own environment\"); "
+                 "recorded in the checkpoint, so --resume and eval load it again");
   tr->add_option("--history", ta.history,
                  "How history reaches the gradient: tbptt:K (segments of K steps), detach (K=1), full (one growing segment; "
                  "teaching), window:N (last N embeddings, no recurrence), nograd-history (1-step gradient, K-step updates), "
@@ -640,6 +748,9 @@ int run_cli(int argc, char** argv) {
   ev->add_option("--seed", eval_seed, "Seed of the fresh episodes")->capture_default_str();
   std::string eval_device;
   ev->add_option("--device", eval_device, "cpu or cuda (default: the device the checkpoint was trained on)");
+  std::vector<std::string> eval_plugins;  // loaded before parsing (plugin_args)
+  ev->add_option("--env-plugin", eval_plugins,
+                 "Load envs from this shared library (default: the plug-in recorded in the checkpoint, if any)");
 
   RetentionArgs ra;
   CLI::App* rl = app.add_subcommand(
