@@ -5,6 +5,9 @@
 #            unloadable checkpoint; --resume ends bit-identical to an unbroken run
 #   package  tests/package/test.sh: cmake --install, then find_package(segtape)
 #            from an out-of-tree project
+#   package  examples/custom_env/test.sh (custom_env): the same for the env
+#            example, trained by its own program and as a plug-in of the
+#            installed segtape (--env-plugin, --resume, eval, the errors)
 # Not in a sanitizer build: these time the real program (an instrumented one
 # is 2-3x slower and its RSS is ASan's shadow memory), and an instrumented
 # install cannot be linked by the uninstrumented consumer project.
@@ -19,4 +22,6 @@ if(TARGET segtape AND NOT SEGTAPE_SANITIZE)
   set_tests_properties(kill_during_checkpoint PROPERTIES COST 1000)
   add_test(NAME package COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/package/test.sh ${PROJECT_BINARY_DIR})
   set_tests_properties(package PROPERTIES LABELS package TIMEOUT 600)
+  add_test(NAME custom_env COMMAND bash ${PROJECT_SOURCE_DIR}/examples/custom_env/test.sh ${PROJECT_BINARY_DIR})
+  set_tests_properties(custom_env PROPERTIES LABELS package TIMEOUT 600)
 endif()
