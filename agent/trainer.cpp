@@ -123,8 +123,11 @@ void TrainConfig::validate() const {
   auto need = [](bool ok, const std::string& m) {
     if (!ok) throw Error(m);
   };
-  need(std::find(env_names().begin(), env_names().end(), env) != env_names().end(),
-       "unknown --env '" + env + "' (choose recall, tmaze or dialogue)");
+  if (std::find(env_names().begin(), env_names().end(), env) == env_names().end()) {
+    std::string names;
+    for (const std::string& n : env_names()) names += (names.empty() ? "" : ", ") + n;
+    throw Error("unknown --env '" + env + "' (registered: " + names + ")");
+  }
   need(steps >= 1 && steps <= 1'000'000'000, "--steps must be in [1, 1e9]");
   need(batch >= 1 && batch <= 65536, "--batch must be in [1, 65536]");
   need(hidden >= 1 && hidden <= 16384, "--hidden must be in [1, 16384]");
