@@ -44,16 +44,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-#ifdef SEGTAPE_TEST_EMULATED_DEVICE
-const bool kEmulated = [] {
-  emulation::emulate_cuda_on_host(true);
-  return true;
-}();
-#else
-constexpr bool kEmulated = false;
-#endif
-
 using test::gpu_missing;
+using test::kEmulated;
 using test::small_device_pools;
 
 fs::path scratch(const std::string& name) {

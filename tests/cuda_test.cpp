@@ -43,15 +43,6 @@ using namespace segtape::test;
 
 namespace {
 
-#ifdef SEGTAPE_TEST_EMULATED_DEVICE
-const bool kEmulated = [] {
-  emulation::emulate_cuda_on_host(true);
-  return true;
-}();
-#else
-constexpr bool kEmulated = false;
-#endif
-
 // What only the CUDA backend does (cudaMalloc's out-of-memory report, index
 // checks in kernels, graph capture) is not emulated: those tests skip there.
 #define REQUIRE_CUDA_BACKEND()                                                                   \

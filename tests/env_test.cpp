@@ -87,6 +87,7 @@ extern "C" void segtape_register_envs() {
 #include <filesystem>
 
 #include "segtape/agent/trainer.h"
+#include "util.h"
 
 using namespace segtape;
 using namespace segtape::agent;
@@ -94,15 +95,22 @@ using test_envs::Echo;
 
 namespace {
 
+// test::message_of (util.h), with the library's Error as the default.
 template <class E = Error, class F>
 std::string message_of(F f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return {};
+  return test::message_of<E>(f);
+}
+
+TrainConfig config(const std::string& env, const std::string& history, int64_t steps, int64_t batch, int64_t hidden,
+                   int64_t embed) {
+  TrainConfig c;
+  c.env = env;
+  c.history = History::parse(history);
+  c.steps = steps;
+  c.batch = batch;
+  c.hidden = hidden;
+  c.embed = embed;
+  return c;
 }
 
 bool registered(const std::string& name) {
@@ -416,14 +424,7 @@ TEST(EnvContract, TheBuiltInsKeepIt) {
 // env stops training with the env's name and step.
 TEST(EnvContract, TheTrainerRefusesABrokenEnv) {
   (void)broken("bad-reward-trainer", Fault::RewardNaN, 5);
-  TrainConfig c;
-  c.env = "bad-reward-trainer";
-  c.steps = 64;
-  c.batch = 2;
-  c.hidden = 8;
-  c.embed = 4;
-  c.history = History::parse("tbptt:4");
-  Trainer tr(c);
+  Trainer tr(config("bad-reward-trainer", "tbptt:4", 64, 2, 8, 4));
   const std::string m = message_of<EnvContractError>([&] {
     while (!tr.done()) (void)tr.run_segment();
   });
@@ -436,14 +437,7 @@ TEST(EnvRegistry, TheTrainerTrainsARegisteredEnv) {
   ensure("echo", [](int64_t batch, uint64_t seed, const EnvOptions&) -> std::unique_ptr<Env> {
     return std::make_unique<Echo>(batch, seed, "echo");
   });
-  TrainConfig c;
-  c.env = "echo";
-  c.steps = 1600;
-  c.batch = 8;
-  c.hidden = 16;
-  c.embed = 8;
-  c.history = History::parse("tbptt:8");
-  Trainer tr(c);
+  Trainer tr(config("echo", "tbptt:8", 1600, 8, 16, 8));
   while (!tr.done()) (void)tr.run_segment();
   EXPECT_GT(tr.evaluate(200, 9), 0.9) << "echo (the previous token) is learned";
 }

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "segtape/emulation.h"
 #include "segtape/tape.h"
 
 namespace segtape::test {
@@ -20,6 +21,17 @@ inline TapeOptions small_device_pools() {
   o.device_workspace = size_t(8) << 20;
   return o;
 }
+
+// Whether this binary runs the suite on the host-emulated device (built with
+// SEGTAPE_TEST_EMULATED_DEVICE); it then turns the emulation on at start-up.
+#ifdef SEGTAPE_TEST_EMULATED_DEVICE
+inline const bool kEmulated = [] {
+  emulation::emulate_cuda_on_host(true);
+  return true;
+}();
+#else
+inline constexpr bool kEmulated = false;
+#endif
 
 // Empty when a CUDA tape can be made; else why not (the skip message).
 inline const std::string& gpu_missing() {
