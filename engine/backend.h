@@ -1,15 +1,15 @@
-// Engine-internal: the one interface between the op table (ops.cpp, tape.cpp)
-// and a device backend. The CPU path does not go through it: a CPU tape has
-// no backend and every op computes in its own plain loops, as before. A CUDA
-// tape has one (engine/cuda/backend.cpp), made by make_cuda_backend(); a build
-// without CUDA links engine/cuda/stub.cpp instead, whose make_cuda_backend()
-// raises. Public headers only forward-declare this class: no CUDA type and no
-// #ifdef on CUDA leaves engine/cuda/.
+// Engine-internal: the one interface between the tape and the ops on one
+// side and a device on the other. Every tape has a backend: the CPU's
+// (engine/cpu/backend.cpp, also the host-emulated device) or CUDA's
+// (engine/cuda/backend.cpp, made by make_cuda_backend(); a build without CUDA
+// links engine/cuda/stub.cpp instead, whose make_cuda_backend() raises).
+// Public headers only forward-declare this class: no CUDA type and no #ifdef
+// on CUDA leaves engine/cuda/.
 //
-// Contract of forward / backward: they compute exactly what the CPU code of
-// the same OpKind computes (same inputs, attributes and saved buffers as the
-// recorded Node, see ops.cpp), asynchronously on the backend's one stream.
-// Backward accumulates (+=) into dst[j], like backward_node().
+// Contract of forward / backward: they compute the op of the node (its
+// inputs, attributes and saved buffer, engine/ops/op.h) with the formulas of
+// its family in engine/ops/, asynchronously on a device's stream.
+// Backward accumulates (+=) into dst[j].
 #pragma once
 #include <array>
 #include <cstddef>
@@ -28,11 +28,13 @@ class Backend {
 
   virtual ~Backend() = default;
 
-  // True for the host-emulated device (segtape/emulation.h): its memory is host
-  // memory and the ops run the CPU code of ops.cpp on it; forward / backward
-  // are never called. Everything else (memory, copies, updates) goes through
-  // the backend as on a GPU.
-  virtual bool computes_on_host() const { return false; }
+  // Device memory (CUDA, the host-emulated device): every pool is one fixed
+  // allocation made with the tape, and the host does not touch it directly.
+  // False on the CPU: host memory, pools grow in chunks.
+  virtual bool device_memory() const { return true; }
+  // Whether forward computes OpKind::GruSequence as one node (cuDNN); where
+  // not, gru_sequence() composes gru_cell steps.
+  virtual bool has_gru_sequence() const { return false; }
 
   // Chunk allocator for one of the tape's pools (`what` names the pool and
   // the option that sizes it, for the out-of-memory message).
@@ -81,18 +83,8 @@ class Backend {
 // otherwise. Raises a segtape::Error when no GPU can be used, saying why.
 std::unique_ptr<Backend> make_cuda_backend(const Device& device, const TapeOptions& options);
 
-// engine/emulated_backend.cpp (segtape/emulation.h).
+// engine/cpu/backend.cpp: the CPU, and the host-emulated device (segtape/emulation.h).
+std::unique_ptr<Backend> make_cpu_backend(const Device& device, const TapeOptions& options);
 std::unique_ptr<Backend> make_host_emulated_backend(const Device& device, const TapeOptions& options);
-
-// A device whose ops compute with the backend: a real one, not the emulator.
-inline bool device_computes(const Backend* be) { return be && !be->computes_on_host(); }
-
-// The CPU implementations of the parameter updates (update.cpp): what a CPU
-// tape runs, and what the host-emulated device runs. Same contract as the
-// Backend methods of the same names.
-void cpu_sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdOptions& s, bool first);
-void cpu_adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled, int64_t step);
-void cpu_scale(void* x, int64_t n, DType d, double factor);
-double cpu_sum_squares(const void* x, int64_t n, DType d);
 
 }  // namespace segtape::detail

@@ -8,7 +8,7 @@
 
 #include "backend.h"
 #include "segtape/emulation.h"
-#include "ops_internal.h"
+#include "ops/op.h"
 
 namespace segtape {
 
@@ -31,10 +31,10 @@ std::string format_bytes(size_t b) {
 }
 
 namespace detail {
-// Backward's free list of dead gradient buffers on a device tape: the CPU's
-// policy (reuse by exact aligned size), with the links kept on the host
-// because device memory cannot hold them for us. Stacks keep their capacity.
-struct DeviceFreeList {
+// Backward's free list of dead gradient buffers, by exact aligned size. The
+// links are kept on the host (device memory cannot hold them for us); the
+// stacks keep their capacity, so after the first backward it allocates nothing.
+struct FreeList {
   std::array<size_t, 32> size{};
   std::array<std::vector<void*>, 32> stack;
   int n = 0;
@@ -62,41 +62,39 @@ struct DeviceFreeList {
 }  // namespace detail
 
 namespace {
-// CPU tapes have no backend; a CUDA tape's backend checks for a GPU first.
+// A CUDA tape's backend checks for a GPU first.
 std::unique_ptr<detail::Backend> make_backend(const Device& d, const TapeOptions& o) {
-  if (d.kind == Device::Kind::CPU) return nullptr;
+  if (d.kind == Device::Kind::CPU) return detail::make_cpu_backend(d, o);
   if (emulation::emulating_cuda_on_host()) return detail::make_host_emulated_backend(d, o);
   return detail::make_cuda_backend(d, o);
 }
-ChunkAllocator pool_memory(detail::Backend* be, const char* what) { return be ? be->allocator(what) : ChunkAllocator{}; }
+ChunkAllocator pool_memory(detail::Backend* be, const char* what) { return be->allocator(what); }
 }  // namespace
 
 // On a device every pool is one fixed allocation (no growth: a segment runs
-// at the same addresses every time); on the CPU they are chunked as before.
+// at the same addresses every time); on the CPU they grow in chunks.
 Tape::Tape(Device device, TapeOptions options)
     : device_(device),
       options_(options),
       backend_(make_backend(device, options)),
       arena_(options.segment_budget, options.grow, options.grow_limit,
              pool_memory(backend_.get(), "segment arena (TapeOptions::segment_budget)")),
-      pool_(backend_ ? options.device_persistent : options.persistent_chunk, !backend_, 0,
+      pool_(device_pools() ? options.device_persistent : options.persistent_chunk, !device_pools(), 0,
             pool_memory(backend_.get(), "persistent pool (TapeOptions::device_persistent)")),
-      carry_{Arena(backend_ ? options.device_carry : options.carry_chunk, !backend_, 0,
+      carry_{Arena(device_pools() ? options.device_carry : options.carry_chunk, !device_pools(), 0,
                    pool_memory(backend_.get(), "carry buffer (TapeOptions::device_carry)")),
-             Arena(backend_ ? options.device_carry : options.carry_chunk, !backend_, 0,
+             Arena(device_pools() ? options.device_carry : options.carry_chunk, !device_pools(), 0,
                    pool_memory(backend_.get(), "carry buffer (TapeOptions::device_carry)"))},
-      scratch_(backend_ ? options.device_workspace : size_t(64) << 10, !backend_, 0,
+      scratch_(device_pools() ? options.device_workspace : size_t(64) << 10, !device_pools(), 0,
                pool_memory(backend_.get(), "op workspace (TapeOptions::device_workspace)")),
-      gru_batch_(std::make_unique<detail::GruBatch>()) {
+      gru_batch_(std::make_unique<detail::GruBatch>()),
+      free_(std::make_unique<detail::FreeList>()) {
   // Nodes count against the budget: never reserve more than it can hold.
   const size_t budget = arena_.budget();
   nodes_.reserve(budget ? std::min(options.node_capacity, budget / sizeof(Node)) : options.node_capacity);
   params_.reserve(256);
   leaf_grads_.reserve(16);
-  if (backend_) {
-    grad_table_.reserve(options.node_capacity);
-    device_free_ = std::make_unique<detail::DeviceFreeList>();
-  }
+  if (device_pools()) grad_table_.reserve(options.node_capacity);
 }
 
 Tape::~Tape() = default;
@@ -105,7 +103,7 @@ Segment Tape::segment() {
   if (open_)
     throw TapeError("tape.segment(): segment " + std::to_string(seg_index_) +
                     " is still open; end it (let its Segment go out of scope, or call end()) before opening the next");
-  if (backend_) backend_->segment_begin(seg_index_ + 1);  // may raise what the last segment left behind
+  backend_->segment_begin(seg_index_ + 1);  // may raise what the last segment left behind
   ++seg_index_;
   open_ = true;
   arena_.reset();
@@ -130,19 +128,15 @@ void Tape::end_segment(bool abandoned) {
   arena_.set_outside(0);
   arena_.reset();
   released_upto_ = 0;
-  if (backend_) backend_->segment_end(abandoned);  // launches a captured / replayed CUDA graph
+  backend_->segment_end(abandoned);  // launches a captured / replayed CUDA graph
 }
 
-void Tape::synchronize() {
-  if (backend_) backend_->synchronize();
-}
+void Tape::synchronize() { backend_->synchronize(); }
 
-void Tape::discard_graph() {
-  if (backend_) backend_->discard_graph();
-}
+void Tape::discard_graph() { backend_->discard_graph(); }
 
 void Tape::set_anomaly(bool on) {
-  if (on && backend_ && options_.graph_replay)
+  if (on && options_.graph_replay)
     throw TapeError("set_anomaly(true): anomaly mode reads every op's output on the host, which a CUDA graph "
                     "segment cannot do; turn TapeOptions::graph_replay off to use it");
   options_.anomaly = on;
@@ -150,14 +144,14 @@ void Tape::set_anomaly(bool on) {
 
 void Tape::fill_zero(void* p, size_t bytes) {
   if (!bytes) return;
-  if (backend_) backend_->zero(p, bytes);
-  else std::memset(p, 0, bytes);
+  backend_->zero(p, bytes);
 }
 
-// ---- host access to tensor memory (declared in tensor.h): through the
-// backend on a device, memcpy on the CPU.
+// ---- host access to tensor memory (declared in tensor.h): through the backend.
 
-bool Tensor::on_device() const { return tape && space != Space::None && tape->backend(); }
+bool Tape::device_pools() const { return backend_->device_memory(); }
+
+bool Tensor::on_device() const { return tape && space != Space::None && tape->device_pools(); }
 
 namespace detail {
 namespace {
@@ -175,16 +169,11 @@ void check_byte_copy(const Tensor& t, size_t bytes, const char* what) {
     throw ShapeError(std::string(what) + ": " + std::to_string(bytes) + " bytes for tensor " + t.describe() + " (" +
                      std::to_string(t.nbytes()) + " bytes)");
 }
-// The copy itself, after the checks: through the backend on a device.
+// The copy itself, after the checks.
 void copy_bytes(const Tensor& t, void* host, size_t bytes, bool to_host) {
   if (!bytes) return;
-  if (t.on_device())
-    t.tape->backend()->copy(to_host ? host : t.ptr, to_host ? t.ptr : host, bytes,
-                            to_host ? Backend::Copy::DeviceToHost : Backend::Copy::HostToDevice);
-  else if (to_host)
-    std::memcpy(host, t.ptr, bytes);
-  else
-    std::memmove(t.ptr, host, bytes);
+  t.tape->backend()->copy(to_host ? host : t.ptr, to_host ? t.ptr : host, bytes,
+                          to_host ? Backend::Copy::DeviceToHost : Backend::Copy::HostToDevice);
 }
 }  // namespace
 
@@ -387,8 +376,7 @@ Tensor from_impl(Tape& tape, std::span<const T> v, const Shape& s) {
                      std::to_string(s.numel()) + " elements)");
   Tensor t = tape.make(s, dtype_of<T>(), OpKind::Input, "tape.from()");
   if (v.empty()) return t;
-  if (detail::Backend* be = tape.backend()) be->copy(t.ptr, v.data(), v.size_bytes(), detail::Backend::Copy::HostToDevice);
-  else std::memcpy(t.ptr, v.data(), v.size_bytes());
+  tape.backend()->copy(t.ptr, v.data(), v.size_bytes(), detail::Backend::Copy::HostToDevice);
   return t;
 }
 }  // namespace
@@ -404,7 +392,7 @@ void Tape::zero_grad() {
 void* Tape::scratch(size_t bytes) {
   void* p = scratch_.try_alloc(bytes);
   if (!p)
-    throw Error(backend_ ? "segtape: the op workspace on " + device_.str() + " (" + format_bytes(scratch_.budget()) +
+    throw Error(device_pools() ? "segtape: the op workspace on " + device_.str() + " (" + format_bytes(scratch_.budget()) +
                                ") cannot hold " + format_bytes(align_up(bytes)) + " more: raise TapeOptions::device_workspace"
                          : std::string("segtape: out of memory in op workspace"));
   return p;
@@ -417,25 +405,22 @@ bool Tape::wants_grad(std::span<const Tensor> inputs) const {
   return false;
 }
 
-Node& Tape::record(OpKind k, Tensor& out, std::span<const Tensor> inputs, size_t bytes) {
+Node& Tape::record(const Node& src) {
   // A node is segment memory: it counts against the budget with the arena.
   const size_t budget = arena_.budget();
   const size_t node_bytes = (nodes_.size() + 1) * sizeof(Node);
   if (budget && arena_.used() + node_bytes > budget)
-    throw BudgetError(budget_report(sizeof(Node), k, (std::string("recording a tape node for ") + op_name(k)).c_str()));
+    throw BudgetError(budget_report(sizeof(Node), src.op, (std::string("recording a tape node for ") + op_name(src.op)).c_str()));
   if (nodes_.size() == nodes_.capacity()) {  // grow within what the budget can hold
     size_t cap = std::max<size_t>(64, 2 * nodes_.capacity());
     if (budget) cap = std::min(cap, std::max(budget / sizeof(Node), nodes_.size() + 1));
     nodes_.reserve(cap);
   }
-  Node& n = nodes_.emplace_back();
+  Node& n = nodes_.emplace_back(src);
   arena_.set_outside(node_bytes);
   node_peak_ = std::max(node_peak_, node_bytes);
-  n.op = k;
-  n.n_in = uint8_t(inputs.size());
   n.step = uint32_t(step_);
-  n.bytes = bytes;
-  for (size_t i = 0; i < inputs.size(); ++i) n.in[i] = inputs[i];
+  Tensor& out = n.out;
   out.node = int32_t(nodes_.size() - 1);
   out.requires_grad = true;
   // A node index means "this segment's tape": whatever space the bytes live
@@ -444,30 +429,13 @@ Node& Tape::record(OpKind k, Tensor& out, std::span<const Tensor> inputs, size_t
   out.space = Space::Segment;
   out.gen = seg_index_;
   out.step = uint32_t(step_);
-  n.out = out;
   return n;
 }
 
 void Tape::check_output(const Tensor& out, OpKind k) {
   if (!options_.anomaly || out.dtype == DType::I64) return;
-  const int64_t n = out.numel();
-  int64_t bad = -1;
-  double bad_value = 0;
-  if (backend_) {
-    std::tie(bad, bad_value) = backend_->first_nonfinite(out);
-  } else if (out.dtype == DType::F32) {
-    const float* p = static_cast<const float*>(out.ptr);
-    for (int64_t i = 0; i < n && bad < 0; ++i)
-      if (!std::isfinite(p[i])) bad = i;
-  } else {
-    const double* p = static_cast<const double*>(out.ptr);
-    for (int64_t i = 0; i < n && bad < 0; ++i)
-      if (!std::isfinite(p[i])) bad = i;
-  }
+  const auto [bad, v] = backend_->first_nonfinite(out);
   if (bad >= 0) {
-    const double v = backend_ ? bad_value
-                     : out.dtype == DType::F32 ? static_cast<const float*>(out.ptr)[bad]
-                                               : static_cast<const double*>(out.ptr)[bad];
     throw AnomalyError("anomaly mode: op '" + std::string(op_name(k)) + "' at step " + std::to_string(step_) +
                        " (segment " + std::to_string(seg_index_) + ") produced " + (std::isnan(v) ? "NaN" : "Inf") +
                        " at element " + std::to_string(bad) + " of its output " + std::string(dtype_name(out.dtype)) +
@@ -490,7 +458,7 @@ TapeStats Tape::stats() const {
   s.segment_index = seg_index_;
   s.step = step_;
   s.bytes_by_op = bytes_by_op_;
-  if (backend_)
+  if (device_pools())
     s.device_bytes = arena_.reserved() + pool_.reserved() + carry_[0].reserved() + carry_[1].reserved() +
                      scratch_.reserved() + backend_->internal_device_bytes();
   s.device_allocations = memory::device_allocations();
@@ -550,46 +518,21 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
   }
   const size_t count = size_t(last) + 1;
   void** grads;
-  if (backend_) {  // host data: kept off the device arena
+  if (device_pools()) {  // host data: kept off the device arena
     grad_table_.assign(count, nullptr);
     grads = grad_table_.data();
-    device_free_->clear();
   } else {
     grads = static_cast<void**>(alloc(count * sizeof(void*), OpKind::Grad, "backward"));
     std::memset(grads, 0, count * sizeof(void*));
   }
   // A node's gradient is dead once the node has been processed (its consumers
-  // all come later on the tape): its buffer goes to a free list by size and is
-  // reused, so backward's working set stays a few buffers, not one per node.
-  // The list lives in the freed buffers themselves: no heap.
-  struct FreeList {
-    std::array<size_t, 32> size{};
-    std::array<void*, 32> head{};
-    int n = 0;
-    void put(void* p, size_t bytes) {
-      for (int k = 0; k < n; ++k)
-        if (size[k] == bytes) {
-          *static_cast<void**>(p) = head[k];
-          head[k] = p;
-          return;
-        }
-      if (n == int(size.size())) return;  // more distinct sizes than slots: let the arena keep it
-      size[n] = bytes, head[n] = p, *static_cast<void**>(p) = nullptr, ++n;
-    }
-    void* take(size_t bytes) {
-      for (int k = 0; k < n; ++k)
-        if (size[k] == bytes && head[k]) {
-          void* p = head[k];
-          head[k] = *static_cast<void**>(p);
-          return p;
-        }
-      return nullptr;
-    }
-  } free_list;
+  // all come later on the tape): its buffer goes to the free list by size and
+  // is reused, so backward's working set stays a few buffers, not one per node.
+  free_->clear();
   auto grad_buffer = [&](int32_t node) -> void* {
     if (!grads[node]) {
       const size_t bytes = align_up(nodes_[node].out.nbytes());
-      void* p = backend_ ? device_free_->take(bytes) : free_list.take(bytes);
+      void* p = free_->take(bytes);
       grads[node] = p ? p : alloc(bytes, OpKind::Grad, "backward");
       fill_zero(grads[node], bytes);
     }
@@ -601,12 +544,8 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
   for (const Root& r : roots) {
     const Tensor& root = *r.t;
     void* g0 = grad_buffer(root.node);  // a fresh zeroed buffer: no root is an input() leaf or given twice
-    if (backend_) {
-      if (r.seed) backend_->copy(g0, r.seed->ptr, root.nbytes(), detail::Backend::Copy::DeviceToDevice);
-      else backend_->fill(g0, 1, root.dtype, 1.0);
-    } else if (r.seed) std::memcpy(g0, r.seed->ptr, root.nbytes());
-    else if (root.dtype == DType::F32) *static_cast<float*>(g0) = 1.0f;
-    else *static_cast<double*>(g0) = 1.0;
+    if (r.seed) backend_->copy(g0, r.seed->ptr, root.nbytes(), detail::Backend::Copy::DeviceToDevice);
+    else backend_->fill(g0, 1, root.dtype, 1.0);
   }
 
   detail::prepare_gru_batch(*this, last);
@@ -632,9 +571,8 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
       else dst[j] = in.grad;
     }
     scratch_.reset();
-    backward_node(*this, n, grads[i], dst);
-    if (backend_) device_free_->put(grads[i], align_up(n.out.nbytes()));
-    else free_list.put(grads[i], align_up(n.out.nbytes()));
+    backend_->backward(*this, n, grads[i], dst);
+    free_->put(grads[i], align_up(n.out.nbytes()));
     grads[i] = nullptr;
   }
   detail::flush_gru_batch(*this);
@@ -648,11 +586,13 @@ Tensor Tape::input(const Tensor& x) {
   if (x.dtype == DType::I64) throw ShapeError("seg.input: gradients need a floating tensor, got " + x.describe());
   if (!grad_enabled_)
     throw TapeError("seg.input: under NoGradGuard nothing is recorded, so no gradient could be reported for " + x.describe());
-  Tensor out = x;
-  out.node = -1;
-  out.grad = nullptr;
-  out.requires_grad = false;
-  record(OpKind::Input, out, {}, 0);
+  Node n;
+  n.op = OpKind::Input;
+  n.out = x;
+  n.out.node = -1;
+  n.out.grad = nullptr;
+  n.out.requires_grad = false;
+  const Tensor out = record(n).out;
   leaf_grads_.push_back({out.node, nullptr});
   return out;
 }
@@ -712,11 +652,10 @@ Tensor Tape::carry(const Tensor& x) {
   Tensor c = x;
   c.ptr = carry_[seg_index_ % 2].try_alloc(x.nbytes());
   if (!c.ptr)
-    throw Error(backend_ ? "carry: the carry buffer on " + device_.str() + " (" + format_bytes(carry_[0].budget()) +
+    throw Error(device_pools() ? "carry: the carry buffer on " + device_.str() + " (" + format_bytes(carry_[0].budget()) +
                                ") cannot hold " + x.describe() + " more: raise TapeOptions::device_carry"
                          : std::string("carry: out of memory"));
-  if (backend_) backend_->copy(c.ptr, x.ptr, x.nbytes(), detail::Backend::Copy::DeviceToDevice);
-  else std::memcpy(c.ptr, x.ptr, x.nbytes());
+  backend_->copy(c.ptr, x.ptr, x.nbytes(), detail::Backend::Copy::DeviceToDevice);
   c.space = Space::Carry;
   c.gen = seg_index_;
   c.node = -1;

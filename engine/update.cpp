@@ -1,15 +1,12 @@
-// segtape/update.h: checks, then the CPU loops or the tape's device backend.
-// The per-element arithmetic is update_math.h's, shared with the CUDA kernels.
+// segtape/update.h: the checks, then the tape's backend (update_math.h's
+// per-element arithmetic on every device).
 #include "segtape/update.h"
 
-#include <cstring>
 #include <string>
 
 #include "backend.h"
-#include "ops_internal.h"
 #include "segtape/error.h"
 #include "segtape/tape.h"
-#include "update_math.h"
 
 namespace segtape {
 namespace {
@@ -40,48 +37,6 @@ void check_state(const char* op, const char* what, const Tensor& p, const Tensor
 
 }  // namespace
 
-namespace detail {
-
-void cpu_sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdOptions& s, bool first) {
-  dispatch(d, [&]<class T>() {
-    const auto sc = sgd_scalars<T>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, first, buf != nullptr);
-    T* pt = static_cast<T*>(p);
-    const T* gt = static_cast<const T*>(g);
-    T* bt = static_cast<T*>(buf);
-    for (int64_t i = 0; i < n; ++i) sgd_element(pt[i], gt[i], bt ? bt + i : nullptr, sc);
-  });
-}
-
-void cpu_adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled, int64_t step) {
-  dispatch(d, [&]<class T>() {
-    const auto sc = adam_scalars<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled, step);
-    T* pt = static_cast<T*>(p);
-    const T* gt = static_cast<const T*>(g);
-    T* mt = static_cast<T*>(m);
-    T* vt = static_cast<T*>(v);
-    for (int64_t i = 0; i < n; ++i) adam_element(pt[i], gt[i], mt[i], vt[i], sc);
-  });
-}
-
-void cpu_scale(void* x, int64_t n, DType d, double factor) {
-  dispatch(d, [&]<class T>() {
-    T* xt = static_cast<T*>(x);
-    const T k = T(factor);
-    for (int64_t i = 0; i < n; ++i) xt[i] = xt[i] * k;
-  });
-}
-
-double cpu_sum_squares(const void* x, int64_t n, DType d) {
-  double s = 0;
-  dispatch(d, [&]<class T>() {
-    const T* xt = static_cast<const T*>(x);
-    for (int64_t i = 0; i < n; ++i) s += double(xt[i]) * double(xt[i]);
-  });
-  return s;
-}
-
-}  // namespace detail
-
 void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdOptions& s, bool first) {
   check_param("sgd_step", param);
   const bool has_buf = momentum_buffer.defined();
@@ -89,8 +44,7 @@ void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdOptio
   if (s.momentum != 0 && !has_buf) throw Error("sgd_step: momentum " + std::to_string(s.momentum) + " needs a momentum buffer");
   if (s.momentum == 0 && has_buf) throw Error("sgd_step: a momentum buffer with momentum 0 (pass an undefined buffer)");
   void* buf = has_buf ? momentum_buffer.ptr : nullptr;
-  if (detail::Backend* be = param.tape->backend()) return be->sgd_step(param.dtype, param.numel(), param.ptr, param.grad, buf, s, first);
-  detail::cpu_sgd_step(param.dtype, param.numel(), param.ptr, param.grad, buf, s, first);
+  param.tape->backend()->sgd_step(param.dtype, param.numel(), param.ptr, param.grad, buf, s, first);
 }
 
 void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& s, bool decoupled,
@@ -100,27 +54,23 @@ void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg
   check_state("adam_step", "exp_avg_sq", param, exp_avg_sq);
   if (exp_avg.ptr == exp_avg_sq.ptr) throw Error("adam_step: exp_avg and exp_avg_sq are the same tensor");
   if (step < 1) throw Error("adam_step: step must be >= 1, got " + std::to_string(step));
-  if (detail::Backend* be = param.tape->backend())
-    return be->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled, step);
-  detail::cpu_adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled, step);
+  param.tape->backend()->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled,
+                                   step);
 }
 
 void zero_grad(const Tensor& param) {
   check_param("zero_grad", param);
-  if (detail::Backend* be = param.tape->backend()) return be->zero(param.grad, param.nbytes());
-  std::memset(param.grad, 0, param.nbytes());
+  param.tape->backend()->zero(param.grad, param.nbytes());
 }
 
 void scale_grad(const Tensor& param, double factor) {
   check_param("scale_grad", param);
-  if (detail::Backend* be = param.tape->backend()) return be->scale(param.grad, param.numel(), param.dtype, factor);
-  detail::cpu_scale(param.grad, param.numel(), param.dtype, factor);
+  param.tape->backend()->scale(param.grad, param.numel(), param.dtype, factor);
 }
 
 double grad_squared_norm(const Tensor& param) {
   check_param("grad_squared_norm", param);
-  if (detail::Backend* be = param.tape->backend()) return be->sum_squares(param.grad, param.numel(), param.dtype);
-  return detail::cpu_sum_squares(param.grad, param.numel(), param.dtype);
+  return param.tape->backend()->sum_squares(param.grad, param.numel(), param.dtype);
 }
 
 }  // namespace segtape

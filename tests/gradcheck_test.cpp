@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,36 @@ TEST_P(GradCheck, BackwardMatchesFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(Ops, GradCheck, ::testing::Range(0, int(cases().size())),
                          [](const ::testing::TestParamInfo<int>& i) { return cases()[size_t(i.param)].name; });
+
+// Every op the engine has is in the shared table: each real OpKind is
+// recorded by some case on the CPU. (Input and Grad tag leaves and backward's
+// buffers; GruSequence is recorded by CUDA's cuDNN path, the CPU composing
+// gru_cell steps, so the table names it by its case instead.)
+TEST(OpTable, EveryOpKindHasACase) {
+  std::set<OpKind> seen;
+  bool sequence_case = false;
+  for (const Case& cs : cases()) {
+    sequence_case |= cs.name == "gru_sequence";
+    const int64_t d[4] = {2, 3, 2, 2};
+    std::mt19937 rng(5);
+    Tape tape;
+    std::vector<Tensor> in;
+    for (const Shape& s : cs.shapes(d)) {
+      in.push_back(tape.parameter(s, DType::F64));
+      const auto [lo, hi] = cs.range(in.size() - 1, d);
+      fill_uniform(in.back(), rng, lo, hi);
+    }
+    Segment seg = tape.segment();
+    cs.f(tape, in, d);
+    for (const Node& n : tape.nodes()) seen.insert(n.op);
+  }
+  for (size_t k = 0; k < kOpKinds; ++k) {
+    const OpKind op = OpKind(k);
+    if (op == OpKind::Input || op == OpKind::Grad) continue;
+    if (op == OpKind::GruSequence) EXPECT_TRUE(sequence_case) << "no case named gru_sequence in op_cases.h";
+    else EXPECT_TRUE(seen.count(op)) << "op '" << op_name(op) << "' has no case in tests/op_cases.h";
+  }
+}
 
 // The fused GRU cell equals the composed one, in values and in every gradient.
 TEST(FusedGru, EqualsComposedCell) {

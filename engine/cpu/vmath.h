@@ -51,4 +51,13 @@ inline T vtanh(T x) {
   }
 }
 
+// The CPU's math for the op formulas of ops/elementwise.h (M in a formula).
+struct Math {
+  template <class T> static T exp(T x) { return vexp<T>(x); }
+  template <class T> static T sigmoid(T x) { return vsigmoid<T>(x); }
+  template <class T> static T tanh(T x) { return vtanh<T>(x); }
+  template <class T> static T log(T x) { return std::log(x); }
+  template <class T> static T log1p(T x) { return std::log1p(x); }
+};
+
 }  // namespace segtape::cpu

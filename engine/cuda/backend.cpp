@@ -5,7 +5,7 @@
 
 #include "check.h"
 #include "cuda_backend.h"
-#include "ops_internal.h"
+#include "ops/op.h"
 
 namespace segtape::cuda {
 namespace {
@@ -323,7 +323,7 @@ void CudaBackend::adam_step(DType d, int64_t n, void* p, const void* g, void* m,
 void CudaBackend::scale(void* x, int64_t n, DType d, double factor) {
   if (n <= 0 || !issue(mix4(7, ptr(x), uint64_t(n) << 8 | uint64_t(d), bits_of(factor)), "scale_grad")) return;
   detail::dispatch(d, [&]<class T>() {
-    cuda::unary_forward<T>(stream_, Unary::Scale, static_cast<const T*>(x), static_cast<T*>(x), n, T(factor));
+    cuda::unary_forward<ops::Scale, T>(stream_, static_cast<const T*>(x), static_cast<T*>(x), n, T(factor));
   });
 }
 

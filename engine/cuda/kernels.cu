@@ -1,6 +1,7 @@
-// segtape's own CUDA kernels (declared in kernels.h): elementwise ops,
-// deterministic reductions, softmax / cross-entropy rows, copies, embedding.
-// The CPU kernels of the same ops are in engine/ops.cpp; the formulas here
+// segtape's own CUDA kernels (declared in kernels.h): elementwise ops (the
+// formulas of engine/ops/elementwise.h, shared with the CPU), deterministic
+// reductions, softmax / cross-entropy rows, copies, embedding. The CPU kernels
+// of the other families are in engine/ops/<family>.cpp; the formulas here
 // follow them term by term.
 #include <cfloat>
 #include <climits>
@@ -92,16 +93,6 @@ void launch_reduce(cudaStream_t s, int64_t outer, int64_t n, int64_t inner, F va
   reduce_kernel<T><<<dim3(unsigned(blocks2), 1), dim3(bx2, by2), 0, s>>>(1, chunks, width, chunks, PartialValue<T>{partials.ptr, width},
                                                                           out, divisor, accumulate, nullptr);
   check_launch(name);
-}
-
-template <class T>
-__device__ __forceinline__ T binary_op(Binary k, T x, T y) {
-  switch (k) {
-    case Binary::Add: return x + y;
-    case Binary::Sub: return x - y;
-    case Binary::Mul: return x * y;
-    default: return x / y;
-  }
 }
 
 // ---- transpose through a shared tile (coalesced reads and writes)
@@ -218,28 +209,21 @@ template <class T> void accumulate(cudaStream_t s, T* dst, const T* src, int64_t
   each(s, n, [=] __device__(int64_t i) { dst[i] += src[i]; }, "accumulate");
 }
 
-template <class T> void binary_forward(cudaStream_t s, Binary k, const T* a, const T* b, T* o, int64_t n, int64_t bn) {
-  each(s, n, [=] __device__(int64_t i) { o[i] = binary_op(k, a[i], b[i % bn]); }, "binary_forward");
+template <class Op, class T> void binary_forward(cudaStream_t s, const T* a, const T* b, T* o, int64_t n, int64_t bn) {
+  each(s, n, [=] __device__(int64_t i) { o[i] = Op::forward(a[i], b[i % bn]); }, "binary_forward");
 }
 
-template <class T> void binary_backward_a(cudaStream_t s, Binary k, const T* g, const T* b, T* da, int64_t n, int64_t bn) {
-  each(s, n, [=] __device__(int64_t i) {
-    const T bv = b[i % bn];
-    da[i] += k == Binary::Mul ? g[i] * bv : k == Binary::Div ? g[i] / bv : g[i];
-  }, "binary_backward_a");
+template <class Op, class T>
+void binary_backward_a(cudaStream_t s, const T* g, const T* a, const T* b, T* da, int64_t n, int64_t bn) {
+  each(s, n, [=] __device__(int64_t i) { da[i] += Op::grad_a(g[i], a[i], b[i % bn]); }, "binary_backward_a");
 }
 
-template <class T>
-void binary_backward_b(cudaStream_t s, Binary k, const T* g, const T* a, const T* b, T* db, int64_t n, int64_t bn, Partials<T> p) {
+template <class Op, class T>
+void binary_backward_b(cudaStream_t s, const T* g, const T* a, const T* b, T* db, int64_t n, int64_t bn, Partials<T> p) {
   // db[c] += sum_r term(r * bn + c): the rows of the broadcast.
   auto term = [=] __device__(int64_t, int64_t r, int64_t c) -> T {
     const int64_t i = r * bn + c;
-    switch (k) {
-      case Binary::Add: return g[i];
-      case Binary::Sub: return -g[i];
-      case Binary::Mul: return g[i] * a[i];
-      default: return -g[i] * a[i] / (b[c] * b[c]);
-    }
+    return Op::grad_b(g[i], a[i], b[c]);
   };
   if (n == bn) {  // same shape: elementwise
     each(s, n, [=] __device__(int64_t i) { db[i] += term(0, 0, i); }, "binary_backward_b");
@@ -248,33 +232,12 @@ void binary_backward_b(cudaStream_t s, Binary k, const T* g, const T* a, const T
   launch_reduce<T>(s, 1, n / bn, bn, term, db, T(1), true, p, "binary_backward_b");
 }
 
-template <class T> void unary_forward(cudaStream_t s, Unary k, const T* x, T* y, int64_t n, T scale) {
-  each(s, n, [=] __device__(int64_t i) {
-    const T v = x[i];
-    switch (k) {
-      case Unary::Neg: y[i] = -v; break;
-      case Unary::Scale: y[i] = scale * v; break;
-      case Unary::Tanh: y[i] = dtanh<T>(v); break;
-      case Unary::Sigmoid: y[i] = dsigmoid<T>(v); break;
-      case Unary::Relu: y[i] = v > T(0) ? v : T(0); break;
-      case Unary::Exp: y[i] = dexp<T>(v); break;
-      default: y[i] = dlog<T>(v); break;
-    }
-  }, "unary_forward");
+template <class Op, class T> void unary_forward(cudaStream_t s, const T* x, T* y, int64_t n, T scale) {
+  each(s, n, [=] __device__(int64_t i) { y[i] = Op::template forward<Math>(x[i], scale); }, "unary_forward");
 }
 
-template <class T> void unary_backward(cudaStream_t s, Unary k, const T* g, const T* x, const T* y, T* dx, int64_t n, T scale) {
-  each(s, n, [=] __device__(int64_t i) {
-    switch (k) {
-      case Unary::Neg: dx[i] -= g[i]; break;
-      case Unary::Scale: dx[i] += scale * g[i]; break;
-      case Unary::Tanh: dx[i] += g[i] * (T(1) - y[i] * y[i]); break;
-      case Unary::Sigmoid: dx[i] += g[i] * y[i] * (T(1) - y[i]); break;
-      case Unary::Relu: dx[i] += x[i] > T(0) ? g[i] : T(0); break;
-      case Unary::Exp: dx[i] += g[i] * y[i]; break;
-      default: dx[i] += g[i] / x[i]; break;
-    }
-  }, "unary_backward");
+template <class Op, class T> void unary_backward(cudaStream_t s, const T* g, const T* x, const T* y, T* dx, int64_t n, T scale) {
+  each(s, n, [=] __device__(int64_t i) { dx[i] += Op::template backward<Math>(g[i], x[i], y[i], scale); }, "unary_backward");
 }
 
 template <class T>
@@ -406,11 +369,6 @@ template <class T> void first_nonfinite(cudaStream_t s, const T* x, int64_t n, u
 #define SEGTAPE_INSTANTIATE(T)                                                                                       \
   template void fill<T>(cudaStream_t, T*, int64_t, T);                                                              \
   template void accumulate<T>(cudaStream_t, T*, const T*, int64_t);                                                 \
-  template void binary_forward<T>(cudaStream_t, Binary, const T*, const T*, T*, int64_t, int64_t);                   \
-  template void binary_backward_a<T>(cudaStream_t, Binary, const T*, const T*, T*, int64_t, int64_t);                \
-  template void binary_backward_b<T>(cudaStream_t, Binary, const T*, const T*, const T*, T*, int64_t, int64_t, Partials<T>); \
-  template void unary_forward<T>(cudaStream_t, Unary, const T*, T*, int64_t, T);                                    \
-  template void unary_backward<T>(cudaStream_t, Unary, const T*, const T*, const T*, T*, int64_t, T);               \
   template void reduce_axis<T>(cudaStream_t, const T*, T*, int64_t, int64_t, int64_t, T, Partials<T>);              \
   template void reduce_axis_backward<T>(cudaStream_t, const T*, T*, int64_t, int64_t, int64_t, T);                  \
   template void column_sums<T>(cudaStream_t, const T*, T*, int64_t, int64_t, Partials<T>);                          \
@@ -434,5 +392,22 @@ template <class T> void first_nonfinite(cudaStream_t s, const T* x, int64_t n, u
 SEGTAPE_INSTANTIATE(float)
 SEGTAPE_INSTANTIATE(double)
 #undef SEGTAPE_INSTANTIATE
+
+// Every elementwise op of ops/elementwise.h, in float and double.
+#define SEGTAPE_INSTANTIATE_UNARY_T(Op, T)                                                       \
+  template void unary_forward<ops::Op, T>(cudaStream_t, const T*, T*, int64_t, T);               \
+  template void unary_backward<ops::Op, T>(cudaStream_t, const T*, const T*, const T*, T*, int64_t, T);
+#define SEGTAPE_INSTANTIATE_UNARY(Op, ...) SEGTAPE_INSTANTIATE_UNARY_T(Op, float) SEGTAPE_INSTANTIATE_UNARY_T(Op, double)
+SEGTAPE_UNARY_OPS(SEGTAPE_INSTANTIATE_UNARY)
+#undef SEGTAPE_INSTANTIATE_UNARY
+#undef SEGTAPE_INSTANTIATE_UNARY_T
+#define SEGTAPE_INSTANTIATE_BINARY_T(Op, T)                                                                       \
+  template void binary_forward<ops::Op, T>(cudaStream_t, const T*, const T*, T*, int64_t, int64_t);              \
+  template void binary_backward_a<ops::Op, T>(cudaStream_t, const T*, const T*, const T*, T*, int64_t, int64_t); \
+  template void binary_backward_b<ops::Op, T>(cudaStream_t, const T*, const T*, const T*, T*, int64_t, int64_t, Partials<T>);
+#define SEGTAPE_INSTANTIATE_BINARY(Op, ...) SEGTAPE_INSTANTIATE_BINARY_T(Op, float) SEGTAPE_INSTANTIATE_BINARY_T(Op, double)
+SEGTAPE_BINARY_OPS(SEGTAPE_INSTANTIATE_BINARY)
+#undef SEGTAPE_INSTANTIATE_BINARY
+#undef SEGTAPE_INSTANTIATE_BINARY_T
 
 }  // namespace segtape::cuda

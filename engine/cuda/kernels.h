@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "ops/elementwise.h"
 #include "update_math.h"
 
 namespace segtape::cuda {
@@ -40,23 +41,23 @@ struct Partials {
   int64_t capacity = 0;
 };
 
-enum class Binary : uint8_t { Add, Sub, Mul, Div };
-enum class Unary : uint8_t { Neg, Scale, Tanh, Sigmoid, Relu, Exp, Log };
 
 template <class T> void fill(cudaStream_t s, T* p, int64_t n, T value);
 void fill_i32(cudaStream_t s, int32_t* p, int64_t n, int32_t value);
 template <class T> void accumulate(cudaStream_t s, T* dst, const T* src, int64_t n);  // dst += src
 
-// o[i] = a[i] (op) b[i % bn]: b has a's shape, a's last dim, or one element.
-template <class T> void binary_forward(cudaStream_t s, Binary k, const T* a, const T* b, T* o, int64_t n, int64_t bn);
-// da[i] += d(o)/d(a) * g[i]
-template <class T> void binary_backward_a(cudaStream_t s, Binary k, const T* g, const T* b, T* da, int64_t n, int64_t bn);
-// db[c] += sum over rows of d(o)/d(b) * g
-template <class T>
-void binary_backward_b(cudaStream_t s, Binary k, const T* g, const T* a, const T* b, T* db, int64_t n, int64_t bn, Partials<T> p);
+// The elementwise ops, Op one of the structs of ops/elementwise.h (its
+// formulas, with cuda::Math); instantiated for every op of its list.
+// o[i] = Op(a[i], b[i % bn]): b has a's shape, a's last dim, or one element.
+template <class Op, class T> void binary_forward(cudaStream_t s, const T* a, const T* b, T* o, int64_t n, int64_t bn);
+// da[i] += Op::grad_a(g[i], a[i], b[i % bn])
+template <class Op, class T> void binary_backward_a(cudaStream_t s, const T* g, const T* a, const T* b, T* da, int64_t n, int64_t bn);
+// db[c] += sum over the broadcast rows of Op::grad_b
+template <class Op, class T>
+void binary_backward_b(cudaStream_t s, const T* g, const T* a, const T* b, T* db, int64_t n, int64_t bn, Partials<T> p);
 
-template <class T> void unary_forward(cudaStream_t s, Unary k, const T* x, T* y, int64_t n, T scale);
-template <class T> void unary_backward(cudaStream_t s, Unary k, const T* g, const T* x, const T* y, T* dx, int64_t n, T scale);
+template <class Op, class T> void unary_forward(cudaStream_t s, const T* x, T* y, int64_t n, T scale);
+template <class Op, class T> void unary_backward(cudaStream_t s, const T* g, const T* x, const T* y, T* dx, int64_t n, T scale);
 
 // y[o, i] = sum_j x[o, j, i] / divisor   (x viewed as [outer, n, inner])
 template <class T>

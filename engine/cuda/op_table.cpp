@@ -1,12 +1,15 @@
 // Forward and backward of every op on CUDA but the GRU sequence
-// (gru_sequence.cpp): the device half of engine/ops.cpp, case for case.
-// Matrix products go through CudaBackend::gemm (cuBLAS), the rest through
-// segtape's kernels (kernels.h). Everything is queued on the tape's stream.
+// (gru_sequence.cpp): the device half of the op families in engine/ops/,
+// case for case. The elementwise ops run their formulas of
+// ops/elementwise.h in generic kernels; matrix products go through
+// CudaBackend::gemm (cuBLAS), the rest through segtape's kernels (kernels.h).
+// Everything is queued on the tape's stream. Every switch lists every OpKind,
+// with no default (-Wswitch-enum).
 #include <cstring>
 
 #include "check.h"
 #include "cuda_backend.h"
-#include "ops_internal.h"
+#include "ops/op.h"
 #include "segtape/ops.h"
 
 namespace segtape::cuda {
@@ -17,27 +20,6 @@ template <class T> T* out(const Tensor& t) { return static_cast<T*>(t.ptr); }
 
 using detail::AxisView;
 using detail::axis_view;
-
-Binary binary_kind(OpKind k) {
-  switch (k) {
-    case OpKind::Add: return Binary::Add;
-    case OpKind::Sub: return Binary::Sub;
-    case OpKind::Mul: return Binary::Mul;
-    default: return Binary::Div;
-  }
-}
-
-Unary unary_kind(OpKind k) {
-  switch (k) {
-    case OpKind::Neg: return Unary::Neg;
-    case OpKind::Scale: return Unary::Scale;
-    case OpKind::Tanh: return Unary::Tanh;
-    case OpKind::Sigmoid: return Unary::Sigmoid;
-    case OpKind::Relu: return Unary::Relu;
-    case OpKind::Exp: return Unary::Exp;
-    default: return Unary::Log;
-  }
-}
 
 // GRU gates of one step into S [B, 4H] (and y [B, H] when non-null): two
 // GEMMs into the backend's temporaries, then the fused gate kernel.
@@ -72,21 +54,14 @@ void forward_typed(CudaBackend& be, Node& nd) {
       be.gemm(ta, tb, M, N, K, T(1), in<T>(a), a.dim(1), in<T>(b), b.dim(1), T(0), out<T>(o), N);
       return;
     }
-    case OpKind::Add:
-    case OpKind::Sub:
-    case OpKind::Mul:
-    case OpKind::Div:
-      binary_forward<T>(s, binary_kind(nd.op), in<T>(a), in<T>(nd.in[1]), out<T>(o), n, nd.in[1].numel());
-      return;
-    case OpKind::Neg:
-    case OpKind::Scale:
-    case OpKind::Tanh:
-    case OpKind::Sigmoid:
-    case OpKind::Relu:
-    case OpKind::Exp:
-    case OpKind::Log:
-      unary_forward<T>(s, unary_kind(nd.op), in<T>(a), out<T>(o), n, T(nd.fa));
-      return;
+#define SEGTAPE_BINARY_CASE(Kind, ...) \
+  case OpKind::Kind: return binary_forward<ops::Kind, T>(s, in<T>(a), in<T>(nd.in[1]), out<T>(o), n, nd.in[1].numel());
+    SEGTAPE_BINARY_OPS(SEGTAPE_BINARY_CASE)
+#undef SEGTAPE_BINARY_CASE
+#define SEGTAPE_UNARY_CASE(Kind, ...) \
+  case OpKind::Kind: return unary_forward<ops::Kind, T>(s, in<T>(a), out<T>(o), n, T(nd.fa));
+    SEGTAPE_UNARY_OPS(SEGTAPE_UNARY_CASE)
+#undef SEGTAPE_UNARY_CASE
     case OpKind::Sum:
     case OpKind::Mean: {
       const AxisView v = nd.ia[0] < 0 ? AxisView{1, a.numel(), 1} : axis_view(a.shape, int(nd.ia[0]));
@@ -134,7 +109,11 @@ void forward_typed(CudaBackend& be, Node& nd) {
     case OpKind::GruCell:
       gru_gates<T>(be, nd, static_cast<T*>(nd.saved), out<T>(o));
       return;
-    default: break;
+    case OpKind::Reshape:      // a view: nothing to compute
+    case OpKind::Input:        // leaves and backward's buffers: not computed
+    case OpKind::Grad:
+    case OpKind::GruSequence:  // CudaBackend::forward sends it to gru_sequence.cpp
+    case OpKind::Count: break;
   }
   throw TapeError(std::string("CUDA backend: no forward for op ") + op_name(nd.op));
 }
@@ -158,25 +137,19 @@ void backward_typed(CudaBackend& be, const Node& nd, const T* g, const std::arra
       detail::matmul_backward<T>(gemm, ta, tb, M, N, K, g, x, a.dim(1), in<T>(b), b.dim(1), da, db);
       return;
     }
-    case OpKind::Add:
-    case OpKind::Sub:
-    case OpKind::Mul:
-    case OpKind::Div: {
-      const T* pb = in<T>(nd.in[1]);
-      const int64_t bn = nd.in[1].numel();
-      if (da) binary_backward_a<T>(s, binary_kind(nd.op), g, pb, da, n, bn);
-      if (db) binary_backward_b<T>(s, binary_kind(nd.op), g, x, pb, db, n, bn, be.partials<T>());
-      return;
-    }
-    case OpKind::Neg:
-    case OpKind::Scale:
-    case OpKind::Tanh:
-    case OpKind::Sigmoid:
-    case OpKind::Relu:
-    case OpKind::Exp:
-    case OpKind::Log:
-      if (da) unary_backward<T>(s, unary_kind(nd.op), g, x, y, da, n, T(nd.fa));
-      return;
+#define SEGTAPE_BINARY_CASE(Kind, ...)                                                                   \
+  case OpKind::Kind:                                                                                     \
+    if (da) binary_backward_a<ops::Kind, T>(s, g, x, in<T>(nd.in[1]), da, n, nd.in[1].numel());          \
+    if (db) binary_backward_b<ops::Kind, T>(s, g, x, in<T>(nd.in[1]), db, n, nd.in[1].numel(), be.partials<T>()); \
+    return;
+    SEGTAPE_BINARY_OPS(SEGTAPE_BINARY_CASE)
+#undef SEGTAPE_BINARY_CASE
+#define SEGTAPE_UNARY_CASE(Kind, ...) \
+  case OpKind::Kind:                  \
+    if (da) unary_backward<ops::Kind, T>(s, g, x, y, da, n, T(nd.fa)); \
+    return;
+    SEGTAPE_UNARY_OPS(SEGTAPE_UNARY_CASE)
+#undef SEGTAPE_UNARY_CASE
     case OpKind::Sum:
     case OpKind::Mean: {
       const AxisView v = nd.ia[0] < 0 ? AxisView{1, a.numel(), 1} : axis_view(a.shape, int(nd.ia[0]));
@@ -241,7 +214,10 @@ void backward_typed(CudaBackend& be, const Node& nd, const T* g, const std::arra
       if (T* d = static_cast<T*>(dst[5])) column_sums<T>(s, dgh, d, B, 3 * H, be.partials<T>());
       return;
     }
-    default: break;
+    case OpKind::Input:
+    case OpKind::Grad:
+    case OpKind::GruSequence:  // CudaBackend::backward sends it to gru_sequence.cpp
+    case OpKind::Count: break;
   }
   throw TapeError(std::string("CUDA backend: no backward rule for op ") + op_name(nd.op));
 }

@@ -26,7 +26,7 @@ namespace segtape {
 #define SEGTAPE_OPS(X)                                                                      \
   X(Input) X(MatMul) X(Add) X(Sub) X(Mul) X(Div) X(Neg) X(Scale) X(Tanh) X(Sigmoid) X(Relu) \
   X(Exp) X(Log) X(Sum) X(Mean) X(Softmax) X(LogSoftmax) X(CrossEntropy) X(MseLoss)         \
-  X(Concat) X(Slice) X(Reshape) X(Transpose) X(Embedding) X(GruCell) X(Carry) X(Grad)         \
+  X(Concat) X(Slice) X(Reshape) X(Transpose) X(Embedding) X(GruCell) X(Grad)         \
   X(GruSequence)
 
 enum class OpKind : uint8_t {
@@ -124,9 +124,9 @@ struct Seed {
 };
 
 namespace detail {
-struct GruBatch;  // engine/ops_internal.h
-class Backend;    // engine/backend.h: the device backend (null on the CPU)
-struct DeviceFreeList;  // engine/tape.cpp
+struct GruBatch;  // engine/ops/op.h
+class Backend;    // engine/backend.h: the CPU's, CUDA's or the host-emulated device's
+struct FreeList;  // engine/tape.cpp
 }
 
 class Tape {
@@ -173,15 +173,19 @@ class Tape {
   // ---- engine internals (used by ops) ----
   void* alloc(size_t bytes, OpKind kind, const char* op);
   Tensor make(const Shape& s, DType d, OpKind kind, const char* op);  // uninitialised, in the segment
-  // Records a node if grad is enabled and any input requires grad; sets out.node.
+  // Whether an op over these inputs records its node: grad enabled and any input requiring grad.
   bool wants_grad(std::span<const Tensor> inputs) const;
-  Node& record(OpKind k, Tensor& out, std::span<const Tensor> inputs, size_t bytes);
+  // Appends the filled node n (op, inputs, attributes, out, bytes) to the
+  // tape; its out becomes the recorded output (node index, requires_grad).
+  Node& record(const Node& n);
   void check_output(const Tensor& out, OpKind k);  // anomaly mode
   // Per-op workspace outside the segment arena (reset by every op; grows once, then reused).
   void* scratch(size_t bytes);
   void scratch_reset() { scratch_.reset(); }
-  // The device backend (nullptr on the CPU): engine/backend.h.
+  // The backend the ops compute on: engine/backend.h.
   detail::Backend* backend() const { return backend_.get(); }
+  // Device memory: fixed pools the host does not touch (CUDA, the host-emulated device).
+  bool device_pools() const;
   // Zeroes `bytes` at p (tape memory: host or device).
   void fill_zero(void* p, size_t bytes);
   detail::GruBatch& gru_batch() { return *gru_batch_; }
@@ -212,7 +216,7 @@ class Tape {
   std::vector<Node> nodes_;
   std::array<size_t, kOpKinds> bytes_by_op_{};
   std::vector<Tensor> params_;  // every parameter made (for zero_grad)
-  std::unique_ptr<detail::DeviceFreeList> device_free_;
+  std::unique_ptr<detail::FreeList> free_;  // backward's dead gradient buffers
   std::vector<void*> grad_table_;  // device tapes: backward's node -> gradient table (the CPU keeps it in the arena)
   // The open segment's input() leaves: node index, and the gradient buffer
   // backward keeps for it (in the arena; nullptr until a backward reaches it).

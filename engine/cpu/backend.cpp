@@ -1,0 +1,198 @@
+// The CPU as a backend (engine/backend.h): host memory, OpenBLAS, the op
+// families' CPU kernels (engine/ops/). The same class is the host-emulated
+// device (segtape/emulation.h): the same computations on pools that are fixed
+// allocations of host memory the host may not touch directly, as on a GPU.
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend.h"
+#include "ops/elementwise.h"
+#include "ops/op.h"
+#include "segtape/emulation.h"
+#include "update_math.h"
+
+namespace segtape {
+namespace {
+
+std::atomic<bool> g_emulate{false};
+
+void* host_take(void*, size_t bytes, const char* what) {
+  void* p = std::aligned_alloc(kAlign, align_up(bytes ? bytes : 1));
+  if (!p) throw Error(std::string("host-emulated device: out of host memory reserving the ") + what);
+  return p;
+}
+void host_give(void*, void* p) { std::free(p); }
+
+class CpuBackend final : public detail::Backend {
+ public:
+  // emulated: the host-emulated device (Device::cuda() under emulation).
+  CpuBackend(const Device& device, const TapeOptions& options, bool emulated) : device_(device), emulated_(emulated) {
+    if (!emulated) return;
+    if (options.grow)
+      throw Error("Tape(" + device.str() + "): TapeOptions::grow (the teaching policy) is CPU-only: a device arena is one "
+                  "allocation of segment_budget bytes made at setup");
+    if (options.graph_replay)
+      throw Error("Tape(" + device.str() + "): the host-emulated device (segtape::emulation) does not emulate CUDA graphs");
+  }
+  bool device_memory() const override { return emulated_; }
+  ChunkAllocator allocator(const char* what) override {
+    return emulated_ ? ChunkAllocator{host_take, host_give, this, what, true} : ChunkAllocator{};
+  }
+
+  // One case per OpKind, no default: -Wswitch-enum names a kind left out.
+  void forward(Tape& t, Node& n) override {
+    switch (n.op) {
+#define SEGTAPE_UNARY_CASE(Kind, ...) \
+  case OpKind::Kind: return ops::unary_forward_cpu<ops::Kind>(n);
+      SEGTAPE_UNARY_OPS(SEGTAPE_UNARY_CASE)
+#undef SEGTAPE_UNARY_CASE
+#define SEGTAPE_BINARY_CASE(Kind, ...) \
+  case OpKind::Kind: return ops::binary_forward_cpu<ops::Kind>(n);
+      SEGTAPE_BINARY_OPS(SEGTAPE_BINARY_CASE)
+#undef SEGTAPE_BINARY_CASE
+      case OpKind::MatMul: return ops::matmul_forward_cpu(n);
+      case OpKind::Sum:
+      case OpKind::Mean: return ops::reduce_forward_cpu(n);
+      case OpKind::Softmax:
+      case OpKind::LogSoftmax: return ops::softmax_forward_cpu(n);
+      case OpKind::CrossEntropy: return ops::cross_entropy_forward_cpu(n);
+      case OpKind::MseLoss: return ops::mse_forward_cpu(n);
+      case OpKind::Concat: return ops::concat_forward_cpu(n);
+      case OpKind::Slice: return ops::slice_forward_cpu(n);
+      case OpKind::Transpose: return ops::transpose_forward_cpu(n);
+      case OpKind::Embedding: return ops::embedding_forward_cpu(n);
+      case OpKind::GruCell: return ops::gru_cell_forward_cpu(t, n);
+      case OpKind::Reshape:      // a view: nothing to compute
+      case OpKind::Input:        // leaves and backward's buffers: not computed
+      case OpKind::Grad:
+      case OpKind::GruSequence:  // the CPU composes gru_cell steps (has_gru_sequence() is false)
+      case OpKind::Count: break;
+    }
+    throw TapeError(std::string("CPU backend: no forward for op ") + op_name(n.op));
+  }
+
+  void backward(Tape& t, const Node& n, const void* g, const ops::Grads& d) override {
+    switch (n.op) {
+#define SEGTAPE_UNARY_CASE(Kind, ...) \
+  case OpKind::Kind: return ops::unary_backward_cpu<ops::Kind>(n, g, d);
+      SEGTAPE_UNARY_OPS(SEGTAPE_UNARY_CASE)
+#undef SEGTAPE_UNARY_CASE
+#define SEGTAPE_BINARY_CASE(Kind, ...) \
+  case OpKind::Kind: return ops::binary_backward_cpu<ops::Kind>(n, g, d);
+      SEGTAPE_BINARY_OPS(SEGTAPE_BINARY_CASE)
+#undef SEGTAPE_BINARY_CASE
+      case OpKind::MatMul: return ops::matmul_backward_cpu(n, g, d);
+      case OpKind::Sum:
+      case OpKind::Mean: return ops::reduce_backward_cpu(n, g, d);
+      case OpKind::Softmax:
+      case OpKind::LogSoftmax: return ops::softmax_backward_cpu(n, g, d);
+      case OpKind::CrossEntropy: return ops::cross_entropy_backward_cpu(n, g, d);
+      case OpKind::MseLoss: return ops::mse_backward_cpu(n, g, d);
+      case OpKind::Concat: return ops::concat_backward_cpu(n, g, d);
+      case OpKind::Slice: return ops::slice_backward_cpu(n, g, d);
+      case OpKind::Reshape: return ops::reshape_backward_cpu(n, g, d);
+      case OpKind::Transpose: return ops::transpose_backward_cpu(n, g, d);
+      case OpKind::Embedding: return ops::embedding_backward_cpu(n, g, d);
+      case OpKind::GruCell: return ops::gru_cell_backward_cpu(t, n, g, d);
+      case OpKind::Input:
+      case OpKind::Grad:
+      case OpKind::GruSequence:
+      case OpKind::Count: break;
+    }
+    throw TapeError(std::string("backward: no rule for op ") + op_name(n.op));
+  }
+
+  void copy(void* dst, const void* src, size_t bytes, Copy) override {
+    if (bytes) std::memmove(dst, src, bytes);
+  }
+  void zero(void* dst, size_t bytes) override {
+    if (bytes) std::memset(dst, 0, bytes);
+  }
+  void fill(void* dst, int64_t n, DType d, double value) override {
+    if (d == DType::I64) throw TapeError("fill: integer tensors are not filled by the backend");
+    detail::dispatch(d, [&]<class T>() {
+      for (int64_t i = 0; i < n; ++i) static_cast<T*>(dst)[i] = T(value);
+    });
+  }
+  std::pair<int64_t, double> first_nonfinite(const Tensor& t) override {
+    std::pair<int64_t, double> r{-1, 0.0};
+    detail::dispatch(t.dtype, [&]<class T>() {
+      const T* p = static_cast<const T*>(t.ptr);
+      for (int64_t i = 0, n = t.numel(); i < n; ++i)
+        if (!std::isfinite(p[i])) {
+          r = {i, double(p[i])};
+          return;
+        }
+    });
+    return r;
+  }
+  void synchronize() override {}
+
+  void sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdOptions& s, bool first) override {
+    detail::dispatch(d, [&]<class T>() {
+      const auto sc = detail::sgd_scalars<T>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, first, buf != nullptr);
+      T* pt = static_cast<T*>(p);
+      const T* gt = static_cast<const T*>(g);
+      T* bt = static_cast<T*>(buf);
+      for (int64_t i = 0; i < n; ++i) detail::sgd_element(pt[i], gt[i], bt ? bt + i : nullptr, sc);
+    });
+  }
+  void adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled,
+                 int64_t step) override {
+    detail::dispatch(d, [&]<class T>() {
+      const auto sc = detail::adam_scalars<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled, step);
+      T* pt = static_cast<T*>(p);
+      const T* gt = static_cast<const T*>(g);
+      T* mt = static_cast<T*>(m);
+      T* vt = static_cast<T*>(v);
+      for (int64_t i = 0; i < n; ++i) detail::adam_element(pt[i], gt[i], mt[i], vt[i], sc);
+    });
+  }
+  void scale(void* x, int64_t n, DType d, double factor) override {
+    detail::dispatch(d, [&]<class T>() {
+      T* xt = static_cast<T*>(x);
+      const T k = T(factor);
+      for (int64_t i = 0; i < n; ++i) xt[i] = xt[i] * k;
+    });
+  }
+  double sum_squares(const void* x, int64_t n, DType d) override {
+    double s = 0;
+    detail::dispatch(d, [&]<class T>() {
+      const T* xt = static_cast<const T*>(x);
+      for (int64_t i = 0; i < n; ++i) s += double(xt[i]) * double(xt[i]);
+    });
+    return s;
+  }
+
+  void segment_begin(uint32_t) override {}
+  void segment_end(bool) noexcept override {}
+  void discard_graph() override {}
+  size_t internal_device_bytes() const override { return 0; }
+  std::string describe() const override {
+    return emulated_ ? device_.str() + ": host-emulated (segtape::emulation)" : device_.str();
+  }
+
+ private:
+  Device device_;
+  bool emulated_;
+};
+
+}  // namespace
+
+namespace emulation {
+void emulate_cuda_on_host(bool on) { g_emulate.store(on); }
+bool emulating_cuda_on_host() { return g_emulate.load(); }
+}  // namespace emulation
+
+namespace detail {
+std::unique_ptr<Backend> make_cpu_backend(const Device& device, const TapeOptions& options) {
+  return std::make_unique<CpuBackend>(device, options, false);
+}
+std::unique_ptr<Backend> make_host_emulated_backend(const Device& device, const TapeOptions& options) {
+  return std::make_unique<CpuBackend>(device, options, true);
+}
+}  // namespace detail
+
+}  // namespace segtape

@@ -1,0 +1,115 @@
+// The elementwise family: unary ops (neg, scale, tanh, sigmoid, relu, exp,
+// log) and binary ops with broadcasting (add, sub, mul, div). Their formulas,
+// forward and backward, are in ops/elementwise.h; here are the public
+// functions and the CPU loops over those formulas.
+#include "ops/elementwise.h"
+
+#include "cpu/vmath.h"
+#include "ops/op.h"
+
+namespace segtape {
+namespace {
+
+// b broadcasts over a when it has a's shape, a's last dim, or one element.
+void check_broadcast(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.shape == b.shape) return;
+  if (b.numel() == 1) return;
+  const bool row = b.numel() == a.shape.last() && a.rank() >= 1 &&
+                   (b.rank() == 1 || (b.rank() == 2 && b.dim(0) == 1));
+  if (!row) ops::shape_error(op, "shapes do not broadcast (b must have a's shape, a's last dimension, or one element)", {&a, &b});
+}
+
+Tensor unary(OpKind k, const char* op, const Tensor& a, double s = 0) {
+  Tape& t = ops::check(op, {&a});
+  Node n = ops::node(k, {a});
+  n.fa = s;
+  return ops::emit(t, n, a.shape, op);
+}
+
+Tensor binary(OpKind k, const char* op, const Tensor& a, const Tensor& b) {
+  Tape& t = ops::check(op, {&a, &b});
+  check_broadcast(op, a, b);
+  Node n = ops::node(k, {a, b});
+  return ops::emit(t, n, a.shape, op);
+}
+
+}  // namespace
+
+#define SEGTAPE_UNARY_FN(Kind, name, ...) \
+  Tensor name(const Tensor& a) { return unary(OpKind::Kind, #name, a); }
+SEGTAPE_UNARY_PLAIN_OPS(SEGTAPE_UNARY_FN)
+#undef SEGTAPE_UNARY_FN
+Tensor scale(const Tensor& a, double s) { return unary(OpKind::Scale, "scale", a, s); }
+#define SEGTAPE_BINARY_FN(Kind, name, ...) \
+  Tensor name(const Tensor& a, const Tensor& b) { return binary(OpKind::Kind, #name, a, b); }
+SEGTAPE_BINARY_OPS(SEGTAPE_BINARY_FN)
+#undef SEGTAPE_BINARY_FN
+
+namespace ops {
+
+// ---- the CPU loops, generic over the formulas
+
+template <class Op>
+void unary_forward_cpu(Node& n) {
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    const T* x = static_cast<const T*>(n.in[0].ptr);
+    T* y = static_cast<T*>(n.out.ptr);
+    const T s = T(n.fa);
+    for (int64_t i = 0, m = n.out.numel(); i < m; ++i) y[i] = Op::template forward<cpu::Math>(x[i], s);
+  });
+}
+
+template <class Op>
+void unary_backward_cpu(const Node& n, const void* gout, const Grads& d) {
+  if (!d[0]) return;
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    const T* g = static_cast<const T*>(gout);
+    const T* x = static_cast<const T*>(n.in[0].ptr);
+    const T* y = static_cast<const T*>(n.out.ptr);
+    T* dx = static_cast<T*>(d[0]);
+    const T s = T(n.fa);
+    for (int64_t i = 0, m = n.out.numel(); i < m; ++i) dx[i] += Op::template backward<cpu::Math>(g[i], x[i], y[i], s);
+  });
+}
+
+template <class Op>
+void binary_forward_cpu(Node& n) {
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    const T* a = static_cast<const T*>(n.in[0].ptr);
+    const T* b = static_cast<const T*>(n.in[1].ptr);
+    T* o = static_cast<T*>(n.out.ptr);
+    const int64_t m = n.out.numel(), bn = n.in[1].numel();
+    for (int64_t r = 0; r < m; r += bn)
+      for (int64_t c = 0; c < bn; ++c) o[r + c] = Op::forward(a[r + c], b[c]);
+  });
+}
+
+template <class Op>
+void binary_backward_cpu(const Node& n, const void* gout, const Grads& d) {
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    const T* g = static_cast<const T*>(gout);
+    const T* a = static_cast<const T*>(n.in[0].ptr);
+    const T* b = static_cast<const T*>(n.in[1].ptr);
+    const int64_t m = n.out.numel(), bn = n.in[1].numel();
+    if (T* da = static_cast<T*>(d[0]))
+      for (int64_t r = 0; r < m; r += bn)
+        for (int64_t c = 0; c < bn; ++c) da[r + c] += Op::grad_a(g[r + c], a[r + c], b[c]);
+    if (T* db = static_cast<T*>(d[1]))  // summed over the rows b is broadcast to
+      for (int64_t r = 0; r < m; r += bn)
+        for (int64_t c = 0; c < bn; ++c) db[c] += Op::grad_b(g[r + c], a[r + c], b[c]);
+  });
+}
+
+#define SEGTAPE_INSTANTIATE_UNARY(Kind, ...)              \
+  template void unary_forward_cpu<Kind>(Node&);           \
+  template void unary_backward_cpu<Kind>(const Node&, const void*, const Grads&);
+SEGTAPE_UNARY_OPS(SEGTAPE_INSTANTIATE_UNARY)
+#undef SEGTAPE_INSTANTIATE_UNARY
+#define SEGTAPE_INSTANTIATE_BINARY(Kind, ...)             \
+  template void binary_forward_cpu<Kind>(Node&);          \
+  template void binary_backward_cpu<Kind>(const Node&, const void*, const Grads&);
+SEGTAPE_BINARY_OPS(SEGTAPE_INSTANTIATE_BINARY)
+#undef SEGTAPE_INSTANTIATE_BINARY
+
+}  // namespace ops
+}  // namespace segtape

@@ -1,0 +1,60 @@
+// Engine-internal: the elementwise ops, each written once. One line per op
+// holds its forward and its backward; the CPU loops (ops/elementwise.cpp,
+// with the vectorized cpu::Math) and the CUDA kernels (cuda/kernels.cu, with
+// cuda::Math) are generic over these structs, so adding an op here (and its
+// OpKind in tape.h, its declaration in ops.h) adds it on every device.
+//
+// Compiled by g++ (C++20) and nvcc (C++17): no C++20 here.
+//
+// In a formula: x the input (a for binary ops, b the broadcast operand), y the
+// output, g the output's gradient, s the op's scalar (scale's factor, else 0),
+// M the math of the device (M::exp, M::log, M::tanh, M::sigmoid, M::log1p).
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define SEGTAPE_HD __host__ __device__ inline
+#else
+#define SEGTAPE_HD inline
+#endif
+
+// X(Kind, name, forward y(x, s), backward dx(g, x, y, s)). The public
+// function is name(a); the ops of SEGTAPE_UNARY_SCALAR_OPS take s too: name(a, s).
+#define SEGTAPE_UNARY_PLAIN_OPS(X)                                                               \
+  X(Neg, neg, -x, -g)                                                                            \
+  X(Tanh, tanh, M::tanh(x), g * (T(1) - y * y))                                                  \
+  X(Sigmoid, sigmoid, M::sigmoid(x), g * y * (T(1) - y))                                         \
+  X(Relu, relu, x > T(0) ? x : T(0), x > T(0) ? g : T(0))                                       \
+  X(Exp, exp, M::exp(x), g * y)                                                                  \
+  X(Log, log, M::log(x), g / x)
+#define SEGTAPE_UNARY_SCALAR_OPS(X) X(Scale, scale, s * x, s * g)
+#define SEGTAPE_UNARY_OPS(X) SEGTAPE_UNARY_PLAIN_OPS(X) SEGTAPE_UNARY_SCALAR_OPS(X)
+
+// X(Kind, name, forward o(a, b), da(g, a, b), db(g, a, b)); b broadcasts over a
+// (its row's element), and db is summed over the broadcast rows.
+#define SEGTAPE_BINARY_OPS(X)                           \
+  X(Add, add, a + b, g, g)                              \
+  X(Sub, sub, a - b, g, -g)                             \
+  X(Mul, mul, a * b, g * b, g * a)                      \
+  X(Div, div, a / b, g / b, -g * a / (b * b))
+
+namespace segtape::ops {
+
+#define SEGTAPE_UNARY_STRUCT(Kind, name, fwd, bwd)                                                        \
+  struct Kind {                                                                                            \
+    template <class M, class T> SEGTAPE_HD static T forward(T x, T s) { (void)s; return fwd; }             \
+    template <class M, class T> SEGTAPE_HD static T backward(T g, T x, T y, T s) { (void)x, (void)y, (void)s; return bwd; } \
+  };
+SEGTAPE_UNARY_OPS(SEGTAPE_UNARY_STRUCT)
+#undef SEGTAPE_UNARY_STRUCT
+
+#define SEGTAPE_BINARY_STRUCT(Kind, name, fwd, da, db)                                               \
+  struct Kind {                                                                                       \
+    template <class T> SEGTAPE_HD static T forward(T a, T b) { return fwd; }                          \
+    template <class T> SEGTAPE_HD static T grad_a(T g, T a, T b) { (void)a, (void)b; return da; }     \
+    template <class T> SEGTAPE_HD static T grad_b(T g, T a, T b) { (void)a, (void)b; return db; }     \
+  };
+SEGTAPE_BINARY_OPS(SEGTAPE_BINARY_STRUCT)
+#undef SEGTAPE_BINARY_STRUCT
+
+}  // namespace segtape::ops

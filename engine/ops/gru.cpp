@@ -1,0 +1,241 @@
+// The GRU: one fused cell (gru_cell), and a whole sequence (gru_sequence:
+// cuDNN's on CUDA, the fused cells composed on the CPU). The gates follow
+// PyTorch's GRUCell: r, z = sigmoid(...), n = tanh(W_in x + b_in + r (W_hn h + b_hn)),
+// h' = (1 - z) n + z h.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "backend.h"
+#include "cpu/blas.h"
+#include "cpu/vmath.h"
+#include "ops/op.h"
+
+namespace segtape {
+namespace {
+
+// One batch row of the GRU gates: restrict pointers and no branches, so the
+// compiler vectorizes it (the gates dominate the step's non-GEMM time).
+template <class T, bool WithY>
+void gru_gate_row(int64_t H, const T* __restrict gi, const T* __restrict gh, const T* __restrict bi, const T* __restrict bh,
+                  const T* __restrict hp, T* __restrict S, T* __restrict y) {
+#pragma GCC ivdep
+  for (int64_t j = 0; j < H; ++j) {
+    const T r = cpu::vsigmoid<T>(gi[j] + bi[j] + gh[j] + bh[j]);
+    const T z = cpu::vsigmoid<T>(gi[H + j] + bi[H + j] + gh[H + j] + bh[H + j]);
+    const T hn = gh[2 * H + j] + bh[2 * H + j];
+    const T n = cpu::vtanh<T>(gi[2 * H + j] + bi[2 * H + j] + r * hn);
+    S[j] = r, S[H + j] = z, S[2 * H + j] = n, S[3 * H + j] = hn;
+    if constexpr (WithY) y[j] = (T(1) - z) * n + z * hp[j];
+  }
+}
+
+// The GRU gates of one step into S [B, 4H] (r, z, n, W_hn h + b_hn per row);
+// with y non-null also the new state y [B, H]. Pre-activations go to the op workspace.
+template <class T>
+void gru_gates(Tape& t, const Node& nd, T* S, T* y) {
+  const Tensor &x = nd.in[0], &h = nd.in[1], &w_ih = nd.in[2], &w_hh = nd.in[3];
+  const int64_t B = x.dim(0), I = x.dim(1), H = h.dim(1);
+  T* gi = static_cast<T*>(t.scratch(size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
+  T* gh = static_cast<T*>(t.scratch(size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
+  cpu::gemm(false, true, B, 3 * H, I, T(1), static_cast<const T*>(x.ptr), I, static_cast<const T*>(w_ih.ptr), I, T(0), gi, 3 * H);
+  cpu::gemm(false, true, B, 3 * H, H, T(1), static_cast<const T*>(h.ptr), H, static_cast<const T*>(w_hh.ptr), H, T(0), gh, 3 * H);
+  const T* bi = static_cast<const T*>(nd.in[4].ptr);
+  const T* bh = static_cast<const T*>(nd.in[5].ptr);
+  const T* hp = static_cast<const T*>(h.ptr);
+  for (int64_t b = 0; b < B; ++b) {
+    if (y) gru_gate_row<T, true>(H, gi + b * 3 * H, gh + b * 3 * H, bi, bh, hp + b * H, S + b * 4 * H, y + b * H);
+    else gru_gate_row<T, false>(H, gi + b * 3 * H, gh + b * 3 * H, bi, bh, hp + b * H, S + b * 4 * H, nullptr);
+  }
+}
+
+// Sum the rows of g [n / bn, bn] times f(i, c) into d[bn]: a bias gradient.
+template <class T, class F>
+void reduce_rows(T* d, int64_t n, int64_t bn, F f) {
+  if (n == 0) return;
+  for (int64_t r = 0; r < n; r += bn)
+    for (int64_t c = 0; c < bn; ++c) d[c] += f(r + c, c);
+}
+
+// dW_ih += dgi^T x, dW_hh += dgh^T h, db_ih += colsum dgi, db_hh += colsum dgh over `rows` rows.
+template <class T>
+void gru_weight_grads(int64_t rows, int64_t I, int64_t H, const T* dgi, const T* dgh, const T* x, const T* h,
+                      std::array<void*, 4> dw) {
+  if (T* d = static_cast<T*>(dw[0])) cpu::gemm(true, false, 3 * H, I, rows, T(1), dgi, 3 * H, x, I, T(1), d, I);
+  if (T* d = static_cast<T*>(dw[1])) cpu::gemm(true, false, 3 * H, H, rows, T(1), dgh, 3 * H, h, H, T(1), d, H);
+  if (T* d = static_cast<T*>(dw[2])) reduce_rows(d, rows * 3 * H, 3 * H, [&](int64_t i, int64_t) { return dgi[i]; });
+  if (T* d = static_cast<T*>(dw[3])) reduce_rows(d, rows * 3 * H, 3 * H, [&](int64_t i, int64_t) { return dgh[i]; });
+}
+
+// One batch row of the GRU cell's elementwise backward (see gru_gate_row).
+template <class T>
+void gru_backward_row(int64_t H, const T* __restrict g, const T* __restrict hp, const T* __restrict S, T* __restrict dgi,
+                      T* __restrict dgh, T* __restrict dh) {
+#pragma GCC ivdep
+  for (int64_t j = 0; j < H; ++j) {
+    const T r = S[j], z = S[H + j], nn = S[2 * H + j], hn = S[3 * H + j];
+    const T dn = g[j] * (T(1) - z) * (T(1) - nn * nn);  // through tanh
+    const T dz = g[j] * (hp[j] - nn) * z * (T(1) - z);
+    const T dr = dn * hn * r * (T(1) - r);
+    dgi[j] = dr, dgi[H + j] = dz, dgi[2 * H + j] = dn;
+    dgh[j] = dr, dgh[H + j] = dz, dgh[2 * H + j] = dn * r;
+  }
+  if (dh)
+    for (int64_t j = 0; j < H; ++j) dh[j] += g[j] * S[H + j];
+}
+
+// Whether b continues the batch a started: the same weights, shapes, dtype and gradient buffers.
+bool same_gru_group(const Node& a, const Node& b, const ops::Grads& dst) {
+  for (int j = 2; j < 6; ++j)
+    if (a.in[j].ptr != b.in[j].ptr) return false;
+  const detail::GruBatch& gb = b.out.tape->gru_batch();
+  return a.in[0].shape == b.in[0].shape && a.in[1].shape == b.in[1].shape && a.out.dtype == b.out.dtype &&
+         gb.dw[0] == dst[2] && gb.dw[1] == dst[3] && gb.dw[2] == dst[4] && gb.dw[3] == dst[5];
+}
+
+void start_gru_batch(Tape& tape, const Node& n, const ops::Grads& dst) {
+  detail::GruBatch& gb = tape.gru_batch();
+  const int64_t B = n.in[0].dim(0), I = n.in[0].dim(1), H = n.in[1].dim(1);
+  const size_t es = dtype_size(n.out.dtype);
+  // ~256 stacked rows make the weight GEMMs efficient without a large workspace.
+  gb.capacity = std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(256 / B, 1), gb.remaining));
+  gb.buffers.reset();
+  auto take = [&](int64_t floats) {
+    void* p = gb.buffers.try_alloc(size_t(floats) * es);
+    if (!p) throw Error("backward: out of memory for the GRU weight-gradient workspace");
+    return p;
+  };
+  gb.dgi = take(gb.capacity * B * 3 * H);
+  gb.dgh = take(gb.capacity * B * 3 * H);
+  gb.x = take(gb.capacity * B * I);
+  gb.h = take(gb.capacity * B * H);
+  gb.dw[0] = dst[2], gb.dw[1] = dst[3], gb.dw[2] = dst[4], gb.dw[3] = dst[5];
+  gb.first = &n;
+  gb.count = 0;
+}
+
+}  // namespace
+
+Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+                const Tensor& b_hh, bool recompute) {
+  const char* op = "gru_cell";
+  Tape& t = ops::check(op, {&x, &h, &w_ih, &w_hh, &b_ih, &b_hh});
+  if (x.rank() != 2 || h.rank() != 2 || w_ih.rank() != 2 || w_hh.rank() != 2 || x.dim(0) != h.dim(0))
+    ops::shape_error(op, "expects x [B, I], h [B, H], w_ih [3H, I], w_hh [3H, H]", {&x, &h, &w_ih, &w_hh});
+  const int64_t B = x.dim(0), I = x.dim(1), H = h.dim(1);
+  if (w_ih.dim(0) != 3 * H || w_ih.dim(1) != I || w_hh.dim(0) != 3 * H || w_hh.dim(1) != H)
+    ops::shape_error(op, "weights must be w_ih [3H, I] and w_hh [3H, H] for x [B, I], h [B, H]", {&x, &h, &w_ih, &w_hh});
+  if (b_ih.numel() != 3 * H || b_hh.numel() != 3 * H)
+    ops::shape_error(op, "biases must have 3H elements", {&h, &b_ih, &b_hh});
+  Node n = ops::node(OpKind::GruCell, {x, h, w_ih, w_hh, b_ih, b_hh});
+  // saved: r, z, n, W_hn h + b_hn per row; not kept in recompute mode.
+  return ops::emit(t, n, {B, H}, op, {size_t(B * 4 * H) * dtype_size(x.dtype), !recompute});
+}
+
+Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+                    const Tensor& b_hh) {
+  const char* op = "gru_sequence";
+  Tape& t = ops::check(op, {&x, &h0, &w_ih, &w_hh, &b_ih, &b_hh});
+  if (x.rank() != 3 || h0.rank() != 2 || w_ih.rank() != 2 || w_hh.rank() != 2 || x.dim(0) < 1 || x.dim(1) != h0.dim(0))
+    ops::shape_error(op, "expects x [T, B, I] with T >= 1, h0 [B, H], w_ih [3H, I], w_hh [3H, H]", {&x, &h0, &w_ih, &w_hh});
+  const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = h0.dim(1);
+  if (w_ih.dim(0) != 3 * H || w_ih.dim(1) != I || w_hh.dim(0) != 3 * H || w_hh.dim(1) != H)
+    ops::shape_error(op, "weights must be w_ih [3H, I] and w_hh [3H, H] for x [T, B, I], h0 [B, H]", {&x, &h0, &w_ih, &w_hh});
+  if (b_ih.numel() != 3 * H || b_hh.numel() != 3 * H) ops::shape_error(op, "biases must have 3H elements", {&h0, &b_ih, &b_hh});
+  if (!t.backend()->has_gru_sequence()) {
+    // T fused cells, their states stacked along a new leading axis.
+    std::vector<Tensor> steps(static_cast<size_t>(T));
+    Tensor h = h0;
+    for (int64_t s = 0; s < T; ++s)
+      steps[size_t(s)] = h = gru_cell(reshape(slice(x, 0, s, 1), {B, I}), h, w_ih, w_hh, b_ih, b_hh);
+    return reshape(concat(std::span<const Tensor>(steps.data(), size_t(T)), 0), {T, B, H});
+  }
+  // One node; the backend allocates its weight and reserve space in the arena
+  // (n.saved, counted in n.bytes) when a gradient is wanted (ia[0]).
+  Node n = ops::node(OpKind::GruSequence, {x, h0, w_ih, w_hh, b_ih, b_hh});
+  n.ia[0] = t.wants_grad(std::span<const Tensor>(n.in.data(), n.n_in));
+  return ops::emit(t, n, {T, B, H}, op);
+}
+
+namespace ops {
+
+void gru_cell_forward_cpu(Tape& t, Node& n) {
+  detail::dispatch(n.out.dtype, [&]<class T>() { gru_gates<T>(t, n, static_cast<T*>(n.saved), static_cast<T*>(n.out.ptr)); });
+}
+
+void gru_cell_backward_cpu(Tape& tape, const Node& nd, const void* gout, const Grads& dst) {
+  detail::dispatch(nd.out.dtype, [&]<class T>() {
+    const Tensor &xin = nd.in[0], &hin = nd.in[1], &w_ih = nd.in[2], &w_hh = nd.in[3];
+    const int64_t B = xin.dim(0), I = xin.dim(1), H = hin.dim(1);
+    const T* g = static_cast<const T*>(gout);
+    const T* S = static_cast<const T*>(nd.saved);
+    if (!S) {  // recompute mode: the gates again, from the inputs
+      T* R = static_cast<T*>(tape.scratch(size_t(B * 4 * H) * sizeof(T)));
+      gru_gates<T>(tape, nd, R, nullptr);
+      S = R;
+    }
+    const T* hp = static_cast<const T*>(hin.ptr);
+    // Deferred weight gradients: this step's rows go into the batch (see detail::GruBatch).
+    detail::GruBatch& gb = tape.gru_batch();
+    const bool batch = tape.options().batch_weight_grads && w_ih.node < 0 && w_hh.node < 0 && dst[2] && dst[3] &&
+                       (!dst[4] || nd.in[4].node < 0) && (!dst[5] || nd.in[5].node < 0);
+    T *dgi, *dgh;
+    if (batch) {
+      if (gb.first && !same_gru_group(*gb.first, nd, dst)) detail::flush_gru_batch(tape);
+      if (!gb.first) start_gru_batch(tape, nd, dst);
+      const int64_t slot = gb.count++;
+      --gb.remaining;
+      dgi = static_cast<T*>(gb.dgi) + slot * B * 3 * H;
+      dgh = static_cast<T*>(gb.dgh) + slot * B * 3 * H;
+      std::memcpy(static_cast<T*>(gb.x) + slot * B * I, xin.ptr, xin.nbytes());
+      std::memcpy(static_cast<T*>(gb.h) + slot * B * H, hin.ptr, hin.nbytes());
+    } else {
+      dgi = static_cast<T*>(tape.scratch(size_t(B * 3 * H) * sizeof(T)));  // d(x W_ih^T + b_ih)
+      dgh = static_cast<T*>(tape.scratch(size_t(B * 3 * H) * sizeof(T)));  // d(h W_hh^T + b_hh)
+    }
+    T* dh = static_cast<T*>(dst[1]);
+    for (int64_t b = 0; b < B; ++b)
+      gru_backward_row<T>(H, g + b * H, hp + b * H, S + b * 4 * H, dgi + b * 3 * H, dgh + b * 3 * H, dh ? dh + b * H : nullptr);
+    const T* px = static_cast<const T*>(xin.ptr);
+    if (T* dx = static_cast<T*>(dst[0])) cpu::gemm(false, false, B, I, 3 * H, T(1), dgi, 3 * H, static_cast<const T*>(w_ih.ptr), I, T(1), dx, I);
+    if (dh) cpu::gemm(false, false, B, H, 3 * H, T(1), dgh, 3 * H, static_cast<const T*>(w_hh.ptr), H, T(1), dh, H);
+    if (batch) {
+      if (gb.count == gb.capacity) detail::flush_gru_batch(tape);
+      return;
+    }
+    gru_weight_grads<T>(B, I, H, dgi, dgh, px, hp, {dst[2], dst[3], dst[4], dst[5]});
+  });
+}
+
+}  // namespace ops
+
+namespace detail {
+
+void flush_gru_batch(Tape& tape) {
+  GruBatch& gb = tape.gru_batch();
+  if (gb.first && gb.count > 0) {
+    const Node& n = *gb.first;
+    const int64_t rows = gb.count * n.in[0].dim(0), I = n.in[0].dim(1), H = n.in[1].dim(1);
+    const std::array<void*, 4> dw = {gb.dw[0], gb.dw[1], gb.dw[2], gb.dw[3]};
+    dispatch(n.out.dtype, [&]<class T>() {
+      gru_weight_grads<T>(rows, I, H, static_cast<T*>(gb.dgi), static_cast<T*>(gb.dgh), static_cast<T*>(gb.x),
+                          static_cast<T*>(gb.h), dw);
+    });
+  }
+  gb.first = nullptr;
+  gb.count = 0;
+}
+
+void prepare_gru_batch(Tape& tape, int64_t last_node) {
+  GruBatch& gb = tape.gru_batch();
+  gb.first = nullptr;
+  gb.count = 0;
+  gb.remaining = 0;
+  if (!tape.options().batch_weight_grads) return;
+  const auto& nodes = tape.nodes();
+  for (int64_t i = 0; i <= last_node; ++i)
+    if (nodes[size_t(i)].op == OpKind::GruCell) ++gb.remaining;
+}
+
+}  // namespace detail
+}  // namespace segtape

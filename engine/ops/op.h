@@ -1,0 +1,140 @@
+// Engine-internal: what every op family (engine/ops/<family>.cpp) shares, and
+// the CPU backend's per-family entry points.
+//
+// An op's life: its public function (in its family's file) checks the
+// inputs, fills one Node (inputs, attributes), and hands it to emit(), which
+// makes the output in the segment, has the tape's backend compute it from the
+// node (CPU: the family's *_cpu function below; CUDA: engine/cuda/op_table.cpp),
+// and records that same node when a gradient is wanted. Backward hands the
+// recorded node back to the backend.
+#pragma once
+#include <array>
+#include <initializer_list>
+#include <string>
+
+#include "segtape/ops.h"
+#include "segtape/tape.h"
+
+namespace segtape {
+
+namespace detail {
+// Calls f.template operator()<T>() with T the C++ type of a floating dtype
+// (float for F32, double otherwise: callers have excluded I64).
+template <class F>
+void dispatch(DType d, F&& f) {
+  if (d == DType::F32) f.template operator()<float>();
+  else f.template operator()<double>();
+}
+
+// [outer, n, inner] view of a shape around an axis (the CPU ops and the CUDA op table).
+struct AxisView {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+inline AxisView axis_view(const Shape& s, int axis) {
+  AxisView v;
+  for (int i = 0; i < axis; ++i) v.outer *= s[i];
+  v.n = s[axis];
+  for (int i = axis + 1; i < s.rank; ++i) v.inner *= s[i];
+  return v;
+}
+
+// Backward of C [M, N] = op(A) op(B) (K inner), accumulating into dA / dB
+// (nullptr: not wanted), through any GEMM with cpu::gemm's row-major
+// contract: gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc). The
+// CPU passes cpu::gemm, the CUDA backend its cuBLAS mapping.
+template <class T, class Gemm>
+void matmul_backward(Gemm&& gemm, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* g, const T* a, int64_t lda,
+                     const T* b, int64_t ldb, T* da, T* db) {
+  if (da) {
+    if (!ta) gemm(false, !tb, M, K, N, T(1), g, N, b, ldb, T(1), da, K);  // dA = dC op(B)^T
+    else gemm(tb, true, K, M, N, T(1), b, ldb, g, N, T(1), da, M);        // dA = op(B) dC^T
+  }
+  if (db) {
+    if (!tb) gemm(!ta, false, K, N, M, T(1), a, lda, g, N, T(1), db, N);  // dB = op(A)^T dC
+    else gemm(true, ta, N, K, M, T(1), g, N, a, lda, T(1), db, K);        // dB = dC^T op(A)
+  }
+}
+
+// Backward's deferred GRU weight gradients: the rows of d(x W_ih^T) and
+// d(h W_hh^T) of consecutive steps that share weights are stacked, with the
+// steps' x and h, and flushed as one GEMM per weight (see TapeOptions).
+struct GruBatch {
+  Arena buffers{size_t(64) << 10, true};
+  const Node* first = nullptr;  // the group's weights and shapes come from this node
+  int64_t count = 0, capacity = 0, remaining = 0;
+  void* dgi = nullptr;  // [capacity * B, 3H]
+  void* dgh = nullptr;  // [capacity * B, 3H]
+  void* x = nullptr;    // [capacity * B, I]
+  void* h = nullptr;    // [capacity * B, H]
+  void* dw[4] = {};     // gradient buffers of w_ih, w_hh, b_ih, b_hh
+};
+// Accumulates what the batch holds into the weight gradients and empties it.
+void flush_gru_batch(Tape& tape);
+// Counts the GRU nodes of this backward that may be batched (sets `remaining`).
+void prepare_gru_batch(Tape& tape, int64_t last_node);
+}  // namespace detail
+
+namespace ops {
+
+// Where backward accumulates (+=) the gradient of each input (nullptr: none wanted).
+using Grads = std::array<void*, Node::kMaxInputs>;
+
+// ---- the entry checks every op shares (engine/ops/emit.cpp)
+std::string list(std::initializer_list<const Tensor*> ts);
+// Every op needs an open segment, views included.
+void require_segment(const Tape& t, const char* op);
+// Defined, live, one tape, an open segment, and one floating dtype shared by all inputs.
+Tape& check(const char* op, std::initializer_list<const Tensor*> ts);
+[[noreturn]] void shape_error(const char* op, const std::string& why, std::initializer_list<const Tensor*> ts);
+int norm_axis(const char* op, const Tensor& a, int axis);
+
+// A node of op k over the inputs, attributes to be filled by the caller.
+Node node(OpKind k, std::span<const Tensor> ins);
+inline Node node(OpKind k, std::initializer_list<Tensor> ins) { return node(k, std::span<const Tensor>(ins.begin(), ins.size())); }
+
+// What an op keeps for backward besides its output (cross-entropy's
+// log-sum-exps, the GRU gates): `bytes` in the segment arena when the node is
+// recorded (kept), in the op workspace when not, or when `keep` is false
+// (recompute mode: backward computes it again; n.saved is then null).
+struct Saved {
+  size_t bytes = 0;
+  bool keep = true;
+};
+
+// Makes n.out (shape s, the first input's dtype unless d is given) in the
+// segment, computes it on the tape's backend from n, and records n when a
+// gradient is wanted. Returns the output.
+Tensor emit(Tape& t, Node& n, const Shape& s, const char* op, Saved saved = {});
+Tensor emit(Tape& t, Node& n, const Shape& s, DType d, const char* op, Saved saved = {});
+
+// ---- the CPU backend's kernels, by family: forward computes n.out (and
+// n.saved) from the node; backward accumulates into d the gradients of n's
+// inputs given g, the gradient of n.out. Same contract on every backend.
+template <class Op> void unary_forward_cpu(Node& n);                                  // ops/elementwise.cpp
+template <class Op> void unary_backward_cpu(const Node& n, const void* g, const Grads& d);
+template <class Op> void binary_forward_cpu(Node& n);
+template <class Op> void binary_backward_cpu(const Node& n, const void* g, const Grads& d);
+void matmul_forward_cpu(Node& n);                                                     // ops/matmul.cpp
+void matmul_backward_cpu(const Node& n, const void* g, const Grads& d);
+void reduce_forward_cpu(Node& n);                                                     // ops/reduce.cpp: sum, mean
+void reduce_backward_cpu(const Node& n, const void* g, const Grads& d);
+void softmax_forward_cpu(Node& n);                                                    // ops/reduce.cpp: (log-)softmax
+void softmax_backward_cpu(const Node& n, const void* g, const Grads& d);
+void cross_entropy_forward_cpu(Node& n);                                              // ops/loss.cpp
+void cross_entropy_backward_cpu(const Node& n, const void* g, const Grads& d);
+void mse_forward_cpu(Node& n);
+void mse_backward_cpu(const Node& n, const void* g, const Grads& d);
+void concat_forward_cpu(Node& n);                                                     // ops/shape.cpp
+void concat_backward_cpu(const Node& n, const void* g, const Grads& d);
+void slice_forward_cpu(Node& n);
+void slice_backward_cpu(const Node& n, const void* g, const Grads& d);
+void reshape_backward_cpu(const Node& n, const void* g, const Grads& d);
+void transpose_forward_cpu(Node& n);
+void transpose_backward_cpu(const Node& n, const void* g, const Grads& d);
+void embedding_forward_cpu(Node& n);
+void embedding_backward_cpu(const Node& n, const void* g, const Grads& d);
+void gru_cell_forward_cpu(Tape& t, Node& n);                                          // ops/gru.cpp
+void gru_cell_backward_cpu(Tape& t, const Node& n, const void* g, const Grads& d);
+
+}  // namespace ops
+}  // namespace segtape
