@@ -97,6 +97,7 @@ inline std::vector<OpCase> op_cases() {
       {"sigmoid", sigmoid, SEGTAPE_TORCH([](W in, const int64_t*) { return torch::sigmoid(in[0]); })},
       {"relu", relu, SEGTAPE_TORCH([](W in, const int64_t*) { return torch::relu(in[0]); })},
       {"exp", exp, SEGTAPE_TORCH([](W in, const int64_t*) { return torch::exp(in[0]); })},
+      {"softplus", softplus, SEGTAPE_TORCH([](W in, const int64_t*) { return torch::softplus(in[0]); })},
       {"softmax", softmax, SEGTAPE_TORCH([](W in, const int64_t*) { return torch::softmax(in[0], -1); })},
       {"log_softmax", log_softmax, SEGTAPE_TORCH([](W in, const int64_t*) { return torch::log_softmax(in[0], -1); })},
   };

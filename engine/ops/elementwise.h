@@ -26,7 +26,8 @@
   X(Sigmoid, sigmoid, M::sigmoid(x), g * y * (T(1) - y))                                         \
   X(Relu, relu, x > T(0) ? x : T(0), x > T(0) ? g : T(0))                                       \
   X(Exp, exp, M::exp(x), g * y)                                                                  \
-  X(Log, log, M::log(x), g / x)
+  X(Log, log, M::log(x), g / x)                                                                  \
+  X(Softplus, softplus, x > T(20) ? x : M::log1p(M::exp(x)), x > T(20) ? g : g * M::sigmoid(x))
 #define SEGTAPE_UNARY_SCALAR_OPS(X) X(Scale, scale, s * x, s * g)
 #define SEGTAPE_UNARY_OPS(X) SEGTAPE_UNARY_PLAIN_OPS(X) SEGTAPE_UNARY_SCALAR_OPS(X)
 

@@ -22,6 +22,7 @@ Tensor sigmoid(const Tensor& a);
 Tensor relu(const Tensor& a);
 Tensor exp(const Tensor& a);
 Tensor log(const Tensor& a);
+Tensor softplus(const Tensor& a);  // log(1 + e^x), PyTorch's (beta 1, threshold 20)
 // Reductions: all elements (axis = -1 for "all") -> shape [] ; or one axis (removed).
 Tensor sum(const Tensor& a);
 Tensor mean(const Tensor& a);

@@ -27,7 +27,7 @@ namespace segtape {
   X(Input) X(MatMul) X(Add) X(Sub) X(Mul) X(Div) X(Neg) X(Scale) X(Tanh) X(Sigmoid) X(Relu) \
   X(Exp) X(Log) X(Sum) X(Mean) X(Softmax) X(LogSoftmax) X(CrossEntropy) X(MseLoss)         \
   X(Concat) X(Slice) X(Reshape) X(Transpose) X(Embedding) X(GruCell) X(Grad)         \
-  X(GruSequence)
+  X(GruSequence) X(Softplus)
 
 enum class OpKind : uint8_t {
 #define SEGTAPE_ENUM(name) name,
