@@ -8,9 +8,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <list>
 
 #include "segtape/emulation.h"
+#include "segtape/nn/checkpoint.h"
 #include "segtape/nn/safetensors.h"
 #include "segtape/ops.h"
 
@@ -663,61 +663,49 @@ double Trainer::evaluate(int64_t steps, uint64_t seed) {
 
 // ---------------------------------------------------------------- checkpoints
 
-namespace {
-namespace st = segtape::safetensors;
+// The checkpoint (metadata format "segtape-train-1"): the trainer's tensors
+// by name, and its host values in these buffers. One list of entries for
+// save and load (nn::save_entries / nn::load_entries).
+struct Trainer::Checkpoint {
+  int64_t counters[3];                // step, optimizer steps, window position
+  int64_t rngs[4];                    // init_rng_'s and act_rng_'s (seed, counter), u64 stored bit for bit in I64
+  std::vector<int64_t> env_state;     // Env::save_state()
+  std::vector<float> episode_return;  // RL: each stream's return so far in its episode
+  std::vector<nn::Entry> entries;
+};
 
-// The tensor's bytes copied to the host (it may live on a device), kept in
-// `staged` (a list: its elements never move) for the reference to point at.
-st::TensorRef ref(const std::string& name, const Tensor& t, std::list<std::vector<std::byte>>& staged) {
-  t.check_live("checkpoint save");
-  std::vector<int64_t> shape(t.shape.dims.begin(), t.shape.dims.begin() + t.rank());
-  std::vector<std::byte>& bytes = staged.emplace_back(t.nbytes());
-  t.to_host_bytes(bytes);
-  return {name, t.dtype == DType::F64 ? st::DType::F64 : st::DType::F32, shape, bytes};
+// The buffers hold the trainer's values (what save() writes).
+void Trainer::checkpoint_entries(Checkpoint& c, const Tensor& state) const {
+  c.counters[0] = step_, c.counters[1] = optim_->step_count(), c.counters[2] = window_pos_;
+  const nn::Rng::State ir = init_rng_.state(), ar = act_rng_.state();
+  const uint64_t rngs[4] = {ir.seed, ir.counter, ar.seed, ar.counter};
+  std::memcpy(c.rngs, rngs, sizeof rngs);
+  c.env_state = env_->save_state();
+  c.episode_return = episode_return_;
+  const auto n = [](const auto& v) { return std::vector<int64_t>{int64_t(std::size(v))}; };
+  for (const auto& [name, t] : policy_->named_parameters()) c.entries.push_back(nn::entry("policy." + name, t));
+  for (const auto& [name, t] : optim_->state()) c.entries.push_back(nn::entry("optim." + name, t));
+  c.entries.push_back(nn::entry("train.counters", std::span<int64_t>(c.counters), n(c.counters)));
+  c.entries.push_back(nn::entry("train.rngs", std::span<int64_t>(c.rngs), n(c.rngs)));
+  c.entries.push_back(nn::entry("env.state", std::span<int64_t>(c.env_state), n(c.env_state)));
+  c.entries.push_back(nn::entry("state.h", state));
+  c.entries.push_back(nn::entry("train.episode_return", std::span<float>(c.episode_return), n(c.episode_return)));
+  c.entries.back().optional = true;
+  for (size_t i = 0; i < window_.size(); ++i) c.entries.push_back(nn::entry("state.window." + std::to_string(i), window_[i]));
 }
-
-template <class T>
-st::TensorRef ints_ref(const std::string& name, const std::vector<T>& v) {
-  return {name, st::DType::I64, {int64_t(v.size())}, std::as_bytes(std::span<const T>(v))};
-}
-
-// Copies a float tensor named `name` from the file into t, checking dtype and shape.
-void restore(const st::File& f, const std::string& name, const Tensor& t) {
-  const st::TensorInfo* info = f.find(name);
-  if (!info) throw CheckpointError(f.source + ": missing tensor '" + name + "' (a checkpoint of another configuration?)");
-  std::vector<int64_t> shape(t.shape.dims.begin(), t.shape.dims.begin() + t.rank());
-  if (info->dtype != st::DType::F32 || info->shape != shape)
-    throw CheckpointError(f.source + ": tensor '" + name + "' is " + info->dtype_str + " of another shape than the model's " +
-                          t.shape.str() + " (a checkpoint of another configuration?)");
-  t.from_host_bytes(f.data(*info));
-}
-}  // namespace
 
 void Trainer::save(const std::filesystem::path& file, const std::map<std::string, std::string>& extra) const {
   if (full_) throw Error("save: history 'full' keeps its whole run in one open segment; it checkpoints only at the end");
-  std::vector<st::TensorRef> refs;
-  std::list<std::vector<std::byte>> staged;
-  for (const auto& [name, t] : policy_->named_parameters()) refs.push_back(ref("policy." + name, t, staged));
-  for (const auto& [name, t] : optim_->state()) refs.push_back(ref("optim." + name, t, staged));
-  const std::vector<int64_t> counters = {step_, optim_->step_count(), window_pos_};
-  const auto ir = init_rng_.state(), ar = act_rng_.state();
-  const std::vector<uint64_t> rngs = {ir.seed, ir.counter, ar.seed, ar.counter};
-  const std::vector<int64_t> env_state = env_->save_state();
-  refs.push_back(ints_ref("train.counters", counters));
-  refs.push_back(ints_ref("train.rngs", rngs));
-  refs.push_back(ints_ref("env.state", env_state));
-  refs.push_back(ref("state.h", h_, staged));
-  refs.push_back({"train.episode_return", st::DType::F32, {int64_t(episode_return_.size())},
-                  std::as_bytes(std::span<const float>(episode_return_))});
-  for (size_t i = 0; i < window_.size(); ++i) refs.push_back(ref("state.window." + std::to_string(i), window_[i], staged));
+  Checkpoint c;
+  checkpoint_entries(c, h_);
   auto meta = config_.to_metadata();
   meta["format"] = "segtape-train-1";
   for (const auto& [k, v] : extra) meta[k] = v;
-  st::save_atomic(file, refs, meta);
+  nn::save_entries(file, c.entries, meta);
 }
 
 TrainConfig Trainer::read_config(const std::filesystem::path& file) {
-  const st::File f = st::load(file);
+  const safetensors::File f = safetensors::load(file);
   auto it = f.metadata.find("format");
   if (it == f.metadata.end() || it->second != "segtape-train-1")
     throw CheckpointError(file.string() + ": not a segtape training checkpoint (no format 'segtape-train-1' in its metadata)");
@@ -725,54 +713,53 @@ TrainConfig Trainer::read_config(const std::filesystem::path& file) {
 }
 
 void Trainer::load(const std::filesystem::path& file) {
-  const st::File f = st::load(file);
-  const TrainConfig saved = TrainConfig::from_metadata(f.metadata);
-  auto same = [&](bool ok, const char* what) {
-    if (!ok) throw CheckpointError(file.string() + ": checkpoint was written with another " + what + " than this run's");
-  };
-  same(saved.env == config_.env, "--env");
-  same(saved.history.str() == config_.history.str(), "--history");
-  same(saved.batch == config_.batch && saved.hidden == config_.hidden && saved.embed == config_.embed, "--batch/--hidden/--embed");
   if (config_.history.kind == History::Kind::Full) throw CheckpointError("--history full cannot be resumed: its history lives in one segment");
-  // Validate everything before touching the model.
-  const auto counters = f.values<int64_t>("train.counters");
-  const auto rngs = f.values<int64_t>("train.rngs");
-  const auto env_state = f.values<int64_t>("env.state");
-  if (counters.size() != 3 || rngs.size() != 4) throw CheckpointError(file.string() + ": malformed train.counters / train.rngs");
-  const int64_t ring = std::max<int64_t>(int64_t(window_.size()), 1);
-  if (counters[0] < 0 || counters[1] < 0 || counters[2] < 0 || counters[2] >= ring)
-    throw CheckpointError(file.string() + ": train.counters out of range (step " + std::to_string(counters[0]) +
-                          ", optimizer steps " + std::to_string(counters[1]) + ", window position " +
-                          std::to_string(counters[2]) + " of " + std::to_string(ring) + "): a damaged checkpoint?");
-  std::vector<std::pair<std::string, Tensor>> targets;
-  for (const auto& [name, t] : policy_->named_parameters()) targets.push_back({"policy." + name, t});
-  for (const auto& [name, t] : optim_->state()) targets.push_back({"optim." + name, t});
-  targets.push_back({"state.h", h_home_});
-  for (size_t i = 0; i < window_.size(); ++i) targets.push_back({"state.window." + std::to_string(i), window_[i]});
-  // Checks shapes of all first (restore into scratch copies would double memory; check then copy).
-  for (const auto& [name, t] : targets) {
-    const st::TensorInfo* info = f.find(name);
-    std::vector<int64_t> shape(t.shape.dims.begin(), t.shape.dims.begin() + t.rank());
-    if (!info || info->dtype != st::DType::F32 || info->shape != shape)
-      throw CheckpointError(file.string() + ": tensor '" + name + "' is missing or does not match the model " + t.shape.str() +
-                            " (a checkpoint of another configuration?)");
-  }
-  std::vector<float> episode_return(episode_return_.size(), 0.0f);  // absent in older checkpoints: 0
-  if (f.find("train.episode_return")) {
-    episode_return = f.values<float>("train.episode_return");
-    if (episode_return.size() != episode_return_.size())
-      throw CheckpointError(file.string() + ": train.episode_return has " + std::to_string(episode_return.size()) +
-                            " streams, this run " + std::to_string(episode_return_.size()));
-  }
-  env_->load_state(env_state);
-  for (const auto& [name, t] : targets) restore(f, name, t);
-  episode_return_ = std::move(episode_return);
+  Checkpoint c;
+  checkpoint_entries(c, h_home_);
+  std::fill(c.episode_return.begin(), c.episode_return.end(), 0.0f);  // what a checkpoint without them means
+  // Is it a checkpoint of this configuration?
+  const auto about_file = [&](const nn::Metadata& metadata, std::vector<std::string>& problems) {
+    TrainConfig saved;
+    try {
+      saved = TrainConfig::from_metadata(metadata);
+    } catch (const CheckpointError& e) {
+      problems.push_back(e.what());
+      return;
+    }
+    auto same = [&](bool ok, const char* what) {
+      if (!ok) problems.push_back(std::string("checkpoint was written with another ") + what + " than this run's");
+    };
+    same(saved.env == config_.env, "--env");
+    same(saved.history.str() == config_.history.str(), "--history");
+    same(saved.batch == config_.batch && saved.hidden == config_.hidden && saved.embed == config_.embed,
+         "--batch/--hidden/--embed");
+  };
+  // The counters and the env's state are in range (a damaged checkpoint must
+  // not become an out-of-range index); the env takes its state last, when
+  // nothing else can be refused.
+  const auto about_values = [&](const nn::Metadata&, std::vector<std::string>& problems) {
+    const int64_t ring = std::max<int64_t>(int64_t(window_.size()), 1);
+    const int64_t* n = c.counters;
+    if (n[0] < 0 || n[1] < 0 || n[2] < 0 || n[2] >= ring) {
+      problems.push_back("train.counters out of range (step " + std::to_string(n[0]) + ", optimizer steps " +
+                         std::to_string(n[1]) + ", window position " + std::to_string(n[2]) + " of " +
+                         std::to_string(ring) + "): a damaged checkpoint?");
+      return;
+    }
+    try {
+      env_->load_state(c.env_state);
+    } catch (const Error& e) {
+      problems.push_back(e.what());
+    }
+  };
+  nn::load_entries(file, c.entries, "the training checkpoint", about_file, about_values);
+  episode_return_ = c.episode_return;
   h_ = h_home_;
-  step_ = counters[0];
-  optim_->set_step_count(counters[1]);
-  window_pos_ = counters[2];
-  init_rng_.set_state({uint64_t(rngs[0]), uint64_t(rngs[1])});
-  act_rng_.set_state({uint64_t(rngs[2]), uint64_t(rngs[3])});
+  step_ = c.counters[0];
+  optim_->set_step_count(c.counters[1]);
+  window_pos_ = c.counters[2];
+  init_rng_.set_state({uint64_t(c.rngs[0]), uint64_t(c.rngs[1])});
+  act_rng_.set_state({uint64_t(c.rngs[2]), uint64_t(c.rngs[3])});
 }
 
 size_t resident_bytes() {
