@@ -230,18 +230,46 @@ void check_sizes(const TrainConfig& c, const SizeEstimate& e) {
                 ") but this machine has " + format_bytes(machine) + " of memory: make the model smaller (--hidden, --embed)");
 }
 
-// A device's pools are fixed at setup, and a `segtape train` user cannot
-// size them by hand: the persistent pool is sized from the model (its
-// parameters, their gradients and Adam's two moments: four floats each, with
-// room for the per-tensor alignment), the recurrent state, the window ring and
-// a few spare states (evaluate, load); the carry buffer from the state it
-// carries. The defaults stay as floors.
-void size_device_pools(TapeOptions& o, const EnvSpec& spec, const PolicyShape& shape, int64_t batch) {
-  const size_t params = size_t(Policy::parameters_for(spec, shape));
-  const size_t state = align_up(size_t(batch * shape.hidden) * sizeof(float));
-  const size_t ring = size_t(std::max<int64_t>(shape.window, 1)) * align_up(size_t(batch * shape.embed) * sizeof(float));
-  const size_t model = 4 * params * sizeof(float) + 4 * 16 * kAlign;  // 4 copies; <= 16 tensors, each padded
-  o.device_persistent = std::max(o.device_persistent, model + 4 * state + ring + (size_t(4) << 20));
+// What the trainer keeps in its tape's persistent pool, made in one place:
+// by the constructor on its own tape, and on a throwaway CPU tape that
+// measures a device's pool (size_device_pools).
+struct Persistent {
+  std::unique_ptr<Policy> policy;    // parameters and their gradients
+  std::unique_ptr<nn::Adam> optim;   // Adam's two moments
+  Tensor h_home, eval_h;             // the state's home [B, hidden] and evaluate's
+  std::vector<Tensor> window;        // window mode: the ring of the last N - 1 embeddings [B, embed]
+};
+
+Persistent make_persistent(Tape& tape, nn::Rng& rng, const TrainConfig& c, const EnvSpec& spec) {
+  const PolicyShape shape = policy_shape(c, spec);
+  Persistent p;
+  p.policy = std::make_unique<Policy>(tape, rng, spec, shape);
+  p.optim = std::make_unique<nn::Adam>(*p.policy, nn::AdamOptions{.lr = c.lr});
+  p.h_home = tape.persistent({c.batch, c.hidden});
+  p.eval_h = tape.persistent({c.batch, c.hidden});
+  for (int64_t i = 0; i + 1 < shape.window; ++i) p.window.push_back(tape.persistent({c.batch, c.embed}));
+  return p;
+}
+
+// exact's driver over windows of `horizon` steps (it stores the window's boundary states in the persistent pool).
+replay::Options driver_options(const TrainConfig& c, int64_t horizon) { return {.horizon = horizon, .k = c.history.k}; }
+
+// A device's pools are fixed when its tape is made, and a `segtape train`
+// user cannot size them. The persistent pool is measured: what the trainer
+// keeps there is made on a throwaway CPU tape by the code that makes the real
+// thing (make_persistent; for exact, a driver for the windows and one for the
+// run's last, shorter window, which is no larger), and the pool is the bytes
+// that tape used (64-byte aligned blocks, as on the device). The carry buffer
+// holds the carried state; its default is a floor.
+void size_device_pools(TapeOptions& o, const TrainConfig& c, const EnvSpec& spec) {
+  Tape count(Device::cpu(), {.segment_budget = 0, .node_capacity = 0});
+  nn::Rng rng(c.seed);  // the values do not matter, only the sizes
+  const Persistent p = make_persistent(count, rng, c, spec);
+  std::vector<std::unique_ptr<replay::Driver>> drivers;
+  if (c.history.kind == History::Kind::Exact)
+    for (int i = 0; i < 2; ++i) drivers.push_back(std::make_unique<replay::Driver>(count, p.h_home, driver_options(c, c.history.horizon)));
+  o.device_persistent = count.stats().persistent_bytes;
+  const size_t state = align_up(size_t(c.batch * c.hidden) * sizeof(float));
   o.device_carry = std::max(o.device_carry, 2 * state + (size_t(1) << 20));
 }
 
@@ -258,16 +286,16 @@ Trainer::Trainer(const TrainConfig& c)
   config_.validate();
   env_ = make_env(c.env, c.batch, c.seed * 1000003u + 17u, c.env_options);
   const EnvSpec& spec = env_->spec();
-  const PolicyShape shape = policy_shape(c, spec);
   check_sizes(config_, estimate_sizes(config_, spec));  // before anything is allocated
   TapeOptions options = tape_options(config_);
-  if (config_.device == "cuda") size_device_pools(options, spec, shape, c.batch);
+  if (config_.device == "cuda") size_device_pools(options, config_, spec);
   tape_ = std::make_unique<Tape>(config_.device == "cuda" ? Device::cuda() : Device::cpu(), options);
-  policy_ = std::make_unique<Policy>(*tape_, init_rng_, spec, shape);
-  optim_ = std::make_unique<nn::Adam>(*policy_, nn::AdamOptions{.lr = c.lr});
-  h_ = h_home_ = tape_->persistent({c.batch, c.hidden});
-  eval_h_ = tape_->persistent({c.batch, c.hidden});
-  for (int64_t i = 0; i + 1 < shape.window; ++i) window_.push_back(tape_->persistent({c.batch, c.embed}));
+  Persistent p = make_persistent(*tape_, init_rng_, config_, spec);
+  policy_ = std::move(p.policy);
+  optim_ = std::move(p.optim);
+  h_ = h_home_ = p.h_home;
+  eval_h_ = p.eval_h;
+  window_ = std::move(p.window);
   const size_t B = size_t(c.batch);
   tokens_.assign(B, 0);
   targets_.assign(B, kNoTarget);
@@ -302,7 +330,7 @@ Trainer::Trainer(const TrainConfig& c)
 }
 
 std::unique_ptr<replay::Driver> Trainer::make_driver(int64_t horizon) {
-  replay::Options o{.horizon = horizon, .k = config_.history.k};
+  replay::Options o = driver_options(config_, horizon);
   // Actor-critic: a step's loss needs the window's later rewards and the
   // value of the state it ends in, known once the forward pass is done.
   if (!env_->spec().supervised) o.on_forward = [this](const Tensor& final_state) { window_returns(final_state); };

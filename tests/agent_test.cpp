@@ -49,9 +49,10 @@ Trace run_env(Env& env, int steps, int64_t action = 0) {
   return t;
 }
 
-// The count that sizes a device's persistent pool (Policy::parameters_for,
-// computed without building) equals the built policy's, for every env, with
-// and without the window's compress layer and the value head.
+// The count the Trainer's memory check uses before anything is allocated
+// (Policy::parameters_for, computed without building) equals the built
+// policy's, for every env, with and without the window's compress layer and
+// the value head.
 TEST(Policy, ParameterCountWithoutBuildingMatchesTheBuiltPolicy) {
   for (const std::string& env : env_names())
     for (int64_t window : {int64_t(0), int64_t(5)}) {
