@@ -149,7 +149,7 @@ TEST(CudaNn, OptimizerStepsWithClippingMatchTheCpu) {
          return std::make_unique<nn::SGD>(m, nn::SGDOptions{.lr = 0.1, .momentum = 0.8, .dampening = 0.3});
        }},
       {"Adam wd", [](const nn::Module& m) { return std::make_unique<nn::Adam>(m, nn::AdamOptions{.lr = 1e-2, .weight_decay = 1e-2}); }},
-      {"AdamW", [](const nn::Module& m) { return std::make_unique<nn::AdamW>(m, nn::AdamWOptions{.lr = 1e-2}); }},
+      {"AdamW", [](const nn::Module& m) { return std::make_unique<nn::AdamW>(m, nn::AdamWOptions{.lr = 1e-2, .weight_decay = 1e-2}); }},
   };
   for (const Config& c : configs) {
     SCOPED_TRACE(c.what);

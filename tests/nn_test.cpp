@@ -337,7 +337,7 @@ TEST(Optim, StepClipAndTrainingLoopAllocateNothing) {
   nn::Rng rng(3), data(4);
   Policy p(tape, rng);
   nn::Adam adam(p, {.lr = 1e-2, .weight_decay = 1e-3});
-  nn::AdamW adamw(p, {.lr = 1e-2});
+  nn::AdamW adamw(p, {.lr = 1e-2, .weight_decay = 1e-2});
   nn::SGD sgd(p, {.lr = 1e-2, .momentum = 0.9, .nesterov = true});
   std::array<nn::Optimizer*, 3> all{&adam, &adamw, &sgd};
   train_segment(p, data, all);  // warm-up: the arena and op workspace reach their size
