@@ -781,11 +781,11 @@ TEST(Catalog, CheckpointIntegrity) {
 
 // ------------------------------------------------------------ fixed gaps
 
-// Rows that once crashed or misbehaved (found by this catalog under UBSan):
-//  - Segment::carry / backward on an ended or moved-from Segment dereferenced
-//    a null Tape*; they now raise TapeError.
-//  - `segtape train --history full` failed at its final checkpoint: the state
-//    expired with the one segment; it is now carried out before it ends.
+// Regression rows for faults this catalog found under UBSan:
+//  - Segment::carry / backward on an ended or moved-from Segment raise
+//    TapeError (a null Tape* was dereferenced);
+//  - `segtape train --history full` writes its final checkpoint: the state is
+//    carried out of the one segment before it ends (it expired with it).
 TEST(Catalog, FormerGaps) {
   Tape tape;
   const Tensor w = tape.parameter({2});
