@@ -312,7 +312,6 @@ class CheckedEnv final : public Env {
   }
 
   double score() const override { return env_->score(); }
-  int64_t score_count() const override { return env_->score_count(); }
   void reset_score() override { env_->reset_score(); }
   std::vector<int64_t> save_state() const override { return env_->save_state(); }
   void load_state(std::span<const int64_t> s) override { env_->load_state(s); }

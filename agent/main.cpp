@@ -673,6 +673,15 @@ int retention_lab(RetentionArgs& a) {
   return 0;
 }
 
+// An error is one line on stderr: a checkpoint's list of problems
+// ("<file>: cannot load ...: 2 problems (nothing was loaded):\n  a\n  b")
+// becomes "...: 2 problems (nothing was loaded): a; b".
+std::string one_line(std::string m) {
+  for (size_t at; (at = m.find("\n  ")) != std::string::npos;) m.replace(at, 3, at > 0 && m[at - 1] == ':' ? " " : "; ");
+  std::replace(m.begin(), m.end(), '\n', ' ');
+  return m;
+}
+
 }  // namespace
 
 int run_cli(int argc, char** argv) {
@@ -811,7 +820,7 @@ int run_cli(int argc, char** argv) {
     if (*ev) return eval(ck, eval_steps, eval_seed, eval_device);
     if (*rl) return retention_lab(ra);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "segtape: error: %s\n", e.what());
+    std::fprintf(stderr, "segtape: error: %s\n", one_line(e.what()).c_str());
     return 2;
   }
   return 0;

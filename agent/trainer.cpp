@@ -8,9 +8,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <list>
 
 #include "segtape/emulation.h"
+#include "segtape/nn/checkpoint.h"
 #include "segtape/nn/safetensors.h"
 #include "segtape/ops.h"
 
@@ -230,18 +230,46 @@ void check_sizes(const TrainConfig& c, const SizeEstimate& e) {
                 ") but this machine has " + format_bytes(machine) + " of memory: make the model smaller (--hidden, --embed)");
 }
 
-// A device's pools are fixed at setup, and a `segtape train` user cannot
-// size them by hand: the persistent pool is sized from the model (its
-// parameters, their gradients and Adam's two moments: four floats each, with
-// room for the per-tensor alignment), the recurrent state, the window ring and
-// a few spare states (evaluate, load); the carry buffer from the state it
-// carries. The defaults stay as floors.
-void size_device_pools(TapeOptions& o, const EnvSpec& spec, const PolicyShape& shape, int64_t batch) {
-  const size_t params = size_t(Policy::parameters_for(spec, shape));
-  const size_t state = align_up(size_t(batch * shape.hidden) * sizeof(float));
-  const size_t ring = size_t(std::max<int64_t>(shape.window, 1)) * align_up(size_t(batch * shape.embed) * sizeof(float));
-  const size_t model = 4 * params * sizeof(float) + 4 * 16 * kAlign;  // 4 copies; <= 16 tensors, each padded
-  o.device_persistent = std::max(o.device_persistent, model + 4 * state + ring + (size_t(4) << 20));
+// What the trainer keeps in its tape's persistent pool, made in one place:
+// by the constructor on its own tape, and on a throwaway CPU tape that
+// measures a device's pool (size_device_pools).
+struct Persistent {
+  std::unique_ptr<Policy> policy;    // parameters and their gradients
+  std::unique_ptr<nn::Adam> optim;   // Adam's two moments
+  Tensor h_home, eval_h;             // the state's home [B, hidden] and evaluate's
+  std::vector<Tensor> window;        // window mode: the ring of the last N - 1 embeddings [B, embed]
+};
+
+Persistent make_persistent(Tape& tape, nn::Rng& rng, const TrainConfig& c, const EnvSpec& spec) {
+  const PolicyShape shape = policy_shape(c, spec);
+  Persistent p;
+  p.policy = std::make_unique<Policy>(tape, rng, spec, shape);
+  p.optim = std::make_unique<nn::Adam>(*p.policy, nn::AdamOptions{.lr = c.lr});
+  p.h_home = tape.persistent({c.batch, c.hidden});
+  p.eval_h = tape.persistent({c.batch, c.hidden});
+  for (int64_t i = 0; i + 1 < shape.window; ++i) p.window.push_back(tape.persistent({c.batch, c.embed}));
+  return p;
+}
+
+// exact's driver over windows of `horizon` steps (it stores the window's boundary states in the persistent pool).
+replay::Options driver_options(const TrainConfig& c, int64_t horizon) { return {.horizon = horizon, .k = c.history.k}; }
+
+// A device's pools are fixed when its tape is made, and a `segtape train`
+// user cannot size them. The persistent pool is measured: what the trainer
+// keeps there is made on a throwaway CPU tape by the code that makes the real
+// thing (make_persistent; for exact, a driver for the windows and one for the
+// run's last, shorter window, which is no larger), and the pool is the bytes
+// that tape used (64-byte aligned blocks, as on the device). The carry buffer
+// holds the carried state; its default is a floor.
+void size_device_pools(TapeOptions& o, const TrainConfig& c, const EnvSpec& spec) {
+  Tape count(Device::cpu(), {.segment_budget = 0, .node_capacity = 0});
+  nn::Rng rng(c.seed);  // the values do not matter, only the sizes
+  const Persistent p = make_persistent(count, rng, c, spec);
+  std::vector<std::unique_ptr<replay::Driver>> drivers;
+  if (c.history.kind == History::Kind::Exact)
+    for (int i = 0; i < 2; ++i) drivers.push_back(std::make_unique<replay::Driver>(count, p.h_home, driver_options(c, c.history.horizon)));
+  o.device_persistent = count.stats().persistent_bytes;
+  const size_t state = align_up(size_t(c.batch * c.hidden) * sizeof(float));
   o.device_carry = std::max(o.device_carry, 2 * state + (size_t(1) << 20));
 }
 
@@ -258,16 +286,16 @@ Trainer::Trainer(const TrainConfig& c)
   config_.validate();
   env_ = make_env(c.env, c.batch, c.seed * 1000003u + 17u, c.env_options);
   const EnvSpec& spec = env_->spec();
-  const PolicyShape shape = policy_shape(c, spec);
   check_sizes(config_, estimate_sizes(config_, spec));  // before anything is allocated
   TapeOptions options = tape_options(config_);
-  if (config_.device == "cuda") size_device_pools(options, spec, shape, c.batch);
+  if (config_.device == "cuda") size_device_pools(options, config_, spec);
   tape_ = std::make_unique<Tape>(config_.device == "cuda" ? Device::cuda() : Device::cpu(), options);
-  policy_ = std::make_unique<Policy>(*tape_, init_rng_, spec, shape);
-  optim_ = std::make_unique<nn::Adam>(*policy_, nn::AdamOptions{.lr = c.lr});
-  h_ = h_home_ = tape_->persistent({c.batch, c.hidden});
-  eval_h_ = tape_->persistent({c.batch, c.hidden});
-  for (int64_t i = 0; i + 1 < shape.window; ++i) window_.push_back(tape_->persistent({c.batch, c.embed}));
+  Persistent p = make_persistent(*tape_, init_rng_, config_, spec);
+  policy_ = std::move(p.policy);
+  optim_ = std::move(p.optim);
+  h_ = h_home_ = p.h_home;
+  eval_h_ = p.eval_h;
+  window_ = std::move(p.window);
   const size_t B = size_t(c.batch);
   tokens_.assign(B, 0);
   targets_.assign(B, kNoTarget);
@@ -302,7 +330,7 @@ Trainer::Trainer(const TrainConfig& c)
 }
 
 std::unique_ptr<replay::Driver> Trainer::make_driver(int64_t horizon) {
-  replay::Options o{.horizon = horizon, .k = config_.history.k};
+  replay::Options o = driver_options(config_, horizon);
   // Actor-critic: a step's loss needs the window's later rewards and the
   // value of the state it ends in, known once the forward pass is done.
   if (!env_->spec().supervised) o.on_forward = [this](const Tensor& final_state) { window_returns(final_state); };
@@ -663,61 +691,49 @@ double Trainer::evaluate(int64_t steps, uint64_t seed) {
 
 // ---------------------------------------------------------------- checkpoints
 
-namespace {
-namespace st = segtape::safetensors;
+// The checkpoint (metadata format "segtape-train-1"): the trainer's tensors
+// by name, and its host values in these buffers. One list of entries for
+// save and load (nn::save_entries / nn::load_entries).
+struct Trainer::Checkpoint {
+  int64_t counters[3];                // step, optimizer steps, window position
+  int64_t rngs[4];                    // init_rng_'s and act_rng_'s (seed, counter), u64 stored bit for bit in I64
+  std::vector<int64_t> env_state;     // Env::save_state()
+  std::vector<float> episode_return;  // RL: each stream's return so far in its episode
+  std::vector<nn::Entry> entries;
+};
 
-// The tensor's bytes copied to the host (it may live on a device), kept in
-// `staged` (a list: its elements never move) for the reference to point at.
-st::TensorRef ref(const std::string& name, const Tensor& t, std::list<std::vector<std::byte>>& staged) {
-  t.check_live("checkpoint save");
-  std::vector<int64_t> shape(t.shape.dims.begin(), t.shape.dims.begin() + t.rank());
-  std::vector<std::byte>& bytes = staged.emplace_back(t.nbytes());
-  t.to_host_bytes(bytes);
-  return {name, t.dtype == DType::F64 ? st::DType::F64 : st::DType::F32, shape, bytes};
+// The buffers hold the trainer's values (what save() writes).
+void Trainer::checkpoint_entries(Checkpoint& c, const Tensor& state) const {
+  c.counters[0] = step_, c.counters[1] = optim_->step_count(), c.counters[2] = window_pos_;
+  const nn::Rng::State ir = init_rng_.state(), ar = act_rng_.state();
+  const uint64_t rngs[4] = {ir.seed, ir.counter, ar.seed, ar.counter};
+  std::memcpy(c.rngs, rngs, sizeof rngs);
+  c.env_state = env_->save_state();
+  c.episode_return = episode_return_;
+  const auto n = [](const auto& v) { return std::vector<int64_t>{int64_t(std::size(v))}; };
+  for (const auto& [name, t] : policy_->named_parameters()) c.entries.push_back(nn::entry("policy." + name, t));
+  for (const auto& [name, t] : optim_->state()) c.entries.push_back(nn::entry("optim." + name, t));
+  c.entries.push_back(nn::entry("train.counters", std::span<int64_t>(c.counters), n(c.counters)));
+  c.entries.push_back(nn::entry("train.rngs", std::span<int64_t>(c.rngs), n(c.rngs)));
+  c.entries.push_back(nn::entry("env.state", std::span<int64_t>(c.env_state), n(c.env_state)));
+  c.entries.push_back(nn::entry("state.h", state));
+  c.entries.push_back(nn::entry("train.episode_return", std::span<float>(c.episode_return), n(c.episode_return)));
+  c.entries.back().optional = true;
+  for (size_t i = 0; i < window_.size(); ++i) c.entries.push_back(nn::entry("state.window." + std::to_string(i), window_[i]));
 }
-
-template <class T>
-st::TensorRef ints_ref(const std::string& name, const std::vector<T>& v) {
-  return {name, st::DType::I64, {int64_t(v.size())}, std::as_bytes(std::span<const T>(v))};
-}
-
-// Copies a float tensor named `name` from the file into t, checking dtype and shape.
-void restore(const st::File& f, const std::string& name, const Tensor& t) {
-  const st::TensorInfo* info = f.find(name);
-  if (!info) throw CheckpointError(f.source + ": missing tensor '" + name + "' (a checkpoint of another configuration?)");
-  std::vector<int64_t> shape(t.shape.dims.begin(), t.shape.dims.begin() + t.rank());
-  if (info->dtype != st::DType::F32 || info->shape != shape)
-    throw CheckpointError(f.source + ": tensor '" + name + "' is " + info->dtype_str + " of another shape than the model's " +
-                          t.shape.str() + " (a checkpoint of another configuration?)");
-  t.from_host_bytes(f.data(*info));
-}
-}  // namespace
 
 void Trainer::save(const std::filesystem::path& file, const std::map<std::string, std::string>& extra) const {
   if (full_) throw Error("save: history 'full' keeps its whole run in one open segment; it checkpoints only at the end");
-  std::vector<st::TensorRef> refs;
-  std::list<std::vector<std::byte>> staged;
-  for (const auto& [name, t] : policy_->named_parameters()) refs.push_back(ref("policy." + name, t, staged));
-  for (const auto& [name, t] : optim_->state()) refs.push_back(ref("optim." + name, t, staged));
-  const std::vector<int64_t> counters = {step_, optim_->step_count(), window_pos_};
-  const auto ir = init_rng_.state(), ar = act_rng_.state();
-  const std::vector<uint64_t> rngs = {ir.seed, ir.counter, ar.seed, ar.counter};
-  const std::vector<int64_t> env_state = env_->save_state();
-  refs.push_back(ints_ref("train.counters", counters));
-  refs.push_back(ints_ref("train.rngs", rngs));
-  refs.push_back(ints_ref("env.state", env_state));
-  refs.push_back(ref("state.h", h_, staged));
-  refs.push_back({"train.episode_return", st::DType::F32, {int64_t(episode_return_.size())},
-                  std::as_bytes(std::span<const float>(episode_return_))});
-  for (size_t i = 0; i < window_.size(); ++i) refs.push_back(ref("state.window." + std::to_string(i), window_[i], staged));
+  Checkpoint c;
+  checkpoint_entries(c, h_);
   auto meta = config_.to_metadata();
   meta["format"] = "segtape-train-1";
   for (const auto& [k, v] : extra) meta[k] = v;
-  st::save_atomic(file, refs, meta);
+  nn::save_entries(file, c.entries, meta);
 }
 
 TrainConfig Trainer::read_config(const std::filesystem::path& file) {
-  const st::File f = st::load(file);
+  const safetensors::File f = safetensors::load(file);
   auto it = f.metadata.find("format");
   if (it == f.metadata.end() || it->second != "segtape-train-1")
     throw CheckpointError(file.string() + ": not a segtape training checkpoint (no format 'segtape-train-1' in its metadata)");
@@ -725,54 +741,53 @@ TrainConfig Trainer::read_config(const std::filesystem::path& file) {
 }
 
 void Trainer::load(const std::filesystem::path& file) {
-  const st::File f = st::load(file);
-  const TrainConfig saved = TrainConfig::from_metadata(f.metadata);
-  auto same = [&](bool ok, const char* what) {
-    if (!ok) throw CheckpointError(file.string() + ": checkpoint was written with another " + what + " than this run's");
-  };
-  same(saved.env == config_.env, "--env");
-  same(saved.history.str() == config_.history.str(), "--history");
-  same(saved.batch == config_.batch && saved.hidden == config_.hidden && saved.embed == config_.embed, "--batch/--hidden/--embed");
   if (config_.history.kind == History::Kind::Full) throw CheckpointError("--history full cannot be resumed: its history lives in one segment");
-  // Validate everything before touching the model.
-  const auto counters = f.values<int64_t>("train.counters");
-  const auto rngs = f.values<int64_t>("train.rngs");
-  const auto env_state = f.values<int64_t>("env.state");
-  if (counters.size() != 3 || rngs.size() != 4) throw CheckpointError(file.string() + ": malformed train.counters / train.rngs");
-  const int64_t ring = std::max<int64_t>(int64_t(window_.size()), 1);
-  if (counters[0] < 0 || counters[1] < 0 || counters[2] < 0 || counters[2] >= ring)
-    throw CheckpointError(file.string() + ": train.counters out of range (step " + std::to_string(counters[0]) +
-                          ", optimizer steps " + std::to_string(counters[1]) + ", window position " +
-                          std::to_string(counters[2]) + " of " + std::to_string(ring) + "): a damaged checkpoint?");
-  std::vector<std::pair<std::string, Tensor>> targets;
-  for (const auto& [name, t] : policy_->named_parameters()) targets.push_back({"policy." + name, t});
-  for (const auto& [name, t] : optim_->state()) targets.push_back({"optim." + name, t});
-  targets.push_back({"state.h", h_home_});
-  for (size_t i = 0; i < window_.size(); ++i) targets.push_back({"state.window." + std::to_string(i), window_[i]});
-  // Checks shapes of all first (restore into scratch copies would double memory; check then copy).
-  for (const auto& [name, t] : targets) {
-    const st::TensorInfo* info = f.find(name);
-    std::vector<int64_t> shape(t.shape.dims.begin(), t.shape.dims.begin() + t.rank());
-    if (!info || info->dtype != st::DType::F32 || info->shape != shape)
-      throw CheckpointError(file.string() + ": tensor '" + name + "' is missing or does not match the model " + t.shape.str() +
-                            " (a checkpoint of another configuration?)");
-  }
-  std::vector<float> episode_return(episode_return_.size(), 0.0f);  // absent in older checkpoints: 0
-  if (f.find("train.episode_return")) {
-    episode_return = f.values<float>("train.episode_return");
-    if (episode_return.size() != episode_return_.size())
-      throw CheckpointError(file.string() + ": train.episode_return has " + std::to_string(episode_return.size()) +
-                            " streams, this run " + std::to_string(episode_return_.size()));
-  }
-  env_->load_state(env_state);
-  for (const auto& [name, t] : targets) restore(f, name, t);
-  episode_return_ = std::move(episode_return);
+  Checkpoint c;
+  checkpoint_entries(c, h_home_);
+  std::fill(c.episode_return.begin(), c.episode_return.end(), 0.0f);  // what a checkpoint without them means
+  // Is it a checkpoint of this configuration?
+  const auto about_file = [&](const nn::Metadata& metadata, std::vector<std::string>& problems) {
+    TrainConfig saved;
+    try {
+      saved = TrainConfig::from_metadata(metadata);
+    } catch (const CheckpointError& e) {
+      problems.push_back(e.what());
+      return;
+    }
+    auto same = [&](bool ok, const char* what) {
+      if (!ok) problems.push_back(std::string("checkpoint was written with another ") + what + " than this run's");
+    };
+    same(saved.env == config_.env, "--env");
+    same(saved.history.str() == config_.history.str(), "--history");
+    same(saved.batch == config_.batch && saved.hidden == config_.hidden && saved.embed == config_.embed,
+         "--batch/--hidden/--embed");
+  };
+  // The counters and the env's state are in range (a damaged checkpoint must
+  // not become an out-of-range index); the env takes its state last, when
+  // nothing else can be refused.
+  const auto about_values = [&](const nn::Metadata&, std::vector<std::string>& problems) {
+    const int64_t ring = std::max<int64_t>(int64_t(window_.size()), 1);
+    const int64_t* n = c.counters;
+    if (n[0] < 0 || n[1] < 0 || n[2] < 0 || n[2] >= ring) {
+      problems.push_back("train.counters out of range (step " + std::to_string(n[0]) + ", optimizer steps " +
+                         std::to_string(n[1]) + ", window position " + std::to_string(n[2]) + " of " +
+                         std::to_string(ring) + "): a damaged checkpoint?");
+      return;
+    }
+    try {
+      env_->load_state(c.env_state);
+    } catch (const Error& e) {
+      problems.push_back(e.what());
+    }
+  };
+  nn::load_entries(file, c.entries, "the training checkpoint", about_file, about_values);
+  episode_return_ = c.episode_return;
   h_ = h_home_;
-  step_ = counters[0];
-  optim_->set_step_count(counters[1]);
-  window_pos_ = counters[2];
-  init_rng_.set_state({uint64_t(rngs[0]), uint64_t(rngs[1])});
-  act_rng_.set_state({uint64_t(rngs[2]), uint64_t(rngs[3])});
+  step_ = c.counters[0];
+  optim_->set_step_count(c.counters[1]);
+  window_pos_ = c.counters[2];
+  init_rng_.set_state({uint64_t(c.rngs[0]), uint64_t(c.rngs[1])});
+  act_rng_.set_state({uint64_t(c.rngs[2]), uint64_t(c.rngs[3])});
 }
 
 size_t resident_bytes() {

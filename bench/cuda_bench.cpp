@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "segtape/nn/random.h"  // header-only: the inputs are the same in both programs
+#include "workload_data.h"  // kI, kC, kK, Data: header-only, the inputs are the same in both programs
 
 #ifdef SEGTAPE_BENCH_TORCH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
@@ -42,20 +42,11 @@
 
 namespace {
 
-constexpr int64_t kI = 32, kC = 16, kK = 32;
+using segtape::bench::Data;
+using segtape::bench::kC;
+using segtape::bench::kI;
+using segtape::bench::kK;
 constexpr double kLr = 1e-3;
-
-// x [K, B, I], y [K, B]: bench/workload.h's Data, same seed and draws.
-struct Data {
-  int64_t B;
-  std::vector<float> x;
-  std::vector<int64_t> y;
-  explicit Data(int64_t b) : B(b), x(size_t(kK * b * kI)), y(size_t(kK * b)) {
-    segtape::nn::Rng rng(11);
-    for (float& v : x) v = float(rng.uniform(-1, 1));
-    for (int64_t& v : y) v = int64_t(rng.next_u64() % uint64_t(kC));
-  }
-};
 
 // Initial parameters, PyTorch's bounds: U(-1/sqrt(H), 1/sqrt(H)) for all.
 std::vector<float> init(segtape::nn::Rng& rng, int64_t n, int64_t fan) {
@@ -117,8 +108,8 @@ struct Model {
     Tensor total;
     const int64_t B = data.B;
     for (int64_t t = 0; t < kK; ++t) {
-      Tensor x = tape.from(std::span<const float>(data.x).subspan(size_t(t * B * kI), size_t(B * kI)), {B, kI});
-      Tensor y = tape.from(std::span<const int64_t>(data.y).subspan(size_t(t * B), size_t(B)), {B});
+      Tensor x = tape.from(data.xt(t), {B, kI});
+      Tensor y = tape.from(data.yt(t), {B});
       h = gru_cell(x, h, p[0], p[1], p[2], p[3]);
       Tensor l = cross_entropy(add(matmul(h, p[4], false, true), p[5]), y);
       total = t ? add(total, l) : l;

@@ -47,6 +47,7 @@
 
 #include "segtape/nn.h"
 #include "segtape/replay.h"
+#include "workload_data.h"
 #ifdef SEGTAPE_BENCH_TORCH
 #include <torch/torch.h>
 
@@ -58,7 +59,8 @@ using Json = nlohmann::ordered_json;
 
 namespace {
 
-constexpr int64_t kI = 32, kC = 16;  // input features and classes, as bench/workload.h
+using bench::kC;  // classes and input features, the workload's
+using bench::kI;
 
 struct Config {
   int64_t runs = 5, T = 1000, B = 32, H = 128, K = 32, snapshots = 10;

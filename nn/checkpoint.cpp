@@ -11,26 +11,23 @@ namespace {
 
 namespace st = segtape::safetensors;
 
-// One named tensor of a checkpoint: where its bytes come from (save) or go
-// to (load), with the dtype and shape the model expects. Either a tensor
-// (copied through to_host_bytes / from_host_bytes, so it may live on a
-// device) or a host buffer of the caller's (step counters, rng state).
-struct Slot {
-  std::string name;
-  st::DType dtype;
-  std::vector<int64_t> shape;
-  Tensor tensor;
-  void* host = nullptr;
-  size_t bytes = 0;
-};
+st::DType file_dtype(DType d) { return d == DType::F32 ? st::DType::F32 : d == DType::F64 ? st::DType::F64 : st::DType::I64; }
 
-Slot tensor_slot(std::string name, const Tensor& t) {
-  const st::DType d = t.dtype == DType::F32 ? st::DType::F32 : t.dtype == DType::F64 ? st::DType::F64 : st::DType::I64;
-  return {std::move(name), d, std::vector<int64_t>(t.shape.dims.begin(), t.shape.dims.begin() + t.rank()), t, nullptr,
-          t.nbytes()};
+size_t entry_bytes(const Entry& e) {
+  if (e.tensor.defined()) return e.tensor.nbytes();
+  int64_t n = 1;
+  for (int64_t d : e.shape) n *= d;
+  return size_t(n) * dtype_size(e.dtype);
 }
-Slot i64_slot(std::string name, int64_t* v, std::vector<int64_t> shape, size_t n) {
-  return {std::move(name), st::DType::I64, std::move(shape), Tensor{}, v, n * sizeof(int64_t)};
+
+template <class T>
+Entry host_entry(std::string name, std::span<T> values, std::vector<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  if (n != int64_t(values.size()))
+    throw Error("nn::entry('" + name + "'): " + std::to_string(values.size()) + " values for a shape of " +
+                std::to_string(n) + " elements");
+  return {std::move(name), dtype_of<T>(), std::move(shape), Tensor{}, values.data()};
 }
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -40,41 +37,24 @@ std::string shape_str(const std::vector<int64_t>& s) {
 }
 std::string dtype_str(st::DType d) { return std::string(st::dtype_name(d)); }
 
-void write(const std::filesystem::path& path, const std::vector<Slot>& slots, const Metadata& metadata) {
-  std::vector<st::TensorRef> refs;
-  std::vector<std::vector<std::byte>> staged(slots.size());  // the tensors' bytes, copied to the host
-  refs.reserve(slots.size());
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const Slot& s = slots[i];
-    std::span<const std::byte> bytes(static_cast<const std::byte*>(s.host), s.bytes);
-    if (s.tensor.defined()) {
-      staged[i].resize(s.bytes);
-      s.tensor.to_host_bytes(staged[i]);
-      bytes = staged[i];
-    }
-    refs.push_back({s.name, s.dtype, s.shape, bytes});
-  }
-  st::save_atomic(path, refs, metadata);
-}
-
-// Compares the file with the slots and appends every problem; nothing is written.
-void check(const st::File& f, const std::vector<Slot>& slots, bool strict, std::vector<std::string>& problems,
+// Compares the file with the entries and appends every problem; nothing is written.
+void check(const st::File& f, std::span<const Entry> entries, bool strict, std::vector<std::string>& problems,
            LoadReport& report) {
   std::vector<std::string> shape_bad, dtype_bad;
   std::set<std::string_view> expected;
-  for (const Slot& s : slots) {
-    expected.insert(s.name);
-    const st::TensorInfo* t = f.find(s.name);
+  for (const Entry& e : entries) {
+    expected.insert(e.name);
+    const st::TensorInfo* t = f.find(e.name);
     if (!t) {
-      report.missing_keys.push_back(s.name);
+      if (!e.optional) report.missing_keys.push_back(e.name);
       continue;
     }
-    if (t->dtype != s.dtype)
-      dtype_bad.push_back("wrong dtype: '" + s.name + "' is " + t->dtype_str + " in the file, the model has " +
-                          dtype_str(s.dtype));
-    else if (t->shape != s.shape)
-      shape_bad.push_back("wrong shape: '" + s.name + "' is " + shape_str(t->shape) + " in the file, the model has " +
-                          shape_str(s.shape));
+    if (t->dtype != file_dtype(e.dtype))
+      dtype_bad.push_back("wrong dtype: '" + e.name + "' is " + t->dtype_str + " in the file, the model has " +
+                          dtype_str(file_dtype(e.dtype)));
+    else if (t->shape != e.shape)
+      shape_bad.push_back("wrong shape: '" + e.name + "' is " + shape_str(t->shape) + " in the file, the model has " +
+                          shape_str(e.shape));
   }
   for (const st::TensorInfo& t : f.tensors)
     if (!expected.contains(t.name)) report.unexpected_keys.push_back(t.name);
@@ -87,26 +67,43 @@ void check(const st::File& f, const std::vector<Slot>& slots, bool strict, std::
   problems.insert(problems.end(), dtype_bad.begin(), dtype_bad.end());
 }
 
-[[noreturn]] void fail(const st::File& f, const char* what, const std::vector<std::string>& problems) {
+[[noreturn]] void fail(const st::File& f, const std::string& what, const std::vector<std::string>& problems) {
   std::string m = f.source + ": cannot load " + what + ": " + std::to_string(problems.size()) +
                   (problems.size() == 1 ? " problem" : " problems") + " (nothing was loaded):";
   for (const std::string& p : problems) m += "\n  " + p;
   throw CheckpointError(m);
 }
 
-// Only after check() found nothing: every slot the file has is copied.
-void copy(const st::File& f, const std::vector<Slot>& slots) {
-  for (const Slot& s : slots)
-    if (const st::TensorInfo* t = f.find(s.name)) {
-      if (s.tensor.defined()) s.tensor.from_host_bytes(f.data(*t));
-      else std::memcpy(s.host, f.data(*t).data(), s.bytes);
+// Only after check() found nothing: the entries of one kind (host buffers or
+// tensors) that the file has are copied.
+void copy(const st::File& f, std::span<const Entry> entries, bool tensors) {
+  for (const Entry& e : entries)
+    if (const st::TensorInfo* t = f.find(e.name); t && e.tensor.defined() == tensors) {
+      if (tensors) e.tensor.from_host_bytes(f.data(*t));
+      else std::memcpy(e.host, f.data(*t).data(), entry_bytes(e));
     }
 }
 
-std::vector<Slot> param_slots(const Module& m) {
-  std::vector<Slot> slots;
-  for (auto& [name, p] : m.named_parameters()) slots.push_back(tensor_slot(name, p));
-  return slots;
+// load_entries, and nn::load's non-strict variant (which reports the names it skipped).
+Metadata load_checked(const std::filesystem::path& path, std::span<const Entry> entries, const std::string& what,
+                      bool strict, LoadReport& report, const LoadCheck& about_file, const LoadCheck& about_values) {
+  const st::File f = st::load(path);
+  std::vector<std::string> problems;
+  if (about_file) about_file(f.metadata, problems);
+  check(f, entries, strict, problems, report);
+  if (problems.empty()) {
+    copy(f, entries, false);
+    if (about_values) about_values(f.metadata, problems);
+  }
+  if (!problems.empty()) fail(f, what, problems);
+  copy(f, entries, true);
+  return f.metadata;
+}
+
+std::vector<Entry> param_entries(const Module& m) {
+  std::vector<Entry> entries;
+  for (auto& [name, p] : m.named_parameters()) entries.push_back(entry(name, p));
+  return entries;
 }
 
 std::string optim_prefix(size_t k) { return k == 0 ? "optim" : "optim" + std::to_string(k); }
@@ -114,42 +111,72 @@ constexpr std::string_view kReserved = "segtape.";
 constexpr const char* kKindKey = "segtape.kind";
 constexpr const char* kTrainingState = "training_state";
 
-// The slots of a training state; steps and rng values live in the caller's buffers.
-struct TrainingSlots {
-  std::vector<Slot> slots;
+// The entries of a training state; steps and rng words live in its own buffers.
+struct TrainingEntries {
+  std::vector<Entry> entries;
   std::vector<int64_t> optim_steps;
   int64_t train_step = 0;
   int64_t rng[2] = {0, 0};
 
-  TrainingSlots(const Module& m, std::span<const Optimizer* const> optimizers) : slots(param_slots(m)) {
+  TrainingEntries(const Module& m, std::span<const Optimizer* const> optimizers) : entries(param_entries(m)) {
     optim_steps.resize(optimizers.size());  // before taking pointers into it
     for (size_t k = 0; k < optimizers.size(); ++k) {
       const std::string pre = optim_prefix(k) + ".";
-      for (const auto& [name, t] : optimizers[k]->state()) slots.push_back(tensor_slot(pre + name, t));
-      slots.push_back(i64_slot(pre + "step", &optim_steps[k], {}, 1));
+      for (const auto& [name, t] : optimizers[k]->state()) entries.push_back(entry(pre + name, t));
+      entries.push_back(entry(pre + "step", std::span<int64_t>(&optim_steps[k], 1), {}));
     }
-    slots.push_back(i64_slot("train.step", &train_step, {}, 1));
-    slots.push_back(i64_slot("rng.state", rng, {2}, 2));
+    entries.push_back(entry("train.step", std::span<int64_t>(&train_step, 1), {}));
+    entries.push_back(entry("rng.state", std::span<int64_t>(rng), {2}));
   }
+  TrainingEntries(const TrainingEntries&) = delete;  // the entries point into it
+  TrainingEntries& operator=(const TrainingEntries&) = delete;
 };
 
 std::vector<const Optimizer*> as_const(std::span<Optimizer* const> o) { return {o.begin(), o.end()}; }
 
 }  // namespace
 
+Entry entry(std::string name, const Tensor& t) {
+  t.check_live("checkpoint entry");
+  return {std::move(name), t.dtype, std::vector<int64_t>(t.shape.dims.begin(), t.shape.dims.begin() + t.rank()), t};
+}
+Entry entry(std::string name, std::span<int64_t> values, std::vector<int64_t> shape) {
+  return host_entry(std::move(name), values, std::move(shape));
+}
+Entry entry(std::string name, std::span<float> values, std::vector<int64_t> shape) {
+  return host_entry(std::move(name), values, std::move(shape));
+}
+
+void save_entries(const std::filesystem::path& path, std::span<const Entry> entries, const Metadata& metadata) {
+  std::vector<st::TensorRef> refs;
+  std::vector<std::vector<std::byte>> staged(entries.size());  // the tensors' bytes, copied to the host
+  refs.reserve(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    std::span<const std::byte> bytes(static_cast<const std::byte*>(e.host), entry_bytes(e));
+    if (e.tensor.defined()) {
+      staged[i].resize(bytes.size());
+      e.tensor.to_host_bytes(staged[i]);
+      bytes = staged[i];
+    }
+    refs.push_back({e.name, file_dtype(e.dtype), e.shape, bytes});
+  }
+  st::save_atomic(path, refs, metadata);
+}
+
+Metadata load_entries(const std::filesystem::path& path, std::span<const Entry> entries, const std::string& what,
+                      const LoadCheck& about_file, const LoadCheck& about_values) {
+  LoadReport report;
+  return load_checked(path, entries, what, true, report, about_file, about_values);
+}
+
 void save(const Module& m, const std::filesystem::path& path, const Metadata& metadata) {
-  write(path, param_slots(m), metadata);
+  save_entries(path, param_entries(m), metadata);
 }
 
 LoadReport load(Module& m, const std::filesystem::path& path, bool strict) {
-  const st::File f = st::load(path);
-  const std::vector<Slot> slots = param_slots(m);
   LoadReport report;
-  std::vector<std::string> problems;
-  check(f, slots, strict, problems, report);
-  if (!problems.empty()) fail(f, "the module's parameters", problems);
-  copy(f, slots);
-  report.metadata = f.metadata;
+  report.metadata = load_checked(path, param_entries(m), "the module's parameters", strict, report, {}, {});
   return report;
 }
 
@@ -163,18 +190,18 @@ void save_training_state(const std::filesystem::path& path, const Module& m,
     meta[k] = v;
   }
   meta[kKindKey] = kTrainingState;
-  TrainingSlots ts(m, optimizers);
+  TrainingEntries te(m, optimizers);
   for (size_t k = 0; k < optimizers.size(); ++k) {
     meta["segtape." + optim_prefix(k) + ".kind"] = optimizers[k]->kind();
-    ts.optim_steps[k] = optimizers[k]->step_count();
+    te.optim_steps[k] = optimizers[k]->step_count();
   }
-  ts.train_step = step;
+  te.train_step = step;
   const Rng::State s = rng.state();
   // The u64 state words stored bit for bit in I64 (safetensors has U64, but
   // I64 is what every reader handles).
-  std::memcpy(&ts.rng[0], &s.seed, 8);
-  std::memcpy(&ts.rng[1], &s.counter, 8);
-  write(path, ts.slots, meta);
+  std::memcpy(&te.rng[0], &s.seed, 8);
+  std::memcpy(&te.rng[1], &s.counter, 8);
+  save_entries(path, te.entries, meta);
 }
 
 void save_training_state(const std::filesystem::path& path, const Module& m, const Optimizer& optimizer,
@@ -185,41 +212,37 @@ void save_training_state(const std::filesystem::path& path, const Module& m, con
 
 TrainingState load_training_state(const std::filesystem::path& path, Module& m, std::span<Optimizer* const> optimizers,
                                   Rng& rng) {
-  const st::File f = st::load(path);
-  std::vector<std::string> problems;
-  auto meta = [&](const std::string& key) {
-    auto it = f.metadata.find(key);
-    return it == f.metadata.end() ? std::string("(none)") : it->second;
-  };
-  if (meta(kKindKey) != kTrainingState)
-    problems.push_back("not a training state: metadata '" + std::string(kKindKey) + "' is '" + meta(kKindKey) +
-                       "', expected '" + kTrainingState + "' (a plain module checkpoint loads with nn::load)");
-  for (size_t k = 0; k < optimizers.size(); ++k) {
-    const std::string key = "segtape." + optim_prefix(k) + ".kind";
-    if (meta(key) != optimizers[k]->kind())
-      problems.push_back("optimizer " + std::to_string(k) + " is " + optimizers[k]->kind() + " but the file's '" +
-                         optim_prefix(k) + "' state is from " + meta(key));
-  }
-  TrainingSlots ts(m, as_const(optimizers));
-  LoadReport report;
-  check(f, ts.slots, true, problems, report);
-  if (problems.empty()) {
-    // Step counters are validated before anything is copied.
+  TrainingEntries te(m, as_const(optimizers));
+  const auto about_file = [&](const Metadata& metadata, std::vector<std::string>& problems) {
+    auto meta = [&](const std::string& key) {
+      auto it = metadata.find(key);
+      return it == metadata.end() ? std::string("(none)") : it->second;
+    };
+    if (meta(kKindKey) != kTrainingState)
+      problems.push_back("not a training state: metadata '" + std::string(kKindKey) + "' is '" + meta(kKindKey) +
+                         "', expected '" + kTrainingState + "' (a plain module checkpoint loads with nn::load)");
     for (size_t k = 0; k < optimizers.size(); ++k) {
-      const int64_t n = f.values<int64_t>(optim_prefix(k) + ".step")[0];
-      if (n < 0) problems.push_back("'" + optim_prefix(k) + ".step' is negative (" + std::to_string(n) + ")");
+      const std::string key = "segtape." + optim_prefix(k) + ".kind";
+      if (meta(key) != optimizers[k]->kind())
+        problems.push_back("optimizer " + std::to_string(k) + " is " + optimizers[k]->kind() + " but the file's '" +
+                           optim_prefix(k) + "' state is from " + meta(key));
     }
-  }
-  if (!problems.empty()) fail(f, "the training state", problems);
-  copy(f, ts.slots);
-  for (size_t k = 0; k < optimizers.size(); ++k) optimizers[k]->set_step_count(ts.optim_steps[k]);
+  };
+  // Step counters are validated before any tensor is copied.
+  const auto about_values = [&](const Metadata&, std::vector<std::string>& problems) {
+    for (size_t k = 0; k < optimizers.size(); ++k)
+      if (te.optim_steps[k] < 0)
+        problems.push_back("'" + optim_prefix(k) + ".step' is negative (" + std::to_string(te.optim_steps[k]) + ")");
+  };
+  const Metadata metadata = load_entries(path, te.entries, "the training state", about_file, about_values);
+  for (size_t k = 0; k < optimizers.size(); ++k) optimizers[k]->set_step_count(te.optim_steps[k]);
   Rng::State s;
-  std::memcpy(&s.seed, &ts.rng[0], 8);
-  std::memcpy(&s.counter, &ts.rng[1], 8);
+  std::memcpy(&s.seed, &te.rng[0], 8);
+  std::memcpy(&s.counter, &te.rng[1], 8);
   rng.set_state(s);
   TrainingState out;
-  out.step = ts.train_step;
-  for (const auto& [k, v] : f.metadata)
+  out.step = te.train_step;
+  for (const auto& [k, v] : metadata)
     if (!std::string_view(k).starts_with(kReserved)) out.metadata[k] = v;
   return out;
 }

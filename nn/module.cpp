@@ -62,9 +62,4 @@ void Module::zero_grad() {
   for (const auto& [n, c] : children_) c->zero_grad();
 }
 
-void Module::train(bool on) {
-  training_ = on;
-  for (const auto& [n, c] : children_) c->train(on);
-}
-
 }  // namespace segtape::nn

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "segtape/agent/trainer.h"
+#include "segtape/nn/safetensors.h"
 
 #include "process.h"
 
@@ -48,9 +49,10 @@ Trace run_env(Env& env, int steps, int64_t action = 0) {
   return t;
 }
 
-// The count that sizes a device's persistent pool (Policy::parameters_for,
-// computed without building) equals the built policy's, for every env, with
-// and without the window's compress layer and the value head.
+// The count the Trainer's memory check uses before anything is allocated
+// (Policy::parameters_for, computed without building) equals the built
+// policy's, for every env, with and without the window's compress layer and
+// the value head.
 TEST(Policy, ParameterCountWithoutBuildingMatchesTheBuiltPolicy) {
   for (const std::string& env : env_names())
     for (int64_t window : {int64_t(0), int64_t(5)}) {
@@ -218,6 +220,38 @@ TEST(Resume, ContinuesBitIdentically) {
       while (!second.done()) second.run_segment();
       EXPECT_EQ(params_of(straight), params_of(second)) << env << " " << h;
     }
+  }
+  fs::remove_all(dir);
+}
+
+// A checkpoint from before the episode returns were saved (it has no
+// train.episode_return) still loads, with every stream's return so far zero;
+// everything else it holds comes back as it was.
+TEST(Resume, ACheckpointWithoutEpisodeReturnsLoads) {
+  namespace st = segtape::safetensors;
+  const fs::path dir = fs::temp_directory_path() / ("segtape_old_ck_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const TrainConfig c = small("tmaze", "tbptt:2", 16);
+  Trainer first(c);
+  for (int i = 0; i < 3; ++i) first.run_segment();
+  first.save(dir / "ck.safetensors");
+  const st::File f = st::load(dir / "ck.safetensors");
+  std::vector<st::TensorRef> older;
+  for (const st::TensorInfo& t : f.tensors)
+    if (t.name != "train.episode_return") older.push_back({t.name, t.dtype, t.shape, f.data(t)});
+  ASSERT_EQ(older.size() + 1, f.tensors.size());
+  st::save_atomic(dir / "older.safetensors", older, f.metadata);
+
+  Trainer second(c);
+  second.load(dir / "older.safetensors");
+  EXPECT_EQ(second.step(), first.step());
+  second.save(dir / "again.safetensors");
+  const st::File g = st::load(dir / "again.safetensors");
+  EXPECT_EQ(g.values<float>("train.episode_return"), std::vector<float>(size_t(c.batch), 0.0f));
+  for (const st::TensorRef& t : older) {
+    const st::TensorInfo* back = g.find(t.name);
+    ASSERT_TRUE(back) << t.name;
+    EXPECT_TRUE(std::ranges::equal(g.data(*back), t.data)) << t.name;
   }
   fs::remove_all(dir);
 }

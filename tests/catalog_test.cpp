@@ -466,6 +466,23 @@ agent::TrainConfig small(const std::string& env = "recall") {
   return c;
 }
 
+// The checkpoint `good` with one integer of one I64 tensor replaced, written
+// to `out`: a well-formed file whose values are out of range.
+fs::path tampered(const fs::path& good, const std::string& tensor, size_t index, int64_t value, const fs::path& out) {
+  const st::File f = st::load(good);
+  std::vector<std::vector<std::byte>> bytes;
+  bytes.reserve(f.tensors.size());
+  std::vector<st::TensorRef> refs;
+  for (const st::TensorInfo& t : f.tensors) {
+    const auto d = f.data(t);
+    bytes.emplace_back(d.begin(), d.end());
+    if (t.name == tensor) std::memcpy(bytes.back().data() + index * sizeof value, &value, sizeof value);
+    refs.push_back({t.name, t.dtype, t.shape, bytes.back()});
+  }
+  st::save_atomic(out, refs, f.metadata);
+  return out;
+}
+
 TEST(Catalog, TrainerConfigsAndCheckpoints) {
   Scratch dir("agent");
   agent::Trainer trainer(small());
@@ -481,26 +498,9 @@ TEST(Catalog, TrainerConfigsAndCheckpoints) {
     t.save(p);
     return p;
   };
-  // The good checkpoint with one integer of one I64 tensor replaced: well-formed
-  // files whose values are out of range.
-  auto tampered = [&](const std::string& tensor, size_t index, int64_t value, const std::string& name) {
-    const st::File f = st::load(good);
-    std::vector<std::vector<std::byte>> bytes;
-    bytes.reserve(f.tensors.size());
-    std::vector<st::TensorRef> refs;
-    for (const st::TensorInfo& t : f.tensors) {
-      const auto d = f.data(t);
-      bytes.emplace_back(d.begin(), d.end());
-      if (t.name == tensor) std::memcpy(bytes.back().data() + index * sizeof value, &value, sizeof value);
-      refs.push_back({t.name, t.dtype, t.shape, bytes.back()});
-    }
-    const fs::path p = dir / name;
-    st::save_atomic(p, refs, f.metadata);
-    return p;
-  };
-  const fs::path bad_window = tampered("train.counters", 2, 5, "bad-window.safetensors");
-  const fs::path bad_steps = tampered("train.counters", 1, -3, "bad-steps.safetensors");
-  const fs::path bad_env = tampered("env.state", 4, -7, "bad-env.safetensors");
+  const fs::path bad_window = tampered(good, "train.counters", 2, 5, dir / "bad-window.safetensors");
+  const fs::path bad_steps = tampered(good, "train.counters", 1, -3, dir / "bad-steps.safetensors");
+  const fs::path bad_env = tampered(good, "env.state", 4, -7, dir / "bad-env.safetensors");
   const fs::path wider = other([](agent::TrainConfig& c) { c.hidden = 12; }, "wider.safetensors");
   const fs::path tmaze = other([](agent::TrainConfig& c) { c.env = "tmaze"; }, "tmaze.safetensors");
   const fs::path k4 = other([](agent::TrainConfig& c) { c.history = agent::History::parse("tbptt:4"); }, "k4.safetensors");
@@ -600,6 +600,7 @@ TEST(Catalog, ProgramArgumentsAndPaths) {
   fs::create_directories(dir / "corrupt");
   spit(dir / "corrupt" / "checkpoint.safetensors", ck_bytes.substr(0, ck_bytes.size() / 2));
   spit(dir / "truncated.safetensors", ck_bytes.substr(0, ck_bytes.size() - 1));
+  tampered(ck, "train.counters", 2, 5, dir / "bad-counters.safetensors");  // window position 5 of a ring of 1
   {
     Tape t;
     nn::Rng rng(1);
@@ -673,6 +674,9 @@ TEST(Catalog, ProgramArgumentsAndPaths) {
       {"eval of a directory", "eval --checkpoint " + d, segtape, "not a regular file"},
       {"eval of metrics.csv", "eval --checkpoint " + good + "/metrics.csv", segtape, "header length"},
       {"eval of a truncated checkpoint", "eval --checkpoint " + d + "/truncated.safetensors", segtape, "truncated.safetensors"},
+      {"eval of a checkpoint with counters out of range (the problems in one line)",
+       "eval --checkpoint " + d + "/bad-counters.safetensors", segtape,
+       "bad-counters.safetensors: cannot load the training checkpoint: 1 problem (nothing was loaded): train.counters out of range"},
       {"eval of a state_dict", "eval --checkpoint " + d + "/state_dict.safetensors", segtape, "not a segtape training checkpoint"},
   };
   for (const Case& c : cases) {
@@ -777,11 +781,11 @@ TEST(Catalog, CheckpointIntegrity) {
 
 // ------------------------------------------------------------ fixed gaps
 
-// Rows that once crashed or misbehaved (found by this catalog under UBSan):
-//  - Segment::carry / backward on an ended or moved-from Segment dereferenced
-//    a null Tape*; they now raise TapeError.
-//  - `segtape train --history full` failed at its final checkpoint: the state
-//    expired with the one segment; it is now carried out before it ends.
+// Regression rows for faults this catalog found under UBSan:
+//  - Segment::carry / backward on an ended or moved-from Segment raise
+//    TapeError (a null Tape* was dereferenced);
+//  - `segtape train --history full` writes its final checkpoint: the state is
+//    carried out of the one segment before it ends (it expired with it).
 TEST(Catalog, FormerGaps) {
   Tape tape;
   const Tensor w = tape.parameter({2});

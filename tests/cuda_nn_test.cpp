@@ -149,7 +149,7 @@ TEST(CudaNn, OptimizerStepsWithClippingMatchTheCpu) {
          return std::make_unique<nn::SGD>(m, nn::SGDOptions{.lr = 0.1, .momentum = 0.8, .dampening = 0.3});
        }},
       {"Adam wd", [](const nn::Module& m) { return std::make_unique<nn::Adam>(m, nn::AdamOptions{.lr = 1e-2, .weight_decay = 1e-2}); }},
-      {"AdamW", [](const nn::Module& m) { return std::make_unique<nn::AdamW>(m, nn::AdamWOptions{.lr = 1e-2}); }},
+      {"AdamW", [](const nn::Module& m) { return std::make_unique<nn::AdamW>(m, nn::AdamWOptions{.lr = 1e-2, .weight_decay = 1e-2}); }},
   };
   for (const Config& c : configs) {
     SCOPED_TRACE(c.what);
@@ -222,6 +222,39 @@ TEST(CudaAgent, TrainerMatchesTheCpuWithFixedDeviceMemory) {
   agent::Trainer evaluator(back);
   evaluator.load(f);
   EXPECT_NEAR(evaluator.evaluate(64, 5), gpu.evaluate(64, 5), 0.05);
+  fs::remove_all(f.parent_path());
+}
+
+// A device's persistent pool is measured (a counting pass over the real
+// model on a CPU tape), not guessed: after the constructor it holds exactly
+// what the trainer made, for each env kind and history; under exact it has
+// room for the driver of the run's last, shorter window, which the run then
+// makes. Training, evaluate, save and load all fit.
+TEST(CudaAgent, ThePersistentPoolIsWhatTheTrainerKeeps) {
+  REQUIRE_GPU();
+  const fs::path f = scratch("pool.safetensors");
+  for (const char* env : {"recall", "tmaze"})
+    for (const char* history : {"tbptt:8", "window:4", "exact:4/16"}) {
+      SCOPED_TRACE(std::string(env) + " " + history);
+      agent::TrainConfig c = recall_config("cuda");
+      c.env = env;
+      c.env_options.corridor = 4;
+      c.history = agent::History::parse(history);
+      c.steps = 40;  // exact: windows of 16, 16 and a last one of 8
+      agent::Trainer t(c);
+      const bool exact = c.history.kind == agent::History::Kind::Exact;
+      const size_t pool = t.tape().options().device_persistent, made = t.tape().stats().persistent_bytes;
+      if (exact) EXPECT_LT(made, pool);
+      else EXPECT_EQ(made, pool);
+      while (!t.done()) t.run_segment();
+      EXPECT_TRUE(std::isfinite(t.evaluate(16, 3)));
+      t.save(f);
+      t.load(f);
+      const size_t used = t.tape().stats().persistent_bytes;
+      EXPECT_LE(used, pool);
+      if (exact) EXPECT_GT(used, made) << "the last, shorter window's driver";
+      else EXPECT_EQ(used, made);
+    }
   fs::remove_all(f.parent_path());
 }
 

@@ -11,7 +11,7 @@
 # Not in a sanitizer build: these time the real program (an instrumented one
 # is 2-3x slower and its RSS is ASan's shadow memory), and an instrumented
 # install cannot be linked by the uninstrumented consumer project.
-if(TARGET segtape AND NOT SEGTAPE_SANITIZE)
+if(NOT SEGTAPE_SANITIZE)
   set(SEGTAPE_SOAK_STEPS 100000 CACHE STRING "Steps of the ctest soak (tests/soak.sh)")
   set(SEGTAPE_KILLS 20 CACHE STRING "SIGKILLs of the ctest kill test (tests/kill_test.sh)")
   add_test(NAME soak COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/soak.sh ${SEGTAPE_SOAK_STEPS} $<TARGET_FILE:segtape>)

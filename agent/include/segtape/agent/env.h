@@ -90,7 +90,6 @@ class Env {
   // score_num_ / score_den_; these read them (virtual so that make_env's
   // checking wrapper can hand them through to the env it wraps).
   virtual double score() const { return score_den_ ? double(score_num_) / double(score_den_) : 0.0; }
-  virtual int64_t score_count() const { return score_den_; }
   virtual void reset_score() { score_num_ = score_den_ = 0; }
 
   // Everything needed to continue bit-identically (for checkpoints).

@@ -27,9 +27,10 @@ struct PolicyShape {
 class Policy : public nn::Module {
  public:
   Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& shape);
-  // The number of parameters such a policy has, without building it (for
-  // sizing a device's fixed pools); tests/agent_test.cpp keeps it equal to
-  // parameter_count() of a built one for every env and history.
+  // The number of parameters such a policy has, without building it (the
+  // Trainer refuses a model too large for the machine before allocating
+  // it); tests/agent_test.cpp keeps it equal to parameter_count() of a built
+  // one for every env and history.
   static int64_t parameters_for(const EnvSpec& env, const PolicyShape& shape);
   // obs: int64 tokens [B] or float vectors [B, obs_dim] -> [B, embed]
   Tensor encode(const Tensor& obs) const;

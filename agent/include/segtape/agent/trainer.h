@@ -124,6 +124,9 @@ class Trainer {
   void bootstrap_value(const Tensor& h, std::span<float> out);
   void window_returns(const Tensor& final_state);
   Tensor actor_critic_loss(int64_t i, const Tensor& lp, const Tensor& v, const float* returns);
+  // checkpoints: the entries of save() and load(); the GRU state's entry is `state`
+  struct Checkpoint;
+  void checkpoint_entries(Checkpoint& c, const Tensor& state) const;
 
   TrainConfig config_;
   std::unique_ptr<Tape> tape_;

@@ -4,10 +4,13 @@
 // is a CheckpointError naming the tensor). Loads validate the whole file
 // against the model first and copy only when everything matches, so a failed
 // load leaves the model untouched; one CheckpointError lists every problem
-// and names the file.
+// and names the file. Every save and load below goes through one pair,
+// save_entries / load_entries, which a caller with state of its own uses too
+// (agent::Trainer's checkpoint).
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -56,5 +59,42 @@ void save_training_state(const std::filesystem::path& path, const Module& m, con
 TrainingState load_training_state(const std::filesystem::path& path, Module& m,
                                   std::span<Optimizer* const> optimizers, Rng& rng);
 TrainingState load_training_state(const std::filesystem::path& path, Module& m, Optimizer& optimizer, Rng& rng);
+
+// ---- named entries: the path every function above takes.
+
+// One tensor of a checkpoint file: a tape's tensor (it may live on a device:
+// copied through to_host_bytes / from_host_bytes) or a host buffer of the
+// caller's (counters, rng words). A save reads it, a load writes it.
+struct Entry {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  Tensor tensor;          // defined: the entry is this tensor (dtype and shape are its own)
+  void* host = nullptr;   // otherwise: shape's element count of dtype at host
+  bool optional = false;  // a load leaves it as it is when the file lacks it (an entry older files lack)
+};
+Entry entry(std::string name, const Tensor& t);
+// values.size() must be the element count of shape ({} is a scalar).
+Entry entry(std::string name, std::span<int64_t> values, std::vector<int64_t> shape);
+Entry entry(std::string name, std::span<float> values, std::vector<int64_t> shape);
+
+// Writes the entries and the metadata atomically (safetensors::save_atomic).
+void save_entries(const std::filesystem::path& path, std::span<const Entry> entries, const Metadata& metadata);
+
+// A check of a load: it appends one line per problem it finds.
+using LoadCheck = std::function<void(const Metadata& metadata, std::vector<std::string>& problems)>;
+
+// Loads a file written with these entries, strictly: each entry must be in
+// the file (an optional one may be absent), with its dtype and shape, and the
+// file must hold no other tensor. In order: `about_file` sees the file's
+// metadata (is it a file for this caller at all?); the entries are compared
+// with the file; only if nothing was found, the host entries are filled in
+// and `about_values` checks them. It is the last check: when it finds
+// nothing, only the tensors' copy follows, so it may also hand the host
+// values on to the caller's own state. Any problem: one CheckpointError that
+// names the file and `what` and lists them all, and no tensor was written.
+// Returns the file's metadata.
+Metadata load_entries(const std::filesystem::path& path, std::span<const Entry> entries, const std::string& what,
+                      const LoadCheck& about_file = {}, const LoadCheck& about_values = {});
 
 }  // namespace segtape::nn

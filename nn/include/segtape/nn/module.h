@@ -47,9 +47,6 @@ class Module {
   std::vector<Tensor> parameters() const;
   int64_t parameter_count() const;  // elements, like sum(p.numel())
   void zero_grad();                 // this module's parameters only
-  void train(bool on = true);       // recursive, like PyTorch
-  void eval() { train(false); }
-  bool is_training() const { return training_; }
 
   Tape& tape() const { return *tape_; }
   DType dtype() const { return dtype_; }
@@ -63,7 +60,6 @@ class Module {
 
   Tape* tape_;
   DType dtype_;
-  bool training_ = true;
   std::vector<NamedTensor> params_;
   std::vector<std::pair<std::string, Module*>> children_;
 };

@@ -64,16 +64,11 @@ class SGD : public Optimizer {
   std::vector<Tensor> buf_;  // momentum buffers (empty without momentum)
 };
 
-// lr, beta1, beta2, eps, weight_decay (segtape/update.h).
+// lr, beta1, beta2, eps, weight_decay (segtape/update.h): Adam's and AdamW's
+// options, one type. weight_decay defaults to 0 for both (PyTorch's AdamW
+// defaults it to 1e-2: give it to AdamW explicitly).
 using segtape::AdamOptions;
-// Same fields; PyTorch's AdamW defaults weight_decay to 1e-2.
-struct AdamWOptions {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 1e-2;
-};
+using AdamWOptions = AdamOptions;
 
 // Adam: g = grad + wd * p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
@@ -98,11 +93,8 @@ class Adam : public Optimizer {
 // AdamW: p *= 1 - lr * wd (decoupled decay), then Adam's update with g = grad.
 class AdamW : public Adam {
  public:
-  AdamW(std::vector<NamedTensor> params, AdamWOptions o) : Adam(std::move(params), convert(o), true) {}
-  AdamW(const Module& m, AdamWOptions o) : Adam(m.named_parameters(), convert(o), true) {}
-
- private:
-  static AdamOptions convert(const AdamWOptions& o) { return {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}; }
+  AdamW(std::vector<NamedTensor> params, AdamOptions o) : Adam(std::move(params), o, true) {}
+  AdamW(const Module& m, AdamOptions o) : Adam(m.named_parameters(), o, true) {}
 };
 
 // torch.nn.utils.clip_grad_norm_ (L2): returns the total norm of all the
