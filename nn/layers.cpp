@@ -139,31 +139,16 @@ GRU::Output GRU::forward(const Tensor& x, const Tensor& h0) {
   if (h0.defined() && (h0.rank() != 3 || h0.dim(0) != num_layers || h0.dim(1) != B || h0.dim(2) != H))
     throw ShapeError(me() + ": h0 " + h0.describe() + " must be [" + std::to_string(num_layers) + ", " +
                      std::to_string(B) + ", " + std::to_string(H) + "] for input " + x.describe());
-  if (x.tape->device().kind == Device::Kind::CUDA) {
-    // On CUDA each layer is one op over the whole sequence (cuDNN's GRU).
-    Tensor seq = x, zeros = h0.defined() ? Tensor{} : x.tape->zeros({B, H}, dtype());
-    for (int64_t l = 0; l < num_layers; ++l) {
-      const Layer& L = layers_[size_t(l)];
-      const Tensor h = h0.defined() ? reshape(slice(h0, 0, l, 1), {B, H}) : zeros;
-      seq = gru_sequence(seq, h, L.weight_ih, L.weight_hh, L.bias_ih, L.bias_hh);  // [T, B, H]
-      last_[size_t(l)] = reshape(slice(seq, 0, T - 1, 1), {B, H});
-    }
-    return {seq, reshape(concat(std::span<const Tensor>(last_.data(), size_t(num_layers)), 0), {num_layers, B, H})};
-  }
-  steps_.resize(size_t(T));  // keeps its capacity: no allocation once T was seen
-  for (int64_t t = 0; t < T; ++t) steps_[size_t(t)] = reshape(slice(x, 0, t, 1), {B, input_size});
-  Tensor zeros = h0.defined() ? Tensor{} : x.tape->zeros({B, H}, dtype());
+  // Each layer is one gru_sequence over the whole sequence (cuDNN's GRU on
+  // CUDA, fused cells on the CPU); layer l's outputs are layer l+1's input.
+  Tensor seq = x, zeros = h0.defined() ? Tensor{} : x.tape->zeros({B, H}, dtype());
   for (int64_t l = 0; l < num_layers; ++l) {
     const Layer& L = layers_[size_t(l)];
-    Tensor h = h0.defined() ? reshape(slice(h0, 0, l, 1), {B, H}) : zeros;
-    // Layer l's outputs replace its inputs in place: they are layer l+1's inputs.
-    for (size_t t = 0; t < size_t(T); ++t) steps_[t] = h = gru_cell(steps_[t], h, L.weight_ih, L.weight_hh, L.bias_ih, L.bias_hh);
-    last_[size_t(l)] = h;
+    const Tensor h = h0.defined() ? reshape(slice(h0, 0, l, 1), {B, H}) : zeros;
+    seq = gru_sequence(seq, h, L.weight_ih, L.weight_hh, L.bias_ih, L.bias_hh);  // [T, B, H]
+    last_[size_t(l)] = reshape(slice(seq, 0, T - 1, 1), {B, H});
   }
-  Output o;
-  o.output = reshape(concat(std::span<const Tensor>(steps_.data(), size_t(T)), 0), {T, B, H});
-  o.h_n = reshape(concat(std::span<const Tensor>(last_.data(), size_t(num_layers)), 0), {num_layers, B, H});
-  return o;
+  return {seq, reshape(concat(std::span<const Tensor>(last_.data(), size_t(num_layers)), 0), {num_layers, B, H})};
 }
 
 }  // namespace segtape::nn

@@ -4,7 +4,6 @@
 // h' = (1 - z) n + z h.
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "backend.h"
 #include "cpu/blas.h"
@@ -132,6 +131,30 @@ Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tens
   return ops::emit(t, n, {B, H}, op, {size_t(B * 4 * H) * dtype_size(x.dtype), !recompute});
 }
 
+namespace {
+// Steps [s0, s0 + len) of a sequence as fused cells from state h (left at the
+// last step's), their states stacked along axis 0 exactly as concat() of the
+// steps would stack them (runs of at most Node::kMaxInputs, a balanced tree)
+// but with no list of steps: no heap.
+Tensor gru_steps(const Tensor& x, Tensor& h, int64_t s0, int64_t len, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+                 const Tensor& b_hh) {
+  constexpr int64_t G = Node::kMaxInputs;
+  const int64_t B = x.dim(1), I = x.dim(2);
+  std::array<Tensor, G> parts;
+  if (len == 1) return h = gru_cell(reshape(slice(x, 0, s0, 1), {B, I}), h, w_ih, w_hh, b_ih, b_hh);
+  if (len <= G) {
+    for (int64_t s = 0; s < len; ++s) parts[size_t(s)] = gru_steps(x, h, s0 + s, 1, w_ih, w_hh, b_ih, b_hh);
+    return concat(std::span<const Tensor>(parts.data(), size_t(len)), 0);
+  }
+  for (int64_t r = 0, at = s0; r < G; ++r) {
+    const int64_t n = len / G + (r < len % G ? 1 : 0);
+    parts[size_t(r)] = gru_steps(x, h, at, n, w_ih, w_hh, b_ih, b_hh);
+    at += n;
+  }
+  return concat(std::span<const Tensor>(parts.data(), size_t(G)), 0);
+}
+}  // namespace
+
 Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
                     const Tensor& b_hh) {
   const char* op = "gru_sequence";
@@ -143,12 +166,8 @@ Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const
     ops::shape_error(op, "weights must be w_ih [3H, I] and w_hh [3H, H] for x [T, B, I], h0 [B, H]", {&x, &h0, &w_ih, &w_hh});
   if (b_ih.numel() != 3 * H || b_hh.numel() != 3 * H) ops::shape_error(op, "biases must have 3H elements", {&h0, &b_ih, &b_hh});
   if (!t.backend()->has_gru_sequence()) {
-    // T fused cells, their states stacked along a new leading axis.
-    std::vector<Tensor> steps(static_cast<size_t>(T));
     Tensor h = h0;
-    for (int64_t s = 0; s < T; ++s)
-      steps[size_t(s)] = h = gru_cell(reshape(slice(x, 0, s, 1), {B, I}), h, w_ih, w_hh, b_ih, b_hh);
-    return reshape(concat(std::span<const Tensor>(steps.data(), size_t(T)), 0), {T, B, H});
+    return reshape(gru_steps(x, h, 0, T, w_ih, w_hh, b_ih, b_hh), {T, B, H});
   }
   // One node; the backend allocates its weight and reserve space in the arena
   // (n.saved, counted in n.bytes) when a gradient is wanted (ia[0]).

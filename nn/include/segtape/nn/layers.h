@@ -85,7 +85,6 @@ class GRU : public Module {
 
  private:
   std::vector<Layer> layers_;
-  std::vector<Tensor> steps_;  // [T] per-step inputs, then outputs, of the layer being run
   std::vector<Tensor> last_;   // [num_layers] final states
 };
 
