@@ -13,8 +13,8 @@
 
 namespace segtape {
 
-// The optimizers' options, with PyTorch's defaults (nn::SGDOptions and
-// nn::AdamOptions are these).
+// The optimizers' options, with PyTorch's defaults (nn::SGDOptions,
+// nn::AdamOptions and nn::AdamWOptions are these).
 struct SgdOptions {
   double lr = 1e-2;
   double momentum = 0;
@@ -22,13 +22,22 @@ struct SgdOptions {
   double weight_decay = 0;
   bool nesterov = false;
 };
-struct AdamOptions {
+// Adam's and AdamW's options: one definition, whose weight_decay defaults to
+// DefaultWeightDecay (PyTorch's: 0 for Adam, 1e-2 for AdamW); each converts
+// to the other field for field.
+template <double DefaultWeightDecay>
+struct AdamOptionsWith {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0;
+  double weight_decay = DefaultWeightDecay;
+  template <double D>
+  operator AdamOptionsWith<D>() const {
+    return {lr, beta1, beta2, eps, weight_decay};
+  }
 };
+using AdamOptions = AdamOptionsWith<0.0>;
 
 // g = grad + wd p; with a momentum buffer: buf = g (first) or momentum buf + (1 - dampening) g,
 // g = nesterov ? g + momentum buf : buf; then p -= lr g. momentum_buffer: undefined without momentum.

@@ -65,10 +65,10 @@ class SGD : public Optimizer {
 };
 
 // lr, beta1, beta2, eps, weight_decay (segtape/update.h): Adam's and AdamW's
-// options, one type. weight_decay defaults to 0 for both (PyTorch's AdamW
-// defaults it to 1e-2: give it to AdamW explicitly).
+// options, one definition with PyTorch's defaults (weight_decay 0 for Adam,
+// 1e-2 for AdamW).
 using segtape::AdamOptions;
-using AdamWOptions = AdamOptions;
+using AdamWOptions = segtape::AdamOptionsWith<1e-2>;  // the same fields, weight_decay = 1e-2 by default
 
 // Adam: g = grad + wd * p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
@@ -93,8 +93,8 @@ class Adam : public Optimizer {
 // AdamW: p *= 1 - lr * wd (decoupled decay), then Adam's update with g = grad.
 class AdamW : public Adam {
  public:
-  AdamW(std::vector<NamedTensor> params, AdamOptions o) : Adam(std::move(params), o, true) {}
-  AdamW(const Module& m, AdamOptions o) : Adam(m.named_parameters(), o, true) {}
+  AdamW(std::vector<NamedTensor> params, AdamWOptions o) : Adam(std::move(params), o, true) {}
+  AdamW(const Module& m, AdamWOptions o) : Adam(m.named_parameters(), o, true) {}
 };
 
 // torch.nn.utils.clip_grad_norm_ (L2): returns the total norm of all the
