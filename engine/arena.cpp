@@ -85,13 +85,4 @@ size_t Arena::reserved() const {
   return r;
 }
 
-bool Arena::owns(const void* p) const {
-  auto* b = static_cast<const std::byte*>(p);
-  for (size_t i = 0; i <= cur_ && i < chunks_.size(); ++i) {
-    const size_t end = i == cur_ ? off_ : chunks_[i].cap;
-    if (b >= chunks_[i].base && b < chunks_[i].base + end) return true;
-  }
-  return false;
-}
-
 }  // namespace segtape

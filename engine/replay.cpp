@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "segtape/ops.h"
+#include "fnv.h"
 
 namespace segtape::replay {
 
@@ -45,8 +46,8 @@ constexpr int64_t kMaxBinomialUnits = 4096;  // the optimal plan is an O(units^2
 // FNV-1a over a state's bytes: the first computation of each boundary state
 // is remembered by its hash, every recomputation is checked against it.
 uint64_t hash_bytes(std::span<const std::byte> b) {
-  uint64_t h = 1469598103934665603ull;
-  for (std::byte x : b) h = (h ^ uint64_t(x)) * 1099511628211ull;
+  uint64_t h = segtape::detail::kFnvOffset;
+  for (std::byte x : b) segtape::detail::fnv_mix(h, uint64_t(x));
   return h;
 }
 

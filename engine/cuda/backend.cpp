@@ -6,6 +6,7 @@
 #include "check.h"
 #include "cuda_backend.h"
 #include "ops/op.h"
+#include "fnv.h"
 
 namespace segtape::cuda {
 namespace {
@@ -52,8 +53,8 @@ void pinned_give(void*, void* p) {
 }
 
 uint64_t mix4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  uint64_t h = 14695981039346656037ull;
-  for (uint64_t v : {a, b, c, d}) h = (h ^ v) * 1099511628211ull;
+  uint64_t h = detail::kFnvOffset;
+  for (uint64_t v : {a, b, c, d}) detail::fnv_mix(h, v);
   return h;
 }
 

@@ -11,6 +11,7 @@
 #include "cuda_backend.h"
 #include "ops/op.h"
 #include "segtape/ops.h"
+#include "fnv.h"
 
 namespace segtape::cuda {
 namespace {
@@ -222,14 +223,11 @@ void backward_typed(CudaBackend& be, const Node& nd, const T* g, const std::arra
   throw TapeError(std::string("CUDA backend: no backward rule for op ") + op_name(nd.op));
 }
 
-void mix(uint64_t& h, uint64_t v) {  // FNV-1a over 64-bit words
-  h ^= v;
-  h *= 1099511628211ull;
-}
-void mix(uint64_t& h, const Tensor& t) {
-  mix(h, reinterpret_cast<uintptr_t>(t.ptr));
-  mix(h, uint64_t(t.dtype) << 8 | uint64_t(t.shape.rank));
-  for (int i = 0; i < t.shape.rank; ++i) mix(h, uint64_t(t.shape.dims[size_t(i)]));
+using detail::fnv_mix;
+void fnv_mix(uint64_t& h, const Tensor& t) {
+  fnv_mix(h, reinterpret_cast<uintptr_t>(t.ptr));
+  fnv_mix(h, uint64_t(t.dtype) << 8 | uint64_t(t.shape.rank));
+  for (int i = 0; i < t.shape.rank; ++i) fnv_mix(h, uint64_t(t.shape.dims[size_t(i)]));
 }
 
 }  // namespace
@@ -245,18 +243,18 @@ void backward_op(CudaBackend& be, Tape&, const Node& n, const void* gout, const 
 }
 
 uint64_t signature(const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>* dst) {
-  uint64_t h = 14695981039346656037ull;
-  mix(h, uint64_t(n.op) | uint64_t(n.n_in) << 8 | uint64_t(dst ? 1 : 0) << 16);
-  mix(h, n.out);
-  for (int i = 0; i < n.n_in; ++i) mix(h, n.in[size_t(i)]);
-  for (int64_t v : n.ia) mix(h, uint64_t(v));
+  uint64_t h = detail::kFnvOffset;
+  fnv_mix(h, uint64_t(n.op) | uint64_t(n.n_in) << 8 | uint64_t(dst ? 1 : 0) << 16);
+  fnv_mix(h, n.out);
+  for (int i = 0; i < n.n_in; ++i) fnv_mix(h, n.in[size_t(i)]);
+  for (int64_t v : n.ia) fnv_mix(h, uint64_t(v));
   uint64_t fa = 0;
   std::memcpy(&fa, &n.fa, sizeof fa);
-  mix(h, fa);
-  mix(h, reinterpret_cast<uintptr_t>(n.saved));
-  mix(h, reinterpret_cast<uintptr_t>(gout));
+  fnv_mix(h, fa);
+  fnv_mix(h, reinterpret_cast<uintptr_t>(n.saved));
+  fnv_mix(h, reinterpret_cast<uintptr_t>(gout));
   if (dst)
-    for (void* p : *dst) mix(h, reinterpret_cast<uintptr_t>(p));
+    for (void* p : *dst) fnv_mix(h, reinterpret_cast<uintptr_t>(p));
   return h;
 }
 

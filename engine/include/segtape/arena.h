@@ -61,8 +61,6 @@ class Arena {
   size_t budget() const { return grow_ ? grow_limit_ : first_capacity_; }
   bool grows() const { return grow_; }
   bool on_device() const { return alloc_.device; }
-  // true when p points into memory handed out since the last reset
-  bool owns(const void* p) const;
 
  private:
   struct Chunk {
