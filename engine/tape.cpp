@@ -9,6 +9,7 @@
 #include "backend.h"
 #include "segtape/emulation.h"
 #include "ops/op.h"
+#include "tape_internals.h"
 
 namespace segtape {
 
@@ -151,7 +152,7 @@ void Tape::fill_zero(void* p, size_t bytes) {
 
 bool Tape::device_pools() const { return backend_->device_memory(); }
 
-bool Tensor::on_device() const { return tape && space != Space::None && tape->device_pools(); }
+bool Tensor::on_device() const { return tape && space != Space::None && detail::TapeInternals::device_pools(*tape); }
 
 namespace detail {
 namespace {
@@ -172,7 +173,7 @@ void check_byte_copy(const Tensor& t, size_t bytes, const char* what) {
 // The copy itself, after the checks.
 void copy_bytes(const Tensor& t, void* host, size_t bytes, bool to_host) {
   if (!bytes) return;
-  t.tape->backend()->copy(to_host ? host : t.ptr, to_host ? t.ptr : host, bytes,
+  detail::TapeInternals::backend(*t.tape)->copy(to_host ? host : t.ptr, to_host ? t.ptr : host, bytes,
                           to_host ? Backend::Copy::DeviceToHost : Backend::Copy::HostToDevice);
 }
 }  // namespace
@@ -374,9 +375,9 @@ Tensor from_impl(Tape& tape, std::span<const T> v, const Shape& s) {
   if (int64_t(v.size()) != s.numel())
     throw ShapeError("tape.from(): " + std::to_string(v.size()) + " values for shape " + s.str() + " (" +
                      std::to_string(s.numel()) + " elements)");
-  Tensor t = tape.make(s, dtype_of<T>(), OpKind::Input, "tape.from()");
+  Tensor t = detail::TapeInternals::make(tape, s, dtype_of<T>(), OpKind::Input, "tape.from()");
   if (v.empty()) return t;
-  tape.backend()->copy(t.ptr, v.data(), v.size_bytes(), detail::Backend::Copy::HostToDevice);
+  detail::TapeInternals::backend(tape)->copy(t.ptr, v.data(), v.size_bytes(), detail::Backend::Copy::HostToDevice);
   return t;
 }
 }  // namespace

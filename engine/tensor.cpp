@@ -3,8 +3,11 @@
 #include <cstring>
 
 #include "segtape/tape.h"
+#include "tape_internals.h"
 
 namespace segtape {
+
+using In = detail::TapeInternals;
 
 const char* dtype_name(DType d) {
   switch (d) {
@@ -58,11 +61,11 @@ std::string Shape::str() const {
   return s;
 }
 
-bool Tensor::is_live() const { return tape && tape->is_live(*this); }
+bool Tensor::is_live() const { return tape && In::is_live(*tape, *this); }
 
 void Tensor::check_live(const char* what) const {
   if (space == Space::None) throw TapeError(std::string(what) + ": undefined tensor");
-  if (!tape->is_live(*this)) throw ExpiredTensorError(tape->expired_message(*this, what));
+  if (!In::is_live(*tape, *this)) throw ExpiredTensorError(In::expired_message(*tape, *this, what));
 }
 
 double Tensor::item() const {

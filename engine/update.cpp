@@ -7,8 +7,11 @@
 #include "backend.h"
 #include "segtape/error.h"
 #include "segtape/tape.h"
+#include "tape_internals.h"
 
 namespace segtape {
+
+using In = detail::TapeInternals;
 namespace {
 
 // A parameter: a live persistent floating tensor with a gradient buffer.
@@ -44,7 +47,7 @@ void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdOptio
   if (s.momentum != 0 && !has_buf) throw Error("sgd_step: momentum " + std::to_string(s.momentum) + " needs a momentum buffer");
   if (s.momentum == 0 && has_buf) throw Error("sgd_step: a momentum buffer with momentum 0 (pass an undefined buffer)");
   void* buf = has_buf ? momentum_buffer.ptr : nullptr;
-  param.tape->backend()->sgd_step(param.dtype, param.numel(), param.ptr, param.grad, buf, s, first);
+  In::backend(*param.tape)->sgd_step(param.dtype, param.numel(), param.ptr, param.grad, buf, s, first);
 }
 
 void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& s, bool decoupled,
@@ -54,23 +57,23 @@ void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg
   check_state("adam_step", "exp_avg_sq", param, exp_avg_sq);
   if (exp_avg.ptr == exp_avg_sq.ptr) throw Error("adam_step: exp_avg and exp_avg_sq are the same tensor");
   if (step < 1) throw Error("adam_step: step must be >= 1, got " + std::to_string(step));
-  param.tape->backend()->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled,
+  In::backend(*param.tape)->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled,
                                    step);
 }
 
 void zero_grad(const Tensor& param) {
   check_param("zero_grad", param);
-  param.tape->backend()->zero(param.grad, param.nbytes());
+  In::backend(*param.tape)->zero(param.grad, param.nbytes());
 }
 
 void scale_grad(const Tensor& param, double factor) {
   check_param("scale_grad", param);
-  param.tape->backend()->scale(param.grad, param.numel(), param.dtype, factor);
+  In::backend(*param.tape)->scale(param.grad, param.numel(), param.dtype, factor);
 }
 
 double grad_squared_norm(const Tensor& param) {
   check_param("grad_squared_norm", param);
-  return param.tape->backend()->sum_squares(param.grad, param.numel(), param.dtype);
+  return In::backend(*param.tape)->sum_squares(param.grad, param.numel(), param.dtype);
 }
 
 }  // namespace segtape

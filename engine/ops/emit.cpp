@@ -3,8 +3,11 @@
 
 #include "backend.h"
 #include "ops/op.h"
+#include "tape_internals.h"
 
 namespace segtape::ops {
+
+using In = detail::TapeInternals;
 
 std::string list(std::initializer_list<const Tensor*> ts) {
   std::string s;
@@ -59,20 +62,20 @@ Tensor emit(Tape& t, Node& n, const Shape& s, const char* op, Saved saved) {
 
 Tensor emit(Tape& t, Node& n, const Shape& s, DType d, const char* op, Saved saved) {
   const std::span<const Tensor> ins(n.in.data(), n.n_in);
-  const bool grad = t.wants_grad(ins);
-  n.out = t.make(s, d, n.op, op);
+  const bool grad = In::wants_grad(t, ins);
+  n.out = In::make(t, s, d, n.op, op);
   n.bytes = n.out.nbytes();
   if (saved.bytes) {
     const bool keep = grad && saved.keep;
-    t.scratch_reset();
-    n.saved = keep ? t.alloc(saved.bytes, n.op, op) : t.scratch(saved.bytes);
+    In::scratch_reset(t);
+    n.saved = keep ? In::alloc(t, saved.bytes, n.op, op) : In::scratch(t, saved.bytes);
     if (keep) n.bytes += saved.bytes;
   }
-  t.backend()->forward(t, n);
-  t.check_output(n.out, n.op);
+  In::backend(t)->forward(t, n);
+  In::check_output(t, n.out, n.op);
   if (!grad) return n.out;
   if (saved.bytes && !saved.keep) n.saved = nullptr;  // recompute mode: backward computes it again
-  return t.record(n).out;
+  return In::record(t, n).out;
 }
 
 }  // namespace segtape::ops

@@ -9,8 +9,11 @@
 #include "cpu/blas.h"
 #include "cpu/vmath.h"
 #include "ops/op.h"
+#include "tape_internals.h"
 
 namespace segtape {
+
+using In = detail::TapeInternals;
 namespace {
 
 // One batch row of the GRU gates: restrict pointers and no branches, so the
@@ -35,8 +38,8 @@ template <class T>
 void gru_gates(Tape& t, const Node& nd, T* S, T* y) {
   const Tensor &x = nd.in[0], &h = nd.in[1], &w_ih = nd.in[2], &w_hh = nd.in[3];
   const int64_t B = x.dim(0), I = x.dim(1), H = h.dim(1);
-  T* gi = static_cast<T*>(t.scratch(size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
-  T* gh = static_cast<T*>(t.scratch(size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
+  T* gi = static_cast<T*>(In::scratch(t, size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
+  T* gh = static_cast<T*>(In::scratch(t, size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
   cpu::gemm(false, true, B, 3 * H, I, T(1), static_cast<const T*>(x.ptr), I, static_cast<const T*>(w_ih.ptr), I, T(0), gi, 3 * H);
   cpu::gemm(false, true, B, 3 * H, H, T(1), static_cast<const T*>(h.ptr), H, static_cast<const T*>(w_hh.ptr), H, T(0), gh, 3 * H);
   const T* bi = static_cast<const T*>(nd.in[4].ptr);
@@ -87,13 +90,13 @@ void gru_backward_row(int64_t H, const T* __restrict g, const T* __restrict hp, 
 bool same_gru_group(const Node& a, const Node& b, const ops::Grads& dst) {
   for (int j = 2; j < 6; ++j)
     if (a.in[j].ptr != b.in[j].ptr) return false;
-  const detail::GruBatch& gb = b.out.tape->gru_batch();
+  const detail::GruBatch& gb = In::gru_batch(*b.out.tape);
   return a.in[0].shape == b.in[0].shape && a.in[1].shape == b.in[1].shape && a.out.dtype == b.out.dtype &&
          gb.dw[0] == dst[2] && gb.dw[1] == dst[3] && gb.dw[2] == dst[4] && gb.dw[3] == dst[5];
 }
 
 void start_gru_batch(Tape& tape, const Node& n, const ops::Grads& dst) {
-  detail::GruBatch& gb = tape.gru_batch();
+  detail::GruBatch& gb = In::gru_batch(tape);
   const int64_t B = n.in[0].dim(0), I = n.in[0].dim(1), H = n.in[1].dim(1);
   const size_t es = dtype_size(n.out.dtype);
   // ~256 stacked rows make the weight GEMMs efficient without a large workspace.
@@ -165,14 +168,14 @@ Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const
   if (w_ih.dim(0) != 3 * H || w_ih.dim(1) != I || w_hh.dim(0) != 3 * H || w_hh.dim(1) != H)
     ops::shape_error(op, "weights must be w_ih [3H, I] and w_hh [3H, H] for x [T, B, I], h0 [B, H]", {&x, &h0, &w_ih, &w_hh});
   if (b_ih.numel() != 3 * H || b_hh.numel() != 3 * H) ops::shape_error(op, "biases must have 3H elements", {&h0, &b_ih, &b_hh});
-  if (!t.backend()->has_gru_sequence()) {
+  if (!In::backend(t)->has_gru_sequence()) {
     Tensor h = h0;
     return reshape(gru_steps(x, h, 0, T, w_ih, w_hh, b_ih, b_hh), {T, B, H});
   }
   // One node; the backend allocates its weight and reserve space in the arena
   // (n.saved, counted in n.bytes) when a gradient is wanted (ia[0]).
   Node n = ops::node(OpKind::GruSequence, {x, h0, w_ih, w_hh, b_ih, b_hh});
-  n.ia[0] = t.wants_grad(std::span<const Tensor>(n.in.data(), n.n_in));
+  n.ia[0] = In::wants_grad(t, std::span<const Tensor>(n.in.data(), n.n_in));
   return ops::emit(t, n, {T, B, H}, op);
 }
 
@@ -189,13 +192,13 @@ void gru_cell_backward_cpu(Tape& tape, const Node& nd, const void* gout, const G
     const T* g = static_cast<const T*>(gout);
     const T* S = static_cast<const T*>(nd.saved);
     if (!S) {  // recompute mode: the gates again, from the inputs
-      T* R = static_cast<T*>(tape.scratch(size_t(B * 4 * H) * sizeof(T)));
+      T* R = static_cast<T*>(In::scratch(tape, size_t(B * 4 * H) * sizeof(T)));
       gru_gates<T>(tape, nd, R, nullptr);
       S = R;
     }
     const T* hp = static_cast<const T*>(hin.ptr);
     // Deferred weight gradients: this step's rows go into the batch (see detail::GruBatch).
-    detail::GruBatch& gb = tape.gru_batch();
+    detail::GruBatch& gb = In::gru_batch(tape);
     const bool batch = tape.options().batch_weight_grads && w_ih.node < 0 && w_hh.node < 0 && dst[2] && dst[3] &&
                        (!dst[4] || nd.in[4].node < 0) && (!dst[5] || nd.in[5].node < 0);
     T *dgi, *dgh;
@@ -209,8 +212,8 @@ void gru_cell_backward_cpu(Tape& tape, const Node& nd, const void* gout, const G
       std::memcpy(static_cast<T*>(gb.x) + slot * B * I, xin.ptr, xin.nbytes());
       std::memcpy(static_cast<T*>(gb.h) + slot * B * H, hin.ptr, hin.nbytes());
     } else {
-      dgi = static_cast<T*>(tape.scratch(size_t(B * 3 * H) * sizeof(T)));  // d(x W_ih^T + b_ih)
-      dgh = static_cast<T*>(tape.scratch(size_t(B * 3 * H) * sizeof(T)));  // d(h W_hh^T + b_hh)
+      dgi = static_cast<T*>(In::scratch(tape, size_t(B * 3 * H) * sizeof(T)));  // d(x W_ih^T + b_ih)
+      dgh = static_cast<T*>(In::scratch(tape, size_t(B * 3 * H) * sizeof(T)));  // d(h W_hh^T + b_hh)
     }
     T* dh = static_cast<T*>(dst[1]);
     for (int64_t b = 0; b < B; ++b)
@@ -231,7 +234,7 @@ void gru_cell_backward_cpu(Tape& tape, const Node& nd, const void* gout, const G
 namespace detail {
 
 void flush_gru_batch(Tape& tape) {
-  GruBatch& gb = tape.gru_batch();
+  GruBatch& gb = In::gru_batch(tape);
   if (gb.first && gb.count > 0) {
     const Node& n = *gb.first;
     const int64_t rows = gb.count * n.in[0].dim(0), I = n.in[0].dim(1), H = n.in[1].dim(1);
@@ -246,7 +249,7 @@ void flush_gru_batch(Tape& tape) {
 }
 
 void prepare_gru_batch(Tape& tape, int64_t last_node) {
-  GruBatch& gb = tape.gru_batch();
+  GruBatch& gb = In::gru_batch(tape);
   gb.first = nullptr;
   gb.count = 0;
   gb.remaining = 0;

@@ -4,8 +4,11 @@
 
 #include "backend.h"
 #include "ops/op.h"
+#include "tape_internals.h"
 
 namespace segtape {
+
+using In = detail::TapeInternals;
 
 using detail::AxisView;
 using detail::axis_view;
@@ -75,9 +78,9 @@ Tensor reshape(const Tensor& a, const Shape& s) {
   n.out.node = -1;
   n.out.requires_grad = false;
   n.out.grad = nullptr;
-  t.check_output(n.out, OpKind::Reshape);
-  if (!t.wants_grad(std::span<const Tensor>(n.in.data(), 1))) return n.out;
-  return t.record(n).out;
+  In::check_output(t, n.out, OpKind::Reshape);
+  if (!In::wants_grad(t, std::span<const Tensor>(n.in.data(), 1))) return n.out;
+  return In::record(t, n).out;
 }
 
 Tensor detach(const Tensor& a) {
@@ -120,7 +123,7 @@ void copy_into(const Tensor& dst, const Tensor& src) {
                     src.describe() + " on " + src.tape->device().str() +
                     ": copy between devices through the host (to_host / from_host)");
   if (dst.ptr == src.ptr || !src.nbytes()) return;
-  dst.tape->backend()->copy(dst.ptr, src.ptr, src.nbytes(), detail::Backend::Copy::DeviceToDevice);
+  In::backend(*dst.tape)->copy(dst.ptr, src.ptr, src.nbytes(), detail::Backend::Copy::DeviceToDevice);
 }
 
 namespace ops {

@@ -125,6 +125,7 @@ struct Seed {
 
 namespace detail {
 struct GruBatch;  // engine/ops/op.h
+class TapeInternals;  // engine/tape_internals.h
 class Backend;    // engine/backend.h: the CPU's, CUDA's or the host-emulated device's
 struct FreeList;  // engine/tape.cpp
 }
@@ -170,30 +171,20 @@ class Tape {
   // Zero every parameter gradient made by this tape.
   void zero_grad();
 
-  // ---- engine internals (used by ops) ----
-  void* alloc(size_t bytes, OpKind kind, const char* op);
-  Tensor make(const Shape& s, DType d, OpKind kind, const char* op);  // uninitialised, in the segment
-  // Whether an op over these inputs records its node: grad enabled and any input requiring grad.
-  bool wants_grad(std::span<const Tensor> inputs) const;
-  // Appends the filled node n (op, inputs, attributes, out, bytes) to the
-  // tape; its out becomes the recorded output (node index, requires_grad).
-  Node& record(const Node& n);
-  void check_output(const Tensor& out, OpKind k);  // anomaly mode
-  // Per-op workspace outside the segment arena (reset by every op; grows once, then reused).
-  void* scratch(size_t bytes);
-  void scratch_reset() { scratch_.reset(); }
-  // The backend the ops compute on: engine/backend.h.
-  detail::Backend* backend() const { return backend_.get(); }
-  // Device memory: fixed pools the host does not touch (CUDA, the host-emulated device).
-  bool device_pools() const;
-  // Zeroes `bytes` at p (tape memory: host or device).
-  void fill_zero(void* p, size_t bytes);
-  detail::GruBatch& gru_batch() { return *gru_batch_; }
-  std::string expired_message(const Tensor& t, const char* what) const;
-  bool is_live(const Tensor& t) const;
-
  private:
   friend class Segment;
+  friend class detail::TapeInternals;  // engine/tape_internals.h: what the ops and backends use
+  void* alloc(size_t bytes, OpKind kind, const char* op);
+  Tensor make(const Shape& s, DType d, OpKind kind, const char* op);  // uninitialised, in the segment
+  bool wants_grad(std::span<const Tensor> inputs) const;
+  Node& record(const Node& n);
+  void check_output(const Tensor& out, OpKind k);
+  void* scratch(size_t bytes);
+  void scratch_reset() { scratch_.reset(); }
+  void fill_zero(void* p, size_t bytes);
+  std::string expired_message(const Tensor& t, const char* what) const;
+  bool is_live(const Tensor& t) const;
+  bool device_pools() const;
   friend class NoGradGuard;
   void end_segment(bool abandoned = false);
   // loss (optional, one element) and seeds; at least one of them.
