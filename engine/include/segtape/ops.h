@@ -23,7 +23,9 @@ Tensor relu(const Tensor& a);
 Tensor exp(const Tensor& a);
 Tensor log(const Tensor& a);
 Tensor softplus(const Tensor& a);  // log(1 + e^x), PyTorch's (beta 1, threshold 20)
-// Reductions: all elements (axis = -1 for "all") -> shape [] ; or one axis (removed).
+// Reductions: sum(a) / mean(a) of all elements -> shape []; sum(a, axis) /
+// mean(a, axis) along one axis, which is removed (negative axes count from
+// the end: -1 is the last).
 Tensor sum(const Tensor& a);
 Tensor mean(const Tensor& a);
 Tensor sum(const Tensor& a, int axis);

@@ -72,7 +72,9 @@ struct TapeOptions {
   bool anomaly = false;         // check every op's output for NaN / Inf
   // Backward accumulates the weight gradients of GRU cells sharing weights as
   // one GEMM over many steps' rows (chunks of ~256 rows) instead of one per
-  // step: a segment knows its extent, an eager engine does not.
+  // step: a segment knows its extent, an eager engine does not. CPU only: on
+  // CUDA each gru_cell's backward makes its own weight GEMMs (a GRU layer is
+  // one gru_sequence there, whose cuDNN backward covers the whole sequence).
   bool batch_weight_grads = true;
 
   // ---- CUDA tapes (Device::cuda()); ignored on the CPU. Every pool is one
