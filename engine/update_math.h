@@ -8,11 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define SEGTAPE_HD __host__ __device__ inline
-#else
-#define SEGTAPE_HD inline
-#endif
+#include "hd.h"
 
 namespace segtape::detail {
 

@@ -32,12 +32,7 @@ TEST_P(GradCheck, BackwardMatchesFiniteDifferences) {
     int64_t d[4];
     for (auto& v : d) v = std::uniform_int_distribution<int64_t>(1, 4)(rng);
     Tape tape;
-    std::vector<Tensor> in;
-    for (const Shape& s : cs.shapes(d)) {
-      in.push_back(tape.parameter(s, DType::F64));
-      const auto [lo, hi] = cs.range(in.size() - 1, d);
-      fill_uniform(in.back(), rng, lo, hi);
-    }
+    std::vector<Tensor> in = cs.inputs(tape, d, rng, DType::F64);
     // L = sum(f(in) * W) with a fixed random W, so every output element matters.
     std::vector<double> w;
     auto loss = [&](Tape& t) {
@@ -79,12 +74,7 @@ TEST(OpTable, EveryOpKindHasACase) {
     const int64_t d[4] = {2, 3, 2, 2};
     std::mt19937 rng(5);
     Tape tape;
-    std::vector<Tensor> in;
-    for (const Shape& s : cs.shapes(d)) {
-      in.push_back(tape.parameter(s, DType::F64));
-      const auto [lo, hi] = cs.range(in.size() - 1, d);
-      fill_uniform(in.back(), rng, lo, hi);
-    }
+    const std::vector<Tensor> in = cs.inputs(tape, d, rng, DType::F64);
     Segment seg = tape.segment();
     cs.f(tape, in, d);
     for (const Node& n : tape.nodes()) seen.insert(n.op);

@@ -9,12 +9,14 @@
 #pragma once
 #include <cmath>
 #include <functional>
+#include <random>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "segtape/ops.h"
+#include "util.h"
 
 // LibTorch's version of each case, compiled only where LibTorch is
 // (parity_test.cpp defines SEGTAPE_OP_CASES_TORCH): elsewhere the lambda's
@@ -47,6 +49,16 @@ struct OpCase {
   TorchOp torch{};  // the same op in LibTorch (SEGTAPE_TORCH)
 
   std::pair<double, double> range(size_t k, const int64_t* d) const { return ranges ? ranges(k, d) : std::pair{lo, hi}; }
+  // The case's inputs for dims d: parameters of dtype dt, uniform in their ranges.
+  std::vector<Tensor> inputs(Tape& tape, const int64_t* d, std::mt19937& rng, DType dt) const {
+    std::vector<Tensor> in;
+    for (const Shape& s : shapes(d)) {
+      in.push_back(tape.parameter(s, dt));
+      const auto [a, b] = range(in.size() - 1, d);
+      fill_uniform(in.back(), rng, a, b);
+    }
+    return in;
+  }
 };
 
 inline std::vector<OpCase> op_cases() {

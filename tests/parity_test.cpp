@@ -37,14 +37,10 @@ TEST_P(Parity, ValuesAndGradientsMatchLibTorch) {
   const int64_t* d = kDims;
   std::mt19937 rng(99 + unsigned(GetParam()));
   Tape tape;
-  std::vector<Tensor> ours;
+  const std::vector<Tensor> ours = cs.inputs(tape, d, rng, DType::F32);
   std::vector<TT> theirs;
-  for (const Shape& s : cs.shapes(d)) {
-    ours.push_back(tape.parameter(s));
-    const auto [lo, hi] = cs.range(ours.size() - 1, d);
-    fill_uniform(ours.back(), rng, lo, hi);
-    theirs.push_back(torch::from_blob(ours.back().ptr, sizes(s), torch::kFloat).clone().requires_grad_(true));
-  }
+  for (const Tensor& t : ours)
+    theirs.push_back(torch::from_blob(t.ptr, sizes(t.shape), torch::kFloat).clone().requires_grad_(true));
   Segment seg = tape.segment();
   Tensor out = cs.f(tape, ours, d);
   TT tout = cs.torch(theirs, d);

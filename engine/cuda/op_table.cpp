@@ -49,10 +49,8 @@ void forward_typed(CudaBackend& be, Node& nd) {
   const int64_t n = o.numel();
   switch (nd.op) {
     case OpKind::MatMul: {
-      const Tensor& b = nd.in[1];
-      const bool ta = nd.ia[0], tb = nd.ia[1];
-      const int64_t M = o.dim(0), N = o.dim(1), K = ta ? a.dim(0) : a.dim(1);
-      be.gemm(ta, tb, M, N, K, T(1), in<T>(a), a.dim(1), in<T>(b), b.dim(1), T(0), out<T>(o), N);
+      const detail::MatmulShape m = detail::matmul_shape(nd);
+      be.gemm(m.ta, m.tb, m.M, m.N, m.K, T(1), in<T>(a), a.dim(1), in<T>(nd.in[1]), nd.in[1].dim(1), T(0), out<T>(o), m.N);
       return;
     }
 #define SEGTAPE_BINARY_CASE(Kind, ...) \
@@ -131,11 +129,9 @@ void backward_typed(CudaBackend& be, const Node& nd, const T* g, const std::arra
   const int64_t n = o.numel();
   switch (nd.op) {
     case OpKind::MatMul: {
-      const Tensor& b = nd.in[1];
-      const bool ta = nd.ia[0], tb = nd.ia[1];
-      const int64_t M = o.dim(0), N = o.dim(1), K = ta ? a.dim(0) : a.dim(1);
+      const detail::MatmulShape m = detail::matmul_shape(nd);
       auto gemm = [&be](auto... args) { be.gemm(args...); };
-      detail::matmul_backward<T>(gemm, ta, tb, M, N, K, g, x, a.dim(1), in<T>(b), b.dim(1), da, db);
+      detail::matmul_backward<T>(gemm, m.ta, m.tb, m.M, m.N, m.K, g, x, a.dim(1), in<T>(nd.in[1]), nd.in[1].dim(1), da, db);
       return;
     }
 #define SEGTAPE_BINARY_CASE(Kind, ...)                                                                   \

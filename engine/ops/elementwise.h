@@ -12,11 +12,7 @@
 #pragma once
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define SEGTAPE_HD __host__ __device__ inline
-#else
-#define SEGTAPE_HD inline
-#endif
+#include "hd.h"
 
 // X(Kind, name, forward y(x, s), backward dx(g, x, y, s)). The public
 // function is name(a); the ops of SEGTAPE_UNARY_SCALAR_OPS take s too: name(a, s).

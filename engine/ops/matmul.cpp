@@ -22,21 +22,19 @@ namespace ops {
 
 void matmul_forward_cpu(Node& n) {
   const Tensor &a = n.in[0], &b = n.in[1];
-  const bool ta = n.ia[0], tb = n.ia[1];
-  const int64_t M = n.out.dim(0), N = n.out.dim(1), K = ta ? a.dim(0) : a.dim(1);
+  const detail::MatmulShape m = detail::matmul_shape(n);
   detail::dispatch(a.dtype, [&]<class T>() {
-    cpu::gemm(ta, tb, M, N, K, T(1), static_cast<const T*>(a.ptr), a.dim(1), static_cast<const T*>(b.ptr), b.dim(1), T(0),
-              static_cast<T*>(n.out.ptr), N);
+    cpu::gemm(m.ta, m.tb, m.M, m.N, m.K, T(1), static_cast<const T*>(a.ptr), a.dim(1), static_cast<const T*>(b.ptr), b.dim(1), T(0),
+              static_cast<T*>(n.out.ptr), m.N);
   });
 }
 
 void matmul_backward_cpu(const Node& n, const void* g, const Grads& d) {
   const Tensor &a = n.in[0], &b = n.in[1];
-  const bool ta = n.ia[0], tb = n.ia[1];
-  const int64_t M = n.out.dim(0), N = n.out.dim(1), K = ta ? a.dim(0) : a.dim(1);
+  const detail::MatmulShape m = detail::matmul_shape(n);
   detail::dispatch(a.dtype, [&]<class T>() {
     auto gemm = [](auto... args) { cpu::gemm(args...); };
-    detail::matmul_backward<T>(gemm, ta, tb, M, N, K, static_cast<const T*>(g), static_cast<const T*>(a.ptr), a.dim(1),
+    detail::matmul_backward<T>(gemm, m.ta, m.tb, m.M, m.N, m.K, static_cast<const T*>(g), static_cast<const T*>(a.ptr), a.dim(1),
                                static_cast<const T*>(b.ptr), b.dim(1), static_cast<T*>(d[0]), static_cast<T*>(d[1]));
   });
 }

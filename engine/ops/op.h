@@ -55,6 +55,16 @@ void matmul_backward(Gemm&& gemm, bool ta, bool tb, int64_t M, int64_t N, int64_
   }
 }
 
+// matmul's node: C [M, N] = op(A) op(B) with K inner; ia = {transpose a, transpose b}.
+struct MatmulShape {
+  bool ta, tb;
+  int64_t M, N, K;
+};
+inline MatmulShape matmul_shape(const Node& n) {
+  const bool ta = n.ia[0], tb = n.ia[1];
+  return {ta, tb, n.out.dim(0), n.out.dim(1), ta ? n.in[0].dim(0) : n.in[0].dim(1)};
+}
+
 // Backward's deferred GRU weight gradients: the rows of d(x W_ih^T) and
 // d(h W_hh^T) of consecutive steps that share weights are stacked, with the
 // steps' x and h, and flushed as one GEMM per weight (see TapeOptions).
