@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 namespace segtape::cpu {
 
@@ -49,6 +50,22 @@ inline T vtanh(T x) {
   } else {
     return std::tanh(x);
   }
+}
+
+// A row's maximum m and sum of exp(x - m): the stable log-sum-exp m + log(sum)
+// of softmax, log-softmax and cross-entropy rows (CUDA's is a block
+// reduction over the same terms: row_exp in cuda/kernels.cu).
+template <class T>
+struct RowExp {
+  T m, sum;
+};
+template <class T>
+inline RowExp<T> row_exp(const T* x, int64_t n) {
+  T m = -std::numeric_limits<T>::infinity();
+  for (int64_t c = 0; c < n; ++c) m = std::max(m, x[c]);
+  T s = 0;
+  for (int64_t c = 0; c < n; ++c) s += vexp<T>(x[c] - m);
+  return {m, s};
 }
 
 // The CPU's math for the op formulas of ops/elementwise.h (M in a formula).

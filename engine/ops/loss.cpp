@@ -1,8 +1,6 @@
 // Losses: cross-entropy over class indices (fused log-softmax + NLL, with
 // ignore_index) and mean squared error.
-#include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "cpu/vmath.h"
 #include "ops/op.h"
@@ -54,10 +52,7 @@ void cross_entropy_forward_cpu(Node& n) {
     T total = 0;
     for (int64_t i = 0; i < B; ++i) {
       const T* xr = x + i * C;
-      T m = -std::numeric_limits<T>::infinity();
-      for (int64_t c = 0; c < C; ++c) m = std::max(m, xr[c]);
-      T s = 0;
-      for (int64_t c = 0; c < C; ++c) s += cpu::vexp<T>(xr[c] - m);
+      const auto [m, s] = cpu::row_exp(xr, C);
       lse[i] = m + std::log(s);
       if (y[i] != ignore) total += lse[i] - xr[y[i]];
     }

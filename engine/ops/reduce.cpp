@@ -1,8 +1,6 @@
 // Reductions: sum and mean (of everything, or along one axis), softmax and
 // log-softmax along the last axis.
-#include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "cpu/vmath.h"
 #include "ops/op.h"
@@ -86,10 +84,7 @@ void softmax_forward_cpu(Node& n) {
     for (int64_t r = 0; r < R; ++r) {
       const T* xr = x + r * C;
       T* yr = y + r * C;
-      T m = -std::numeric_limits<T>::infinity();
-      for (int64_t c = 0; c < C; ++c) m = std::max(m, xr[c]);
-      T s = 0;
-      for (int64_t c = 0; c < C; ++c) s += cpu::vexp<T>(xr[c] - m);
+      const auto [m, s] = cpu::row_exp(xr, C);
       if (!log) {
         const T inv = T(1) / s;
         for (int64_t c = 0; c < C; ++c) yr[c] = cpu::vexp<T>(xr[c] - m) * inv;
