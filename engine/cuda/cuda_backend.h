@@ -3,7 +3,7 @@
 // and one cuDNN handle, its own device workspace, and the CUDA-graph state.
 //
 //   backend.cpp        setup, memory, copies, synchronisation, graph capture / replay
-//   op_table.cpp       forward and backward of every op (kernels + cuBLAS)
+//   op_table.cpp       every op to its family's CUDA code (engine/ops/<family>.cpp)
 //   gru_sequence.cpp   the whole-sequence GRU through cuDNN
 //   kernels.cu, gru_kernels.cu   segtape's own kernels (kernels.h)
 #pragma once

@@ -6,6 +6,9 @@
 
 #include "cpu/vmath.h"
 #include "ops/op.h"
+#ifdef SEGTAPE_HAVE_CUDA
+#include "cuda/op_util.h"
+#endif
 
 namespace segtape {
 namespace {
@@ -112,4 +115,58 @@ SEGTAPE_BINARY_OPS(SEGTAPE_INSTANTIATE_BINARY)
 #undef SEGTAPE_INSTANTIATE_BINARY
 
 }  // namespace ops
+#ifdef SEGTAPE_HAVE_CUDA
+// ---- CUDA (engine/cuda/op_table.cpp dispatches here; kernels in cuda/kernels.h)
+namespace ops {
+using cuda::in;
+using cuda::out;
+
+template <class Op>
+void unary_forward_cuda(cuda::CudaBackend& be, Node& n) {
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    cuda::unary_forward<Op, T>(be.stream(), in<T>(n.in[0]), out<T>(n.out), n.out.numel(), T(n.fa));
+  });
+}
+
+template <class Op>
+void unary_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d) {
+  if (!d[0]) return;
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    cuda::unary_backward<Op, T>(be.stream(), static_cast<const T*>(g), in<T>(n.in[0]), in<T>(n.out), static_cast<T*>(d[0]),
+                                n.out.numel(), T(n.fa));
+  });
+}
+
+template <class Op>
+void binary_forward_cuda(cuda::CudaBackend& be, Node& n) {
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    cuda::binary_forward<Op, T>(be.stream(), in<T>(n.in[0]), in<T>(n.in[1]), out<T>(n.out), n.out.numel(), n.in[1].numel());
+  });
+}
+
+template <class Op>
+void binary_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* gout, const Grads& d) {
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    const T* g = static_cast<const T*>(gout);
+    const int64_t m = n.out.numel(), bn = n.in[1].numel();
+    if (T* da = static_cast<T*>(d[0])) cuda::binary_backward_a<Op, T>(be.stream(), g, in<T>(n.in[0]), in<T>(n.in[1]), da, m, bn);
+    if (T* db = static_cast<T*>(d[1]))
+      cuda::binary_backward_b<Op, T>(be.stream(), g, in<T>(n.in[0]), in<T>(n.in[1]), db, m, bn, be.partials<T>());
+  });
+}
+
+#define SEGTAPE_INSTANTIATE_UNARY(Kind, ...)                           \
+  template void unary_forward_cuda<Kind>(cuda::CudaBackend&, Node&); \
+  template void unary_backward_cuda<Kind>(cuda::CudaBackend&, const Node&, const void*, const Grads&);
+SEGTAPE_UNARY_OPS(SEGTAPE_INSTANTIATE_UNARY)
+#undef SEGTAPE_INSTANTIATE_UNARY
+#define SEGTAPE_INSTANTIATE_BINARY(Kind, ...)                           \
+  template void binary_forward_cuda<Kind>(cuda::CudaBackend&, Node&); \
+  template void binary_backward_cuda<Kind>(cuda::CudaBackend&, const Node&, const void*, const Grads&);
+SEGTAPE_BINARY_OPS(SEGTAPE_INSTANTIATE_BINARY)
+#undef SEGTAPE_INSTANTIATE_BINARY
+
+}  // namespace ops
+#endif  // SEGTAPE_HAVE_CUDA
+
 }  // namespace segtape

@@ -9,6 +9,9 @@
 #include "cpu/blas.h"
 #include "cpu/vmath.h"
 #include "ops/op.h"
+#ifdef SEGTAPE_HAVE_CUDA
+#include "cuda/op_util.h"
+#endif
 #include "tape_internals.h"
 
 namespace segtape {
@@ -260,4 +263,56 @@ void prepare_gru_batch(Tape& tape, int64_t last_node) {
 }
 
 }  // namespace detail
+#ifdef SEGTAPE_HAVE_CUDA
+// ---- CUDA (engine/cuda/op_table.cpp dispatches here; kernels in cuda/kernels.h)
+namespace ops {
+using cuda::in;
+using cuda::out;
+
+// GRU gates of one step into S [B, 4H] (and y [B, H] when non-null): two
+// GEMMs into the backend's temporaries, then the fused gate kernel.
+template <class T>
+void gru_gates_cuda(cuda::CudaBackend& be, const Node& nd, T* S, T* y) {
+  const Tensor &x = nd.in[0], &h = nd.in[1], &w_ih = nd.in[2], &w_hh = nd.in[3];
+  const int64_t B = x.dim(0), I = x.dim(1), H = h.dim(1);
+  T* gi = be.temp<T>(B * 3 * H);  // [B, 3H]
+  T* gh = be.temp<T>(B * 3 * H);  // [B, 3H]
+  be.gemm(false, true, B, 3 * H, I, T(1), in<T>(x), I, in<T>(w_ih), I, T(0), gi, 3 * H);
+  be.gemm(false, true, B, 3 * H, H, T(1), in<T>(h), H, in<T>(w_hh), H, T(0), gh, 3 * H);
+  cuda::gru_gates_forward<T>(be.stream(), B, H, gi, gh, in<T>(nd.in[4]), in<T>(nd.in[5]), in<T>(h), S, y);
+}
+
+void gru_cell_forward_cuda(cuda::CudaBackend& be, Node& n) {
+  detail::dispatch(n.out.dtype, [&]<class T>() { gru_gates_cuda<T>(be, n, static_cast<T*>(n.saved), out<T>(n.out)); });
+}
+
+// Each cell's weight gradients by its own GEMMs (no batching across steps on CUDA).
+void gru_cell_backward_cuda(cuda::CudaBackend& be, const Node& nd, const void* gout, const Grads& dst) {
+  detail::dispatch(nd.out.dtype, [&]<class T>() {
+    const cudaStream_t s = be.stream();
+    const Tensor &xin = nd.in[0], &hin = nd.in[1], &w_ih = nd.in[2], &w_hh = nd.in[3];
+    const int64_t B = xin.dim(0), I = xin.dim(1), H = hin.dim(1);
+    const T* g = static_cast<const T*>(gout);
+    const T* S = static_cast<const T*>(nd.saved);
+    if (!S) {  // recompute mode: the gates again, from the inputs
+      T* R = be.temp<T>(B * 4 * H);
+      gru_gates_cuda<T>(be, nd, R, nullptr);
+      S = R;
+    }
+    T* dgi = be.temp<T>(B * 3 * H);  // d(x W_ih^T + b_ih) [B, 3H]
+    T* dgh = be.temp<T>(B * 3 * H);  // d(h W_hh^T + b_hh) [B, 3H]
+    T* dh = static_cast<T*>(dst[1]);
+    cuda::gru_gates_backward<T>(s, B, H, g, in<T>(hin), S, dgi, dgh, dh);
+    if (T* dx = static_cast<T*>(dst[0])) be.gemm(false, false, B, I, 3 * H, T(1), dgi, 3 * H, in<T>(w_ih), I, T(1), dx, I);
+    if (dh) be.gemm(false, false, B, H, 3 * H, T(1), dgh, 3 * H, in<T>(w_hh), H, T(1), dh, H);
+    if (T* d = static_cast<T*>(dst[2])) be.gemm(true, false, 3 * H, I, B, T(1), dgi, 3 * H, in<T>(xin), I, T(1), d, I);
+    if (T* d = static_cast<T*>(dst[3])) be.gemm(true, false, 3 * H, H, B, T(1), dgh, 3 * H, in<T>(hin), H, T(1), d, H);
+    if (T* d = static_cast<T*>(dst[4])) cuda::column_sums<T>(s, dgi, d, B, 3 * H, be.partials<T>());
+    if (T* d = static_cast<T*>(dst[5])) cuda::column_sums<T>(s, dgh, d, B, 3 * H, be.partials<T>());
+  });
+}
+
+}  // namespace ops
+#endif  // SEGTAPE_HAVE_CUDA
+
 }  // namespace segtape

@@ -4,6 +4,9 @@
 
 #include "cpu/vmath.h"
 #include "ops/op.h"
+#ifdef SEGTAPE_HAVE_CUDA
+#include "cuda/op_util.h"
+#endif
 
 namespace segtape {
 
@@ -109,4 +112,48 @@ void mse_backward_cpu(const Node& n, const void* gout, const Grads& d) {
 }
 
 }  // namespace ops
+#ifdef SEGTAPE_HAVE_CUDA
+// ---- CUDA (engine/cuda/op_table.cpp dispatches here; kernels in cuda/kernels.h)
+namespace ops {
+using cuda::in;
+using cuda::out;
+
+// The device checks (and counts) the targets in its kernel: a bad one is
+// reported at the next synchronisation.
+void cross_entropy_forward_cuda(cuda::CudaBackend& be, Node& n) {
+  const Tensor& a = n.in[0];
+  const int64_t B = a.dim(0), C = a.dim(1);
+  detail::dispatch(a.dtype, [&]<class T>() {
+    cuda::cross_entropy_forward<T>(be.stream(), in<T>(a), in<int64_t>(n.in[1]), B, C, n.ia[1], Reduction(n.ia[0]) == Reduction::Mean,
+                                   static_cast<T*>(n.saved), be.temp<T>(2 * B), out<T>(n.out), be.errors());
+  });
+}
+
+void cross_entropy_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d) {
+  if (!d[0]) return;
+  const Tensor& a = n.in[0];
+  detail::dispatch(a.dtype, [&]<class T>() {
+    cuda::cross_entropy_backward<T>(be.stream(), static_cast<const T*>(g), in<T>(a), in<int64_t>(n.in[1]),
+                                    static_cast<const T*>(n.saved), a.dim(0), a.dim(1), n.ia[1],
+                                    Reduction(n.ia[0]) == Reduction::Mean, static_cast<T*>(d[0]));
+  });
+}
+
+void mse_forward_cuda(cuda::CudaBackend& be, Node& n) {
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    cuda::mse_forward<T>(be.stream(), in<T>(n.in[0]), in<T>(n.in[1]), n.in[0].numel(), Reduction(n.ia[0]) == Reduction::Mean,
+                         out<T>(n.out), be.partials<T>());
+  });
+}
+
+void mse_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d) {
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    cuda::mse_backward<T>(be.stream(), static_cast<const T*>(g), in<T>(n.in[0]), in<T>(n.in[1]), n.in[0].numel(),
+                          Reduction(n.ia[0]) == Reduction::Mean, static_cast<T*>(d[0]), static_cast<T*>(d[1]));
+  });
+}
+
+}  // namespace ops
+#endif  // SEGTAPE_HAVE_CUDA
+
 }  // namespace segtape

@@ -2,6 +2,9 @@
 // OpenBLAS (cpu/blas.h), CUDA cuBLAS; both backwards are matmul_backward (op.h).
 #include "cpu/blas.h"
 #include "ops/op.h"
+#ifdef SEGTAPE_HAVE_CUDA
+#include "cuda/op_util.h"
+#endif
 
 namespace segtape {
 
@@ -40,4 +43,31 @@ void matmul_backward_cpu(const Node& n, const void* g, const Grads& d) {
 }
 
 }  // namespace ops
+#ifdef SEGTAPE_HAVE_CUDA
+// ---- CUDA (engine/cuda/op_table.cpp dispatches here; kernels in cuda/kernels.h)
+namespace ops {
+using cuda::in;
+using cuda::out;
+
+void matmul_forward_cuda(cuda::CudaBackend& be, Node& n) {
+  const Tensor &a = n.in[0], &b = n.in[1];
+  const detail::MatmulShape m = detail::matmul_shape(n);
+  detail::dispatch(a.dtype, [&]<class T>() {
+    be.gemm(m.ta, m.tb, m.M, m.N, m.K, T(1), in<T>(a), a.dim(1), in<T>(b), b.dim(1), T(0), out<T>(n.out), m.N);
+  });
+}
+
+void matmul_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d) {
+  const Tensor &a = n.in[0], &b = n.in[1];
+  const detail::MatmulShape m = detail::matmul_shape(n);
+  detail::dispatch(a.dtype, [&]<class T>() {
+    auto gemm = [&be](auto... args) { be.gemm(args...); };
+    detail::matmul_backward<T>(gemm, m.ta, m.tb, m.M, m.N, m.K, static_cast<const T*>(g), in<T>(a), a.dim(1), in<T>(b), b.dim(1),
+                               static_cast<T*>(d[0]), static_cast<T*>(d[1]));
+  });
+}
+
+}  // namespace ops
+#endif  // SEGTAPE_HAVE_CUDA
+
 }  // namespace segtape

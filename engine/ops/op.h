@@ -17,6 +17,10 @@
 
 namespace segtape {
 
+namespace cuda {
+class CudaBackend;  // engine/cuda/cuda_backend.h
+}
+
 namespace detail {
 // Calls f.template operator()<T>() with T the C++ type of a floating dtype
 // (float for F32, double otherwise: callers have excluded I64).
@@ -145,6 +149,36 @@ void embedding_forward_cpu(Node& n);
 void embedding_backward_cpu(const Node& n, const void* g, const Grads& d);
 void gru_cell_forward_cpu(Tape& t, Node& n);                                          // ops/gru.cpp
 void gru_cell_backward_cpu(Tape& t, const Node& n, const void* g, const Grads& d);
+
+// ---- the CUDA backend's, by family, in the same files (compiled when CUDA
+// is, SEGTAPE_HAVE_CUDA; engine/cuda/op_table.cpp dispatches to them). Same
+// contract, queued on the backend's stream. GruSequence is cuDNN's
+// (engine/cuda/gru_sequence.cpp).
+template <class Op> void unary_forward_cuda(cuda::CudaBackend& be, Node& n);
+template <class Op> void unary_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d);
+template <class Op> void binary_forward_cuda(cuda::CudaBackend& be, Node& n);
+template <class Op> void binary_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d);
+void matmul_forward_cuda(cuda::CudaBackend& be, Node& n);
+void matmul_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d);
+void reduce_forward_cuda(cuda::CudaBackend& be, Node& n);
+void reduce_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d);
+void softmax_forward_cuda(cuda::CudaBackend& be, Node& n);
+void softmax_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d);
+void cross_entropy_forward_cuda(cuda::CudaBackend& be, Node& n);
+void cross_entropy_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d);
+void mse_forward_cuda(cuda::CudaBackend& be, Node& n);
+void mse_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d);
+void concat_forward_cuda(cuda::CudaBackend& be, Node& n);
+void concat_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d);
+void slice_forward_cuda(cuda::CudaBackend& be, Node& n);
+void slice_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d);
+void reshape_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d);
+void transpose_forward_cuda(cuda::CudaBackend& be, Node& n);
+void transpose_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d);
+void embedding_forward_cuda(cuda::CudaBackend& be, Node& n);
+void embedding_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d);
+void gru_cell_forward_cuda(cuda::CudaBackend& be, Node& n);
+void gru_cell_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d);
 
 }  // namespace ops
 }  // namespace segtape

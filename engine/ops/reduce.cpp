@@ -4,6 +4,9 @@
 
 #include "cpu/vmath.h"
 #include "ops/op.h"
+#ifdef SEGTAPE_HAVE_CUDA
+#include "cuda/op_util.h"
+#endif
 
 namespace segtape {
 namespace {
@@ -121,4 +124,45 @@ void softmax_backward_cpu(const Node& n, const void* gout, const Grads& d) {
 }
 
 }  // namespace ops
+#ifdef SEGTAPE_HAVE_CUDA
+// ---- CUDA (engine/cuda/op_table.cpp dispatches here; kernels in cuda/kernels.h)
+namespace ops {
+using cuda::in;
+using cuda::out;
+
+void reduce_forward_cuda(cuda::CudaBackend& be, Node& n) {
+  const AxisView v = reduce_view(n);
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    cuda::reduce_axis<T>(be.stream(), in<T>(n.in[0]), out<T>(n.out), v.outer, v.n, v.inner, n.op == OpKind::Mean ? T(v.n) : T(1),
+                         be.partials<T>());
+  });
+}
+
+void reduce_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d) {
+  if (!d[0]) return;
+  const AxisView v = reduce_view(n);
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    cuda::reduce_axis_backward<T>(be.stream(), static_cast<const T*>(g), static_cast<T*>(d[0]), v.outer, v.n, v.inner,
+                                  n.op == OpKind::Mean ? T(1) / T(v.n) : T(1));
+  });
+}
+
+void softmax_forward_cuda(cuda::CudaBackend& be, Node& n) {
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    cuda::softmax_forward<T>(be.stream(), in<T>(n.in[0]), out<T>(n.out), n.in[0].shape.rows(), n.in[0].shape.last(),
+                             n.op == OpKind::LogSoftmax);
+  });
+}
+
+void softmax_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d) {
+  if (!d[0]) return;
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    cuda::softmax_backward<T>(be.stream(), static_cast<const T*>(g), in<T>(n.out), static_cast<T*>(d[0]), n.out.shape.rows(),
+                              n.out.shape.last(), n.op == OpKind::LogSoftmax);
+  });
+}
+
+}  // namespace ops
+#endif  // SEGTAPE_HAVE_CUDA
+
 }  // namespace segtape

@@ -4,6 +4,9 @@
 
 #include "backend.h"
 #include "ops/op.h"
+#ifdef SEGTAPE_HAVE_CUDA
+#include "cuda/op_util.h"
+#endif
 #include "tape_internals.h"
 
 namespace segtape {
@@ -238,4 +241,97 @@ void embedding_backward_cpu(const Node& n, const void* gout, const Grads& d) {
 }
 
 }  // namespace ops
+#ifdef SEGTAPE_HAVE_CUDA
+// ---- CUDA (engine/cuda/op_table.cpp dispatches here; kernels in cuda/kernels.h)
+namespace ops {
+using cuda::in;
+using cuda::out;
+
+void concat_forward_cuda(cuda::CudaBackend& be, Node& n) {
+  const int ax = int(n.ia[0]);
+  const AxisView v = axis_view(n.out.shape, ax);
+  const size_t es = dtype_size(n.out.dtype);
+  int64_t off = 0;  // elements into a row of the output
+  for (int p = 0; p < n.n_in; ++p) {
+    const int64_t w = n.in[p].dim(ax) * v.inner;
+    cuda::copy_rows(be.stream(), static_cast<char*>(n.out.ptr) + size_t(off) * es, size_t(v.n * v.inner) * es, n.in[p].ptr,
+                    size_t(w) * es, size_t(w) * es, size_t(v.outer));
+    off += w;
+  }
+}
+
+void concat_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* gout, const Grads& d) {
+  const int ax = int(n.ia[0]);
+  const AxisView v = axis_view(n.out.shape, ax);
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    const T* g = static_cast<const T*>(gout);
+    int64_t off = 0;
+    for (int p = 0; p < n.n_in; ++p) {
+      const int64_t w = n.in[p].dim(ax) * v.inner;
+      if (T* dp = static_cast<T*>(d[size_t(p)])) cuda::add_strided<T>(be.stream(), dp, w, g + off, v.n * v.inner, v.outer, w);
+      off += w;
+    }
+  });
+}
+
+void slice_forward_cuda(cuda::CudaBackend& be, Node& n) {
+  const Tensor& a = n.in[0];
+  const AxisView v = axis_view(a.shape, int(n.ia[0]));
+  const int64_t start = n.ia[1], len = n.ia[2];
+  const size_t es = dtype_size(a.dtype);
+  cuda::copy_rows(be.stream(), n.out.ptr, size_t(len * v.inner) * es, static_cast<const char*>(a.ptr) + size_t(start * v.inner) * es,
+                  size_t(v.n * v.inner) * es, size_t(len * v.inner) * es, size_t(v.outer));
+}
+
+void slice_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d) {
+  if (!d[0]) return;
+  const AxisView v = axis_view(n.in[0].shape, int(n.ia[0]));
+  const int64_t start = n.ia[1], len = n.ia[2];
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    cuda::add_strided<T>(be.stream(), static_cast<T*>(d[0]) + start * v.inner, v.n * v.inner, static_cast<const T*>(g),
+                         len * v.inner, v.outer, len * v.inner);
+  });
+}
+
+void reshape_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d) {
+  if (!d[0]) return;
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    cuda::accumulate<T>(be.stream(), static_cast<T*>(d[0]), static_cast<const T*>(g), n.out.numel());
+  });
+}
+
+void transpose_forward_cuda(cuda::CudaBackend& be, Node& n) {
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    cuda::transpose<T>(be.stream(), in<T>(n.in[0]), out<T>(n.out), n.in[0].dim(0), n.in[0].dim(1), false);
+  });
+}
+
+void transpose_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d) {  // g [C, R] -> da [R, C]
+  if (!d[0]) return;
+  detail::dispatch(n.out.dtype, [&]<class T>() {
+    cuda::transpose<T>(be.stream(), static_cast<const T*>(g), static_cast<T*>(d[0]), n.out.dim(0), n.out.dim(1), true);
+  });
+}
+
+// The device checks the indices in its kernel: a bad one is reported at the next synchronisation.
+void embedding_forward_cuda(cuda::CudaBackend& be, Node& n) {
+  const Tensor& w = n.in[0];
+  detail::dispatch(w.dtype, [&]<class T>() {
+    cuda::embedding_forward<T>(be.stream(), in<T>(w), in<int64_t>(n.in[1]), out<T>(n.out), n.in[1].numel(), w.dim(0), w.dim(1),
+                               be.errors());
+  });
+}
+
+void embedding_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d) {
+  if (!d[0]) return;
+  const Tensor& w = n.in[0];
+  detail::dispatch(w.dtype, [&]<class T>() {
+    cuda::embedding_backward<T>(be.stream(), static_cast<const T*>(g), in<int64_t>(n.in[1]), static_cast<T*>(d[0]),
+                                n.in[1].numel(), w.dim(0), w.dim(1));
+  });
+}
+
+}  // namespace ops
+#endif  // SEGTAPE_HAVE_CUDA
+
 }  // namespace segtape
