@@ -23,21 +23,27 @@ struct SgdOptions {
   bool nesterov = false;
 };
 // Adam's and AdamW's options: one definition, whose weight_decay defaults to
-// DefaultWeightDecay (PyTorch's: 0 for Adam, 1e-2 for AdamW); each converts
-// to the other field for field.
-template <double DefaultWeightDecay>
-struct AdamOptionsWith {
+// Defaults::weight_decay (PyTorch's: 0 for Adam, 1e-2 for AdamW); each
+// converts to the other field for field.
+struct AdamDefaults {
+  static constexpr double weight_decay = 0;
+};
+struct AdamWDefaults {
+  static constexpr double weight_decay = 1e-2;
+};
+template <class Defaults>
+struct AdamOptionsFor {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = DefaultWeightDecay;
-  template <double D>
-  operator AdamOptionsWith<D>() const {
+  double weight_decay = Defaults::weight_decay;
+  template <class D>
+  operator AdamOptionsFor<D>() const {
     return {lr, beta1, beta2, eps, weight_decay};
   }
 };
-using AdamOptions = AdamOptionsWith<0.0>;
+using AdamOptions = AdamOptionsFor<AdamDefaults>;
 
 // g = grad + wd p; with a momentum buffer: buf = g (first) or momentum buf + (1 - dampening) g,
 // g = nesterov ? g + momentum buf : buf; then p -= lr g. momentum_buffer: undefined without momentum.

@@ -68,7 +68,7 @@ class SGD : public Optimizer {
 // options, one definition with PyTorch's defaults (weight_decay 0 for Adam,
 // 1e-2 for AdamW).
 using segtape::AdamOptions;
-using AdamWOptions = segtape::AdamOptionsWith<1e-2>;  // the same fields, weight_decay = 1e-2 by default
+using AdamWOptions = segtape::AdamOptionsFor<segtape::AdamWDefaults>;  // the same fields, weight_decay = 1e-2 by default
 
 // Adam: g = grad + wd * p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
