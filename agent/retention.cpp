@@ -298,11 +298,11 @@ void run_pitfall(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
         for (const Tensor& l : kept_logits) read.resize(size_t(l.numel())), l.to_host(std::span<float>(read));
       }
       const TapeStats st = tape.stats();
-      add_row(tr, t, double(st.live_bytes), start, 1, double(st.bytes_by_op[size_t(OpKind::Grad)]));
+      add_row(tr, t, double(st.live_bytes), start, 1, double(st.grad_bytes));
       if (last) {
         const Explanation x = explain(tape, 0);
         tr.final_node_bytes = double(x.node_bytes);
-        tr.final_grad_bytes = double(x.arena_by_op[size_t(OpKind::Grad)]);
+        tr.final_grad_bytes = double(x.grad_bytes);
         tr.held_steps = double(x.by_step.empty() ? 0 : x.last_step - x.first_step + 1);
         inspect(o, tape, m.named);
       }
@@ -366,7 +366,7 @@ void run_fix(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
         if (trainer) host_logits.resize(size_t(logits.numel())), logits.to_host(std::span<float>(host_logits));  // its actions
         if (i + 1 == n && loss.defined()) seg.backward(loss), m.update();
         const TapeStats st = tape.stats();
-        add_row(tr, t, double(st.live_bytes), start, 1, double(st.bytes_by_op[size_t(OpKind::Grad)]));
+        add_row(tr, t, double(st.live_bytes), start, 1, double(st.grad_bytes));
         if (t + 1 == cfg.steps) inspect(o, tape, m.named);
       }
       if (!window) h = seg.carry(h);  // the TBPTT boundary
@@ -417,7 +417,7 @@ void run_exact(const LabConfig& cfg, const RunOptions& o, Trace& tr) {
     // backward and the hand-over of dL/dh). bytes_by_op is still the ended
     // segment's: the tape clears it when the next one begins.
     arena[size_t(last)] = double(st.last_segment_peak);
-    grads[size_t(last)] = double(st.bytes_by_op[size_t(OpKind::Grad)]);
+    grads[size_t(last)] = double(st.grad_bytes);
     peaks[size_t(u)] = double(st.last_segment_peak);
   };
   const replay::StepFn step = [&](Tape& tp, int64_t t, const Tensor& h, replay::Inputs& in) {
@@ -430,7 +430,7 @@ void run_exact(const LabConfig& cfg, const RunOptions& o, Trace& tr) {
     if (in.replaying()) {  // the pass that records the graph
       const TapeStats st = tp.stats();
       arena[size_t(t)] = double(st.live_bytes);
-      grads[size_t(t)] = double(st.bytes_by_op[size_t(OpKind::Grad)]);
+      grads[size_t(t)] = double(st.grad_bytes);
       if (t + 1 == T) inspect(o, tp, m.named);
     }
     charge(t);

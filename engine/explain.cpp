@@ -52,6 +52,7 @@ Explanation explain(const Tape& tape, size_t top) {
   if (!e.open) return e;
   e.arena_bytes = st.live_bytes;
   e.arena_by_op = st.bytes_by_op;
+  e.grad_bytes = st.grad_bytes;
   const std::vector<Node>& nodes = tape.nodes();
   e.node_count = nodes.size();
   // The largest nodes: a min-heap of at most `top` entries (O(n log top)).
@@ -112,10 +113,10 @@ std::string Explanation::report(size_t max_rows) const {
                     std::to_string(steps) + " steps)"
               : std::string()) +
        "\n";
-  const size_t inputs = arena_by_op[size_t(OpKind::Input)], grads = arena_by_op[size_t(OpKind::Grad)];
+  const size_t inputs = arena_by_op[size_t(OpKind::Input)], grads = grad_bytes;
   size_t untracked = 0;  // outputs of ops that recorded no node (no grad needed)
   for (size_t k = 0; k < kOpKinds; ++k)
-    if (k != size_t(OpKind::Input) && k != size_t(OpKind::Grad) && arena_by_op[k] > node_bytes_by_op[k])
+    if (k != size_t(OpKind::Input) && arena_by_op[k] > node_bytes_by_op[k])
       untracked += arena_by_op[k] - node_bytes_by_op[k];
   r += "  held by tape nodes       " + pad(format_bytes(node_bytes), 11) + pct(node_bytes, arena_bytes) + "\n";
   r += "  backward's buffers       " + pad(format_bytes(grads), 11) + pct(grads, arena_bytes) + "\n";

@@ -116,6 +116,7 @@ Segment Tape::segment() {
   node_peak_ = 0;
   seg_first_step_ = step_;
   bytes_by_op_.fill(0);
+  grad_bytes_ = 0;
   released_upto_ = 0;
   return Segment(this);
 }
@@ -236,8 +237,16 @@ void* Tape::alloc(size_t bytes, OpKind kind, const char* op) {
   if (!open_)
     throw TapeError(std::string(op) + ": no segment is open; open one with tape.segment() (tensors made outside a segment would have nowhere to live)");
   void* p = arena_.try_alloc(bytes);
-  if (!p) throw BudgetError(budget_report(bytes, kind, op));
+  if (!p) throw BudgetError(budget_report(bytes, op_name(kind), op));
   bytes_by_op_[size_t(kind)] += align_up(bytes);
+  return p;
+}
+
+void* Tape::alloc(size_t bytes, GradBuffers, const char* op) {
+  if (!open_) throw TapeError(std::string(op) + ": no segment is open");
+  void* p = arena_.try_alloc(bytes);
+  if (!p) throw BudgetError(budget_report(bytes, "Grad", op));
+  grad_bytes_ += align_up(bytes);
   return p;
 }
 
@@ -250,7 +259,7 @@ const char* Tape::budget_name() const {
 // that happened to cross the line), then gives the advice that fits: one
 // step larger than the budget, outputs kept with no graph, or history
 // retained across steps.
-std::string Tape::budget_report(size_t request, OpKind kind, const char* op) const {
+std::string Tape::budget_report(size_t request, const char* kind, const char* op) const {
   const size_t budget_bytes = arena_.budget();
   const size_t node_bytes = nodes_.size() * sizeof(Node);
   const size_t held = arena_.used() + node_bytes;
@@ -264,6 +273,7 @@ std::string Tape::budget_report(size_t request, OpKind kind, const char* op) con
   std::vector<std::pair<size_t, std::string>> parts;
   for (size_t k = 0; k < kOpKinds; ++k)
     if (bytes_by_op_[k]) parts.push_back({bytes_by_op_[k], op_name(OpKind(k))});
+  if (grad_bytes_) parts.push_back({grad_bytes_, "Grad"});
   if (node_bytes) parts.push_back({node_bytes, "tape nodes"});
   std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
 
@@ -272,7 +282,7 @@ std::string Tape::budget_report(size_t request, OpKind kind, const char* op) con
   if (!parts.empty())
     m += "the largest share is " + parts[0].second + " with " + format_bytes(parts[0].first) + " (" + pct(parts[0].first) +
          " of the " + format_bytes(held) + " held); ";
-  m += "then " + std::string(op) + " (op '" + op_name(kind) + "') asked for " + format_bytes(align_up(request)) + " more.\n";
+  m += "then " + std::string(op) + " (op '" + kind + "') asked for " + format_bytes(align_up(request)) + " more.\n";
 
   m += "What holds the segment's memory, largest first:";
   for (auto& [b, name] : parts) m += " " + name + " " + format_bytes(b) + " (" + pct(b) + ");";
@@ -411,7 +421,7 @@ Node& Tape::record(const Node& src) {
   const size_t budget = arena_.budget();
   const size_t node_bytes = (nodes_.size() + 1) * sizeof(Node);
   if (budget && arena_.used() + node_bytes > budget)
-    throw BudgetError(budget_report(sizeof(Node), src.op, (std::string("recording a tape node for ") + op_name(src.op)).c_str()));
+    throw BudgetError(budget_report(sizeof(Node), op_name(src.op), (std::string("recording a tape node for ") + op_name(src.op)).c_str()));
   if (nodes_.size() == nodes_.capacity()) {  // grow within what the budget can hold
     size_t cap = std::max<size_t>(64, 2 * nodes_.capacity());
     if (budget) cap = std::min(cap, std::max(budget / sizeof(Node), nodes_.size() + 1));
@@ -459,6 +469,7 @@ TapeStats Tape::stats() const {
   s.segment_index = seg_index_;
   s.step = step_;
   s.bytes_by_op = bytes_by_op_;
+  s.grad_bytes = grad_bytes_;
   if (device_pools())
     s.device_bytes = arena_.reserved() + pool_.reserved() + carry_[0].reserved() + carry_[1].reserved() +
                      scratch_.reserved() + backend_->internal_device_bytes();
@@ -523,7 +534,7 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
     grad_table_.assign(count, nullptr);
     grads = grad_table_.data();
   } else {
-    grads = static_cast<void**>(alloc(count * sizeof(void*), OpKind::Grad, "backward"));
+    grads = static_cast<void**>(alloc(count * sizeof(void*), GradBuffers{}, "backward"));
     std::memset(grads, 0, count * sizeof(void*));
   }
   // A node's gradient is dead once the node has been processed (its consumers
@@ -534,7 +545,7 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
     if (!grads[node]) {
       const size_t bytes = align_up(nodes_[node].out.nbytes());
       void* p = free_->take(bytes);
-      grads[node] = p ? p : alloc(bytes, OpKind::Grad, "backward");
+      grads[node] = p ? p : alloc(bytes, GradBuffers{}, "backward");
       fill_zero(grads[node], bytes);
     }
     return grads[node];
@@ -604,7 +615,7 @@ Tensor Tape::input_grad(const Tensor& leaf) {
   for (auto& [node, buf] : leaf_grads_) {
     if (node != leaf.node) continue;
     if (!buf) {  // nothing reached it (yet): its gradient is zero
-      buf = alloc(align_up(leaf.nbytes()), OpKind::Grad, "seg.grad");
+      buf = alloc(align_up(leaf.nbytes()), GradBuffers{}, "seg.grad");
       fill_zero(buf, align_up(leaf.nbytes()));
     }
     Tensor g = leaf;

@@ -14,6 +14,7 @@ class TapeInternals {
  public:
   // Segment arena bytes for op `op` (kind: whose bytes they are in the budget report).
   static void* alloc(Tape& t, size_t bytes, OpKind kind, const char* op) { return t.alloc(bytes, kind, op); }
+  static void* alloc(Tape& t, size_t bytes, GradBuffers g, const char* op) { return t.alloc(bytes, g, op); }
   // An uninitialised tensor in the open segment.
   static Tensor make(Tape& t, const Shape& s, DType d, OpKind kind, const char* op) { return t.make(s, d, kind, op); }
   // Whether an op over these inputs records its node: grad enabled and any input requiring grad.

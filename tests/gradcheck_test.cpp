@@ -63,8 +63,7 @@ INSTANTIATE_TEST_SUITE_P(Ops, GradCheck, ::testing::Range(0, int(cases().size())
                          [](const ::testing::TestParamInfo<int>& i) { return cases()[size_t(i.param)].name; });
 
 // Every op the engine has is in the shared table: each real OpKind is
-// recorded by some case on the CPU. (Input and Grad tag leaves and backward's
-// buffers; GruSequence is recorded by CUDA's cuDNN path, the CPU composing
+// recorded by some case on the CPU. (Input is seg.input()'s leaf; GruSequence is recorded by CUDA's cuDNN path, the CPU composing
 // gru_cell steps, so the table names it by its case instead.)
 TEST(OpTable, EveryOpKindHasACase) {
   std::set<OpKind> seen;
@@ -81,7 +80,7 @@ TEST(OpTable, EveryOpKindHasACase) {
   }
   for (size_t k = 0; k < kOpKinds; ++k) {
     const OpKind op = OpKind(k);
-    if (op == OpKind::Input || op == OpKind::Grad) continue;
+    if (op == OpKind::Input) continue;
     if (op == OpKind::GruSequence) EXPECT_TRUE(sequence_case) << "no case named gru_sequence in op_cases.h";
     else EXPECT_TRUE(seen.count(op)) << "op '" << op_name(op) << "' has no case in tests/op_cases.h";
   }

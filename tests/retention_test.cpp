@@ -7,7 +7,7 @@
 // segment plus a stored state per K steps.
 // Odd sizes (B=3, E=5, H=7, V=6) make every alignment visible.
 // Backward's own buffers are checked apart from the forward tape (each row
-// records its OpKind::Grad bytes): they follow the engine's gradient reuse.
+// records its TapeStats::grad_bytes): they follow the engine's gradient reuse.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -571,7 +571,7 @@ TEST(Explain, AttributesAKnownGraphToItsOpKindsAndSteps) {
   // After a backward its gradient buffers appear as such.
   seg.backward(y, tape.from(std::vector<float>(size_t(B * C), 1.0f), {B * C}));
   const Explanation after = explain(tape);
-  EXPECT_GT(after.arena_by_op[size_t(OpKind::Grad)], 0u);
+  EXPECT_GT(after.grad_bytes, 0u);
   EXPECT_EQ(after.node_bytes, e.node_bytes);
   std::printf("%s", after.report().c_str());
 }

@@ -65,8 +65,7 @@ class CpuBackend final : public detail::Backend {
       case OpKind::Embedding: return ops::embedding_forward_cpu(n);
       case OpKind::GruCell: return ops::gru_cell_forward_cpu(t, n);
       case OpKind::Reshape:      // a view: nothing to compute
-      case OpKind::Input:        // leaves and backward's buffers: not computed
-      case OpKind::Grad:
+      case OpKind::Input:        // seg.input() leaves: not computed
       case OpKind::GruSequence:  // the CPU composes gru_cell steps (has_gru_sequence() is false)
       case OpKind::Count: break;
     }
@@ -97,7 +96,6 @@ class CpuBackend final : public detail::Backend {
       case OpKind::Embedding: return ops::embedding_backward_cpu(n, g, d);
       case OpKind::GruCell: return ops::gru_cell_backward_cpu(t, n, g, d);
       case OpKind::Input:
-      case OpKind::Grad:
       case OpKind::GruSequence:
       case OpKind::Count: break;
     }

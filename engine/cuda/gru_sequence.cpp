@@ -36,7 +36,8 @@ cudnnDataType_t dnn_type(DType d) { return d == DType::F64 ? CUDNN_DATA_DOUBLE :
 // to 64, so take up to 192 bytes more and round up.
 constexpr size_t kDnnAlign = 256;
 size_t dnn_align(size_t n) { return (n + kDnnAlign - 1) & ~(kDnnAlign - 1); }
-std::byte* dnn_alloc(Tape& tape, size_t bytes, OpKind kind, const char* op) {
+template <class Kind>  // OpKind, or GradBuffers
+std::byte* dnn_alloc(Tape& tape, size_t bytes, Kind kind, const char* op) {
   auto* p = static_cast<std::byte*>(In::alloc(tape, bytes + kDnnAlign - kAlign, kind, op));
   const size_t off = reinterpret_cast<uintptr_t>(p) & (kDnnAlign - 1);  // a multiple of kAlign
   return off ? p + (kDnnAlign - off) : p;
@@ -201,10 +202,10 @@ void gru_sequence_backward(CudaBackend& be, Tape& tape, const Node& n, const voi
   const size_t wbytes = size_t(n.ia[1]);
   const bool weights = dst[2] || dst[3] || dst[4] || dst[5];
   // cuDNN writes (not adds) dx and dhx: into arena buffers, then added to dst.
-  void* work = p.work_train ? dnn_alloc(tape, p.work_train, OpKind::Grad, "backward") : nullptr;
-  void* dx = In::alloc(tape, x.nbytes(), OpKind::Grad, "backward");
-  void* dhx = dst[1] ? In::alloc(tape, h0.nbytes(), OpKind::Grad, "backward") : nullptr;
-  void* dw = weights ? dnn_alloc(tape, p.weight_bytes, OpKind::Grad, "backward") : nullptr;
+  void* work = p.work_train ? dnn_alloc(tape, p.work_train, GradBuffers{}, "backward") : nullptr;
+  void* dx = In::alloc(tape, x.nbytes(), GradBuffers{}, "backward");
+  void* dhx = dst[1] ? In::alloc(tape, h0.nbytes(), GradBuffers{}, "backward") : nullptr;
+  void* dw = weights ? dnn_alloc(tape, p.weight_bytes, GradBuffers{}, "backward") : nullptr;
   int32_t* lengths = be.temp<int32_t>(B);
   if (!be.issue(signature(n, gout, &dst), "gru_sequence backward")) return;
   const cudaStream_t s = be.stream();

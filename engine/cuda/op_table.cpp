@@ -45,8 +45,7 @@ void forward_op(CudaBackend& be, Tape&, Node& n) {
     case OpKind::Embedding: return ops::embedding_forward_cuda(be, n);
     case OpKind::GruCell: return ops::gru_cell_forward_cuda(be, n);
     case OpKind::Reshape:      // a view: nothing to compute
-    case OpKind::Input:        // leaves and backward's buffers: not computed
-    case OpKind::Grad:
+    case OpKind::Input:        // seg.input() leaves: not computed
     case OpKind::GruSequence:  // CudaBackend::forward sends it to gru_sequence.cpp
     case OpKind::Count: break;
   }
@@ -77,7 +76,6 @@ void backward_op(CudaBackend& be, Tape&, const Node& n, const void* g, const std
     case OpKind::Embedding: return ops::embedding_backward_cuda(be, n, g, d);
     case OpKind::GruCell: return ops::gru_cell_backward_cuda(be, n, g, d);
     case OpKind::Input:
-    case OpKind::Grad:
     case OpKind::GruSequence:  // CudaBackend::backward sends it to gru_sequence.cpp
     case OpKind::Count: break;
   }

@@ -48,9 +48,10 @@ struct Explanation {
   size_t node_count = 0;
   uint32_t first_step = 0, last_step = 0;  // steps the tape's nodes span (when node_count > 0)
   // Arena bytes of every allocation by op kind: tape nodes, inputs (tape.from /
-  // zeros, kind Input), outputs made without history and backward's gradient
-  // buffers (kind Grad). From the tape's own counters.
+  // zeros, kind Input) and outputs made without history; backward's gradient
+  // buffers apart (grad_bytes). From the tape's own counters.
   std::array<size_t, kOpKinds> arena_by_op{};
+  size_t grad_bytes = 0;
   std::array<size_t, kOpKinds> node_bytes_by_op{};  // held by tape nodes, by op kind
   std::array<size_t, kOpKinds> nodes_by_op{};
   std::vector<StepBytes> by_step;  // ascending step, steps with nodes only

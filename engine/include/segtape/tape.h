@@ -26,7 +26,7 @@ namespace segtape {
 #define SEGTAPE_OPS(X)                                                                      \
   X(Input) X(MatMul) X(Add) X(Sub) X(Mul) X(Div) X(Neg) X(Scale) X(Tanh) X(Sigmoid) X(Relu) \
   X(Exp) X(Log) X(Sum) X(Mean) X(Softmax) X(LogSoftmax) X(CrossEntropy) X(MseLoss)         \
-  X(Concat) X(Slice) X(Reshape) X(Transpose) X(Embedding) X(GruCell) X(Grad)         \
+  X(Concat) X(Slice) X(Reshape) X(Transpose) X(Embedding) X(GruCell)                  \
   X(GruSequence) X(Softplus)
 
 enum class OpKind : uint8_t {
@@ -107,6 +107,7 @@ struct TapeStats {
   size_t persistent_bytes = 0;   // persistent pool bytes in use
   size_t carry_bytes = 0;        // carry buffers in use
   size_t workspace_bytes = 0;    // op workspace and backward's batching buffers (reserved, reused)
+  size_t grad_bytes = 0;         // arena bytes of backward's gradient buffers in the current segment (in no op's bytes_by_op)
   uint64_t system_allocations = 0;  // chunks taken from the system, all arenas, process-wide
   uint64_t segment_index = 0;    // 1 for the first segment
   uint64_t step = 0;             // tape step counter
@@ -120,6 +121,10 @@ class Segment;
 // One term of a seeded backward: the objective's gradient with respect to
 // `out` (a tensor of the segment), e.g. dL/dh at the state leaving it, handed
 // back by the segment after it.
+// Allocation tag of backward's gradient buffers (TapeStats::grad_bytes): arena
+// bytes that belong to no op.
+struct GradBuffers {};
+
 struct Seed {
   Tensor out;
   Tensor grad;  // out's shape and dtype
@@ -177,6 +182,7 @@ class Tape {
   friend class Segment;
   friend class detail::TapeInternals;  // engine/tape_internals.h: what the ops and backends use
   void* alloc(size_t bytes, OpKind kind, const char* op);
+  void* alloc(size_t bytes, GradBuffers, const char* op);
   Tensor make(const Shape& s, DType d, OpKind kind, const char* op);  // uninitialised, in the segment
   bool wants_grad(std::span<const Tensor> inputs) const;
   Node& record(const Node& n);
@@ -194,7 +200,8 @@ class Tape {
   Tensor carry(const Tensor& x);
   Tensor input(const Tensor& x);
   Tensor input_grad(const Tensor& leaf);
-  std::string budget_report(size_t request, OpKind kind, const char* op) const;
+  // kind: whose bytes were asked for (an op's name, or "Grad" for backward's buffers).
+  std::string budget_report(size_t request, const char* kind, const char* op) const;
   const char* budget_name() const;
   Tensor persistent_alloc(const Shape& s, DType d);
 
@@ -208,6 +215,7 @@ class Tape {
   std::unique_ptr<detail::GruBatch> gru_batch_;
   std::vector<Node> nodes_;
   std::array<size_t, kOpKinds> bytes_by_op_{};
+  size_t grad_bytes_ = 0;  // backward's gradient buffers in the open segment
   std::vector<Tensor> params_;  // every parameter made (for zero_grad)
   std::unique_ptr<detail::FreeList> free_;  // backward's dead gradient buffers
   std::vector<void*> grad_table_;  // device tapes: backward's node -> gradient table (the CPU keeps it in the arena)

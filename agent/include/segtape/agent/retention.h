@@ -101,7 +101,7 @@ struct Trace {
   std::vector<int64_t> step;    // the step each row was measured after
   std::vector<double> bytes;    // memory after that step (see memory_source)
   std::vector<double> seconds;  // wall time of that step (per step for rows covering several)
-  std::vector<double> grad_bytes;  // segtape: of `bytes`, backward's gradient buffers (OpKind::Grad)
+  std::vector<double> grad_bytes;  // segtape: of `bytes`, backward's gradient buffers (TapeStats::grad_bytes)
   std::vector<double> segment_peaks;  // fixes: high-water of every segment (segtape: to the byte)
   std::string memory_source;    // what `bytes` counts
   // segtape pitfalls, from the explainer at the last step: bytes held by tape
