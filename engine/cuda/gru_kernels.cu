@@ -1,7 +1,7 @@
 // The fused GRU cell's elementwise kernels (kernels.h). The two GEMMs before
 // the forward and the four after the backward are cuBLAS calls in
-// op_table.cpp. The formulas are the CPU's (engine/ops.cpp: gru_gate_row,
-// gru_backward_row), term by term, one thread per (row, unit).
+// engine/ops/gru.cpp's CUDA section. The formulas are the CPU's (the same
+// file: gru_gate_row, gru_backward_row), term by term, one thread per (row, unit).
 #include "device_math.cuh"
 #include "kernels.h"
 
