@@ -234,19 +234,17 @@ std::string Tape::expired_message(const Tensor& t, const char* what) const {
 }
 
 void* Tape::alloc(size_t bytes, OpKind kind, const char* op) {
+  return segment_alloc(bytes, op_name(kind), op, bytes_by_op_[size_t(kind)]);
+}
+
+void* Tape::alloc(size_t bytes, GradBuffers, const char* op) { return segment_alloc(bytes, "Grad", op, grad_bytes_); }
+
+void* Tape::segment_alloc(size_t bytes, const char* kind, const char* op, size_t& counted) {
   if (!open_)
     throw TapeError(std::string(op) + ": no segment is open; open one with tape.segment() (tensors made outside a segment would have nowhere to live)");
   void* p = arena_.try_alloc(bytes);
-  if (!p) throw BudgetError(budget_report(bytes, op_name(kind), op));
-  bytes_by_op_[size_t(kind)] += align_up(bytes);
-  return p;
-}
-
-void* Tape::alloc(size_t bytes, GradBuffers, const char* op) {
-  if (!open_) throw TapeError(std::string(op) + ": no segment is open");
-  void* p = arena_.try_alloc(bytes);
-  if (!p) throw BudgetError(budget_report(bytes, "Grad", op));
-  grad_bytes_ += align_up(bytes);
+  if (!p) throw BudgetError(budget_report(bytes, kind, op));
+  counted += align_up(bytes);
   return p;
 }
 

@@ -1,7 +1,7 @@
-// The elementwise family: unary ops (neg, scale, tanh, sigmoid, relu, exp,
-// log) and binary ops with broadcasting (add, sub, mul, div). Their formulas,
-// forward and backward, are in ops/elementwise.h; here are the public
-// functions and the CPU loops over those formulas.
+// The elementwise family: the unary ops and the binary ops with broadcasting
+// listed in ops/elementwise.h, where their formulas, forward and backward,
+// are. Here are their public functions, the CPU loops over those formulas and
+// the CUDA launches of the kernels over them.
 #include "ops/elementwise.h"
 
 #include "cpu/vmath.h"
@@ -98,8 +98,7 @@ void binary_backward_cpu(const Node& n, const void* gout, const Grads& d) {
       for (int64_t r = 0; r < m; r += bn)
         for (int64_t c = 0; c < bn; ++c) da[r + c] += Op::grad_a(g[r + c], a[r + c], b[c]);
     if (T* db = static_cast<T*>(d[1]))  // summed over the rows b is broadcast to
-      for (int64_t r = 0; r < m; r += bn)
-        for (int64_t c = 0; c < bn; ++c) db[c] += Op::grad_b(g[r + c], a[r + c], b[c]);
+      detail::reduce_rows(db, m, bn, [&](int64_t i, int64_t c) { return Op::grad_b(g[i], a[i], b[c]); });
   });
 }
 

@@ -54,22 +54,14 @@ void gru_gates(Tape& t, const Node& nd, T* S, T* y) {
   }
 }
 
-// Sum the rows of g [n / bn, bn] times f(i, c) into d[bn]: a bias gradient.
-template <class T, class F>
-void reduce_rows(T* d, int64_t n, int64_t bn, F f) {
-  if (n == 0) return;
-  for (int64_t r = 0; r < n; r += bn)
-    for (int64_t c = 0; c < bn; ++c) d[c] += f(r + c, c);
-}
-
 // dW_ih += dgi^T x, dW_hh += dgh^T h, db_ih += colsum dgi, db_hh += colsum dgh over `rows` rows.
 template <class T>
 void gru_weight_grads(int64_t rows, int64_t I, int64_t H, const T* dgi, const T* dgh, const T* x, const T* h,
                       std::array<void*, 4> dw) {
   if (T* d = static_cast<T*>(dw[0])) cpu::gemm(true, false, 3 * H, I, rows, T(1), dgi, 3 * H, x, I, T(1), d, I);
   if (T* d = static_cast<T*>(dw[1])) cpu::gemm(true, false, 3 * H, H, rows, T(1), dgh, 3 * H, h, H, T(1), d, H);
-  if (T* d = static_cast<T*>(dw[2])) reduce_rows(d, rows * 3 * H, 3 * H, [&](int64_t i, int64_t) { return dgi[i]; });
-  if (T* d = static_cast<T*>(dw[3])) reduce_rows(d, rows * 3 * H, 3 * H, [&](int64_t i, int64_t) { return dgh[i]; });
+  if (T* d = static_cast<T*>(dw[2])) detail::reduce_rows(d, rows * 3 * H, 3 * H, [&](int64_t i, int64_t) { return dgi[i]; });
+  if (T* d = static_cast<T*>(dw[3])) detail::reduce_rows(d, rows * 3 * H, 3 * H, [&](int64_t i, int64_t) { return dgh[i]; });
 }
 
 // One batch row of the GRU cell's elementwise backward (see gru_gate_row).

@@ -69,6 +69,15 @@ inline MatmulShape matmul_shape(const Node& n) {
   return {ta, tb, n.out.dim(0), n.out.dim(1), ta ? n.in[0].dim(0) : n.in[0].dim(1)};
 }
 
+// Sums the rows of an [n / bn, bn] array, as terms f(i, c) of element i in
+// column c, into d[bn]: the gradient of an operand broadcast over rows.
+template <class T, class F>
+void reduce_rows(T* d, int64_t n, int64_t bn, F f) {
+  if (n == 0) return;
+  for (int64_t r = 0; r < n; r += bn)
+    for (int64_t c = 0; c < bn; ++c) d[c] += f(r + c, c);
+}
+
 // Backward's deferred GRU weight gradients: the rows of d(x W_ih^T) and
 // d(h W_hh^T) of consecutive steps that share weights are stacked, with the
 // steps' x and h, and flushed as one GEMM per weight (see TapeOptions).

@@ -129,35 +129,41 @@ void copy_into(const Tensor& dst, const Tensor& src) {
   In::backend(*dst.tape)->copy(dst.ptr, src.ptr, src.nbytes(), detail::Backend::Copy::DeviceToDevice);
 }
 
-namespace ops {
-
-void concat_forward_cpu(Node& n) {
-  const int ax = int(n.ia[0]);
-  const AxisView v = axis_view(n.out.shape, ax);
-  const size_t es = dtype_size(n.out.dtype);
+namespace {
+// Concat's parts in order: f(p, w, off) with w the part's elements per outer
+// row and off where they start in a row of the output (v: the output around the axis).
+template <class F>
+void for_each_part(const Node& n, const AxisView& v, F f) {
   int64_t off = 0;
   for (int p = 0; p < n.n_in; ++p) {
-    const int64_t w = n.in[p].dim(ax) * v.inner;
-    for (int64_t o = 0; o < v.outer; ++o)
-      std::memcpy(static_cast<char*>(n.out.ptr) + size_t(o * v.n * v.inner + off) * es,
-                  static_cast<const char*>(n.in[p].ptr) + size_t(o * w) * es, size_t(w) * es);
+    const int64_t w = n.in[p].dim(int(n.ia[0])) * v.inner;
+    f(p, w, off);
     off += w;
   }
 }
+}  // namespace
+
+namespace ops {
+
+void concat_forward_cpu(Node& n) {
+  const AxisView v = axis_view(n.out.shape, int(n.ia[0]));
+  const size_t es = dtype_size(n.out.dtype);
+  for_each_part(n, v, [&](int p, int64_t w, int64_t off) {
+    for (int64_t o = 0; o < v.outer; ++o)
+      std::memcpy(static_cast<char*>(n.out.ptr) + size_t(o * v.n * v.inner + off) * es,
+                  static_cast<const char*>(n.in[p].ptr) + size_t(o * w) * es, size_t(w) * es);
+  });
+}
 
 void concat_backward_cpu(const Node& n, const void* gout, const Grads& d) {
-  const int ax = int(n.ia[0]);
-  const AxisView v = axis_view(n.out.shape, ax);
+  const AxisView v = axis_view(n.out.shape, int(n.ia[0]));
   detail::dispatch(n.out.dtype, [&]<class T>() {
     const T* g = static_cast<const T*>(gout);
-    int64_t off = 0;
-    for (int p = 0; p < n.n_in; ++p) {
-      const int64_t w = n.in[p].dim(ax) * v.inner;
+    for_each_part(n, v, [&](int p, int64_t w, int64_t off) {
       if (T* dp = static_cast<T*>(d[size_t(p)]))
         for (int64_t o = 0; o < v.outer; ++o)
           for (int64_t i = 0; i < w; ++i) dp[o * w + i] += g[o * v.n * v.inner + off + i];
-      off += w;
-    }
+    });
   });
 }
 
@@ -248,29 +254,21 @@ using cuda::in;
 using cuda::out;
 
 void concat_forward_cuda(cuda::CudaBackend& be, Node& n) {
-  const int ax = int(n.ia[0]);
-  const AxisView v = axis_view(n.out.shape, ax);
+  const AxisView v = axis_view(n.out.shape, int(n.ia[0]));
   const size_t es = dtype_size(n.out.dtype);
-  int64_t off = 0;  // elements into a row of the output
-  for (int p = 0; p < n.n_in; ++p) {
-    const int64_t w = n.in[p].dim(ax) * v.inner;
+  for_each_part(n, v, [&](int p, int64_t w, int64_t off) {
     cuda::copy_rows(be.stream(), static_cast<char*>(n.out.ptr) + size_t(off) * es, size_t(v.n * v.inner) * es, n.in[p].ptr,
                     size_t(w) * es, size_t(w) * es, size_t(v.outer));
-    off += w;
-  }
+  });
 }
 
 void concat_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* gout, const Grads& d) {
-  const int ax = int(n.ia[0]);
-  const AxisView v = axis_view(n.out.shape, ax);
+  const AxisView v = axis_view(n.out.shape, int(n.ia[0]));
   detail::dispatch(n.out.dtype, [&]<class T>() {
     const T* g = static_cast<const T*>(gout);
-    int64_t off = 0;
-    for (int p = 0; p < n.n_in; ++p) {
-      const int64_t w = n.in[p].dim(ax) * v.inner;
+    for_each_part(n, v, [&](int p, int64_t w, int64_t off) {
       if (T* dp = static_cast<T*>(d[size_t(p)])) cuda::add_strided<T>(be.stream(), dp, w, g + off, v.n * v.inner, v.outer, w);
-      off += w;
-    }
+    });
   });
 }
 

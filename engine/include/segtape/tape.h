@@ -183,6 +183,8 @@ class Tape {
   friend class detail::TapeInternals;  // engine/tape_internals.h: what the ops and backends use
   void* alloc(size_t bytes, OpKind kind, const char* op);
   void* alloc(size_t bytes, GradBuffers, const char* op);
+  // Both allocs: arena bytes, counted in `counted` (kind names them in a budget report).
+  void* segment_alloc(size_t bytes, const char* kind, const char* op, size_t& counted);
   Tensor make(const Shape& s, DType d, OpKind kind, const char* op);  // uninitialised, in the segment
   bool wants_grad(std::span<const Tensor> inputs) const;
   Node& record(const Node& n);
