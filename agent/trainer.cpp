@@ -799,4 +799,24 @@ size_t resident_bytes() {
   return n == 2 ? size_t(resident) * size_t(sysconf(_SC_PAGESIZE)) : 0;
 }
 
+size_t parse_bytes(const std::string& s, const char* flag) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = s.substr(used);
+  double mul = unit.empty() || unit == "B" ? 1
+               : unit == "KiB" || unit == "K" ? 1024.0
+               : unit == "MiB" || unit == "M" ? 1048576.0
+               : unit == "GiB" || unit == "G" ? 1073741824.0
+                                              : -1;
+  if (used == 0 || mul < 0 || !(v >= 0) || v * mul > 1e13)
+    throw Error(std::string(flag) + " '" + s + "': expected a size such as 64MiB, 512KiB, 2GiB or a byte count");
+  if (v * mul < 1) throw Error(std::string(flag) + " '" + s + "': must be a positive size, such as 64MiB");
+  return size_t(v * mul);
+}
+
 }  // namespace segtape::agent

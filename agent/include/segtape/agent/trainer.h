@@ -164,4 +164,8 @@ void check_device_flag(const std::string& device);
 // Resident set size of this process, bytes (from /proc/self/statm).
 size_t resident_bytes();
 
+// A size such as 64MiB, 512KiB, 2GiB or a byte count, > 0 (the CLI's --budget,
+// Python's segment_budget). Throws Error naming `flag` and the text.
+size_t parse_bytes(const std::string& s, const char* flag = "--budget");
+
 }  // namespace segtape::agent

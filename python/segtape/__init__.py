@@ -1,0 +1,220 @@
+"""segtape: a reverse-mode autograd engine whose tape is cut into segments.
+
+Everything a segment records lives in one arena that is reset when the
+segment ends, so memory per segment is fixed by construction::
+
+    import segtape
+    tape = segtape.Tape(device="cpu", segment_budget="64MiB")
+    with tape.segment() as seg:
+        ...                      # ops record into the segment
+        seg.backward(loss)       # gradients accumulate into the parameters
+        h = seg.carry(h)         # value kept, history cut
+
+docs/python.md documents the API; the C++ library it wraps is documented in
+docs/design.md.
+"""
+import numpy as _np
+
+from . import _segtape as _C
+from ._segtape import (  # noqa: F401  (re-exported)
+    AnomalyError,
+    BudgetError,
+    CheckpointError,
+    Error,
+    ExpiredTensorError,
+    Explanation,
+    IndexError,
+    Segment,
+    ShapeError,
+    TapeError,
+    Tensor,
+    add,
+    concat,
+    cross_entropy,
+    cuda_built,
+    div,
+    embedding,
+    format_bytes,
+    gru_cell,
+    gru_sequence,
+    matmul,
+    mse_loss,
+    mul,
+    scale,
+    slice,
+    sub,
+)
+
+__version__ = "0.1.0"
+
+_UINT32_MAX = 2**32 - 1
+
+
+def _bytes(value, what):
+    """A size in bytes from an int or a string such as "64MiB"."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what}: expected a size such as '64MiB' or a byte count, got {value!r}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise Error(f"{what} {value}: must be a positive size, such as 64MiB")
+        return value
+    if isinstance(value, str):
+        return _C.parse_bytes(value, what)
+    raise TypeError(f"{what}: expected a size such as '64MiB' or a byte count, got {type(value).__name__}")
+
+
+def _device(device):
+    if isinstance(device, _C.Device):
+        return device
+    text = str(device)
+    if text == "cpu":
+        return _C.Device.cpu()
+    if text == "cuda" or text.startswith("cuda:"):
+        index = 0
+        if text.startswith("cuda:"):
+            try:
+                index = int(text[5:])
+            except ValueError:
+                raise Error(f"device '{text}': expected 'cpu', 'cuda' or 'cuda:N'") from None
+        return _C.Device.cuda(index)
+    raise Error(f"device '{text}': expected 'cpu', 'cuda' or 'cuda:N'")
+
+
+class Tape(_C._Tape):
+    """A tape: the segment arena, the persistent pool (parameters, optimizer
+    state) and the carry buffers.
+
+    device: "cpu", "cuda" or "cuda:N". segment_budget: the arena bytes per
+    segment ("64MiB" or an int); an op that would exceed it raises BudgetError
+    saying what filled the segment. grow=True is the teaching policy: the arena
+    grows instead of refusing (to reproduce PyTorch's retained-graph growth),
+    up to grow_limit bytes if given. anomaly=True checks every op's output for
+    NaN and Inf.
+    """
+
+    def __init__(self, device="cpu", segment_budget="64MiB", *, grow=False, grow_limit=None, anomaly=False,
+                 node_capacity=None, allow_tf32=False):
+        options = _C.TapeOptions()
+        options.segment_budget = _bytes(segment_budget, "segment_budget")
+        options.grow = bool(grow)
+        if grow_limit is not None:
+            options.grow_limit = _bytes(grow_limit, "grow_limit")
+        options.anomaly = bool(anomaly)
+        if node_capacity is not None:
+            options.node_capacity = int(node_capacity)
+        options.allow_tf32 = bool(allow_tf32)
+        super().__init__(_device(device), options)
+
+    def tensor(self, values, dtype=None):
+        """A tensor of the open segment holding a copy of `values` (a NumPy
+        array or anything np.asarray takes). NumPy arrays keep their dtype
+        (float32, float64; integers and bools become int64); Python floats
+        become float32 and Python ints int64, as torch.tensor does."""
+        if dtype is not None:
+            a = _np.asarray(values, dtype=_np.dtype(dtype))
+        elif isinstance(values, _np.ndarray):
+            a = values
+        else:
+            a = _np.asarray(values)
+            if a.dtype == _np.float64:
+                a = a.astype(_np.float32)
+        if a.dtype.kind in "iub":
+            a = a.astype(_np.int64, copy=False)
+        elif a.dtype == _np.float16:
+            a = a.astype(_np.float32)
+        a = _np.ascontiguousarray(a)
+        if a.dtype == _np.float32:
+            return self._from_f32(a)
+        if a.dtype == _np.float64:
+            return self._from_f64(a)
+        if a.dtype == _np.int64:
+            return self._from_i64(a)
+        raise ShapeError(f"tape.tensor: dtype {a.dtype} is not supported (float32, float64 or int64)")
+
+    def explain(self, top=10):
+        """Who holds the memory of the open segment: str(e) is the report,
+        e.to_dict() the same as a dict."""
+        return self._explain(top)
+
+    def to_dot(self, names=None, first_step=0, last_step=None, max_nodes=2000):
+        """Graphviz DOT of the open segment's tape. names: a module (its
+        parameters are drawn with their names) or a list of (name, tensor)."""
+        pairs = []
+        if names is not None:
+            items = names.named_parameters() if hasattr(names, "named_parameters") else names
+            pairs = [(t, n) for n, t in items]
+        return self._to_dot(pairs, first_step, _UINT32_MAX if last_step is None else last_step, max_nodes)
+
+
+def _backward(self, loss=None, seeds=(), *, grad_output=None, retain_graph=False):
+    """Accumulates d(objective)/d(parameters) into the parameters' gradients.
+
+    loss: a one-element tensor (the objective), or, with grad_output, any
+    tensor of the segment whose gradient grad_output is. seeds: a list of
+    (tensor, gradient) pairs added to the objective, e.g. the state leaving
+    the segment with dL/dh from the segment after it (exact BPTT)."""
+    if grad_output is not None:
+        if seeds:
+            raise TapeError("backward: give seeds or grad_output, not both")
+        return self._backward_grad(loss, grad_output, retain_graph)
+    if loss is None and not seeds:
+        raise TapeError("backward: nothing to differentiate (give a loss, seeds, or both)")
+    return self._backward(loss, list(seeds), retain_graph)
+
+
+Segment.backward = _backward
+
+
+def tanh(x):
+    return x.tanh()
+
+
+def sigmoid(x):
+    return x.sigmoid()
+
+
+def relu(x):
+    return x.relu()
+
+
+def exp(x):
+    return x.exp()
+
+
+def log(x):
+    return x.log()
+
+
+def softplus(x):
+    return x.softplus()
+
+
+def softmax(x):
+    return x.softmax()
+
+
+def log_softmax(x):
+    return x.log_softmax()
+
+
+def sum(x, axis=None):  # noqa: A001  (torch.sum's name)
+    return x.sum(axis)
+
+
+def mean(x, axis=None):
+    return x.mean(axis)
+
+
+def reshape(x, shape):
+    return x.reshape(list(shape))
+
+
+def transpose(x):
+    return x.t()
+
+
+def detach(x):
+    return x.detach()
+
+
+from . import nn  # noqa: E402,F401

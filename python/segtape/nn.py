@@ -1,0 +1,97 @@
+"""segtape.nn: PyTorch's layers, optimizers and checkpoints on a segtape Tape.
+
+Names, shapes, equations and initialisation are PyTorch's (docs/nn.md); a
+layer takes its tape first, and an `rng` (segtape.nn.Rng) that defaults to
+this module's generator, seeded by manual_seed (0 at import)."""
+from ._segtape import nn as _N
+
+Rng = _N.Rng
+Optimizer = _N.Optimizer
+SGD = _N.SGD
+Adam = _N.Adam
+AdamW = _N.AdamW
+clip_grad_norm = _N.clip_grad_norm
+clip_grad_norm_ = _N.clip_grad_norm  # torch.nn.utils' name
+ModuleBase = _N.Module  # every module, C++ layers and Python containers alike
+
+_default = [Rng(0)]
+
+
+def manual_seed(seed):
+    """Reseeds the generator layers use when no rng is given; returns it."""
+    _default[0] = Rng(int(seed))
+    return _default[0]
+
+
+def default_rng():
+    return _default[0]
+
+
+class Module(_N.Module):
+    """A container of layers and parameters, as torch.nn.Module: assigning a
+    module to an attribute registers it under that name, so parameters get
+    PyTorch's dotted names ("gru.weight_hh") for optimizers and checkpoints.
+    Subclasses call super().__init__(tape) first and define forward()."""
+
+    def __init__(self, tape):
+        super().__init__(tape)
+
+    def __setattr__(self, name, value):
+        if isinstance(value, _N.Module):
+            self._register_module(name, value)
+        super().__setattr__(name, value)
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__}.forward is not defined")
+
+    def state_dict(self):
+        """{name: NumPy copy} in PyTorch's order and names."""
+        return {name: t.numpy() for name, t in self.named_parameters()}
+
+
+def _rng(rng):
+    return _default[0] if rng is None else rng
+
+
+class Linear(_N.Linear):
+    """y = x W^T + b (torch.nn.Linear)."""
+
+    def __init__(self, tape, in_features, out_features, bias=True, *, rng=None):
+        super().__init__(tape, in_features, out_features, bias, _rng(rng))
+
+
+class Embedding(_N.Embedding):
+    """A lookup table [num_embeddings, embedding_dim] (torch.nn.Embedding)."""
+
+    def __init__(self, tape, num_embeddings, embedding_dim, *, rng=None):
+        super().__init__(tape, num_embeddings, embedding_dim, _rng(rng))
+
+
+class GRUCell(_N.GRUCell):
+    """torch.nn.GRUCell: forward(x [B, I], h [B, H] or None) -> h' [B, H]."""
+
+    def __init__(self, tape, input_size, hidden_size, bias=True, *, rng=None):
+        super().__init__(tape, input_size, hidden_size, bias, _rng(rng))
+
+
+class GRU(_N.GRU):
+    """torch.nn.GRU (sequence-first): forward(x [T, B, I], h0) -> (output, h_n)."""
+
+    def __init__(self, tape, input_size, hidden_size, num_layers=1, bias=True, *, rng=None):
+        super().__init__(tape, input_size, hidden_size, num_layers, bias, _rng(rng))
+
+
+def save(module, path, metadata=None):
+    """The module's parameters to a safetensors file with PyTorch's names
+    (atomic: a failed save never replaces a good file)."""
+    _N.save(module, str(path), dict(metadata or {}))
+
+
+def load(module, path, strict=True):
+    """Parameters from a safetensors file (torch's load_state_dict rules);
+    the whole file is checked before anything is copied. Returns
+    {"missing_keys", "unexpected_keys", "metadata"}."""
+    return _N.load(module, str(path), strict)

@@ -1,0 +1,704 @@
+// segtape._segtape: the nanobind module behind `import segtape`
+// (docs/python.md). Thin: every call goes straight to the C++ library; the
+// Python package (python/segtape/) adds the Pythonic parts (parsing a device
+// or a size, nn.Module's attribute registration, the retention helpers).
+//
+// Lifetimes. A C++ Tensor is a handle into memory its Tape owns. A Python
+// Tensor holds that handle and a shared TapeBox; the Python Tape object owns
+// the box's Tape and destroys it when Python frees the Tape object, after
+// which every Tensor of it raises ExpiredTensorError ("its tape is gone")
+// instead of reading freed memory. Segments, modules and optimizers keep
+// their Python Tape object alive (nb::keep_alive), so the tape cannot go away
+// under them. A tensor of an ended segment raises through the engine's own
+// generation check, as in C++.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "segtape/agent/retention.h"
+#include "segtape/agent/trainer.h"
+#include "segtape/explain.h"
+#include "segtape/nn.h"
+#include "segtape/ops.h"
+#include "segtape/tape.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using namespace segtape;
+
+namespace {
+
+// ---------------------------------------------------------------- lifetimes
+
+struct TapeBox {
+  std::unique_ptr<Tape> tape;
+  std::optional<Segment> open;  // the open segment, ended before the tape goes
+  uint32_t open_index = 0;
+};
+using BoxPtr = std::shared_ptr<TapeBox>;
+
+// Tape* -> its box, for tensors made by C++ code that knows only the Tape
+// (a module's parameters). Entries live as long as their Python Tape.
+std::unordered_map<const Tape*, std::weak_ptr<TapeBox>>& boxes() {
+  static std::unordered_map<const Tape*, std::weak_ptr<TapeBox>> m;
+  return m;
+}
+BoxPtr box_of(const Tape* t) {
+  auto it = boxes().find(t);
+  if (it == boxes().end()) throw TapeError("internal: a tensor of a tape that Python does not know");
+  return it->second.lock();
+}
+
+struct PyTensor {
+  Tensor t;
+  BoxPtr box;
+  // The handle, if its tape still exists (the engine then checks the segment).
+  const Tensor& get() const {
+    if (t.defined() && (!box || !box->tape))
+      throw ExpiredTensorError("tensor " + std::string(dtype_name(t.dtype)) + t.shape.str() +
+                               " used after its tape is gone (the segtape.Tape object was freed); "
+                               "keep the tape alive while its tensors are used");
+    return t;
+  }
+};
+PyTensor wrap(const Tensor& t, const BoxPtr& box) { return {t, box}; }
+PyTensor wrap(const Tensor& t) { return {t, t.defined() ? box_of(t.tape) : BoxPtr{}}; }
+
+struct PyTape {
+  BoxPtr box = std::make_shared<TapeBox>();
+  PyTape(Device d, TapeOptions o) {
+    if (!o.budget_name) o.budget_name = o.grow ? "segtape.Tape(grow_limit=...)" : "segtape.Tape(segment_budget=...)";
+    box->tape = std::make_unique<Tape>(d, o);
+    boxes()[box->tape.get()] = box;
+  }
+  ~PyTape() {
+    box->open.reset();
+    boxes().erase(box->tape.get());
+    box->tape.reset();
+  }
+  PyTape(const PyTape&) = delete;
+  PyTape& operator=(const PyTape&) = delete;
+  Tape& tape() const { return *box->tape; }
+};
+
+struct PySegment {
+  BoxPtr box;
+  uint32_t index = 0;
+  Segment& get() const {
+    if (!box->open || box->open_index != index)
+      throw TapeError("segment " + std::to_string(index) + " has ended; open a new one with tape.segment()");
+    return *box->open;
+  }
+};
+
+struct PyNoGrad {
+  BoxPtr box;
+  std::optional<NoGradGuard> guard;
+};
+
+// ---------------------------------------------------------------- errors
+
+// The Python classes of segtape's errors (python/segtape/__init__.py names them),
+// made here with tuple bases so that e.g. ShapeError is also a ValueError.
+struct ErrorClasses {
+  PyObject *base = nullptr, *shape = nullptr, *expired = nullptr, *budget = nullptr, *tape = nullptr,
+           *index = nullptr, *checkpoint = nullptr, *anomaly = nullptr;
+};
+ErrorClasses& errors() {
+  static ErrorClasses e;
+  return e;
+}
+PyObject* make_error(nb::module_& m, const char* name, PyObject* bases, const char* doc) {
+  const std::string qual = std::string("segtape.") + name;
+  PyObject* cls = PyErr_NewExceptionWithDoc(qual.c_str(), doc, bases, nullptr);
+  if (!cls) throw nb::python_error();
+  m.attr(name) = nb::handle(cls);
+  return cls;
+}
+void register_errors(nb::module_& m) {
+  auto& e = errors();
+  e.base = make_error(m, "Error", PyExc_Exception, "Base of every error segtape raises on bad input or misuse.");
+  auto two = [&](PyObject* builtin) { return nb::make_tuple(nb::handle(e.base), nb::handle(builtin)).release().ptr(); };
+  e.shape = make_error(m, "ShapeError", two(PyExc_ValueError), "An op got inputs of incompatible shapes or dtypes.");
+  e.expired = make_error(m, "ExpiredTensorError", two(PyExc_ReferenceError),
+                         "A tensor used after its segment ended, or after its tape is gone.");
+  e.budget = make_error(m, "BudgetError", two(PyExc_MemoryError),
+                        "The segment arena would exceed its budget; the message says what filled it.");
+  e.tape = make_error(m, "TapeError", two(PyExc_RuntimeError),
+                      "The tape was misused: a second backward without retain_graph, an op with no open segment, ...");
+  e.index = make_error(m, "IndexError", two(PyExc_IndexError), "An index (embedding row, class target) out of range.");
+  e.checkpoint = make_error(m, "CheckpointError", two(PyExc_OSError),
+                            "A checkpoint file is missing, corrupt, hostile, or does not match the model.");
+  e.anomaly = make_error(m, "AnomalyError", two(PyExc_FloatingPointError), "A NaN or Inf produced under anomaly mode.");
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    auto& c = errors();
+    try {
+      std::rethrow_exception(p);
+    } catch (const ShapeError& x) {
+      PyErr_SetString(c.shape, x.what());
+    } catch (const ExpiredTensorError& x) {
+      PyErr_SetString(c.expired, x.what());
+    } catch (const BudgetError& x) {
+      PyErr_SetString(c.budget, x.what());
+    } catch (const TapeError& x) {
+      PyErr_SetString(c.tape, x.what());
+    } catch (const IndexError& x) {
+      PyErr_SetString(c.index, x.what());
+    } catch (const CheckpointError& x) {
+      PyErr_SetString(c.checkpoint, x.what());
+    } catch (const AnomalyError& x) {
+      PyErr_SetString(c.anomaly, x.what());
+    } catch (const Error& x) {
+      PyErr_SetString(c.base, x.what());
+    }
+  });
+}
+
+// ---------------------------------------------------------------- tensors
+
+template <class T>
+using HostArray = nb::ndarray<const T, nb::c_contig, nb::device::cpu>;
+
+Shape shape_of(const std::vector<int64_t>& dims) {
+  if (dims.size() > size_t(Shape::kMaxRank))
+    throw ShapeError("a tensor has at most " + std::to_string(Shape::kMaxRank) + " dimensions, got " +
+                     std::to_string(dims.size()));
+  return Shape::of(dims);
+}
+template <class T>
+Shape shape_of(const HostArray<T>& a) {
+  std::vector<int64_t> d(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) d[i] = int64_t(a.shape(i));
+  return shape_of(d);
+}
+
+// A NumPy array with a copy of t's values (any device).
+template <class T>
+nb::object to_numpy(const Tensor& t) {
+  auto* v = new std::vector<T>(size_t(t.numel()));
+  nb::capsule owner(v, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  t.to_host(std::span<T>(*v));
+  std::vector<size_t> shape(size_t(t.rank()));
+  for (int i = 0; i < t.rank(); ++i) shape[size_t(i)] = size_t(t.dim(i));
+  return nb::cast(nb::ndarray<nb::numpy, T>(v->data(), shape.size(), shape.data(), owner));
+}
+nb::object numpy_of(const PyTensor& p) {
+  const Tensor& t = p.get();
+  t.check_live("numpy()");
+  switch (t.dtype) {
+    case DType::F32: return to_numpy<float>(t);
+    case DType::F64: return to_numpy<double>(t);
+    case DType::I64: return to_numpy<int64_t>(t);
+  }
+  throw Error("numpy(): unknown dtype");
+}
+
+DType dtype_from(const std::string& s) {
+  if (s == "float32") return DType::F32;
+  if (s == "float64") return DType::F64;
+  if (s == "int64") return DType::I64;
+  throw ShapeError("dtype '" + s + "': expected float32, float64 or int64");
+}
+std::string dtype_str(DType d) {
+  switch (d) {
+    case DType::F32: return "float32";
+    case DType::F64: return "float64";
+    case DType::I64: return "int64";
+  }
+  return "?";
+}
+
+template <class T>
+void copy_from(const PyTensor& p, const HostArray<T>& a) {
+  const Tensor& t = p.get();
+  if (!(shape_of(a) == t.shape))
+    throw ShapeError("copy_(): array of shape " + shape_of(a).str() + " into tensor " + t.describe());
+  t.from_host(std::span<const T>(a.data(), a.size()));
+}
+
+std::vector<int64_t> dims(const Tensor& t) {
+  std::vector<int64_t> d(size_t(t.rank()));
+  for (int i = 0; i < t.rank(); ++i) d[size_t(i)] = t.dim(i);
+  return d;
+}
+
+// An op on tensors of one box: f(get()...) wrapped with the first input's box.
+template <class F, class... P>
+PyTensor apply(F&& f, const PyTensor& a, const P&... rest) {
+  return wrap(f(a.get(), rest.get()...), a.box);
+}
+
+// {"key": value, ...} from C++ values.
+nb::dict dict_of(std::initializer_list<std::pair<const char*, nb::object>> items) {
+  nb::dict d;
+  for (const auto& [k, v] : items) d[k] = v;
+  return d;
+}
+
+nb::dict to_dict(const TapeStats& s) {
+  nb::dict d;
+  d["live_bytes"] = s.live_bytes, d["peak_bytes"] = s.peak_bytes, d["last_segment_peak"] = s.last_segment_peak;
+  d["node_count"] = s.node_count, d["node_bytes"] = s.node_bytes, d["node_peak_bytes"] = s.node_peak_bytes;
+  d["persistent_bytes"] = s.persistent_bytes, d["carry_bytes"] = s.carry_bytes;
+  d["workspace_bytes"] = s.workspace_bytes, d["grad_bytes"] = s.grad_bytes;
+  d["system_allocations"] = s.system_allocations, d["segment_index"] = s.segment_index, d["step"] = s.step;
+  nb::dict by_op;
+  for (size_t k = 0; k < kOpKinds; ++k)
+    if (s.bytes_by_op[k]) by_op[op_name(OpKind(k))] = s.bytes_by_op[k];
+  d["bytes_by_op"] = by_op;
+  d["device_bytes"] = s.device_bytes, d["device_allocations"] = s.device_allocations;
+  return d;
+}
+
+nb::dict to_dict(const Explanation& e) {
+  nb::dict d;
+  d["segment"] = e.segment, d["open"] = e.open, d["arena_bytes"] = e.arena_bytes, d["node_bytes"] = e.node_bytes;
+  d["node_count"] = e.node_count, d["first_step"] = e.first_step, d["last_step"] = e.last_step;
+  d["grad_bytes"] = e.grad_bytes, d["bytes_per_step"] = e.bytes_per_step();
+  nb::dict arena, nodes, counts;
+  for (size_t k = 0; k < kOpKinds; ++k) {
+    if (e.arena_by_op[k]) arena[op_name(OpKind(k))] = e.arena_by_op[k];
+    if (e.node_bytes_by_op[k]) nodes[op_name(OpKind(k))] = e.node_bytes_by_op[k];
+    if (e.nodes_by_op[k]) counts[op_name(OpKind(k))] = e.nodes_by_op[k];
+  }
+  d["arena_by_op"] = arena, d["node_bytes_by_op"] = nodes, d["nodes_by_op"] = counts;
+  nb::list steps, largest;
+  for (const StepBytes& s : e.by_step) steps.append(dict_of({{"step", nb::cast(s.step)}, {"bytes", nb::cast(s.bytes)}, {"nodes", nb::cast(s.nodes)}}));
+  for (const NodeBytes& n : e.largest)
+    largest.append(dict_of({{"index", nb::cast(n.index)}, {"op", nb::cast(op_name(n.op))}, {"step", nb::cast(n.step)}, {"bytes", nb::cast(n.bytes)}, {"saved_bytes", nb::cast(n.saved_bytes)}, {"shape", nb::cast(n.shape.str())}, {"dtype", nb::cast(dtype_str(n.dtype))}}));
+  d["by_step"] = steps, d["largest"] = largest;
+  return d;
+}
+
+nb::list named(const std::vector<nn::NamedTensor>& v) {
+  nb::list l;
+  for (const auto& [name, t] : v) l.append(nb::make_tuple(name, wrap(t)));
+  return l;
+}
+
+}  // namespace
+
+NB_MODULE(_segtape, m) {
+  m.doc() = "segtape's C++ library (the segtape package wraps it; see docs/python.md)";
+  register_errors(m);
+  m.def("cuda_built", &Device::cuda_built, "Whether this build has the CUDA backend (a GPU is still needed).");
+  m.def("parse_bytes", [](const std::string& s, const std::string& what) { return agent::parse_bytes(s, what.c_str()); },
+        "text"_a, "what"_a = "segment_budget");
+  m.def("format_bytes", &format_bytes);
+
+  // ------------------------------------------------------------ Tensor
+  nb::class_<PyTensor>(m, "Tensor", "A handle to values a tape owns (docs/python.md: lifetimes).")
+      .def_prop_ro("shape", [](const PyTensor& p) { return nb::tuple(nb::cast(dims(p.t))); })
+      .def_prop_ro("dtype", [](const PyTensor& p) { return dtype_str(p.t.dtype); })
+      .def_prop_ro("ndim", [](const PyTensor& p) { return p.t.rank(); })
+      .def("numel", [](const PyTensor& p) { return p.t.numel(); })
+      .def("__len__", [](const PyTensor& p) {
+        if (p.t.rank() == 0) throw nb::type_error("len() of a 0-d tensor");
+        return p.t.dim(0);
+      })
+      .def_prop_ro("requires_grad", [](const PyTensor& p) { return p.t.requires_grad; })
+      .def_prop_ro("space", [](const PyTensor& p) {
+        switch (p.t.space) {
+          case Space::None: return "none";
+          case Space::Persistent: return "persistent";
+          case Space::Segment: return "segment";
+          case Space::Carry: return "carry";
+        }
+        return "?";
+      })
+      .def_prop_ro("is_live", [](const PyTensor& p) { return p.box && p.box->tape && p.t.is_live(); })
+      .def_prop_ro("device", [](const PyTensor& p) { return p.get().tape->device().str(); })
+      .def_prop_ro("grad", [](const PyTensor& p) -> std::optional<PyTensor> {
+        const Tensor& t = p.get();
+        if (!t.grad) return std::nullopt;
+        return wrap(t.grad_tensor(), p.box);
+      }, "The gradient of a parameter (a persistent tensor), None for others.")
+      .def("numpy", &numpy_of, "A NumPy array with a copy of the values (valid after the segment ends).")
+      .def("item", [](const PyTensor& p) { return p.get().item(); })
+      .def("__float__", [](const PyTensor& p) { return p.get().item(); })
+      .def("copy_", &copy_from<float>, "values"_a.noconvert())
+      .def("copy_", &copy_from<double>, "values"_a.noconvert())
+      .def("copy_", &copy_from<int64_t>, "values"_a.noconvert(),
+           "Overwrites the values from an array of the same shape and dtype (no history).")
+      .def("__repr__", [](const PyTensor& p) {
+        if (!p.t.defined()) return std::string("segtape.Tensor(undefined)");
+        if (!p.box || !p.box->tape) return "segtape.Tensor(" + std::string(dtype_name(p.t.dtype)) + p.t.shape.str() + ", tape gone)";
+        return "segtape.Tensor(" + p.t.describe() + (p.t.is_live() ? "" : ", expired") + ")";
+      })
+      // ops as methods and operators
+      .def("__add__", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::add, a, b); }, nb::is_operator())
+      .def("__sub__", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::sub, a, b); }, nb::is_operator())
+      .def("__mul__", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::mul, a, b); }, nb::is_operator())
+      .def("__mul__", [](const PyTensor& a, double s) { return wrap(scale(a.get(), s), a.box); }, nb::is_operator())
+      .def("__rmul__", [](const PyTensor& a, double s) { return wrap(scale(a.get(), s), a.box); }, nb::is_operator())
+      .def("__truediv__", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::div, a, b); }, nb::is_operator())
+      .def("__truediv__", [](const PyTensor& a, double s) {
+        if (s == 0) throw ShapeError("tensor / 0.0: division by zero");
+        return wrap(scale(a.get(), 1.0 / s), a.box);
+      }, nb::is_operator())
+      .def("__neg__", [](const PyTensor& a) { return apply(segtape::neg, a); })
+      .def("__matmul__", [](const PyTensor& a, const PyTensor& b) { return wrap(matmul(a.get(), b.get()), a.box); },
+           nb::is_operator())
+      .def("tanh", [](const PyTensor& a) { return apply(segtape::tanh, a); })
+      .def("sigmoid", [](const PyTensor& a) { return apply(segtape::sigmoid, a); })
+      .def("relu", [](const PyTensor& a) { return apply(segtape::relu, a); })
+      .def("exp", [](const PyTensor& a) { return apply(segtape::exp, a); })
+      .def("log", [](const PyTensor& a) { return apply(segtape::log, a); })
+      .def("softplus", [](const PyTensor& a) { return apply(segtape::softplus, a); })
+      .def("softmax", [](const PyTensor& a) { return apply(segtape::softmax, a); })
+      .def("log_softmax", [](const PyTensor& a) { return apply(segtape::log_softmax, a); })
+      .def("sum", [](const PyTensor& a, std::optional<int> axis) {
+        return wrap(axis ? segtape::sum(a.get(), *axis) : segtape::sum(a.get()), a.box);
+      }, "axis"_a = nb::none())
+      .def("mean", [](const PyTensor& a, std::optional<int> axis) {
+        return wrap(axis ? segtape::mean(a.get(), *axis) : segtape::mean(a.get()), a.box);
+      }, "axis"_a = nb::none())
+      .def("reshape", [](const PyTensor& a, const std::vector<int64_t>& s) { return wrap(reshape(a.get(), shape_of(s)), a.box); })
+      .def("t", [](const PyTensor& a) { return apply(segtape::transpose, a); })
+      .def_prop_ro("T", [](const PyTensor& a) { return apply(segtape::transpose, a); })
+      .def("detach", [](const PyTensor& a) { return apply(segtape::detach, a); })
+      .def("describe", [](const PyTensor& p) { return p.get().describe(); });
+
+  // ------------------------------------------------------------ functions
+  m.def("matmul", [](const PyTensor& a, const PyTensor& b, bool ta, bool tb) { return wrap(matmul(a.get(), b.get(), ta, tb), a.box); },
+        "a"_a, "b"_a, "transpose_a"_a = false, "transpose_b"_a = false);
+  m.def("add", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::add, a, b); });
+  m.def("sub", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::sub, a, b); });
+  m.def("mul", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::mul, a, b); });
+  m.def("div", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::div, a, b); });
+  m.def("scale", [](const PyTensor& a, double s) { return wrap(scale(a.get(), s), a.box); });
+  m.def("cross_entropy", [](const PyTensor& logits, const PyTensor& target, const std::string& reduction, int64_t ignore_index) {
+    if (reduction != "mean" && reduction != "sum")
+      throw ShapeError("cross_entropy: reduction '" + reduction + "': expected 'mean' or 'sum'");
+    return wrap(cross_entropy(logits.get(), target.get(), reduction == "sum" ? Reduction::Sum : Reduction::Mean, ignore_index),
+                logits.box);
+  }, "input"_a, "target"_a, "reduction"_a = "mean", "ignore_index"_a = -100);
+  m.def("mse_loss", [](const PyTensor& a, const PyTensor& b, const std::string& reduction) {
+    if (reduction != "mean" && reduction != "sum")
+      throw ShapeError("mse_loss: reduction '" + reduction + "': expected 'mean' or 'sum'");
+    return wrap(mse_loss(a.get(), b.get(), reduction == "sum" ? Reduction::Sum : Reduction::Mean), a.box);
+  }, "input"_a, "target"_a, "reduction"_a = "mean");
+  m.def("concat", [](const std::vector<PyTensor>& parts, int axis) {
+    if (parts.empty()) throw ShapeError("concat: no tensors given");
+    std::vector<Tensor> v;
+    v.reserve(parts.size());
+    for (const PyTensor& p : parts) v.push_back(p.get());
+    return wrap(concat(std::span<const Tensor>(v), axis), parts.front().box);
+  }, "tensors"_a, "axis"_a = 0);
+  m.def("slice", [](const PyTensor& a, int axis, int64_t start, int64_t length) { return wrap(slice(a.get(), axis, start, length), a.box); },
+        "input"_a, "axis"_a, "start"_a, "length"_a);
+  m.def("embedding", [](const PyTensor& w, const PyTensor& idx) { return apply(segtape::embedding, w, idx); },
+        "weight"_a, "indices"_a);
+  m.def("gru_cell", [](const PyTensor& x, const PyTensor& h, const PyTensor& wih, const PyTensor& whh,
+                       const PyTensor& bih, const PyTensor& bhh, bool recompute) {
+    return wrap(gru_cell(x.get(), h.get(), wih.get(), whh.get(), bih.get(), bhh.get(), recompute), x.box);
+  }, "x"_a, "h"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a, "recompute"_a = false);
+  m.def("gru_sequence", [](const PyTensor& x, const PyTensor& h, const PyTensor& wih, const PyTensor& whh,
+                           const PyTensor& bih, const PyTensor& bhh) {
+    return apply(segtape::gru_sequence, x, h, wih, whh, bih, bhh);
+  }, "x"_a, "h0"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a);
+
+  // ------------------------------------------------------------ Tape
+  nb::class_<PyTape>(m, "_Tape")
+      .def(nb::init<Device, TapeOptions>())
+      .def("segment", [](PyTape& t) {
+        t.box->open.emplace(t.tape().segment());
+        t.box->open_index = t.tape().segment_index();
+        return PySegment{t.box, t.box->open_index};
+      }, nb::keep_alive<0, 1>())
+      .def("_from_f32", [](PyTape& t, const HostArray<float>& a) {
+        return wrap(t.tape().from(std::span<const float>(a.data(), a.size()), shape_of(a)), t.box);
+      }, "values"_a.noconvert())
+      .def("_from_f64", [](PyTape& t, const HostArray<double>& a) {
+        return wrap(t.tape().from(std::span<const double>(a.data(), a.size()), shape_of(a)), t.box);
+      }, "values"_a.noconvert())
+      .def("_from_i64", [](PyTape& t, const HostArray<int64_t>& a) {
+        return wrap(t.tape().from(std::span<const int64_t>(a.data(), a.size()), shape_of(a)), t.box);
+      }, "values"_a.noconvert())
+      .def("zeros", [](PyTape& t, const std::vector<int64_t>& s, const std::string& d) {
+        return wrap(t.tape().zeros(shape_of(s), dtype_from(d)), t.box);
+      }, "shape"_a, "dtype"_a = "float32")
+      .def("parameter", [](PyTape& t, const std::vector<int64_t>& s, const std::string& d) {
+        return wrap(t.tape().parameter(shape_of(s), dtype_from(d)), t.box);
+      }, "shape"_a, "dtype"_a = "float32")
+      .def("persistent", [](PyTape& t, const std::vector<int64_t>& s, const std::string& d) {
+        return wrap(t.tape().persistent(shape_of(s), dtype_from(d)), t.box);
+      }, "shape"_a, "dtype"_a = "float32")
+      .def("next_step", [](PyTape& t) { t.tape().next_step(); })
+      .def_prop_ro("step", [](const PyTape& t) { return t.tape().step(); })
+      .def_prop_ro("segment_open", [](const PyTape& t) { return t.tape().segment_open(); })
+      .def_prop_ro("segment_index", [](const PyTape& t) { return t.tape().segment_index(); })
+      .def_prop_ro("device", [](const PyTape& t) { return t.tape().device().str(); })
+      .def_prop_ro("segment_budget", [](const PyTape& t) { return t.tape().options().segment_budget; })
+      .def("stats", [](const PyTape& t) { return to_dict(t.tape().stats()); })
+      .def("zero_grad", [](PyTape& t) { t.tape().zero_grad(); })
+      .def("synchronize", [](PyTape& t) { t.tape().synchronize(); })
+      .def("set_anomaly", [](PyTape& t, bool on) { t.tape().set_anomaly(on); })
+      .def("no_grad", [](PyTape& t) { return new PyNoGrad{t.box, std::nullopt}; }, nb::keep_alive<0, 1>())
+      .def("_explain", [](const PyTape& t, size_t top) { return explain(t.tape(), top); }, "top"_a = 10)
+      .def("_to_dot", [](const PyTape& t, const std::vector<std::pair<PyTensor, std::string>>& names, uint32_t first,
+                         uint32_t last, size_t max_nodes) {
+        DotOptions o;
+        o.first_step = first, o.last_step = last, o.max_nodes = max_nodes;
+        std::unordered_map<const void*, std::string> by_ptr;
+        for (const auto& [p, name] : names) by_ptr[p.t.ptr] = name;
+        if (!by_ptr.empty())
+          o.name_of = [&by_ptr](const void* ptr) {
+            auto it = by_ptr.find(ptr);
+            return it == by_ptr.end() ? std::string() : it->second;
+          };
+        return to_dot(t.tape(), o);
+      });
+
+  nb::class_<Device>(m, "Device")
+      .def_static("cpu", &Device::cpu)
+      .def_static("cuda", &Device::cuda, "index"_a = 0)
+      .def("__str__", &Device::str);
+
+  nb::class_<TapeOptions>(m, "TapeOptions")
+      .def(nb::init<>())
+      .def_rw("segment_budget", &TapeOptions::segment_budget)
+      .def_rw("grow", &TapeOptions::grow)
+      .def_rw("grow_limit", &TapeOptions::grow_limit)
+      .def_rw("node_capacity", &TapeOptions::node_capacity)
+      .def_rw("anomaly", &TapeOptions::anomaly)
+      .def_rw("batch_weight_grads", &TapeOptions::batch_weight_grads)
+      .def_rw("device_persistent", &TapeOptions::device_persistent)
+      .def_rw("device_carry", &TapeOptions::device_carry)
+      .def_rw("device_workspace", &TapeOptions::device_workspace)
+      .def_rw("allow_tf32", &TapeOptions::allow_tf32);
+
+  nb::class_<PyNoGrad>(m, "NoGrad")
+      .def("__enter__", [](PyNoGrad& g) {
+        if (!g.box->tape) throw TapeError("no_grad(): the tape is gone");
+        if (g.guard) throw TapeError("no_grad(): this guard is already entered");
+        g.guard.emplace(*g.box->tape);
+        return &g;
+      }, nb::rv_policy::reference)
+      .def("__exit__", [](PyNoGrad& g, nb::handle, nb::handle, nb::handle) { g.guard.reset(); },
+           nb::arg().none(), nb::arg().none(), nb::arg().none());
+
+  nb::class_<Explanation>(m, "Explanation", "Who holds the memory: the open segment's tape by op, step and node.")
+      .def("report", &Explanation::report, "max_rows"_a = 8)
+      .def("__str__", [](const Explanation& e) { return e.report(); })
+      .def("to_dict", [](const Explanation& e) { return to_dict(e); })
+      .def("bytes_per_step", &Explanation::bytes_per_step)
+      .def_ro("node_bytes", &Explanation::node_bytes)
+      .def_ro("arena_bytes", &Explanation::arena_bytes)
+      .def_ro("node_count", &Explanation::node_count);
+
+  // ------------------------------------------------------------ Segment
+  nb::class_<PySegment>(m, "Segment", "One segment of a tape: its tensors expire when it ends.")
+      .def("__enter__", [](PySegment& s) { return s; })
+      .def("__exit__", [](PySegment& s, nb::handle, nb::handle, nb::handle) {
+        if (s.box->open && s.box->open_index == s.index) s.box->open.reset();
+      }, nb::arg().none(), nb::arg().none(), nb::arg().none())
+      .def("end", [](PySegment& s) {
+        if (s.box->open && s.box->open_index == s.index) s.box->open.reset();
+      })
+      .def_prop_ro("index", [](const PySegment& s) { return s.index; })
+      .def_prop_ro("open", [](const PySegment& s) { return bool(s.box->open) && s.box->open_index == s.index; })
+      .def("_backward", [](PySegment& s, std::optional<PyTensor> loss, const std::vector<std::pair<PyTensor, PyTensor>>& seeds,
+                           bool retain) {
+        Segment& seg = s.get();
+        std::vector<Seed> v;
+        v.reserve(seeds.size());
+        for (const auto& [out, grad] : seeds) v.push_back({out.get(), grad.get()});
+        Tensor l = loss ? loss->get() : Tensor{};
+        seg.backward(loss ? &l : nullptr, std::span<const Seed>(v), BackwardOptions{.retain_graph = retain});
+      }, "loss"_a.none(), "seeds"_a, "retain_graph"_a)
+      .def("_backward_grad", [](PySegment& s, const PyTensor& out, const PyTensor& grad, bool retain) {
+        s.get().backward(out.get(), grad.get(), BackwardOptions{.retain_graph = retain});
+      })
+      .def("carry", [](PySegment& s, const PyTensor& x) { return wrap(s.get().carry(x.get()), s.box); },
+           "The value kept, history cut: valid through the next segment.")
+      .def("input", [](PySegment& s, const PyTensor& x) { return wrap(s.get().input(x.get()), s.box); },
+           "A leaf of this segment over x's values whose gradient backward keeps (seg.grad).")
+      .def("grad", [](PySegment& s, const PyTensor& leaf) { return wrap(s.get().grad(leaf.get()), s.box); },
+           "The gradient backward accumulated for an input() leaf.");
+
+  // ------------------------------------------------------------ nn
+  nb::module_ nnm = m.def_submodule("nn", "segtape.nn's C++ classes");
+  nb::class_<nn::Rng>(nnm, "Rng", "The seeded, portable generator behind initialisation (splitmix64).")
+      .def(nb::init<uint64_t>(), "seed"_a = 0)
+      .def("uniform", nb::overload_cast<>(&nn::Rng::uniform))
+      .def("uniform", nb::overload_cast<double, double>(&nn::Rng::uniform), "low"_a, "high"_a)
+      .def("normal", &nn::Rng::normal, "mean"_a = 0.0, "std"_a = 1.0)
+      .def("next_u64", &nn::Rng::next_u64)
+      .def_prop_rw("state", [](const nn::Rng& r) { return std::make_pair(r.state().seed, r.state().counter); },
+                   [](nn::Rng& r, std::pair<uint64_t, uint64_t> s) { r.set_state({s.first, s.second}); });
+
+  nb::class_<nn::Module>(nnm, "Module", nb::dynamic_attr())
+      .def("__init__", [](nn::Module* self, PyTape& t) { new (self) nn::Module(t.tape()); }, nb::keep_alive<1, 2>())
+      .def("_register_module", [](nn::Module& self, const std::string& name, nn::Module& child) {
+        self.register_module(name, child);
+      }, nb::keep_alive<1, 3>())
+      .def("register_parameter", [](nn::Module& self, const std::string& name, const std::vector<int64_t>& shape) {
+        return wrap(self.register_parameter(name, shape_of(shape)));
+      }, "name"_a, "shape"_a, "A zero-filled parameter of this module (fill it with .copy_(array)).")
+      .def("named_parameters", [](const nn::Module& self) { return named(self.named_parameters()); })
+      .def("parameters", [](const nn::Module& self) {
+        nb::list l;
+        for (const Tensor& t : self.parameters()) l.append(wrap(t));
+        return l;
+      })
+      .def("parameter_count", &nn::Module::parameter_count)
+      .def("zero_grad", &nn::Module::zero_grad);
+
+  nb::class_<nn::Linear, nn::Module>(nnm, "Linear")
+      .def("__init__", [](nn::Linear* self, PyTape& t, int64_t in, int64_t out, bool bias, nn::Rng& rng) {
+        new (self) nn::Linear(t.tape(), rng, in, out, bias);
+      }, "tape"_a, "in_features"_a, "out_features"_a, "bias"_a = true, "rng"_a, nb::keep_alive<1, 2>())
+      .def("forward", [](const nn::Linear& l, const PyTensor& x) { return wrap(l(x.get()), x.box); })
+      .def("__call__", [](const nn::Linear& l, const PyTensor& x) { return wrap(l(x.get()), x.box); })
+      .def_ro("in_features", &nn::Linear::in_features)
+      .def_ro("out_features", &nn::Linear::out_features)
+      .def_prop_ro("weight", [](const nn::Linear& l) { return wrap(l.weight); })
+      .def_prop_ro("bias", [](const nn::Linear& l) -> std::optional<PyTensor> {
+        if (!l.bias.defined()) return std::nullopt;
+        return wrap(l.bias);
+      });
+
+  nb::class_<nn::Embedding, nn::Module>(nnm, "Embedding")
+      .def("__init__", [](nn::Embedding* self, PyTape& t, int64_t num, int64_t dim, nn::Rng& rng) {
+        new (self) nn::Embedding(t.tape(), rng, num, dim);
+      }, "tape"_a, "num_embeddings"_a, "embedding_dim"_a, "rng"_a, nb::keep_alive<1, 2>())
+      .def("forward", [](const nn::Embedding& e, const PyTensor& i) { return wrap(e(i.get()), i.box); })
+      .def("__call__", [](const nn::Embedding& e, const PyTensor& i) { return wrap(e(i.get()), i.box); })
+      .def_ro("num_embeddings", &nn::Embedding::num_embeddings)
+      .def_ro("embedding_dim", &nn::Embedding::embedding_dim)
+      .def_prop_ro("weight", [](const nn::Embedding& e) { return wrap(e.weight); });
+
+  auto gru_cell_forward = [](const nn::GRUCell& g, const PyTensor& x, std::optional<PyTensor> h) {
+    return wrap(g(x.get(), h ? h->get() : Tensor{}), x.box);
+  };
+  nb::class_<nn::GRUCell, nn::Module>(nnm, "GRUCell")
+      .def("__init__", [](nn::GRUCell* self, PyTape& t, int64_t in, int64_t hidden, bool bias, nn::Rng& rng) {
+        new (self) nn::GRUCell(t.tape(), rng, in, hidden, bias);
+      }, "tape"_a, "input_size"_a, "hidden_size"_a, "bias"_a = true, "rng"_a, nb::keep_alive<1, 2>())
+      .def("forward", gru_cell_forward, "input"_a, "hx"_a = nb::none())
+      .def("__call__", gru_cell_forward, "input"_a, "hx"_a = nb::none())
+      .def_ro("input_size", &nn::GRUCell::input_size)
+      .def_ro("hidden_size", &nn::GRUCell::hidden_size)
+      .def_prop_ro("weight_ih", [](const nn::GRUCell& g) { return wrap(g.weight_ih); })
+      .def_prop_ro("weight_hh", [](const nn::GRUCell& g) { return wrap(g.weight_hh); })
+      .def_prop_ro("bias_ih", [](const nn::GRUCell& g) { return wrap(g.bias_ih); })
+      .def_prop_ro("bias_hh", [](const nn::GRUCell& g) { return wrap(g.bias_hh); });
+
+  auto gru_forward = [](nn::GRU& g, const PyTensor& x, std::optional<PyTensor> h) {
+    auto out = g(x.get(), h ? h->get() : Tensor{});
+    return std::make_pair(wrap(out.output, x.box), wrap(out.h_n, x.box));
+  };
+  nb::class_<nn::GRU, nn::Module>(nnm, "GRU")
+      .def("__init__", [](nn::GRU* self, PyTape& t, int64_t in, int64_t hidden, int64_t layers, bool bias, nn::Rng& rng) {
+        new (self) nn::GRU(t.tape(), rng, in, hidden, layers, bias);
+      }, "tape"_a, "input_size"_a, "hidden_size"_a, "num_layers"_a = 1, "bias"_a = true, "rng"_a, nb::keep_alive<1, 2>())
+      .def("forward", gru_forward, "input"_a, "hx"_a = nb::none())
+      .def("__call__", gru_forward, "input"_a, "hx"_a = nb::none())
+      .def_ro("input_size", &nn::GRU::input_size)
+      .def_ro("hidden_size", &nn::GRU::hidden_size)
+      .def_ro("num_layers", &nn::GRU::num_layers);
+
+  nb::class_<nn::Optimizer>(nnm, "Optimizer")
+      .def("step", &nn::Optimizer::step)
+      .def("zero_grad", &nn::Optimizer::zero_grad)
+      .def_prop_ro("kind", &nn::Optimizer::kind)
+      .def_prop_ro("step_count", &nn::Optimizer::step_count)
+      .def("state", [](const nn::Optimizer& o) { return named(o.state()); });
+  nb::class_<nn::SGD, nn::Optimizer>(nnm, "SGD")
+      .def("__init__", [](nn::SGD* self, const nn::Module& mod, double lr, double momentum, double dampening,
+                          double weight_decay, bool nesterov) {
+        new (self) nn::SGD(mod, nn::SGDOptions{.lr = lr, .momentum = momentum, .dampening = dampening,
+                                               .weight_decay = weight_decay, .nesterov = nesterov});
+      }, "module"_a, "lr"_a, "momentum"_a = 0.0, "dampening"_a = 0.0, "weight_decay"_a = 0.0, "nesterov"_a = false,
+      nb::keep_alive<1, 2>())
+      .def_prop_rw("lr", [](nn::SGD& o) { return o.options().lr; }, [](nn::SGD& o, double v) { o.options().lr = v; });
+  auto adam_like = [](auto* self, const nn::Module& mod, double lr, std::pair<double, double> betas, double eps,
+                      double weight_decay) {
+    using T = std::remove_pointer_t<decltype(self)>;
+    using O = std::conditional_t<std::is_same_v<T, nn::AdamW>, nn::AdamWOptions, nn::AdamOptions>;
+    O o;
+    o.lr = lr, o.beta1 = betas.first, o.beta2 = betas.second, o.eps = eps, o.weight_decay = weight_decay;
+    new (self) T(mod, o);
+  };
+  nb::class_<nn::Adam, nn::Optimizer>(nnm, "Adam")
+      .def("__init__", [adam_like](nn::Adam* self, const nn::Module& mod, double lr, std::pair<double, double> betas,
+                                   double eps, double wd) { adam_like(self, mod, lr, betas, eps, wd); },
+           "module"_a, "lr"_a = 1e-3, "betas"_a = std::make_pair(0.9, 0.999), "eps"_a = 1e-8, "weight_decay"_a = 0.0,
+           nb::keep_alive<1, 2>())
+      .def_prop_rw("lr", [](nn::Adam& o) { return o.options().lr; }, [](nn::Adam& o, double v) { o.options().lr = v; });
+  nb::class_<nn::AdamW, nn::Adam>(nnm, "AdamW")
+      .def("__init__", [adam_like](nn::AdamW* self, const nn::Module& mod, double lr, std::pair<double, double> betas,
+                                   double eps, double wd) { adam_like(self, mod, lr, betas, eps, wd); },
+           "module"_a, "lr"_a = 1e-3, "betas"_a = std::make_pair(0.9, 0.999), "eps"_a = 1e-8, "weight_decay"_a = 1e-2,
+           nb::keep_alive<1, 2>());
+
+  nnm.def("clip_grad_norm", [](const nn::Module& mod, double max_norm) { return nn::clip_grad_norm(mod, max_norm); },
+          "module"_a, "max_norm"_a);
+  nnm.def("save", [](const nn::Module& mod, const std::string& path, const nn::Metadata& meta) { nn::save(mod, path, meta); },
+          "module"_a, "path"_a, "metadata"_a = nn::Metadata{});
+  nnm.def("load", [](nn::Module& mod, const std::string& path, bool strict) {
+    nn::LoadReport r = nn::load(mod, path, strict);
+    return dict_of({{"missing_keys", nb::cast(r.missing_keys)}, {"unexpected_keys", nb::cast(r.unexpected_keys)}, {"metadata", nb::cast(r.metadata)}});
+  }, "module"_a, "path"_a, "strict"_a = true);
+
+  // ------------------------------------------------------------ retention lab
+  namespace rt = agent::retention;
+  nb::module_ lab = m.def_submodule("retention", "the retention lab's C++ side");
+  nb::class_<rt::LabConfig>(lab, "LabConfig")
+      .def(nb::init<>())
+      .def_rw("steps", &rt::LabConfig::steps)
+      .def_rw("batch", &rt::LabConfig::batch)
+      .def_rw("vocab", &rt::LabConfig::vocab)
+      .def_rw("embed", &rt::LabConfig::embed)
+      .def_rw("hidden", &rt::LabConfig::hidden)
+      .def_rw("lag", &rt::LabConfig::lag)
+      .def_rw("k", &rt::LabConfig::k)
+      .def_rw("window", &rt::LabConfig::window)
+      .def_rw("trainer_k", &rt::LabConfig::trainer_k)
+      .def_rw("lr", &rt::LabConfig::lr)
+      .def_rw("clip", &rt::LabConfig::clip)
+      .def_rw("budget", &rt::LabConfig::budget)
+      .def_rw("seed", &rt::LabConfig::seed)
+      .def_rw("device", &rt::LabConfig::device)
+      .def("validate", &rt::LabConfig::validate);
+  lab.def("case_names", [](const rt::LabConfig& c) {
+    std::vector<std::string> v;
+    for (const rt::CaseInfo& i : rt::cases()) v.push_back(i.name);
+    (void)c;
+    return v;
+  });
+  lab.def("cases", []() {
+    nb::list l;
+    for (const rt::CaseInfo& i : rt::cases())
+      l.append(dict_of({{"name", nb::cast(i.name)}, {"pitfall", nb::cast(i.pitfall)}, {"backward_every_step", nb::cast(i.backward_every_step)}, {"summary", nb::cast(i.summary)}, {"remedy", nb::cast(i.remedy)}}));
+    return l;
+  });
+  // Runs the lab on segtape (LibTorch's side is Python's torch: segtape.retention).
+  // Returns the JSON summary, the CSV of every row, the SVG figure and the table.
+  lab.def("run_lab", [](const rt::LabConfig& cfg, const std::vector<std::string>& which) {
+    std::vector<rt::Case> cases;
+    for (const std::string& w : which) cases.push_back(rt::parse_case(w, cfg));
+    rt::LabReport r;
+    {
+      nb::gil_scoped_release release;
+      r = rt::run_lab(cfg, cases, nullptr);
+    }
+    return dict_of({{"json", nb::cast(rt::to_json(r))}, {"csv", nb::cast(rt::to_csv(r))}, {"svg", nb::cast(rt::to_svg(r))}, {"table", nb::cast(rt::table(r))}});
+  }, "config"_a, "cases"_a);
+  lab.def("tape_dot", [](const std::string& c, const rt::LabConfig& cfg) { return rt::tape_dot(rt::parse_case(c, cfg), cfg); },
+          "case"_a, "config"_a);
+}
