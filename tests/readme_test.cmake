@@ -52,3 +52,19 @@ add_test(NAME readme_drift
                  -P ${CMAKE_CURRENT_LIST_FILE})
 set_tests_properties(readme_example readme_drift PROPERTIES LABELS nn
                      ENVIRONMENT "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1")
+
+# readme_curve: the same program, generated from readme_example.cpp with one
+# line added that prints every segment's loss per step (%.9g), for the Python
+# package's test that the loop written in Python trains to the same curve
+# (python/tests/test_readme_loop.py; tests/run.sh passes it this program).
+file(READ ${CMAKE_CURRENT_LIST_DIR}/readme_example.cpp readme_source)
+set(readme_anchor "    if (s == 0) first = last;\n")
+string(FIND "${readme_source}" "${readme_anchor}" readme_at)
+if(readme_at EQUAL -1)
+  message(FATAL_ERROR "tests/readme_example.cpp has no line \"if (s == 0) first = last;\" for readme_curve to print after")
+endif()
+string(REPLACE "${readme_anchor}" "${readme_anchor}    std::printf(\"%.9g\\n\", last);\n" readme_source "${readme_source}")
+file(CONFIGURE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/readme_curve.cpp CONTENT "${readme_source}" @ONLY)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/readme_example.cpp)
+add_executable(readme_curve ${CMAKE_CURRENT_BINARY_DIR}/readme_curve.cpp)
+target_link_libraries(readme_curve PRIVATE segtape_nn segtape_warnings)

@@ -4,7 +4,8 @@
 #
 # Usage: bash tests/run.sh [--sanitize] [--fuzz[=SECONDS]] [--tidy] [--full] [extra ctest arguments, e.g. -L memory]
 #   (no option)  build in ./build and run ctest: every suite, the bad-input
-#                catalog, the soak and kill tests, the package test
+#                catalog, the soak and kill tests, the package test; then
+#                pip install ./python into build/python (a venv) and pytest
 #   --sanitize   also build in ./build-asan with ASan + UBSan and run every CPU test there
 #   --fuzz       also run the safetensors parser's libFuzzer target (clang) for 60 s
 #   --tidy       also run clang-tidy over engine/, nn/, agent/
@@ -26,7 +27,7 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 
-segtape_install_debs "${SEGTAPE_DEBS_BUILD[@]}" "${SEGTAPE_DEBS_TEST[@]}"
+segtape_install_debs "${SEGTAPE_DEBS_BUILD[@]}" "${SEGTAPE_DEBS_TEST[@]}" "${SEGTAPE_DEBS_PYTHON[@]}"
 segtape_install_pytest_deps
 
 failed=()
@@ -41,11 +42,17 @@ segtape_configure_build
 rc=0
 (cd "$SEGTAPE_BUILD" && OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ctest --output-on-failure -j "$SEGTAPE_JOBS" "$@") || rc=$?
 stage "build and ctest ($SEGTAPE_BUILD)" $rc
+rc=0
+segtape_python_tests || rc=$?
+stage "Python package: pip install ./python and pytest (python/tests, the notebook)" $rc
 
 if ((do_sanitize)); then
   rc=0
   segtape_sanitize "$@" || rc=$?
   stage "ASan + UBSan build and ctest ($SEGTAPE_SANITIZE_BUILD)" $rc
+  rc=0
+  segtape_python_sanitize || rc=$?
+  stage "Python package under ASan + UBSan" $rc
 fi
 if ((do_tidy)); then
   rc=0

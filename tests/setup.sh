@@ -9,6 +9,12 @@ SEGTAPE_JOBS=${SEGTAPE_JOBS:-$(nproc 2>/dev/null || echo 2)}
 # Debian packages segtape builds against (docs/design.md says why each is there).
 SEGTAPE_DEBS_BUILD=(build-essential cmake libopenblas-dev nlohmann-json3-dev libcli11-dev libfmt-dev)
 SEGTAPE_DEBS_TEST=(libgtest-dev libbenchmark-dev libtorch-dev python3 python3-pip clang libclang-rt-14-dev clang-tidy)
+# The Python package's build and tests (docs/python.md says why each is there):
+# Debian's Python, its headers and venv; PyTorch 1.13 (python3-torch: the same
+# LibTorch as libtorch-dev, CPU-only) for the parity tests and the notebook;
+# pytest, and nbclient + ipykernel to execute the notebook; matplotlib for its figures.
+SEGTAPE_DEBS_PYTHON=(python3-dev python3-venv python3-numpy python3-torch python3-pytest python3-nbclient
+                     python3-nbformat python3-ipykernel python3-matplotlib)
 
 segtape_missing_debs() {
   local p
@@ -43,6 +49,51 @@ segtape_install_pytest_deps() {
       python3 -m pip install -q --break-system-packages safetensors numpy 2>/dev/null ||
       echo "segtape: could not pip-install safetensors/numpy: the interop tests will skip" >&2
   fi
+}
+
+# The Python package (python/): a virtual environment over Debian's Python
+# ($SEGTAPE_PYTHON_EXE, by default /usr/bin/python3, whose site packages hold python3-torch) in
+# $SEGTAPE_BUILD/python, nanobind, scikit-build-core and safetensors from PyPI,
+# then `pip install ./python` with its CMake build kept in
+# $SEGTAPE_BUILD/python-pkg (so a rerun rebuilds only what changed), then pytest
+# over python/tests (the notebook included). Extra arguments go to pip's
+# --config-settings (e.g. cmake.define.SEGTAPE_SANITIZE=address,undefined).
+SEGTAPE_PYTHON_EXE=${SEGTAPE_PYTHON_EXE:-/usr/bin/python3}
+segtape_python_install() {  # VENV PKG_BUILD_DIR [config settings...]
+  local venv=$1 pkg=$2
+  shift 2
+  if [[ ! -x "$venv/bin/python" ]]; then
+    "$SEGTAPE_PYTHON_EXE" -m venv --system-site-packages "$venv" || return 1
+  fi
+  "$venv/bin/python" -c "import nanobind, scikit_build_core, safetensors" 2>/dev/null ||
+    "$venv/bin/python" -m pip install -q nanobind scikit-build-core safetensors || return 1
+  local settings=(--config-settings=build-dir="$pkg") s
+  for s in "$@"; do settings+=(--config-settings="$s"); done
+  CMAKE_BUILD_PARALLEL_LEVEL=$SEGTAPE_JOBS "$venv/bin/python" -m pip install -q --no-build-isolation --force-reinstall \
+    --no-deps "${settings[@]}" "$SEGTAPE_ROOT/python" || return 1
+}
+segtape_python_tests() {
+  local venv=$SEGTAPE_BUILD/python
+  segtape_python_install "$venv" "$SEGTAPE_BUILD/python-pkg" || return 1
+  # Run from the tests folder, so that `import segtape` is the installed package, not python/segtape.
+  (cd "$SEGTAPE_ROOT/python/tests" &&
+    SEGTAPE_README_CURVE=$SEGTAPE_BUILD/tests/readme_curve OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider -p no:hypothesispytest "$@" .)
+}
+# The same tests that load no LibTorch, with the extension and the C++ library
+# built with ASan + UBSan (Python itself is not instrumented: libasan is
+# preloaded; leak checking is off, since CPython keeps memory until exit).
+segtape_python_sanitize() {
+  local venv=$SEGTAPE_SANITIZE_BUILD/python preload
+  segtape_python_install "$venv" "$SEGTAPE_SANITIZE_BUILD/python-pkg" cmake.define.SEGTAPE_SANITIZE=address,undefined \
+    cmake.define.SEGTAPE_WITH_CUDA=OFF cmake.build-type=RelWithDebInfo || return 1
+  # libstdc++ preloaded too: ASan's __cxa_throw interceptor needs it loaded
+  # first, and python3 itself does not link it.
+  preload="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libstdc++.so)"
+  (cd "$SEGTAPE_ROOT/python/tests" &&
+    LD_PRELOAD=$preload ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    SEGTAPE_README_CURVE=$SEGTAPE_SANITIZE_BUILD/tests/readme_curve OPENBLAS_NUM_THREADS=1 \
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider -p no:hypothesispytest test_api.py test_errors.py test_readme_loop.py)
 }
 
 segtape_configure_build() {

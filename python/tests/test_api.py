@@ -1,0 +1,180 @@
+"""The Python API: tensors and NumPy, ops and operators, segments, carry,
+the gradient-carry (exact BPTT) calls, no_grad, stats, explain and DOT."""
+import numpy as np
+import pytest
+
+import segtape
+from segtape import nn
+
+
+def test_tensor_round_trip_keeps_values_and_dtype(tape):
+    with tape.segment():
+        for a in (np.arange(6, dtype=np.float32).reshape(2, 3), np.arange(4, dtype=np.float64),
+                  np.array([[1, 2], [3, 4]], dtype=np.int32)):
+            t = tape.tensor(a)
+            assert t.shape == a.shape
+            assert np.array_equal(t.numpy(), a)
+        assert tape.tensor([1.5, 2.5]).dtype == "float32"  # Python floats, as torch.tensor
+        assert tape.tensor([1, 2]).dtype == "int64"
+        assert tape.tensor(np.zeros((2, 2), dtype=np.float32).T).numpy().flags["C_CONTIGUOUS"]
+
+
+def test_numpy_is_a_copy_that_outlives_the_segment(tape):
+    with tape.segment():
+        t = tape.tensor(np.ones(3, dtype=np.float32))
+        a = t.numpy()
+    assert not t.is_live
+    a[0] = 5  # writable: the array owns its copy
+    assert a.tolist() == [5, 1, 1]
+
+
+def test_operators_match_numpy(tape):
+    g = np.random.default_rng(1)
+    a = g.standard_normal((3, 4)).astype(np.float32)
+    b = g.standard_normal((3, 4)).astype(np.float32) + 3
+    w = g.standard_normal((4, 2)).astype(np.float32)
+    with tape.segment():
+        A, B, W = tape.tensor(a), tape.tensor(b), tape.tensor(w)
+        checks = {
+            "add": ((A + B).numpy(), a + b), "sub": ((A - B).numpy(), a - b), "mul": ((A * B).numpy(), a * b),
+            "div": ((A / B).numpy(), a / b), "neg": ((-A).numpy(), -a), "scale": ((A * 2.0).numpy(), a * 2),
+            "rscale": ((0.5 * A).numpy(), a * 0.5), "div_scalar": ((A / 4.0).numpy(), a / 4),
+            "matmul": ((A @ W).numpy(), a @ w), "tanh": (A.tanh().numpy(), np.tanh(a)),
+            "sigmoid": (A.sigmoid().numpy(), 1 / (1 + np.exp(-a))), "relu": (A.relu().numpy(), np.maximum(a, 0)),
+            "exp": (A.exp().numpy(), np.exp(a)), "log": (B.log().numpy(), np.log(b)),
+            "softplus": (segtape.softplus(A).numpy(), np.log1p(np.exp(a))),
+            "sum": (A.sum().numpy(), a.sum()), "sum0": (A.sum(0).numpy(), a.sum(0)),
+            "mean1": (A.mean(axis=-1).numpy(), a.mean(-1)), "T": (A.T.numpy(), a.T),
+            "reshape": (A.reshape([4, 3]).numpy(), a.reshape(4, 3)),
+            "softmax": (A.softmax().numpy(), np.exp(a) / np.exp(a).sum(-1, keepdims=True)),
+            "concat": (segtape.concat([A, B], axis=1).numpy(), np.concatenate([a, b], 1)),
+            "slice": (segtape.slice(A, 1, 1, 2).numpy(), a[:, 1:3]),
+        }
+        for name, (got, want) in checks.items():
+            np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6, err_msg=name)
+
+
+def test_backward_gives_parameter_gradients(tape):
+    w = tape.parameter([3])
+    w.copy_(np.array([1, 2, 3], dtype=np.float32))
+    with tape.segment() as seg:
+        x = tape.tensor(np.array([2, 3, 4], dtype=np.float32))
+        seg.backward((w * x).sum())
+    assert w.grad.numpy().tolist() == [2, 3, 4]
+    tape.zero_grad()
+    assert w.grad.numpy().tolist() == [0, 0, 0]
+
+
+def test_carry_keeps_the_value_and_cuts_the_history(tape):
+    with tape.segment() as seg:
+        h = tape.tensor(np.ones((1, 2), dtype=np.float32)).tanh()
+        c = seg.carry(h)
+    assert c.space == "carry" and not h.is_live
+    with tape.segment():
+        np.testing.assert_allclose(c.numpy(), np.tanh(np.ones((1, 2))), rtol=1e-6)
+        assert c.is_live
+
+
+def test_gradient_carry_matches_one_long_segment(tape):
+    """Exact BPTT across a boundary: seg.input / seg.grad / seeded backward
+    give the gradient of one segment over both halves."""
+    w = tape.parameter([2, 2])
+    w.copy_(np.array([[0.5, -0.2], [0.1, 0.3]], dtype=np.float32))
+    x0 = np.array([[1.0, -1.0]], dtype=np.float32)
+
+    def steps(h, n):
+        for _ in range(n):
+            h = (h @ w).tanh()
+        return h
+
+    with tape.segment() as seg:  # reference: 4 steps in one segment
+        seg.backward(steps(tape.tensor(x0), 4).sum())
+    want = w.grad.numpy().copy()
+    assert np.abs(want).max() > 1e-2
+    tape.zero_grad()
+    with tape.segment() as seg:  # forward of the first half, state stored
+        h_mid = seg.carry(steps(tape.tensor(x0), 2))
+    with tape.segment() as seg:  # second half: its gradient, and dL/dh_mid handed back
+        leaf = seg.input(h_mid)
+        seg.backward(steps(leaf, 2).sum())
+        dh = seg.carry(seg.grad(leaf))
+    with tape.segment() as seg:  # first half replayed, seeded with dL/dh_mid
+        h = steps(tape.tensor(x0), 2)
+        seg.backward(seeds=[(h, dh)])
+    np.testing.assert_allclose(w.grad.numpy(), want, rtol=1e-6, atol=1e-7)
+
+
+def test_no_grad_records_nothing(tape):
+    w = tape.parameter([2])
+    with tape.segment():
+        with tape.no_grad():
+            y = w * w
+        assert tape.stats()["node_count"] == 0
+        with pytest.raises(segtape.TapeError):
+            tape.segment()  # one segment at a time
+    del y
+
+
+def test_stats_explain_and_dot(tape):
+    rng = nn.Rng(0)
+
+    class Net(nn.Module):
+        def __init__(self, t):
+            super().__init__(t)
+            self.gru = nn.GRUCell(t, 4, 8, rng=rng)
+
+    net = Net(tape)
+    with tape.segment():
+        h = None
+        for _ in range(3):
+            h = net.gru(tape.zeros([2, 4]), h)
+            tape.next_step()
+        e = tape.explain()
+        d = e.to_dict()
+        assert d["node_count"] == 3 and d["nodes_by_op"] == {"GruCell": 3}
+        assert d["bytes_per_step"] > 0 and "retained" in str(e)
+        s = tape.stats()
+        assert s["live_bytes"] > 0 and s["bytes_by_op"]["GruCell"] > 0
+        dot = tape.to_dot(names=net)
+        assert dot.startswith("digraph") and "gru.weight_hh" in dot
+    assert tape.stats()["last_segment_peak"] >= s["live_bytes"]
+
+
+def test_module_registration_gives_pytorch_names_and_refuses_duplicates(tape):
+    class Net(nn.Module):
+        def __init__(self, t):
+            super().__init__(t)
+            self.encoder = nn.Linear(t, 3, 4)
+            self.core = nn.GRU(t, 4, 5, num_layers=2)
+            self.extra = self.register_parameter("extra", [2])
+
+    net = Net(tape)
+    names = [n for n, _ in net.named_parameters()]
+    assert names[:3] == ["extra", "encoder.weight", "encoder.bias"]
+    assert "core.weight_hh_l1" in names and net.parameter_count() == sum(t.numel() for _, t in net.named_parameters())
+    with pytest.raises(segtape.Error):
+        net.encoder = nn.Linear(tape, 3, 4)
+
+
+def test_gru_layer_and_optimizers(tape):
+    gru = nn.GRU(tape, 3, 4, num_layers=1, rng=nn.Rng(2))
+    for opt in (nn.SGD(gru, lr=0.1, momentum=0.9), nn.Adam(gru, lr=1e-2), nn.AdamW(gru, lr=1e-2)):
+        before = [t.numpy().copy() for t in gru.parameters()]
+        with tape.segment() as seg:
+            out, h_n = gru(tape.tensor(np.ones((5, 2, 3), dtype=np.float32)))
+            assert out.shape == (5, 2, 4) and h_n.shape == (1, 2, 4)
+            seg.backward(out.mean())
+        norm = nn.clip_grad_norm(gru, 1e9)
+        assert norm > 0
+        opt.step()
+        opt.zero_grad()
+        assert opt.step_count == 1
+        assert any(not np.array_equal(b, t.numpy()) for b, t in zip(before, gru.parameters()))
+
+
+def test_manual_seed_makes_initialisation_repeatable(tape):
+    nn.manual_seed(7)
+    a = nn.Linear(tape, 3, 3).weight.numpy()
+    nn.manual_seed(7)
+    b = nn.Linear(tape, 3, 3).weight.numpy()
+    assert np.array_equal(a, b)

@@ -1,0 +1,151 @@
+"""Every error class, raised from Python with the engine's message; misuse
+raises and never crashes."""
+import gc
+
+import numpy as np
+import pytest
+
+import segtape
+from segtape import nn
+
+
+def test_hierarchy_subclasses_the_builtins_where_natural():
+    assert issubclass(segtape.ShapeError, (segtape.Error, ValueError))
+    assert issubclass(segtape.ShapeError, ValueError)
+    assert issubclass(segtape.ExpiredTensorError, ReferenceError)
+    assert issubclass(segtape.BudgetError, MemoryError)
+    assert issubclass(segtape.TapeError, RuntimeError)
+    assert issubclass(segtape.IndexError, IndexError) and segtape.IndexError is not IndexError
+    assert issubclass(segtape.CheckpointError, OSError)
+    assert issubclass(segtape.AnomalyError, FloatingPointError)
+    for cls in (segtape.ShapeError, segtape.ExpiredTensorError, segtape.BudgetError, segtape.TapeError,
+                segtape.IndexError, segtape.CheckpointError, segtape.AnomalyError):
+        assert issubclass(cls, segtape.Error)
+
+
+def test_shape_error_names_the_op_and_shapes(tape):
+    with tape.segment():
+        a, b = tape.zeros([2, 3]), tape.zeros([4, 5])
+        with pytest.raises(segtape.ShapeError, match=r"matmul.*\[2,3\].*\[4,5\]"):
+            a @ b
+        with pytest.raises(segtape.ShapeError, match="add"):
+            a + b
+
+
+def test_expired_tensor_names_its_segment(tape):
+    with tape.segment():
+        t = tape.zeros([3])
+    with tape.segment():
+        with pytest.raises(segtape.ExpiredTensorError, match="segment 1"):
+            t.tanh()
+        with pytest.raises(segtape.ExpiredTensorError):
+            t.numpy()
+
+
+def test_a_tensor_after_its_tape_is_gone_raises():
+    tape = segtape.Tape()
+    p = tape.parameter([2])
+    with tape.segment() as seg:
+        c = seg.carry(tape.zeros([2]))
+    del tape, seg
+    gc.collect()
+    for t in (p, c):
+        with pytest.raises(segtape.ExpiredTensorError, match="tape is gone"):
+            t.numpy()
+        with pytest.raises(segtape.ExpiredTensorError, match="tape is gone"):
+            t * t
+        assert "tape gone" in repr(t)
+
+
+def test_modules_and_segments_keep_their_tape_alive():
+    tape = segtape.Tape()
+    lin = nn.Linear(tape, 2, 2, rng=nn.Rng(0))
+    seg = tape.segment()
+    del tape
+    gc.collect()
+    y = lin.weight * lin.weight  # the open segment still has its tape
+    assert y.numpy().shape == (2, 2)
+    seg.end()
+    del seg
+    gc.collect()
+    assert lin.weight.numpy().shape == (2, 2)  # and the module keeps it too
+    with pytest.raises(segtape.TapeError, match="segment"):
+        lin.weight * lin.weight  # no segment open
+
+
+def test_budget_error_says_what_filled_the_segment():
+    tape = segtape.Tape(segment_budget="256KiB")
+    with pytest.raises(segtape.BudgetError, match=r"segment_budget.*256\.0 KiB"):
+        with tape.segment():
+            for _ in range(100):
+                tape.zeros([64, 64]).tanh()
+    with tape.segment():  # the tape is usable after the refusal
+        assert tape.zeros([2]).numpy().tolist() == [0, 0]
+
+
+def test_tape_error_second_backward_and_no_segment(tape):
+    w = tape.parameter([1])
+    with pytest.raises(segtape.TapeError, match="segment"):
+        tape.zeros([1])  # no open segment
+    with tape.segment() as seg:
+        loss = (w * w).sum()
+        seg.backward(loss)
+        with pytest.raises(segtape.TapeError, match="retain_graph"):
+            seg.backward(loss)
+    with pytest.raises(segtape.TapeError, match="has ended"):
+        seg.carry(w)
+
+
+def test_index_error_names_the_row(tape):
+    emb = nn.Embedding(tape, 4, 2, rng=nn.Rng(0))
+    with tape.segment():
+        with pytest.raises(segtape.IndexError, match="7"):
+            emb(tape.tensor([1, 7]))
+
+
+def test_anomaly_error(tmp_path):
+    tape = segtape.Tape(anomaly=True)
+    with tape.segment():
+        with pytest.raises(segtape.AnomalyError, match="Log"):
+            tape.tensor([-1.0]).log()
+
+
+def test_checkpoint_errors_leave_the_model_untouched(tmp_path):
+    tape = segtape.Tape()
+    lin = nn.Linear(tape, 3, 2, rng=nn.Rng(1))
+    before = lin.weight.numpy().copy()
+    with pytest.raises(segtape.CheckpointError, match="missing.safetensors"):
+        nn.load(lin, tmp_path / "missing.safetensors")
+    path = tmp_path / "lin.safetensors"
+    nn.save(lin, path)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit in the last tensor's bytes
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(segtape.CheckpointError, match="bad.safetensors"):
+        nn.load(lin, bad)
+    (tmp_path / "junk.safetensors").write_bytes(b"\xff" * 40)
+    with pytest.raises(segtape.CheckpointError):
+        nn.load(lin, tmp_path / "junk.safetensors")
+    other = nn.Linear(tape, 4, 2, rng=nn.Rng(1))
+    with pytest.raises(segtape.CheckpointError, match="shape"):
+        nn.load(other, path)
+    assert np.array_equal(lin.weight.numpy(), before)
+
+
+def test_bad_arguments_are_python_errors(tape):
+    with pytest.raises(segtape.Error, match="segment_budget"):
+        segtape.Tape(segment_budget="lots")
+    with pytest.raises(segtape.Error, match="device"):
+        segtape.Tape(device="tpu")
+    with tape.segment():
+        with pytest.raises(segtape.ShapeError, match="dtype"):
+            tape.tensor(np.array(["a"]))
+        with pytest.raises(segtape.ShapeError, match="reduction"):
+            segtape.cross_entropy(tape.zeros([1, 2]), tape.tensor([0]), reduction="max")
+        with pytest.raises(segtape.ShapeError, match="at most 4"):
+            tape.zeros([1, 1, 1, 1, 1])
+        with pytest.raises(segtape.ShapeError):
+            tape.zeros([2]).copy_(np.zeros(3, np.float32))
+        with pytest.raises(TypeError):
+            tape.zeros([2]) + 1.0
