@@ -30,6 +30,7 @@
 
 #include "segtape/agent/retention.h"
 #include "segtape/agent/trainer.h"
+#include "segtape/emulation.h"
 #include "segtape/explain.h"
 #include "segtape/nn.h"
 #include "segtape/ops.h"
@@ -298,6 +299,9 @@ NB_MODULE(_segtape, m) {
   m.def("parse_bytes", [](const std::string& s, const std::string& what) { return agent::parse_bytes(s, what.c_str()); },
         "text"_a, "what"_a = "segment_budget");
   m.def("format_bytes", &format_bytes);
+  // Test seam (segtape/emulation.h): Tape(device="cuda") made while it is on
+  // gets the host-emulated device, so CI runs the device paths of the bindings.
+  m.def("_emulate_cuda_on_host", &emulation::emulate_cuda_on_host, "on"_a);
 
   // ------------------------------------------------------------ Tensor
   nb::class_<PyTensor>(m, "Tensor", "A handle to values a tape owns (docs/python.md: lifetimes).")

@@ -4,7 +4,11 @@ tests/run.sh passes SEGTAPE_README_CURVE: the README's C++ program
 (tests/readme_example.cpp) built with one line added that prints every
 segment's loss per step (readme_curve, tests/readme_test.cmake). Both use the
 same seed and the same Rng draws in the same order."""
+import contextlib
+import io
 import os
+import pathlib
+import re
 import subprocess
 
 import numpy as np
@@ -68,3 +72,13 @@ def test_readme_loop_matches_the_cpp_loop():
 def test_readme_loop_trains_without_the_cpp_program():
     curve = readme_loop_in_python(60)
     assert curve[-1] < curve[0] / 4
+
+
+def test_the_readme_python_example_runs():
+    """README.md's ```python block, executed as it is."""
+    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+    block = re.search(r"```python\n(.*?)```", readme.read_text(), re.S).group(1)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(block, str(readme), "exec"), {})
+    assert "GruCell" in out.getvalue() and out.getvalue().rstrip().endswith("(4, 32)")
