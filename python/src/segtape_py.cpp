@@ -20,7 +20,9 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -350,8 +352,9 @@ NB_MODULE(_segtape, m) {
       .def("__rmul__", [](const PyTensor& a, double s) { return wrap(scale(a.get(), s), a.box); }, nb::is_operator())
       .def("__truediv__", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::div, a, b); }, nb::is_operator())
       .def("__truediv__", [](const PyTensor& a, double s) {
-        if (s == 0) throw ShapeError("tensor / 0.0: division by zero");
-        return wrap(scale(a.get(), 1.0 / s), a.box);
+        // x / 0.0 is x * inf, as in PyTorch (inf, -inf, or nan for 0 / 0).
+        const double r = s == 0 ? std::copysign(std::numeric_limits<double>::infinity(), s) : 1.0 / s;
+        return wrap(scale(a.get(), r), a.box);
       }, nb::is_operator())
       .def("__neg__", [](const PyTensor& a) { return apply(segtape::neg, a); })
       .def("__matmul__", [](const PyTensor& a, const PyTensor& b) { return wrap(matmul(a.get(), b.get()), a.box); },

@@ -54,6 +54,12 @@ def test_operators_match_numpy(tape):
             np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6, err_msg=name)
 
 
+def test_division_by_a_zero_scalar_is_pytorchs(tape):
+    with tape.segment():
+        got = (tape.tensor([1.0, -1.0, 0.0]) / 0.0).numpy()
+    assert got[0] == np.inf and got[1] == -np.inf and np.isnan(got[2])
+
+
 def test_backward_gives_parameter_gradients(tape):
     w = tape.parameter([3])
     w.copy_(np.array([1, 2, 3], dtype=np.float32))
