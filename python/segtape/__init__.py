@@ -122,13 +122,14 @@ class Tape(_C._Tape):
             a = a.astype(_np.int64, copy=False)
         elif a.dtype == _np.float16:
             a = a.astype(_np.float32)
-        a = _np.ascontiguousarray(a)
+        shape = list(a.shape)
+        a = _np.ascontiguousarray(a).reshape(-1)  # (a 0-d array keeps its shape [])
         if a.dtype == _np.float32:
-            return self._from_f32(a)
+            return self._from_f32(a, shape)
         if a.dtype == _np.float64:
-            return self._from_f64(a)
+            return self._from_f64(a, shape)
         if a.dtype == _np.int64:
-            return self._from_i64(a)
+            return self._from_i64(a, shape)
         raise ShapeError(f"tape.tensor: dtype {a.dtype} is not supported (float32, float64 or int64)")
 
     def explain(self, top=10):

@@ -426,15 +426,15 @@ NB_MODULE(_segtape, m) {
         t.box->open_index = t.tape().segment_index();
         return PySegment{t.box, t.box->open_index};
       }, nb::keep_alive<0, 1>())
-      .def("_from_f32", [](PyTape& t, const HostArray<float>& a) {
-        return wrap(t.tape().from(std::span<const float>(a.data(), a.size()), shape_of(a)), t.box);
-      }, "values"_a.noconvert())
-      .def("_from_f64", [](PyTape& t, const HostArray<double>& a) {
-        return wrap(t.tape().from(std::span<const double>(a.data(), a.size()), shape_of(a)), t.box);
-      }, "values"_a.noconvert())
-      .def("_from_i64", [](PyTape& t, const HostArray<int64_t>& a) {
-        return wrap(t.tape().from(std::span<const int64_t>(a.data(), a.size()), shape_of(a)), t.box);
-      }, "values"_a.noconvert())
+      .def("_from_f32", [](PyTape& t, const HostArray<float>& a, const std::vector<int64_t>& shape) {
+        return wrap(t.tape().from(std::span<const float>(a.data(), a.size()), shape_of(shape)), t.box);
+      }, "values"_a.noconvert(), "shape"_a)
+      .def("_from_f64", [](PyTape& t, const HostArray<double>& a, const std::vector<int64_t>& shape) {
+        return wrap(t.tape().from(std::span<const double>(a.data(), a.size()), shape_of(shape)), t.box);
+      }, "values"_a.noconvert(), "shape"_a)
+      .def("_from_i64", [](PyTape& t, const HostArray<int64_t>& a, const std::vector<int64_t>& shape) {
+        return wrap(t.tape().from(std::span<const int64_t>(a.data(), a.size()), shape_of(shape)), t.box);
+      }, "values"_a.noconvert(), "shape"_a)
       .def("zeros", [](PyTape& t, const std::vector<int64_t>& s, const std::string& d) {
         return wrap(t.tape().zeros(shape_of(s), dtype_from(d)), t.box);
       }, "shape"_a, "dtype"_a = "float32")

@@ -16,6 +16,7 @@ def test_tensor_round_trip_keeps_values_and_dtype(tape):
             assert np.array_equal(t.numpy(), a)
         assert tape.tensor([1.5, 2.5]).dtype == "float32"  # Python floats, as torch.tensor
         assert tape.tensor([1, 2]).dtype == "int64"
+        assert tape.tensor(3.5).shape == () and tape.tensor(np.zeros((0, 3), np.float32)).shape == (0, 3)
         assert tape.tensor(np.zeros((2, 2), dtype=np.float32).T).numpy().flags["C_CONTIGUOUS"]
 
 
