@@ -689,8 +689,10 @@ LabReport run_lab(const LabConfig& cfg, const std::vector<Case>& which, TorchRun
       r.grad_check = compare_gradients(r.segtape, run_segtape(Case::HiddenNotDetached, cfg), tol);
     }
   }
-  say("anomaly mode cost");
-  rep.anomaly = anomaly_cost(cfg);
+  if (hooks.measure_anomaly) {
+    say("anomaly mode cost");
+    rep.anomaly = anomaly_cost(cfg);
+  }
   return rep;
 }
 
@@ -778,10 +780,13 @@ std::string to_json(const LabReport& r) {
   j["checks_passed"] = r.checks_passed();
   j["memory"] = {{"segtape", kArenaSource},
                  {"libtorch", r.libtorch_built ? r.libtorch_memory : r.libtorch_note}};
-  j["anomaly_mode"] = {{"loop", "agent Trainer, recall, tbptt:" + std::to_string(c.trainer_k)},
-                       {"us_per_step_off", r.anomaly.us_off},
-                       {"us_per_step_on", r.anomaly.us_on},
-                       {"cost_percent", r.anomaly.percent()}};
+  if (r.anomaly.us_off > 0)
+    j["anomaly_mode"] = {{"loop", "agent Trainer, recall, tbptt:" + std::to_string(c.trainer_k)},
+                         {"us_per_step_off", r.anomaly.us_off},
+                         {"us_per_step_on", r.anomaly.us_on},
+                         {"cost_percent", r.anomaly.percent()}};
+  else
+    j["anomaly_mode"] = "not measured";
   nlohmann::json cs = nlohmann::json::array();
   for (const CaseResult& x : r.results) {
     const CaseInfo& i = info(x.id);
@@ -950,9 +955,11 @@ std::string table(const LabReport& r) {
     if (x.cross_engine_check.run) s += "; segtape's vs LibTorch's pitfall 1 " + check_line(x.cross_engine_check);
     s += "\n";
   }
-  std::snprintf(b, sizeof b, "anomaly mode on the agent loop (Trainer, tbptt:%ld): %.1f us/step off, %.1f us/step on (%+.1f%%)\n",
-                c.trainer_k, r.anomaly.us_off, r.anomaly.us_on, r.anomaly.percent());
-  s += b;
+  if (r.anomaly.us_off > 0) {
+    std::snprintf(b, sizeof b, "anomaly mode on the agent loop (Trainer, tbptt:%ld): %.1f us/step off, %.1f us/step on (%+.1f%%)\n",
+                  c.trainer_k, r.anomaly.us_off, r.anomaly.us_on, r.anomaly.percent());
+    s += b;
+  }
   return s;
 }
 

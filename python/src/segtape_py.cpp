@@ -251,6 +251,14 @@ nb::dict dict_of(std::initializer_list<std::pair<const char*, nb::object>> items
   return d;
 }
 
+PyTensor add_scalar(const PyTensor& a, double s) {
+  if (s != 0)
+    throw nb::type_error(("tensor + " + std::to_string(s) + ": segtape adds numbers to tensors only when the number is 0 "
+                          "(sum(), loss = 0 + ...); make a tensor of the value instead").c_str());
+  a.get();
+  return a;
+}
+
 nb::dict to_dict(const TapeStats& s) {
   nb::dict d;
   d["live_bytes"] = s.live_bytes, d["peak_bytes"] = s.peak_bytes, d["last_segment_peak"] = s.last_segment_peak;
@@ -296,6 +304,10 @@ nb::list named(const std::vector<nn::NamedTensor>& v) {
 
 NB_MODULE(_segtape, m) {
   m.doc() = "segtape's C++ library (the segtape package wraps it; see docs/python.md)";
+  // At interpreter exit CPython may leave objects that module globals hold
+  // (a model, its optimizer) uncollected; nanobind would list them as leaks.
+  // Nothing leaks while the interpreter runs (the ASan run of the tests).
+  nb::set_leak_warnings(false);
   register_errors(m);
   m.def("cuda_built", &Device::cuda_built, "Whether this build has the CUDA backend (a GPU is still needed).");
   m.def("parse_bytes", [](const std::string& s, const std::string& what) { return agent::parse_bytes(s, what.c_str()); },
@@ -346,6 +358,11 @@ NB_MODULE(_segtape, m) {
       })
       // ops as methods and operators
       .def("__add__", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::add, a, b); }, nb::is_operator())
+      // tensor + 0 and 0 + tensor are the tensor (Python's sum() and the
+      // `loss = 0; loss = loss + l` idiom); segtape has no scalar add op, so any
+      // other number is a TypeError that says so.
+      .def("__add__", [](const PyTensor& a, double s) { return add_scalar(a, s); }, nb::is_operator())
+      .def("__radd__", [](const PyTensor& a, double s) { return add_scalar(a, s); }, nb::is_operator())
       .def("__sub__", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::sub, a, b); }, nb::is_operator())
       .def("__mul__", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::mul, a, b); }, nb::is_operator())
       .def("__mul__", [](const PyTensor& a, double s) { return wrap(scale(a.get(), s), a.box); }, nb::is_operator())
@@ -682,12 +699,8 @@ NB_MODULE(_segtape, m) {
       .def_rw("seed", &rt::LabConfig::seed)
       .def_rw("device", &rt::LabConfig::device)
       .def("validate", &rt::LabConfig::validate);
-  lab.def("case_names", [](const rt::LabConfig& c) {
-    std::vector<std::string> v;
-    for (const rt::CaseInfo& i : rt::cases()) v.push_back(i.name);
-    (void)c;
-    return v;
-  });
+  lab.def("case_labels", [](const rt::LabConfig& c) { return rt::case_names(c); }, "config"_a,
+          "The cases as the table labels them for this config, one string (\"1 hidden-not-detached, ..., tbptt:8, ...\").");
   lab.def("cases", []() {
     nb::list l;
     for (const rt::CaseInfo& i : rt::cases())
@@ -696,16 +709,19 @@ NB_MODULE(_segtape, m) {
   });
   // Runs the lab on segtape (LibTorch's side is Python's torch: segtape.retention).
   // Returns the JSON summary, the CSV of every row, the SVG figure and the table.
-  lab.def("run_lab", [](const rt::LabConfig& cfg, const std::vector<std::string>& which) {
+  lab.def("run_lab", [](rt::LabConfig cfg, const std::vector<std::string>& which, bool measure_anomaly) {
+    cfg.budget_name = "segtape.retention.run(budget=...)";
     std::vector<rt::Case> cases;
     for (const std::string& w : which) cases.push_back(rt::parse_case(w, cfg));
+    rt::LabHooks hooks;
+    hooks.measure_anomaly = measure_anomaly;
     rt::LabReport r;
     {
       nb::gil_scoped_release release;
-      r = rt::run_lab(cfg, cases, nullptr);
+      r = rt::run_lab(cfg, cases, nullptr, hooks);
     }
     return dict_of({{"json", nb::cast(rt::to_json(r))}, {"csv", nb::cast(rt::to_csv(r))}, {"svg", nb::cast(rt::to_svg(r))}, {"table", nb::cast(rt::table(r))}});
-  }, "config"_a, "cases"_a);
+  }, "config"_a, "cases"_a, "measure_anomaly"_a = false);
   lab.def("tape_dot", [](const std::string& c, const rt::LabConfig& cfg) { return rt::tape_dot(rt::parse_case(c, cfg), cfg); },
           "case"_a, "config"_a);
 }

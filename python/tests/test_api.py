@@ -55,6 +55,15 @@ def test_operators_match_numpy(tape):
             np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6, err_msg=name)
 
 
+def test_adding_zero_is_the_identity_and_other_numbers_are_refused(tape):
+    with tape.segment():
+        a = tape.tensor([1.0, 2.0])
+        assert sum([a, a]).numpy().tolist() == [2.0, 4.0]  # sum() starts from 0
+        assert (0 + a).numpy().tolist() == [1.0, 2.0]
+        with pytest.raises(TypeError, match="only when the number is 0"):
+            a + 1.0
+
+
 def test_division_by_a_zero_scalar_is_pytorchs(tape):
     with tape.segment():
         got = (tape.tensor([1.0, -1.0, 0.0]) / 0.0).numpy()

@@ -253,6 +253,10 @@ struct LabHooks {
   std::function<void(const std::string&)> progress;  // a line before each run
   // Each pitfall's teaching-policy tape at its last step (the explainer, DOT).
   std::function<void(Case, const Tape&)> inspect;
+  // Measure anomaly mode's cost (anomaly_cost: 8192 steps of two trainers,
+  // seconds on a small machine). false: LabReport::anomaly stays zero and the
+  // table and JSON say "not measured" (Python's quick runs).
+  bool measure_anomaly = true;
 };
 // torch: nullptr when LibTorch was not built (its panel then says so).
 // exact-replay's gradients are checked against pitfall 1's, on each engine
