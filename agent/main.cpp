@@ -23,6 +23,7 @@
 #include "segtape/agent/trainer.h"
 #include "segtape/explain.h"
 #include "segtape/nn/safetensors.h"
+#include "tensorboard.h"
 
 namespace fs = std::filesystem;
 using namespace segtape;
@@ -318,7 +319,7 @@ void catch_stop_signals() {
 
 struct TrainArgs {
   TrainConfig c;
-  std::string history = "tbptt:32", budget, out, resume;
+  std::string history = "tbptt:32", budget, out, resume, log_dir;
   std::vector<std::string> env_plugins;  // loaded before parsing (plugin_args); here for CLI11
   int64_t log_every = 0, checkpoint_every = 0, eval_steps = 500;
   bool force = false;
@@ -364,6 +365,11 @@ int train(TrainArgs& a, CLI::App& cmd) {
   Trainer tr(c);  // before the directory: a device that cannot be used, or a model too large, leaves nothing behind
   const EnvSpec& spec = tr.env().spec();
   const std::string measure = spec.measure;
+  // --log-dir: TensorBoard scalars with every metrics row, a greedy eval at
+  // every checkpoint and at the end. A resumed run adds a new event file.
+  // (Made before --out's folder: a --log-dir that cannot be made leaves no run behind.)
+  std::optional<agent::tensorboard::EventWriter> tb;
+  if (!a.log_dir.empty()) tb.emplace(a.log_dir, "--log-dir");
 
   std::vector<Row> rows;
   if (resume) {
@@ -437,6 +443,14 @@ int train(TrainArgs& a, CLI::App& cmd) {
             resident_bytes(), secs > 0 ? double(interval_steps) / secs : 0};
     rows.push_back(row);
     csv.append(row);
+    if (tb) {
+      tb->scalar("train/loss", row.step, row.loss);
+      tb->scalar("train/" + measure, row.step, row.score);
+      if (!std::isnan(row.episode_return)) tb->scalar("train/episode_return", row.step, row.episode_return);
+      tb->scalar("memory/segment_peak_bytes", row.step, double(row.segment_peak));
+      tb->scalar("memory/rss_bytes", row.step, double(row.rss));
+      tb->scalar("speed/steps_per_s", row.step, row.steps_per_s);
+    }
     if (!bar.tty())
       std::printf("step %ld/%ld  loss %.4f  %s %.1f%%  segment peak %s  rss %s  %.0f steps/s\n", tr.step(), c.steps, last_loss,
                   measure.c_str(), 100 * tr.env().score(), format_bytes(peak).c_str(), format_bytes(row.rss).c_str(), row.steps_per_s);
@@ -482,6 +496,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
     if (!full && (tr.step() >= next_ck || tr.done())) {
       tr.save(out / "checkpoint.safetensors", interval_meta());
       next_ck += ck_every;
+      // (evaluate puts the training state back: the run continues as without it)
+      if (tb && !tr.done()) tb->scalar("eval/" + measure, tr.step(), tr.evaluate(a.eval_steps, c.seed + 7919));
     }
   }
   bar.finish();
@@ -493,6 +509,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   if (full && stopped.empty()) tr.save(out / "checkpoint.safetensors", run_meta);
   std::optional<double> eval;
   if (stopped.empty()) eval = tr.evaluate(a.eval_steps, c.seed + 7919);
+  if (tb && eval) tb->scalar("eval/" + measure, tr.step(), *eval);
   const TapeStats st = tr.tape().stats();
   nlohmann::json j;
   j["config"] = config_json(c, tr.budget());
@@ -725,7 +742,11 @@ int run_cli(int argc, char** argv) {
   tr->add_option("--entropy", ta.c.entropy, "tmaze: entropy bonus")->capture_default_str();
   tr->add_option("--log-every", ta.log_every, "Steps between metric rows (default: steps/100)");
   tr->add_option("--checkpoint-every", ta.checkpoint_every, "Steps between checkpoints (default: steps/10)");
-  tr->add_option("--eval-steps", ta.eval_steps, "Steps of greedy evaluation at the end")->capture_default_str();
+  tr->add_option("--eval-steps", ta.eval_steps, "Steps of greedy evaluation at the end (and at each checkpoint with --log-dir)")->capture_default_str();
+  tr->add_option("--log-dir", ta.log_dir,
+                 "Also write TensorBoard event files here: train/loss, train/<measure>, train/episode_return, "
+                 "memory/segment_peak_bytes, memory/rss_bytes, speed/steps_per_s every --log-every steps, "
+                 "eval/<measure> at every checkpoint");
 
   std::string ck;
   int64_t eval_steps = 1000;

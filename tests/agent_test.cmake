@@ -2,6 +2,11 @@ segtape_test(agent_test SOURCES agent_test.cpp LABELS agent LIBS segtape_agent)
 target_compile_definitions(agent_test PRIVATE SEGTAPE_BIN="$<TARGET_FILE:segtape>")
 add_dependencies(agent_test segtape)
 
+# TensorBoard event files: CRC-32C, records, read back (agent/tensorboard.h).
+segtape_test(tensorboard_test SOURCES tensorboard_test.cpp LABELS agent LIBS segtape_tensorboard)
+target_compile_definitions(tensorboard_test PRIVATE SEGTAPE_BIN="$<TARGET_FILE:segtape>")
+add_dependencies(tensorboard_test segtape)
+
 # Envs of one's own: the registry, the contract checks, plug-ins. The test
 # loads plug-ins built from the same file (SEGTAPE_ENV_TEST_PLUGIN = 1: two
 # envs, 2: no entry point, 3: registers nothing, 4: a name that is taken);

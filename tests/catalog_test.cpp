@@ -667,6 +667,8 @@ TEST(Catalog, ProgramArgumentsAndPaths) {
       {"--out under /proc", "train --steps 32 --out /proc/segtape-catalog", segtape, "--out /proc/segtape-catalog"},
       {"--out under a regular file", "train --steps 32 --out " + d + "/a-file/run", segtape, "cannot create the directory"},
       {"--out of an existing run", "train --steps 32 --out " + good, segtape, "already holds a run"},
+      {"--log-dir under a regular file", "train --steps 32 --log-dir " + d + "/a-file/logs" + fresh, segtape,
+       "--log-dir " + d + "/a-file/logs: cannot make the folder"},
       {"--resume with another --hidden", "train --resume " + good + " --hidden 32", segtape, "--hidden cannot change on --resume"},
       {"--resume of an empty place", "train --resume " + d + "/nothing-here", segtape, "no checkpoint.safetensors"},
       {"--resume of a corrupt checkpoint", "train --resume " + d + "/corrupt", segtape, "checkpoint.safetensors"},

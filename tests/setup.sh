@@ -7,7 +7,7 @@ SEGTAPE_BUILD=${SEGTAPE_BUILD:-$SEGTAPE_ROOT/build}
 SEGTAPE_JOBS=${SEGTAPE_JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 # Debian packages segtape builds against (docs/design.md says why each is there).
-SEGTAPE_DEBS_BUILD=(build-essential cmake libopenblas-dev nlohmann-json3-dev libcli11-dev libfmt-dev)
+SEGTAPE_DEBS_BUILD=(build-essential cmake libopenblas-dev nlohmann-json3-dev libcli11-dev libfmt-dev libprotobuf-dev protobuf-compiler)
 SEGTAPE_DEBS_TEST=(libgtest-dev libbenchmark-dev libtorch-dev python3 python3-pip clang libclang-rt-14-dev clang-tidy)
 # The Python package's build and tests (docs/python.md says why each is there):
 # Debian's Python, its headers and venv; PyTorch 1.13 (python3-torch: the same
@@ -53,7 +53,8 @@ segtape_install_pytest_deps() {
 
 # The Python package (python/): a virtual environment over Debian's Python
 # ($SEGTAPE_PYTHON_EXE, by default /usr/bin/python3, whose site packages hold python3-torch) in
-# $SEGTAPE_BUILD/python, nanobind, scikit-build-core and safetensors from PyPI,
+# $SEGTAPE_BUILD/python, nanobind, scikit-build-core, safetensors and tensorboard
+# (its event-file reader checks `segtape train --log-dir`) from PyPI,
 # then `pip install ./python` with its CMake build kept in
 # $SEGTAPE_BUILD/python-pkg (so a rerun rebuilds only what changed), then pytest
 # over python/tests (the notebook included). Extra arguments go to pip's
@@ -65,8 +66,8 @@ segtape_python_install() {  # VENV PKG_BUILD_DIR [config settings...]
   if [[ ! -x "$venv/bin/python" ]]; then
     "$SEGTAPE_PYTHON_EXE" -m venv --system-site-packages "$venv" || return 1
   fi
-  "$venv/bin/python" -c "import nanobind, scikit_build_core, safetensors" 2>/dev/null ||
-    "$venv/bin/python" -m pip install -q nanobind scikit-build-core safetensors || return 1
+  "$venv/bin/python" -c "import nanobind, scikit_build_core, safetensors, tensorboard" 2>/dev/null ||
+    "$venv/bin/python" -m pip install -q nanobind scikit-build-core safetensors tensorboard || return 1
   local settings=(--config-settings=build-dir="$pkg") s
   for s in "$@"; do settings+=(--config-settings="$s"); done
   CMAKE_BUILD_PARALLEL_LEVEL=$SEGTAPE_JOBS "$venv/bin/python" -m pip install -q --no-build-isolation --force-reinstall \
@@ -77,8 +78,8 @@ segtape_python_tests() {
   segtape_python_install "$venv" "$SEGTAPE_BUILD/python-pkg" || return 1
   # Run from the tests folder, so that `import segtape` is the installed package, not python/segtape.
   (cd "$SEGTAPE_ROOT/python/tests" &&
-    SEGTAPE_README_CURVE=$SEGTAPE_BUILD/tests/readme_curve OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider -p no:hypothesispytest "$@" .)
+    SEGTAPE_README_CURVE=$SEGTAPE_BUILD/tests/readme_curve SEGTAPE_CLI=$SEGTAPE_BUILD/agent/segtape \
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider -p no:hypothesispytest "$@" .)
 }
 # The same tests that load no LibTorch, with the extension and the C++ library
 # built with ASan + UBSan (Python itself is not instrumented: libasan is
