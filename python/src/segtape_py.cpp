@@ -18,6 +18,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
 #include <cmath>
@@ -30,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "segtape/agent/env.h"
 #include "segtape/agent/retention.h"
 #include "segtape/agent/trainer.h"
 #include "segtape/emulation.h"
@@ -299,6 +301,61 @@ nb::list named(const std::vector<nn::NamedTensor>& v) {
   for (const auto& [name, t] : v) l.append(nb::make_tuple(name, wrap(t)));
   return l;
 }
+
+// ---------------------------------------------------------------- envs from Python
+
+// An agent::Env whose streams live in Python (segtape.gym: a Gymnasium vector
+// env). `py` has observe() -> float32 [B, obs_dim] or int64 [B] tokens, and
+// step(int64 actions [B]) -> (float32 reward [B], uint8 done [B], uint8
+// success [B]); success counts, for the ended streams, into score().
+// make_env wraps it in the contract checks like any env. Its state is in
+// Python, so a checkpoint cannot restore it (segtape.gym keeps none).
+class PyEnv final : public agent::Env {
+ public:
+  PyEnv(nb::object py, agent::EnvSpec spec, int64_t batch, uint64_t seed)
+      : Env(batch, seed), py_(std::move(py)), spec_(std::move(spec)) {}
+  const agent::EnvSpec& spec() const override { return spec_; }
+  void observe(std::span<int64_t> tokens, std::span<float> vectors) const override {
+    nb::gil_scoped_acquire gil;
+    nb::object o = py_.attr("observe")();
+    if (spec_.vocab > 0) {
+      auto a = nb::cast<HostArray<int64_t>>(o);
+      copy_exact(a, tokens, "observe() tokens");
+    } else {
+      auto a = nb::cast<HostArray<float>>(o);
+      copy_exact(a, vectors, "observe() vectors");
+    }
+  }
+  void step(std::span<const int64_t> actions, std::span<float> reward, std::span<uint8_t> done) override {
+    nb::gil_scoped_acquire gil;
+    size_t shape[1] = {actions.size()};
+    nb::ndarray<nb::numpy, const int64_t> acts(actions.data(), 1, shape, nb::handle());
+    nb::tuple r = nb::cast<nb::tuple>(py_.attr("step")(acts));
+    if (r.size() != 3) throw agent::EnvContractError("env '" + spec_.name + "': step() must return (reward, done, success)");
+    copy_exact(nb::cast<HostArray<float>>(r[0]), reward, "step() reward");
+    copy_exact(nb::cast<HostArray<uint8_t>>(r[1]), done, "step() done");
+    auto success = nb::cast<HostArray<uint8_t>>(r[2]);
+    if (success.size() != done.size()) throw agent::EnvContractError("env '" + spec_.name + "': step() success has the wrong size");
+    for (size_t b = 0; b < done.size(); ++b)
+      if (done[b]) ++score_den_, score_num_ += success.data()[b] ? 1 : 0;
+  }
+
+ protected:
+  std::vector<int64_t>& state_ints() override { return none_; }
+  bool valid_state(std::span<const int64_t> ints) const override { return ints.empty(); }
+
+ private:
+  template <class T>
+  void copy_exact(const HostArray<T>& a, std::span<T> out, const char* what) const {
+    if (a.size() != out.size())
+      throw agent::EnvContractError("env '" + spec_.name + "': " + what + " has " + std::to_string(a.size()) +
+                                    " values, expected " + std::to_string(out.size()));
+    std::copy_n(a.data(), out.size(), out.begin());
+  }
+  nb::object py_;
+  agent::EnvSpec spec_;
+  std::vector<int64_t> none_;
+};
 
 }  // namespace
 
@@ -724,4 +781,85 @@ NB_MODULE(_segtape, m) {
   }, "config"_a, "cases"_a, "measure_anomaly"_a = false);
   lab.def("tape_dot", [](const std::string& c, const rt::LabConfig& cfg) { return rt::tape_dot(rt::parse_case(c, cfg), cfg); },
           "case"_a, "config"_a);
+
+  // ------------------------------------------------------------ agent (segtape.gym)
+  nb::module_ ag = m.def_submodule("agent", "the agent's C++ side: envs from Python, the Trainer");
+  // Registers a Python env factory under `name`: factory(batch, seed) returns
+  // an object with observe() and step() (PyEnv above).
+  // The factory stays in Python (segtape.gym._factories[name]): the C++
+  // registry outlives the interpreter and must hold no Python object.
+  ag.def("register_python_env", [](const std::string& name, int64_t obs_dim, int64_t vocab, int64_t num_actions,
+                                   const std::string& measure) {
+    agent::EnvSpec spec{.name = name, .vocab = vocab, .obs_dim = obs_dim, .num_actions = num_actions,
+                        .supervised = false, .measure = measure};
+    agent::register_env(name, [spec](int64_t batch, uint64_t seed, const agent::EnvOptions&) {
+      nb::gil_scoped_acquire gil;
+      nb::object factory = nb::module_::import_("segtape.gym").attr("_factories")[spec.name.c_str()];
+      return std::unique_ptr<agent::Env>(new PyEnv(factory(batch, seed), spec, batch, seed));
+    });
+  }, "name"_a, "obs_dim"_a, "vocab"_a, "num_actions"_a, "measure"_a = "success");
+  ag.def("env_names", &agent::env_names);
+  // A built-in env, stepped from Python (segtape.gym exposes it as a Gymnasium env).
+  nb::class_<agent::Env>(ag, "Env")
+      .def_prop_ro("name", [](const agent::Env& e) { return e.spec().name; })
+      .def_prop_ro("vocab", [](const agent::Env& e) { return e.spec().vocab; })
+      .def_prop_ro("obs_dim", [](const agent::Env& e) { return e.spec().obs_dim; })
+      .def_prop_ro("num_actions", [](const agent::Env& e) { return e.spec().num_actions; })
+      .def_prop_ro("supervised", [](const agent::Env& e) { return e.spec().supervised; })
+      .def_prop_ro("batch", &agent::Env::batch)
+      .def("observe", [](const agent::Env& e) {
+        const auto& sp = e.spec();
+        std::vector<int64_t> tokens(size_t(e.batch()));
+        std::vector<float> vectors(size_t(e.batch() * std::max<int64_t>(sp.obs_dim, 0)));
+        e.observe(tokens, vectors);
+        return std::make_pair(tokens, vectors);
+      })
+      .def("step", [](agent::Env& e, const std::vector<int64_t>& actions) {
+        std::vector<float> reward(size_t(e.batch()));
+        std::vector<uint8_t> done(size_t(e.batch()));
+        if (actions.size() != size_t(e.batch()))
+          throw ShapeError("env.step: " + std::to_string(actions.size()) + " actions for " + std::to_string(e.batch()) + " streams");
+        e.step(actions, reward, done);
+        return std::make_pair(reward, std::vector<int>(done.begin(), done.end()));
+      })
+      .def("score", &agent::Env::score);
+  ag.def("make_env", [](const std::string& name, int64_t batch, uint64_t seed, int64_t lag, int64_t vocab, int64_t corridor) {
+    agent::EnvOptions o;
+    o.lag = lag, o.vocab = vocab, o.corridor = corridor;
+    return agent::make_env(name, batch, seed, o);
+  }, "name"_a, "batch"_a, "seed"_a, "lag"_a = 8, "vocab"_a = 4, "corridor"_a = 10);
+
+  nb::class_<agent::TrainConfig>(ag, "TrainConfig")
+      .def(nb::init<>())
+      .def_rw("env", &agent::TrainConfig::env)
+      .def_prop_rw("history", [](const agent::TrainConfig& c) { return c.history.str(); },
+                   [](agent::TrainConfig& c, const std::string& h) { c.history = agent::History::parse(h); })
+      .def_rw("steps", &agent::TrainConfig::steps)
+      .def_rw("batch", &agent::TrainConfig::batch)
+      .def_rw("hidden", &agent::TrainConfig::hidden)
+      .def_rw("embed", &agent::TrainConfig::embed)
+      .def_rw("lr", &agent::TrainConfig::lr)
+      .def_rw("clip", &agent::TrainConfig::clip)
+      .def_rw("seed", &agent::TrainConfig::seed)
+      .def_rw("device", &agent::TrainConfig::device)
+      .def_rw("budget", &agent::TrainConfig::budget)
+      .def_rw("gamma", &agent::TrainConfig::gamma)
+      .def_rw("entropy", &agent::TrainConfig::entropy)
+      .def_rw("value_coef", &agent::TrainConfig::value_coef)
+      .def("validate", &agent::TrainConfig::validate);
+  nb::class_<agent::Trainer>(ag, "Trainer")
+      .def(nb::init<const agent::TrainConfig&>())
+      .def("run_segment", [](agent::Trainer& t) {
+        const agent::SegmentResult r = t.run_segment();
+        return dict_of({{"steps", nb::cast(r.steps)}, {"loss_sum", nb::cast(r.loss_sum)}, {"loss_steps", nb::cast(r.loss_steps)},
+                        {"return_sum", nb::cast(r.return_sum)}, {"episodes", nb::cast(r.episodes)},
+                        {"segment_peak", nb::cast(t.tape().stats().last_segment_peak)}});
+      })
+      .def("done", &agent::Trainer::done)
+      .def_prop_ro("step", &agent::Trainer::step)
+      .def("score", [](agent::Trainer& t) { return t.env().score(); })
+      .def("reset_score", [](agent::Trainer& t) { t.env().reset_score(); })
+      .def("evaluate", &agent::Trainer::evaluate, "steps"_a, "seed"_a)
+      .def("save", [](const agent::Trainer& t, const std::string& path) { t.save(path); })
+      .def_prop_ro("parameter_count", [](agent::Trainer& t) { return t.policy().parameter_count(); });
 }

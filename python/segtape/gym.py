@@ -1,0 +1,292 @@
+"""segtape.gym: Gymnasium environments and segtape's recurrent agent.
+
+train(env) trains the agent's GRU policy (the C++ Trainer of `segtape train`:
+encoder, GRUCell, policy and value heads; advantage actor-critic, n-step
+returns within a segment, truncated BPTT with the state carried across
+segments, each stream's state reset when its episode ends) on any Gymnasium
+environment with a discrete action space and a Box (1-D) or Discrete
+observation. The B streams are a gymnasium.vector.SyncVectorEnv; the Trainer
+steps them through the agent's Env contract, checked on every call (a broken
+contract is a segtape.Error naming the env and the step). PPO is not built
+yet (docs/python.md says what exists).
+
+The other way round, SegtapeEnv is one of segtape's built-in RL memory
+tasks (tmaze, or an env of your own registered in C++) as a gymnasium.Env;
+register_gymnasium_envs() registers "segtape/TMaze-v0".
+"""
+import itertools
+import re
+
+import numpy as np
+
+from . import Error
+from . import _segtape
+
+_A = _segtape.agent
+
+# Python env factories by registered name; the C++ registry keeps only names.
+_factories = {}
+_serial = itertools.count()
+
+
+def _gymnasium():
+    try:
+        import gymnasium
+    except ImportError:
+        raise ImportError("segtape.gym needs gymnasium (pip install gymnasium)") from None
+    return gymnasium
+
+
+class _RunningNorm:
+    """Observation normalisation as Stable-Baselines3's VecNormalize does it:
+    (obs - mean) / sqrt(var + 1e-8), clipped to [-10, 10], with the mean and
+    variance of every observation seen so far (Chan et al.'s parallel update).
+    One per training run, shared by its training and evaluation streams."""
+
+    def __init__(self, dim):
+        self.mean, self.var, self.count = np.zeros(dim), np.ones(dim), 1e-4
+
+    def __call__(self, obs):
+        batch_mean, batch_var, n = obs.mean(0), obs.var(0), obs.shape[0]
+        delta, total = batch_mean - self.mean, self.count + n
+        self.mean = self.mean + delta * n / total
+        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
+        self.count = total
+        return np.clip((obs - self.mean) / np.sqrt(self.var + 1e-8), -10, 10)
+
+
+class _Streams:
+    """B episode streams of a Gymnasium env under the agent's Env contract:
+    an ended episode restarts by itself (autoreset in the same step), its
+    return is recorded, and success(return, truncated) says whether it counts
+    as a success in the trainer's score."""
+
+    def __init__(self, make, batch, seed, success, tokens, norm=None):
+        gym = _gymnasium()
+        self.norm = norm
+        self.envs = gym.vector.SyncVectorEnv([make] * batch, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        self.batch, self.success, self.tokens = batch, success, tokens
+        self.returns = np.zeros(batch)
+        self.episode_returns = [[] for _ in range(batch)]  # per stream, in order
+        obs, _ = self.envs.reset(seed=int(seed % (2**31 - 1)))
+        self._set(obs)
+
+    def _set(self, obs):
+        if self.tokens:
+            self.obs = np.ascontiguousarray(obs, dtype=np.int64).reshape(self.batch)
+        else:
+            obs = np.asarray(obs, dtype=np.float64).reshape(self.batch, -1)
+            self.obs = np.ascontiguousarray(self.norm(obs) if self.norm else obs, dtype=np.float32)
+
+    def observe(self):
+        return self.obs
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, _ = self.envs.step(np.array(actions, dtype=np.int64))
+        done = np.logical_or(terminated, truncated)
+        self.returns += reward
+        success = np.zeros(self.batch, dtype=np.uint8)
+        for b in np.flatnonzero(done):
+            success[b] = bool(self.success(float(self.returns[b]), bool(truncated[b])))
+            self.episode_returns[b].append(float(self.returns[b]))
+            self.returns[b] = 0.0
+        self._set(obs)
+        return np.asarray(reward, dtype=np.float32), done.astype(np.uint8), success
+
+    def close(self):
+        self.envs.close()
+
+
+def _maker(env):
+    """(a function making one gymnasium.Env, a label) from an id or a callable."""
+    gym = _gymnasium()
+    if isinstance(env, str):
+        return (lambda: gym.make(env)), env
+    if callable(env):
+        return env, getattr(env, "__name__", "env")
+    raise Error(f"segtape.gym: env must be a Gymnasium id or a function returning a gymnasium.Env, got {type(env).__name__}")
+
+
+def _spaces(make, label):
+    gym = _gymnasium()
+    probe = make()
+    try:
+        obs, act = probe.observation_space, probe.action_space
+    finally:
+        probe.close()
+    if not isinstance(act, gym.spaces.Discrete):
+        raise Error(f"env '{label}': the action space must be Discrete, got {act}")
+    if isinstance(obs, gym.spaces.Discrete):
+        return 0, int(obs.n), int(act.n)
+    if isinstance(obs, gym.spaces.Box) and len(obs.shape) == 1:
+        return int(obs.shape[0]), 0, int(act.n)
+    raise Error(f"env '{label}': the observation space must be Discrete or a 1-D Box, got {obs}")
+
+
+class TrainResult:
+    """A finished (or stopped) training run: rows of metrics, and evaluate()."""
+
+    def __init__(self, trainer, rows, name, label):
+        self.trainer, self.rows, self.name, self.label = trainer, rows, name, label
+
+    def evaluate(self, episodes=100, seed=12345, max_steps=1_000_000):
+        """Greedy evaluation on fresh episodes (new streams seeded `seed`):
+        {"episodes", "mean_return", "returns", "steps"}. Each of the B streams
+        contributes its first ceil(episodes / B) episodes (taken in turn, up
+        to `episodes`), so long episodes are not under-counted; the streams
+        run until each has finished that many (at most max_steps steps)."""
+        made = []
+        factory = _factories[self.name]
+
+        def recording(batch, s):
+            streams = factory(batch, s)
+            made.append(streams)
+            return streams
+
+        _factories[self.name] = recording
+        try:
+            steps = 256
+            while True:
+                made.clear()
+                self.trainer.evaluate(steps, seed)
+                per_stream = made[-1].episode_returns
+                made[-1].close()
+                quota = -(-episodes // len(per_stream))
+                if min(len(r) for r in per_stream) >= quota or steps >= max_steps:
+                    break
+                steps *= 2
+        finally:
+            _factories[self.name] = factory
+        got = [r[i] for i in range(quota) for r in per_stream if i < len(r)][:episodes]
+        return {"episodes": len(got), "mean_return": float(np.mean(got)) if got else float("nan"),
+                "returns": got, "steps": steps}
+
+    def __repr__(self):
+        last = self.rows[-1] if self.rows else {}
+        return f"<segtape.gym.TrainResult {self.label}: {self.trainer.step} steps, last row {last}>"
+
+
+def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, lr=3e-3, history="tbptt:32", gamma=0.99,
+          entropy=0.01, value_coef=0.5, clip=1.0, seed=1, algo="a2c", success=None, normalize_obs=True,
+          log_every=None, callback=None):
+    """Trains segtape's recurrent agent on a Gymnasium env; returns a TrainResult.
+
+    env: a Gymnasium id ("CartPole-v1") or a function returning a
+    gymnasium.Env (e.g. masked_cartpole). steps: env steps (each over all B
+    streams). success(episode_return, truncated) -> bool decides what the
+    trainer's score counts (default: the episode ended by its time limit,
+    truncated, rather than by failing). algo: "a2c" (PPO is not built yet).
+    normalize_obs: Box observations are normalised by their running mean and
+    variance (as SB3's VecNormalize; the statistics are the run's, shared by
+    evaluate()).
+    log_every (default steps // 20) rows: step, loss, mean return of the
+    episodes that ended in the interval, success rate, segment peak bytes;
+    callback(row) is called with each.
+    """
+    if algo != "a2c":
+        raise Error(f"segtape.gym.train: algo '{algo}' is not built yet; 'a2c' is (the agent's actor-critic)")
+    make, label = _maker(env)
+    obs_dim, vocab, actions = _spaces(make, label)
+    tokens = vocab > 0
+    succeed = success or (lambda ret, truncated: truncated)
+    name = "gym." + re.sub(r"[^A-Za-z0-9_.-]", "_", label) + "." + str(next(_serial))
+    norm = _RunningNorm(obs_dim) if normalize_obs and not tokens else None
+    _factories[name] = lambda b, s: _Streams(make, b, s, succeed, tokens, norm)
+    _A.register_python_env(name, obs_dim, vocab, actions, "success")
+    c = _A.TrainConfig()
+    c.env, c.history, c.steps, c.batch, c.hidden, c.embed = name, history, int(steps), int(batch), int(hidden), int(embed)
+    c.lr, c.gamma, c.entropy, c.value_coef, c.clip, c.seed = lr, gamma, entropy, value_coef, clip, int(seed)
+    c.validate()
+    trainer = _A.Trainer(c)
+    every = log_every or max(1, int(steps) // 20)
+    rows, acc = [], {"steps": 0, "loss_sum": 0.0, "loss_steps": 0, "return_sum": 0.0, "episodes": 0, "peak": 0}
+    next_row = every
+    while not trainer.done():
+        r = trainer.run_segment()
+        for k in ("steps", "loss_sum", "loss_steps", "return_sum", "episodes"):
+            acc[k] += r[k]
+        acc["peak"] = max(acc["peak"], r["segment_peak"])
+        if trainer.step >= next_row or trainer.done():
+            row = {"step": trainer.step,
+                   "loss": acc["loss_sum"] / acc["loss_steps"] if acc["loss_steps"] else float("nan"),
+                   "episode_return": acc["return_sum"] / acc["episodes"] if acc["episodes"] else float("nan"),
+                   "success": trainer.score(), "segment_peak_bytes": acc["peak"]}
+            rows.append(row)
+            if callback:
+                callback(row)
+            trainer.reset_score()
+            acc = dict.fromkeys(acc, 0)
+            acc["loss_sum"] = acc["return_sum"] = 0.0
+            next_row += every
+    return TrainResult(trainer, rows, name, label)
+
+
+def masked_cartpole(max_episode_steps=500):
+    """CartPole-v1 with the two velocities hidden (observation [x, 0, theta, 0]):
+    a POMDP that only a policy with memory can balance."""
+    gym = _gymnasium()
+
+    class MaskVelocity(gym.ObservationWrapper):
+        def __init__(self, env):
+            super().__init__(env)
+            self.mask = np.array([1, 0, 1, 0], dtype=np.float32)
+
+        def observation(self, observation):
+            return (observation * self.mask).astype(np.float32)
+
+    return MaskVelocity(gym.make("CartPole-v1", max_episode_steps=max_episode_steps))
+
+
+def _make_segtape_env_class():
+    gym = _gymnasium()
+
+    class SegtapeEnv(gym.Env):
+        """One of segtape's built-in envs (recall, tmaze, dialogue, or a
+        registered one) as a single-stream gymnasium.Env. Episodes restart by
+        themselves inside segtape; here `terminated` is segtape's done, and
+        the next reset() continues with the restarted episode."""
+
+        metadata = {"render_modes": []}
+
+        def __init__(self, name="tmaze", lag=8, vocab=4, corridor=10, seed=0):
+            self._args = dict(name=name, lag=lag, vocab=vocab, corridor=corridor)
+            self._env = _A.make_env(batch=1, seed=seed, **self._args)
+            if self._env.supervised:
+                raise Error(f"SegtapeEnv: env '{name}' is supervised (targets, no rewards); use an RL env such as tmaze")
+            self.action_space = gym.spaces.Discrete(self._env.num_actions)
+            if self._env.vocab > 0:
+                self.observation_space = gym.spaces.Discrete(self._env.vocab)
+            else:
+                self.observation_space = gym.spaces.Box(-np.inf, np.inf, (self._env.obs_dim,), np.float32)
+
+        def _obs(self):
+            tokens, vectors = self._env.observe()
+            return int(tokens[0]) if self._env.vocab > 0 else np.asarray(vectors, dtype=np.float32)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            if seed is not None:
+                self._env = _A.make_env(batch=1, seed=int(seed), **self._args)
+            return self._obs(), {}
+
+        def step(self, action):
+            reward, done = self._env.step([int(action)])
+            return self._obs(), float(reward[0]), bool(done[0]), False, {}
+
+    return SegtapeEnv
+
+
+def __getattr__(name):  # SegtapeEnv is made on first use: Gymnasium is optional
+    if name == "SegtapeEnv":
+        cls = _make_segtape_env_class()
+        globals()["SegtapeEnv"] = cls
+        return cls
+    raise AttributeError(f"module 'segtape.gym' has no attribute '{name}'")
+
+
+def register_gymnasium_envs():
+    """Registers segtape/TMaze-v0 with Gymnasium (idempotent)."""
+    gym = _gymnasium()
+    for env_id, kwargs in (("segtape/TMaze-v0", {"name": "tmaze"}),):
+        if env_id not in gym.registry:
+            gym.register(env_id, entry_point="segtape.gym:SegtapeEnv", kwargs=kwargs)

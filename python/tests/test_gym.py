@@ -1,0 +1,61 @@
+"""segtape.gym: the agent's Trainer on Gymnasium envs, and segtape's tmaze as
+a Gymnasium env. Small runs; the figures of longer ones are in docs/python.md."""
+import numpy as np
+import pytest
+
+import segtape
+
+gymnasium = pytest.importorskip("gymnasium")
+import segtape.gym as sg  # noqa: E402
+
+sg.register_gymnasium_envs()
+
+
+def test_segtape_tmaze_is_a_valid_gymnasium_env():
+    from gymnasium.utils.env_checker import check_env
+    env = gymnasium.make("segtape/TMaze-v0", corridor=4)
+    check_env(env.unwrapped, skip_render_check=True)
+    obs, _ = env.reset(seed=3)
+    assert obs in (0, 1)  # the cue
+
+
+def test_tmaze_through_gymnasium_is_learned():
+    """segtape's own tmaze (corridor 10), stepped through gymnasium.vector and
+    the Env contract, learned by the Trainer's actor-critic."""
+    res = sg.train("segtape/TMaze-v0", steps=6000, batch=16, hidden=32, gamma=0.9, lr=3e-3, seed=1,
+                   success=lambda ret, truncated: ret > 0)
+    assert res.rows[0]["episode_return"] < 0.5  # chance is 0
+    ev = res.evaluate(episodes=100)
+    assert ev["episodes"] == 100 and ev["mean_return"] >= 0.9
+    assert len({r["segment_peak_bytes"] for r in res.rows}) == 1  # every segment's peak to the byte
+
+
+def test_cartpole_is_learned():
+    res = sg.train("CartPole-v1", steps=40000, batch=8, hidden=64, gamma=0.99, lr=3e-3, seed=1)
+    ev = res.evaluate(episodes=20)
+    assert ev["mean_return"] >= 195, ev  # CartPole-v0's "solved"
+
+
+def test_a_broken_env_is_refused_naming_the_env_and_the_step():
+    class Broken(gymnasium.Env):
+        observation_space = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
+        action_space = gymnasium.spaces.Discrete(2)
+        t = 0
+
+        def reset(self, *, seed=None, options=None):
+            self.t = 0
+            return np.zeros(3, np.float32), {}
+
+        def step(self, action):
+            self.t += 1
+            return np.zeros(3, np.float32), (float("nan") if self.t == 5 else 1.0), False, False, {}
+
+    with pytest.raises(segtape.Error, match=r"env 'gym\.Broken\.\d+', step 5: .*reward"):
+        sg.train(Broken, steps=64, batch=2, hidden=8)
+
+
+def test_unsupported_spaces_and_algorithms_are_errors():
+    with pytest.raises(segtape.Error, match="action space must be Discrete"):
+        sg.train("Pendulum-v1", steps=32)
+    with pytest.raises(segtape.Error, match="not built yet"):
+        sg.train("CartPole-v1", steps=32, algo="ppo")
