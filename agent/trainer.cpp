@@ -144,6 +144,8 @@ void TrainConfig::validate() const {
   need(env_options.turns >= 2 && env_options.turns <= 100000, "--turns must be in [2, 100000]");
   need(env_options.cities >= 1 && env_options.cities <= 10000, "--cities must be in [1, 10000]");
   need(gamma >= 0 && gamma <= 1, "--gamma must be in [0, 1]");
+  need(std::isfinite(entropy) && entropy >= 0, "--entropy must be a finite number >= 0");
+  need(std::isfinite(value_coef) && value_coef >= 0, "value_coef must be a finite number >= 0");
   need(history.kind != History::Kind::Window || history.window <= 64, "--history window:N needs N <= 64");
   need(history.kind != History::Kind::Exact || history.horizon >= history.k,
        "--history exact:K/T needs T >= K (a window holds at least one segment)");
@@ -666,26 +668,37 @@ double Trainer::evaluate(int64_t steps, uint64_t seed) {
   h_ = h0;
   const std::vector<float> zeros(window_keep_.size(), 0.0f);
   for (const Tensor& w : window_) w.from_host(std::span<const float>(zeros));
+  // Puts the training state back, also when the evaluation's env throws
+  // (an env of Python's, say): the trainer stays usable.
+  auto restore = [&] {
+    env_ = std::move(keep_env);
+    h_ = h_home_;
+    window_pos_ = keep_pos;
+    for (size_t i = 0; i < window_.size(); ++i) window_[i].from_host(std::span<const float>(keep_window[i]));
+  };
   const int64_t B = config_.batch, A = env_->spec().num_actions;
   const int64_t K = std::max<int64_t>(config_.history.k, 32);
-  for (int64_t done_steps = 0; done_steps < steps;) {
-    Segment seg = tape_->segment();
-    NoGradGuard ng(*tape_);
-    for (int64_t i = 0; i < K && done_steps < steps; ++i, ++done_steps) {
-      Tensor logits = policy_->logits(feature(policy_->encode(observe_tensor())));
-      logits.to_host(std::span<float>(host_rows_));
-      for (int64_t b = 0; b < B; ++b) actions_[size_t(b)] = argmax_row(host_rows_.data() + b * A, A);
-      env_->step(actions_, rewards_, done_);
-      reset_finished_streams();
+  double score = 0;
+  try {
+    for (int64_t done_steps = 0; done_steps < steps;) {
+      Segment seg = tape_->segment();
+      NoGradGuard ng(*tape_);
+      for (int64_t i = 0; i < K && done_steps < steps; ++i, ++done_steps) {
+        Tensor logits = policy_->logits(feature(policy_->encode(observe_tensor())));
+        logits.to_host(std::span<float>(host_rows_));
+        for (int64_t b = 0; b < B; ++b) actions_[size_t(b)] = argmax_row(host_rows_.data() + b * A, A);
+        env_->step(actions_, rewards_, done_);
+        reset_finished_streams();
+      }
+      copy_into(h0, h_);
+      h_ = h0;
     }
-    copy_into(h0, h_);
-    h_ = h0;
+    score = env_->score();
+  } catch (...) {
+    restore();
+    throw;
   }
-  const double score = env_->score();
-  env_ = std::move(keep_env);
-  h_ = h_home_;
-  window_pos_ = keep_pos;
-  for (size_t i = 0; i < window_.size(); ++i) window_[i].from_host(std::span<const float>(keep_window[i]));
+  restore();
   return score;
 }
 

@@ -659,6 +659,7 @@ void Segment::end() {
 Tensor Tape::carry(const Tensor& x) {
   x.check_live("carry");
   if (!open_) throw TapeError("carry: no segment is open");
+  if (x.tape != this) throw TapeError("carry: " + x.describe() + " belongs to another tape");
   Tensor c = x;
   c.ptr = carry_[seg_index_ % 2].try_alloc(x.nbytes());
   if (!c.ptr)

@@ -24,23 +24,25 @@ std::string Device::str() const {
   return kind == Kind::CPU ? "cpu" : "cuda:" + std::to_string(index);
 }
 
-Shape::Shape(std::initializer_list<int64_t> d) {
-  if (d.size() > size_t(kMaxRank))
-    throw ShapeError("shape of rank " + std::to_string(d.size()) + ": segtape tensors have rank <= 4");
-  for (int64_t v : d) {
-    if (v < 0 || v > INT32_MAX) throw ShapeError("shape dimension " + std::to_string(v) + " out of range");
-    dims[rank++] = int32_t(v);
-  }
-}
+Shape::Shape(std::initializer_list<int64_t> d) { *this = of(std::span<const int64_t>(d.begin(), d.size())); }
 
 Shape Shape::of(std::span<const int64_t> d) {
   if (d.size() > size_t(kMaxRank))
     throw ShapeError("shape of rank " + std::to_string(d.size()) + ": segtape tensors have rank <= 4");
   Shape s;
+  // Every dimension fits an int32; the product of all must too be a byte
+  // count (8 bytes an element) that no size computation can overflow: at
+  // most 2^60 elements, counted without overflow (a zero dimension anywhere
+  // makes the product 0, but no prefix may pass the bound either).
+  constexpr unsigned __int128 kMaxElements = (unsigned __int128)1 << 60;
+  unsigned __int128 n = 1;
   for (int64_t v : d) {
     if (v < 0 || v > INT32_MAX) throw ShapeError("shape dimension " + std::to_string(v) + " out of range");
     s.dims[s.rank++] = int32_t(v);
+    n *= (unsigned __int128)v;
+    if (n > kMaxElements) n = kMaxElements + 1;
   }
+  if (n > kMaxElements) throw ShapeError("shape " + s.str() + ": more than 2^60 elements");
   return s;
 }
 

@@ -30,7 +30,16 @@ void Module::add_child(const std::string& name, Module& child) {
   check_name(name, "register_module");
   if (&child == this) throw Error("nn::Module::register_module: '" + name + "' is the module itself");
   if (child.tape_ != tape_) throw Error("nn::Module::register_module: '" + name + "' was made on another tape");
+  if (child.contains(this))
+    throw Error("nn::Module::register_module: '" + name + "' contains this module already (a cycle of modules)");
   children_.emplace_back(name, &child);
+}
+
+bool Module::contains(const Module* m) const {
+  if (m == this) return true;
+  for (const auto& [n, c] : children_)
+    if (c->contains(m)) return true;
+  return false;
 }
 
 void Module::collect(const std::string& prefix, std::vector<NamedTensor>& out) const {

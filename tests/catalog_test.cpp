@@ -170,7 +170,14 @@ TEST(Catalog, OpsRejectMismatchedShapesDtypesAndIndices) {
       {"concat along 0 of [2,3] and [4,5]", Kind::Shape, "concat", [&] { (void)concat({a, b}, 0); }},
       {"concat along axis 5", Kind::Shape, "concat", [&] { (void)concat({a, a}, 5); }},
       {"concat of nothing", Kind::Shape, "no tensors", [&] { (void)concat(std::span<const Tensor>(), 0); }},
-      {"slice past the end", Kind::Shape, "slice: range [2, 4)", [&] { (void)slice(a, 1, 2, 2); }},
+      {"concat past 2^31 - 1 along an axis", Kind::Shape, "more than a dimension can hold", [&] {
+         const Tensor z = tape.zeros({INT32_MAX, 0});
+         (void)concat({z, z}, 0);
+       }},
+      {"slice past the end", Kind::Shape, "slice: start 2, length 2 outside axis 1", [&] { (void)slice(a, 1, 2, 2); }},
+      {"slice whose end overflows int64", Kind::Shape, "slice: start 1", [&] { (void)slice(a, 1, 1, INT64_MAX); }},
+      {"a shape of 2^64 elements", Kind::Shape, "more than 2^60 elements", [&] { (void)Shape({65536, 65536, 65536, 65536}); }},
+      {"reshape to 2^64 elements", Kind::Shape, "more than 2^60", [&] { (void)reshape(a, {65536, 65536, 65536, 65536}); }},
       {"slice of axis 3 of a matrix", Kind::Shape, "axis 3", [&] { (void)slice(a, 3, 0, 1); }},
       {"slice of negative length", Kind::Shape, "slice", [&] { (void)slice(a, 1, 0, -1); }},
       {"reshape 6 elements as 7", Kind::Shape, "reshape: cannot view", [&] { (void)reshape(a, {7}); }},
@@ -309,6 +316,11 @@ TEST(Catalog, TapeMisuseLifetimesBudgetAndAnomalies) {
       {"ops on tensors of two tapes", Kind::Tape, "different tapes", [&] {
          Segment s = tape.segment();
          (void)add(w, foreign);
+       }},
+      {"carrying another tape's tensor", Kind::Tape, "belongs to another tape", [&] {
+         Segment s = tape.segment();
+         Segment o = other.segment();
+         (void)s.carry(tanh(foreign));
        }},
       {"backward of another tape's loss", Kind::Tape, "another tape", [&] {
          Segment s = tape.segment();

@@ -50,7 +50,13 @@ Tensor concat(std::span<const Tensor> parts, int axis) {
     if (!ok) ops::shape_error(op, "shapes differ outside axis " + std::to_string(ax), {&a, &p});
     total += p.dim(ax);
   }
+  if (total > INT32_MAX)
+    throw ShapeError("concat: " + std::to_string(parts.size()) + " parts of " + a.describe() + " make axis " +
+                     std::to_string(ax) + " " + std::to_string(total) + " long, more than a dimension can hold (2^31 - 1)");
   os.dims[ax] = int32_t(total);
+  unsigned __int128 elements = 1;  // Shape::of's bound of 2^60 elements, without its allocation-free check's copy
+  for (int i = 0; i < os.rank; ++i) elements = std::min<unsigned __int128>(elements * unsigned(os.dims[i]), ((unsigned __int128)1 << 60) + 1);
+  if (elements > ((unsigned __int128)1 << 60)) throw ShapeError("concat: the result " + os.str() + " has more than 2^60 elements");
   Node n = ops::node(OpKind::Concat, parts);
   n.ia[0] = ax;
   return ops::emit(t, n, os, op);
@@ -60,9 +66,9 @@ Tensor slice(const Tensor& a, int axis, int64_t start, int64_t length) {
   const char* op = "slice";
   Tape& t = ops::check(op, {&a});
   const int ax = ops::norm_axis(op, a, axis);
-  if (start < 0 || length < 0 || start + length > a.dim(ax))
-    throw ShapeError("slice: range [" + std::to_string(start) + ", " + std::to_string(start + length) +
-                     ") outside axis " + std::to_string(ax) + " of " + a.describe());
+  if (start < 0 || length < 0 || start > a.dim(ax) || length > a.dim(ax) - start)  // (no start + length: it may overflow)
+    throw ShapeError("slice: start " + std::to_string(start) + ", length " + std::to_string(length) +
+                     " outside axis " + std::to_string(ax) + " of " + a.describe());
   Shape os = a.shape;
   os.dims[ax] = int32_t(length);
   Node n = ops::node(OpKind::Slice, {a});

@@ -165,6 +165,23 @@ def _backward(self, loss=None, seeds=(), *, grad_output=None, retain_graph=False
 
 Segment.backward = _backward
 
+_NUMPY_DTYPES = {"float32": _np.float32, "float64": _np.float64, "int64": _np.int64}
+
+
+def _copy_(self, values):
+    """Overwrites the tensor's values with `values` (anything np.asarray
+    takes, converted to the tensor's dtype; the same shape), with no history,
+    as torch's `with no_grad(): t.copy_(...)`. In place: a tensor a segment
+    has saved for its backward must not be overwritten before that backward."""
+    a = _np.asarray(values, dtype=_NUMPY_DTYPES[self.dtype])
+    if a.shape != self.shape:
+        raise ShapeError(f"copy_(): an array of shape {list(a.shape)} into a tensor of shape {list(self.shape)}")
+    self._copy_(_np.ascontiguousarray(a))
+    return self
+
+
+Tensor.copy_ = _copy_
+
 
 def tanh(x):
     return x.tanh()

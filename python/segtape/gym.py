@@ -61,28 +61,45 @@ class _Streams:
     return is recorded, and success(return, truncated) says whether it counts
     as a success in the trainer's score."""
 
-    def __init__(self, make, batch, seed, success, tokens, norm=None):
+    def __init__(self, name, make, batch, seed, success, tokens, norm=None, obs_start=0, act_start=0, obs_dim=0):
         gym = _gymnasium()
-        self.norm = norm
+        self.name, self.norm, self.obs_start, self.act_start, self.obs_dim = name, norm, obs_start, act_start, obs_dim
+        self.steps = 0
         self.envs = gym.vector.SyncVectorEnv([make] * batch, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         self.batch, self.success, self.tokens = batch, success, tokens
         self.returns = np.zeros(batch)
         self.episode_returns = [[] for _ in range(batch)]  # per stream, in order
-        obs, _ = self.envs.reset(seed=int(seed % (2**31 - 1)))
+        obs, _ = self._call("reset", lambda: self.envs.reset(seed=int(seed % (2**31 - 1))))
         self._set(obs)
 
+    def _call(self, what, f):
+        """f(), with an env's own exception named as the Env contract names it."""
+        try:
+            return f()
+        except Error:
+            raise
+        except Exception as e:
+            raise Error(f"env '{self.name}', step {self.steps}: {what}() raised {type(e).__name__}: {e}") from e
+
     def _set(self, obs):
+        obs = np.asarray(obs)
+        want = (self.batch,) if self.tokens else (self.batch, self.obs_dim)
+        if obs.shape != want or (self.tokens and obs.dtype.kind not in "iu"):
+            raise Error(f"env '{self.name}', step {self.steps}: observations of shape {obs.shape} and dtype {obs.dtype}, "
+                        f"expected {want} {'integers' if self.tokens else 'numbers'} (the env's observation space)")
         if self.tokens:
-            self.obs = np.ascontiguousarray(obs, dtype=np.int64).reshape(self.batch)
+            self.obs = np.ascontiguousarray(obs - self.obs_start, dtype=np.int64)
         else:
-            obs = np.asarray(obs, dtype=np.float64).reshape(self.batch, -1)
+            obs = obs.astype(np.float64)
             self.obs = np.ascontiguousarray(self.norm(obs) if self.norm else obs, dtype=np.float32)
 
     def observe(self):
         return self.obs
 
     def step(self, actions):
-        obs, reward, terminated, truncated, _ = self.envs.step(np.array(actions, dtype=np.int64))
+        self.steps += 1
+        acts = np.array(actions, dtype=np.int64) + self.act_start
+        obs, reward, terminated, truncated, _ = self._call("step", lambda: self.envs.step(acts))
         done = np.logical_or(terminated, truncated)
         self.returns += reward
         success = np.zeros(self.batch, dtype=np.uint8)
@@ -116,10 +133,12 @@ def _spaces(make, label):
         probe.close()
     if not isinstance(act, gym.spaces.Discrete):
         raise Error(f"env '{label}': the action space must be Discrete, got {act}")
+    # (obs_dim, vocab, actions, first observation token, first action): Discrete
+    # spaces may start elsewhere than 0; the agent counts from 0.
     if isinstance(obs, gym.spaces.Discrete):
-        return 0, int(obs.n), int(act.n)
+        return 0, int(obs.n), int(act.n), int(obs.start), int(act.start)
     if isinstance(obs, gym.spaces.Box) and len(obs.shape) == 1:
-        return int(obs.shape[0]), 0, int(act.n)
+        return int(obs.shape[0]), 0, int(act.n), 0, int(act.start)
     raise Error(f"env '{label}': the observation space must be Discrete or a 1-D Box, got {obs}")
 
 
@@ -186,12 +205,12 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, lr=3e-3, history="
     if algo != "a2c":
         raise Error(f"segtape.gym.train: algo '{algo}' is not built yet; 'a2c' is (the agent's actor-critic)")
     make, label = _maker(env)
-    obs_dim, vocab, actions = _spaces(make, label)
+    obs_dim, vocab, actions, obs_start, act_start = _spaces(make, label)
     tokens = vocab > 0
     succeed = success or (lambda ret, truncated: truncated)
     name = "gym." + re.sub(r"[^A-Za-z0-9_.-]", "_", label) + "." + str(next(_serial))
     norm = _RunningNorm(obs_dim) if normalize_obs and not tokens else None
-    _factories[name] = lambda b, s: _Streams(make, b, s, succeed, tokens, norm)
+    _factories[name] = lambda b, s: _Streams(name, make, b, s, succeed, tokens, norm, obs_start, act_start, obs_dim)
     _A.register_python_env(name, obs_dim, vocab, actions, "success")
     c = _A.TrainConfig()
     c.env, c.history, c.steps, c.batch, c.hidden, c.embed = name, history, int(steps), int(batch), int(hidden), int(embed)

@@ -52,6 +52,7 @@ struct TapeBox {
   std::unique_ptr<Tape> tape;
   std::optional<Segment> open;  // the open segment, ended before the tape goes
   uint32_t open_index = 0;
+  int no_grad_depth = 0;  // no_grad() guards entered and not exited
 };
 using BoxPtr = std::shared_ptr<TapeBox>;
 
@@ -99,9 +100,19 @@ struct PyTape {
   Tape& tape() const { return *box->tape; }
 };
 
+// One Python object per segment (__enter__ returns the same object), which
+// ends the segment when it goes (as C++'s Segment does): a `tape.segment()`
+// whose object was dropped does not leave the tape locked.
 struct PySegment {
   BoxPtr box;
   uint32_t index = 0;
+  PySegment(BoxPtr b, uint32_t i) : box(std::move(b)), index(i) {}
+  PySegment(PySegment&& o) noexcept : box(std::move(o.box)), index(o.index) {}
+  PySegment(const PySegment&) = delete;
+  PySegment& operator=(const PySegment&) = delete;
+  ~PySegment() {
+    if (box && box->open && box->open_index == index) box->open.reset();
+  }
   Segment& get() const {
     if (!box->open || box->open_index != index)
       throw TapeError("segment " + std::to_string(index) + " has ended; open a new one with tape.segment()");
@@ -112,6 +123,7 @@ struct PySegment {
 struct PyNoGrad {
   BoxPtr box;
   std::optional<NoGradGuard> guard;
+  int depth = 0;  // box->no_grad_depth once entered: guards exit in reverse order
 };
 
 // ---------------------------------------------------------------- errors
@@ -228,9 +240,9 @@ std::string dtype_str(DType d) {
 
 template <class T>
 void copy_from(const PyTensor& p, const HostArray<T>& a) {
-  const Tensor& t = p.get();
-  if (!(shape_of(a) == t.shape))
-    throw ShapeError("copy_(): array of shape " + shape_of(a).str() + " into tensor " + t.describe());
+  const Tensor& t = p.get();  // (segtape's Tensor.copy_ checked the shape and made `a` contiguous, of t's dtype)
+  if (a.size() != size_t(t.numel()))
+    throw ShapeError("copy_(): " + std::to_string(a.size()) + " values into tensor " + t.describe());
   t.from_host(std::span<const T>(a.data(), a.size()));
 }
 
@@ -404,10 +416,9 @@ NB_MODULE(_segtape, m) {
       .def("numpy", &numpy_of, "A NumPy array with a copy of the values (valid after the segment ends).")
       .def("item", [](const PyTensor& p) { return p.get().item(); })
       .def("__float__", [](const PyTensor& p) { return p.get().item(); })
-      .def("copy_", &copy_from<float>, "values"_a.noconvert())
-      .def("copy_", &copy_from<double>, "values"_a.noconvert())
-      .def("copy_", &copy_from<int64_t>, "values"_a.noconvert(),
-           "Overwrites the values from an array of the same shape and dtype (no history).")
+      .def("_copy_", &copy_from<float>, "values"_a.noconvert())
+      .def("_copy_", &copy_from<double>, "values"_a.noconvert())
+      .def("_copy_", &copy_from<int64_t>, "values"_a.noconvert())
       .def("__repr__", [](const PyTensor& p) {
         if (!p.t.defined()) return std::string("segtape.Tensor(undefined)");
         if (!p.box || !p.box->tape) return "segtape.Tensor(" + std::string(dtype_name(p.t.dtype)) + p.t.shape.str() + ", tape gone)";
@@ -498,7 +509,7 @@ NB_MODULE(_segtape, m) {
       .def("segment", [](PyTape& t) {
         t.box->open.emplace(t.tape().segment());
         t.box->open_index = t.tape().segment_index();
-        return PySegment{t.box, t.box->open_index};
+        return PySegment(t.box, t.box->open_index);
       }, nb::keep_alive<0, 1>())
       .def("_from_f32", [](PyTape& t, const HostArray<float>& a, const std::vector<int64_t>& shape) {
         return wrap(t.tape().from(std::span<const float>(a.data(), a.size()), shape_of(shape)), t.box);
@@ -567,10 +578,16 @@ NB_MODULE(_segtape, m) {
         if (!g.box->tape) throw TapeError("no_grad(): the tape is gone");
         if (g.guard) throw TapeError("no_grad(): this guard is already entered");
         g.guard.emplace(*g.box->tape);
+        g.depth = ++g.box->no_grad_depth;
         return &g;
       }, nb::rv_policy::reference)
-      .def("__exit__", [](PyNoGrad& g, nb::handle, nb::handle, nb::handle) { g.guard.reset(); },
-           nb::arg().none(), nb::arg().none(), nb::arg().none());
+      .def("__exit__", [](PyNoGrad& g, nb::handle, nb::handle, nb::handle) {
+        if (!g.guard) throw TapeError("no_grad(): this guard was not entered");
+        if (g.depth != g.box->no_grad_depth)
+          throw TapeError("no_grad(): guards must be exited in the reverse order of entering (as `with` blocks are)");
+        g.guard.reset();
+        --g.box->no_grad_depth;
+      }, nb::arg().none(), nb::arg().none(), nb::arg().none());
 
   nb::class_<Explanation>(m, "Explanation", "Who holds the memory: the open segment's tape by op, step and node.")
       .def("report", &Explanation::report, "max_rows"_a = 8)
@@ -583,7 +600,7 @@ NB_MODULE(_segtape, m) {
 
   // ------------------------------------------------------------ Segment
   nb::class_<PySegment>(m, "Segment", "One segment of a tape: its tensors expire when it ends.")
-      .def("__enter__", [](PySegment& s) { return s; })
+      .def("__enter__", [](PySegment& s) -> PySegment& { return s; }, nb::rv_policy::reference)
       .def("__exit__", [](PySegment& s, nb::handle, nb::handle, nb::handle) {
         if (s.box->open && s.box->open_index == s.index) s.box->open.reset();
       }, nb::arg().none(), nb::arg().none(), nb::arg().none())

@@ -149,3 +149,70 @@ def test_bad_arguments_are_python_errors(tape):
             tape.zeros([2]).copy_(np.zeros(3, np.float32))
         with pytest.raises(TypeError):
             tape.zeros([2]) + "a"
+
+
+# ---- found by an adversarial review (each crashed, hung or misled before its fix)
+
+def test_carrying_another_tapes_tensor_is_refused():
+    t1, t2 = segtape.Tape(), segtape.Tape()
+    with t1.segment() as s1, t2.segment():
+        with pytest.raises(segtape.TapeError, match="belongs to another tape"):
+            s1.carry(t2.zeros([4]))
+
+
+def test_shapes_that_overflow_are_refused(tape):
+    with tape.segment():
+        with pytest.raises(segtape.ShapeError, match="2\\^60"):
+            tape.zeros([65536] * 4)
+        with pytest.raises(segtape.ShapeError, match="2\\^60"):
+            tape.tensor(np.zeros(0, np.float32)).reshape([65536] * 4)
+        x = tape.zeros([2, 3])
+        for start, length in ((1, 2**63 - 1), (2**63 - 1, 1), (2**62, 2**62)):
+            with pytest.raises(segtape.ShapeError, match="slice"):
+                segtape.slice(x, 1, start, length)
+        with pytest.raises(segtape.ShapeError, match="more than a dimension can hold"):
+            segtape.concat([tape.zeros([2**31 - 1, 0])] * 2)
+
+
+def test_a_cycle_of_modules_is_refused(tape):
+    class M(nn.Module):
+        pass
+
+    a, b = M(tape), M(tape)
+    a.b = b
+    with pytest.raises(segtape.Error, match="cycle"):
+        b.a = a
+
+
+def test_no_grad_guards_exit_in_order(tape):
+    g1, g2 = tape.no_grad(), tape.no_grad()
+    g1.__enter__()
+    g2.__enter__()
+    with pytest.raises(segtape.TapeError, match="reverse order"):
+        g1.__exit__(None, None, None)
+    g2.__exit__(None, None, None)
+    g1.__exit__(None, None, None)
+    w = tape.parameter([1])
+    with tape.segment() as seg:  # gradients are on again
+        seg.backward((w * w).sum())
+
+
+def test_a_dropped_segment_does_not_lock_the_tape(tape):
+    tape.segment()  # no `with`, object dropped: the segment ends with it
+    with tape.segment() as seg:
+        assert seg.open
+    s = tape.segment()
+    with s as entered:
+        assert entered is s  # one object per segment
+
+
+def test_copy_takes_any_array_like(tape):
+    p = tape.parameter([2, 3])
+    a = np.arange(6, dtype=np.float64).reshape(3, 2)
+    p.copy_(a.T)  # non-contiguous, float64 into float32
+    assert p.numpy().tolist() == a.T.tolist()
+    p.copy_([[1, 2, 3], [4, 5, 6]])
+    assert p.numpy()[1, 2] == 6
+    s = tape.parameter([])
+    s.copy_(2.5)
+    assert s.numpy() == 2.5

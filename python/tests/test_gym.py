@@ -59,3 +59,49 @@ def test_unsupported_spaces_and_algorithms_are_errors():
         sg.train("Pendulum-v1", steps=32)
     with pytest.raises(segtape.Error, match="not built yet"):
         sg.train("CartPole-v1", steps=32, algo="ppo")
+
+
+def test_discrete_spaces_that_do_not_start_at_zero():
+    """Actions and tokens are offset by the spaces' start (the agent counts from 0)."""
+    class Shifted(gymnasium.Env):
+        observation_space = gymnasium.spaces.Discrete(2, start=5)
+        action_space = gymnasium.spaces.Discrete(2, start=1)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.cue = int(self.np_random.integers(2))
+            return 5 + self.cue, {}
+
+        def step(self, action):
+            assert action in (1, 2), action
+            return 5 + self.cue, float(action - 1 == self.cue), True, False, {}
+
+    res = sg.train(Shifted, steps=3000, batch=8, hidden=16, gamma=0.0, lr=1e-2, seed=2)
+    assert res.evaluate(episodes=64)["mean_return"] >= 0.95
+
+
+def test_an_env_that_raises_is_named_and_the_trainer_stays_usable():
+    class Flaky(gymnasium.Env):
+        observation_space = gymnasium.spaces.Box(-1, 1, (2,), np.float32)
+        action_space = gymnasium.spaces.Discrete(2)
+        fail = False
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(2, np.float32), {}
+
+        def step(self, action):
+            if Flaky.fail:
+                raise ValueError("the simulator fell over")
+            return np.zeros(2, np.float32), 1.0, False, True, {}
+
+    res = sg.train(Flaky, steps=64, batch=2, hidden=8)
+    Flaky.fail = True
+    with pytest.raises(segtape.Error, match=r"env 'gym\.Flaky\.\d+', step 1: step\(\) raised ValueError: the simulator fell over"):
+        res.evaluate(episodes=2)
+    Flaky.fail = False
+    assert res.evaluate(episodes=2)["episodes"] == 2
+
+
+def test_non_finite_coefficients_are_refused():
+    with pytest.raises(segtape.Error, match="entropy"):
+        sg.train("CartPole-v1", steps=32, entropy=float("inf"))

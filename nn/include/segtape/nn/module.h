@@ -55,6 +55,7 @@ class Module {
 
  private:
   void add_child(const std::string& name, Module& child);
+  bool contains(const Module* m) const;  // m is this module or in its subtree
   void check_name(const std::string& name, const char* what) const;
   void collect(const std::string& prefix, std::vector<NamedTensor>& out) const;
 
