@@ -13,6 +13,7 @@ import time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import segtape.gym as sg  # noqa: E402
+from markdown_section import replace_section  # noqa: E402  (bench/, beside this script)
 
 
 def main():
@@ -49,14 +50,7 @@ def main():
                 f"**mean return {ev['mean_return']:.1f}** (500 is the time limit); largest segment peak "
                 f"{report['segment_peak_bytes']} bytes. Mean training return (sampled actions) "
                 f"by step: {curve}.")
-        begin, end = "<!-- gym-cartpole:begin -->", "<!-- gym-cartpole:end -->"
-        with open(a.out) as f:
-            doc = f.read()
-        b, e = doc.find(begin), doc.find(end)
-        if b < 0 or e < 0:
-            raise SystemExit(f"{a.out}: no {begin} ... {end} section")
-        with open(a.out, "w") as f:
-            f.write(doc[:b] + begin + "\n" + text + "\n" + doc[e:])
+        replace_section(a.out, "gym-cartpole", text)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=2)
