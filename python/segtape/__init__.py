@@ -183,56 +183,11 @@ def _copy_(self, values):
 Tensor.copy_ = _copy_
 
 
-def tanh(x):
-    return x.tanh()
-
-
-def sigmoid(x):
-    return x.sigmoid()
-
-
-def relu(x):
-    return x.relu()
-
-
-def exp(x):
-    return x.exp()
-
-
-def log(x):
-    return x.log()
-
-
-def softplus(x):
-    return x.softplus()
-
-
-def softmax(x):
-    return x.softmax()
-
-
-def log_softmax(x):
-    return x.log_softmax()
-
-
-def sum(x, axis=None):  # noqa: A001  (torch.sum's name)
-    return x.sum(axis)
-
-
-def mean(x, axis=None):
-    return x.mean(axis)
-
-
-def reshape(x, shape):
-    return x.reshape(list(shape))
-
-
-def transpose(x):
-    return x.t()
-
-
-def detach(x):
-    return x.detach()
+# The ops as functions: the Tensor methods themselves (segtape.tanh(x) is x.tanh()).
+tanh, sigmoid, relu, exp, log = Tensor.tanh, Tensor.sigmoid, Tensor.relu, Tensor.exp, Tensor.log
+softplus, softmax, log_softmax = Tensor.softplus, Tensor.softmax, Tensor.log_softmax
+sum, mean = Tensor.sum, Tensor.mean  # noqa: A001  (torch.sum's name); sum(x, axis=None)
+reshape, transpose, detach = Tensor.reshape, Tensor.t, Tensor.detach
 
 
 from . import nn  # noqa: E402,F401

@@ -189,19 +189,6 @@ void register_errors(nb::module_& m) {
 template <class T>
 using HostArray = nb::ndarray<const T, nb::c_contig, nb::device::cpu>;
 
-Shape shape_of(const std::vector<int64_t>& dims) {
-  if (dims.size() > size_t(Shape::kMaxRank))
-    throw ShapeError("a tensor has at most " + std::to_string(Shape::kMaxRank) + " dimensions, got " +
-                     std::to_string(dims.size()));
-  return Shape::of(dims);
-}
-template <class T>
-Shape shape_of(const HostArray<T>& a) {
-  std::vector<int64_t> d(a.ndim());
-  for (size_t i = 0; i < a.ndim(); ++i) d[i] = int64_t(a.shape(i));
-  return shape_of(d);
-}
-
 // A NumPy array with a copy of t's values (any device).
 template <class T>
 nb::object to_numpy(const Tensor& t) {
@@ -458,7 +445,7 @@ NB_MODULE(_segtape, m) {
       .def("mean", [](const PyTensor& a, std::optional<int> axis) {
         return wrap(axis ? segtape::mean(a.get(), *axis) : segtape::mean(a.get()), a.box);
       }, "axis"_a = nb::none())
-      .def("reshape", [](const PyTensor& a, const std::vector<int64_t>& s) { return wrap(reshape(a.get(), shape_of(s)), a.box); })
+      .def("reshape", [](const PyTensor& a, const std::vector<int64_t>& s) { return wrap(reshape(a.get(), Shape::of(s)), a.box); })
       .def("t", [](const PyTensor& a) { return apply(segtape::transpose, a); })
       .def_prop_ro("T", [](const PyTensor& a) { return apply(segtape::transpose, a); })
       .def("detach", [](const PyTensor& a) { return apply(segtape::detach, a); })
@@ -512,22 +499,22 @@ NB_MODULE(_segtape, m) {
         return PySegment(t.box, t.box->open_index);
       }, nb::keep_alive<0, 1>())
       .def("_from_f32", [](PyTape& t, const HostArray<float>& a, const std::vector<int64_t>& shape) {
-        return wrap(t.tape().from(std::span<const float>(a.data(), a.size()), shape_of(shape)), t.box);
+        return wrap(t.tape().from(std::span<const float>(a.data(), a.size()), Shape::of(shape)), t.box);
       }, "values"_a.noconvert(), "shape"_a)
       .def("_from_f64", [](PyTape& t, const HostArray<double>& a, const std::vector<int64_t>& shape) {
-        return wrap(t.tape().from(std::span<const double>(a.data(), a.size()), shape_of(shape)), t.box);
+        return wrap(t.tape().from(std::span<const double>(a.data(), a.size()), Shape::of(shape)), t.box);
       }, "values"_a.noconvert(), "shape"_a)
       .def("_from_i64", [](PyTape& t, const HostArray<int64_t>& a, const std::vector<int64_t>& shape) {
-        return wrap(t.tape().from(std::span<const int64_t>(a.data(), a.size()), shape_of(shape)), t.box);
+        return wrap(t.tape().from(std::span<const int64_t>(a.data(), a.size()), Shape::of(shape)), t.box);
       }, "values"_a.noconvert(), "shape"_a)
       .def("zeros", [](PyTape& t, const std::vector<int64_t>& s, const std::string& d) {
-        return wrap(t.tape().zeros(shape_of(s), dtype_from(d)), t.box);
+        return wrap(t.tape().zeros(Shape::of(s), dtype_from(d)), t.box);
       }, "shape"_a, "dtype"_a = "float32")
       .def("parameter", [](PyTape& t, const std::vector<int64_t>& s, const std::string& d) {
-        return wrap(t.tape().parameter(shape_of(s), dtype_from(d)), t.box);
+        return wrap(t.tape().parameter(Shape::of(s), dtype_from(d)), t.box);
       }, "shape"_a, "dtype"_a = "float32")
       .def("persistent", [](PyTape& t, const std::vector<int64_t>& s, const std::string& d) {
-        return wrap(t.tape().persistent(shape_of(s), dtype_from(d)), t.box);
+        return wrap(t.tape().persistent(Shape::of(s), dtype_from(d)), t.box);
       }, "shape"_a, "dtype"_a = "float32")
       .def("next_step", [](PyTape& t) { t.tape().next_step(); })
       .def_prop_ro("step", [](const PyTape& t) { return t.tape().step(); })
@@ -645,7 +632,7 @@ NB_MODULE(_segtape, m) {
         self.register_module(name, child);
       }, nb::keep_alive<1, 3>())
       .def("register_parameter", [](nn::Module& self, const std::string& name, const std::vector<int64_t>& shape) {
-        return wrap(self.register_parameter(name, shape_of(shape)));
+        return wrap(self.register_parameter(name, Shape::of(shape)));
       }, "name"_a, "shape"_a, "A zero-filled parameter of this module (fill it with .copy_(array)).")
       .def("named_parameters", [](const nn::Module& self) { return named(self.named_parameters()); })
       .def("parameters", [](const nn::Module& self) {

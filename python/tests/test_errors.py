@@ -143,7 +143,7 @@ def test_bad_arguments_are_python_errors(tape):
             tape.tensor(np.array(["a"]))
         with pytest.raises(segtape.ShapeError, match="reduction"):
             segtape.cross_entropy(tape.zeros([1, 2]), tape.tensor([0]), reduction="max")
-        with pytest.raises(segtape.ShapeError, match="at most 4"):
+        with pytest.raises(segtape.ShapeError, match="rank <= 4"):
             tape.zeros([1, 1, 1, 1, 1])
         with pytest.raises(segtape.ShapeError):
             tape.zeros([2]).copy_(np.zeros(3, np.float32))
