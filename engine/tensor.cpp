@@ -30,20 +30,21 @@ Shape Shape::of(std::span<const int64_t> d) {
   if (d.size() > size_t(kMaxRank))
     throw ShapeError("shape of rank " + std::to_string(d.size()) + ": segtape tensors have rank <= 4");
   Shape s;
-  // Every dimension fits an int32; the product of all must too be a byte
-  // count (8 bytes an element) that no size computation can overflow: at
-  // most 2^60 elements, counted without overflow (a zero dimension anywhere
-  // makes the product 0, but no prefix may pass the bound either).
-  constexpr unsigned __int128 kMaxElements = (unsigned __int128)1 << 60;
-  unsigned __int128 n = 1;
   for (int64_t v : d) {
     if (v < 0 || v > INT32_MAX) throw ShapeError("shape dimension " + std::to_string(v) + " out of range");
     s.dims[s.rank++] = int32_t(v);
-    n *= (unsigned __int128)v;
-    if (n > kMaxElements) n = kMaxElements + 1;
   }
-  if (n > kMaxElements) throw ShapeError("shape " + s.str() + ": more than 2^60 elements");
+  s.check_elements();
   return s;
+}
+
+void Shape::check_elements(const char* op) const {
+  // (no prefix of the product may pass the bound either: a zero dimension
+  // later would hide an overflow before it)
+  unsigned __int128 n = 1;
+  for (int i = 0; i < rank; ++i) n = std::min<unsigned __int128>(n * unsigned(dims[i]), kMaxElements + 1);
+  if (n > kMaxElements)
+    throw ShapeError((op ? std::string(op) + ": the result " : std::string("shape ")) + str() + " has more than 2^60 elements");
 }
 
 bool Shape::operator==(const Shape& o) const {

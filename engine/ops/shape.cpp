@@ -54,9 +54,7 @@ Tensor concat(std::span<const Tensor> parts, int axis) {
     throw ShapeError("concat: " + std::to_string(parts.size()) + " parts of " + a.describe() + " make axis " +
                      std::to_string(ax) + " " + std::to_string(total) + " long, more than a dimension can hold (2^31 - 1)");
   os.dims[ax] = int32_t(total);
-  unsigned __int128 elements = 1;  // Shape::of's bound of 2^60 elements, without its allocation-free check's copy
-  for (int i = 0; i < os.rank; ++i) elements = std::min<unsigned __int128>(elements * unsigned(os.dims[i]), ((unsigned __int128)1 << 60) + 1);
-  if (elements > ((unsigned __int128)1 << 60)) throw ShapeError("concat: the result " + os.str() + " has more than 2^60 elements");
+  os.check_elements(op);
   Node n = ops::node(OpKind::Concat, parts);
   n.ia[0] = ax;
   return ops::emit(t, n, os, op);

@@ -47,7 +47,12 @@ struct Shape {
 
   Shape() = default;
   Shape(std::initializer_list<int64_t> d);
-  static Shape of(std::span<const int64_t> d);
+  static Shape of(std::span<const int64_t> d);  // checks each dimension and check_elements()
+  static constexpr int64_t kMaxElements = int64_t(1) << 60;
+  // Throws ShapeError (starting with `op` when given) when the dimensions'
+  // product, counted without overflow, exceeds kMaxElements: every byte count
+  // of such a tensor fits an int64.
+  void check_elements(const char* op = nullptr) const;
   int64_t operator[](int i) const { return dims[i]; }
   int64_t numel() const {
     int64_t n = 1;
