@@ -341,7 +341,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
     c = Trainer::read_config(ck);
     c.budget_name = "--budget";
     plugin = checkpoint_plugin(ck, c.env, "--resume " + out.string());
-    for (const char* opt : {"--env", "--history", "--batch", "--hidden", "--embed", "--lag", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget"})
+    for (const char* opt : {"--env", "--history", "--batch", "--hidden", "--embed", "--lag", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget",
+                            "--gamma", "--entropy", "--algo", "--rollout", "--epochs", "--minibatches", "--clip-range", "--gae-lambda"})
       if (cmd.count(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
     if (cmd.count("--steps")) c.steps = a.c.steps;
     if (cmd.count("--device")) c.device = a.c.device;  // a run may move between the CPU and a GPU
@@ -362,6 +363,9 @@ int train(TrainArgs& a, CLI::App& cmd) {
                   ", pass --force to overwrite it, or choose another --out");
   }
   c.validate();
+  // PPO on a supervised env: the reward (1 for the target class) depends on
+  // the step's action alone, so future rewards are noise in its return.
+  if (!resume && !cmd.count("--gamma") && c.algo == "ppo" && make_env(c.env, 1, 0, c.env_options)->spec().supervised) c.gamma = 0;
   Trainer tr(c);  // before the directory: a device that cannot be used, or a model too large, leaves nothing behind
   const EnvSpec& spec = tr.env().spec();
   const std::string measure = spec.measure;
@@ -402,7 +406,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   const int64_t ck_every = a.checkpoint_every > 0 ? a.checkpoint_every : std::max<int64_t>(K, (c.steps / 10 + K - 1) / K * K);
   const bool full = c.history.kind == History::Kind::Full;
   std::printf("segtape %s: training %s (%s, %s) with history %s for %ld steps, batch %ld, hidden %ld, budget %s%s -> %s\n",
-              SEGTAPE_VERSION, c.env.c_str(), spec.supervised ? "supervised" : "actor-critic", measure.c_str(),
+              SEGTAPE_VERSION, c.env.c_str(), c.algo == "ppo" ? "recurrent PPO" : spec.supervised ? "supervised" : "actor-critic", measure.c_str(),
               c.history.str().c_str(), c.steps, c.batch, c.hidden, format_bytes(tr.budget()).c_str(),
               full ? (c.budget ? " (growth limit)" : " (growth limit, the default for full; set it with --budget)") : "",
               out.c_str());
@@ -482,7 +486,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     return_sum += r.return_sum;
     episodes += r.episodes;
     peak = full ? tr.tape().stats().peak_bytes : tr.tape().stats().last_segment_peak;
-    if (r.segment_peak) peak = r.segment_peak;  // exact: the window's largest segment
+    if (r.segment_peak) peak = r.segment_peak;  // exact, ppo: the largest segment of the window or iteration
     steps_run += r.steps_run, steps_done += r.steps_run ? r.steps : 0, stored_bytes = std::max(stored_bytes, r.stored_bytes);
     node_peak = std::max(node_peak, tr.tape().stats().node_peak_bytes);
     const auto now = std::chrono::steady_clock::now();
@@ -738,8 +742,17 @@ int run_cli(int argc, char** argv) {
   tr->add_option("--corridor", ta.c.env_options.corridor, "tmaze: corridor length N")->capture_default_str();
   tr->add_option("--turns", ta.c.env_options.turns, "dialogue: turns per conversation")->capture_default_str();
   tr->add_option("--cities", ta.c.env_options.cities, "dialogue: cities a user can name")->capture_default_str();
-  tr->add_option("--gamma", ta.c.gamma, "tmaze: discount")->capture_default_str();
-  tr->add_option("--entropy", ta.c.entropy, "tmaze: entropy bonus")->capture_default_str();
+  tr->add_option("--gamma", ta.c.gamma, "RL (tmaze, --algo ppo): discount (default 0.9; 0 for --algo ppo on a supervised env)");
+  tr->add_option("--entropy", ta.c.entropy, "RL: entropy bonus")->capture_default_str();
+  tr->add_option("--algo", ta.c.algo,
+                 "RL algorithm: a2c (an update per segment) or ppo (recurrent PPO: rollouts, GAE, clipped surrogate, "
+                 "minibatches of whole streams replayed from their stored states; on a supervised env the reward is 1 "
+                 "for the target class)")->capture_default_str();
+  tr->add_option("--rollout", ta.c.rollout, "ppo: steps per stream per rollout")->capture_default_str();
+  tr->add_option("--epochs", ta.c.epochs, "ppo: passes over each rollout")->capture_default_str();
+  tr->add_option("--minibatches", ta.c.minibatches, "ppo: minibatches of whole streams per pass (divides --batch)")->capture_default_str();
+  tr->add_option("--clip-range", ta.c.clip_range, "ppo: the surrogate's clip epsilon")->capture_default_str();
+  tr->add_option("--gae-lambda", ta.c.gae_lambda, "ppo: GAE lambda")->capture_default_str();
   tr->add_option("--log-every", ta.log_every, "Steps between metric rows (default: steps/100)");
   tr->add_option("--checkpoint-every", ta.checkpoint_every, "Steps between checkpoints (default: steps/10)");
   tr->add_option("--eval-steps", ta.eval_steps, "Steps of greedy evaluation at the end (and at each checkpoint with --log-dir)")->capture_default_str();

@@ -1,5 +1,7 @@
 #include "segtape/agent/trainer.h"
 
+#include "ppo.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -86,7 +88,13 @@ std::map<std::string, std::string> TrainConfig::to_metadata() const {
           {"embed_dim", std::to_string(env_options.embed_dim)},
           {"gamma", d(gamma)},
           {"entropy", d(entropy)},
-          {"value_coef", d(value_coef)}};
+          {"value_coef", d(value_coef)},
+          {"algo", algo},
+          {"rollout", std::to_string(rollout)},
+          {"epochs", std::to_string(epochs)},
+          {"minibatches", std::to_string(minibatches)},
+          {"clip_range", d(clip_range)},
+          {"gae_lambda", d(gae_lambda)}};
 }
 
 TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>& m) {
@@ -113,6 +121,17 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
     c.gamma = std::stod(get("gamma"));
     c.entropy = std::stod(get("entropy"));
     c.value_coef = std::stod(get("value_coef"));
+    // PPO's keys (checkpoints written before PPO existed are A2C's)
+    const auto get_or = [&](const char* k, const std::string& fallback) {
+      auto it = m.find(k);
+      return it == m.end() ? fallback : it->second;
+    };
+    c.algo = get_or("algo", c.algo);
+    c.rollout = std::stoll(get_or("rollout", std::to_string(c.rollout)));
+    c.epochs = std::stoll(get_or("epochs", std::to_string(c.epochs)));
+    c.minibatches = std::stoll(get_or("minibatches", std::to_string(c.minibatches)));
+    c.clip_range = std::stod(get_or("clip_range", "0.2"));
+    c.gae_lambda = std::stod(get_or("gae_lambda", "0.95"));
   } catch (const std::logic_error& e) {  // stoll & co.
     throw CheckpointError(std::string("checkpoint metadata has a malformed number (") + e.what() + ")");
   }
@@ -147,6 +166,19 @@ void TrainConfig::validate() const {
   need(std::isfinite(entropy) && entropy >= 0, "--entropy must be a finite number >= 0");
   need(std::isfinite(value_coef) && value_coef >= 0, "value_coef must be a finite number >= 0");
   need(history.kind != History::Kind::Window || history.window <= 64, "--history window:N needs N <= 64");
+  need(algo == "a2c" || algo == "ppo", "--algo '" + algo + "': choose a2c or ppo");
+  if (algo == "ppo") {
+    need(history.kind == History::Kind::Tbptt || history.kind == History::Kind::Detach,
+         "--algo ppo replays each minibatch's segments from the state stored at rollout time, with --history tbptt:K "
+         "(or detach, K = 1); --history " + history.str() + " is not built for it");
+    need(rollout >= 1 && rollout <= 1'000'000, "--rollout must be in [1, 1000000]");
+    need(epochs >= 1 && epochs <= 1000, "--epochs must be in [1, 1000]");
+    need(minibatches >= 1 && minibatches <= batch && batch % minibatches == 0,
+         "--minibatches " + std::to_string(minibatches) + ": must divide --batch " + std::to_string(batch) +
+             " (each minibatch holds whole streams)");
+    need(std::isfinite(clip_range) && clip_range > 0 && clip_range < 1, "--clip-range must be in (0, 1)");
+    need(gae_lambda >= 0 && gae_lambda <= 1, "--gae-lambda must be in [0, 1]");
+  }
   need(history.kind != History::Kind::Exact || history.horizon >= history.k,
        "--history exact:K/T needs T >= K (a window holds at least one segment)");
 }
@@ -184,7 +216,7 @@ TapeOptions tape_options(const TrainConfig& c) {
 }
 
 PolicyShape policy_shape(const TrainConfig& c, const EnvSpec& spec) {
-  return {c.embed, c.hidden, c.history.kind == History::Kind::Window ? c.history.window : 0, !spec.supervised};
+  return {c.embed, c.hidden, c.history.kind == History::Kind::Window ? c.history.window : 0, !spec.supervised || c.algo == "ppo"};
 }
 
 size_t physical_memory() {
@@ -329,6 +361,7 @@ Trainer::Trainer(const TrainConfig& c)
     }
     exact_ = make_driver(c.history.horizon);
   }
+  if (config_.algo == "ppo") ppo_ = make_ppo_buffers();
 }
 
 std::unique_ptr<replay::Driver> Trainer::make_driver(int64_t horizon) {
@@ -394,6 +427,7 @@ void Trainer::update() {
 }
 
 SegmentResult Trainer::run_segment() {
+  if (config_.algo == "ppo") return ppo_iteration(std::min(config_.rollout, config_.steps - step_));
   if (config_.history.kind == History::Kind::Exact) return exact_window(std::min(config_.history.horizon, config_.steps - step_));
   const int64_t n = std::min(config_.history.k, config_.steps - step_);
   if (n <= 0) return {};
@@ -772,6 +806,7 @@ void Trainer::load(const std::filesystem::path& file) {
     };
     same(saved.env == config_.env, "--env");
     same(saved.history.str() == config_.history.str(), "--history");
+    same(saved.algo == config_.algo && saved.rollout == config_.rollout, "--algo/--rollout");
     same(saved.batch == config_.batch && saved.hidden == config_.hidden && saved.embed == config_.embed,
          "--batch/--hidden/--embed");
   };

@@ -473,6 +473,130 @@ TEST(Learning, ExactLearnsALagTruncationCannotAtTheSameSegmentPeak) {
   EXPECT_EQ(exact_peak, truncated_peak) << "a replayed 4-step segment holds what a tbptt:4 segment holds";
 }
 
+// ---- recurrent PPO (--algo ppo)
+
+TrainConfig small_ppo(const std::string& env, int64_t steps) {
+  TrainConfig c = small(env, "tbptt:4", steps);
+  c.algo = "ppo";
+  c.rollout = 16;  // four segments per rollout
+  c.epochs = 2;
+  c.minibatches = 2;
+  return c;
+}
+
+// A minibatch's update replays the rollout's segments from the states stored
+// at rollout time, the streams' episodes reset where they ended (tmaze ends
+// episodes mid-segment). Before any update the policy is the one that acted,
+// so with one epoch of one minibatch every ratio is 1 up to rounding: nothing
+// clipped, no KL. Stored states or observations put back in the wrong rows, a
+// missed reset or a lost step would show here as a KL of 1e-3 or more.
+TEST(Ppo, TheReplayFromStoredStatesReproducesTheRollout) {
+  for (const char* env : {"recall", "tmaze", "dialogue"}) {
+    TrainConfig c = small_ppo(env, 16 * 4);
+    c.epochs = 1;
+    c.minibatches = 1;
+    Trainer tr(c);
+    int64_t episodes = 0;
+    while (!tr.done()) {
+      const SegmentResult r = tr.run_segment();
+      EXPECT_EQ(r.steps, 16);
+      EXPECT_EQ(r.loss_steps, 1);
+      EXPECT_LT(r.approx_kl, 1e-9) << env;
+      EXPECT_EQ(r.clip_fraction, 0.0) << env;
+      episodes += r.episodes;
+    }
+    if (std::string(env) == "tmaze") {
+      EXPECT_GT(episodes, 8) << "episodes of 5 steps end inside 4-step segments";
+    }
+  }
+  // With a second epoch the policy has moved: the ratios are no longer 1.
+  TrainConfig c = small_ppo("tmaze", 16);
+  c.lr = 1e-2;
+  Trainer tr(c);
+  const SegmentResult r = tr.run_segment();
+  EXPECT_EQ(r.loss_steps, 4);
+  EXPECT_GT(r.approx_kl, 1e-9);
+}
+
+TEST(Ppo, ResumeContinuesBitIdentically) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_ppo_resume_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const char* env : {"recall", "tmaze"}) {
+    TrainConfig c = small_ppo(env, 16 * 6 + 8);  // the last rollout is shorter
+    Trainer straight(c);
+    while (!straight.done()) straight.run_segment();
+    Trainer first(c);
+    for (int i = 0; i < 3; ++i) first.run_segment();
+    first.save(dir / "ck.safetensors");
+    const TrainConfig back = Trainer::read_config(dir / "ck.safetensors");
+    EXPECT_EQ(back.algo, "ppo");
+    EXPECT_EQ(back.rollout, 16);
+    Trainer second(back);
+    second.load(dir / "ck.safetensors");
+    EXPECT_EQ(second.step(), 48);
+    while (!second.done()) second.run_segment();
+    EXPECT_EQ(params_of(straight), params_of(second)) << env;
+    // A checkpoint of another algorithm is refused, naming it.
+    TrainConfig a2c = c;
+    a2c.algo = "a2c";
+    Trainer other(a2c);
+    try {
+      other.load(dir / "ck.safetensors");
+      ADD_FAILURE() << "loaded a ppo checkpoint into an a2c run";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("--algo"), std::string::npos) << e.what();
+    }
+  }
+  fs::remove_all(dir);
+}
+
+// Learning smoke tests in small configurations (CI's budget); docs/agent.md
+// has the default configuration's runs (tmaze corridor 10, recall lag 8).
+TEST(Ppo, SolvesASmallTMazeAndLearnsRecall) {
+  TrainConfig maze = small_ppo("tmaze", 4096);
+  maze.batch = 8;
+  maze.hidden = 32;
+  maze.embed = 16;
+  maze.env_options.corridor = 4;
+  Trainer t(maze);
+  while (!t.done()) t.run_segment();
+  EXPECT_GE(t.evaluate(200, 99), 0.95);
+
+  TrainConfig recall = maze;
+  recall.env = "recall";
+  recall.gamma = 0;
+  recall.steps = 4096;
+  Trainer r(recall);
+  while (!r.done()) r.run_segment();
+  EXPECT_GT(r.evaluate(400, 99), 0.8) << "chance is 0.25 (lag 2, vocab 4)";
+}
+
+TEST(Ppo, BadConfigurationsAreRefusedNamingTheFlag) {
+  auto refused = [](TrainConfig c, const char* flag) {
+    try {
+      Trainer tr(c);
+      ADD_FAILURE() << "accepted " << flag;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  };
+  TrainConfig c = small_ppo("tmaze", 64);
+  c.algo = "sac";
+  refused(c, "--algo 'sac'");
+  c = small_ppo("tmaze", 64), c.history = History::parse("exact:4/8");
+  refused(c, "--history exact:4/8 is not built for it");
+  c = small_ppo("tmaze", 64), c.minibatches = 3;
+  refused(c, "--minibatches 3: must divide --batch 4");
+  c = small_ppo("tmaze", 64), c.rollout = 0;
+  refused(c, "--rollout");
+  c = small_ppo("tmaze", 64), c.epochs = 0;
+  refused(c, "--epochs");
+  c = small_ppo("tmaze", 64), c.clip_range = 1.5;
+  refused(c, "--clip-range");
+  c = small_ppo("tmaze", 64), c.gae_lambda = -0.1;
+  refused(c, "--gae-lambda");
+}
+
 // ---- the command line
 
 struct CmdResult {
@@ -509,6 +633,9 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
       {"train --out /proc/segtape-nope", "--out /proc/segtape-nope"},
       {"train --steps 64 --out " + d, "already holds a run"},
       {"train --resume " + d + " --hidden 32", "--hidden cannot change on --resume"},
+      {"train --resume " + d + " --algo ppo", "--algo cannot change on --resume"},
+      {"train --algo ppo --history exact:4 --out " + d + "x", "--history exact:4/32 is not built for it"},
+      {"train --algo ppo --minibatches 5 --out " + d + "x", "--minibatches 5: must divide --batch 32"},
       {"train --resume " + d + "-missing", "no checkpoint.safetensors"},
       {"eval --checkpoint " + d + "/metrics.csv", "metrics.csv"},
   };
@@ -650,6 +777,32 @@ TEST(Cli, FullHistoryStoppedByItsBudgetWritesMetricsAndPlot) {
 // metrics.json holds numbers as numbers and the budget applied; an RL run
 // names its measure and logs the episode return; the plot draws the measure
 // on a fixed 0-100 % axis with the chance level and the evaluation.
+// `--algo ppo` from the command line: its settings in metrics.json, gamma 0
+// on a supervised env unless given, and a resumed run continues it.
+TEST(Cli, PpoRunsRecordTheirSettingsAndResume) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_ppo_cli_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string flags = " --steps 256 --batch 4 --hidden 8 --rollout 32 --minibatches 2 --epochs 2 --log-every 64 --eval-steps 32";
+  CmdResult r = sh("train --env recall --algo ppo" + flags + " --out " + dir.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("recall (recurrent PPO, accuracy)"), std::string::npos) << r.out;
+  std::string json = slurp(dir / "metrics.json");
+  for (const char* want : {"\"algo\": \"ppo\"", "\"rollout\": 32,", "\"epochs\": 2,", "\"minibatches\": 2,", "\"gamma\": 0,",
+                           "\"clip_range\": 0.2,", "\"gae_lambda\": 0.95,"})
+    EXPECT_NE(json.find(want), std::string::npos) << want << "\n" << json;
+  r = sh("train --resume " + dir.string() + " --steps 320");
+  ASSERT_EQ(r.code, 0) << r.out;
+  json = slurp(dir / "metrics.json");
+  EXPECT_NE(json.find("\"steps\": 320,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"resumed\": true"), std::string::npos) << json;
+  // On an RL env the discount stays the one given (or 0.9).
+  r = sh("train --env tmaze --corridor 2 --algo ppo" + flags + " --gamma 0.8 --out " + dir.string() + "-rl");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(slurp(fs::path(dir.string() + "-rl") / "metrics.json").find("\"gamma\": 0.8,"), std::string::npos);
+  fs::remove_all(dir);
+  fs::remove_all(dir.string() + "-rl");
+}
+
 TEST(Cli, MetricsAreTypedAndRlRunsLogReturns) {
   const fs::path dir = fs::temp_directory_path() / ("segtape_metrics_" + std::to_string(::getpid()));
   fs::remove_all(dir);

@@ -1,14 +1,13 @@
 """segtape.gym: Gymnasium environments and segtape's recurrent agent.
 
 train(env) trains the agent's GRU policy (the C++ Trainer of `segtape train`:
-encoder, GRUCell, policy and value heads; advantage actor-critic, n-step
-returns within a segment, truncated BPTT with the state carried across
-segments, each stream's state reset when its episode ends) on any Gymnasium
-environment with a discrete action space and a Box (1-D) or Discrete
-observation. The B streams are a gymnasium.vector.SyncVectorEnv; the Trainer
-steps them through the agent's Env contract, checked on every call (a broken
-contract is a segtape.Error naming the env and the step). PPO is not built
-yet (docs/python.md says what exists).
+encoder, GRUCell, policy and value heads; advantage actor-critic with n-step
+returns within a segment, or recurrent PPO; truncated BPTT with the state
+carried across segments, each stream's state reset when its episode ends) on
+any Gymnasium environment with a discrete action space and a Box (1-D) or
+Discrete observation. The B streams are a gymnasium.vector.SyncVectorEnv; the
+Trainer steps them through the agent's Env contract, checked on every call (a
+broken contract is a segtape.Error naming the env and the step).
 
 The other way round, SegtapeEnv is one of segtape's built-in RL memory
 tasks (tmaze, or an env of your own registered in C++) as a gymnasium.Env;
@@ -16,6 +15,7 @@ register_gymnasium_envs() registers "segtape/TMaze-v0".
 """
 import itertools
 import re
+import time
 
 import numpy as np
 
@@ -186,24 +186,31 @@ class TrainResult:
 
 
 def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, lr=3e-3, history="tbptt:32", gamma=0.99,
-          entropy=0.01, value_coef=0.5, clip=1.0, seed=1, algo="a2c", success=None, normalize_obs=True,
-          log_every=None, callback=None):
+          entropy=0.01, value_coef=0.5, clip=1.0, seed=1, algo="a2c", rollout=128, epochs=10, minibatches=4,
+          clip_range=0.2, gae_lambda=0.95, success=None, normalize_obs=True, log_every=None, callback=None,
+          eval_every=None, eval_episodes=10, stop_at=None):
     """Trains segtape's recurrent agent on a Gymnasium env; returns a TrainResult.
 
     env: a Gymnasium id ("CartPole-v1") or a function returning a
     gymnasium.Env (e.g. masked_cartpole). steps: env steps (each over all B
     streams). success(episode_return, truncated) -> bool decides what the
     trainer's score counts (default: the episode ended by its time limit,
-    truncated, rather than by failing). algo: "a2c" (PPO is not built yet).
+    truncated, rather than by failing). algo: "a2c" (an update per segment
+    of the history's K steps) or "ppo" (recurrent PPO: rollouts of `rollout`
+    steps, GAE(gae_lambda), the clipped surrogate with clip_range, `epochs`
+    passes over `minibatches` minibatches of whole streams, each replayed from
+    the states stored at rollout time; `minibatches` divides `batch`).
     normalize_obs: Box observations are normalised by their running mean and
     variance (as SB3's VecNormalize; the statistics are the run's, shared by
     evaluate()).
     log_every (default steps // 20) rows: step, loss, mean return of the
     episodes that ended in the interval, success rate, segment peak bytes;
     callback(row) is called with each.
+    eval_every: every so many steps (at the first row after them), a greedy
+    evaluation over eval_episodes fresh episodes adds "eval_return" and
+    "eval_seconds" (its own time) to the row; with stop_at, training stops at
+    the first evaluation whose mean return is >= stop_at.
     """
-    if algo != "a2c":
-        raise Error(f"segtape.gym.train: algo '{algo}' is not built yet; 'a2c' is (the agent's actor-critic)")
     make, label = _maker(env)
     obs_dim, vocab, actions, obs_start, act_start = _spaces(make, label)
     tokens = vocab > 0
@@ -215,11 +222,15 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, lr=3e-3, history="
     c = _A.TrainConfig()
     c.env, c.history, c.steps, c.batch, c.hidden, c.embed = name, history, int(steps), int(batch), int(hidden), int(embed)
     c.lr, c.gamma, c.entropy, c.value_coef, c.clip, c.seed = lr, gamma, entropy, value_coef, clip, int(seed)
+    c.algo, c.rollout, c.epochs, c.minibatches = algo, int(rollout), int(epochs), int(minibatches)
+    c.clip_range, c.gae_lambda = clip_range, gae_lambda
     c.validate()
     trainer = _A.Trainer(c)
     every = log_every or max(1, int(steps) // 20)
     rows, acc = [], {"steps": 0, "loss_sum": 0.0, "loss_steps": 0, "return_sum": 0.0, "episodes": 0, "peak": 0}
     next_row = every
+    next_eval = eval_every
+    result = TrainResult(trainer, rows, name, label)
     while not trainer.done():
         r = trainer.run_segment()
         for k in ("steps", "loss_sum", "loss_steps", "return_sum", "episodes"):
@@ -230,6 +241,13 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, lr=3e-3, history="
                    "loss": acc["loss_sum"] / acc["loss_steps"] if acc["loss_steps"] else float("nan"),
                    "episode_return": acc["return_sum"] / acc["episodes"] if acc["episodes"] else float("nan"),
                    "success": trainer.score(), "segment_peak_bytes": acc["peak"]}
+            stop = False
+            if eval_every and trainer.step >= next_eval:
+                t0 = time.perf_counter()
+                row["eval_return"] = result.evaluate(episodes=eval_episodes)["mean_return"]
+                row["eval_seconds"] = time.perf_counter() - t0
+                stop = stop_at is not None and row["eval_return"] >= stop_at
+                next_eval += eval_every
             rows.append(row)
             if callback:
                 callback(row)
@@ -237,7 +255,9 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, lr=3e-3, history="
             acc = dict.fromkeys(acc, 0)
             acc["loss_sum"] = acc["return_sum"] = 0.0
             next_row += every
-    return TrainResult(trainer, rows, name, label)
+            if stop:
+                break
+    return result
 
 
 def masked_cartpole(max_episode_steps=500):

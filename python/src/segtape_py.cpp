@@ -850,6 +850,12 @@ NB_MODULE(_segtape, m) {
       .def_rw("gamma", &agent::TrainConfig::gamma)
       .def_rw("entropy", &agent::TrainConfig::entropy)
       .def_rw("value_coef", &agent::TrainConfig::value_coef)
+      .def_rw("algo", &agent::TrainConfig::algo)
+      .def_rw("rollout", &agent::TrainConfig::rollout)
+      .def_rw("epochs", &agent::TrainConfig::epochs)
+      .def_rw("minibatches", &agent::TrainConfig::minibatches)
+      .def_rw("clip_range", &agent::TrainConfig::clip_range)
+      .def_rw("gae_lambda", &agent::TrainConfig::gae_lambda)
       .def("validate", &agent::TrainConfig::validate);
   nb::class_<agent::Trainer>(ag, "Trainer")
       .def(nb::init<const agent::TrainConfig&>())
@@ -857,7 +863,9 @@ NB_MODULE(_segtape, m) {
         const agent::SegmentResult r = t.run_segment();
         return dict_of({{"steps", nb::cast(r.steps)}, {"loss_sum", nb::cast(r.loss_sum)}, {"loss_steps", nb::cast(r.loss_steps)},
                         {"return_sum", nb::cast(r.return_sum)}, {"episodes", nb::cast(r.episodes)},
-                        {"segment_peak", nb::cast(t.tape().stats().last_segment_peak)}});
+                        {"approx_kl", nb::cast(r.approx_kl)}, {"clip_fraction", nb::cast(r.clip_fraction)},
+                        // exact and ppo report their windows' or iterations' largest segment
+                        {"segment_peak", nb::cast(r.segment_peak ? r.segment_peak : t.tape().stats().last_segment_peak)}});
       })
       .def("done", &agent::Trainer::done)
       .def_prop_ro("step", &agent::Trainer::step)

@@ -30,6 +30,16 @@ def test_tmaze_through_gymnasium_is_learned():
     assert len({r["segment_peak_bytes"] for r in res.rows}) == 1  # every segment's peak to the byte
 
 
+def test_tmaze_through_gymnasium_is_learned_by_ppo():
+    """The same through recurrent PPO (rollouts of 64 steps, minibatches of
+    whole streams replayed from their stored states)."""
+    res = sg.train("segtape/TMaze-v0", steps=4096, batch=16, hidden=32, gamma=0.9, lr=3e-3, seed=1, algo="ppo",
+                   rollout=64, history="tbptt:16", success=lambda ret, truncated: ret > 0)
+    assert res.rows[0]["episode_return"] < 0.5
+    ev = res.evaluate(episodes=100)
+    assert ev["episodes"] == 100 and ev["mean_return"] >= 0.9, ev
+
+
 def test_cartpole_is_learned():
     res = sg.train("CartPole-v1", steps=40000, batch=8, hidden=64, gamma=0.99, lr=3e-3, seed=1)
     ev = res.evaluate(episodes=20)
@@ -57,8 +67,10 @@ def test_a_broken_env_is_refused_naming_the_env_and_the_step():
 def test_unsupported_spaces_and_algorithms_are_errors():
     with pytest.raises(segtape.Error, match="action space must be Discrete"):
         sg.train("Pendulum-v1", steps=32)
-    with pytest.raises(segtape.Error, match="not built yet"):
-        sg.train("CartPole-v1", steps=32, algo="ppo")
+    with pytest.raises(segtape.Error, match="--algo 'sac': choose a2c or ppo"):
+        sg.train("CartPole-v1", steps=32, algo="sac")
+    with pytest.raises(segtape.Error, match="--minibatches 3: must divide --batch 8"):
+        sg.train("CartPole-v1", steps=32, algo="ppo", minibatches=3)
 
 
 def test_discrete_spaces_that_do_not_start_at_zero():

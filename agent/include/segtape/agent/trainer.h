@@ -43,10 +43,21 @@ struct TrainConfig {
   // How budget errors name the budget (the segtape command: "--budget").
   const char* budget_name = "TrainConfig::budget";
   EnvOptions env_options;
-  // actor-critic (tmaze)
+  // reinforcement learning (tmaze, your own env; any env with --algo ppo)
   double gamma = 0.9;
   double entropy = 0.01;
   double value_coef = 0.5;
+  // "a2c": an update per segment from its n-step returns (the default);
+  // "ppo": recurrent PPO (docs/agent.md): rollouts of `rollout` steps over the
+  // B streams, GAE(lambda), `epochs` passes over `minibatches` minibatches of
+  // whole streams, each minibatch's segments replayed from the state stored at
+  // rollout time. On a supervised env PPO's reward is 1 for the target class.
+  std::string algo = "a2c";
+  int64_t rollout = 128;
+  int64_t epochs = 10;
+  int64_t minibatches = 4;
+  double clip_range = 0.2;
+  double gae_lambda = 0.95;
 
   std::map<std::string, std::string> to_metadata() const;
   static TrainConfig from_metadata(const std::map<std::string, std::string>& m);
@@ -59,10 +70,14 @@ struct SegmentResult {
   double loss_sum = 0;      // sum of per-step losses
   int64_t loss_steps = 0;   // steps that had a loss
   int64_t steps_run = 0;    // exact: step evaluations (forward pass and replays)
-  size_t segment_peak = 0;  // exact: the largest arena high-water of the window's segments
+  size_t segment_peak = 0;  // exact, ppo: the largest arena high-water of the window's (iteration's) segments
   size_t stored_bytes = 0;  // exact: the boundary states it keeps
   double return_sum = 0;    // RL: sum of the (undiscounted) returns of episodes that ended
   int64_t episodes = 0;     // RL: episodes that ended in this segment
+  // ppo, means over the iteration's minibatch updates: E[(ratio - 1) - log ratio]
+  // (the KL estimate SB3 and CleanRL log), and the fraction of terms whose
+  // ratio left [1 - clip_range, 1 + clip_range]
+  double approx_kl = 0, clip_fraction = 0;
 };
 
 // What a configuration will need, known before anything is allocated.
@@ -116,6 +131,12 @@ class Trainer {
   SegmentResult supervised_segment(Segment& seg, int64_t n);
   SegmentResult actor_critic_segment(Segment& seg, int64_t n);
   SegmentResult exact_window(int64_t n);
+  SegmentResult ppo_iteration(int64_t n);
+  struct PpoBuffers;
+  std::unique_ptr<PpoBuffers> make_ppo_buffers() const;
+  void ppo_rollout(int64_t n, SegmentResult& r);
+  void ppo_advantages(int64_t n);
+  void ppo_minibatch(int64_t n, std::span<const int64_t> streams, SegmentResult& r);
   std::unique_ptr<replay::Driver> make_driver(int64_t horizon);
   // actor-critic
   void sample_actions(const Tensor& lp, std::span<int64_t> a);
@@ -155,6 +176,10 @@ class Trainer {
   std::vector<float> reset_mask_;               // episode resets: the [B, hidden] mask (reset_finished)
   std::vector<float> host_rows_, host_values_;  // device -> host copies of [B, A] rows and [B] values
   std::vector<float> episode_return_;           // RL: each stream's return so far in its episode
+  // PPO: the rollout [steps, B] (the observation, action, its log-probability
+  // and value, reward, done, advantage, return), the state at each segment's
+  // start [segments, B, hidden], and a minibatch's gathered rows
+  std::unique_ptr<PpoBuffers> ppo_;
 };
 
 // Throws, naming the flag, when `--device` names a device this build cannot

@@ -1,0 +1,220 @@
+// Recurrent PPO (`segtape train --algo ppo`, docs/agent.md "Recurrent PPO").
+//
+// One iteration (Trainer::run_segment) = a rollout of T steps over the B
+// streams, then `epochs` passes over `minibatches` minibatches of whole
+// streams, each an optimizer step. The rollout runs without a gradient in
+// segments of K steps and stores the state each segment started from; a
+// minibatch's update replays those segments from the stored states (as
+// Stable-Baselines3's RecurrentPPO and CleanRL's ppo_lstm do), one segment in
+// the arena at a time, the gradients accumulating until the step. Episode
+// ends inside a segment reset the stream's state by masking (reset_finished),
+// in the rollout and in the replay alike.
+//
+// The clipped surrogate's gradient is -A * ratio * grad log pi(a) where the
+// ratio is inside [1 - eps, 1 + eps] or on the side that the clip does not
+// bound, and 0 elsewhere. The forward pass gives the ratio before the
+// backward, so the loss recorded is sum(log pi * W) with that weight W held
+// constant: exactly the surrogate's gradient, without exp() of a possibly
+// large -log pi_old. The loss reported is the surrogate itself, computed on
+// the host from the same values.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "ppo.h"
+#include "segtape/ops.h"
+
+namespace segtape::agent {
+
+std::unique_ptr<Trainer::PpoBuffers> Trainer::make_ppo_buffers() const {
+  const EnvSpec& spec = env_->spec();
+  auto p = std::make_unique<PpoBuffers>();
+  p->T = config_.rollout, p->B = config_.batch, p->H = config_.hidden, p->K = config_.history.k;
+  p->S = (p->T + p->K - 1) / p->K;
+  p->obs_dim = spec.vocab > 0 ? 0 : spec.obs_dim;
+  p->A = spec.num_actions;
+  const auto TB = size_t(p->T * p->B), Bm = size_t(p->B / config_.minibatches), H = size_t(p->H);
+  if (spec.vocab > 0) p->tokens.assign(TB, 0), p->mb_tokens.assign(Bm, 0);
+  else p->vectors.assign(TB * size_t(p->obs_dim), 0.0f), p->mb_vectors.assign(Bm * size_t(p->obs_dim), 0.0f);
+  p->actions.assign(TB, 0);
+  for (auto* v : {&p->logp, &p->values, &p->rewards, &p->advantages, &p->returns}) v->assign(TB, 0.0f);
+  p->done.assign(TB, 0);
+  p->start_state.assign(size_t(p->S) * size_t(p->B) * H, 0.0f);
+  p->bootstrap.assign(size_t(p->B), 0.0f);
+  p->streams.resize(size_t(p->B));
+  p->mb_state.assign(Bm * H, 0.0f);
+  p->mb_returns.assign(Bm, 0.0f);
+  p->mb_weights.assign(Bm * size_t(p->A), 0.0f);
+  p->mb_rows.assign(Bm * size_t(p->A), 0.0f);
+  p->mb_values.assign(Bm, 0.0f);
+  p->mb_done.assign(Bm, 0);
+  return p;
+}
+
+SegmentResult Trainer::ppo_iteration(int64_t n) {
+  SegmentResult r;
+  if (n <= 0) return r;
+  ppo_rollout(n, r);
+  ppo_advantages(n);
+  PpoBuffers& p = *ppo_;
+  const auto Bm = size_t(p.B / config_.minibatches);
+  // The order starts afresh each iteration, so that it is a function of act_rng_ alone (which checkpoints keep).
+  std::iota(p.streams.begin(), p.streams.end(), int64_t(0));
+  for (int64_t e = 0; e < config_.epochs; ++e) {
+    for (size_t i = p.streams.size(); i > 1; --i)  // Fisher-Yates, from act_rng_ (checkpointed)
+      std::swap(p.streams[i - 1], p.streams[size_t(act_rng_.next_u64() % i)]);
+    for (int64_t m = 0; m < config_.minibatches; ++m) {
+      ppo_minibatch(n, std::span<const int64_t>(p.streams).subspan(size_t(m) * Bm, Bm), r);
+      ++r.loss_steps;
+      update();
+    }
+  }
+  r.approx_kl /= double(r.loss_steps);
+  r.clip_fraction /= double(r.loss_steps);
+  r.steps = n;
+  return r;
+}
+
+// n steps over the B streams, sampled actions, no gradient; the state goes
+// from segment to segment and into the next iteration in its persistent home.
+void Trainer::ppo_rollout(int64_t n, SegmentResult& r) {
+  PpoBuffers& p = *ppo_;
+  const EnvSpec& spec = env_->spec();
+  const auto B = size_t(p.B), A = size_t(p.A), H = size_t(p.H);
+  for (int64_t s = 0; s * p.K < n; ++s, r.segment_peak = std::max(r.segment_peak, tape_->stats().last_segment_peak)) {
+    Segment seg = tape_->segment();
+    NoGradGuard ng(*tape_);
+    h_.to_host(std::span<float>(p.start_state).subspan(size_t(s) * B * H, B * H));
+    for (int64_t t = s * p.K; t < std::min(n, (s + 1) * p.K); ++t, ++step_, tape_->next_step()) {
+      const size_t row = size_t(t) * B;
+      Tensor x = observe_tensor();
+      if (spec.vocab > 0) std::copy(tokens_.begin(), tokens_.end(), p.tokens.begin() + ptrdiff_t(row));
+      else std::copy(vectors_.begin(), vectors_.end(), p.vectors.begin() + ptrdiff_t(row * size_t(p.obs_dim)));
+      if (spec.supervised) env_->targets(targets_);
+      Tensor f = feature(policy_->encode(x));
+      Tensor lp = log_softmax(policy_->logits(f));  // [B, A]
+      policy_->value(f).to_host(std::span<float>(p.values).subspan(row, B));
+      sample_actions(lp, actions_);  // leaves lp in host_rows_
+      env_->step(actions_, rewards_, done_);
+      // A supervised env as a task to act in: reward 1 for its target class.
+      if (spec.supervised)
+        for (size_t b = 0; b < B; ++b) rewards_[b] += targets_[b] != kNoTarget && actions_[b] == targets_[b] ? 1.0f : 0.0f;
+      reset_finished_streams();
+      note_rewards(r);
+      for (size_t b = 0; b < B; ++b) {
+        p.actions[row + b] = actions_[b];
+        p.logp[row + b] = host_rows_[b * A + size_t(actions_[b])];
+        p.rewards[row + b] = rewards_[b];
+        p.done[row + b] = done_[b];
+      }
+    }
+    copy_into(h_home_, h_);  // the state lives in its home between segments and iterations
+    h_ = h_home_;
+  }
+  Segment seg = tape_->segment();
+  bootstrap_value(h_, std::span<float>(p.bootstrap));
+}
+
+// GAE(lambda) (Schulman et al. 2016) over the rollout; a done step does not
+// bootstrap from the next one (the next episode's). returns = advantages + values.
+void Trainer::ppo_advantages(int64_t n) {
+  PpoBuffers& p = *ppo_;
+  const auto B = size_t(p.B);
+  const auto gamma = float(config_.gamma), lambda = float(config_.gae_lambda);
+  for (size_t b = 0; b < B; ++b) {
+    float gae = 0, next_value = p.bootstrap[b];
+    for (int64_t t = n - 1; t >= 0; --t) {
+      const size_t k = size_t(t) * B + b;
+      const float go_on = p.done[k] ? 0.0f : 1.0f;
+      const float delta = p.rewards[k] + gamma * next_value * go_on - p.values[k];
+      gae = delta + gamma * lambda * go_on * gae;
+      p.advantages[k] = gae;
+      p.returns[k] = gae + p.values[k];
+      next_value = p.values[k];
+    }
+  }
+}
+
+// One minibatch of whole streams over the n rollout steps: each segment
+// replayed from its stored state, its loss backpropagated (the gradients
+// accumulate). Adds to r the minibatch's PPO loss (surrogate + value +
+// entropy terms, means over its steps and streams), KL estimate and clip
+// fraction.
+void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, SegmentResult& r) {
+  PpoBuffers& p = *ppo_;
+  const EnvSpec& spec = env_->spec();
+  const auto B = size_t(p.B), A = size_t(p.A), H = size_t(p.H), Bm = streams.size();
+  const auto mb = int64_t(Bm);
+  // The minibatch's advantages are normalised by their mean and standard deviation.
+  double mean = 0, sq = 0;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t b : streams) mean += p.advantages[size_t(t) * B + size_t(b)];
+  const double count = double(n) * double(Bm);
+  mean /= count;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t b : streams) sq += std::pow(p.advantages[size_t(t) * B + size_t(b)] - mean, 2);
+  const double std_dev = count > 1 ? std::sqrt(sq / (count - 1)) : 0.0;
+  const double inv_n = 1.0 / count, eps = config_.clip_range;
+  double reported = 0, kl = 0, clipped_terms = 0;
+  for (int64_t s = 0; s * p.K < n; ++s, r.segment_peak = std::max(r.segment_peak, tape_->stats().last_segment_peak)) {
+    Segment seg = tape_->segment();
+    for (size_t i = 0; i < Bm; ++i)
+      std::copy_n(p.start_state.begin() + ptrdiff_t((size_t(s) * B + size_t(streams[i])) * H), H,
+                  p.mb_state.begin() + ptrdiff_t(i * H));
+    Tensor h = tape_->from(std::span<const float>(p.mb_state), {mb, p.H});
+    Tensor loss;
+    for (int64_t t = s * p.K; t < std::min(n, (s + 1) * p.K); ++t, tape_->next_step()) {
+      const size_t row = size_t(t) * B;
+      Tensor x;
+      if (spec.vocab > 0) {
+        for (size_t i = 0; i < Bm; ++i) p.mb_tokens[i] = p.tokens[row + size_t(streams[i])];
+        x = tape_->from(std::span<const int64_t>(p.mb_tokens), {mb});
+      } else {
+        const auto D = size_t(p.obs_dim);
+        for (size_t i = 0; i < Bm; ++i)
+          std::copy_n(p.vectors.begin() + ptrdiff_t((row + size_t(streams[i])) * D), D, p.mb_vectors.begin() + ptrdiff_t(i * D));
+        x = tape_->from(std::span<const float>(p.mb_vectors), {mb, p.obs_dim});
+      }
+      Tensor f = policy_->recur(policy_->encode(x), h);
+      Tensor lp = log_softmax(policy_->logits(f));  // [Bm, A]
+      Tensor v = policy_->value(f);                 // [Bm, 1]
+      lp.to_host(std::span<float>(p.mb_rows));
+      v.to_host(std::span<float>(p.mb_values));
+      std::fill(p.mb_weights.begin(), p.mb_weights.end(), 0.0f);
+      for (size_t i = 0; i < Bm; ++i) {
+        const size_t k = row + size_t(streams[i]);
+        const double adv = std_dev > 0 ? (p.advantages[k] - mean) / (std_dev + 1e-8) : p.advantages[k] - mean;
+        const auto a = size_t(p.actions[k]);
+        const double ratio = std::exp(double(p.mb_rows[i * A + a]) - double(p.logp[k]));
+        const double clipped = std::clamp(ratio, 1.0 - eps, 1.0 + eps);
+        reported -= std::min(ratio * adv, clipped * adv) * inv_n;
+        kl += (ratio - 1.0 - std::log(ratio)) * inv_n;
+        clipped_terms += clipped != ratio ? inv_n : 0.0;
+        // The clip bounds the objective where it is the smaller of the two: no gradient there.
+        const bool bounded = (adv > 0 && ratio > 1.0 + eps) || (adv < 0 && ratio < 1.0 - eps);
+        if (!bounded) p.mb_weights[i * A + a] = float(-adv * ratio * inv_n);
+        p.mb_returns[i] = p.returns[k];
+        const double dv = double(p.mb_values[i]) - double(p.returns[k]);
+        reported += 0.5 * config_.value_coef * dv * dv * inv_n;
+        for (size_t j = 0; j < A; ++j) {
+          const double l = p.mb_rows[i * A + j];
+          reported += config_.entropy * std::exp(l) * l * inv_n;  // -entropy bonus
+        }
+        p.mb_done[i] = p.done[k];
+      }
+      Tensor pg = sum(mul(lp, tape_->from(std::span<const float>(p.mb_weights), {mb, p.A})));
+      Tensor vl = scale(mse_loss(v, tape_->from(std::span<const float>(p.mb_returns), {mb, 1}), Reduction::Sum),
+                        0.5 * config_.value_coef * inv_n);
+      Tensor neg_entropy = scale(sum(mul(exp(lp), lp)), config_.entropy * inv_n);
+      Tensor l = add(add(pg, vl), neg_entropy);
+      loss = loss.defined() ? add(loss, l) : l;
+      h = reset_finished(f, p.mb_done, reset_mask_);
+    }
+    seg.backward(loss);
+  }
+  r.loss_sum += reported;
+  r.approx_kl += kl;
+  r.clip_fraction += clipped_terms;
+}
+
+}  // namespace segtape::agent
