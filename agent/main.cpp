@@ -342,7 +342,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
     c.budget_name = "--budget";
     plugin = checkpoint_plugin(ck, c.env, "--resume " + out.string());
     for (const char* opt : {"--env", "--history", "--batch", "--hidden", "--embed", "--lag", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget",
-                            "--gamma", "--entropy", "--algo", "--rollout", "--epochs", "--minibatches", "--clip-range", "--gae-lambda"})
+                            "--gamma", "--entropy", "--algo", "--rollout", "--epochs", "--minibatches", "--clip-range", "--gae-lambda",
+                            "--lr-schedule"})
       if (cmd.count(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
     if (cmd.count("--steps")) c.steps = a.c.steps;
     if (cmd.count("--device")) c.device = a.c.device;  // a run may move between the CPU and a GPU
@@ -441,6 +442,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
                     &interval_steps, &last_loss) != 6)
       throw Error("--resume " + out.string() + ": checkpoint metadata run.interval is malformed ('" + it->second + "')");
   }
+  double ppo_kl = 0, ppo_clip = 0;
+  int64_t ppo_updates = 0;
   auto log_row = [&](std::chrono::steady_clock::time_point now) {
     const double secs = std::chrono::duration<double>(now - interval_start).count();
     Row row{tr.step(), last_loss, tr.env().score(), episodes ? return_sum / double(episodes) : std::nan(""), peak,
@@ -454,6 +457,11 @@ int train(TrainArgs& a, CLI::App& cmd) {
       tb->scalar("memory/segment_peak_bytes", row.step, double(row.segment_peak));
       tb->scalar("memory/rss_bytes", row.step, double(row.rss));
       tb->scalar("speed/steps_per_s", row.step, row.steps_per_s);
+      if (c.algo == "ppo" && ppo_updates) {  // the last iteration's PPO diagnostics
+        tb->scalar("ppo/approx_kl", row.step, ppo_kl);
+        tb->scalar("ppo/clip_fraction", row.step, ppo_clip);
+        tb->scalar("ppo/lr", row.step, tr.lr());
+      }
     }
     if (!bar.tty())
       std::printf("step %ld/%ld  loss %.4f  %s %.1f%%  segment peak %s  rss %s  %.0f steps/s\n", tr.step(), c.steps, last_loss,
@@ -485,6 +493,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     loss_n += r.loss_steps;
     return_sum += r.return_sum;
     episodes += r.episodes;
+    if (r.loss_steps && c.algo == "ppo") ppo_kl = r.approx_kl, ppo_clip = r.clip_fraction, ppo_updates = r.loss_steps;
     peak = full ? tr.tape().stats().peak_bytes : tr.tape().stats().last_segment_peak;
     if (r.segment_peak) peak = r.segment_peak;  // exact, ppo: the largest segment of the window or iteration
     steps_run += r.steps_run, steps_done += r.steps_run ? r.steps : 0, stored_bytes = std::max(stored_bytes, r.stored_bytes);
@@ -753,6 +762,7 @@ int run_cli(int argc, char** argv) {
   tr->add_option("--minibatches", ta.c.minibatches, "ppo: minibatches of whole streams per pass (divides --batch)")->capture_default_str();
   tr->add_option("--clip-range", ta.c.clip_range, "ppo: the surrogate's clip epsilon")->capture_default_str();
   tr->add_option("--gae-lambda", ta.c.gae_lambda, "ppo: GAE lambda")->capture_default_str();
+  tr->add_option("--lr-schedule", ta.c.lr_schedule, "ppo: linear (Adam's lr from --lr to 0 over --steps) or constant")->capture_default_str();
   tr->add_option("--log-every", ta.log_every, "Steps between metric rows (default: steps/100)");
   tr->add_option("--checkpoint-every", ta.checkpoint_every, "Steps between checkpoints (default: steps/10)");
   tr->add_option("--eval-steps", ta.eval_steps, "Steps of greedy evaluation at the end (and at each checkpoint with --log-dir)")->capture_default_str();

@@ -54,6 +54,8 @@ std::unique_ptr<Trainer::PpoBuffers> Trainer::make_ppo_buffers() const {
 SegmentResult Trainer::ppo_iteration(int64_t n) {
   SegmentResult r;
   if (n <= 0) return r;
+  // The learning rate of this iteration's updates: a function of the step, so a resumed run has it too.
+  if (config_.lr_schedule == "linear") optim_->options().lr = config_.lr * (1.0 - double(step_) / double(config_.steps));
   ppo_rollout(n, r);
   ppo_advantages(n);
   PpoBuffers& p = *ppo_;
@@ -153,7 +155,9 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
   mean /= count;
   for (int64_t t = 0; t < n; ++t)
     for (int64_t b : streams) sq += std::pow(p.advantages[size_t(t) * B + size_t(b)] - mean, 2);
-  const double std_dev = count > 1 ? std::sqrt(sq / (count - 1)) : 0.0;
+  // (A single term is left as it is, as SB3 does: normalised, it would be 0.)
+  const bool normalise = count > 1;
+  const double std_dev = normalise ? std::sqrt(sq / (count - 1)) : 1.0;
   const double inv_n = 1.0 / count, eps = config_.clip_range;
   double reported = 0, kl = 0, clipped_terms = 0;
   for (int64_t s = 0; s * p.K < n; ++s, r.segment_peak = std::max(r.segment_peak, tape_->stats().last_segment_peak)) {
@@ -183,12 +187,14 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
       std::fill(p.mb_weights.begin(), p.mb_weights.end(), 0.0f);
       for (size_t i = 0; i < Bm; ++i) {
         const size_t k = row + size_t(streams[i]);
-        const double adv = std_dev > 0 ? (p.advantages[k] - mean) / (std_dev + 1e-8) : p.advantages[k] - mean;
+        const double adv = normalise ? (p.advantages[k] - mean) / (std_dev + 1e-8) : p.advantages[k];
         const auto a = size_t(p.actions[k]);
-        const double ratio = std::exp(double(p.mb_rows[i * A + a]) - double(p.logp[k]));
+        // log ratio, bounded so that exp() stays finite (a ratio of e^80 is clipped either way)
+        const double d = std::min(double(p.mb_rows[i * A + a]) - double(p.logp[k]), 80.0);
+        const double ratio = std::exp(d);
         const double clipped = std::clamp(ratio, 1.0 - eps, 1.0 + eps);
         reported -= std::min(ratio * adv, clipped * adv) * inv_n;
-        kl += (ratio - 1.0 - std::log(ratio)) * inv_n;
+        kl += (std::expm1(d) - d) * inv_n;
         clipped_terms += clipped != ratio ? inv_n : 0.0;
         // The clip bounds the objective where it is the smaller of the two: no gradient there.
         const bool bounded = (adv > 0 && ratio > 1.0 + eps) || (adv < 0 && ratio < 1.0 - eps);

@@ -94,7 +94,8 @@ std::map<std::string, std::string> TrainConfig::to_metadata() const {
           {"epochs", std::to_string(epochs)},
           {"minibatches", std::to_string(minibatches)},
           {"clip_range", d(clip_range)},
-          {"gae_lambda", d(gae_lambda)}};
+          {"gae_lambda", d(gae_lambda)},
+          {"lr_schedule", lr_schedule}};
 }
 
 TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>& m) {
@@ -132,6 +133,7 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
     c.minibatches = std::stoll(get_or("minibatches", std::to_string(c.minibatches)));
     c.clip_range = std::stod(get_or("clip_range", "0.2"));
     c.gae_lambda = std::stod(get_or("gae_lambda", "0.95"));
+    c.lr_schedule = get_or("lr_schedule", "constant");
   } catch (const std::logic_error& e) {  // stoll & co.
     throw CheckpointError(std::string("checkpoint metadata has a malformed number (") + e.what() + ")");
   }
@@ -178,6 +180,7 @@ void TrainConfig::validate() const {
              " (each minibatch holds whole streams)");
     need(std::isfinite(clip_range) && clip_range > 0 && clip_range < 1, "--clip-range must be in (0, 1)");
     need(gae_lambda >= 0 && gae_lambda <= 1, "--gae-lambda must be in [0, 1]");
+    need(lr_schedule == "linear" || lr_schedule == "constant", "--lr-schedule '" + lr_schedule + "': choose linear or constant");
   }
   need(history.kind != History::Kind::Exact || history.horizon >= history.k,
        "--history exact:K/T needs T >= K (a window holds at least one segment)");
@@ -239,6 +242,10 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
   if (shape.value_head) e.step_bytes += f32(B);
   const size_t steps = c.history.kind == History::Kind::Full ? 1 : size_t(c.history.k);
   e.segment_bytes = e.step_bytes * steps;
+  if (c.algo == "ppo") {  // per step and stream: action and token (int64), 5 floats, done, the observation vector
+    const size_t T = size_t(c.rollout), S = (T + size_t(c.history.k) - 1) / size_t(c.history.k);
+    e.rollout_bytes = T * B * (2 * 8 + 5 * 4 + 1 + size_t(spec.obs_dim) * 4) + S * B * H * 4;
+  }
   e.budget = applied_budget(c);
   return e;
 }
@@ -257,11 +264,13 @@ void check_sizes(const TrainConfig& c, const SizeEstimate& e) {
                       ": shorten the segment (--history tbptt:K with a smaller K), make the step smaller (batch, hidden "
                       "size) or raise " + c.budget_name);
   const size_t machine = physical_memory();
-  const size_t need = e.parameter_bytes + std::min(e.segment_bytes, e.budget);
+  const size_t need = e.parameter_bytes + std::min(e.segment_bytes, e.budget) + e.rollout_bytes;
   if (machine && need > machine)
     throw Error("the model needs at least " + format_bytes(need) + " (parameters, gradients and Adam's moments " +
                 format_bytes(e.parameter_bytes) + ", plus a segment of " + format_bytes(std::min(e.segment_bytes, e.budget)) +
-                ") but this machine has " + format_bytes(machine) + " of memory: make the model smaller (--hidden, --embed)");
+                (e.rollout_bytes ? ", plus PPO's rollout of " + format_bytes(e.rollout_bytes) : std::string()) +
+                ") but this machine has " + format_bytes(machine) + " of memory: make the model smaller (--hidden, --embed)" +
+                (e.rollout_bytes ? " or the rollout shorter (--rollout, --batch)" : ""));
 }
 
 // What the trainer keeps in its tape's persistent pool, made in one place:
@@ -380,6 +389,8 @@ SizeEstimate Trainer::estimate(const TrainConfig& c) {
 }
 
 size_t Trainer::budget() const { return applied_budget(config_); }
+
+double Trainer::lr() const { return optim_->options().lr; }
 
 Tensor Trainer::observe_tensor() {
   const EnvSpec& spec = env_->spec();
@@ -806,7 +817,9 @@ void Trainer::load(const std::filesystem::path& file) {
     };
     same(saved.env == config_.env, "--env");
     same(saved.history.str() == config_.history.str(), "--history");
-    same(saved.algo == config_.algo && saved.rollout == config_.rollout, "--algo/--rollout");
+    same(saved.algo == config_.algo && saved.rollout == config_.rollout && saved.epochs == config_.epochs &&
+             saved.minibatches == config_.minibatches && saved.lr_schedule == config_.lr_schedule,
+         "--algo/--rollout/--epochs/--minibatches/--lr-schedule");
     same(saved.batch == config_.batch && saved.hidden == config_.hidden && saved.embed == config_.embed,
          "--batch/--hidden/--embed");
   };

@@ -595,6 +595,8 @@ TEST(Ppo, BadConfigurationsAreRefusedNamingTheFlag) {
   refused(c, "--clip-range");
   c = small_ppo("tmaze", 64), c.gae_lambda = -0.1;
   refused(c, "--gae-lambda");
+  c = small_ppo("tmaze", 64), c.lr_schedule = "cosine";
+  refused(c, "--lr-schedule 'cosine'");
 }
 
 // ---- the command line
@@ -788,7 +790,8 @@ TEST(Cli, PpoRunsRecordTheirSettingsAndResume) {
   EXPECT_NE(r.out.find("recall (recurrent PPO, accuracy)"), std::string::npos) << r.out;
   std::string json = slurp(dir / "metrics.json");
   for (const char* want : {"\"algo\": \"ppo\"", "\"rollout\": 32,", "\"epochs\": 2,", "\"minibatches\": 2,", "\"gamma\": 0,",
-                           "\"clip_range\": 0.2,", "\"gae_lambda\": 0.95,"})
+                           "\"clip_range\": 0.2,", "\"gae_lambda\": 0.95,",
+                           "\"lr_schedule\": \"linear\""})
     EXPECT_NE(json.find(want), std::string::npos) << want << "\n" << json;
   r = sh("train --resume " + dir.string() + " --steps 320");
   ASSERT_EQ(r.code, 0) << r.out;

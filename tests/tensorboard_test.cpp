@@ -145,3 +145,29 @@ TEST(TensorBoard, TrainWritesTheMetricsRowsAndAnEvalCurve) {
   for (const auto& [step, v] : by_tag["eval/success"]) EXPECT_TRUE(v >= 0 && v <= 1) << v;
   fs::remove_all(dir);
 }
+
+// `--algo ppo` adds its diagnostics: the approximate KL and clip fraction of
+// the last iteration (>= 0; the fraction <= 1) and the annealed learning rate
+// (falling from --lr towards 0 row by row).
+TEST(TensorBoard, PpoRunsLogTheirDiagnostics) {
+  const fs::path dir = temp_dir("ppo");
+  const std::string out = (dir / "run").string(), logs = (dir / "logs").string();
+  const test::Process r = test::run_shell(std::string(SEGTAPE_BIN) + " train --env tmaze --algo ppo --steps 256 --batch 4" +
+                                          " --hidden 8 --rollout 32 --minibatches 2 --epochs 2 --lr 0.004 --log-every 64" +
+                                          " --eval-steps 32 --out " + out + " --log-dir " + logs + " 2>&1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(logs)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  std::map<std::string, std::vector<std::pair<int64_t, float>>> by_tag;
+  for (const tb::ScalarEvent& s : tb::read_events(files[0]).scalars) by_tag[s.tag].push_back({s.step, s.value});
+  ASSERT_EQ(by_tag["ppo/approx_kl"].size(), 4u);
+  ASSERT_EQ(by_tag["ppo/clip_fraction"].size(), 4u);
+  ASSERT_EQ(by_tag["ppo/lr"].size(), 4u);
+  for (const auto& [step, v] : by_tag["ppo/approx_kl"]) EXPECT_GE(v, 0.0f);
+  for (const auto& [step, v] : by_tag["ppo/clip_fraction"]) EXPECT_TRUE(v >= 0 && v <= 1) << v;
+  // The row at step 64 comes after the iteration that started at step 32: lr = 0.004 * (1 - 32 / 256).
+  EXPECT_NEAR(by_tag["ppo/lr"][0].second, 0.004 * (1 - 32.0 / 256), 1e-9);
+  for (size_t i = 1; i < 4; ++i) EXPECT_LT(by_tag["ppo/lr"][i].second, by_tag["ppo/lr"][i - 1].second);
+  fs::remove_all(dir);
+}

@@ -187,7 +187,7 @@ class TrainResult:
 
 def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, lr=3e-3, history="tbptt:32", gamma=0.99,
           entropy=0.01, value_coef=0.5, clip=1.0, seed=1, algo="a2c", rollout=128, epochs=10, minibatches=4,
-          clip_range=0.2, gae_lambda=0.95, success=None, normalize_obs=True, log_every=None, callback=None,
+          clip_range=0.2, gae_lambda=0.95, lr_schedule="linear", success=None, normalize_obs=True, log_every=None, callback=None,
           eval_every=None, eval_episodes=10, stop_at=None):
     """Trains segtape's recurrent agent on a Gymnasium env; returns a TrainResult.
 
@@ -199,7 +199,9 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, lr=3e-3, history="
     of the history's K steps) or "ppo" (recurrent PPO: rollouts of `rollout`
     steps, GAE(gae_lambda), the clipped surrogate with clip_range, `epochs`
     passes over `minibatches` minibatches of whole streams, each replayed from
-    the states stored at rollout time; `minibatches` divides `batch`).
+    the states stored at rollout time; `minibatches` divides `batch`;
+    lr_schedule "linear" anneals the learning rate to 0 over `steps`, or
+    "constant").
     normalize_obs: Box observations are normalised by their running mean and
     variance (as SB3's VecNormalize; the statistics are the run's, shared by
     evaluate()).
@@ -223,7 +225,7 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, lr=3e-3, history="
     c.env, c.history, c.steps, c.batch, c.hidden, c.embed = name, history, int(steps), int(batch), int(hidden), int(embed)
     c.lr, c.gamma, c.entropy, c.value_coef, c.clip, c.seed = lr, gamma, entropy, value_coef, clip, int(seed)
     c.algo, c.rollout, c.epochs, c.minibatches = algo, int(rollout), int(epochs), int(minibatches)
-    c.clip_range, c.gae_lambda = clip_range, gae_lambda
+    c.clip_range, c.gae_lambda, c.lr_schedule = clip_range, gae_lambda, lr_schedule
     c.validate()
     trainer = _A.Trainer(c)
     every = log_every or max(1, int(steps) // 20)

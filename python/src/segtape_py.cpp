@@ -856,6 +856,7 @@ NB_MODULE(_segtape, m) {
       .def_rw("minibatches", &agent::TrainConfig::minibatches)
       .def_rw("clip_range", &agent::TrainConfig::clip_range)
       .def_rw("gae_lambda", &agent::TrainConfig::gae_lambda)
+      .def_rw("lr_schedule", &agent::TrainConfig::lr_schedule)
       .def("validate", &agent::TrainConfig::validate);
   nb::class_<agent::Trainer>(ag, "Trainer")
       .def(nb::init<const agent::TrainConfig&>())

@@ -58,6 +58,9 @@ struct TrainConfig {
   int64_t minibatches = 4;
   double clip_range = 0.2;
   double gae_lambda = 0.95;
+  // ppo: "linear" anneals Adam's lr from `lr` to 0 over the run (CleanRL's
+  // default), "constant" keeps it (SB3's)
+  std::string lr_schedule = "linear";
 
   std::map<std::string, std::string> to_metadata() const;
   static TrainConfig from_metadata(const std::map<std::string, std::string>& m);
@@ -86,6 +89,7 @@ struct SizeEstimate {
   size_t step_bytes = 0;       // a lower bound of the arena bytes one step keeps (its forward outputs)
   size_t segment_bytes = 0;    // step_bytes x the steps a segment keeps (K; 1 for `full`, which grows)
   size_t budget = 0;           // the budget that applies (segment budget, or `full`'s growth limit)
+  size_t rollout_bytes = 0;    // ppo: the rollout kept on the host (agent/ppo.h)
 };
 
 class Trainer {
@@ -96,6 +100,8 @@ class Trainer {
   // Runs one segment (K steps, fewer at the end), updates the parameters.
   SegmentResult run_segment();
   bool done() const { return step_ >= config_.steps; }
+  // Adam's learning rate now (--lr, or where --lr-schedule has taken it).
+  double lr() const;
   int64_t step() const { return step_; }
 
   // Greedy evaluation over `steps` fresh steps of a new env seeded `seed` (no gradients).
