@@ -30,7 +30,9 @@ std::unique_ptr<Trainer::PpoBuffers> Trainer::make_ppo_buffers() const {
   const EnvSpec& spec = env_->spec();
   auto p = std::make_unique<PpoBuffers>();
   p->T = config_.rollout, p->B = config_.batch, p->H = config_.hidden, p->K = config_.history.k;
-  p->S = (p->T + p->K - 1) / p->K;
+  // The rollout keeps a state every W steps: a minibatch's gradient reaches back W steps, in K-step segments.
+  p->W = config_.history.kind == History::Kind::Exact ? config_.history.horizon : p->K;
+  p->S = (p->T + p->W - 1) / p->W;
   p->obs_dim = spec.vocab > 0 ? 0 : spec.obs_dim;
   p->A = spec.num_actions;
   const auto TB = size_t(p->T * p->B), Bm = size_t(p->B / config_.minibatches), H = size_t(p->H);
@@ -48,6 +50,11 @@ std::unique_ptr<Trainer::PpoBuffers> Trainer::make_ppo_buffers() const {
   p->mb_rows.assign(Bm * size_t(p->A), 0.0f);
   p->mb_values.assign(Bm, 0.0f);
   p->mb_done.assign(Bm, 0);
+  p->step_stats.assign(size_t(p->T) * 3, 0.0);
+  if (config_.history.kind == History::Kind::Exact) {  // the window's boundary states live in the persistent pool
+    p->mb_h0 = tape_->persistent({int64_t(Bm), p->H});
+    p->driver = std::make_unique<replay::Driver>(*tape_, p->mb_h0, replay::Options{.horizon = p->W, .k = p->K});
+  }
   return p;
 }
 
@@ -83,11 +90,13 @@ void Trainer::ppo_rollout(int64_t n, SegmentResult& r) {
   PpoBuffers& p = *ppo_;
   const EnvSpec& spec = env_->spec();
   const auto B = size_t(p.B), A = size_t(p.A), H = size_t(p.H);
-  for (int64_t s = 0; s * p.K < n; ++s, r.segment_peak = std::max(r.segment_peak, tape_->stats().last_segment_peak)) {
+  for (int64_t t0 = 0; t0 < n; r.segment_peak = std::max(r.segment_peak, tape_->stats().last_segment_peak)) {
+    // Segments of at most K steps, cut where a window starts too (its state is stored there).
+    const int64_t end = std::min({n, (t0 / p.K + 1) * p.K, (t0 / p.W + 1) * p.W});
     Segment seg = tape_->segment();
     NoGradGuard ng(*tape_);
-    h_.to_host(std::span<float>(p.start_state).subspan(size_t(s) * B * H, B * H));
-    for (int64_t t = s * p.K; t < std::min(n, (s + 1) * p.K); ++t, ++step_, tape_->next_step()) {
+    if (t0 % p.W == 0) h_.to_host(std::span<float>(p.start_state).subspan(size_t(t0 / p.W) * B * H, B * H));
+    for (int64_t t = t0; t < end; ++t, ++step_, tape_->next_step()) {
       const size_t row = size_t(t) * B;
       Tensor x = observe_tensor();
       if (spec.vocab > 0) std::copy(tokens_.begin(), tokens_.end(), p.tokens.begin() + ptrdiff_t(row));
@@ -112,6 +121,7 @@ void Trainer::ppo_rollout(int64_t n, SegmentResult& r) {
     }
     copy_into(h_home_, h_);  // the state lives in its home between segments and iterations
     h_ = h_home_;
+    t0 = end;
   }
   Segment seg = tape_->segment();
   bootstrap_value(h_, std::span<float>(p.bootstrap));
@@ -137,11 +147,10 @@ void Trainer::ppo_advantages(int64_t n) {
   }
 }
 
-// One minibatch of whole streams over the n rollout steps: each segment
-// replayed from its stored state, its loss backpropagated (the gradients
-// accumulate). Adds to r the minibatch's PPO loss (surrogate + value +
-// entropy terms, means over its steps and streams), KL estimate and clip
-// fraction.
+// One minibatch of whole streams over the n rollout steps, window by window
+// from the states stored at rollout time; the gradients accumulate. Adds to
+// r the minibatch's PPO loss (surrogate + value + entropy terms, means over
+// its steps and streams), KL estimate and clip fraction.
 void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, SegmentResult& r) {
   PpoBuffers& p = *ppo_;
   const EnvSpec& spec = env_->spec();
@@ -159,68 +168,99 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
   const bool normalise = count > 1;
   const double std_dev = normalise ? std::sqrt(sq / (count - 1)) : 1.0;
   const double inv_n = 1.0 / count, eps = config_.clip_range;
-  double reported = 0, kl = 0, clipped_terms = 0;
-  for (int64_t s = 0; s * p.K < n; ++s, r.segment_peak = std::max(r.segment_peak, tape_->stats().last_segment_peak)) {
-    Segment seg = tape_->segment();
-    for (size_t i = 0; i < Bm; ++i)
-      std::copy_n(p.start_state.begin() + ptrdiff_t((size_t(s) * B + size_t(streams[i])) * H), H,
-                  p.mb_state.begin() + ptrdiff_t(i * H));
-    Tensor h = tape_->from(std::span<const float>(p.mb_state), {mb, p.H});
-    Tensor loss;
-    for (int64_t t = s * p.K; t < std::min(n, (s + 1) * p.K); ++t, tape_->next_step()) {
-      const size_t row = size_t(t) * B;
-      Tensor x;
-      if (spec.vocab > 0) {
-        for (size_t i = 0; i < Bm; ++i) p.mb_tokens[i] = p.tokens[row + size_t(streams[i])];
-        x = tape_->from(std::span<const int64_t>(p.mb_tokens), {mb});
-      } else {
-        const auto D = size_t(p.obs_dim);
-        for (size_t i = 0; i < Bm; ++i)
-          std::copy_n(p.vectors.begin() + ptrdiff_t((row + size_t(streams[i])) * D), D, p.mb_vectors.begin() + ptrdiff_t(i * D));
-        x = tape_->from(std::span<const float>(p.mb_vectors), {mb, p.obs_dim});
-      }
-      Tensor f = policy_->recur(policy_->encode(x), h);
-      Tensor lp = log_softmax(policy_->logits(f));  // [Bm, A]
-      Tensor v = policy_->value(f);                 // [Bm, 1]
-      lp.to_host(std::span<float>(p.mb_rows));
-      v.to_host(std::span<float>(p.mb_values));
-      std::fill(p.mb_weights.begin(), p.mb_weights.end(), 0.0f);
-      for (size_t i = 0; i < Bm; ++i) {
-        const size_t k = row + size_t(streams[i]);
-        const double adv = normalise ? (p.advantages[k] - mean) / (std_dev + 1e-8) : p.advantages[k];
-        const auto a = size_t(p.actions[k]);
-        // log ratio, bounded so that exp() stays finite (a ratio of e^80 is clipped either way)
-        const double d = std::min(double(p.mb_rows[i * A + a]) - double(p.logp[k]), 80.0);
-        const double ratio = std::exp(d);
-        const double clipped = std::clamp(ratio, 1.0 - eps, 1.0 + eps);
-        reported -= std::min(ratio * adv, clipped * adv) * inv_n;
-        kl += (std::expm1(d) - d) * inv_n;
-        clipped_terms += clipped != ratio ? inv_n : 0.0;
-        // The clip bounds the objective where it is the smaller of the two: no gradient there.
-        const bool bounded = (adv > 0 && ratio > 1.0 + eps) || (adv < 0 && ratio < 1.0 - eps);
-        if (!bounded) p.mb_weights[i * A + a] = float(-adv * ratio * inv_n);
-        p.mb_returns[i] = p.returns[k];
-        const double dv = double(p.mb_values[i]) - double(p.returns[k]);
-        reported += 0.5 * config_.value_coef * dv * dv * inv_n;
-        for (size_t j = 0; j < A; ++j) {
-          const double l = p.mb_rows[i * A + j];
-          reported += config_.entropy * std::exp(l) * l * inv_n;  // -entropy bonus
-        }
-        p.mb_done[i] = p.done[k];
-      }
-      Tensor pg = sum(mul(lp, tape_->from(std::span<const float>(p.mb_weights), {mb, p.A})));
-      Tensor vl = scale(mse_loss(v, tape_->from(std::span<const float>(p.mb_returns), {mb, 1}), Reduction::Sum),
-                        0.5 * config_.value_coef * inv_n);
-      Tensor neg_entropy = scale(sum(mul(exp(lp), lp)), config_.entropy * inv_n);
-      Tensor l = add(add(pg, vl), neg_entropy);
-      loss = loss.defined() ? add(loss, l) : l;
-      h = reset_finished(f, p.mb_done, reset_mask_);
+
+  // Rollout step t of the minibatch from the state h: the state after it
+  // (reset where the stream's episode ended) and, when `with_loss`, its loss.
+  // Its host figures go to slot t of step_stats, overwritten when a replay
+  // runs the step again (the same values), so each step counts once.
+  const auto step = [&](int64_t t, const Tensor& h, bool with_loss) {
+    const size_t row = size_t(t) * B;
+    Tensor x;
+    if (spec.vocab > 0) {
+      for (size_t i = 0; i < Bm; ++i) p.mb_tokens[i] = p.tokens[row + size_t(streams[i])];
+      x = tape_->from(std::span<const int64_t>(p.mb_tokens), {mb});
+    } else {
+      const auto D = size_t(p.obs_dim);
+      for (size_t i = 0; i < Bm; ++i)
+        std::copy_n(p.vectors.begin() + ptrdiff_t((row + size_t(streams[i])) * D), D, p.mb_vectors.begin() + ptrdiff_t(i * D));
+      x = tape_->from(std::span<const float>(p.mb_vectors), {mb, p.obs_dim});
     }
-    seg.backward(loss);
+    Tensor f = policy_->recur(policy_->encode(x), h);
+    for (size_t i = 0; i < Bm; ++i) p.mb_done[i] = p.done[row + size_t(streams[i])];
+    if (!with_loss) return replay::StepResult{reset_finished(f, p.mb_done, reset_mask_), Tensor{}};
+    Tensor lp = log_softmax(policy_->logits(f));  // [Bm, A]
+    Tensor v = policy_->value(f);                 // [Bm, 1]
+    lp.to_host(std::span<float>(p.mb_rows));
+    v.to_host(std::span<float>(p.mb_values));
+    std::fill(p.mb_weights.begin(), p.mb_weights.end(), 0.0f);
+    double reported = 0, kl = 0, clipped_terms = 0;
+    for (size_t i = 0; i < Bm; ++i) {
+      const size_t k = row + size_t(streams[i]);
+      const double adv = normalise ? (p.advantages[k] - mean) / (std_dev + 1e-8) : p.advantages[k];
+      const auto a = size_t(p.actions[k]);
+      // log ratio, bounded so that exp() stays finite (a ratio of e^80 is clipped either way)
+      const double d = std::min(double(p.mb_rows[i * A + a]) - double(p.logp[k]), 80.0);
+      const double ratio = std::exp(d);
+      const double clipped = std::clamp(ratio, 1.0 - eps, 1.0 + eps);
+      reported -= std::min(ratio * adv, clipped * adv) * inv_n;
+      kl += (std::expm1(d) - d) * inv_n;
+      clipped_terms += clipped != ratio ? inv_n : 0.0;
+      // The clip bounds the objective where it is the smaller of the two: no gradient there.
+      const bool bounded = (adv > 0 && ratio > 1.0 + eps) || (adv < 0 && ratio < 1.0 - eps);
+      if (!bounded) p.mb_weights[i * A + a] = float(-adv * ratio * inv_n);
+      p.mb_returns[i] = p.returns[k];
+      const double dv = double(p.mb_values[i]) - double(p.returns[k]);
+      reported += 0.5 * config_.value_coef * dv * dv * inv_n;
+      for (size_t j = 0; j < A; ++j) {
+        const double l = p.mb_rows[i * A + j];
+        reported += config_.entropy * std::exp(l) * l * inv_n;  // -entropy bonus
+      }
+    }
+    p.step_stats[size_t(t) * 3 + 0] = reported, p.step_stats[size_t(t) * 3 + 1] = kl, p.step_stats[size_t(t) * 3 + 2] = clipped_terms;
+    Tensor pg = sum(mul(lp, tape_->from(std::span<const float>(p.mb_weights), {mb, p.A})));
+    Tensor vl = scale(mse_loss(v, tape_->from(std::span<const float>(p.mb_returns), {mb, 1}), Reduction::Sum),
+                      0.5 * config_.value_coef * inv_n);
+    Tensor neg_entropy = scale(sum(mul(exp(lp), lp)), config_.entropy * inv_n);
+    return replay::StepResult{reset_finished(f, p.mb_done, reset_mask_), add(add(pg, vl), neg_entropy)};
+  };
+
+  for (int64_t w = 0; w * p.W < n; ++w) {
+    const int64_t t0 = w * p.W, len = std::min(n, t0 + p.W) - t0;
+    for (size_t i = 0; i < Bm; ++i)
+      std::copy_n(p.start_state.begin() + ptrdiff_t((size_t(w) * B + size_t(streams[i])) * H), H,
+                  p.mb_state.begin() + ptrdiff_t(i * H));
+    if (p.driver) {
+      // exact:K/T: the window's gradient by replay (segtape/replay.h), K steps in the arena at a time.
+      replay::Driver* drv = p.driver.get();
+      if (len < p.W) {
+        if (!p.tail || p.tail->options().horizon != len)
+          p.tail = std::make_unique<replay::Driver>(*tape_, p.mb_h0, replay::Options{.horizon = len, .k = p.K});
+        drv = p.tail.get();
+      }
+      p.mb_h0.from_host(std::span<const float>(p.mb_state));
+      const replay::Report rep = drv->run(
+          [&](Tape&, int64_t i, const Tensor& h, replay::Inputs& in) { return step(t0 + i, h, in.replaying()); }, p.mb_h0);
+      r.segment_peak = std::max(r.segment_peak, rep.segment_peak);
+      r.stored_bytes = std::max(r.stored_bytes, rep.state_bytes);
+      continue;
+    }
+    // tbptt:K (and detach): the window is one segment from its stored state.
+    {
+      Segment seg = tape_->segment();
+      Tensor h = tape_->from(std::span<const float>(p.mb_state), {mb, p.H});
+      Tensor loss;
+      for (int64_t t = t0; t < t0 + len; ++t, tape_->next_step()) {
+        const replay::StepResult sr = step(t, h, true);
+        loss = loss.defined() ? add(loss, sr.loss) : sr.loss;
+        h = sr.state;
+      }
+      seg.backward(loss);
+    }
+    r.segment_peak = std::max(r.segment_peak, tape_->stats().last_segment_peak);
   }
-  r.loss_sum += reported;
-  r.approx_kl += kl;
-  r.clip_fraction += clipped_terms;
+  for (int64_t t = 0; t < n; ++t)
+    r.loss_sum += p.step_stats[size_t(t) * 3], r.approx_kl += p.step_stats[size_t(t) * 3 + 1],
+        r.clip_fraction += p.step_stats[size_t(t) * 3 + 2];
 }
 
 }  // namespace segtape::agent

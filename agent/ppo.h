@@ -3,26 +3,34 @@
 // iteration allocates nothing on the heap.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "segtape/agent/trainer.h"
+#include "segtape/replay.h"
 
 namespace segtape::agent {
 
 struct Trainer::PpoBuffers {
-  int64_t T = 0, B = 0, H = 0, K = 0, S = 0, obs_dim = 0, A = 0;
+  int64_t T = 0, B = 0, H = 0, K = 0, obs_dim = 0, A = 0;
+  int64_t W = 0, S = 0;  // a state stored every W steps (K; exact:K/T: T), S of them
   // The rollout, row t * B + b: what stream b saw and did at step t.
   std::vector<int64_t> tokens, actions;  // tokens: token envs
   std::vector<float> vectors;            // vector envs [T, B, obs_dim]
   std::vector<float> logp, values, rewards, advantages, returns;
   std::vector<uint8_t> done;
-  std::vector<float> start_state;        // [S, B, H]: the state each rollout segment started from
+  std::vector<float> start_state;        // [S, B, H]: the state at each W-step window's start
   std::vector<float> bootstrap;          // [B]: the value after the rollout's last step
   std::vector<int64_t> streams;          // the streams, shuffled each epoch
   // One minibatch's rows, gathered [Bm, ...]
   std::vector<int64_t> mb_tokens;
   std::vector<float> mb_vectors, mb_state, mb_returns, mb_weights, mb_rows, mb_values;
   std::vector<uint8_t> mb_done;
+  std::vector<double> step_stats;        // [T, 3]: each step's share of the reported loss, KL and clip fraction
+  // exact:K/T: a minibatch window's start state (persistent) and the replay
+  // drivers of its full windows and of a shorter last one
+  Tensor mb_h0;
+  std::unique_ptr<replay::Driver> driver, tail;
 };
 
 }  // namespace segtape::agent

@@ -170,9 +170,9 @@ void TrainConfig::validate() const {
   need(history.kind != History::Kind::Window || history.window <= 64, "--history window:N needs N <= 64");
   need(algo == "a2c" || algo == "ppo", "--algo '" + algo + "': choose a2c or ppo");
   if (algo == "ppo") {
-    need(history.kind == History::Kind::Tbptt || history.kind == History::Kind::Detach,
-         "--algo ppo replays each minibatch's segments from the state stored at rollout time, with --history tbptt:K "
-         "(or detach, K = 1); --history " + history.str() + " is not built for it");
+    need(history.kind == History::Kind::Tbptt || history.kind == History::Kind::Detach || history.kind == History::Kind::Exact,
+         "--algo ppo replays each minibatch's windows from the states stored at rollout time, with --history tbptt:K "
+         "(or detach, K = 1) or exact:K/T; --history " + history.str() + " is not built for it");
     need(rollout >= 1 && rollout <= 1'000'000, "--rollout must be in [1, 1000000]");
     need(epochs >= 1 && epochs <= 1000, "--epochs must be in [1, 1000]");
     need(minibatches >= 1 && minibatches <= batch && batch % minibatches == 0,
@@ -309,8 +309,12 @@ void size_device_pools(TapeOptions& o, const TrainConfig& c, const EnvSpec& spec
   nn::Rng rng(c.seed);  // the values do not matter, only the sizes
   const Persistent p = make_persistent(count, rng, c, spec);
   std::vector<std::unique_ptr<replay::Driver>> drivers;
-  if (c.history.kind == History::Kind::Exact)
+  if (c.history.kind == History::Kind::Exact && c.algo != "ppo")
     for (int i = 0; i < 2; ++i) drivers.push_back(std::make_unique<replay::Driver>(count, p.h_home, driver_options(c, c.history.horizon)));
+  if (c.history.kind == History::Kind::Exact && c.algo == "ppo") {  // agent/ppo.cpp: a minibatch's window start, two drivers
+    const Tensor h0 = count.persistent({c.batch / c.minibatches, c.hidden});
+    for (int i = 0; i < 2; ++i) drivers.push_back(std::make_unique<replay::Driver>(count, h0, driver_options(c, c.history.horizon)));
+  }
   o.device_persistent = count.stats().persistent_bytes;
   const size_t state = align_up(size_t(c.batch * c.hidden) * sizeof(float));
   o.device_carry = std::max(o.device_carry, 2 * state + (size_t(1) << 20));
@@ -360,7 +364,7 @@ Trainer::Trainer(const TrainConfig& c)
   host_values_.assign(B, 0.0f);
   episode_return_.assign(B, 0.0f);
   reset_mask_.assign(B * size_t(c.hidden), 0.0f);
-  if (c.history.kind == History::Kind::Exact) {
+  if (c.history.kind == History::Kind::Exact && c.algo != "ppo") {  // (PPO's drivers are its own: agent/ppo.cpp)
     if (!spec.supervised) {  // the window's rewards, dones, actions and values, step by step
       const size_t T = size_t(c.history.horizon);
       seg_rewards_.assign(T * B, 0.0f);

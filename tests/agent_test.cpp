@@ -518,11 +518,44 @@ TEST(Ppo, TheReplayFromStoredStatesReproducesTheRollout) {
   EXPECT_GT(r.approx_kl, 1e-9);
 }
 
+// exact:K/T under PPO: each minibatch's gradient through T-step windows from
+// the states stored at rollout time, computed by replaying K-step segments.
+// It is PPO with tbptt:T (one T-step segment per window) in the memory of
+// K-step segments: the same parameters after several iterations (float
+// reassociation apart), the same reports, and segments as small as tbptt:K's.
+TEST(Ppo, ExactWindowsEqualTbpttWindowsAtTheMemoryOfK) {
+  for (const char* env : {"recall", "tmaze"}) {
+    auto config = [&](const char* history) {
+      TrainConfig c = small_ppo(env, 16 * 3 + 8);  // the last rollout is shorter: a window of 8
+      c.history = History::parse(history);
+      return c;
+    };
+    Trainer exact(config("exact:4/16")), whole(config("tbptt:16")), truncated(config("tbptt:4"));
+    size_t exact_peak = 0, truncated_peak = 0;
+    double exact_loss = 0, whole_loss = 0;
+    while (!exact.done()) {
+      const SegmentResult e = exact.run_segment(), w = whole.run_segment(), t = truncated.run_segment();
+      exact_peak = std::max(exact_peak, e.segment_peak), truncated_peak = std::max(truncated_peak, t.segment_peak);
+      exact_loss += e.loss_sum, whole_loss += w.loss_sum;
+      EXPECT_GT(e.stored_bytes, 0u);
+    }
+    const std::vector<float> a = params_of(exact), b = params_of(whole);
+    ASSERT_EQ(a.size(), b.size());
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff += std::pow(double(a[i]) - b[i], 2), norm += double(b[i]) * b[i];
+    EXPECT_LT(std::sqrt(diff / norm), 1e-5) << env;
+    EXPECT_NEAR(exact_loss, whole_loss, 1e-4 * std::abs(whole_loss) + 1e-6) << env;
+    EXPECT_NE(params_of(truncated), b) << "tbptt:4 truncates: a different update";
+    EXPECT_LE(exact_peak, truncated_peak + 4096) << env << ": a replayed 4-step segment holds what a tbptt:4 segment holds";
+  }
+}
+
 TEST(Ppo, ResumeContinuesBitIdentically) {
   const fs::path dir = fs::temp_directory_path() / ("segtape_ppo_resume_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  for (const char* env : {"recall", "tmaze"}) {
+  for (const auto& [env, history] : {std::pair{"recall", "tbptt:4"}, std::pair{"tmaze", "tbptt:4"}, std::pair{"tmaze", "exact:4/8"}}) {
     TrainConfig c = small_ppo(env, 16 * 6 + 8);  // the last rollout is shorter
+    c.history = History::parse(history);
     Trainer straight(c);
     while (!straight.done()) straight.run_segment();
     Trainer first(c);
@@ -535,7 +568,7 @@ TEST(Ppo, ResumeContinuesBitIdentically) {
     second.load(dir / "ck.safetensors");
     EXPECT_EQ(second.step(), 48);
     while (!second.done()) second.run_segment();
-    EXPECT_EQ(params_of(straight), params_of(second)) << env;
+    EXPECT_EQ(params_of(straight), params_of(second)) << env << " " << history;
     // A checkpoint of another algorithm is refused, naming it.
     TrainConfig a2c = c;
     a2c.algo = "a2c";
@@ -583,8 +616,8 @@ TEST(Ppo, BadConfigurationsAreRefusedNamingTheFlag) {
   TrainConfig c = small_ppo("tmaze", 64);
   c.algo = "sac";
   refused(c, "--algo 'sac'");
-  c = small_ppo("tmaze", 64), c.history = History::parse("exact:4/8");
-  refused(c, "--history exact:4/8 is not built for it");
+  c = small_ppo("tmaze", 64), c.history = History::parse("window:2");
+  refused(c, "--history window:2 is not built for it");
   c = small_ppo("tmaze", 64), c.minibatches = 3;
   refused(c, "--minibatches 3: must divide --batch 4");
   c = small_ppo("tmaze", 64), c.rollout = 0;
@@ -636,7 +669,7 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
       {"train --steps 64 --out " + d, "already holds a run"},
       {"train --resume " + d + " --hidden 32", "--hidden cannot change on --resume"},
       {"train --resume " + d + " --algo ppo", "--algo cannot change on --resume"},
-      {"train --algo ppo --history exact:4 --out " + d + "x", "--history exact:4/32 is not built for it"},
+      {"train --algo ppo --history full --out " + d + "x", "--history full is not built for it"},
       {"train --algo ppo --minibatches 5 --out " + d + "x", "--minibatches 5: must divide --batch 32"},
       {"train --resume " + d + "-missing", "no checkpoint.safetensors"},
       {"eval --checkpoint " + d + "/metrics.csv", "metrics.csv"},
