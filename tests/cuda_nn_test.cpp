@@ -225,6 +225,51 @@ TEST(CudaAgent, TrainerMatchesTheCpuWithFixedDeviceMemory) {
   fs::remove_all(f.parent_path());
 }
 
+// Recurrent PPO (agent/ppo.cpp) on the device: the same iterations as the
+// CPU (losses, the approximate KL, parameters after the run), no device
+// allocation after the first iteration, and for exact:K/T its minibatch
+// window state and replay drivers inside the measured persistent pool (a
+// pool too small would throw when they are made). On the host-emulated
+// device (CI) this runs the device code paths of PPO's host logic.
+TEST(CudaAgent, PpoMatchesTheCpuWithFixedDeviceMemory) {
+  REQUIRE_GPU();
+  for (const char* env : {"recall", "tmaze"})
+    for (const char* history : {"tbptt:8", "exact:4/16"}) {
+      SCOPED_TRACE(std::string(env) + " " + history);
+      auto config = [&](const char* device) {
+        agent::TrainConfig c = recall_config(device);
+        c.env = env;
+        c.env_options.corridor = 4;
+        c.history = agent::History::parse(history);
+        c.algo = "ppo";
+        c.rollout = 32;
+        c.epochs = 2;
+        c.minibatches = 2;
+        c.steps = 32 * 3 + 16;  // a shorter last rollout: exact's second driver
+        return c;
+      };
+      agent::Trainer cpu(config("cpu")), gpu(config("cuda"));
+      uint64_t allocs = 0;
+      for (int s = 0; !gpu.done(); ++s) {
+        const agent::SegmentResult rc = cpu.run_segment(), rg = gpu.run_segment();
+        ASSERT_EQ(rg.steps, rc.steps);
+        EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 1e-4 * std::max(1.0, std::fabs(rc.loss_sum))) << "iteration " << s;
+        EXPECT_NEAR(rg.approx_kl, rc.approx_kl, 1e-5) << "iteration " << s;
+        if (s == 0) allocs = memory::device_allocations();
+        if (s >= 1 && s < 3) {
+          EXPECT_EQ(memory::device_allocations(), allocs) << "device allocation in iteration " << s;
+        }
+      }
+      EXPECT_LE(gpu.tape().stats().persistent_bytes, gpu.tape().options().device_persistent);
+      const auto a = cpu.policy().named_parameters(), b = gpu.policy().named_parameters();
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        const std::vector<float> x = a[i].second.to_host<float>(), y = b[i].second.to_host<float>();
+        for (size_t j = 0; j < x.size(); ++j) ASSERT_NEAR(x[j], y[j], 1e-4 * std::max(1.0f, std::fabs(x[j]))) << a[i].first;
+      }
+    }
+}
+
 // A device's persistent pool is measured (a counting pass over the real
 // model on a CPU tape), not guessed: after the constructor it holds exactly
 // what the trainer made, for each env kind and history; under exact it has
