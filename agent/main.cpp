@@ -442,8 +442,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
                     &interval_steps, &last_loss) != 6)
       throw Error("--resume " + out.string() + ": checkpoint metadata run.interval is malformed ('" + it->second + "')");
   }
-  double ppo_kl = 0, ppo_clip = 0;
-  int64_t ppo_updates = 0;
+  double ppo_kl = 0, ppo_clip = 0;  // the last PPO iteration's diagnostics
+  bool ppo_ran = false;
   auto log_row = [&](std::chrono::steady_clock::time_point now) {
     const double secs = std::chrono::duration<double>(now - interval_start).count();
     Row row{tr.step(), last_loss, tr.env().score(), episodes ? return_sum / double(episodes) : std::nan(""), peak,
@@ -457,7 +457,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       tb->scalar("memory/segment_peak_bytes", row.step, double(row.segment_peak));
       tb->scalar("memory/rss_bytes", row.step, double(row.rss));
       tb->scalar("speed/steps_per_s", row.step, row.steps_per_s);
-      if (c.algo == "ppo" && ppo_updates) {  // the last iteration's PPO diagnostics
+      if (ppo_ran) {
         tb->scalar("ppo/approx_kl", row.step, ppo_kl);
         tb->scalar("ppo/clip_fraction", row.step, ppo_clip);
         tb->scalar("ppo/lr", row.step, tr.lr());
@@ -493,7 +493,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     loss_n += r.loss_steps;
     return_sum += r.return_sum;
     episodes += r.episodes;
-    if (r.loss_steps && c.algo == "ppo") ppo_kl = r.approx_kl, ppo_clip = r.clip_fraction, ppo_updates = r.loss_steps;
+    if (r.loss_steps && c.algo == "ppo") ppo_kl = r.approx_kl, ppo_clip = r.clip_fraction, ppo_ran = true;
     peak = full ? tr.tape().stats().peak_bytes : tr.tape().stats().last_segment_peak;
     if (r.segment_peak) peak = r.segment_peak;  // exact, ppo: the largest segment of the window or iteration
     steps_run += r.steps_run, steps_done += r.steps_run ? r.steps : 0, stored_bytes = std::max(stored_bytes, r.stored_bytes);

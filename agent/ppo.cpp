@@ -3,10 +3,11 @@
 // One iteration (Trainer::run_segment) = a rollout of T steps over the B
 // streams, then `epochs` passes over `minibatches` minibatches of whole
 // streams, each an optimizer step. The rollout runs without a gradient in
-// segments of K steps and stores the state each segment started from; a
-// minibatch's update replays those segments from the stored states (as
-// Stable-Baselines3's RecurrentPPO and CleanRL's ppo_lstm do), one segment in
-// the arena at a time, the gradients accumulating until the step. Episode
+// segments of K steps and stores the state every W steps (ppo_window); a
+// minibatch's update replays each W-step window from its stored state (as
+// Stable-Baselines3's RecurrentPPO starts its sequences from stored states),
+// one K-step segment in the arena at a time, the gradients accumulating until
+// the step. Episode
 // ends inside a segment reset the stream's state by masking (reset_finished),
 // in the rollout and in the replay alike.
 //
@@ -30,8 +31,7 @@ std::unique_ptr<Trainer::PpoBuffers> Trainer::make_ppo_buffers() const {
   const EnvSpec& spec = env_->spec();
   auto p = std::make_unique<PpoBuffers>();
   p->T = config_.rollout, p->B = config_.batch, p->H = config_.hidden, p->K = config_.history.k;
-  // The rollout keeps a state every W steps: a minibatch's gradient reaches back W steps, in K-step segments.
-  p->W = config_.history.kind == History::Kind::Exact ? config_.history.horizon : p->K;
+  p->W = ppo_window(config_);
   p->S = (p->T + p->W - 1) / p->W;
   p->obs_dim = spec.vocab > 0 ? 0 : spec.obs_dim;
   p->A = spec.num_actions;

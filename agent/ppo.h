@@ -11,6 +11,12 @@
 
 namespace segtape::agent {
 
+// Steps between the states a rollout stores: K, or T under exact:K/T (a
+// minibatch's gradient reaches back that far, computed in K-step segments).
+inline int64_t ppo_window(const TrainConfig& c) {
+  return c.history.kind == History::Kind::Exact ? c.history.horizon : c.history.k;
+}
+
 struct Trainer::PpoBuffers {
   int64_t T = 0, B = 0, H = 0, K = 0, obs_dim = 0, A = 0;
   int64_t W = 0, S = 0;  // a state stored every W steps (K; exact:K/T: T), S of them

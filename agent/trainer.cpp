@@ -243,7 +243,7 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
   const size_t steps = c.history.kind == History::Kind::Full ? 1 : size_t(c.history.k);
   e.segment_bytes = e.step_bytes * steps;
   if (c.algo == "ppo") {  // per step and stream: action and token (int64), 5 floats, done, the observation vector
-    const size_t T = size_t(c.rollout), S = (T + size_t(c.history.k) - 1) / size_t(c.history.k);
+    const size_t T = size_t(c.rollout), W = size_t(ppo_window(c)), S = (T + W - 1) / W;
     e.rollout_bytes = T * B * (2 * 8 + 5 * 4 + 1 + size_t(spec.obs_dim) * 4) + S * B * H * 4;
   }
   e.budget = applied_budget(c);
@@ -309,10 +309,9 @@ void size_device_pools(TapeOptions& o, const TrainConfig& c, const EnvSpec& spec
   nn::Rng rng(c.seed);  // the values do not matter, only the sizes
   const Persistent p = make_persistent(count, rng, c, spec);
   std::vector<std::unique_ptr<replay::Driver>> drivers;
-  if (c.history.kind == History::Kind::Exact && c.algo != "ppo")
-    for (int i = 0; i < 2; ++i) drivers.push_back(std::make_unique<replay::Driver>(count, p.h_home, driver_options(c, c.history.horizon)));
-  if (c.history.kind == History::Kind::Exact && c.algo == "ppo") {  // agent/ppo.cpp: a minibatch's window start, two drivers
-    const Tensor h0 = count.persistent({c.batch / c.minibatches, c.hidden});
+  if (c.history.kind == History::Kind::Exact) {
+    // PPO's drivers run a minibatch's windows from a state of its own (agent/ppo.cpp)
+    const Tensor h0 = c.algo == "ppo" ? count.persistent({c.batch / c.minibatches, c.hidden}) : p.h_home;
     for (int i = 0; i < 2; ++i) drivers.push_back(std::make_unique<replay::Driver>(count, h0, driver_options(c, c.history.horizon)));
   }
   o.device_persistent = count.stats().persistent_bytes;

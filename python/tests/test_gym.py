@@ -40,6 +40,21 @@ def test_tmaze_through_gymnasium_is_learned_by_ppo():
     assert ev["episodes"] == 100 and ev["mean_return"] >= 0.9, ev
 
 
+def test_periodic_evaluations_and_stopping_at_a_target():
+    """eval_every adds a timed greedy evaluation to the rows it falls on;
+    stop_at ends training at the first one that reaches the target."""
+    res = sg.train("segtape/TMaze-v0", steps=512, batch=4, hidden=8, log_every=64, eval_every=128, eval_episodes=4,
+                   success=lambda ret, truncated: ret > 0)
+    assert res.trainer.done()
+    evaluated = [r for r in res.rows if "eval_return" in r]
+    assert [r["step"] for r in evaluated] == [128, 256, 384, 512]
+    assert all(-1 <= r["eval_return"] <= 1 and r["eval_seconds"] > 0 for r in evaluated)
+    res = sg.train("segtape/TMaze-v0", steps=512, batch=4, hidden=8, log_every=64, eval_every=128, eval_episodes=4,
+                   stop_at=-1.0)  # every return is >= -1: the first evaluation stops it
+    assert res.trainer.step == 128 and not res.trainer.done()
+    assert "eval_return" in res.rows[-1] and len(res.rows) == 2
+
+
 def test_cartpole_is_learned():
     res = sg.train("CartPole-v1", steps=40000, batch=8, hidden=64, gamma=0.99, lr=3e-3, seed=1)
     ev = res.evaluate(episodes=20)

@@ -183,8 +183,8 @@ class Trainer {
   std::vector<float> host_rows_, host_values_;  // device -> host copies of [B, A] rows and [B] values
   std::vector<float> episode_return_;           // RL: each stream's return so far in its episode
   // PPO: the rollout [steps, B] (the observation, action, its log-probability
-  // and value, reward, done, advantage, return), the state at each segment's
-  // start [segments, B, hidden], and a minibatch's gathered rows
+  // and value, reward, done, advantage, return), the state at each window's
+  // start [windows, B, hidden], and a minibatch's gathered rows (agent/ppo.h)
   std::unique_ptr<PpoBuffers> ppo_;
 };
 
