@@ -313,6 +313,7 @@ class CheckedEnv final : public Env {
 
   double score() const override { return env_->score(); }
   void reset_score() override { env_->reset_score(); }
+  std::pair<int64_t, int64_t> score_counts() const override { return env_->score_counts(); }
   std::vector<int64_t> save_state() const override { return env_->save_state(); }
   void load_state(std::span<const int64_t> s) override { env_->load_state(s); }
 
@@ -416,6 +417,87 @@ std::unique_ptr<Env> make_env(const std::string& name, int64_t batch, uint64_t s
                 "; an env of your own: register_env, or `segtape train --env-plugin FILE`)");
   const EnvFactory& make = r.factories[size_t(it - r.names.begin())];
   return std::make_unique<CheckedEnv>(make(batch, seed, o), name, batch);
+}
+
+namespace {
+
+// make_env_shards' env: the shards side by side, stream ranges in order.
+class ShardedEnv final : public Env {
+ public:
+  ShardedEnv(std::vector<std::unique_ptr<Env>> shards, int64_t batch) : Env(batch, 0), shards_(std::move(shards)) {
+    per_ = batch / int64_t(shards_.size());
+    dim_ = shards_[0]->spec().obs_dim;
+  }
+  const EnvSpec& spec() const override { return shards_[0]->spec(); }
+  void observe(std::span<int64_t> tokens, std::span<float> vectors) const override {
+    for (size_t i = 0; i < shards_.size(); ++i)
+      shards_[i]->observe(part(tokens, i, 1), dim_ > 0 ? part(vectors, i, dim_) : std::span<float>());
+  }
+  void targets(std::span<int64_t> y) const override {
+    for (size_t i = 0; i < shards_.size(); ++i) shards_[i]->targets(part(y, i, 1));
+  }
+  void step(std::span<const int64_t> actions, std::span<float> reward, std::span<uint8_t> done) override {
+    for (size_t i = 0; i < shards_.size(); ++i) shards_[i]->step(part(actions, i, 1), part(reward, i, 1), part(done, i, 1));
+  }
+  std::pair<int64_t, int64_t> score_counts() const override {
+    std::pair<int64_t, int64_t> n{0, 0};
+    for (const auto& e : shards_) {
+      const auto [a, b] = e->score_counts();
+      n.first += a, n.second += b;
+    }
+    return n;
+  }
+  double score() const override {
+    const auto [a, b] = score_counts();
+    return b ? double(a) / double(b) : 0.0;
+  }
+  void reset_score() override {
+    for (const auto& e : shards_) e->reset_score();
+  }
+  std::vector<int64_t> save_state() const override {
+    std::vector<int64_t> s;
+    for (const auto& e : shards_) {
+      const std::vector<int64_t> one = e->save_state();
+      s.insert(s.end(), one.begin(), one.end());
+    }
+    return s;
+  }
+  void load_state(std::span<const int64_t> s) override {
+    std::vector<size_t> sizes;
+    size_t total = 0;
+    for (const auto& e : shards_) sizes.push_back(e->save_state().size()), total += sizes.back();
+    if (s.size() != total)
+      throw Error("env '" + spec().name + "' (" + std::to_string(shards_.size()) + " shards): saved state has " +
+                  std::to_string(s.size()) + " integers, expected " + std::to_string(total) + " (a checkpoint of another configuration?)");
+    for (size_t i = 0, at = 0; i < shards_.size(); at += sizes[i], ++i) shards_[i]->load_state(s.subspan(at, sizes[i]));
+  }
+
+ private:
+  template <class T>
+  std::span<T> part(std::span<T> v, size_t i, int64_t width) const {
+    const size_t n = size_t(per_ * width);
+    return v.size() >= (i + 1) * n ? v.subspan(i * n, n) : std::span<T>();
+  }
+  std::vector<int64_t>& state_ints() override { return no_ints_; }
+  bool valid_state(std::span<const int64_t>) const override { return false; }
+
+  std::vector<std::unique_ptr<Env>> shards_;
+  std::vector<int64_t> no_ints_;
+  int64_t per_ = 0, dim_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Env> make_env_shards(const std::string& name, int64_t batch, std::span<const uint64_t> seeds, const EnvOptions& o) {
+  if (seeds.empty()) throw Error("env: make_env_shards needs at least one seed");
+  if (seeds.size() == 1) return make_env(name, batch, seeds[0], o);
+  const int64_t n = int64_t(seeds.size());
+  if (batch < n || batch % n != 0)
+    throw Error("env: " + std::to_string(batch) + " streams cannot be split into " + std::to_string(n) +
+                " shards of equal size (--batch must be a multiple of --env-shards)");
+  std::vector<std::unique_ptr<Env>> shards;
+  for (const uint64_t seed : seeds) shards.push_back(make_env(name, batch / n, seed, o));
+  return std::make_unique<ShardedEnv>(std::move(shards), batch);
 }
 
 std::vector<std::string> load_env_plugin(const std::filesystem::path& file) {

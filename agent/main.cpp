@@ -277,7 +277,7 @@ std::string checkpoint_plugin(const fs::path& ck, const std::string& env, const 
 
 class Progress {
  public:
-  explicit Progress(int64_t total) : total_(total), tty_(isatty(STDERR_FILENO)) {}
+  Progress(int64_t total, bool shown) : total_(total), tty_(shown && isatty(STDERR_FILENO)) {}
   bool tty() const { return tty_; }
   void update(int64_t step, double loss, double score, size_t peak, double rate, const std::string& measure) {
     if (!tty_) return;
@@ -322,8 +322,17 @@ struct TrainArgs {
   std::string history = "tbptt:32", budget, out, resume, log_dir;
   std::vector<std::string> env_plugins;  // loaded before parsing (plugin_args); here for CLI11
   int64_t log_every = 0, checkpoint_every = 0, eval_steps = 500;
+  double dist_timeout = 300;
   bool force = false;
 };
+
+// Data parallel (mpirun -np N segtape train): the job's communicator, for
+// main's error handling. An error every rank raised alike
+// (dist::CollectiveError) is printed by rank 0 and ends each rank normally;
+// any other error on one rank of several ends the whole job (MPI_Abort), so
+// that no rank is left waiting for it.
+dist::Communicator* g_comm = nullptr;
+
 
 int train(TrainArgs& a, CLI::App& cmd) {
   fs::path out;
@@ -331,19 +340,37 @@ int train(TrainArgs& a, CLI::App& cmd) {
   std::string plugin;  // the file of the --env-plugin that defines c.env ("" for a built-in env)
   c.budget_name = "--budget";
   const bool resume = !a.resume.empty();
+  // Started by mpirun: one rank of a data-parallel run (docs/distributed.md).
+  // Rank 0 alone reads and writes files and prints; every rank trains.
+  // (The communicator lives as long as the process: main's error handling uses it.)
+  static std::unique_ptr<dist::Communicator> owner;
+  dist::Communicator* comm = nullptr;
+  if (cmd.count("--dist-timeout") && !(a.dist_timeout > 0)) throw Error("--dist-timeout " + std::to_string(a.dist_timeout) + ": must be > 0 seconds");
+  if (dist::launched_by_mpirun()) {
+    owner = dist::mpi({.timeout_s = a.dist_timeout});
+    if (owner->size() > 1) comm = g_comm = owner.get();
+  }
+  const bool root = !comm || comm->rank() == 0;
+  // The checks before training, which only rank 0 makes where they read
+  // files: an error on any rank is every rank's (dist::raise_if_any).
+  std::string setup_error;
+  try {
   for (const auto& [opt, v] : {std::pair{"--log-every", a.log_every}, std::pair{"--checkpoint-every", a.checkpoint_every},
                                 std::pair{"--eval-steps", a.eval_steps}})
     if (cmd.count(opt) && v < 1) throw Error(std::string(opt) + " " + std::to_string(v) + ": must be >= 1");
+  if (comm && c.env_shards != 1) throw Error("--env-shards " + std::to_string(c.env_shards) + ": under mpirun each rank is one shard (leave --env-shards at 1)");
   if (resume) {
     out = a.resume;
     const fs::path ck = out / "checkpoint.safetensors";
-    if (!fs::exists(ck)) throw Error("--resume " + out.string() + ": no checkpoint.safetensors there; start a new run with --out");
-    c = Trainer::read_config(ck);
+    if (root) {
+      if (!fs::exists(ck)) throw Error("--resume " + out.string() + ": no checkpoint.safetensors there; start a new run with --out");
+      c = Trainer::read_config(ck);
+      plugin = checkpoint_plugin(ck, c.env, "--resume " + out.string());
+    }
     c.budget_name = "--budget";
-    plugin = checkpoint_plugin(ck, c.env, "--resume " + out.string());
     for (const char* opt : {"--env", "--history", "--batch", "--hidden", "--embed", "--lag", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget",
                             "--gamma", "--entropy", "--algo", "--rollout", "--epochs", "--minibatches", "--clip-range", "--gae-lambda",
-                            "--lr-schedule"})
+                            "--lr-schedule", "--env-shards"})
       if (cmd.count(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
     if (cmd.count("--steps")) c.steps = a.c.steps;
     if (cmd.count("--device")) c.device = a.c.device;  // a run may move between the CPU and a GPU
@@ -359,63 +386,88 @@ int train(TrainArgs& a, CLI::App& cmd) {
     } else {
       out = a.out;
     }
-    if (!a.force && (fs::exists(out / "checkpoint.safetensors") || fs::exists(out / "metrics.csv")))
+    if (root && !a.force && (fs::exists(out / "checkpoint.safetensors") || fs::exists(out / "metrics.csv")))
       throw Error("--out " + out.string() + " already holds a run; continue it with --resume " + out.string() +
                   ", pass --force to overwrite it, or choose another --out");
+  }
+  } catch (const std::exception& e) {
+    if (!comm) throw;
+    setup_error = e.what();
+  }
+  if (comm) {
+    dist::raise_if_any(*comm, setup_error);
+    if (resume) {  // the checkpoint's configuration (read by rank 0) to every rank
+      std::string meta;
+      if (root) meta = nlohmann::json(c.to_metadata()).dump() + '\n' + plugin;
+      meta = comm->allgather(meta, "the broadcast of the checkpoint's configuration")[0];
+      if (!root) {
+        const size_t nl = meta.find('\n');
+        plugin = meta.substr(nl + 1);
+        if (!plugin.empty() && !env_registered(nlohmann::json::parse(meta.substr(0, nl)).value("env", ""))) load_plugin(plugin);
+        c = TrainConfig::from_metadata(nlohmann::json::parse(meta.substr(0, nl)).get<std::map<std::string, std::string>>());
+        c.budget_name = "--budget";
+      }
+      if (cmd.count("--steps")) c.steps = a.c.steps;
+      if (cmd.count("--device")) c.device = a.c.device;
+    }
   }
   c.validate();
   // PPO on a supervised env: the reward (1 for the target class) depends on
   // the step's action alone, so future rewards are noise in its return.
   if (!resume && !cmd.count("--gamma") && c.algo == "ppo" && make_env(c.env, 1, 0, c.env_options)->spec().supervised) c.gamma = 0;
-  Trainer tr(c);  // before the directory: a device that cannot be used, or a model too large, leaves nothing behind
+  Trainer tr(c, comm);  // before the directory: a device that cannot be used, or a model too large, leaves nothing behind
   const EnvSpec& spec = tr.env().spec();
   const std::string measure = spec.measure;
   // --log-dir: TensorBoard scalars with every metrics row, a greedy eval at
   // every checkpoint and at the end. A resumed run adds a new event file.
   // (Made before --out's folder: a --log-dir that cannot be made leaves no run behind.)
   std::optional<agent::tensorboard::EventWriter> tb;
-  if (!a.log_dir.empty()) tb.emplace(a.log_dir, "--log-dir");
+  if (root && !a.log_dir.empty()) tb.emplace(a.log_dir, "--log-dir");
 
   std::vector<Row> rows;
   if (resume) {
     tr.load(out / "checkpoint.safetensors");
     if (tr.done()) {  // nothing to do: every file stays as it is
-      std::printf("%s: already complete (step %ld of %ld); nothing to do. To train further, pass --steps N with N > %ld.\n",
+      if (root) std::printf("%s: already complete (step %ld of %ld); nothing to do. To train further, pass --steps N with N > %ld.\n",
                   out.c_str(), tr.step(), c.steps, tr.step());
       return 0;
     }
     // A run killed while writing leaves its temporary files (".<file>.tmp",
     // ".checkpoint.safetensors.tmp.<pid>.<n>"); the files themselves are intact.
     std::error_code ec;
+    if (root)
     for (const auto& e : fs::directory_iterator(out, ec)) {
       const std::string name = e.path().filename().string();
       if (name.rfind('.', 0) == 0 && name.find(".tmp") != std::string::npos) fs::remove(e.path(), ec);
     }
-    rows = MetricsCsv::read(out / "metrics.csv");
+    if (root) rows = MetricsCsv::read(out / "metrics.csv");
     while (!rows.empty() && rows.back().step > tr.step()) rows.pop_back();
-  } else {
+  } else if (root) {
     prepare_dir(out);
     // --force: nothing of the old run may be mistaken for the new one's.
     std::error_code ec;
     for (const char* f : {"checkpoint.safetensors", "metrics.csv", "metrics.json", "plot.svg"}) fs::remove(out / f, ec);
   }
-  MetricsCsv csv(out / "metrics.csv", measure, !spec.supervised);
-  csv.start(rows);
+  std::optional<MetricsCsv> csv;
+  if (root) csv.emplace(out / "metrics.csv", measure, !spec.supervised), csv->start(rows);
 
   const int64_t K = c.history.k;
   const int64_t log_every = a.log_every > 0 ? a.log_every : std::max<int64_t>(K, (c.steps / 100 + K - 1) / K * K);
   const int64_t ck_every = a.checkpoint_every > 0 ? a.checkpoint_every : std::max<int64_t>(K, (c.steps / 10 + K - 1) / K * K);
   const bool full = c.history.kind == History::Kind::Full;
-  std::printf("segtape %s: training %s (%s, %s) with history %s for %ld steps, batch %ld, hidden %ld, budget %s%s -> %s\n",
+  if (root) std::printf("segtape %s: training %s (%s, %s) with history %s for %ld steps, batch %ld, hidden %ld, budget %s%s -> %s\n",
               SEGTAPE_VERSION, c.env.c_str(), c.algo == "ppo" ? "recurrent PPO" : spec.supervised ? "supervised" : "actor-critic", measure.c_str(),
               c.history.str().c_str(), c.steps, c.batch, c.hidden, format_bytes(tr.budget()).c_str(),
               full ? (c.budget ? " (growth limit)" : " (growth limit, the default for full; set it with --budget)") : "",
               out.c_str());
-  if (!plugin.empty()) std::printf("env %s from the plug-in %s\n", c.env.c_str(), plugin.c_str());
+  if (root && !plugin.empty()) std::printf("env %s from the plug-in %s\n", c.env.c_str(), plugin.c_str());
+  if (comm && root)
+    std::printf("data parallel: %d ranks (%s) x %ld streams, gradients averaged every update; rank 0 writes the files\n",
+                comm->size(), comm->backend().c_str(), c.batch);
   std::fflush(stdout);
 
   catch_stop_signals();
-  Progress bar(c.steps);
+  Progress bar(c.steps, root);
   const auto t0 = std::chrono::steady_clock::now();
   auto interval_start = t0;
   int64_t interval_steps = 0, next_log = (tr.step() / log_every + 1) * log_every, next_ck = (tr.step() / ck_every + 1) * ck_every;
@@ -435,7 +487,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
                                     last_loss);
     return m;
   };
-  if (resume) {
+  if (resume && root) {
     const auto meta = safetensors::load(out / "checkpoint.safetensors").metadata;
     if (auto it = meta.find("run.interval"); it != meta.end() &&
         std::sscanf(it->second.c_str(), "%lf,%ld,%lf,%ld,%ld,%lf", &loss_sum, &loss_n, &return_sum, &episodes,
@@ -449,7 +501,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     Row row{tr.step(), last_loss, tr.env().score(), episodes ? return_sum / double(episodes) : std::nan(""), peak,
             resident_bytes(), secs > 0 ? double(interval_steps) / secs : 0};
     rows.push_back(row);
-    csv.append(row);
+    if (csv) csv->append(row);
     if (tb) {
       tb->scalar("train/loss", row.step, row.loss);
       tb->scalar("train/" + measure, row.step, row.score);
@@ -463,7 +515,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
         tb->scalar("ppo/lr", row.step, tr.lr());
       }
     }
-    if (!bar.tty())
+    if (root && !bar.tty())
       std::printf("step %ld/%ld  loss %.4f  %s %.1f%%  segment peak %s  rss %s  %.0f steps/s\n", tr.step(), c.steps, last_loss,
                   measure.c_str(), 100 * tr.env().score(), format_bytes(peak).c_str(), format_bytes(row.rss).c_str(), row.steps_per_s);
     std::fflush(stdout);
@@ -472,10 +524,13 @@ int train(TrainArgs& a, CLI::App& cmd) {
     interval_start = now;
   };
   while (!tr.done()) {
-    if (g_stop_signal) {
+    if (g_stop_signal && !comm) {
       stopped = g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
       break;
     }
+    // Data parallel: the request travels with this segment's update, and
+    // every rank stops after it (the same step on every rank).
+    if (g_stop_signal && comm) tr.request_stop();
     SegmentResult r;
     try {
       r = tr.run_segment();
@@ -512,6 +567,10 @@ int train(TrainArgs& a, CLI::App& cmd) {
       // (evaluate puts the training state back: the run continues as without it)
       if (tb && !tr.done()) tb->scalar("eval/" + measure, tr.step(), tr.evaluate(a.eval_steps, c.seed + 7919));
     }
+    if (comm && tr.stop_agreed()) {
+      stopped = g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
+      break;
+    }
   }
   bar.finish();
   const bool budget_stop = full && !stopped.empty() && stopped != "SIGINT" && stopped != "SIGTERM";
@@ -520,6 +579,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   if (!full && signal_stop) tr.save(out / "checkpoint.safetensors", interval_meta());  // the segment boundary it stopped at
   if (full && !stopped.empty() && interval_steps) log_row(std::chrono::steady_clock::now());
   if (full && stopped.empty()) tr.save(out / "checkpoint.safetensors", run_meta);
+  if (!root) return signal_stop ? (stopped == "SIGINT" ? 130 : 143) : budget_stop ? 2 : 0;  // rank 0 writes the rest
   std::optional<double> eval;
   if (stopped.empty()) eval = tr.evaluate(a.eval_steps, c.seed + 7919);
   if (tb && eval) tb->scalar("eval/" + measure, tr.step(), *eval);
@@ -544,6 +604,13 @@ int train(TrainArgs& a, CLI::App& cmd) {
   j["rss_bytes"] = resident_bytes();
   j["wall_seconds"] = wall;
   j["resumed"] = resume;
+  if (const dist::AverageStats* ds = tr.dist_stats(); ds && ds->calls) {
+    j["dist"] = {{"ranks", tr.ranks()},
+                 {"backend", comm->backend()},
+                 {"allreduce_seconds_per_update", ds->seconds / double(ds->calls)},
+                 {"allreduce_bytes_per_update", ds->bytes / double(ds->calls)},
+                 {"allreduce_calls_per_update", double(ds->collectives) / double(ds->calls)}};
+  }
   j["complete"] = stopped.empty();
   if (signal_stop) j["interrupted"] = stopped;
   if (budget_stop) j["stopped_by_budget"] = stopped;
@@ -572,6 +639,10 @@ int train(TrainArgs& a, CLI::App& cmd) {
   std::printf("  eval %-15s %.2f%% (%ld fresh steps x %ld streams, greedy)\n", measure.c_str(), 100 * *eval, a.eval_steps, c.batch);
   std::printf("  segment peak         %s%s\n", format_bytes(peak).c_str(), full ? " (one growing segment)" : " (fixed per segment)");
   std::printf("  persistent memory    %s (%ld parameters)\n", format_bytes(st.persistent_bytes).c_str(), tr.policy().parameter_count());
+  if (j.contains("dist"))
+    std::printf("  data parallel        %d ranks; all-reduce %.3f ms and %s per update (rank 0)\n", tr.ranks(),
+                1e3 * j["dist"]["allreduce_seconds_per_update"].get<double>(),
+                format_bytes(size_t(j["dist"]["allreduce_bytes_per_update"].get<double>())).c_str());
   std::printf("  files                %s/{metrics.csv, metrics.json, checkpoint.safetensors, plot.svg}\n", out.c_str());
   return 0;
 }
@@ -583,7 +654,7 @@ int eval(const std::string& checkpoint, int64_t steps, uint64_t seed, const std:
   (void)checkpoint_plugin(checkpoint, c.env, "--checkpoint " + checkpoint);
   if (!device.empty()) c.device = device;
   Trainer tr(c);
-  tr.load(checkpoint);
+  tr.load_rank0(checkpoint);  // a data-parallel run's too
   const double s = tr.evaluate(steps, seed);
   const std::string measure = tr.env().spec().measure;
   std::printf("%s: %s %.2f%% over %ld fresh steps x %ld streams (env %s, history %s, seed %lu)\n", checkpoint.c_str(),
@@ -691,6 +762,19 @@ std::string one_line(std::string m) {
   return m;
 }
 
+int rank_error(const std::exception& e) {
+  const bool collective = dynamic_cast<const dist::CollectiveError*>(&e) != nullptr;
+  if (collective && g_comm->rank() != 0) return 2;  // rank 0 says it
+  if (collective) {
+    std::fprintf(stderr, "segtape: error: %s\n", one_line(e.what()).c_str());
+    return 2;
+  }
+  std::fprintf(stderr, "segtape: error (rank %d of %d): %s; ending every rank of the job\n", g_comm->rank(), g_comm->size(),
+               one_line(e.what()).c_str());
+  g_comm->abort(2);
+  return 2;  // (abort does not return)
+}
+
 }  // namespace
 
 int run_cli(int argc, char** argv) {
@@ -766,6 +850,11 @@ int run_cli(int argc, char** argv) {
   tr->add_option("--log-every", ta.log_every, "Steps between metric rows (default: steps/100)");
   tr->add_option("--checkpoint-every", ta.checkpoint_every, "Steps between checkpoints (default: steps/10)");
   tr->add_option("--eval-steps", ta.eval_steps, "Steps of greedy evaluation at the end (and at each checkpoint with --log-dir)")->capture_default_str();
+  tr->add_option("--env-shards", ta.c.env_shards,
+                 "Make the --batch streams as N envs seeded like the N ranks of mpirun -np N (one process reproduces "
+                 "a data-parallel run's streams; docs/distributed.md)")->capture_default_str();
+  tr->add_option("--dist-timeout", ta.dist_timeout,
+                 "Under mpirun: seconds a rank waits in a collective before ending the job (a rank died or hangs)")->capture_default_str();
   tr->add_option("--log-dir", ta.log_dir,
                  "Also write TensorBoard event files here: train/loss, train/<measure>, train/episode_return, "
                  "memory/segment_peak_bytes, memory/rss_bytes, speed/steps_per_s every --log-every steps, "
@@ -843,6 +932,7 @@ int run_cli(int argc, char** argv) {
     if (*ev) return eval(ck, eval_steps, eval_seed, eval_device);
     if (*rl) return retention_lab(ra);
   } catch (const std::exception& e) {
+    if (g_comm) return rank_error(e);
     std::fprintf(stderr, "segtape: error: %s\n", one_line(e.what()).c_str());
     return 2;
   }
@@ -853,6 +943,7 @@ int main(int argc, char** argv) {
   try {  // setting up the parser could throw too (out of memory): never terminate()
     return run_cli(argc, argv);
   } catch (const std::exception& e) {
+    if (g_comm) return rank_error(e);
     std::fprintf(stderr, "segtape: error: %s\n", e.what());
     return 2;
   }

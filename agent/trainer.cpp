@@ -95,7 +95,8 @@ std::map<std::string, std::string> TrainConfig::to_metadata() const {
           {"minibatches", std::to_string(minibatches)},
           {"clip_range", d(clip_range)},
           {"gae_lambda", d(gae_lambda)},
-          {"lr_schedule", lr_schedule}};
+          {"lr_schedule", lr_schedule},
+          {"env_shards", std::to_string(env_shards)}};
 }
 
 TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>& m) {
@@ -134,6 +135,7 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
     c.clip_range = std::stod(get_or("clip_range", "0.2"));
     c.gae_lambda = std::stod(get_or("gae_lambda", "0.95"));
     c.lr_schedule = get_or("lr_schedule", "constant");
+    c.env_shards = std::stoll(get_or("env_shards", "1"));
   } catch (const std::logic_error& e) {  // stoll & co.
     throw CheckpointError(std::string("checkpoint metadata has a malformed number (") + e.what() + ")");
   }
@@ -153,6 +155,8 @@ void TrainConfig::validate() const {
   need(batch >= 1 && batch <= 65536, "--batch must be in [1, 65536]");
   need(hidden >= 1 && hidden <= 16384, "--hidden must be in [1, 16384]");
   need(embed >= 1 && embed <= 16384, "--embed must be in [1, 16384]");
+  need(env_shards >= 1 && env_shards <= batch && batch % env_shards == 0,
+       "--env-shards " + std::to_string(env_shards) + ": must be >= 1 and divide --batch " + std::to_string(batch));
   need(std::isfinite(lr) && lr > 0 && lr < 10, "--lr must be a positive number below 10");
   need(std::isfinite(clip) && clip >= 0, "--clip must be >= 0 (0 turns clipping off)");
   need(device != "cuda" || history.kind != History::Kind::Full,
@@ -327,10 +331,34 @@ int64_t argmax_row(const float* p, int64_t n) {
 }
 }  // namespace
 
-Trainer::Trainer(const TrainConfig& c)
-    : config_(c), init_rng_(c.seed), act_rng_(c.seed ^ 0xac7u) {
+namespace {
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+// Rank r's sampling seed (rank 0's: what one process has always used).
+uint64_t act_seed(uint64_t seed, int rank) { return rank == 0 ? seed ^ 0xac7u : splitmix64((seed ^ 0xac7u) + uint64_t(rank)); }
+}  // namespace
+
+uint64_t Trainer::shard_seed(uint64_t seed, int64_t shard) {
+  const uint64_t base = seed * 1000003u + 17u;
+  return shard == 0 ? base : splitmix64(base + uint64_t(shard));
+}
+
+Trainer::Trainer(const TrainConfig& c, dist::Communicator* comm)
+    : config_(c), init_rng_(c.seed), act_rng_(act_seed(c.seed, comm ? comm->rank() : 0)) {
   config_.validate();
-  env_ = make_env(c.env, c.batch, c.seed * 1000003u + 17u, c.env_options);
+  if (comm && comm->size() > 1) {
+    comm_ = comm;
+    auto settings = config_.to_metadata();
+    settings["ranks"] = std::to_string(comm->size());
+    dist::check_same(*comm_, settings, "the training configuration");
+  }
+  std::vector<uint64_t> seeds;
+  for (int64_t i = 0; i < c.env_shards; ++i) seeds.push_back(shard_seed(c.seed, int64_t(rank()) * c.env_shards + i));
+  env_ = make_env_shards(c.env, c.batch, seeds, c.env_options);
   const EnvSpec& spec = env_->spec();
   check_sizes(config_, estimate_sizes(config_, spec));  // before anything is allocated
   TapeOptions options = tape_options(config_);
@@ -374,7 +402,19 @@ Trainer::Trainer(const TrainConfig& c)
     exact_ = make_driver(c.history.horizon);
   }
   if (config_.algo == "ppo") ppo_ = make_ppo_buffers();
+  if (comm_) avg_ = std::make_unique<dist::GradientAverager>(*comm_, *policy_);  // broadcasts rank 0's parameters
 }
+
+int Trainer::rank() const { return comm_ ? comm_->rank() : 0; }
+int Trainer::ranks() const { return comm_ ? comm_->size() : 1; }
+const dist::AverageStats* Trainer::dist_stats() const { return avg_ ? &avg_->stats() : nullptr; }
+
+void Trainer::request_stop() {
+  stop_requested_ = true;
+  if (avg_) avg_->raise_flag();
+}
+
+bool Trainer::stop_agreed() const { return avg_ ? avg_->flag_seen() : stop_requested_; }
 
 std::unique_ptr<replay::Driver> Trainer::make_driver(int64_t horizon) {
   replay::Options o = driver_options(config_, horizon);
@@ -435,9 +475,12 @@ void Trainer::reset_finished_streams() {
 }
 
 void Trainer::update() {
+  if (avg_) avg_->average();  // every rank: the mean of the ranks' gradients
   if (config_.clip > 0) nn::clip_grad_norm(*policy_, config_.clip);
   optim_->step();
   optim_->zero_grad();
+  if (avg_ && ++updates_ % kReplicaCheckEvery == 0)
+    dist::check_replicas(*comm_, *policy_, "after update " + std::to_string(updates_) + " (step " + std::to_string(step_) + ")");
 }
 
 SegmentResult Trainer::run_segment() {
@@ -783,13 +826,89 @@ void Trainer::checkpoint_entries(Checkpoint& c, const Tensor& state) const {
   for (size_t i = 0; i < window_.size(); ++i) c.entries.push_back(nn::entry("state.window." + std::to_string(i), window_[i]));
 }
 
+namespace {
+// A rank's streams: its integers (env state, sampling rng) and floats
+// (carried state, episode returns, window ring), as bytes: [n][ints][m][floats].
+std::string encode_streams(const std::vector<int64_t>& ints, const std::vector<float>& floats) {
+  std::string b;
+  auto put = [&](const void* p, size_t n) { b.append(static_cast<const char*>(p), n); };
+  const uint64_t n = ints.size(), m = floats.size();
+  put(&n, 8), put(ints.data(), n * 8), put(&m, 8), put(floats.data(), m * 4);
+  return b;
+}
+void decode_streams(const std::string& b, std::vector<int64_t>& ints, std::vector<float>& floats, const std::string& whose) {
+  uint64_t n = 0, m = 0;
+  const auto bad = [&] { return Error("dist: " + whose + ": malformed stream state (" + std::to_string(b.size()) + " bytes)"); };
+  if (b.size() < 16) throw bad();
+  std::memcpy(&n, b.data(), 8);
+  if (n > (b.size() - 16) / 8) throw bad();
+  std::memcpy(&m, b.data() + 8 + n * 8, 8);
+  if (b.size() != 16 + n * 8 + m * 4) throw bad();
+  ints.resize(n), floats.resize(m);
+  std::memcpy(ints.data(), b.data() + 8, n * 8);
+  std::memcpy(floats.data(), b.data() + 16 + n * 8, m * 4);
+}
+}  // namespace
+
+std::string Trainer::stream_state() const {
+  std::vector<int64_t> ints = env_->save_state();
+  const nn::Rng::State ar = act_rng_.state();
+  ints.push_back(int64_t(ar.seed)), ints.push_back(int64_t(ar.counter));
+  std::vector<float> floats = h_.to_host<float>();
+  floats.insert(floats.end(), episode_return_.begin(), episode_return_.end());
+  for (const Tensor& w : window_) {
+    const std::vector<float> v = w.to_host<float>();
+    floats.insert(floats.end(), v.begin(), v.end());
+  }
+  return encode_streams(ints, floats);
+}
+
+void Trainer::set_stream_state(const std::string& bytes) {
+  std::vector<int64_t> ints;
+  std::vector<float> floats;
+  const std::string whose = "rank " + std::to_string(rank()) + "'s streams in the checkpoint";
+  decode_streams(bytes, ints, floats, whose);
+  std::vector<int64_t> want_ints;
+  std::vector<float> want_floats;
+  decode_streams(stream_state(), want_ints, want_floats, whose);
+  if (ints.size() != want_ints.size() || floats.size() != want_floats.size())
+    throw CheckpointError("dist: " + whose + " have " + std::to_string(ints.size()) + " integers and " + std::to_string(floats.size()) +
+                          " floats; this configuration needs " + std::to_string(want_ints.size()) + " and " +
+                          std::to_string(want_floats.size()));
+  const size_t ni = ints.size() - 2;
+  env_->load_state(std::span<const int64_t>(ints).first(ni));
+  act_rng_.set_state({uint64_t(ints[ni]), uint64_t(ints[ni + 1])});
+  std::span<const float> f(floats);
+  const size_t BH = size_t(h_home_.numel()), B = episode_return_.size();
+  h_home_.from_host(f.subspan(0, BH));
+  h_ = h_home_;
+  std::copy_n(f.begin() + BH, B, episode_return_.begin());
+  size_t at = BH + B;
+  for (const Tensor& w : window_) w.from_host(f.subspan(at, size_t(w.numel()))), at += size_t(w.numel());
+}
+
 void Trainer::save(const std::filesystem::path& file, const std::map<std::string, std::string>& extra) const {
   if (full_) throw Error("save: history 'full' keeps its whole run in one open segment; it checkpoints only at the end");
+  // Data parallel: every rank's streams to rank 0, which writes the one file.
+  std::vector<std::string> streams;
+  if (comm_) streams = comm_->gather(stream_state(), 0, "the gather of the ranks' streams for a checkpoint");
+  if (rank() != 0) return;
   Checkpoint c;
   checkpoint_entries(c, h_);
   auto meta = config_.to_metadata();
   meta["format"] = "segtape-train-1";
   for (const auto& [k, v] : extra) meta[k] = v;
+  std::vector<std::vector<int64_t>> ints(streams.size());
+  std::vector<std::vector<float>> floats(streams.size());
+  if (comm_) {
+    meta["dist.ranks"] = std::to_string(ranks());
+    for (size_t r = 1; r < streams.size(); ++r) {
+      decode_streams(streams[r], ints[r], floats[r], "rank " + std::to_string(r) + "'s streams");
+      const std::string p = "dist.rank" + std::to_string(r);
+      c.entries.push_back(nn::entry(p + ".ints", std::span<int64_t>(ints[r]), {int64_t(ints[r].size())}));
+      c.entries.push_back(nn::entry(p + ".floats", std::span<float>(floats[r]), {int64_t(floats[r].size())}));
+    }
+  }
   nn::save_entries(file, c.entries, meta);
 }
 
@@ -802,9 +921,85 @@ TrainConfig Trainer::read_config(const std::filesystem::path& file) {
 }
 
 void Trainer::load(const std::filesystem::path& file) {
+  if (comm_) return load_dist(file);
+  load_file(file, {}, true);
+}
+
+void Trainer::load_rank0(const std::filesystem::path& file) {
+  if (comm_) throw Error("load_rank0: for one process (segtape eval), not for a rank of a data-parallel run");
+  int64_t n = 1;
+  const safetensors::File f = safetensors::load(file);
+  if (auto it = f.metadata.find("dist.ranks"); it != f.metadata.end()) {
+    try {
+      n = std::stoll(it->second);
+    } catch (const std::logic_error&) {
+      n = 0;
+    }
+    if (n < 1 || n > 1'000'000) throw CheckpointError(file.string() + ": metadata dist.ranks is malformed ('" + it->second + "')");
+  }
+  std::vector<int64_t> my_ints;
+  std::vector<float> my_floats;
+  decode_streams(stream_state(), my_ints, my_floats, "rank 0's streams");
+  std::vector<std::vector<int64_t>> ints(size_t(n), my_ints);
+  std::vector<std::vector<float>> floats(size_t(n), my_floats);
+  std::vector<nn::Entry> extra;
+  for (int64_t r = 1; r < n; ++r) {  // read and dropped: this process continues rank 0's streams only
+    const std::string p = "dist.rank" + std::to_string(r);
+    extra.push_back(nn::entry(p + ".ints", std::span<int64_t>(ints[size_t(r)]), {int64_t(my_ints.size())}));
+    extra.push_back(nn::entry(p + ".floats", std::span<float>(floats[size_t(r)]), {int64_t(my_floats.size())}));
+  }
+  load_file(file, std::move(extra), false);
+}
+
+// Data parallel: rank 0 reads the file (its own streams, and every other
+// rank's), then sends the parameters, the optimizer state, the counters and
+// each rank's streams to the ranks; the other ranks read nothing, so the file
+// need only be on rank 0's machine. A file rank 0 refuses is refused on
+// every rank alike (CollectiveError).
+void Trainer::load_dist(const std::filesystem::path& file) {
+  const int n = ranks();
+  std::vector<std::string> parts(static_cast<size_t>(n));
+  std::string error;
+  if (rank() == 0) {
+    try {
+      std::vector<int64_t> my_ints;
+      std::vector<float> my_floats;
+      decode_streams(stream_state(), my_ints, my_floats, "rank 0's streams");
+      std::vector<std::vector<int64_t>> ints(size_t(n), my_ints);
+      std::vector<std::vector<float>> floats(size_t(n), my_floats);
+      std::vector<nn::Entry> extra;
+      for (int r = 1; r < n; ++r) {
+        const std::string p = "dist.rank" + std::to_string(r);
+        extra.push_back(nn::entry(p + ".ints", std::span<int64_t>(ints[size_t(r)]), {int64_t(my_ints.size())}));
+        extra.push_back(nn::entry(p + ".floats", std::span<float>(floats[size_t(r)]), {int64_t(my_floats.size())}));
+      }
+      load_file(file, std::move(extra), true);
+      for (int r = 1; r < n; ++r) parts[size_t(r)] = encode_streams(ints[size_t(r)], floats[size_t(r)]);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  const std::vector<std::string> errors = comm_->allgather(error, "the outcome of rank 0's checkpoint load");
+  if (!errors[0].empty()) throw dist::CollectiveError(errors[0]);
+  std::vector<Tensor> state = policy_->parameters();
+  for (const auto& [name, t] : optim_->state()) state.push_back(t);
+  avg_->broadcast(state, "the broadcast of the checkpoint's parameters and optimizer state");
+  int64_t counters[3] = {step_, optim_->step_count(), window_pos_};
+  comm_->broadcast(counters, sizeof counters, 0, "the broadcast of the checkpoint's counters");
+  const std::string mine = comm_->scatter(parts, 0, "the scatter of the ranks' streams from the checkpoint");
+  if (rank() != 0) {
+    step_ = counters[0];
+    optim_->set_step_count(counters[1]);
+    window_pos_ = counters[2];
+    set_stream_state(mine);
+  }
+}
+
+void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry> extra, bool check_ranks) {
   if (config_.history.kind == History::Kind::Full) throw CheckpointError("--history full cannot be resumed: its history lives in one segment");
   Checkpoint c;
   checkpoint_entries(c, h_home_);
+  for (nn::Entry& e : extra) c.entries.push_back(std::move(e));
   std::fill(c.episode_return.begin(), c.episode_return.end(), 0.0f);  // what a checkpoint without them means
   // Is it a checkpoint of this configuration?
   const auto about_file = [&](const nn::Metadata& metadata, std::vector<std::string>& problems) {
@@ -825,6 +1020,12 @@ void Trainer::load(const std::filesystem::path& file) {
          "--algo/--rollout/--epochs/--minibatches/--lr-schedule");
     same(saved.batch == config_.batch && saved.hidden == config_.hidden && saved.embed == config_.embed,
          "--batch/--hidden/--embed");
+    same(saved.env_shards == config_.env_shards, "--env-shards");
+    auto it = metadata.find("dist.ranks");
+    const std::string written = it == metadata.end() ? "1" : it->second;
+    if (check_ranks && written != std::to_string(ranks()))
+      problems.push_back("checkpoint was written by a run of " + written + " rank(s) (mpirun -np " + written + "); this run has " +
+                         std::to_string(ranks()) + ": resume it with the same number of ranks");
   };
   // The counters and the env's state are in range (a damaged checkpoint must
   // not become an out-of-range index); the env takes its state last, when

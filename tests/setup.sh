@@ -7,8 +7,9 @@ SEGTAPE_BUILD=${SEGTAPE_BUILD:-$SEGTAPE_ROOT/build}
 SEGTAPE_JOBS=${SEGTAPE_JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 # Debian packages segtape builds against (docs/design.md says why each is there).
-SEGTAPE_DEBS_BUILD=(build-essential cmake libopenblas-dev nlohmann-json3-dev libcli11-dev libfmt-dev libprotobuf-dev protobuf-compiler)
-SEGTAPE_DEBS_TEST=(libgtest-dev libbenchmark-dev libtorch-dev python3 python3-pip clang libclang-rt-14-dev clang-tidy)
+SEGTAPE_DEBS_BUILD=(build-essential cmake libopenblas-dev nlohmann-json3-dev libcli11-dev libfmt-dev libprotobuf-dev protobuf-compiler
+                    libopenmpi-dev openmpi-bin)
+SEGTAPE_DEBS_TEST=(libgtest-dev libbenchmark-dev libtorch-dev python3 python3-pip clang libclang-rt-14-dev clang-tidy iproute2)
 # The Python package's build and tests (docs/python.md says why each is there):
 # Debian's Python, its headers and venv; PyTorch 1.13 (python3-torch: the same
 # LibTorch as libtorch-dev, CPU-only) for the parity tests and the notebook;

@@ -37,6 +37,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "segtape/error.h"
@@ -91,6 +92,9 @@ class Env {
   // checking wrapper can hand them through to the env it wraps).
   virtual double score() const { return score_den_ ? double(score_num_) / double(score_den_) : 0.0; }
   virtual void reset_score() { score_num_ = score_den_ = 0; }
+  // What score() divides: {numerator, denominator} (an env made of several
+  // adds these up).
+  virtual std::pair<int64_t, int64_t> score_counts() const { return {score_num_, score_den_}; }
 
   // Everything needed to continue bit-identically (for checkpoints).
   virtual std::vector<int64_t> save_state() const;
@@ -128,6 +132,12 @@ void register_env(const std::string& name, EnvFactory factory);
 // returned env forwards every call and refuses a broken contract with
 // EnvContractError). An unknown name throws Error listing the registered ones.
 std::unique_ptr<Env> make_env(const std::string& name, int64_t batch, uint64_t seed, const EnvOptions& o);
+// The B streams as seeds.size() envs of B / seeds.size() streams each, env i
+// seeded seeds[i] (streams [i B/n, (i+1) B/n)), behind one Env: what one
+// process runs to reproduce the streams of n data-parallel ranks
+// (TrainConfig::env_shards). One seed: make_env itself. Throws Error when B
+// is not a multiple of the number of seeds.
+std::unique_ptr<Env> make_env_shards(const std::string& name, int64_t batch, std::span<const uint64_t> seeds, const EnvOptions& o);
 // Registered names, in registration order: the built-ins first.
 const std::vector<std::string>& env_names();
 

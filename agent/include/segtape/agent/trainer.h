@@ -12,6 +12,8 @@
 
 #include "segtape/agent/env.h"
 #include "segtape/agent/policy.h"
+#include "segtape/nn/checkpoint.h"
+#include "segtape/nn/dist.h"
 #include "segtape/nn/optim.h"
 #include "segtape/replay.h"
 
@@ -61,6 +63,10 @@ struct TrainConfig {
   // ppo: "linear" anneals Adam's lr from `lr` to 0 over the run (CleanRL's
   // default), "constant" keeps it (SB3's)
   std::string lr_schedule = "linear";
+  // The B streams as env_shards envs of B / env_shards streams, seeded as the
+  // ranks of a data-parallel run seed theirs: one process with env_shards N
+  // and batch N B runs the streams of N ranks of batch B (docs/distributed.md).
+  int64_t env_shards = 1;
 
   std::map<std::string, std::string> to_metadata() const;
   static TrainConfig from_metadata(const std::map<std::string, std::string>& m);
@@ -94,12 +100,35 @@ struct SizeEstimate {
 
 class Trainer {
  public:
-  explicit Trainer(const TrainConfig& c);
+  // With a communicator of several ranks (dist::mpi() under mpirun), the
+  // trainer is one rank of a data-parallel run: its streams are seeded by
+  // its rank, rank 0's parameters are broadcast, the configurations are
+  // compared (dist::CollectiveError naming what differs), every update
+  // averages the gradients over the ranks before clipping, the replicas'
+  // parameters are compared every kReplicaCheckEvery updates, and save/load
+  // are collective (every rank calls them; rank 0 reads and writes the one
+  // file, which holds every rank's streams). The communicator must outlive
+  // the trainer.
+  explicit Trainer(const TrainConfig& c, dist::Communicator* comm = nullptr);
   ~Trainer();
+  static constexpr int64_t kReplicaCheckEvery = 100;
 
   // Runs one segment (K steps, fewer at the end), updates the parameters.
   SegmentResult run_segment();
   bool done() const { return step_ >= config_.steps; }
+  // Data parallelism: this rank's stop request travels with the next update's
+  // gradients, and every rank sees any rank's after it (stop_agreed), so all
+  // stop at the same step. Without a communicator the request is agreed at once.
+  void request_stop();
+  bool stop_agreed() const;
+  // The gradient averaging's counts and times (nullptr with one rank).
+  const dist::AverageStats* dist_stats() const;
+  int rank() const;
+  int ranks() const;
+  // The seed of the env of stream shard `shard` (rank r of a run with
+  // env_shards S makes shards r S .. r S + S - 1); shard 0's is the seed a
+  // run of one process has always used.
+  static uint64_t shard_seed(uint64_t seed, int64_t shard);
   // Adam's learning rate now (--lr, or where --lr-schedule has taken it).
   double lr() const;
   int64_t step() const { return step_; }
@@ -112,6 +141,10 @@ class Trainer {
   void save(const std::filesystem::path& file, const std::map<std::string, std::string>& extra = {}) const;
   // Restores a checkpoint written by save() for the same configuration.
   void load(const std::filesystem::path& file);
+  // A checkpoint of any number of ranks, as rank 0 of its run (its
+  // parameters are every rank's; segtape eval). Not for a rank of a
+  // data-parallel run.
+  void load_rank0(const std::filesystem::path& file);
   // Parameters only, for evaluation of a checkpoint.
   static TrainConfig read_config(const std::filesystem::path& file);
   // The sizes a configuration needs. The constructor refuses, with these
@@ -154,6 +187,18 @@ class Trainer {
   // checkpoints: the entries of save() and load(); the GRU state's entry is `state`
   struct Checkpoint;
   void checkpoint_entries(Checkpoint& c, const Tensor& state) const;
+  // This rank's streams (env state, sampling rng, carried state, episode
+  // returns, window ring) as bytes, and back: what a data-parallel
+  // checkpoint keeps of each rank besides rank 0.
+  std::string stream_state() const;
+  void set_stream_state(const std::string& bytes);
+  void load_dist(const std::filesystem::path& file);
+  void load_file(const std::filesystem::path& file, std::vector<nn::Entry> extra, bool check_ranks);
+
+  dist::Communicator* comm_ = nullptr;
+  std::unique_ptr<dist::GradientAverager> avg_;
+  int64_t updates_ = 0;
+  bool stop_requested_ = false;
 
   TrainConfig config_;
   std::unique_ptr<Tape> tape_;

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# `mpirun -np 2 segtape train` as a user runs it (docs/distributed.md):
+#   1. two ranks of B streams learn recall (lag 4) as one process with both
+#      ranks' streams (--batch 2B --env-shards 2) does: both over 99 % greedy
+#      eval accuracy, within 1 point; parameters within 1e-5 relative L2 after
+#      300 updates
+#   2. --resume with -np 2 ends bit-identical to an unbroken run; resuming
+#      with another rank count is refused, naming both, and changes nothing
+#   3. a rank killed (SIGKILL) mid-run: mpirun ends non-zero within 30 s,
+#      saying which rank; the last checkpoint resumes
+#   4. a rank that hangs (SIGSTOP): the other waits --dist-timeout 3 s, says
+#      so and ends the job
+#   5. ranks started with different configurations: refused before training,
+#      naming the setting; nothing written
+# Usage: dist_cli_test.sh path/to/segtape [mpiexec]
+set -euo pipefail
+S=$(realpath "$1")
+MPI=${2:-mpirun}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+W=$(mktemp -d)
+bg=()
+cleanup() {
+  for p in "${bg[@]}"; do kill -9 -- "$p" 2>/dev/null || true; done
+  pkill -CONT -f "$W" 2>/dev/null || true
+  pkill -9 -f "$W" 2>/dev/null || true
+  rm -rf "$W"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+run2() { "$MPI" -np 2 --oversubscribe "$S" "$@"; }
+small=(--env recall --lag 4 --hidden 32 --embed 8 --history tbptt:8)
+
+# Relative L2 distance of two checkpoints' parameters (policy.*), stdlib only.
+rel_l2() {
+  python3 - "$1" "$2" <<'EOF'
+import array, json, math, struct, sys
+def params(path):
+    b = open(path, 'rb').read()
+    n = struct.unpack('<Q', b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    out = {}
+    for k, v in h.items():
+        if k.startswith('policy.'):
+            s, e = v['data_offsets']
+            out[k] = array.array('f', b[8 + n + s:8 + n + e])
+    return out
+a, b = params(sys.argv[1]), params(sys.argv[2])
+assert a.keys() == b.keys() and a
+d = sum((x - y) ** 2 for k in a for x, y in zip(a[k], b[k]))
+m = sum(y * y for k in b for y in b[k])
+print(f"{math.sqrt(d / m):.3e}")
+EOF
+}
+json_get() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+# The pid of rank $2 of the run writing to $1 (its command line names $1).
+rank_pid() {
+  local p
+  for p in $(pgrep -f -- "--out $1"); do
+    if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$p"; return 0; fi
+  done
+  return 1
+}
+wait_rows() {  # until metrics.csv has $2 data rows (30 s at most)
+  for _ in $(seq 300); do
+    [ -f "$1/metrics.csv" ] && [ "$(($(wc -l < "$1/metrics.csv") - 1))" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  fail "no $2 metrics rows in $1 after 30 s"
+}
+
+echo "== 1. two ranks against one process with both ranks' streams"
+learn=(--env recall --lag 4 --hidden 64 --history tbptt:8 --steps 2400)
+run2 train "${learn[@]}" --batch 8 --out "$W/two" > "$W/two.log"
+"$S" train "${learn[@]}" --batch 16 --env-shards 2 --out "$W/one" > "$W/one.log"
+grep -q "data parallel: 2 ranks (mpi) x 8 streams" "$W/two.log" || fail "the two-rank run does not say it is data parallel"
+a2=$(json_get "$W/two/metrics.json" eval_accuracy)
+a1=$(json_get "$W/one/metrics.json" eval_accuracy)
+d=$(rel_l2 "$W/two/checkpoint.safetensors" "$W/one/checkpoint.safetensors")
+echo "eval accuracy: 2 ranks x 8 streams $a2, 1 process x 16 streams $a1; parameters' relative L2 distance $d"
+python3 -c "import sys; a,b,d=map(float,sys.argv[1:]); sys.exit(0 if a>0.99 and b>0.99 and abs(a-b)<=0.01 and 0<d<=1e-5 else 1)" "$a2" "$a1" "$d" ||
+  fail "accuracies $a2 / $a1 (both > 0.99, within 0.01) or distance $d (in (0, 1e-5]) off"
+json_get "$W/two/metrics.json" dist > /dev/null || fail "metrics.json has no dist section"
+
+echo "== 2. resume with the same and with another rank count"
+run2 train "${small[@]}" --batch 8 --steps 400 --out "$W/unbroken" > /dev/null
+run2 train "${small[@]}" --batch 8 --steps 200 --out "$W/broken" > /dev/null
+run2 train --resume "$W/broken" --steps 400 > "$W/resume.log"
+[ "$(rel_l2 "$W/broken/checkpoint.safetensors" "$W/unbroken/checkpoint.safetensors")" = "0.000e+00" ] ||
+  fail "the resumed two-rank run is not bit-identical to the unbroken one"
+cp "$W/broken/checkpoint.safetensors" "$W/before"
+set +e
+"$S" train --resume "$W/broken" --steps 600 > "$W/one-rank.log" 2>&1; rc1=$?
+"$MPI" -np 3 --oversubscribe "$S" train --resume "$W/broken" --steps 600 > "$W/three-ranks.log" 2>&1; rc3=$?
+set -e
+[ "$rc1" = 2 ] && grep -q "written by a run of 2 rank(s) (mpirun -np 2); this run has 1" "$W/one-rank.log" ||
+  { cat "$W/one-rank.log"; fail "one process resumed a two-rank checkpoint (rc $rc1)"; }
+[ "$rc3" != 0 ] && grep -q "written by a run of 2 rank(s) (mpirun -np 2); this run has 3" "$W/three-ranks.log" ||
+  { cat "$W/three-ranks.log"; fail "three ranks resumed a two-rank checkpoint (rc $rc3)"; }
+cmp -s "$W/before" "$W/broken/checkpoint.safetensors" || fail "a refused resume changed the checkpoint"
+"$S" eval --checkpoint "$W/broken/checkpoint.safetensors" --steps 100 > /dev/null || fail "eval refused a two-rank checkpoint"
+
+echo "== 3. a rank killed mid-run"
+"$MPI" -np 2 --oversubscribe "$S" train "${small[@]}" --batch 8 --steps 100000000 --log-every 64 --checkpoint-every 64 --out "$W/killed" > "$W/killed.log" 2>&1 &
+mp=$!; bg+=("$mp")
+wait_rows "$W/killed" 3
+r1=$(rank_pid "$W/killed" 1) || fail "rank 1 of the run in $W/killed not found"
+kill -9 "$r1"
+t0=$(date +%s)
+for _ in $(seq 300); do kill -0 "$mp" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$mp" 2>/dev/null && fail "mpirun still runs 30 s after rank 1 was killed"
+set +e; wait "$mp"; rc=$?; set -e
+echo "mpirun ended $(( $(date +%s) - t0 )) s after the kill, exit code $rc"
+[ "$rc" != 0 ] || fail "mpirun exited 0 after a rank was killed"
+grep -q "rank 1" "$W/killed.log" || { cat "$W/killed.log"; fail "nothing says rank 1 died"; }
+step=$(python3 -c "import sys,struct,json; b=open(sys.argv[1],'rb').read(); n=struct.unpack('<Q',b[:8])[0]; print(json.loads(b[8:8+n])['__metadata__']['dist.ranks'])" "$W/killed/checkpoint.safetensors")
+[ "$step" = 2 ] || fail "the killed run's checkpoint is not a two-rank checkpoint"
+"$MPI" -np 2 --oversubscribe "$S" train --resume "$W/killed" --steps 100000000 --log-every 4096 --dist-timeout 30 > "$W/killed-resume.log" 2>&1 &
+mp=$!; bg+=("$mp")
+for _ in $(seq 300); do grep -q '^step ' "$W/killed-resume.log" && break; sleep 0.1; done
+grep -q '^step ' "$W/killed-resume.log" || fail "the resumed run logged no step in 30 s"
+kill -INT "$mp"  # mpirun sends its ranks SIGTERM: they agree on a step, checkpoint and stop
+for _ in $(seq 300); do kill -0 "$mp" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$mp" 2>/dev/null && fail "the resumed run still runs 30 s after SIGINT"
+set +e; wait "$mp"; rc=$?; set -e
+grep -q "resume with: segtape train --resume" "$W/killed-resume.log" || { cat "$W/killed-resume.log"; fail "the killed run did not resume and stop cleanly (rc $rc)"; }
+
+echo "== 4. a rank that hangs"
+"$MPI" -np 2 --oversubscribe "$S" train "${small[@]}" --batch 8 --steps 100000000 --log-every 64 --dist-timeout 3 --out "$W/hung" > "$W/hung.log" 2>&1 &
+mp=$!; bg+=("$mp")
+wait_rows "$W/hung" 2
+r1=$(rank_pid "$W/hung" 1) || fail "rank 1 of the run in $W/hung not found"
+kill -STOP "$r1"
+t0=$(date +%s)
+for _ in $(seq 300); do kill -0 "$mp" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$mp" 2>/dev/null && fail "mpirun still runs 30 s after rank 1 hung (--dist-timeout 3)"
+set +e; wait "$mp"; rc=$?; set -e
+kill -9 "$r1" 2>/dev/null || true
+echo "mpirun ended $(( $(date +%s) - t0 )) s after rank 1 stopped, exit code $rc"
+[ "$rc" != 0 ] || fail "mpirun exited 0 with a hung rank"
+grep -q "rank 0 of 2 waited [0-9]* s for the gradient all-reduce (--dist-timeout 3): another rank died or hangs" "$W/hung.log" ||
+  { cat "$W/hung.log"; fail "rank 0 did not say it waited for a hung rank"; }
+
+echo "== 5. ranks with different configurations"
+set +e
+mm=(--env recall --lag 4 --embed 8 --history tbptt:8 --batch 8 --steps 400 --out "$W/mismatch")
+"$MPI" -np 1 --oversubscribe "$S" train "${mm[@]}" --hidden 32 : -np 1 "$S" train "${mm[@]}" --hidden 24 > "$W/mismatch.log" 2>&1; rc=$?
+set -e
+[ "$rc" = 2 ] || { cat "$W/mismatch.log"; fail "mismatched ranks: exit code $rc, not 2"; }
+grep -q "hidden is '32' on rank 0, but rank 1 has '24'" "$W/mismatch.log" || { cat "$W/mismatch.log"; fail "the mismatch is not named"; }
+[ ! -e "$W/mismatch" ] || fail "a refused run left $W/mismatch behind"
+echo "all passed"

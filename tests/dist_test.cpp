@@ -1,0 +1,229 @@
+// Data parallelism over MPI (docs/distributed.md), run as two ranks:
+// `mpirun -np 2 dist_test` (tests/dist.cmake). Every test runs on both ranks;
+// a failure on either fails the job.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <vector>
+
+#include "segtape/agent/trainer.h"
+#include "segtape/nn/dist.h"
+#include "segtape/nn/layers.h"
+#include "segtape/ops.h"
+
+using namespace segtape;
+using namespace segtape::agent;
+namespace fs = std::filesystem;
+
+namespace {
+
+dist::Communicator& comm() {
+  static std::unique_ptr<dist::Communicator> c = dist::mpi({.timeout_s = 60});
+  return *c;
+}
+
+std::vector<float> params_of(Trainer& t) {
+  std::vector<float> all;
+  for (const Tensor& p : t.policy().parameters()) {
+    const std::vector<float> v = p.to_host<float>();
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
+double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), n += double(b[i]) * b[i];
+  return std::sqrt(d / n);
+}
+
+TrainConfig small(int64_t batch) {
+  TrainConfig c;
+  c.env = "recall";
+  c.env_options.lag = 4;
+  c.history = History::parse("tbptt:8");
+  c.batch = batch;
+  c.hidden = 32;
+  c.embed = 8;
+  c.steps = 400;  // 50 segments
+  return c;
+}
+
+// A directory both ranks name alike (one machine here): rank 0's, shared.
+fs::path shared_dir(const std::string& name) {
+  std::string path;
+  if (comm().rank() == 0) {
+    path = (fs::temp_directory_path() / ("segtape-dist-" + name + "-" + std::to_string(::getpid()))).string();
+    fs::create_directories(path);
+  }
+  return fs::path(comm().allgather(path, "test dir")[0]);
+}
+
+}  // namespace
+
+TEST(Dist, RunsAsTwoRanks) {
+  ASSERT_EQ(comm().size(), 2) << "run me with mpirun -np 2";
+  EXPECT_EQ(comm().backend(), "mpi");
+}
+
+// One in-place all-reduce of the gradient of a linear layer over the two
+// ranks' halves of a batch equals the gradient of one process over the whole
+// batch: float reassociation only.
+TEST(Dist, AveragedGradientsEqualTheWholeBatchGradient) {
+  const int r = comm().rank();
+  const int64_t B = 6, In = 40, Out = 30;
+  auto data = [&](int64_t rows, int64_t first, std::vector<float>& x, std::vector<float>& y) {
+    x.resize(size_t(rows * In)), y.resize(size_t(rows * Out));
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < In; ++j) x[size_t(i * In + j)] = std::sin(0.37f * float((first + i) * In + j));
+      for (int64_t j = 0; j < Out; ++j) y[size_t(i * Out + j)] = std::cos(0.11f * float((first + i) * Out + j));
+    }
+  };
+  auto grads = [&](int64_t rows, int64_t first, bool averaged) {
+    Tape tape;
+    nn::Rng rng(5);
+    nn::Linear lin(tape, rng, In, Out);
+    std::unique_ptr<dist::GradientAverager> avg;
+    // 256-byte buckets: the weight (4800 bytes) is reduced in its own buffer, the bias packed
+    if (averaged) avg = std::make_unique<dist::GradientAverager>(comm(), lin, 256);
+    std::vector<float> x, y;
+    data(rows, first, x, y);
+    {
+      Segment seg = tape.segment();
+      Tensor out = lin(tape.from(std::span<const float>(x), {rows, In}));
+      seg.backward(mse_loss(out, tape.from(std::span<const float>(y), {rows, Out})));
+    }
+    if (avg) {
+      avg->average();
+      EXPECT_EQ(avg->stats().collectives, 2);
+    }
+    std::vector<float> g;
+    for (const Tensor& p : lin.parameters()) {
+      const std::vector<float> v = p.grad_tensor().to_host<float>();
+      g.insert(g.end(), v.begin(), v.end());
+    }
+    return g;
+  };
+  const std::vector<float> mine = grads(B, r * B, true), whole = grads(2 * B, 0, false);
+  ASSERT_EQ(mine.size(), whole.size());
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < mine.size(); ++i) worst = std::max(worst, std::abs(double(mine[i]) - whole[i])), scale = std::max(scale, std::abs(double(whole[i])));
+  EXPECT_LE(worst, 1e-6 * scale) << "largest difference " << worst << " of largest gradient " << scale;
+  // and both ranks hold the same bits
+  const auto all = comm().allgather(std::string(reinterpret_cast<const char*>(mine.data()), mine.size() * 4), "grads");
+  EXPECT_EQ(all[0], all[1]);
+}
+
+// The trainer: two ranks of B streams against one process of 2B streams
+// made as two shards with the ranks' seeds. After 50 segments (50 Adam
+// updates) the parameters differ by float reassociation only, measured as
+// the relative L2 distance (elementwise, Adam turns the ~1e-7 relative
+// gradient differences of near-zero gradients, |g| ~ eps, into larger ones).
+TEST(Dist, FiftySegmentsEqualOneProcessWithTwiceTheStreams) {
+  Trainer two(small(4), &comm());
+  for (int i = 0; i < 50; ++i) two.run_segment();
+  ASSERT_TRUE(two.done());
+  EXPECT_NO_THROW(dist::check_replicas(comm(), two.policy(), "after 50 segments"));
+  TrainConfig one_c = small(8);
+  one_c.env_shards = 2;
+  Trainer one(one_c);
+  for (int i = 0; i < 50; ++i) one.run_segment();
+  const double d = rel_l2(params_of(two), params_of(one));
+  EXPECT_LE(d, 1e-6);
+  EXPECT_GT(d, 0.0) << "bitwise equal: the test would not see reassociation (are the ranks' gradients averaged?)";
+  // the streams really are the shards: a single process seeded otherwise differs by far more
+  Trainer other(small(8));
+  for (int i = 0; i < 50; ++i) other.run_segment();
+  EXPECT_GT(rel_l2(params_of(two), params_of(other)), 1e-3);
+  ASSERT_NE(two.dist_stats(), nullptr);
+  EXPECT_EQ(two.dist_stats()->calls, 50);
+}
+
+TEST(Dist, DifferentConfigurationsAreRefusedNamingTheSetting) {
+  TrainConfig c = small(4);
+  if (comm().rank() == 1) c.hidden = 24;
+  try {
+    Trainer t(c, &comm());
+    FAIL() << "a configuration that differs between ranks was accepted";
+  } catch (const dist::CollectiveError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("hidden is '32' on rank 0, but rank 1 has '24'"), std::string::npos) << m;
+  }
+}
+
+TEST(Dist, ReplicasThatDivergeAreFound) {
+  Trainer t(small(4), &comm());
+  t.run_segment();
+  EXPECT_NO_THROW(dist::check_replicas(comm(), t.policy(), "after update 1"));
+  if (comm().rank() == 1) {
+    Tensor w = t.policy().parameters()[0];
+    std::vector<float> v = w.to_host<float>();
+    v[3] += 1e-6f;
+    w.from_host(std::span<const float>(v));
+  }
+  try {
+    dist::check_replicas(comm(), t.policy(), "after update 1");
+    FAIL() << "diverged replicas went unnoticed";
+  } catch (const dist::CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank(s) 1 do not hold rank 0's values"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Dist, AStopRequestedByOneRankIsAgreedByAll) {
+  Trainer t(small(4), &comm());
+  t.run_segment();
+  EXPECT_FALSE(t.stop_agreed());
+  if (comm().rank() == 1) t.request_stop();
+  t.run_segment();
+  EXPECT_TRUE(t.stop_agreed());
+}
+
+// A checkpoint holds every rank's streams: a resumed pair of ranks ends
+// bit-identical to one that never stopped; a checkpoint of another rank count
+// is refused on every rank, naming the counts.
+TEST(Dist, ResumeIsBitIdenticalAndChecksTheRankCount) {
+  const fs::path dir = shared_dir("resume");
+  const fs::path ck = dir / "checkpoint.safetensors";
+  std::vector<float> unbroken;
+  {
+    Trainer t(small(4), &comm());
+    for (int i = 0; i < 5; ++i) t.run_segment();
+    t.save(ck);
+    for (int i = 0; i < 5; ++i) t.run_segment();
+    unbroken = params_of(t);
+  }
+  {
+    Trainer t(small(4), &comm());
+    t.load(ck);
+    EXPECT_EQ(t.step(), 40);
+    for (int i = 0; i < 5; ++i) t.run_segment();
+    EXPECT_EQ(params_of(t), unbroken);
+  }
+  // One process's checkpoint, loaded by two ranks.
+  if (comm().rank() == 0) {
+    Trainer single(small(4));
+    single.run_segment();
+    single.save(dir / "single.safetensors");
+  }
+  comm().allgather("", "barrier");
+  Trainer t(small(4), &comm());
+  try {
+    t.load(dir / "single.safetensors");
+    FAIL() << "a checkpoint of one process was loaded by two ranks";
+  } catch (const dist::CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("written by a run of 1 rank(s) (mpirun -np 1); this run has 2"), std::string::npos) << e.what();
+  }
+  // ... and the two ranks' checkpoint by one process.
+  if (comm().rank() == 0) {
+    Trainer single(small(4));
+    try {
+      single.load(ck);
+      ADD_FAILURE() << "a checkpoint of two ranks was loaded by one process";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("written by a run of 2 rank(s)"), std::string::npos) << e.what();
+    }
+  }
+  comm().allgather("", "barrier");
+  if (comm().rank() == 0) fs::remove_all(dir);
+}
