@@ -363,7 +363,8 @@ Trainer::Trainer(const TrainConfig& c, dist::Communicator* comm)
   check_sizes(config_, estimate_sizes(config_, spec));  // before anything is allocated
   TapeOptions options = tape_options(config_);
   if (config_.device == "cuda") size_device_pools(options, config_, spec);
-  tape_ = std::make_unique<Tape>(config_.device == "cuda" ? Device::cuda() : Device::cpu(), options);
+  // Data parallel on GPUs: one GPU per rank, the rank's place on its machine.
+  tape_ = std::make_unique<Tape>(config_.device == "cuda" ? Device::cuda(comm_ ? dist::local_rank() : 0) : Device::cpu(), options);
   Persistent p = make_persistent(*tape_, init_rng_, config_, spec);
   policy_ = std::move(p.policy);
   optim_ = std::move(p.optim);

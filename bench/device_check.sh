@@ -5,7 +5,10 @@
 #   1. configure and build with CUDA (no LibTorch in this build: its CUDA
 #      runtime and segtape's never share a process), CMAKE_CUDA_ARCHITECTURES 90
 #   2. ctest -L cuda (must pass with nothing skipped: a skip means no GPU was
-#      found), then the CPU engine suites in the same build
+#      found), then the CPU engine suites in the same build; CudaDist.* again
+#      on its own: data parallelism's gradient averaging on the device, by
+#      NCCL on the tape's stream with one rank when the build found NCCL
+#      (configure.log says "NCCL found")
 #   3. cuda_bench: segtape's training step on the GPU, eager and graph-replayed,
 #      at (B=32, H=512) and (B=64, H=1024)
 #   4. when python3's torch has CUDA: a second build against it
@@ -106,6 +109,8 @@ if ((built)); then
     log "FAILED: $skipped cuda tests skipped: the GPU was not found by the tests (see cuda-tests.log)"
     status=1
   fi
+  grep -q "NCCL found" "$OUT/configure.log" && log "   NCCL: built in" || log "   NCCL: not found by configure (CudaDist averages through host memory)"
+  step nccl 60 "$BUILD/tests/cuda_nn_test" --gtest_filter='CudaDist.*' || status=1
   step cpu-tests 90 env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ctest --test-dir "$BUILD" -L 'gradcheck|segment|memory|errors' -j "$JOBS" --output-on-failure || status=1
   # The training test prints its loss curve summary and arena high-water.
   grep -h "loss: CPU" "$OUT/cuda-tests.log" "$BUILD/Testing/Temporary/LastTest.log" 2>/dev/null | head -1 >>"$SUMMARY" || true

@@ -77,6 +77,10 @@ class Backend {
   // the backend's own op workspace), and a one-line description of the device.
   virtual size_t internal_device_bytes() const = 0;
   virtual std::string describe() const = 0;
+  // The CUDA stream (cudaStream_t) the device work is ordered on: for
+  // libraries that issue work of their own in that order (NCCL's all-reduce,
+  // segtape/nn/dist.h). nullptr on the CPU and the host-emulated device.
+  virtual void* native_stream() const { return nullptr; }
 };
 
 // Defined by engine/cuda/backend.cpp in a CUDA build and by engine/cuda/stub.cpp

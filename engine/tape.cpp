@@ -133,6 +133,8 @@ void Tape::end_segment(bool abandoned) {
   backend_->segment_end(abandoned);  // launches a captured / replayed CUDA graph
 }
 
+void* Tape::native_stream() const { return backend_->native_stream(); }
+
 void Tape::synchronize() { backend_->synchronize(); }
 
 void Tape::discard_graph() { backend_->discard_graph(); }

@@ -31,6 +31,7 @@
 #include "segtape/agent/retention.h"
 #include "segtape/agent/trainer.h"
 #include "segtape/nn/checkpoint.h"
+#include "segtape/nn/dist.h"
 #include "segtape/nn/layers.h"
 #include "segtape/nn/optim.h"
 #include "segtape/ops.h"
@@ -393,4 +394,46 @@ TEST(CudaAgent, WithoutAGpuTheTrainerSaysWhy) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no CUDA GPU found"), std::string::npos) << e.what();
   }
+}
+
+// Data parallelism on a CUDA tape (docs/distributed.md): GradientAverager on
+// the device gradients. In a build with NCCL, on a GPU, they go through one
+// NCCL group on the tape's stream (here with one rank, as the GPU check runs
+// it: NCCL's all-reduce of one rank is the identity, then the scaling by 1);
+// on the host-emulated device through host memory. Either way the averaged
+// gradients equal the CPU's, and Adam's step after them too.
+TEST(CudaDist, DeviceGradientsAveragedEqualTheCpus) {
+  REQUIRE_GPU();
+  auto run = [](Device d, bool averaged, std::string* transport) {
+    Tape tape(d, test::small_device_pools());
+    nn::Rng rng(3);
+    nn::Linear lin(tape, rng, 24, 16);
+    std::unique_ptr<dist::Communicator> one = dist::local();
+    std::unique_ptr<dist::GradientAverager> avg;
+    if (averaged) avg = std::make_unique<dist::GradientAverager>(*one, lin, 256), *transport = avg->transport();
+    std::vector<float> x(5 * 24), y(5 * 16);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.3f * float(i));
+    for (size_t i = 0; i < y.size(); ++i) y[i] = std::cos(0.7f * float(i));
+    {
+      Segment seg = tape.segment();
+      seg.backward(mse_loss(lin(tape.from(std::span<const float>(x), {5, 24})), tape.from(std::span<const float>(y), {5, 16})));
+    }
+    if (avg) avg->average();
+    std::vector<float> g;
+    for (const Tensor& p : lin.parameters()) {
+      const std::vector<float> v = p.grad_tensor().to_host<float>();
+      g.insert(g.end(), v.begin(), v.end());
+    }
+    return g;
+  };
+  std::string transport;
+  const std::vector<float> dev = run(Device::cuda(), true, &transport), cpu = run(Device::cpu(), false, nullptr);
+  if (!kEmulated && dist::nccl_built()) {
+    EXPECT_EQ(transport, "nccl");
+  }
+  if (kEmulated) {
+    EXPECT_EQ(transport, "local");
+  }
+  ASSERT_EQ(dev.size(), cpu.size());
+  for (size_t i = 0; i < dev.size(); ++i) EXPECT_NEAR(dev[i], cpu[i], 1e-5 * (1 + std::abs(cpu[i]))) << i;
 }

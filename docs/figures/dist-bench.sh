@@ -3,7 +3,7 @@
 # on this machine, then regenerates
 #   docs/figures/dist-bench.json   every run's figures
 #   docs/distributed.md            the section between the dist-bench markers
-# For each (B, H): 3 rounds, each running 1 rank and then 2 ranks (mpirun,
+# For each (B, H): 5 rounds (SEGTAPE_DIST_ROUNDS), each running 1 rank and then 2 ranks (mpirun,
 # one OpenBLAS thread per rank), interleaved; weak scaling (every rank has
 # B streams), efficiency = t(1 rank) / t(2 ranks) per segment, median and
 # range over the rounds. The 2-rank runs also time bare all-reduces (the
@@ -20,6 +20,7 @@ build=${SEGTAPE_BENCH_BUILD:-$root/build-bench}
 jobs=${SEGTAPE_JOBS:-$(nproc 2>/dev/null || echo 2)}
 json=$root/docs/figures/dist-bench.json
 doc=$root/docs/distributed.md
+cores=$(nproc --all 2>/dev/null || echo '?')  # (before OMP_NUM_THREADS=1: nproc honours it)
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSEGTAPE_WITH_CUDA=OFF -DSEGTAPE_BUILD_TESTS=OFF >/dev/null
 cmake --build "$build" -j "$jobs" --target dist_bench
 B=$build/bench/dist_bench
@@ -29,11 +30,12 @@ trap 'rm -rf "$out"; ip netns del stb-a 2>/dev/null || true; ip netns del stb-b 
 cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n1)
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
+rounds=${SEGTAPE_DIST_ROUNDS:-5}
 # (B, H, timed segments): the issue's two sizes, and H = 166 (100,396
 # parameters: the model's 100k-parameter GRU)
 for cfg in "32 512 20" "64 1024 8" "32 166 40"; do
   read -r b h n <<< "$cfg"
-  for round in 1 2 3; do
+  for round in $(seq "$rounds"); do
     echo "B=$b H=$h round $round" >&2
     mpirun -np 1 "$B" --batch "$b" --hidden "$h" --segments "$n" >> "$out/runs.jsonl"
     mpirun -np 2 --oversubscribe "$B" --batch "$b" --hidden "$h" --segments "$n" --link >> "$out/runs.jsonl"
@@ -64,7 +66,7 @@ EOF
 fi
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-python3 - "$out/runs.jsonl" "$json" "$doc" "$cpu" "$load_before" "$load_after" "$(nproc)" "$tcp" <<'PY'
+python3 - "$out/runs.jsonl" "$json" "$doc" "$cpu" "$load_before" "$load_after" "$cores" "$tcp" <<'PY'
 import json, statistics, sys
 sys.path.insert(0, sys.argv[3].rsplit('/docs/', 1)[0] + '/bench')
 from markdown_section import replace_section
@@ -88,6 +90,7 @@ for b, h in [(32, 512), (64, 1024), (32, 166)]:
                     "t2": [t["segment_seconds"]["median"] for t in two],
                     "efficiency": eff,
                     "allreduce_s": [t["allreduce_seconds_per_update"] for t in two],
+                    "allreduce_last_s": [t["allreduce_seconds_per_update_last_rank"] for t in two],
                     "allreduce_bytes": two[0]["allreduce_bytes_per_update"],
                     "calls": two[0]["allreduce_calls_per_update"]})
 
@@ -119,13 +122,15 @@ pct = lambda x: f"{100 * x:.1f} %"
 lines = [f"Measured by `bash docs/figures/dist-bench.sh` on {cpu}, {cores} cores (load average {load_before} before, "
          f"{load_after} after); every figure in docs/figures/dist-bench.json. One OpenBLAS thread per rank; the "
          "trainer's recall workload with tbptt:32 (32 steps per segment, one update each); weak scaling (each rank has "
-         "B streams of its own); 3 rounds, each a 1-rank run then a 2-rank run; median [min–max] over the rounds.",
+         f"B streams of its own); {len(configs[0]['t1'])} rounds, each a 1-rank run then a 2-rank run; median [min–max] over the rounds. "
+         "All-reduce per update is the time inside GradientAverager::average(): on the rank that waited longest it "
+         "includes waiting for the other rank to end its backward; on the rank that arrived last it is the transfer.",
          "",
-         "| B, H | parameters | 1 rank: s per segment | 2 ranks: s per segment | efficiency t1/t2 | all-reduce per update | bytes per update (buckets) |",
-         "|---|---|---|---|---|---|---|"]
+         "| B, H | parameters | 1 rank: per segment | 2 ranks: per segment | efficiency t1/t2 | all-reduce per update: waiting rank | all-reduce per update: last rank | bytes per update (buckets) |",
+         "|---|---|---|---|---|---|---|---|"]
 for c in configs:
     lines.append(f"| {c['batch']}, {c['hidden']} | {c['parameters']:,} | {rng(c['t1'], ms)} ms | {rng(c['t2'], ms)} ms | "
-                 f"{rng(c['efficiency'], pct)} | {rng(c['allreduce_s'], ms)} ms | {c['allreduce_bytes'] / 2**20:.2f} MiB ({c['calls']:.0f}) |")
+                 f"{rng(c['efficiency'], pct)} | {rng(c['allreduce_s'], ms)} ms | {rng(c['allreduce_last_s'], ms)} ms | {c['allreduce_bytes'] / 2**20:.2f} MiB ({c['calls']:.0f}) |")
 lines += ["", "The link, measured in the same runs (bare in-place all-reduces between the two ranks, median):", "",
           "| link | 8 bytes | 4 MiB | α (per message) | β⁻¹ (bandwidth) | 4 MiB of gradients would take |", "|---|---|---|---|---|---|"]
 for name, l in links.items():

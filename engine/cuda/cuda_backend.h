@@ -64,6 +64,7 @@ class CudaBackend final : public detail::Backend {
   void discard_graph() override;
   size_t internal_device_bytes() const override;
   std::string describe() const override;
+  void* native_stream() const override { return stream_; }
 
   // ---- for the op implementations
   cudaStream_t stream() const { return stream_; }

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <thread>
 
+#include "nccl.h"
 #include "segtape/update.h"
 
 #ifdef SEGTAPE_HAVE_MPI
@@ -152,12 +153,15 @@ class Mpi final : public Communicator {
   // waited for and ends the job: a collective that cannot complete (a peer
   // died or hangs) must never leave this rank waiting forever.
   void wait(MPI_Request& r, const char* what) {
+    // Polls without pausing for the first 10 ms (a collective's latency),
+    // then with short sleeps (a rank waiting for a slower one does not burn
+    // its core), 1 ms ones after a second.
     const auto start = std::chrono::steady_clock::now();
     for (int64_t spins = 0;; ++spins) {
       int done = 0;
       check(MPI_Test(&r, &done, MPI_STATUS_IGNORE), what);
       if (done) return;
-      if (spins < 20000) continue;  // short collectives: no sleeping
+      if (spins % 256 != 255) continue;
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > o_.timeout_s) {
         std::fprintf(stderr,
@@ -166,7 +170,7 @@ class Mpi final : public Communicator {
                      rank_, size_, waited, what, o_.timeout_s);
         abort(3);
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(spins < 100000 ? 20 : 1000));
+      if (waited > 0.01) std::this_thread::sleep_for(std::chrono::microseconds(waited < 1.0 ? 50 : 1000));
     }
   }
 
@@ -232,6 +236,14 @@ bool mpi_built() {
   return false;
 #endif
 }
+
+int local_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 0;
+}
+
+bool nccl_built() { return detail::Nccl::built(); }
 
 bool launched_by_mpirun() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
@@ -334,7 +346,20 @@ GradientAverager::GradientAverager(Communicator& c, const nn::Module& m, size_t 
   for (const Bucket& b : buckets_) largest = std::max(largest, b.elements + 1);
   pack_.assign(largest, 0.0f);
   broadcast(params_, "the broadcast of rank 0's parameters");
+  // CUDA tapes: NCCL on the tape's stream, when built in.
+  if (!params_.empty() && params_[0].on_device() && params_[0].tape->native_stream() && detail::Nccl::built()) {
+    nccl_ = detail::Nccl::make(comm_, params_[0].tape->native_stream(), params_[0].tape->device().index);
+    for (const Tensor& p : params_) {
+      const Tensor g = p.grad_tensor();
+      device_grads_.push_back(static_cast<float*>(g.ptr));
+      device_counts_.push_back(size_t(g.numel()));
+    }
+  }
 }
+
+GradientAverager::~GradientAverager() = default;
+
+std::string GradientAverager::transport() const { return nccl_ ? "nccl" : comm_.backend(); }
 
 void GradientAverager::broadcast(const std::vector<Tensor>& tensors, const char* what) {
   if (comm_.size() == 1) return;
@@ -350,6 +375,23 @@ void GradientAverager::broadcast(const std::vector<Tensor>& tensors, const char*
 void GradientAverager::average() {
   const auto t0 = std::chrono::steady_clock::now();
   const int n = comm_.size();
+  if (nccl_) {  // enqueued on the tape's stream: nothing waits here
+    nccl_->sum(device_grads_, device_counts_);
+    for (const size_t c : device_counts_) stats_.bytes += double(c) * sizeof(float);
+    ++stats_.collectives;
+    if (n > 1) {
+      float f = flag_;
+      comm_.allreduce_sum(&f, 1, "the stop flag's all-reduce");
+      seen_ = f > 0;
+      for (const Tensor& p : params_) scale_grad(p, 1.0 / double(n));
+    } else {
+      seen_ = flag_ > 0;
+    }
+    flag_ = 0;
+    ++stats_.calls;
+    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return;
+  }
   if (n == 1) {  // nothing to average; the flag is this rank's own
     seen_ = flag_ > 0, flag_ = 0;
     ++stats_.calls;

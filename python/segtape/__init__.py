@@ -191,3 +191,4 @@ reshape, transpose, detach = Tensor.reshape, Tensor.t, Tensor.detach
 
 
 from . import nn  # noqa: E402,F401
+from ._segtape import dist  # noqa: E402,F401  (data parallelism: docs/distributed.md)

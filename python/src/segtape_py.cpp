@@ -37,6 +37,7 @@
 #include "segtape/emulation.h"
 #include "segtape/explain.h"
 #include "segtape/nn.h"
+#include "segtape/nn/dist.h"
 #include "segtape/ops.h"
 #include "segtape/tape.h"
 
@@ -857,9 +858,19 @@ NB_MODULE(_segtape, m) {
       .def_rw("clip_range", &agent::TrainConfig::clip_range)
       .def_rw("gae_lambda", &agent::TrainConfig::gae_lambda)
       .def_rw("lr_schedule", &agent::TrainConfig::lr_schedule)
+      .def_rw("env_shards", &agent::TrainConfig::env_shards)
       .def("validate", &agent::TrainConfig::validate);
   nb::class_<agent::Trainer>(ag, "Trainer")
-      .def(nb::init<const agent::TrainConfig&>())
+      .def(nb::init<const agent::TrainConfig&, dist::Communicator*>(), "config"_a, "comm"_a.none() = nullptr,
+           nb::keep_alive<1, 3>(), "With a communicator of several ranks: one rank of a data-parallel run (docs/distributed.md).")
+      .def_prop_ro("rank", &agent::Trainer::rank)
+      .def_prop_ro("ranks", &agent::Trainer::ranks)
+      .def("load", [](agent::Trainer& t, const std::string& path) { t.load(path); })
+      .def("parameters", [](agent::Trainer& t) {
+        nb::list l;
+        for (const Tensor& p : t.policy().parameters()) l.append(to_numpy<float>(p));
+        return l;
+      }, "Copies of the policy's parameters (NumPy arrays), in order.")
       .def("run_segment", [](agent::Trainer& t) {
         const agent::SegmentResult r = t.run_segment();
         return dict_of({{"steps", nb::cast(r.steps)}, {"loss_sum", nb::cast(r.loss_sum)}, {"loss_steps", nb::cast(r.loss_steps)},
@@ -875,4 +886,43 @@ NB_MODULE(_segtape, m) {
       .def("evaluate", &agent::Trainer::evaluate, "steps"_a, "seed"_a)
       .def("save", [](const agent::Trainer& t, const std::string& path) { t.save(path); })
       .def_prop_ro("parameter_count", [](agent::Trainer& t) { return t.policy().parameter_count(); });
+
+  // ------------------------------------------------------------ dist (docs/distributed.md)
+  nb::module_ dm = m.def_submodule("dist", "Data parallelism over MPI: segtape::dist");
+  nb::class_<dist::Communicator>(dm, "Communicator", "The ranks of a job (MPI_COMM_WORLD, or one process).")
+      .def_prop_ro("rank", &dist::Communicator::rank)
+      .def_prop_ro("size", &dist::Communicator::size)
+      .def_prop_ro("backend", &dist::Communicator::backend)
+      .def("allreduce_sum", [](dist::Communicator& c, nb::ndarray<float, nb::c_contig, nb::device::cpu> a) {
+        c.allreduce_sum(a.data(), a.size(), "allreduce_sum");
+      }, "array"_a, "In place: every element becomes its sum over the ranks (float32, C-contiguous).")
+      .def("allgather", [](dist::Communicator& c, nb::bytes b) {
+        nb::list l;
+        for (const std::string& s : c.allgather(std::string(b.c_str(), b.size()), "allgather")) l.append(nb::bytes(s.data(), s.size()));
+        return l;
+      }, "data"_a, "Every rank's bytes, in rank order.");
+  dm.def("mpi", [](double timeout_s) { return dist::mpi({.timeout_s = timeout_s}); }, "timeout_s"_a = 300.0,
+         "MPI_COMM_WORLD (MPI initialised on the first call); collectives end the job after timeout_s.");
+  dm.def("local", &dist::local, "One rank: every collective is the identity.");
+  dm.def("mpi_built", &dist::mpi_built);
+  dm.def("nccl_built", &dist::nccl_built);
+  dm.def("launched_by_mpirun", &dist::launched_by_mpirun);
+  dm.def("local_rank", &dist::local_rank);
+  dm.def("check_same", [](dist::Communicator& c, const std::map<std::string, std::string>& s, const std::string& what) {
+    dist::check_same(c, s, what);
+  }, "comm"_a, "settings"_a, "what"_a, "Raises segtape.Error on every rank when the settings differ between ranks.");
+  dm.def("check_replicas", [](dist::Communicator& c, const nn::Module& m, const std::string& when) { dist::check_replicas(c, m, when); },
+         "comm"_a, "module"_a, "when"_a);
+  dm.def("parameter_checksum", &dist::parameter_checksum, "module"_a);
+  nb::class_<dist::GradientAverager>(dm, "GradientAverager",
+                                     "Averages a module's gradients over the ranks (broadcasts rank 0's parameters when made).")
+      .def(nb::init<dist::Communicator&, const nn::Module&, size_t>(), "comm"_a, "module"_a, "bucket_bytes"_a = size_t(4) << 20,
+           nb::keep_alive<1, 2>(), nb::keep_alive<1, 3>())
+      .def("average", &dist::GradientAverager::average, "After backward, before clipping and the optimizer step.")
+      .def_prop_ro("transport", &dist::GradientAverager::transport)
+      .def_prop_ro("stats", [](const dist::GradientAverager& a) {
+        const dist::AverageStats& s = a.stats();
+        return dict_of({{"calls", nb::cast(s.calls)}, {"collectives", nb::cast(s.collectives)}, {"bytes", nb::cast(s.bytes)},
+                        {"seconds", nb::cast(s.seconds)}});
+      });
 }

@@ -177,6 +177,10 @@ class Tape {
 
   // Zero every parameter gradient made by this tape.
   void zero_grad();
+  // The CUDA stream (a cudaStream_t) this tape's device work is ordered on,
+  // for a library that issues its own work in that order (NCCL's all-reduce
+  // in segtape/nn/dist.h); nullptr on the CPU and the host-emulated device.
+  void* native_stream() const;
 
  private:
   friend class Segment;

@@ -69,6 +69,8 @@ std::unique_ptr<Communicator> local();
 
 // Whether this build has the MPI backend (MPI found at configure time).
 bool mpi_built();
+// Whether this build averages CUDA tapes' gradients with NCCL (found with the CUDA backend).
+bool nccl_built();
 // Whether this process was started by mpirun (Open MPI's, or a PMI/PMIx launcher's environment).
 bool launched_by_mpirun();
 // MPI_COMM_WORLD. Initialises MPI on the first call (MPI_Finalize runs at
@@ -93,6 +95,15 @@ uint64_t parameter_checksum(const nn::Module& m);
 // naming the ranks that differ and `when` (e.g. "after update 200").
 void check_replicas(Communicator& c, const nn::Module& m, const std::string& when);
 
+// This process's rank among the ranks on its machine (mpirun's
+// OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or SLURM_LOCALID; 0 when none is
+// set): the GPU a rank of a CUDA run takes (one GPU per rank).
+int local_rank();
+
+namespace detail {
+class Nccl;  // nn/dist/nccl.h
+}
+
 struct AverageStats {
   int64_t calls = 0;       // average() calls
   int64_t collectives = 0; // all-reduce calls (one per bucket per average())
@@ -109,6 +120,10 @@ struct AverageStats {
 class GradientAverager {
  public:
   GradientAverager(Communicator& c, const nn::Module& m, size_t bucket_bytes = size_t(4) << 20);
+  ~GradientAverager();
+  // "nccl" (device gradients, NCCL on the tape's stream) or the
+  // communicator's backend ("mpi", "local") through host memory.
+  std::string transport() const;
   // After the backward, before clipping and the optimizer step, on every rank.
   void average();
   // A flag that travels with the next average() (an extra element of its
@@ -133,6 +148,9 @@ class GradientAverager {
   float flag_ = 0;
   bool seen_ = false;
   AverageStats stats_;
+  std::unique_ptr<detail::Nccl> nccl_;
+  std::vector<float*> device_grads_;
+  std::vector<size_t> device_counts_;
 };
 
 }  // namespace segtape::dist
