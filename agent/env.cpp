@@ -469,7 +469,16 @@ class ShardedEnv final : public Env {
     if (s.size() != total)
       throw Error("env '" + spec().name + "' (" + std::to_string(shards_.size()) + " shards): saved state has " +
                   std::to_string(s.size()) + " integers, expected " + std::to_string(total) + " (a checkpoint of another configuration?)");
-    for (size_t i = 0, at = 0; i < shards_.size(); at += sizes[i], ++i) shards_[i]->load_state(s.subspan(at, sizes[i]));
+    // All or nothing: a shard that refuses its state puts the ones before it back.
+    std::vector<std::vector<int64_t>> before;
+    for (const auto& e : shards_) before.push_back(e->save_state());
+    size_t i = 0;
+    try {
+      for (size_t at = 0; i < shards_.size(); at += sizes[i], ++i) shards_[i]->load_state(s.subspan(at, sizes[i]));
+    } catch (...) {
+      for (size_t j = 0; j < i; ++j) shards_[j]->load_state(before[j]);
+      throw;
+    }
   }
 
  private:

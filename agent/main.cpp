@@ -345,7 +345,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   // (The communicator lives as long as the process: main's error handling uses it.)
   static std::unique_ptr<dist::Communicator> owner;
   dist::Communicator* comm = nullptr;
-  if (cmd.count("--dist-timeout") && !(a.dist_timeout > 0)) throw Error("--dist-timeout " + std::to_string(a.dist_timeout) + ": must be > 0 seconds");
+  if (cmd.count("--dist-timeout") && !(a.dist_timeout > 0)) throw Error(fmt::format("--dist-timeout {}: must be > 0 seconds", a.dist_timeout));
   if (dist::launched_by_mpirun()) {
     owner = dist::mpi({.timeout_s = a.dist_timeout});
     if (owner->size() > 1) comm = g_comm = owner.get();
@@ -410,6 +410,14 @@ int train(TrainArgs& a, CLI::App& cmd) {
       if (cmd.count("--steps")) c.steps = a.c.steps;
       if (cmd.count("--device")) c.device = a.c.device;
     }
+    // An invalid configuration is every rank's error alike.
+    std::string invalid;
+    try {
+      c.validate();
+    } catch (const std::exception& e) {
+      invalid = e.what();
+    }
+    dist::raise_if_any(*comm, invalid);
   }
   c.validate();
   // PPO on a supervised env: the reward (1 for the target class) depends on
@@ -455,6 +463,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
   const int64_t log_every = a.log_every > 0 ? a.log_every : std::max<int64_t>(K, (c.steps / 100 + K - 1) / K * K);
   const int64_t ck_every = a.checkpoint_every > 0 ? a.checkpoint_every : std::max<int64_t>(K, (c.steps / 10 + K - 1) / K * K);
   const bool full = c.history.kind == History::Kind::Full;
+  // Checkpoints are collective: every rank must write them at the same steps.
+  if (comm) dist::check_same(*comm, {{"checkpoint_every", std::to_string(ck_every)}}, "the command line (--checkpoint-every)");
   if (root) std::printf("segtape %s: training %s (%s, %s) with history %s for %ld steps, batch %ld, hidden %ld, budget %s%s -> %s\n",
               SEGTAPE_VERSION, c.env.c_str(), c.algo == "ppo" ? "recurrent PPO" : spec.supervised ? "supervised" : "actor-critic", measure.c_str(),
               c.history.str().c_str(), c.steps, c.batch, c.hidden, format_bytes(tr.budget()).c_str(),
@@ -567,7 +577,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       // (evaluate puts the training state back: the run continues as without it)
       if (tb && !tr.done()) tb->scalar("eval/" + measure, tr.step(), tr.evaluate(a.eval_steps, c.seed + 7919));
     }
-    if (comm && tr.stop_agreed()) {
+    if (comm && tr.stop_agreed() && !tr.done()) {
       stopped = g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
       break;
     }
@@ -607,6 +617,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   if (const dist::AverageStats* ds = tr.dist_stats(); ds && ds->calls) {
     j["dist"] = {{"ranks", tr.ranks()},
                  {"backend", comm->backend()},
+                 {"transport", tr.dist_transport()},
                  {"allreduce_seconds_per_update", ds->seconds / double(ds->calls)},
                  {"allreduce_bytes_per_update", ds->bytes / double(ds->calls)},
                  {"allreduce_calls_per_update", double(ds->collectives) / double(ds->calls)}};

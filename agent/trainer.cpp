@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "segtape/emulation.h"
@@ -363,8 +364,13 @@ Trainer::Trainer(const TrainConfig& c, dist::Communicator* comm)
   check_sizes(config_, estimate_sizes(config_, spec));  // before anything is allocated
   TapeOptions options = tape_options(config_);
   if (config_.device == "cuda") size_device_pools(options, config_, spec);
-  // Data parallel on GPUs: one GPU per rank, the rank's place on its machine.
-  tape_ = std::make_unique<Tape>(config_.device == "cuda" ? Device::cuda(comm_ ? dist::local_rank() : 0) : Device::cpu(), options);
+  // Data parallel on GPUs: one GPU per rank, the rank's place on its
+  // machine; device 0 where CUDA_VISIBLE_DEVICES shows the rank one GPU (a
+  // scheduler's --gpus-per-task=1).
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const bool one_visible = visible && *visible && !std::strchr(visible, ',');
+  const int gpu = comm_ && !one_visible ? dist::local_rank() : 0;
+  tape_ = std::make_unique<Tape>(config_.device == "cuda" ? Device::cuda(gpu) : Device::cpu(), options);
   Persistent p = make_persistent(*tape_, init_rng_, config_, spec);
   policy_ = std::move(p.policy);
   optim_ = std::move(p.optim);
@@ -415,7 +421,9 @@ void Trainer::request_stop() {
   if (avg_) avg_->raise_flag();
 }
 
-bool Trainer::stop_agreed() const { return avg_ ? avg_->flag_seen() : stop_requested_; }
+bool Trainer::stop_agreed() const { return avg_ ? stop_agreed_ : stop_requested_; }
+
+std::string Trainer::dist_transport() const { return avg_ ? avg_->transport() : "local"; }
 
 std::unique_ptr<replay::Driver> Trainer::make_driver(int64_t horizon) {
   replay::Options o = driver_options(config_, horizon);
@@ -425,7 +433,9 @@ std::unique_ptr<replay::Driver> Trainer::make_driver(int64_t horizon) {
   return std::make_unique<replay::Driver>(*tape_, h_home_, o);
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  avg_.reset();  // (its NCCL communicator before the tape's stream and pools)
+}
 
 SizeEstimate Trainer::estimate(const TrainConfig& c) {
   c.validate();
@@ -475,8 +485,15 @@ void Trainer::reset_finished_streams() {
   if (config_.history.kind != History::Kind::Window) h_ = reset_finished(h_, done_, reset_mask_);
 }
 
-void Trainer::update() {
-  if (avg_) avg_->average();  // every rank: the mean of the ranks' gradients
+void Trainer::update(bool has_loss) {
+  if (avg_) {  // every rank: the mean of the ranks' gradients
+    const double with_loss = avg_->average(has_loss ? 1.0f : 0.0f);
+    if (avg_->flag_seen()) stop_agreed_ = true;
+    if (with_loss == 0) {  // no rank had a loss: no step, as in one process
+      optim_->zero_grad();
+      return;
+    }
+  }
   if (config_.clip > 0) nn::clip_grad_norm(*policy_, config_.clip);
   optim_->step();
   optim_->zero_grad();
@@ -533,10 +550,10 @@ SegmentResult Trainer::supervised_segment(Segment& seg, int64_t n) {
     reset_finished_streams();
   }
   r.steps = n;
-  if (loss.defined()) {
-    seg.backward(loss, backward_options(config_));
-    update();
-  }
+  if (loss.defined()) seg.backward(loss, backward_options(config_));
+  // Data parallel: every rank joins the update's all-reduce, also one whose
+  // streams had no target this segment (its gradients are zero).
+  if (loss.defined() || avg_) update(loss.defined());
   return r;
 }
 
@@ -936,20 +953,32 @@ void Trainer::load_rank0(const std::filesystem::path& file) {
     } catch (const std::logic_error&) {
       n = 0;
     }
-    if (n < 1 || n > 1'000'000) throw CheckpointError(file.string() + ": metadata dist.ranks is malformed ('" + it->second + "')");
+    const bool has_last = n >= 1 && n <= 1'000'000 &&
+                          (n == 1 || std::any_of(f.tensors.begin(), f.tensors.end(), [&](const safetensors::TensorInfo& t) {
+                            return t.name == "dist.rank" + std::to_string(n - 1) + ".ints";
+                          }));
+    if (!has_last)
+      throw CheckpointError(file.string() + ": metadata dist.ranks is '" + it->second + "', which the file's entries do not match (a damaged checkpoint?)");
   }
+  load_as_rank0_of(file, n, false);  // the other ranks' streams are read and dropped
+}
+
+std::vector<std::string> Trainer::load_as_rank0_of(const std::filesystem::path& file, int64_t n, bool check_ranks) {
   std::vector<int64_t> my_ints;
   std::vector<float> my_floats;
   decode_streams(stream_state(), my_ints, my_floats, "rank 0's streams");
   std::vector<std::vector<int64_t>> ints(size_t(n), my_ints);
   std::vector<std::vector<float>> floats(size_t(n), my_floats);
   std::vector<nn::Entry> extra;
-  for (int64_t r = 1; r < n; ++r) {  // read and dropped: this process continues rank 0's streams only
+  for (int64_t r = 1; r < n; ++r) {
     const std::string p = "dist.rank" + std::to_string(r);
     extra.push_back(nn::entry(p + ".ints", std::span<int64_t>(ints[size_t(r)]), {int64_t(my_ints.size())}));
     extra.push_back(nn::entry(p + ".floats", std::span<float>(floats[size_t(r)]), {int64_t(my_floats.size())}));
   }
-  load_file(file, std::move(extra), false);
+  load_file(file, std::move(extra), check_ranks);
+  std::vector<std::string> parts(static_cast<size_t>(n));
+  for (int64_t r = 1; r < n; ++r) parts[size_t(r)] = encode_streams(ints[size_t(r)], floats[size_t(r)]);
+  return parts;
 }
 
 // Data parallel: rank 0 reads the file (its own streams, and every other
@@ -963,19 +992,7 @@ void Trainer::load_dist(const std::filesystem::path& file) {
   std::string error;
   if (rank() == 0) {
     try {
-      std::vector<int64_t> my_ints;
-      std::vector<float> my_floats;
-      decode_streams(stream_state(), my_ints, my_floats, "rank 0's streams");
-      std::vector<std::vector<int64_t>> ints(size_t(n), my_ints);
-      std::vector<std::vector<float>> floats(size_t(n), my_floats);
-      std::vector<nn::Entry> extra;
-      for (int r = 1; r < n; ++r) {
-        const std::string p = "dist.rank" + std::to_string(r);
-        extra.push_back(nn::entry(p + ".ints", std::span<int64_t>(ints[size_t(r)]), {int64_t(my_ints.size())}));
-        extra.push_back(nn::entry(p + ".floats", std::span<float>(floats[size_t(r)]), {int64_t(my_floats.size())}));
-      }
-      load_file(file, std::move(extra), true);
-      for (int r = 1; r < n; ++r) parts[size_t(r)] = encode_streams(ints[size_t(r)], floats[size_t(r)]);
+      parts = load_as_rank0_of(file, n, true);
     } catch (const std::exception& e) {
       error = e.what();
     }

@@ -173,13 +173,38 @@ TEST(Dist, ReplicasThatDivergeAreFound) {
   }
 }
 
+// (PPO: an iteration is many updates; the request rides the first, and
+// stays agreed through the rest.)
 TEST(Dist, AStopRequestedByOneRankIsAgreedByAll) {
-  Trainer t(small(4), &comm());
-  t.run_segment();
-  EXPECT_FALSE(t.stop_agreed());
-  if (comm().rank() == 1) t.request_stop();
-  t.run_segment();
-  EXPECT_TRUE(t.stop_agreed());
+  for (const char* algo : {"a2c", "ppo"}) {
+    TrainConfig c = small(4);
+    if (std::string(algo) == "ppo") c.env = "tmaze", c.algo = "ppo", c.rollout = 16, c.epochs = 2, c.minibatches = 2;
+    Trainer t(c, &comm());
+    t.run_segment();
+    EXPECT_FALSE(t.stop_agreed()) << algo;
+    if (comm().rank() == 1) t.request_stop();
+    t.run_segment();
+    EXPECT_TRUE(t.stop_agreed()) << algo;
+  }
+}
+
+// Segments in which no stream has a target (recall's first `lag` steps):
+// every rank still joins the update's all-reduce, and none steps, as one
+// process does not; the ranks stay in step with one process of both ranks' streams.
+TEST(Dist, SegmentsWithoutTargetsKeepTheRanksInStep) {
+  TrainConfig c = small(4);
+  c.env_options.lag = 8;
+  c.history = History::parse("tbptt:4");
+  c.steps = 40;
+  Trainer two(c, &comm());
+  while (!two.done()) two.run_segment();
+  EXPECT_EQ(two.dist_stats()->calls, 10);
+  TrainConfig one_c = c;
+  one_c.batch = 8, one_c.env_shards = 2;
+  Trainer one(one_c);
+  while (!one.done()) one.run_segment();
+  EXPECT_LE(rel_l2(params_of(two), params_of(one)), 1e-6);
+  EXPECT_NO_THROW(dist::check_replicas(comm(), two.policy(), "after 10 segments"));
 }
 
 // A checkpoint holds every rank's streams: a resumed pair of ranks ends

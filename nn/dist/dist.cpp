@@ -343,7 +343,7 @@ GradientAverager::GradientAverager(Communicator& c, const nn::Module& m, size_t 
     packed.grads.push_back(g), packed.elements += n;
   }
   buckets_.push_back(std::move(packed));  // the last: packed, and carries the flag (possibly alone)
-  for (const Bucket& b : buckets_) largest = std::max(largest, b.elements + 1);
+  for (const Bucket& b : buckets_) largest = std::max(largest, b.elements + 2);  // (+ the flag and the count)
   pack_.assign(largest, 0.0f);
   broadcast(params_, "the broadcast of rank 0's parameters");
   // CUDA tapes: NCCL on the tape's stream, when built in.
@@ -372,31 +372,30 @@ void GradientAverager::broadcast(const std::vector<Tensor>& tensors, const char*
   }
 }
 
-void GradientAverager::average() {
+double GradientAverager::average(float count) {
   const auto t0 = std::chrono::steady_clock::now();
   const int n = comm_.size();
   if (nccl_) {  // enqueued on the tape's stream: nothing waits here
     nccl_->sum(device_grads_, device_counts_);
     for (const size_t c : device_counts_) stats_.bytes += double(c) * sizeof(float);
     ++stats_.collectives;
+    float f[2] = {flag_, count};
     if (n > 1) {
-      float f = flag_;
-      comm_.allreduce_sum(&f, 1, "the stop flag's all-reduce");
-      seen_ = f > 0;
+      comm_.allreduce_sum(f, 2, "the all-reduce of the stop flag and the count");
       for (const Tensor& p : params_) scale_grad(p, 1.0 / double(n));
-    } else {
-      seen_ = flag_ > 0;
     }
+    seen_ = seen_ || f[0] > 0;
     flag_ = 0;
     ++stats_.calls;
     stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return;
+    return f[1];
   }
-  if (n == 1) {  // nothing to average; the flag is this rank's own
-    seen_ = flag_ > 0, flag_ = 0;
+  if (n == 1) {  // nothing to average; the flag and the count are this rank's own
+    seen_ = seen_ || flag_ > 0, flag_ = 0;
     ++stats_.calls;
-    return;
+    return count;
   }
+  double total = 0;
   const double inv = 1.0 / double(n);
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
@@ -409,11 +408,11 @@ void GradientAverager::average() {
         g.to_host(std::span<float>(pack_.data() + at, size_t(g.numel())));
         at += size_t(g.numel());
       }
-      size_t count = at;
-      if (last) pack_[count++] = flag_;
-      // the flag is reduced by sum: > 0 when any rank raised it
-      comm_.allreduce_sum(pack_.data(), count, "the gradient all-reduce");
-      if (last) seen_ = pack_[at] > 0, flag_ = 0;
+      size_t elements = at;
+      if (last) pack_[elements++] = flag_, pack_[elements++] = count;
+      // the flag is summed: > 0 when any rank raised it
+      comm_.allreduce_sum(pack_.data(), elements, "the gradient all-reduce");
+      if (last) seen_ = seen_ || pack_[at] > 0, total = pack_[at + 1], flag_ = 0;
       at = 0;
       for (const Tensor& g : b.grads) {
         g.from_host(std::span<const float>(pack_.data() + at, size_t(g.numel())));
@@ -426,6 +425,7 @@ void GradientAverager::average() {
   for (const Tensor& p : params_) scale_grad(p, inv);
   ++stats_.calls;
   stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return total;
 }
 
 }  // namespace segtape::dist

@@ -918,7 +918,8 @@ NB_MODULE(_segtape, m) {
                                      "Averages a module's gradients over the ranks (broadcasts rank 0's parameters when made).")
       .def(nb::init<dist::Communicator&, const nn::Module&, size_t>(), "comm"_a, "module"_a, "bucket_bytes"_a = size_t(4) << 20,
            nb::keep_alive<1, 2>(), nb::keep_alive<1, 3>())
-      .def("average", &dist::GradientAverager::average, "After backward, before clipping and the optimizer step.")
+      .def("average", &dist::GradientAverager::average, "count"_a = 0.0f,
+           "After backward, before clipping and the optimizer step; returns the sum of `count` over the ranks.")
       .def_prop_ro("transport", &dist::GradientAverager::transport)
       .def_prop_ro("stats", [](const dist::GradientAverager& a) {
         const dist::AverageStats& s = a.stats();

@@ -92,8 +92,9 @@ class Env {
   // checking wrapper can hand them through to the env it wraps).
   virtual double score() const { return score_den_ ? double(score_num_) / double(score_den_) : 0.0; }
   virtual void reset_score() { score_num_ = score_den_ = 0; }
-  // What score() divides: {numerator, denominator} (an env made of several
-  // adds these up).
+  // What score() divides: {numerator, denominator} (an env made of several,
+  // make_env_shards', adds these up: an env that overrides score() overrides
+  // this too).
   virtual std::pair<int64_t, int64_t> score_counts() const { return {score_num_, score_den_}; }
 
   // Everything needed to continue bit-identically (for checkpoints).

@@ -121,8 +121,10 @@ class Trainer {
   // stop at the same step. Without a communicator the request is agreed at once.
   void request_stop();
   bool stop_agreed() const;
-  // The gradient averaging's counts and times (nullptr with one rank).
+  // The gradient averaging's counts and times (nullptr with one rank), and
+  // how it moves the gradients ("mpi", "nccl"; "local" with one rank).
   const dist::AverageStats* dist_stats() const;
+  std::string dist_transport() const;
   int rank() const;
   int ranks() const;
   // The seed of the env of stream shard `shard` (rank r of a run with
@@ -165,7 +167,7 @@ class Trainer {
  private:
   Tensor observe_tensor();
   Tensor feature(const Tensor& e);  // history strategy: the [B, hidden] feature of this step
-  void update();
+  void update(bool has_loss = true);
   void reset_finished_streams();
   SegmentResult supervised_segment(Segment& seg, int64_t n);
   SegmentResult actor_critic_segment(Segment& seg, int64_t n);
@@ -194,11 +196,14 @@ class Trainer {
   void set_stream_state(const std::string& bytes);
   void load_dist(const std::filesystem::path& file);
   void load_file(const std::filesystem::path& file, std::vector<nn::Entry> extra, bool check_ranks);
+  // Loads the file as rank 0 of a run of n ranks; returns the other ranks'
+  // streams (stream_state()'s bytes; element 0 empty).
+  std::vector<std::string> load_as_rank0_of(const std::filesystem::path& file, int64_t n, bool check_ranks);
 
   dist::Communicator* comm_ = nullptr;
   std::unique_ptr<dist::GradientAverager> avg_;
   int64_t updates_ = 0;
-  bool stop_requested_ = false;
+  bool stop_requested_ = false, stop_agreed_ = false;
 
   TrainConfig config_;
   std::unique_ptr<Tape> tape_;

@@ -124,11 +124,15 @@ class GradientAverager {
   // "nccl" (device gradients, NCCL on the tape's stream) or the
   // communicator's backend ("mpi", "local") through host memory.
   std::string transport() const;
-  // After the backward, before clipping and the optimizer step, on every rank.
-  void average();
+  // After the backward, before clipping and the optimizer step, on every
+  // rank. `count` travels with the gradients (an extra element of the last
+  // bucket) and the sum over the ranks comes back: e.g. how many ranks had a
+  // loss this update (the agent's trainer skips the step when none had).
+  double average(float count = 0);
   // A flag that travels with the next average() (an extra element of its
-  // last bucket, summed: seen when > 0): set by any rank, every rank sees it after
-  // that call - e.g. "stop after this update", agreed at the same step.
+  // last bucket, summed): set by any rank, every rank sees it after that
+  // call, and it stays seen - e.g. "stop after this update", agreed at the
+  // same step.
   void raise_flag() { flag_ = 1; }
   bool flag_seen() const { return seen_; }
   // Rank 0's values of these tensors to every rank (parameters, optimizer state).
