@@ -117,6 +117,42 @@ TEST(Dist, AveragedGradientsEqualTheWholeBatchGradient) {
   EXPECT_EQ(all[0], all[1]);
 }
 
+// Where the reduction order is fixed, the averaging adds no rounding of its
+// own: an f64 model's gradient averaged over two ranks (each with half the
+// batch) is bit for bit (g0 + g1) / 2 computed in one process, g0 and g1 the
+// two halves' gradients. (With two ranks the all-reduce's sum is g0 + g1 on
+// both; the scaling by 1/2 is exact.)
+TEST(Dist, Float64GradientsAverageBitwiseAsTheFixedOrderSum) {
+  const int64_t rows = 3, In = 7, Out = 5;
+  auto grads = [&](int half, dist::Communicator* c) {
+    Tape tape;
+    nn::Rng rng(11);
+    nn::Linear lin(tape, rng, In, Out, true, DType::F64);
+    std::unique_ptr<dist::GradientAverager> avg;
+    if (c) avg = std::make_unique<dist::GradientAverager>(*c, lin);
+    std::vector<double> x(size_t(rows * In)), y(size_t(rows * Out));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.9 * double(half * 100 + int(i)));
+    for (size_t i = 0; i < y.size(); ++i) y[i] = std::cos(0.4 * double(half * 100 + int(i)));
+    {
+      Segment seg = tape.segment();
+      seg.backward(mse_loss(lin(tape.from(std::span<const double>(x), {rows, In})), tape.from(std::span<const double>(y), {rows, Out})));
+    }
+    if (avg) avg->average();
+    std::vector<double> g;
+    for (const Tensor& p : lin.parameters()) {
+      const std::vector<double> v = p.grad_tensor().to_host<double>();
+      g.insert(g.end(), v.begin(), v.end());
+    }
+    return g;
+  };
+  const std::vector<double> averaged = grads(comm().rank(), &comm());
+  const std::vector<double> g0 = grads(0, nullptr), g1 = grads(1, nullptr);
+  std::vector<double> fixed_order(g0.size());
+  for (size_t i = 0; i < g0.size(); ++i) fixed_order[i] = (g0[i] + g1[i]) * 0.5;
+  EXPECT_EQ(averaged, fixed_order);
+  EXPECT_NE(g0, g1);
+}
+
 // The trainer: two ranks of B streams against one process of 2B streams
 // made as two shards with the ranks' seeds. After 50 segments (50 Adam
 // updates) the parameters differ by float reassociation only, measured as

@@ -331,7 +331,11 @@ GradientAverager::GradientAverager(Communicator& c, const nn::Module& m, size_t 
   size_t largest = 1;
   for (const Tensor& p : params_) {
     if (!p.grad) throw Error("dist::GradientAverager: " + p.describe() + " has no gradient buffer (not a parameter)");
-    if (p.dtype != DType::F32) throw Error("dist::GradientAverager: " + p.describe() + ": only f32 parameters are averaged");
+    if (p.dtype == DType::F64) {  // reduced one by one, in double (f64 models are for checks, not speed)
+      f64_.push_back(p.grad_tensor());
+      continue;
+    }
+    if (p.dtype != DType::F32) throw Error("dist::GradientAverager: " + p.describe() + ": only f32 and f64 parameters are averaged");
     Tensor g = p.grad_tensor();
     const size_t n = size_t(g.numel());
     if (n >= cap) {  // a bucket of its own
@@ -347,7 +351,7 @@ GradientAverager::GradientAverager(Communicator& c, const nn::Module& m, size_t 
   pack_.assign(largest, 0.0f);
   broadcast(params_, "the broadcast of rank 0's parameters");
   // CUDA tapes: NCCL on the tape's stream, when built in.
-  if (!params_.empty() && params_[0].on_device() && params_[0].tape->native_stream() && detail::Nccl::built()) {
+  if (!params_.empty() && f64_.empty() && params_[0].on_device() && params_[0].tape->native_stream() && detail::Nccl::built()) {
     nccl_ = detail::Nccl::make(comm_, params_[0].tape->native_stream(), params_[0].tape->device().index);
     for (const Tensor& p : params_) {
       const Tensor g = p.grad_tensor();
@@ -420,6 +424,19 @@ double GradientAverager::average(float count) {
       }
     }
     stats_.bytes += double(b.elements) * sizeof(float);
+    ++stats_.collectives;
+  }
+  for (const Tensor& g : f64_) {
+    const size_t count = size_t(g.numel());
+    if (!g.on_device()) {
+      comm_.allreduce_sum(g.data<double>(), count, "the gradient all-reduce (f64)");
+    } else {
+      std::vector<double> host(count);
+      g.to_host(std::span<double>(host));
+      comm_.allreduce_sum(host.data(), count, "the gradient all-reduce (f64)");
+      g.from_host(std::span<const double>(host));
+    }
+    stats_.bytes += double(count) * sizeof(double);
     ++stats_.collectives;
   }
   for (const Tensor& p : params_) scale_grad(p, inv);

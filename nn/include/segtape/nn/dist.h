@@ -115,6 +115,7 @@ struct AverageStats {
 // about `bucket_bytes` (a parameter's gradient at least that large is a
 // bucket of its own, reduced in its own buffer; smaller ones are packed into
 // one host buffer), one in-place all-reduce per bucket, then scaled by 1/size.
+// f64 parameters (a model made for checks) are reduced one by one, in double.
 // Made on every rank, in the same order: it broadcasts rank 0's parameters
 // (the replicas start equal).
 class GradientAverager {
@@ -149,6 +150,7 @@ class GradientAverager {
   std::vector<Tensor> params_;
   std::vector<Bucket> buckets_;
   std::vector<float> pack_;  // the host buffer packed buckets (and device gradients) go through
+  std::vector<Tensor> f64_;  // f64 gradients: one all-reduce each, in double
   float flag_ = 0;
   bool seen_ = false;
   AverageStats stats_;
