@@ -153,9 +153,10 @@ class Mpi final : public Communicator {
   // waited for and ends the job: a collective that cannot complete (a peer
   // died or hangs) must never leave this rank waiting forever.
   void wait(MPI_Request& r, const char* what) {
-    // Polls without pausing for the first 10 ms (a collective's latency),
-    // then with short sleeps (a rank waiting for a slower one does not burn
-    // its core), 1 ms ones after a second.
+    // Polls without pausing for the first second, as MPI's blocking calls
+    // do (a large all-reduce progresses only while its ranks poll); after
+    // that, a long wait (a rank evaluating, writing a checkpoint, or gone),
+    // with 1 ms sleeps.
     const auto start = std::chrono::steady_clock::now();
     for (int64_t spins = 0;; ++spins) {
       int done = 0;
@@ -170,7 +171,7 @@ class Mpi final : public Communicator {
                      rank_, size_, waited, what, o_.timeout_s);
         abort(3);
       }
-      if (waited > 0.01) std::this_thread::sleep_for(std::chrono::microseconds(waited < 1.0 ? 50 : 1000));
+      if (waited > 1.0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
 
