@@ -443,12 +443,13 @@ int train(TrainArgs& a, CLI::App& cmd) {
     // A run killed while writing leaves its temporary files (".<file>.tmp",
     // ".checkpoint.safetensors.tmp.<pid>.<n>"); the files themselves are intact.
     std::error_code ec;
-    if (root)
-    for (const auto& e : fs::directory_iterator(out, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind('.', 0) == 0 && name.find(".tmp") != std::string::npos) fs::remove(e.path(), ec);
+    if (root) {
+      for (const auto& e : fs::directory_iterator(out, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind('.', 0) == 0 && name.find(".tmp") != std::string::npos) fs::remove(e.path(), ec);
+      }
+      rows = MetricsCsv::read(out / "metrics.csv");
     }
-    if (root) rows = MetricsCsv::read(out / "metrics.csv");
     while (!rows.empty() && rows.back().step > tr.step()) rows.pop_back();
   } else if (root) {
     prepare_dir(out);

@@ -264,7 +264,7 @@ std::unique_ptr<Communicator> mpi([[maybe_unused]] const Options& o) {
 
 void check_same(Communicator& c, const std::map<std::string, std::string>& settings, const std::string& what) {
   std::string mine;
-  for (const auto& [k, v] : settings) mine += k + '\0' + v + '\0';
+  for (const auto& [k, v] : settings) mine.append(k).append(1, '\0').append(v).append(1, '\0');
   const std::vector<std::string> all = c.allgather(mine, "the comparison of the ranks' settings");
   if (std::all_of(all.begin(), all.end(), [&](const std::string& s) { return s == all[0]; })) return;
   auto parse = [](const std::string& s) {
@@ -277,21 +277,26 @@ void check_same(Communicator& c, const std::map<std::string, std::string>& setti
     return m;
   };
   std::vector<std::map<std::string, std::string>> maps;
+  maps.reserve(all.size());
   for (const std::string& s : all) maps.push_back(parse(s));
   std::map<std::string, bool> keys;
   for (const auto& m : maps)
     for (const auto& [k, v] : m) keys[k] = true;
-  for (const auto& [k, _] : keys) {
+  for (const auto& entry : keys) {
+    const std::string& k = entry.first;
     auto value = [&](size_t r) {
       auto it = maps[r].find(k);
       return it == maps[r].end() ? std::string("(none)") : "'" + it->second + "'";
     };
     std::string differ;
     for (size_t r = 1; r < maps.size(); ++r)
-      if (value(r) != value(0)) differ += (differ.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " has " + value(r));
-    if (!differ.empty())
-      throw CollectiveError("dist: " + what + " differs between ranks: " + k + " is " + value(0) + " on rank 0, but " + differ +
-                            "; every rank must run the same configuration");
+      if (value(r) != value(0)) differ.append(differ.empty() ? "" : ", ").append("rank ").append(std::to_string(r)).append(" has ").append(value(r));
+    if (!differ.empty()) {
+      std::string m = "dist: ";
+      m.append(what).append(" differs between ranks: ").append(k).append(" is ").append(value(0)).append(" on rank 0, but ");
+      m.append(differ).append("; every rank must run the same configuration");
+      throw CollectiveError(m);
+    }
   }
 }
 
