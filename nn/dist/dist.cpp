@@ -358,6 +358,11 @@ GradientAverager::GradientAverager(Communicator& c, const nn::Module& m, size_t 
   broadcast(params_, "the broadcast of rank 0's parameters");
   // CUDA tapes: NCCL on the tape's stream, when built in.
   if (!params_.empty() && f64_.empty() && params_[0].on_device() && params_[0].tape->native_stream() && detail::Nccl::built()) {
+    // NCCL's calls go to the stream directly, not through the tape's graph
+    // capture and replay: on a replaying tape they would run out of order.
+    if (params_[0].tape->options().graph_replay)
+      throw Error("dist::GradientAverager: the tape replays CUDA graphs (TapeOptions::graph_replay), which the NCCL all-reduce "
+                  "does not go through yet; make the tape without graph_replay");
     nccl_ = detail::Nccl::make(comm_, params_[0].tape->native_stream(), params_[0].tape->device().index);
     for (const Tensor& p : params_) {
       const Tensor g = p.grad_tensor();

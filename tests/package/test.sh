@@ -11,7 +11,7 @@ trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
 for f in include/segtape/ops.h include/segtape/nn/layers.h include/segtape/agent/trainer.h \
          lib/cmake/segtape/segtapeConfig.cmake lib/cmake/segtape/segtapeConfigVersion.cmake \
-         lib/libsegtape_engine.a lib/libsegtape_nn.a lib/libsegtape_agent.a bin/segtape; do
+         lib/libsegtape_engine.a lib/libsegtape_nn.a lib/libsegtape_dist.a lib/libsegtape_agent.a bin/segtape; do
   [[ -e "$work/prefix/$f" ]] || { echo "package: $f was not installed" >&2; exit 1; }
 done
 "$work/prefix/bin/segtape" --version
