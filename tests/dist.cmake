@@ -31,6 +31,4 @@ if(SEGTAPE_HAVE_MPI)
   set_tests_properties(dist_test dist_cli dist_two_hosts PROPERTIES LABELS dist TIMEOUT 300 ENVIRONMENT "${SEGTAPE_MPI_ENV}")
   # (no namespaces without root: skipped, saying why)
   set_tests_properties(dist_two_hosts PROPERTIES SKIP_RETURN_CODE 77)
-  # dist_cli kills and stops ranks and times their end: alone, not beside other tests
-  set_tests_properties(dist_cli PROPERTIES RUN_SERIAL TRUE)
 endif()
