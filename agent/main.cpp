@@ -372,8 +372,6 @@ int train(TrainArgs& a, CLI::App& cmd) {
                             "--gamma", "--entropy", "--algo", "--rollout", "--epochs", "--minibatches", "--clip-range", "--gae-lambda",
                             "--lr-schedule", "--env-shards"})
       if (cmd.count(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
-    if (cmd.count("--steps")) c.steps = a.c.steps;
-    if (cmd.count("--device")) c.device = a.c.device;  // a run may move between the CPU and a GPU
   } else {
     if (auto it = plugin_envs().find(c.env); it != plugin_envs().end()) plugin = it->second;
     c.history = History::parse(a.history);
@@ -407,9 +405,13 @@ int train(TrainArgs& a, CLI::App& cmd) {
         c = TrainConfig::from_metadata(nlohmann::json::parse(meta.substr(0, nl)).get<std::map<std::string, std::string>>());
         c.budget_name = "--budget";
       }
-      if (cmd.count("--steps")) c.steps = a.c.steps;
-      if (cmd.count("--device")) c.device = a.c.device;
     }
+  }
+  if (resume) {
+    if (cmd.count("--steps")) c.steps = a.c.steps;
+    if (cmd.count("--device")) c.device = a.c.device;  // a run may move between the CPU and a GPU
+  }
+  if (comm) {
     // An invalid configuration is every rank's error alike.
     std::string invalid;
     try {
