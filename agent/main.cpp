@@ -21,6 +21,7 @@
 #include "segtape/agent/plot.h"
 #include "segtape/agent/retention.h"
 #include "segtape/agent/trainer.h"
+#include "segtape/blas.h"
 #include "segtape/explain.h"
 #include "segtape/nn/safetensors.h"
 #include "tensorboard.h"
@@ -616,6 +617,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   j["parameters"] = tr.policy().parameter_count();
   j["rss_bytes"] = resident_bytes();
   j["wall_seconds"] = wall;
+  j["blas_kernels"] = segtape::blas_kernels();
   j["resumed"] = resume;
   if (const dist::AverageStats* ds = tr.dist_stats(); ds && ds->calls) {
     j["dist"] = {{"ranks", tr.ranks()},
@@ -953,7 +955,20 @@ int run_cli(int argc, char** argv) {
   return 0;
 }
 
+// OpenBLAS chose generic pre-AVX2 kernels on a CPU with AVX2 (it did not
+// recognise the CPU): start again with OPENBLAS_CORETYPE naming the kernels the
+// CPU runs, which OpenBLAS reads only when it loads. Same process id, same
+// arguments, before anything else ran. A set OPENBLAS_CORETYPE is always kept.
+static void restart_with_recognised_blas_kernels(char** argv) {
+  const std::string better = segtape::blas_better_kernels();
+  if (better.empty()) return;
+  setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
+  execv("/proc/self/exe", argv);
+  unsetenv("OPENBLAS_CORETYPE");  // exec failed: carry on with the generic kernels
+}
+
 int main(int argc, char** argv) {
+  restart_with_recognised_blas_kernels(argv);
   try {  // setting up the parser could throw too (out of memory): never terminate()
     return run_cli(argc, argv);
   } catch (const std::exception& e) {

@@ -25,38 +25,60 @@ const std::vector<Case>& cases() {
 
 class GradCheck : public ::testing::TestWithParam<int> {};
 
+// One case at dims d: backward's gradients against central differences of forward.
+void check_gradients(const Case& cs, const int64_t* d, std::mt19937& rng, const std::string& what) {
+  Tape tape;
+  std::vector<Tensor> in = cs.inputs(tape, d, rng, DType::F64);
+  // L = sum(f(in) * W) with a fixed random W, so every output element matters.
+  std::vector<double> w;
+  auto loss = [&](Tape& t) {
+    Tensor out = cs.f(t, in, d);
+    if (w.empty()) {
+      w.resize(size_t(out.numel()));
+      for (double& v : w) v = std::uniform_real_distribution<double>(-1, 1)(rng);
+    }
+    return sum(mul(out, t.from(std::span<const double>(w), out.shape)));
+  };
+  {
+    Segment seg = tape.segment();
+    seg.backward(loss(tape));
+  }
+  auto eval = [&] {
+    Segment seg = tape.segment();
+    NoGradGuard ng(tape);
+    return loss(tape).item();
+  };
+  for (size_t k = 0; k < in.size(); ++k) {
+    const double err = rel_error(values(in[k].grad_tensor()), numeric_grad(in[k], eval));
+    EXPECT_LE(err, 1e-6) << cs.name << " input " << k << " " << what << " shape " << in[k].shape.str();
+  }
+}
+
 TEST_P(GradCheck, BackwardMatchesFiniteDifferences) {
   const Case cs = cases()[size_t(GetParam())];
   for (int trial = 0; trial < 3; ++trial) {
     std::mt19937 rng(1234 + 17 * unsigned(GetParam()) + unsigned(trial));
     int64_t d[4];
     for (auto& v : d) v = std::uniform_int_distribution<int64_t>(1, 4)(rng);
-    Tape tape;
-    std::vector<Tensor> in = cs.inputs(tape, d, rng, DType::F64);
-    // L = sum(f(in) * W) with a fixed random W, so every output element matters.
-    std::vector<double> w;
-    auto loss = [&](Tape& t) {
-      Tensor out = cs.f(t, in, d);
-      if (w.empty()) {
-        w.resize(size_t(out.numel()));
-        for (double& v : w) v = std::uniform_real_distribution<double>(-1, 1)(rng);
-      }
-      return sum(mul(out, t.from(std::span<const double>(w), out.shape)));
-    };
-    {
-      Segment seg = tape.segment();
-      seg.backward(loss(tape));
-    }
-    auto eval = [&] {
-      Segment seg = tape.segment();
-      NoGradGuard ng(tape);
-      return loss(tape).item();
-    };
-    for (size_t k = 0; k < in.size(); ++k) {
-      const double err = rel_error(values(in[k].grad_tensor()), numeric_grad(in[k], eval));
-      EXPECT_LE(err, 1e-6) << cs.name << " input " << k << " trial " << trial << " shape " << in[k].shape.str();
+    check_gradients(cs, d, rng, "trial " + std::to_string(trial));
+  }
+}
+
+// Products with one row or one column go to BLAS's GEMV on most OpenBLAS
+// kernels (engine/cpu/blas.cpp): every transpose with M, K or N of 1, forward
+// and both input gradients, whichever path this machine's BLAS takes.
+TEST(GradCheckMatmul, OneRowOrOneColumnInEveryTransposition) {
+  const int64_t dims[][4] = {{1, 3, 4, 1}, {3, 4, 1, 1}, {1, 3, 1, 1}, {1, 1, 4, 1}, {4, 1, 3, 1}, {1, 5, 7, 1}};
+  int matmuls = 0;
+  for (const Case& cs : cases()) {
+    if (cs.name.rfind("matmul_t", 0) != 0) continue;
+    ++matmuls;
+    for (const auto& d : dims) {
+      std::mt19937 rng(7 + unsigned(d[0] * 100 + d[1] * 10 + d[2]));
+      check_gradients(cs, d, rng, "dims " + std::to_string(d[0]) + "," + std::to_string(d[1]) + "," + std::to_string(d[2]));
     }
   }
+  EXPECT_EQ(matmuls, 4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, GradCheck, ::testing::Range(0, int(cases().size())),

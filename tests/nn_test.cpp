@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <random>
 
+#include "../bench/workload.h"  // the benchmark workload (bench/compare.cpp)
 #include "alloc_hook.h"
 #include "segtape/nn.h"
 #include "util.h"
@@ -578,6 +579,33 @@ TEST_F(TempDir, CrashBeforeRenameKeepsThePreviousCheckpoint) {
   EXPECT_EQ(ts.step, 1);
   EXPECT_EQ(snapshot(p.named_parameters()), v1);
   EXPECT_EQ(adam.step_count(), 0);
+}
+
+// The benchmark workload's memory invariants (docs/benchmarks.md), asserted
+// here rather than read off the benchmark: a training segment (GRUCell +
+// Linear + cross-entropy + Adam, K = 32 steps) takes no heap allocation after
+// the first, and its arena high-water is within 1.1x the analytic minimum of
+// what backward must keep (1.15x at B = 1, where the 64-byte alignment of the
+// tiny per-step tensors is most of the difference).
+TEST(Workload, SegmentsAllocateNothingAndPeakNearTheAnalyticMinimum) {
+  using namespace segtape::bench;
+  // (64, 1024) too, in docs/benchmarks.md; left out here for CI's time (4 s).
+  const int64_t sizes[][2] = {{1, 128}, {32, 128}, {32, 512}};
+  for (const auto& z : sizes) {
+    const int64_t B = z[0], H = z[1];
+    const Data data(B);
+    SegtapeModel m(B, H, data);
+    m.train_segment();  // the first segment sizes the arena and the workspaces
+    const uint64_t before = alloc_hook::count();
+    alloc_hook::enable(true);
+    m.train_segment();
+    m.train_segment();
+    alloc_hook::enable(false);
+    EXPECT_EQ(alloc_hook::count() - before, 0u) << "B " << B << " H " << H;
+    const double ratio = double(m.tape.stats().last_segment_peak) / double(analytic_saved_bytes(B, H));
+    EXPECT_GE(ratio, 1.0) << "B " << B << " H " << H;
+    EXPECT_LE(ratio, B == 1 ? 1.15 : 1.1) << "B " << B << " H " << H;
+  }
 }
 
 }  // namespace
