@@ -29,6 +29,8 @@ from ._segtape import (  # noqa: F401  (re-exported)
     TapeError,
     Tensor,
     add,
+    blas_better_kernels,
+    blas_kernels,
     concat,
     cross_entropy,
     cuda_built,
@@ -46,6 +48,25 @@ from ._segtape import (  # noqa: F401  (re-exported)
 )
 
 __version__ = "0.1.0"
+
+
+def _warn_if_generic_blas():
+    """OpenBLAS reads OPENBLAS_CORETYPE only when it loads, before segtape can
+    set it (the segtape program restarts itself instead): say so once."""
+    better = blas_better_kernels()
+    if better:
+        import warnings
+
+        warnings.warn(
+            f"OpenBLAS did not recognise this CPU and runs its generic {blas_kernels()} kernels: segtape's CPU "
+            f"products are several times slower. Start Python with OPENBLAS_CORETYPE={better} in the "
+            "environment (docs/benchmarks.md).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+_warn_if_generic_blas()
 
 _UINT32_MAX = 2**32 - 1
 

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "segtape/agent/env.h"
+#include "segtape/blas.h"
 #include "segtape/agent/retention.h"
 #include "segtape/agent/trainer.h"
 #include "segtape/emulation.h"
@@ -370,6 +371,10 @@ NB_MODULE(_segtape, m) {
   m.def("parse_bytes", [](const std::string& s, const std::string& what) { return agent::parse_bytes(s, what.c_str()); },
         "text"_a, "what"_a = "segment_budget");
   m.def("format_bytes", &format_bytes);
+  m.def("blas_kernels", &blas_kernels, "OpenBLAS's kernel set in this process, e.g. 'SkylakeX', 'Haswell', 'Prescott'.");
+  m.def("blas_better_kernels", &blas_better_kernels,
+        "'SkylakeX' or 'Haswell' when OpenBLAS fell back to kernels older than AVX2 on a CPU that has it "
+        "(and OPENBLAS_CORETYPE was not set); else ''.");
   // Test seam (segtape/emulation.h): Tape(device="cuda") made while it is on
   // gets the host-emulated device, so CI runs the device paths of the bindings.
   m.def("_emulate_cuda_on_host", &emulation::emulate_cuda_on_host, "on"_a);

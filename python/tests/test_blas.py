@@ -1,0 +1,48 @@
+"""OpenBLAS's kernel choice: segtape.blas_kernels(), blas_better_kernels() and
+the warning at import when OpenBLAS fell back to kernels older than AVX2 on a
+CPU that has AVX2 (docs/benchmarks.md, change 9). Each case is a fresh Python
+process: OpenBLAS reads OPENBLAS_CORETYPE only when it loads."""
+import os
+import subprocess
+import sys
+
+PROBE = (
+    "import warnings, json\n"
+    "with warnings.catch_warnings(record=True) as w:\n"
+    "    warnings.simplefilter('always')\n"
+    "    import segtape\n"
+    "print(json.dumps({'kernels': segtape.blas_kernels(), 'better': segtape.blas_better_kernels(),\n"
+    "                  'warnings': [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]}))\n"
+)
+
+
+def probe(coretype):
+    env = dict(os.environ)
+    env.pop("OPENBLAS_CORETYPE", None)
+    if coretype is not None:
+        env["OPENBLAS_CORETYPE"] = coretype
+    p = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    import json
+
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_the_warning_comes_exactly_when_openblas_fell_back():
+    r = probe(None)
+    assert r["kernels"]
+    if r["better"]:
+        # This machine's OpenBLAS did not know its CPU: say so, naming the fix.
+        assert r["better"] in ("SkylakeX", "Haswell")
+        assert len(r["warnings"]) == 1
+        assert f"OPENBLAS_CORETYPE={r['better']}" in r["warnings"][0]
+        assert r["kernels"] in r["warnings"][0]
+    else:
+        assert r["warnings"] == []
+
+
+def test_a_set_openblas_coretype_is_kept_and_never_warned_about():
+    r = probe("Prescott")
+    assert r["kernels"] == "Prescott"
+    assert r["better"] == ""
+    assert r["warnings"] == []
