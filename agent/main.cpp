@@ -962,7 +962,12 @@ int run_cli(int argc, char** argv) {
 static void restart_with_recognised_blas_kernels(char** argv) {
   const std::string better = segtape::blas_better_kernels();
   if (better.empty()) return;
-  setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
+  // Started through the dynamic loader (ld.so segtape ...), /proc/self/exe is
+  // the loader, which would take the first argument for the program: keep going.
+  std::error_code ec;
+  const std::string exe = fs::read_symlink("/proc/self/exe", ec).filename().string();
+  if (ec || exe.rfind("ld-", 0) == 0) return;
+  if (setenv("OPENBLAS_CORETYPE", better.c_str(), 1) != 0) return;  // without it the restart would repeat
   execv("/proc/self/exe", argv);
   unsetenv("OPENBLAS_CORETYPE");  // exec failed: carry on with the generic kernels
 }

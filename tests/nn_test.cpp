@@ -2,6 +2,7 @@
 // determinism, optimizer arithmetic and its zero-allocation step, a float64
 // gradcheck of GRU through the module API, and checkpoints (round trips,
 // error reports, training-state resume, crash safety).
+#include <cblas.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -589,6 +590,7 @@ TEST_F(TempDir, CrashBeforeRenameKeepsThePreviousCheckpoint) {
 // tiny per-step tensors is most of the difference).
 TEST(Workload, SegmentsAllocateNothingAndPeakNearTheAnalyticMinimum) {
   using namespace segtape::bench;
+  openblas_set_num_threads(1);  // OpenBLAS's threaded sgemm allocates (docs/benchmarks.md)
   // (64, 1024) too, in docs/benchmarks.md; left out here for CI's time (4 s).
   const int64_t sizes[][2] = {{1, 128}, {32, 128}, {32, 512}};
   for (const auto& z : sizes) {

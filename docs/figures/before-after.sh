@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Times the workload's loop (bench/loop_bench: B, H, train or inference) built
-# at a base commit against the working tree, interleaved: before, after,
-# before, after, ... and prints a markdown table of µs per step (median and
+# at a base commit against the working tree, interleaved (before, after; then
+# after, before; ...) and prints a markdown table of µs per step (median and
 # min–max over the rounds) with after / before.
 #
 #   bash docs/figures/before-after.sh BASE [--rounds 7] [--segments 300]
@@ -21,6 +21,7 @@ while [[ $# -gt 0 ]]; do
 done
 rev=$(git rev-parse --short "$base")
 wt=/tmp/segtape-before-$rev
+git worktree prune
 [[ -d "$wt" ]] || git worktree add -q --detach "$wt" "$rev"
 # The base may predate loop_bench's --infer: the working tree's loop_bench source is used for both.
 cp bench/loop_bench.cpp "$wt/bench/loop_bench.cpp"
@@ -34,7 +35,10 @@ out=$(mktemp)
 for ((r = 1; r <= rounds; r++)); do
   for c in "${cases[@]}"; do
     read -r B H infer <<<"$c"
-    for side in before after; do
+    # Odd rounds run before first, even rounds after first: no side always goes first.
+    order=(before after)
+    ((r % 2)) || order=(after before)
+    for side in "${order[@]}"; do
       dir=$([[ $side == before ]] && echo "$wt" || echo "$PWD")
       us=$(OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$dir/build-ba/bench/loop_bench" --batch "$B" --hidden "$H" --segments "$segments" --infer "$infer")
       echo "$B $H $infer $side $us" >>"$out"

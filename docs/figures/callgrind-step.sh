@@ -40,7 +40,7 @@ for mode in 0 1; do
   done
 done
 commit=$(git rev-parse --short HEAD)
-dirty=$(git diff --quiet HEAD -- engine nn bench/workload.h && echo "" || echo " + uncommitted changes to the engine")
+dirty=$(git diff --quiet HEAD -- engine nn bench/workload.h bench/loop_bench.cpp CMakeLists.txt && echo "" || echo " + uncommitted changes to the engine or its build")
 python3 - "$tmp" "$commit$dirty" "$section" <<'PY'
 import re, sys
 tmp, commit, section = sys.argv[1:4]

@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <string>
 
@@ -41,8 +42,13 @@ void xgemv(CBLAS_TRANSPOSE t, blasint rows, blasint cols, double alpha, const do
 bool use_gemv() {
   static const bool use = [] {
     if (const char* v = std::getenv("SEGTAPE_GEMV"); v && (v[0] == '0' || v[0] == '1') && v[1] == '\0') return v[0] == '1';
-    const std::string core = openblas_get_corename();
-    return core != "SkylakeX" && core != "Cooperlake";
+    // Compared without case: an OpenBLAS built for one CPU may name it in
+    // capitals. SapphireRapids is 0.3.22's name for kernels with the same
+    // AVX-512 GEMM (0.3.21 maps that CPU to Cooperlake); not measured here.
+    std::string core = openblas_get_corename();
+    for (char& c : core) c = char(std::tolower(static_cast<unsigned char>(c)));
+    while (!core.empty() && core.back() == ' ') core.pop_back();
+    return core != "skylakex" && core != "cooperlake" && core != "sapphirerapids";
   }();
   return use;
 }
