@@ -38,6 +38,7 @@
 #include <sstream>
 #include <string>
 
+#include "segtape/blas.h"
 #include "workload.h"
 #ifdef SEGTAPE_BENCH_MEMORY
 #include "alloc_hook.h"
@@ -374,7 +375,6 @@ struct Results {
   int threads = 1;
   std::map<std::string, std::vector<double>> us;  // benchmark -> every repetition of every round
   std::map<std::string, Memory> mem;
-  int rounds = 0;
 };
 
 std::string shell_quote(const std::string& s) {
@@ -426,7 +426,7 @@ void run_child(const std::string& cmd, const std::string& rename_torch, Results&
 
 std::string time_table(Results& r, bool torch) {
   std::ostringstream o;
-  const Summary peak = summarize(r.us["sgemm_peak/" + std::to_string(kPeakN) + "/0"]);
+  const Summary peak = summarize(r.us[key_of("sgemm_peak", kPeakN, 0)]);
   // The peak is the best repetition's rate (a peak is a best case); its median is shown beside it.
   const double n3 = 2.0 * double(kPeakN) * double(kPeakN) * double(kPeakN);
   const double peak_flops = peak.n ? n3 / (peak.lo * 1e-6) : 0, median_flops = peak.n ? n3 / (peak.median * 1e-6) : 0;
@@ -508,11 +508,9 @@ std::string machine() {
   return cpu + ", " + std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cores, Linux " + u.release;
 }
 
-// OpenBLAS's kernel set, as it chose it when it loaded (DYNAMIC_ARCH), and
-// OPENBLAS_CORETYPE when that chose it instead. OpenBLAS 0.3.21 does not know
-// some newer CPUs and falls back to its generic Prescott (SSE3) kernels.
+// OpenBLAS's kernel set (segtape/blas.h), and OPENBLAS_CORETYPE when that chose it.
 std::string blas_core() {
-  std::string core = trimmed(openblas_get_corename());
+  std::string core = blas_kernels();
   if (const char* forced = std::getenv("OPENBLAS_CORETYPE")) core += std::string(", OPENBLAS_CORETYPE=") + forced;
   return core;
 }
@@ -603,7 +601,6 @@ int main(int argc, char** argv) {
   for (int threads : thread_counts) {
     Results res;
     res.threads = threads;
-    res.rounds = rounds;
     char numbers[128];
     std::snprintf(numbers, sizeof numbers, " --worker --threads %d --repetitions %d --min-time %g", threads, reps, min_time);
     const std::string common = numbers + std::string(" --filter ") + shell_quote(filter);

@@ -9,6 +9,34 @@
 #include <cstdlib>
 #include <string>
 
+namespace segtape {
+
+std::string blas_kernels() {
+  std::string core = openblas_get_corename();
+  while (!core.empty() && core.back() == ' ') core.pop_back();
+  return core;
+}
+
+std::string blas_better_kernels() {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return {};
+  // OpenBLAS's x86 kernel sets without AVX2 (its DYNAMIC_ARCH names).
+  static const char* const generic[] = {"Prescott", "Core2",  "Penryn", "Dunnington", "Nehalem",   "Atom",     "Sandybridge",
+                                        "Katmai",   "Coppermine", "Northwood", "Banias", "Barcelona", "Opteron", "Opteron(SSE3)",
+                                        "Bobcat",   "Bulldozer", "Piledriver", "Steamroller", "Nano"};
+  const std::string core = blas_kernels();
+  if (std::find(std::begin(generic), std::end(generic), core) == std::end(generic)) return {};
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+#endif
+  return {};
+}
+
+}  // namespace segtape
+
 namespace segtape::cpu {
 
 namespace {
@@ -45,9 +73,8 @@ bool use_gemv() {
     // Compared without case: an OpenBLAS built for one CPU may name it in
     // capitals. SapphireRapids is 0.3.22's name for kernels with the same
     // AVX-512 GEMM (0.3.21 maps that CPU to Cooperlake); not measured here.
-    std::string core = openblas_get_corename();
+    std::string core = blas_kernels();
     for (char& c : core) c = char(std::tolower(static_cast<unsigned char>(c)));
-    while (!core.empty() && core.back() == ' ') core.pop_back();
     return core != "skylakex" && core != "cooperlake" && core != "sapphirerapids";
   }();
   return use;
@@ -84,38 +111,6 @@ void gemm_impl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const
 }
 
 }  // namespace
-
-}  // namespace segtape::cpu
-
-namespace segtape {
-
-std::string blas_kernels() {
-  std::string core = openblas_get_corename();
-  while (!core.empty() && core.back() == ' ') core.pop_back();
-  return core;
-}
-
-std::string blas_better_kernels() {
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return {};
-  // OpenBLAS's x86 kernel sets without AVX2 (its DYNAMIC_ARCH names).
-  static const char* const generic[] = {"Prescott", "Core2",  "Penryn", "Dunnington", "Nehalem",   "Atom",     "Sandybridge",
-                                        "Katmai",   "Coppermine", "Northwood", "Banias", "Barcelona", "Opteron", "Opteron(SSE3)",
-                                        "Bobcat",   "Bulldozer", "Piledriver", "Steamroller", "Nano"};
-  const std::string core = blas_kernels();
-  if (std::find(std::begin(generic), std::end(generic), core) == std::end(generic)) return {};
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq"))
-    return "SkylakeX";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
-#endif
-  return {};
-}
-
-}  // namespace segtape
-
-namespace segtape::cpu {
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
           float beta, float* C, int64_t ldc) {
