@@ -89,6 +89,7 @@ Tape::Tape(Device device, TapeOptions options)
       scratch_(device_pools() ? options.device_workspace : size_t(64) << 10, !device_pools(), 0,
                pool_memory(backend_.get(), "op workspace (TapeOptions::device_workspace)")),
       gru_batch_(std::make_unique<detail::GruBatch>()),
+      packed_(std::make_unique<detail::PackedWeights>()),
       free_(std::make_unique<detail::FreeList>()) {
   // Nodes count against the budget: never reserve more than it can hold.
   const size_t budget = arena_.budget();
@@ -118,6 +119,7 @@ Segment Tape::segment() {
   bytes_by_op_.fill(0);
   grad_bytes_ = 0;
   released_upto_ = 0;
+  detail::clear_packed(*this);
   return Segment(this);
 }
 
@@ -464,7 +466,7 @@ TapeStats Tape::stats() const {
   s.node_peak_bytes = node_peak_;
   s.persistent_bytes = pool_.used();
   s.carry_bytes = carry_[0].used() + carry_[1].used();
-  s.workspace_bytes = scratch_.reserved() + gru_batch_->buffers.reserved();
+  s.workspace_bytes = scratch_.reserved() + gru_batch_->buffers.reserved() + packed_->buffers.reserved();
   s.system_allocations = memory::system_allocations();
   s.segment_index = seg_index_;
   s.step = step_;
@@ -561,6 +563,7 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
   }
 
   detail::prepare_gru_batch(*this, last);
+  detail::clear_packed(*this);  // the forward pass's packed weights; backward packs its own orientation
   for (int64_t i = last; i >= 0; --i) {
     if (!grads[i]) continue;
     if (nodes_[i].op == OpKind::Input) {  // an input() leaf: its gradient is kept for grad(), not freed
@@ -588,6 +591,7 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
     grads[i] = nullptr;
   }
   detail::flush_gru_batch(*this);
+  detail::clear_packed(*this);  // an optimizer step may follow
   if (!retain) released_upto_ = std::max(released_upto_, count);
 }
 

@@ -28,6 +28,7 @@ class TapeInternals {
   static Backend* backend(const Tape& t) { return t.backend_.get(); }
   static void fill_zero(Tape& t, void* p, size_t bytes) { t.fill_zero(p, bytes); }
   static GruBatch& gru_batch(Tape& t) { return *t.gru_batch_; }
+  static PackedWeights& packed(Tape& t) { return *t.packed_; }
   static std::string expired_message(const Tape& t, const Tensor& x, const char* what) { return t.expired_message(x, what); }
   static bool is_live(const Tape& t, const Tensor& x) { return t.is_live(x); }
   // Device memory: fixed pools the host does not touch (CUDA, the host-emulated device).

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend.h"
+#include "ops/op.h"
 #include "segtape/error.h"
 #include "segtape/tape.h"
 #include "tape_internals.h"
@@ -48,6 +49,7 @@ void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdOptio
   if (s.momentum == 0 && has_buf) throw Error("sgd_step: a momentum buffer with momentum 0 (pass an undefined buffer)");
   void* buf = has_buf ? momentum_buffer.ptr : nullptr;
   In::backend(*param.tape)->sgd_step(param.dtype, param.numel(), param.ptr, param.grad, buf, s, first);
+  detail::clear_packed(*param.tape);  // a packed copy of the old values must not be used again
 }
 
 void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& s, bool decoupled,
@@ -59,6 +61,7 @@ void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg
   if (step < 1) throw Error("adam_step: step must be >= 1, got " + std::to_string(step));
   In::backend(*param.tape)->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled,
                                    step);
+  detail::clear_packed(*param.tape);
 }
 
 void zero_grad(const Tensor& param) {

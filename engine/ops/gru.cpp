@@ -4,9 +4,11 @@
 // h' = (1 - z) n + z h.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "backend.h"
 #include "cpu/blas.h"
+#include "cpu/packed.h"
 #include "cpu/vmath.h"
 #include "ops/op.h"
 #ifdef SEGTAPE_HAVE_CUDA
@@ -35,6 +37,20 @@ void gru_gate_row(int64_t H, const T* __restrict gi, const T* __restrict gh, con
   }
 }
 
+// C [M, N] = A [M, K] op(w) + beta C for a GRU weight w [N, K] (trans) or
+// [K, N]: with w packed once per pass where that applies (detail::packed_weight), else BLAS.
+template <class T>
+void weight_product(Tape& t, const Tensor& w, bool trans, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, T beta, T* C,
+                    int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (const float* p = detail::packed_weight(t, w, M, K, N, trans)) {
+      cpu::packed_gemm(M, N, K, A, lda, p, beta, C, ldc);
+      return;
+    }
+  }
+  cpu::gemm(false, trans, M, N, K, T(1), A, lda, static_cast<const T*>(w.ptr), trans ? K : N, beta, C, ldc);
+}
+
 // The GRU gates of one step into S [B, 4H] (r, z, n, W_hn h + b_hn per row);
 // with y non-null also the new state y [B, H]. Pre-activations go to the op workspace.
 template <class T>
@@ -43,8 +59,8 @@ void gru_gates(Tape& t, const Node& nd, T* S, T* y) {
   const int64_t B = x.dim(0), I = x.dim(1), H = h.dim(1);
   T* gi = static_cast<T*>(In::scratch(t, size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
   T* gh = static_cast<T*>(In::scratch(t, size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
-  cpu::gemm(false, true, B, 3 * H, I, T(1), static_cast<const T*>(x.ptr), I, static_cast<const T*>(w_ih.ptr), I, T(0), gi, 3 * H);
-  cpu::gemm(false, true, B, 3 * H, H, T(1), static_cast<const T*>(h.ptr), H, static_cast<const T*>(w_hh.ptr), H, T(0), gh, 3 * H);
+  weight_product<T>(t, w_ih, true, B, 3 * H, I, static_cast<const T*>(x.ptr), I, T(0), gi, 3 * H);
+  weight_product<T>(t, w_hh, true, B, 3 * H, H, static_cast<const T*>(h.ptr), H, T(0), gh, 3 * H);
   const T* bi = static_cast<const T*>(nd.in[4].ptr);
   const T* bh = static_cast<const T*>(nd.in[5].ptr);
   const T* hp = static_cast<const T*>(h.ptr);
@@ -94,8 +110,13 @@ void start_gru_batch(Tape& tape, const Node& n, const ops::Grads& dst) {
   detail::GruBatch& gb = In::gru_batch(tape);
   const int64_t B = n.in[0].dim(0), I = n.in[0].dim(1), H = n.in[1].dim(1);
   const size_t es = dtype_size(n.out.dtype);
-  // ~256 stacked rows make the weight GEMMs efficient without a large workspace.
-  gb.capacity = std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(256 / B, 1), gb.remaining));
+  // ~max(256, H) stacked rows make the weight GEMMs efficient without a large
+  // workspace: each flush reads and writes dW_hh [3H, H] once, so at H = 1024
+  // 256 rows spent a quarter of the GEMM's time on that traffic (OpenBLAS
+  // 0.3.21, one thread: 109 GFLOP/s at 256 rows, 151 at 1024). The workspace
+  // is rows * (7H + I) elements, about 2.3 times W_hh's size at rows = H.
+  const int64_t rows = std::max<int64_t>(256, H);
+  gb.capacity = std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(rows / B, 1), gb.remaining));
   gb.buffers.reset();
   auto take = [&](int64_t floats) {
     void* p = gb.buffers.try_alloc(size_t(floats) * es);
@@ -214,8 +235,8 @@ void gru_cell_backward_cpu(Tape& tape, const Node& nd, const void* gout, const G
     for (int64_t b = 0; b < B; ++b)
       gru_backward_row<T>(H, g + b * H, hp + b * H, S + b * 4 * H, dgi + b * 3 * H, dgh + b * 3 * H, dh ? dh + b * H : nullptr);
     const T* px = static_cast<const T*>(xin.ptr);
-    if (T* dx = static_cast<T*>(dst[0])) cpu::gemm(false, false, B, I, 3 * H, T(1), dgi, 3 * H, static_cast<const T*>(w_ih.ptr), I, T(1), dx, I);
-    if (dh) cpu::gemm(false, false, B, H, 3 * H, T(1), dgh, 3 * H, static_cast<const T*>(w_hh.ptr), H, T(1), dh, H);
+    if (T* dx = static_cast<T*>(dst[0])) weight_product<T>(tape, w_ih, false, B, I, 3 * H, dgi, 3 * H, T(1), dx, I);
+    if (dh) weight_product<T>(tape, w_hh, false, B, H, 3 * H, dgh, 3 * H, T(1), dh, H);
     if (batch) {
       if (gb.count == gb.capacity) detail::flush_gru_batch(tape);
       return;
@@ -241,6 +262,28 @@ void flush_gru_batch(Tape& tape) {
   }
   gb.first = nullptr;
   gb.count = 0;
+}
+
+void clear_packed(Tape& tape) {
+  PackedWeights& pw = In::packed(tape);
+  if (pw.count == 0) return;
+  pw.count = 0;
+  pw.buffers.reset();
+}
+
+const float* packed_weight(Tape& tape, const Tensor& w, int64_t M, int64_t K, int64_t N, bool trans) {
+  if (w.dtype != DType::F32 || w.space != Space::Persistent || !cpu::packed_worthwhile(M, N, K)) return nullptr;
+  PackedWeights& pw = In::packed(tape);
+  for (int i = 0; i < pw.count; ++i) {
+    const PackedWeights::Entry& e = pw.entries[size_t(i)];
+    if (e.src == w.ptr && e.trans == trans && e.K == K && e.N == N) return e.data;
+  }
+  if (pw.count == int(pw.entries.size())) return nullptr;
+  auto* data = static_cast<float*>(pw.buffers.try_alloc(cpu::packed_floats(K, N) * sizeof(float)));
+  if (!data) return nullptr;
+  cpu::pack_b(static_cast<const float*>(w.ptr), K, N, trans, data);
+  pw.entries[size_t(pw.count++)] = {w.ptr, K, N, trans, data};
+  return data;
 }
 
 void prepare_gru_batch(Tape& tape, int64_t last_node) {

@@ -93,6 +93,29 @@ struct GruBatch {
 };
 // Accumulates what the batch holds into the weight gradients and empties it.
 void flush_gru_batch(Tape& tape);
+
+// Weights packed for cpu::packed_gemm (engine/cpu/packed.h): a GRU's W_ih and
+// W_hh are packed at their first product of a pass and reused by every step
+// after it. Cleared when a segment opens and when a backward starts and
+// ends, so a weight an optimizer changed is packed again; a parameter
+// written in place between two products of one forward pass is not seen.
+struct PackedWeights {
+  struct Entry {
+    const void* src = nullptr;
+    int64_t K = 0, N = 0;
+    bool trans = false;
+    const float* data = nullptr;
+  };
+  Arena buffers{size_t(1) << 20, true};
+  std::array<Entry, 8> entries{};
+  int count = 0;
+};
+void clear_packed(Tape& tape);
+// The persistent weight w as the packed operand B [K, N] of C [M, N] = A B
+// (B = w^T when trans), packed now if it is not yet; nullptr where the packed
+// path does not apply (not float32, not persistent, too small, no AVX-512,
+// more than eight weights in one pass).
+const float* packed_weight(Tape& tape, const Tensor& w, int64_t M, int64_t K, int64_t N, bool trans);
 // Counts the GRU nodes of this backward that may be batched (sets `remaining`).
 void prepare_gru_batch(Tape& tape, int64_t last_node);
 }  // namespace detail

@@ -106,7 +106,7 @@ struct TapeStats {
   size_t node_peak_bytes = 0;    // high-water of node_bytes in the current (or last) segment
   size_t persistent_bytes = 0;   // persistent pool bytes in use
   size_t carry_bytes = 0;        // carry buffers in use
-  size_t workspace_bytes = 0;    // op workspace and backward's batching buffers (reserved, reused)
+  size_t workspace_bytes = 0;    // op workspace, backward's batching buffers, packed weights (reserved, reused)
   size_t grad_bytes = 0;         // arena bytes of backward's gradient buffers in the current segment (in no op's bytes_by_op)
   uint64_t system_allocations = 0;  // chunks taken from the system, all arenas, process-wide
   uint64_t segment_index = 0;    // 1 for the first segment
@@ -132,6 +132,7 @@ struct Seed {
 
 namespace detail {
 struct GruBatch;  // engine/ops/op.h
+struct PackedWeights;  // engine/ops/op.h
 class TapeInternals;  // engine/tape_internals.h
 class Backend;    // engine/backend.h: the CPU's, CUDA's or the host-emulated device's
 struct FreeList;  // engine/tape.cpp
@@ -219,6 +220,7 @@ class Tape {
   Arena carry_[2];
   Arena scratch_;
   std::unique_ptr<detail::GruBatch> gru_batch_;
+  std::unique_ptr<detail::PackedWeights> packed_;
   std::vector<Node> nodes_;
   std::array<size_t, kOpKinds> bytes_by_op_{};
   size_t grad_bytes_ = 0;  // backward's gradient buffers in the open segment

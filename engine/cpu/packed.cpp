@@ -1,0 +1,142 @@
+#include "packed.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SEGTAPE_PACKED_KERNEL 1
+#include <immintrin.h>
+#endif
+
+namespace segtape::cpu {
+
+namespace {
+
+// Panels of 32 columns (two 16-float vectors) and blocks of up to 12 rows per
+// call of the kernel: 24 accumulators, two loads of B and twelve broadcasts
+// of A per k. M is split into blocks of nearly equal size (64 rows: 11, 11,
+// 11, 11, 10, 10), never a short tail. The inner dimension is cut into blocks
+// of 512 when it is longer than 768, so a panel's block (64 KiB) stays near
+// the core while every block of rows of A passes over it. Chosen by
+// measurement on AVX-512 (docs/benchmarks.md, change 10): 12 x 32 ran at
+// 140-170 GFLOP/s one thread, 8 x 32 a few percent slower, 16 x 16 slower still.
+constexpr int64_t kNR = 32;
+constexpr int kMR = 12;
+int64_t block_of(int64_t K) { return K <= 768 ? K : 512; }
+
+}  // namespace
+
+bool packed_available() {
+#ifdef SEGTAPE_PACKED_KERNEL
+  static const bool on = [] {
+    const char* e = std::getenv("SEGTAPE_PACKED");
+    if (e && std::strcmp(e, "0") == 0) return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  return on;
+#else
+  return false;
+#endif
+}
+
+bool packed_worthwhile(int64_t M, int64_t N, int64_t K) {
+  if (M < 4 || !packed_available()) return false;
+  return openblas_get_num_threads() == 1 || M * N * K <= (int64_t(1) << 22);
+}
+
+size_t packed_floats(int64_t K, int64_t N) { return size_t((N + kNR - 1) / kNR * kNR * K); }
+
+void pack_b(const float* W, int64_t K, int64_t N, bool trans, float* dst) {
+  const int64_t panels = (N + kNR - 1) / kNR, KC = block_of(K);
+  for (int64_t k0 = 0; k0 < K; k0 += KC) {
+    const int64_t kc = std::min(KC, K - k0);
+    for (int64_t j = 0; j < panels; ++j, dst += kc * kNR) {
+      const int64_t cols = std::min(kNR, N - j * kNR);
+      if (cols < kNR) std::fill(dst, dst + kc * kNR, 0.0f);
+      if (trans) {  // column c of the panel is row j * 32 + c of W: 32 rows read side by side along k
+        const float* w = W + j * kNR * K + k0;
+        for (int64_t k = 0; k < kc; ++k)
+          for (int64_t c = 0; c < cols; ++c) dst[k * kNR + c] = w[c * K + k];
+      } else {
+        for (int64_t k = 0; k < kc; ++k) std::memcpy(dst + k * kNR, W + (k0 + k) * N + j * kNR, size_t(cols) * sizeof(float));
+      }
+    }
+  }
+}
+
+#ifdef SEGTAPE_PACKED_KERNEL
+namespace {
+
+// Row i of the kernel's result into C: added to what C holds when acc; only
+// the panel's first `cols` columns.
+__attribute__((target("avx512f"))) inline void store_row(float* c, __m512 lo, __m512 hi, bool acc, __mmask16 m0, __mmask16 m1) {
+  if (acc) {
+    lo = _mm512_add_ps(lo, _mm512_maskz_loadu_ps(m0, c));
+    hi = _mm512_add_ps(hi, _mm512_maskz_loadu_ps(m1, c + 16));
+  }
+  _mm512_mask_storeu_ps(c, m0, lo);
+  _mm512_mask_storeu_ps(c + 16, m1, hi);
+}
+
+// C [MR, cols] (+)= A [MR, kc] * one packed panel block [kc, 32]. The rows are
+// a parameter pack so every accumulator is a named register, not an array.
+template <int... I>
+__attribute__((target("avx512f"))) void kernel(std::integer_sequence<int, I...>, int64_t kc, const float* A, int64_t lda,
+                                               const float* B, float* C, int64_t ldc, bool acc, int64_t cols) {
+  constexpr int MR = sizeof...(I);
+  __m512 lo[MR], hi[MR];
+  ((lo[I] = _mm512_setzero_ps(), hi[I] = _mm512_setzero_ps()), ...);
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 b0 = _mm512_load_ps(B + k * kNR), b1 = _mm512_load_ps(B + k * kNR + 16);
+    ((lo[I] = _mm512_fmadd_ps(_mm512_set1_ps(A[I * lda + k]), b0, lo[I]),
+      hi[I] = _mm512_fmadd_ps(_mm512_set1_ps(A[I * lda + k]), b1, hi[I])),
+     ...);
+  }
+  const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1);
+  (store_row(C + I * ldc, lo[I], hi[I], acc, m0, m1), ...);
+}
+
+template <int MR>
+__attribute__((target("avx512f"))) void rows(int64_t kc, const float* A, int64_t lda, const float* B, float* C, int64_t ldc,
+                                             bool acc, int64_t cols) {
+  kernel(std::make_integer_sequence<int, MR>{}, kc, A, lda, B, C, ldc, acc, cols);
+}
+
+using RowsFn = void (*)(int64_t, const float*, int64_t, const float*, float*, int64_t, bool, int64_t);
+constexpr RowsFn kRows[kMR + 1] = {nullptr, rows<1>, rows<2>, rows<3>, rows<4>,  rows<5>, rows<6>,
+                                   rows<7>, rows<8>, rows<9>, rows<10>, rows<11>, rows<12>};
+
+}  // namespace
+#endif
+
+void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* packed, float beta, float* C,
+                 int64_t ldc) {
+#ifdef SEGTAPE_PACKED_KERNEL
+  const int64_t panels = (N + kNR - 1) / kNR, KC = block_of(K), blocks = (M + kMR - 1) / kMR;
+  const float* B = packed;
+  for (int64_t k0 = 0; k0 < K; k0 += KC) {
+    const int64_t kc = std::min(KC, K - k0);
+    const bool acc = beta != 0.0f || k0 > 0;
+    for (int64_t j = 0; j < panels; ++j, B += kc * kNR) {
+      const int64_t cols = std::min(kNR, N - j * kNR);
+      float* Cj = C + j * kNR;
+      for (int64_t b = 0, m = 0; b < blocks; ++b) {
+        const int64_t r = M / blocks + (b < M % blocks ? 1 : 0);
+        kRows[r](kc, A + m * lda + k0, lda, B, Cj + m * ldc, ldc, acc, cols);
+        m += r;
+      }
+    }
+  }
+#else
+  (void)M, (void)N, (void)K, (void)A, (void)lda, (void)packed, (void)beta, (void)C, (void)ldc;
+  std::abort();  // unreachable: packed_available() is false
+#endif
+}
+
+}  // namespace segtape::cpu

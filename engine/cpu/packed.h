@@ -1,0 +1,32 @@
+// Products with a weight operand packed once and reused: a segment multiplies
+// by the same W_hh at every step, forward and backward, and OpenBLAS repacks
+// it on every call (0.3.21 has no packed-GEMM API). segtape's own kernel
+// reads a copy packed in the order it consumes it (docs/benchmarks.md,
+// change 10). AVX-512 only; elsewhere, and in double, GEMM stays OpenBLAS's.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace segtape::cpu {
+
+// Whether the packed kernel may run in this process: an x86-64 CPU with
+// AVX-512F, and SEGTAPE_PACKED not "0" in the environment (read once).
+bool packed_available();
+
+// Whether a product of these sizes takes the packed path: packed_available(),
+// at least 4 rows, and OpenBLAS on one thread, or a product small enough
+// that OpenBLAS's threads do not pay (M * N * K <= 2^22).
+bool packed_worthwhile(int64_t M, int64_t N, int64_t K);
+
+// Floats of a packed K x N operand (columns padded to a multiple of 32).
+size_t packed_floats(int64_t K, int64_t N);
+
+// Packs B [K, N]: B = W^T for W [N, K] row-major (trans), else B = W for W [K, N].
+// dst: packed_floats(K, N) floats, 64-byte aligned.
+void pack_b(const float* W, int64_t K, int64_t N, bool trans, float* dst);
+
+// C [M, N] = A [M, K] (row stride lda) * B + beta * C (beta 0 or 1), B packed by pack_b.
+void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* packed, float beta, float* C,
+                 int64_t ldc);
+
+}  // namespace segtape::cpu

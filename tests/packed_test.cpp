@@ -1,0 +1,177 @@
+// The packed-weight products (engine/cpu/packed.h): the kernel against a
+// double reference over every block boundary and tail, and the GRU cell
+// through it against float64 (which takes OpenBLAS), including a weight
+// changed inside a segment. ctest runs this file twice: as is, and with
+// SEGTAPE_PACKED=0, where the same GRU checks run on OpenBLAS's GEMM.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "cpu/packed.h"
+#include "segtape/update.h"
+#include "util.h"
+
+using namespace segtape;
+using namespace segtape::test;
+
+namespace {
+
+bool packed_off() {
+  const char* e = std::getenv("SEGTAPE_PACKED");
+  return e && std::string(e) == "0";
+}
+
+TEST(PackedGemm, EqualsADoubleReferenceAtEveryBlockBoundaryAndTail) {
+  if (!cpu::packed_available()) GTEST_SKIP() << "no AVX-512F here (or SEGTAPE_PACKED=0): the packed kernel never runs";
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1, 1);
+  int checked = 0;
+  for (int64_t M : {1, 4, 11, 12, 13, 25, 64})
+    for (int64_t N : {1, 17, 31, 32, 33, 100})
+      for (int64_t K : {1, 7, 768, 769, 1100})
+        for (bool trans : {false, true})
+          for (float beta : {0.0f, 1.0f}) {
+            const int64_t lda = K + 3, ldc = N + 5;
+            std::vector<float> A(size_t(M * lda)), W(size_t(K * N)), C(size_t(M * ldc));
+            for (float& v : A) v = u(rng);
+            for (float& v : W) v = u(rng);
+            for (float& v : C) v = u(rng);
+            const std::vector<float> C0 = C;
+            std::vector<float> P(cpu::packed_floats(K, N) + 16);
+            float* p = P.data();
+            while (reinterpret_cast<uintptr_t>(p) % 64) ++p;  // pack_b wants 64-byte alignment
+            cpu::pack_b(W.data(), K, N, trans, p);
+            cpu::packed_gemm(M, N, K, A.data(), lda, p, beta, C.data(), ldc);
+            for (int64_t i = 0; i < M; ++i) {
+              for (int64_t j = 0; j < ldc; ++j) {
+                const float got = C[size_t(i * ldc + j)];
+                if (j >= N) {  // past the product's columns: untouched
+                  ASSERT_EQ(got, C0[size_t(i * ldc + j)]) << "M " << M << " N " << N << " K " << K << " column " << j;
+                  continue;
+                }
+                double ref = beta * double(C0[size_t(i * ldc + j)]), mag = std::abs(ref);
+                for (int64_t k = 0; k < K; ++k) {
+                  const double b = trans ? W[size_t(j * K + k)] : W[size_t(k * N + j)];
+                  ref += double(A[size_t(i * lda + k)]) * b;
+                  mag += std::abs(double(A[size_t(i * lda + k)]) * b);
+                }
+                ASSERT_NEAR(got, ref, 1e-6 * mag + 1e-6)
+                    << "M " << M << " N " << N << " K " << K << (trans ? " W^T" : " W") << " beta " << beta << " at (" << i
+                    << ", " << j << ")";
+              }
+            }
+            ++checked;
+          }
+  EXPECT_EQ(checked, 7 * 6 * 5 * 4);
+}
+
+TEST(PackedGemm, TakenFromFourRowsWhereTheKernelRuns) {
+  EXPECT_FALSE(cpu::packed_worthwhile(3, 384, 128));
+  EXPECT_EQ(cpu::packed_worthwhile(4, 384, 128), cpu::packed_available());
+  EXPECT_EQ(cpu::packed_worthwhile(32, 384, 128), cpu::packed_available());
+  if (packed_off()) {
+    EXPECT_FALSE(cpu::packed_available());
+  }
+}
+
+// A GRU cell's weights and T steps of inputs x_t and loss weights c_t (loss sum_t <h_t, c_t>).
+struct Gru {
+  Tensor w_ih, w_hh, b_ih, b_hh;
+  std::vector<double> x, c;
+  int64_t B, I, H, T;
+  Gru(Tape& tape, DType dt, int64_t B_, int64_t I_, int64_t H_, int64_t T_) : B(B_), I(I_), H(H_), T(T_) {
+    std::mt19937 rng(unsigned(B * 1000 + H));
+    const double s = 1.0 / std::sqrt(double(H));  // PyTorch's scale: a well-conditioned recurrence
+    w_ih = tape.parameter({3 * H, I}, dt), w_hh = tape.parameter({3 * H, H}, dt), b_ih = tape.parameter({3 * H}, dt),
+    b_hh = tape.parameter({3 * H}, dt);
+    for (Tensor* p : {&w_ih, &w_hh, &b_ih, &b_hh}) fill_uniform(*p, rng, -s, s);
+    std::uniform_real_distribution<double> u(-1, 1);
+    x.resize(size_t(T * B * I)), c.resize(size_t(T * B * H));
+    for (double& v : x) v = u(rng);
+    for (double& v : c) v = u(rng);
+  }
+  Tensor input(Tape& tape, const std::vector<double>& v, int64_t t, int64_t n, const Shape& s, DType dt) const {
+    std::vector<double> d(v.begin() + t * n, v.begin() + (t + 1) * n);
+    if (dt == DType::F64) return tape.from(std::span<const double>(d), s);
+    std::vector<float> f(d.begin(), d.end());
+    return tape.from(std::span<const float>(f), s);
+  }
+};
+
+std::vector<double> grads(const Gru& g) {
+  std::vector<double> out;
+  for (const Tensor* p : {&g.w_ih, &g.w_hh, &g.b_ih, &g.b_hh}) {
+    const std::vector<double> v = values(p->grad_tensor());
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+// Float32 through the packed weights (where the kernel runs) against float64
+// through OpenBLAS, on shapes that cover a partial panel (3H and H not
+// multiples of 32), row blocks of every size, and the inner dimension cut
+// into blocks (H = 800 forward, 3H > 768 backward).
+TEST(PackedGru, Float32EqualsFloat64InValuesAndGradients) {
+  const int64_t shapes[][4] = {{5, 7, 13, 4}, {13, 3, 40, 4}, {24, 16, 300, 3}, {6, 4, 800, 2}};
+  for (const auto& s : shapes) {
+    const int64_t B = s[0], I = s[1], H = s[2], T = s[3];
+    std::vector<double> h32, h64, g32, g64;
+    for (DType dt : {DType::F32, DType::F64}) {
+      Tape tape;
+      Gru g(tape, dt, B, I, H, T);
+      {
+        Segment seg = tape.segment();
+        std::vector<double>& hs = dt == DType::F32 ? h32 : h64;
+        Tensor h = tape.zeros({B, H}, dt), loss;
+        for (int64_t t = 0; t < T; ++t) {
+          h = gru_cell(g.input(tape, g.x, t, B * I, {B, I}, dt), h, g.w_ih, g.w_hh, g.b_ih, g.b_hh);
+          const std::vector<double> v = values(h);
+          hs.insert(hs.end(), v.begin(), v.end());
+          const Tensor term = sum(mul(h, g.input(tape, g.c, t, B * H, {B, H}, dt)));
+          loss = t == 0 ? term : add(loss, term);
+        }
+        seg.backward(loss);
+      }
+      (dt == DType::F32 ? g32 : g64) = grads(g);
+      if (dt == DType::F32 && cpu::packed_worthwhile(B, 3 * H, H)) {
+        EXPECT_GE(tape.stats().workspace_bytes, cpu::packed_floats(H, 3 * H) * sizeof(float))
+            << "the packed W_hh is in the tape's workspace";
+      }
+    }
+    const std::string at = "B " + std::to_string(B) + " I " + std::to_string(I) + " H " + std::to_string(H);
+    EXPECT_LT(rel_error(h32, h64), 2e-6) << at;
+    EXPECT_LT(rel_error(g32, g64), 1e-5) << at;
+  }
+}
+
+// An optimizer step between two products of one segment: the second product
+// uses the new weights (the packed copy is made again), exactly as a fresh
+// segment computes it.
+TEST(PackedGru, AWeightAnOptimizerChangedInsideTheSegmentIsPackedAgain) {
+  constexpr int64_t B = 8, I = 5, H = 48;
+  Tape tape;
+  Gru g(tape, DType::F32, B, I, H, 1);
+  for (Tensor* p : {&g.w_ih, &g.w_hh, &g.b_ih, &g.b_hh})
+    for (float& v : p->grad_tensor().span<float>()) v = 0.5f;  // a gradient to step on
+  std::vector<double> before, after, fresh;
+  {
+    Segment seg = tape.segment();
+    NoGradGuard ng(tape);
+    const Tensor x = g.input(tape, g.x, 0, B * I, {B, I}, DType::F32), h0 = tape.zeros({B, H});
+    before = values(gru_cell(x, h0, g.w_ih, g.w_hh, g.b_ih, g.b_hh));
+    for (Tensor* p : {&g.w_ih, &g.w_hh}) sgd_step(*p, Tensor{}, {.lr = 0.1}, true);
+    after = values(gru_cell(x, h0, g.w_ih, g.w_hh, g.b_ih, g.b_hh));
+  }
+  {
+    Segment seg = tape.segment();
+    NoGradGuard ng(tape);
+    const Tensor x = g.input(tape, g.x, 0, B * I, {B, I}, DType::F32), h0 = tape.zeros({B, H});
+    fresh = values(gru_cell(x, h0, g.w_ih, g.w_hh, g.b_ih, g.b_hh));
+  }
+  EXPECT_GT(rel_error(before, after), 1e-3) << "the step changed the weights";
+  EXPECT_EQ(after, fresh);
+}
+
+}  // namespace
