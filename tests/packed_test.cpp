@@ -28,8 +28,8 @@ TEST(PackedGemm, EqualsADoubleReferenceAtEveryBlockBoundaryAndTail) {
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> u(-1, 1);
   int checked = 0;
-  for (int64_t M : {1, 4, 11, 12, 13, 25, 64})
-    for (int64_t N : {1, 17, 31, 32, 33, 100})
+  for (int64_t M : {1, 2, 3, 4, 11, 12, 13, 25, 64})
+    for (int64_t N : {1, 17, 31, 32, 33, 100, 129})
       for (int64_t K : {1, 7, 768, 769, 1100})
         for (bool trans : {false, true})
           for (float beta : {0.0f, 1.0f}) {
@@ -64,10 +64,11 @@ TEST(PackedGemm, EqualsADoubleReferenceAtEveryBlockBoundaryAndTail) {
             }
             ++checked;
           }
-  EXPECT_EQ(checked, 7 * 6 * 5 * 4);
+  EXPECT_EQ(checked, 9 * 7 * 5 * 4);
 }
 
-TEST(PackedGemm, TakenFromFourRowsWhereTheKernelRuns) {
+TEST(PackedGemm, TakenWhereTheKernelRuns) {
+  EXPECT_FALSE(cpu::packed_worthwhile(1, 384, 128));  // under 4 rows: OpenBLAS
   EXPECT_FALSE(cpu::packed_worthwhile(3, 384, 128));
   EXPECT_EQ(cpu::packed_worthwhile(4, 384, 128), cpu::packed_available());
   EXPECT_EQ(cpu::packed_worthwhile(32, 384, 128), cpu::packed_available());
@@ -114,7 +115,7 @@ std::vector<double> grads(const Gru& g) {
 // multiples of 32), row blocks of every size, and the inner dimension cut
 // into blocks (H = 800 forward, 3H > 768 backward).
 TEST(PackedGru, Float32EqualsFloat64InValuesAndGradients) {
-  const int64_t shapes[][4] = {{5, 7, 13, 4}, {13, 3, 40, 4}, {24, 16, 300, 3}, {6, 4, 800, 2}};
+  const int64_t shapes[][4] = {{1, 5, 70, 3}, {3, 4, 33, 3}, {5, 7, 13, 4}, {13, 3, 40, 4}, {24, 16, 300, 3}, {6, 4, 800, 2}};
   for (const auto& s : shapes) {
     const int64_t B = s[0], I = s[1], H = s[2], T = s[3];
     std::vector<double> h32, h64, g32, g64;

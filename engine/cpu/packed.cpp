@@ -10,23 +10,76 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SEGTAPE_PACKED_KERNEL 1
 #include <immintrin.h>
+#define SEGTAPE_AVX512 __attribute__((target("avx512f")))
+#define SEGTAPE_AVX512_INLINE __attribute__((target("avx512f"), always_inline)) inline
+// GCC 12's avx512fintrin.h passes _mm512_undefined_ps() as the unused source
+// of the masked forms behind the unpacks, which -W(maybe-)uninitialized then
+// reports from the callers here.
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #endif
 
 namespace segtape::cpu {
 
 namespace {
 
-// Panels of 32 columns (two 16-float vectors) and blocks of up to 12 rows per
-// call of the kernel: 24 accumulators, two loads of B and twelve broadcasts
-// of A per k. M is split into blocks of nearly equal size (64 rows: 11, 11,
-// 11, 11, 10, 10), never a short tail. The inner dimension is cut into blocks
-// of 512 when it is longer than 768, so a panel's block (64 KiB) stays near
-// the core while every block of rows of A passes over it. Chosen by
-// measurement on AVX-512 (docs/benchmarks.md, change 10): 12 x 32 ran at
-// 140-170 GFLOP/s one thread, 8 x 32 a few percent slower, 16 x 16 slower still.
+// Panels of 32 columns (two 16-float vectors). C is computed in blocks of up
+// to 12 rows × one panel: 24 accumulators, two loads of B and twelve
+// broadcasts of A per k; M is split into blocks of nearly equal size (64
+// rows: 11, 11, 11, 11, 10, 10), never a short tail. The inner dimension is
+// cut into blocks of 512 when it is longer than 768, so a panel's block (64 KiB) stays near the core
+// while every block of rows of A passes over it. Chosen by measurement on
+// AVX-512 (docs/benchmarks.md, change 10): 12 × 32 ran at 140-170 GFLOP/s on
+// one thread, 8 × 32 a few percent slower, 16 × 16 slower still.
 constexpr int64_t kNR = 32;
 constexpr int kMR = 12;
 int64_t block_of(int64_t K) { return K <= 768 ? K : 512; }
+
+#ifdef SEGTAPE_PACKED_KERNEL
+// dst[k * 32 + c] = w[c * K + k] for a 16 × 16 tile (c, k < 16): sixteen rows
+// of W read as vectors, transposed in registers (4 × 4 within 128-bit lanes,
+// then the lanes), written as sixteen 16-float rows of the panel.
+SEGTAPE_AVX512 void transpose_tile(const float* w, int64_t K, float* dst) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(w + i * K);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4i + j], lane l: column 4l + j of rows 4i .. 4i + 3
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int j = 0; j < 4; ++j) {  // row 4l + j of the result = lane l of r[j], r[4 + j], r[8 + j], r[12 + j]
+    const __m512 x0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x44), x1 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xEE);
+    const __m512 y0 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x44), y1 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xEE);
+    _mm512_storeu_ps(dst + (0 + j) * kNR, _mm512_shuffle_f32x4(x0, y0, 0x88));
+    _mm512_storeu_ps(dst + (4 + j) * kNR, _mm512_shuffle_f32x4(x0, y0, 0xDD));
+    _mm512_storeu_ps(dst + (8 + j) * kNR, _mm512_shuffle_f32x4(x1, y1, 0x88));
+    _mm512_storeu_ps(dst + (12 + j) * kNR, _mm512_shuffle_f32x4(x1, y1, 0xDD));
+  }
+}
+#endif
+
+// One panel block of B = W^T: dst[k * 32 + c] = w[c * K + k] for c < cols, k < kc.
+void pack_transposed(const float* w, int64_t K, int64_t kc, int64_t cols, float* dst) {
+  int64_t c0 = 0, k16 = 0;
+#ifdef SEGTAPE_PACKED_KERNEL
+  k16 = kc / 16 * 16;
+  for (; c0 + 16 <= cols; c0 += 16)
+    for (int64_t k = 0; k < k16; k += 16) transpose_tile(w + c0 * K + k, K, dst + k * kNR + c0);
+  for (int64_t c = 0; c < c0; ++c)  // the k tail of the tiled columns
+    for (int64_t k = k16; k < kc; ++k) dst[k * kNR + c] = w[c * K + k];
+#endif
+  for (int64_t k = 0; k < kc; ++k)  // the columns no tile covered
+    for (int64_t c = c0; c < cols; ++c) dst[k * kNR + c] = w[c * K + k];
+}
 
 }  // namespace
 
@@ -58,10 +111,10 @@ void pack_b(const float* W, int64_t K, int64_t N, bool trans, float* dst) {
     for (int64_t j = 0; j < panels; ++j, dst += kc * kNR) {
       const int64_t cols = std::min(kNR, N - j * kNR);
       if (cols < kNR) std::fill(dst, dst + kc * kNR, 0.0f);
-      if (trans) {  // column c of the panel is row j * 32 + c of W: 32 rows read side by side along k
-        const float* w = W + j * kNR * K + k0;
-        for (int64_t k = 0; k < kc; ++k)
-          for (int64_t c = 0; c < cols; ++c) dst[k * kNR + c] = w[c * K + k];
+      if (trans) {  // column c of the panel is row j * 32 + c of W
+        pack_transposed(W + j * kNR * K + k0, K, kc, cols, dst);
+      } else if (cols == kNR) {
+        for (int64_t k = 0; k < kc; ++k) std::memcpy(dst + k * kNR, W + (k0 + k) * N + j * kNR, kNR * sizeof(float));
       } else {
         for (int64_t k = 0; k < kc; ++k) std::memcpy(dst + k * kNR, W + (k0 + k) * N + j * kNR, size_t(cols) * sizeof(float));
       }
@@ -72,9 +125,15 @@ void pack_b(const float* W, int64_t K, int64_t N, bool trans, float* dst) {
 #ifdef SEGTAPE_PACKED_KERNEL
 namespace {
 
-// Row i of the kernel's result into C: added to what C holds when acc; only
-// the panel's first `cols` columns.
-__attribute__((target("avx512f"))) inline void store_row(float* c, __m512 lo, __m512 hi, bool acc, __mmask16 m0, __mmask16 m1) {
+// The masks of a panel's first `cols` columns (0 to 32; past 32: all).
+SEGTAPE_AVX512_INLINE void masks(int64_t cols, __mmask16& m0, __mmask16& m1) {
+  m0 = cols >= 16 ? __mmask16(0xFFFF) : cols <= 0 ? __mmask16(0) : __mmask16((1u << cols) - 1);
+  m1 = cols >= 32 ? __mmask16(0xFFFF) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1);
+}
+
+// One row of one panel of the result into C: added to what C holds when acc;
+// only the columns the masks select.
+SEGTAPE_AVX512_INLINE void store_row(float* c, __m512 lo, __m512 hi, bool acc, __mmask16 m0, __mmask16 m1) {
   if (acc) {
     lo = _mm512_add_ps(lo, _mm512_maskz_loadu_ps(m0, c));
     hi = _mm512_add_ps(hi, _mm512_maskz_loadu_ps(m1, c + 16));
@@ -86,8 +145,8 @@ __attribute__((target("avx512f"))) inline void store_row(float* c, __m512 lo, __
 // C [MR, cols] (+)= A [MR, kc] * one packed panel block [kc, 32]. The rows are
 // a parameter pack so every accumulator is a named register, not an array.
 template <int... I>
-__attribute__((target("avx512f"))) void kernel(std::integer_sequence<int, I...>, int64_t kc, const float* A, int64_t lda,
-                                               const float* B, float* C, int64_t ldc, bool acc, int64_t cols) {
+SEGTAPE_AVX512 void kernel(std::integer_sequence<int, I...>, int64_t kc, const float* A, int64_t lda, const float* B, float* C,
+                           int64_t ldc, bool acc, int64_t cols) {
   constexpr int MR = sizeof...(I);
   __m512 lo[MR], hi[MR];
   ((lo[I] = _mm512_setzero_ps(), hi[I] = _mm512_setzero_ps()), ...);
@@ -97,14 +156,13 @@ __attribute__((target("avx512f"))) void kernel(std::integer_sequence<int, I...>,
       hi[I] = _mm512_fmadd_ps(_mm512_set1_ps(A[I * lda + k]), b1, hi[I])),
      ...);
   }
-  const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1);
+  __mmask16 m0, m1;
+  masks(cols, m0, m1);
   (store_row(C + I * ldc, lo[I], hi[I], acc, m0, m1), ...);
 }
 
 template <int MR>
-__attribute__((target("avx512f"))) void rows(int64_t kc, const float* A, int64_t lda, const float* B, float* C, int64_t ldc,
-                                             bool acc, int64_t cols) {
+SEGTAPE_AVX512 void rows(int64_t kc, const float* A, int64_t lda, const float* B, float* C, int64_t ldc, bool acc, int64_t cols) {
   kernel(std::make_integer_sequence<int, MR>{}, kc, A, lda, B, C, ldc, acc, cols);
 }
 
@@ -119,16 +177,16 @@ void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
                  int64_t ldc) {
 #ifdef SEGTAPE_PACKED_KERNEL
   const int64_t panels = (N + kNR - 1) / kNR, KC = block_of(K), blocks = (M + kMR - 1) / kMR;
-  const float* B = packed;
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int64_t kc = std::min(KC, K - k0);
     const bool acc = beta != 0.0f || k0 > 0;
-    for (int64_t j = 0; j < panels; ++j, B += kc * kNR) {
+    const float* B = packed + k0 * panels * kNR;  // this block of the inner dimension: its panels, one after another
+    for (int64_t j = 0; j < panels; ++j) {
       const int64_t cols = std::min(kNR, N - j * kNR);
       float* Cj = C + j * kNR;
       for (int64_t b = 0, m = 0; b < blocks; ++b) {
         const int64_t r = M / blocks + (b < M % blocks ? 1 : 0);
-        kRows[r](kc, A + m * lda + k0, lda, B, Cj + m * ldc, ldc, acc, cols);
+        kRows[r](kc, A + m * lda + k0, lda, B + j * kc * kNR, Cj + m * ldc, ldc, acc, cols);
         m += r;
       }
     }

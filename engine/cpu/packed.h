@@ -14,8 +14,9 @@ namespace segtape::cpu {
 bool packed_available();
 
 // Whether a product of these sizes takes the packed path: packed_available(),
-// at least 4 rows, and OpenBLAS on one thread, or a product small enough
-// that OpenBLAS's threads do not pay (M * N * K <= 2^22).
+// at least 4 rows (under 4, packing once per pass does not pay: a row of A
+// uses each element of B once), and OpenBLAS on one thread, or a product
+// small enough that OpenBLAS's threads do not pay (M * N * K <= 2^22).
 bool packed_worthwhile(int64_t M, int64_t N, int64_t K);
 
 // Floats of a packed K x N operand (columns padded to a multiple of 32).

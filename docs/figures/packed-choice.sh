@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The packed GRU weight products (engine/cpu/packed.h) on and off: bench/loop_bench's
+# training step at each size with SEGTAPE_PACKED=1 and SEGTAPE_PACKED=0
+# (OpenBLAS's GEMM for every product), one OpenBLAS thread, interleaved round
+# after round. Prints a markdown table of µs per step (median, min–max) and the ratio.
+#
+#   bash docs/figures/packed-choice.sh [--build DIR] [--rounds 5] [--segments 40] [--sizes 32x128,32x512,64x1024]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=build-bench rounds=5 segments=40 sizes=32x128,32x512,64x1024
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --build) build="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
+    --segments) segments="$2"; shift 2 ;;
+    --sizes) sizes="$2"; shift 2 ;;
+    *) echo "packed-choice.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+bin="$build/bench/loop_bench"
+[[ -x "$bin" ]] || { echo "packed-choice.sh: $bin is missing (cmake --build $build --target loop_bench)" >&2; exit 1; }
+IFS=, read -r -a list <<<"$sizes"
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+for ((r = 1; r <= rounds; r++)); do
+  for size in "${list[@]}"; do
+    b=${size%x*} h=${size#*x}
+    order=(1 0)
+    ((r % 2 == 0)) && order=(0 1)  # alternate which goes first
+    for p in "${order[@]}"; do
+      us=$(SEGTAPE_PACKED=$p OPENBLAS_NUM_THREADS=1 "$bin" --batch "$b" --hidden "$h" --segments "$segments" 2>/dev/null)
+      echo "$b $h $p $us" >>"$out"
+    done
+  done
+done
+kernels="${OPENBLAS_CORETYPE:-as OpenBLAS chose}"
+python3 - "$out" "$rounds" "$segments" "$kernels" <<'PY'
+import statistics, sys
+path, rounds, segments, kernels = sys.argv[1:5]
+rows = {}
+for line in open(path):
+    b, h, p, us = line.split()
+    rows.setdefault((b, h), {}).setdefault(p, []).append(float(us))
+print(f"`bash docs/figures/packed-choice.sh --rounds {rounds} --segments {segments}` (OpenBLAS kernels: {kernels}): "
+      f"training step, one thread, µs per step (median, min–max over {rounds} interleaved rounds).\n")
+print("| B, H | packed (SEGTAPE_PACKED=1) | OpenBLAS GEMM (SEGTAPE_PACKED=0) | packed / GEMM |")
+print("|---|---|---|---|")
+for (b, h), d in rows.items():
+    on, off = d['1'], d['0']
+    mo, mf = statistics.median(on), statistics.median(off)
+    print(f"| {b}, {h} | {mo:.1f} ({min(on):.1f}–{max(on):.1f}) | {mf:.1f} ({min(off):.1f}–{max(off):.1f}) | {mo / mf:.2f} |")
+PY
