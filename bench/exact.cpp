@@ -116,7 +116,7 @@ struct Memory {
   size_t arena = 0;      // the largest segment's arena high-water
   size_t nodes = 0;      // the largest segment's tape-node bytes (counted in the budget, outside the arena)
   size_t states = 0;     // states held besides: the carried state (tbptt), the driver's stored states (exact)
-  size_t workspace = 0;  // backward's reused GRU weight-gradient batching buffers (outside the budget; reported apart)
+  size_t workspace = 0;  // the tape's reused workspace: GRU weight-gradient batches, packed weights (outside the budget; reported apart)
   size_t total() const { return arena + nodes + states; }
 };
 
@@ -493,12 +493,13 @@ int run(const Config& c) {
   if (torch_mem > 0) std::printf(", / LibTorch full: %.2f %%", 100 * mem_vs_torch);
   std::printf(" (target <= 5 %%)\nexact:%s time per step / tbptt:%s: %.3fx (per round %.3f-%.3f) (target <= 1.4x)\n", ks.c_str(),
               ks.c_str(), time_vs_tbptt, pr.min, pr.max);
-  // Backward's GRU weight-gradient batching buffers: held by every segtape
-  // variant, outside the segment budget, sized by the chunk and not by T.
+  // The tape's workspace (backward's GRU weight-gradient batching buffers,
+  // the packed W_ih / W_hh): held by every segtape variant, outside the
+  // segment budget, sized by the chunk and the weights, not by T.
   const double with_ws = double(v[kExact].mem.total() + v[kExact].mem.workspace);
   const double ws_vs_full = ratio(with_ws, double(v[kFull].mem.total() + v[kFull].mem.workspace));
   const double ws_vs_torch = ratio(with_ws, torch_mem);
-  std::printf("with the tape's GRU batching workspace counted (exact:%s %s, full %s): %.2f %% of segtape full", ks.c_str(),
+  std::printf("with the tape's workspace counted (exact:%s %s, full %s): %.2f %% of segtape full", ks.c_str(),
               fmt_bytes(double(v[kExact].mem.workspace)).c_str(), fmt_bytes(double(v[kFull].mem.workspace)).c_str(),
               100 * ws_vs_full);
   if (torch_mem > 0) std::printf(", %.2f %% of LibTorch full", 100 * ws_vs_torch);
@@ -553,7 +554,7 @@ int run(const Config& c) {
                     torch_mem > 0 ? Json(ratio(double(v[kBinomial].mem.total()), torch_mem)) : Json(nullptr)},
                    {"binomial_recompute_factor", v[kBinomial].recompute},
                    {"binomial_time_vs_tbptt", ratio(sums[kBinomial].median, sums[kTbptt].median)},
-                   // The same with segtape's GRU batching workspace added (LibTorch's figure unchanged).
+                   // The same with segtape's workspace added (LibTorch's figure unchanged).
                    {"exact_memory_with_workspace_vs_segtape_full", ws_vs_full},
                    {"exact_memory_with_workspace_vs_libtorch_full", torch_mem > 0 ? Json(ws_vs_torch) : Json(nullptr)}};
     j["grad_check"] = {{"metric", "max over parameter tensors of ||g - g_full|| / ||g_full||, against segtape full BPTT"},

@@ -116,7 +116,7 @@ lines = [
     + (f", {pct(r['exact_memory_vs_libtorch_full'])} of LibTorch full" if torch else " (LibTorch not measured)")
     + f" ({mib(E['memory_bytes'])} against {mib(F['memory_bytes'])}"
     + (f" and {mib(V['libtorch_full']['memory_bytes'])}" if torch else "")
-    + f"). Counting also the tape's GRU weight-gradient batching workspace, which every segtape variant holds outside "
+    + f"). Counting also the tape's workspace (GRU weight-gradient batches, packed weights), which every segtape variant holds outside "
     f"the segment budget ({mib(ws)} for exact:{k}, {mib(F['memory']['workspace_bytes'])} for full), exact:{k} is "
     f"{pct(r['exact_memory_with_workspace_vs_segtape_full'])} of segtape full"
     + (f" and {pct(r['exact_memory_with_workspace_vs_libtorch_full'])} of LibTorch full" if torch else "")

@@ -2,7 +2,9 @@
 # The packed GRU weight products (engine/cpu/packed.h) on and off: bench/loop_bench's
 # training step at each size with SEGTAPE_PACKED=1 and SEGTAPE_PACKED=0
 # (OpenBLAS's GEMM for every product), one OpenBLAS thread, interleaved round
-# after round. Prints a markdown table of µs per step (median, min–max) and the ratio.
+# after round (which goes first alternates). Prints a markdown table of µs per
+# step (median, min–max), the ratio of the medians, and the ratios of the two
+# back-to-back runs of each round.
 #
 #   bash docs/figures/packed-choice.sh [--build DIR] [--rounds 5] [--segments 40] [--sizes 32x128,32x512,64x1024]
 set -euo pipefail
@@ -43,10 +45,12 @@ for line in open(path):
     rows.setdefault((b, h), {}).setdefault(p, []).append(float(us))
 print(f"`bash docs/figures/packed-choice.sh --rounds {rounds} --segments {segments}` (OpenBLAS kernels: {kernels}): "
       f"training step, one thread, µs per step (median, min–max over {rounds} interleaved rounds).\n")
-print("| B, H | packed (SEGTAPE_PACKED=1) | OpenBLAS GEMM (SEGTAPE_PACKED=0) | packed / GEMM |")
-print("|---|---|---|---|")
+print("| B, H | packed (SEGTAPE_PACKED=1) | OpenBLAS GEMM (SEGTAPE_PACKED=0) | packed / GEMM, of the medians | packed / GEMM, round by round: median (min–max) |")
+print("|---|---|---|---|---|")
 for (b, h), d in rows.items():
     on, off = d['1'], d['0']
     mo, mf = statistics.median(on), statistics.median(off)
-    print(f"| {b}, {h} | {mo:.1f} ({min(on):.1f}–{max(on):.1f}) | {mf:.1f} ({min(off):.1f}–{max(off):.1f}) | {mo / mf:.2f} |")
+    per = [x / y for x, y in zip(on, off)]  # the two runs of one round ran back to back
+    print(f"| {b}, {h} | {mo:.1f} ({min(on):.1f}–{max(on):.1f}) | {mf:.1f} ({min(off):.1f}–{max(off):.1f}) | {mo / mf:.2f} | "
+          f"{statistics.median(per):.2f} ({min(per):.2f}–{max(per):.2f}) |")
 PY

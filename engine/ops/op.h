@@ -106,7 +106,7 @@ struct PackedWeights {
     bool trans = false;
     const float* data = nullptr;
   };
-  Arena buffers{size_t(1) << 20, true};
+  Arena buffers{0, true};  // no chunk until a weight is packed; then one per size, kept
   std::array<Entry, 8> entries{};
   int count = 0;
 };
