@@ -70,6 +70,7 @@ TEST(PackedGemm, EqualsADoubleReferenceAtEveryBlockBoundaryAndTail) {
 TEST(PackedGemm, TakenWhereTheKernelRuns) {
   EXPECT_FALSE(cpu::packed_worthwhile(1, 384, 128));  // under 4 rows: OpenBLAS
   EXPECT_FALSE(cpu::packed_worthwhile(3, 384, 128));
+  EXPECT_FALSE(cpu::packed_worthwhile(32, 384, 0));  // an empty inner dimension: BLAS sets C = beta C
   EXPECT_EQ(cpu::packed_worthwhile(4, 384, 128), cpu::packed_available());
   EXPECT_EQ(cpu::packed_worthwhile(32, 384, 128), cpu::packed_available());
   if (packed_off()) {

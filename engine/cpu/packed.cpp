@@ -98,7 +98,7 @@ bool packed_available() {
 }
 
 bool packed_worthwhile(int64_t M, int64_t N, int64_t K) {
-  if (M < 4 || !packed_available()) return false;
+  if (M < 4 || N < 1 || K < 1 || !packed_available()) return false;
   return openblas_get_num_threads() == 1 || M * N * K <= (int64_t(1) << 22);
 }
 
