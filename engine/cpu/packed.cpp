@@ -12,13 +12,6 @@
 #include <immintrin.h>
 #define SEGTAPE_AVX512 __attribute__((target("avx512f")))
 #define SEGTAPE_AVX512_INLINE __attribute__((target("avx512f"), always_inline)) inline
-// GCC 12's avx512fintrin.h passes _mm512_undefined_ps() as the unused source
-// of the masked forms behind the unpacks, which -W(maybe-)uninitialized then
-// reports from the callers here.
-#if !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 #endif
 
 namespace segtape::cpu {
@@ -29,10 +22,11 @@ namespace {
 // to 12 rows × one panel: 24 accumulators, two loads of B and twelve
 // broadcasts of A per k; M is split into blocks of nearly equal size (64
 // rows: 11, 11, 11, 11, 10, 10), never a short tail. The inner dimension is
-// cut into blocks of 512 when it is longer than 768, so a panel's block (64 KiB) stays near the core
-// while every block of rows of A passes over it. Chosen by measurement on
-// AVX-512 (docs/benchmarks.md, change 10): 12 × 32 ran at 140-170 GFLOP/s on
-// one thread, 8 × 32 a few percent slower, 16 × 16 slower still.
+// cut into blocks of 512 when it is longer than 768, so a panel's block
+// (64 KiB) stays near the core while every block of rows of A passes over it.
+// Chosen by measurement on AVX-512 (docs/benchmarks.md, change 10): 12 × 32
+// ran at 140-170 GFLOP/s on one thread, 8 × 32 a few percent slower, 16 × 16
+// slower still.
 constexpr int64_t kNR = 32;
 constexpr int kMR = 12;
 int64_t block_of(int64_t K) { return K <= 768 ? K : 512; }
@@ -40,7 +34,14 @@ int64_t block_of(int64_t K) { return K <= 768 ? K : 512; }
 #ifdef SEGTAPE_PACKED_KERNEL
 // dst[k * 32 + c] = w[c * K + k] for a 16 × 16 tile (c, k < 16): sixteen rows
 // of W read as vectors, transposed in registers (4 × 4 within 128-bit lanes,
-// then the lanes), written as sixteen 16-float rows of the panel.
+// then the lanes), written as sixteen 16-float rows of the panel. (GCC 12's
+// avx512fintrin.h passes _mm512_undefined_ps() as the unused source of the
+// masked forms behind the unpacks, which -W(maybe-)uninitialized reports from here.)
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 SEGTAPE_AVX512 void transpose_tile(const float* w, int64_t K, float* dst) {
   __m512 r[16], t[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(w + i * K);
@@ -65,6 +66,9 @@ SEGTAPE_AVX512 void transpose_tile(const float* w, int64_t K, float* dst) {
     _mm512_storeu_ps(dst + (12 + j) * kNR, _mm512_shuffle_f32x4(x1, y1, 0xDD));
   }
 }
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 // One panel block of B = W^T: dst[k * 32 + c] = w[c * K + k] for c < cols, k < kc.
@@ -125,9 +129,9 @@ void pack_b(const float* W, int64_t K, int64_t N, bool trans, float* dst) {
 #ifdef SEGTAPE_PACKED_KERNEL
 namespace {
 
-// The masks of a panel's first `cols` columns (0 to 32; past 32: all).
+// The masks of a panel's first `cols` columns (1 to 32).
 SEGTAPE_AVX512_INLINE void masks(int64_t cols, __mmask16& m0, __mmask16& m1) {
-  m0 = cols >= 16 ? __mmask16(0xFFFF) : cols <= 0 ? __mmask16(0) : __mmask16((1u << cols) - 1);
+  m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
   m1 = cols >= 32 ? __mmask16(0xFFFF) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1);
 }
 
