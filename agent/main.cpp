@@ -1,5 +1,6 @@
 // The segtape command: train, evaluate and resume recurrent agents whose
 // memory per segment is fixed. `segtape --help` lists everything.
+#include <dlfcn.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -686,6 +687,41 @@ struct RetentionArgs {
   bool explain = false, no_libtorch = false, anomaly_only = false, force = false;
 };
 
+#ifdef SEGTAPE_WITH_LIBTORCH
+// The lab's LibTorch side, agent/retention_torch.cpp, is a module loaded only
+// here (linked into the program, LibTorch made every start of it ~1.5 s
+// slower): beside the program (build tree), then in the install's
+// lib/segtape/. Not found or not loadable: the lab runs segtape only, and
+// its report and a stderr line say why.
+retention::TorchRunner load_torch_lab(std::string& note) {
+  const char* name = "libsegtape_torch_lab.so";
+  std::error_code ec;
+  const fs::path exe_dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
+  std::vector<fs::path> tried = {exe_dir / name};
+#ifdef SEGTAPE_TORCH_LAB_DIR
+  tried.push_back((exe_dir / SEGTAPE_TORCH_LAB_DIR / name).lexically_normal());
+#endif
+  std::string why = "not found";
+  for (const fs::path& p : tried) {
+    if (!fs::exists(p, ec)) continue;
+    void* lib = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);  // kept open for the process's life
+    const char* err = lib ? nullptr : dlerror();
+    if (lib)
+      if (auto entry = reinterpret_cast<retention::TorchRunner (*)()>(dlsym(lib, "segtape_torch_lab_runner"))) return entry();
+    why = p.string() + ": " + (err ? err : "no segtape_torch_lab_runner in it");
+    break;
+  }
+  if (why == "not found") {
+    why = "not found (looked for";
+    for (const fs::path& p : tried) why += " " + p.string();
+    why += ")";
+  }
+  note = "LibTorch not run: its module " + why;
+  std::fprintf(stderr, "segtape: warning: %s\n", note.c_str());
+  return nullptr;
+}
+#endif
+
 int retention_lab(RetentionArgs& a) {
   namespace rt = retention;
   rt::LabConfig c = a.c;
@@ -724,7 +760,8 @@ int retention_lab(RetentionArgs& a) {
   prepare_dir(out);
   rt::TorchRunner torch = nullptr;
 #ifdef SEGTAPE_WITH_LIBTORCH
-  if (!a.no_libtorch) torch = &rt::run_libtorch;
+  std::string torch_note;
+  if (!a.no_libtorch) torch = load_torch_lab(torch_note);
 #endif
   if (!a.dot.empty()) {
     // Small segments, parameters named: pitfall 1 over 3 steps, and tbptt's
@@ -753,6 +790,7 @@ int retention_lab(RetentionArgs& a) {
   rt::LabReport rep = rt::run_lab(c, which, torch, hooks);
 #ifdef SEGTAPE_WITH_LIBTORCH
   if (a.no_libtorch) rep.libtorch_note = "LibTorch not run (--no-libtorch)";
+  else if (!torch) rep.libtorch_note = torch_note;
 #endif
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (tty) std::fprintf(stderr, "\r%-60s\r", "");

@@ -5,7 +5,12 @@
 // Memory is LibTorch's live CPU tensor bytes, counted by our own allocator
 // installed in front of the default one (agent/torch_memory.h); if that
 // cannot be installed, the process RSS, and the output says which.
-// Compiled into the segtape program only when LibTorch was found.
+// Built, only when LibTorch was found, as a module of its own
+// (libsegtape_torch_lab.so) that the segtape program loads when a lab run
+// asks for LibTorch: linking LibTorch into the program made every start of
+// it load ~290 shared libraries (~1.5 s); see docs/retention.md. The
+// module links none of segtape's libraries: its segtape references resolve
+// to the program's exported symbols, as an env plug-in's do.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -343,3 +348,8 @@ Trace run_libtorch(Case c, const LabConfig& cfg) {
 }
 
 }  // namespace segtape::agent::retention
+
+// The module's one entry point (load_torch_lab in agent/main.cpp).
+extern "C" segtape::agent::retention::TorchRunner segtape_torch_lab_runner() {
+  return &segtape::agent::retention::run_libtorch;
+}

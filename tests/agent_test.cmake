@@ -1,6 +1,9 @@
 segtape_test(agent_test SOURCES agent_test.cpp LABELS agent LIBS segtape_agent)
 target_compile_definitions(agent_test PRIVATE SEGTAPE_BIN="$<TARGET_FILE:segtape>")
 add_dependencies(agent_test segtape)
+if(TARGET segtape_torch_lab)  # the lab's LibTorch module: the program loads it (Cli.RetentionLabLoadsItsLibTorchModule)
+  target_compile_definitions(agent_test PRIVATE SEGTAPE_TORCH_LAB="$<TARGET_FILE:segtape_torch_lab>")
+endif()
 
 # TensorBoard event files: CRC-32C, records, read back (agent/tensorboard.h).
 segtape_test(tensorboard_test SOURCES tensorboard_test.cpp LABELS agent LIBS segtape_tensorboard)

@@ -798,6 +798,39 @@ TEST(Cli, HelpNamesCommandsAndTheLabsCases) {
     EXPECT_NE(r.out.find(name), std::string::npos) << name << "\n" << r.out;
 }
 
+// The lab's LibTorch side is a module the program loads for a lab run
+// (agent/retention_torch.cpp), not a library every start of it loads: the
+// program itself links no LibTorch, a lab run has LibTorch's rows, and
+// without the module the lab runs segtape only and says why.
+#ifdef SEGTAPE_TORCH_LAB
+TEST(Cli, RetentionLabLoadsItsLibTorchModule) {
+  const test::Process ldd = test::run_shell("ldd " + std::string(SEGTAPE_BIN) + " 2>&1");
+  ASSERT_EQ(ldd.code, 0) << ldd.output;
+  EXPECT_EQ(ldd.output.find("libtorch"), std::string::npos) << ldd.output;
+  const fs::path dir = fs::temp_directory_path() / ("segtape_lab_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string args = "retention --cases 1 --steps 16 --batch 1 --hidden 8 --out ";
+  CmdResult r = sh(args + (dir / "with").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("warning"), std::string::npos) << r.out;
+  EXPECT_NE(slurp(dir / "with" / "retention.csv").find("\nlibtorch,hidden-not-detached,15,"), std::string::npos);
+  // The program alone, without its module: segtape's rows, and the reason.
+  fs::create_directories(dir / "alone");
+  fs::copy_file(SEGTAPE_BIN, dir / "alone" / "segtape");
+  const test::Process a = test::run_shell((dir / "alone" / "segtape").string() + " " + args + (dir / "out").string() + " 2>&1");
+  ASSERT_EQ(a.code, 0) << a.output;
+  EXPECT_NE(a.output.find("segtape: warning: LibTorch not run: its module not found (looked for " +
+                          (dir / "alone" / "libsegtape_torch_lab.so").string()),
+            std::string::npos)
+      << a.output;
+  const std::string csv = slurp(dir / "out" / "retention.csv");
+  EXPECT_NE(csv.find("\nsegtape,hidden-not-detached,15,"), std::string::npos) << csv;
+  EXPECT_EQ(csv.find("libtorch"), std::string::npos) << csv;
+  EXPECT_NE(slurp(dir / "out" / "retention.json").find("LibTorch not run: its module not found"), std::string::npos);
+  fs::remove_all(dir);
+}
+#endif
+
 // A teaching run stopped by its budget still writes its metrics and plot:
 // the climb to the limit is the lesson.
 TEST(Cli, FullHistoryStoppedByItsBudgetWritesMetricsAndPlot) {

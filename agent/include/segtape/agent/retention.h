@@ -155,8 +155,9 @@ struct RunOptions {
 // replay (a segment's backward in its last step's row).
 Trace run_segtape(Case c, const LabConfig& cfg, const RunOptions& o = {});
 
-// The same case on LibTorch (agent/retention_torch.cpp, linked into the
-// segtape program only when LibTorch was found).
+// The same case on LibTorch (agent/retention_torch.cpp: the module
+// libsegtape_torch_lab.so, built only when LibTorch was found, which the
+// segtape program loads for a lab run that includes LibTorch).
 Trace run_libtorch(Case c, const LabConfig& cfg);
 using TorchRunner = Trace (*)(Case, const LabConfig&);
 
