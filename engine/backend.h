@@ -60,8 +60,12 @@ class Backend {
   // ---- parameter updates (segtape/update.h), in place on the stream, with
   // the arithmetic of update_math.h. g, buf: device pointers (buf nullable).
   virtual void sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdOptions& s, bool first) = 0;
-  virtual void adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled, int64_t step) = 0;
+  // step_at: null, or the step count as one double where the tensors live
+  // (the capturable adam_step), read there instead of `step`.
+  virtual void adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled,
+                         int64_t step, const double* step_at) = 0;
   virtual void scale(void* x, int64_t n, DType d, double factor) = 0;  // x *= factor
+  virtual void add_scalar(void* x, int64_t n, DType d, double value) = 0;  // x += value
   // Sum of x[i]^2 accumulated in double; waits for the stream.
   virtual double sum_squares(const void* x, int64_t n, DType d) = 0;
 

@@ -60,8 +60,32 @@ void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg
   if (exp_avg.ptr == exp_avg_sq.ptr) throw Error("adam_step: exp_avg and exp_avg_sq are the same tensor");
   if (step < 1) throw Error("adam_step: step must be >= 1, got " + std::to_string(step));
   In::backend(*param.tape)->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled,
-                                   step);
+                                   step, nullptr);
   detail::clear_packed(*param.tape);
+}
+
+void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& s, bool decoupled,
+               const Tensor& step) {
+  check_param("adam_step", param);
+  check_state("adam_step", "exp_avg", param, exp_avg);
+  check_state("adam_step", "exp_avg_sq", param, exp_avg_sq);
+  if (exp_avg.ptr == exp_avg_sq.ptr) throw Error("adam_step: exp_avg and exp_avg_sq are the same tensor");
+  if (!step.defined()) throw Error("adam_step: the step count is an undefined tensor");
+  step.check_live("adam_step");
+  if (step.tape != param.tape) throw TapeError("adam_step: the step count belongs to another tape than the parameter");
+  if (step.space != Space::Persistent || step.dtype != DType::F64 || step.numel() != 1)
+    throw ShapeError("adam_step: the step count " + step.describe() + " must be a persistent float64 tensor of one element");
+  In::backend(*param.tape)->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled,
+                                   0, static_cast<const double*>(step.ptr));
+  detail::clear_packed(*param.tape);
+}
+
+void add_scalar(const Tensor& t, double value) {
+  if (!t.defined()) throw Error("add_scalar: undefined tensor");
+  t.check_live("add_scalar");
+  if (t.space != Space::Persistent) throw Error("add_scalar: " + t.describe() + " is not a persistent tensor");
+  if (t.dtype == DType::I64) throw ShapeError("add_scalar: " + t.describe() + " is an integer tensor");
+  In::backend(*t.tape)->add_scalar(t.ptr, t.numel(), t.dtype, value);
 }
 
 void zero_grad(const Tensor& param) {

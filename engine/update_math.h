@@ -42,13 +42,31 @@ struct AdamScalars {
   bool decoupled, coupled;
 };
 
+// Double-precision pow and sqrt on the host (std::) and on the device (CUDA's).
+SEGTAPE_HD double update_pow(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return ::pow(a, b);
+#else
+  return std::pow(a, b);
+#endif
+}
+SEGTAPE_HD double update_sqrt_d(double x) {
+#if defined(__CUDA_ARCH__)
+  return ::sqrt(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+// t: the step count (>= 1). On the host for adam_step(..., int64_t step); on
+// the device, from the step tensor, for the capturable adam_step(..., const
+// Tensor& step): the same double arithmetic in both places.
 template <class T>
-AdamScalars<T> adam_scalars(double lr, double beta1, double beta2, double eps, double weight_decay, bool decoupled,
-                            int64_t step) {
-  const double t = double(step);
-  const double bc1 = 1 - std::pow(beta1, t), bc2 = 1 - std::pow(beta2, t);
+SEGTAPE_HD AdamScalars<T> adam_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                       bool decoupled, double t) {
+  const double bc1 = 1 - update_pow(beta1, t), bc2 = 1 - update_pow(beta2, t);
   return {T(1 - lr * weight_decay), T(weight_decay), T(beta1), T(beta2), T(1 - beta1), T(1 - beta2),
-          T(std::sqrt(bc2)),        T(eps),          T(-(lr / bc1)),
+          T(update_sqrt_d(bc2)),    T(eps),          T(-(lr / bc1)),
           decoupled,                !decoupled && weight_decay != 0};
 }
 

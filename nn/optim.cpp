@@ -84,11 +84,21 @@ Adam::Adam(std::vector<NamedTensor> params, AdamOptions o, bool decoupled)
   require(o.weight_decay >= 0, me, "weight_decay " + std::to_string(o.weight_decay) + " < 0");
   for (size_t i = 0; i < params_.size(); ++i) m_.push_back(add_state("exp_avg", i));
   for (size_t i = 0; i < params_.size(); ++i) v_.push_back(add_state("exp_avg_sq", i));
+  if (o.capturable && !params_.empty()) device_step_ = params_[0].second.tape->persistent({1}, DType::F64);
 }
 
 void Adam::step() {
   ++steps_;
-  for (size_t k = 0; k < params_.size(); ++k) adam_step(params_[k].second, m_[k], v_[k], o_, decoupled_, steps_);
+  if (!o_.capturable || params_.empty()) {
+    for (size_t k = 0; k < params_.size(); ++k) adam_step(params_[k].second, m_[k], v_[k], o_, decoupled_, steps_);
+    return;
+  }
+  if (!device_step_.defined())  // capturable switched on after construction
+    device_step_ = params_[0].second.tape->persistent({1}, DType::F64);
+  if (device_steps_ != steps_ - 1) add_scalar(device_step_, double(steps_ - 1 - device_steps_));  // after set_step_count
+  add_scalar(device_step_, 1);
+  device_steps_ = steps_;
+  for (size_t k = 0; k < params_.size(); ++k) adam_step(params_[k].second, m_[k], v_[k], o_, decoupled_, device_step_);
 }
 
 // ---- clip_grad_norm

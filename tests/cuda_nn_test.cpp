@@ -151,6 +151,13 @@ TEST(CudaNn, OptimizerStepsWithClippingMatchTheCpu) {
        }},
       {"Adam wd", [](const nn::Module& m) { return std::make_unique<nn::Adam>(m, nn::AdamOptions{.lr = 1e-2, .weight_decay = 1e-2}); }},
       {"AdamW", [](const nn::Module& m) { return std::make_unique<nn::AdamW>(m, nn::AdamWOptions{.lr = 1e-2, .weight_decay = 1e-2}); }},
+      // The step count on the device (capturable): the same updates.
+      {"Adam wd capturable", [](const nn::Module& m) {
+         return std::make_unique<nn::Adam>(m, nn::AdamOptions{.lr = 1e-2, .weight_decay = 1e-2, .capturable = true});
+       }},
+      {"AdamW capturable", [](const nn::Module& m) {
+         return std::make_unique<nn::AdamW>(m, nn::AdamWOptions{.lr = 1e-2, .weight_decay = 1e-2, .capturable = true});
+       }},
   };
   for (const Config& c : configs) {
     SCOPED_TRACE(c.what);

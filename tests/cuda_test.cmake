@@ -2,7 +2,7 @@
 # (SEGTAPE_HAVE_CUDA: nvcc and cuDNN 9 found). Every test that needs a GPU
 # skips itself, saying why, when none can be used; the rest run anywhere.
 if(SEGTAPE_HAVE_CUDA)
-  segtape_test(cuda_test SOURCES cuda_test.cpp LABELS cuda LIBS segtape_engine)
+  segtape_test(cuda_test SOURCES cuda_test.cpp LABELS cuda LIBS segtape_nn)  # nn::Adam in a graph segment
   # nn, the agent Trainer and the retention lab on CUDA against the CPU.
   segtape_test(cuda_nn_test SOURCES cuda_nn_test.cpp LABELS cuda LIBS segtape_agent)
 endif()
@@ -17,5 +17,5 @@ target_compile_definitions(emulated_device_test PRIVATE SEGTAPE_TEST_EMULATED_DE
 # tests (each op case's float32 conditioning on the CPU, the training
 # problem's learning on the CPU) and the device code paths run in every
 # build; what only the CUDA backend does skips there.
-segtape_test(emulated_cuda_test SOURCES cuda_test.cpp LABELS emulated LIBS segtape_engine PREFIX "emulated.")
+segtape_test(emulated_cuda_test SOURCES cuda_test.cpp LABELS emulated LIBS segtape_nn PREFIX "emulated.")
 target_compile_definitions(emulated_cuda_test PRIVATE SEGTAPE_TEST_EMULATED_DEVICE)

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -36,6 +37,7 @@
 #include "gpu.h"
 #include "op_cases.h"
 #include "segtape/emulation.h"
+#include "segtape/nn/optim.h"
 #include "util.h"
 
 using namespace segtape;
@@ -328,7 +330,10 @@ struct Curve {
 // index of the largest of its input's first kC features: a function of the
 // inputs, so the loss (a sum over the K steps, 8 ln 5 = 12.88 at chance)
 // falls, on fresh inputs in every segment.
-Curve train(Device dev, bool graph_replay) {
+// Optimizer: the SGD above, or nn::Adam (lr 1e-2) stepped inside the
+// segment, with its step count on the device (capturable) or passed from the host.
+enum class Optim { OpsSgd, AdamCapturable, AdamHostCount };
+Curve train(Device dev, bool graph_replay, Optim optim = Optim::OpsSgd) {
   TapeOptions o = cuda_options();
   o.segment_budget = size_t(8) << 20;
   o.graph_replay = graph_replay;
@@ -340,6 +345,9 @@ Curve train(Device dev, bool graph_replay) {
   for (const Shape& s : shapes) p.push_back(param(tape, s, DType::F32, uniform(rng, s.numel(), -bound, bound)));
   Tensor h = tape.persistent({kB, kH});
   Tensor loss_value = tape.persistent({1});
+  std::unique_ptr<nn::Adam> adam;
+  if (optim != Optim::OpsSgd)
+    adam = std::make_unique<nn::Adam>(nn::numbered(p), nn::AdamOptions{.lr = 1e-2, .capturable = optim == Optim::AdamCapturable});
   std::vector<float> xs(size_t(kSegments * kK * kB * kI));
   std::vector<int64_t> ys(size_t(kSegments * kK * kB));
   for (float& v : xs) v = float(std::uniform_real_distribution<double>(-1, 1)(rng));
@@ -364,7 +372,9 @@ Curve train(Device dev, bool graph_replay) {
       seg.backward(loss);
       {
         NoGradGuard ng(tape);
-        for (const Tensor& w : p) copy_into(w, sub(w, scale(w.grad_tensor(), kLearningRate)));
+        if (adam) adam->step();
+        else
+          for (const Tensor& w : p) copy_into(w, sub(w, scale(w.grad_tensor(), kLearningRate)));
         copy_into(loss_value, reshape(loss, {1}));
       }
       tape.zero_grad();
@@ -418,6 +428,37 @@ TEST(CudaTraining, TbpttTwentySegmentsMatchesCpuWithFixedMemoryAndReplayEqualsEa
   std::printf("loss: CPU %.6f -> %.6f, CUDA %.6f -> %.6f, replayed %.6f -> %.6f; arena high-water %zu bytes\n",
               cpu.loss.front(), cpu.loss.back(), eager.loss.front(), eager.loss.back(), replay.loss.front(),
               replay.loss.back(), eager.peak[0]);
+}
+
+// Adam inside a graph segment (issue 19 item 3): with its step count on the
+// device (capturable) the step repeats its device calls, so the captured
+// segment replays and equals eager bit for bit; with the count passed from
+// the host, the replay's signature check refuses the first replayed step.
+// The CPU part (capturable equals the host count, bit for bit) runs anywhere;
+// the emulated device runs the eager comparison.
+TEST(CudaTraining, CapturableAdamInsideAGraphSegmentReplays) {
+  const Curve host = train(Device::cpu(), false, Optim::AdamHostCount);
+  const Curve counted = train(Device::cpu(), false, Optim::AdamCapturable);
+  EXPECT_EQ(counted.loss, host.loss);
+  EXPECT_LT(late_loss(host), early_loss(host)) << "Adam trains the problem";
+  REQUIRE_GPU();
+  const Curve eager = train(Device::cuda(), false, Optim::AdamCapturable);
+  for (int s = 0; s < kSegments; ++s)
+    EXPECT_NEAR(eager.loss[size_t(s)], host.loss[size_t(s)], 1e-4 * std::max(1.0, std::fabs(host.loss[size_t(s)])))
+        << "segment " << s;
+  if (kEmulated) return;  // the emulated device refuses graph replay
+  const Curve replay = train(Device::cuda(), true, Optim::AdamCapturable);
+  EXPECT_EQ(replay.loss, eager.loss) << "captured and replayed segments, Adam included, equal eager";
+  EXPECT_EQ(replay.device_allocs_end, replay.device_allocs_setup) << "cudaMalloc after setup";
+  try {
+    (void)train(Device::cuda(), true, Optim::AdamHostCount);
+    ADD_FAILURE() << "Adam with a host step count was replayed";
+  } catch (const TapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("'adam_step'"), std::string::npos) << e.what();
+  }
+  std::printf("Adam in the segment: CPU %.6f -> %.6f, CUDA eager %.6f -> %.6f, replayed %.6f -> %.6f\n",
+              host.loss.front(), host.loss.back(), eager.loss.front(), eager.loss.back(), replay.loss.front(),
+              replay.loss.back());
 }
 
 // ------------------------------------------------------------------ errors

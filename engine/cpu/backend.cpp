@@ -138,9 +138,10 @@ class CpuBackend final : public detail::Backend {
     });
   }
   void adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled,
-                 int64_t step) override {
+                 int64_t step, const double* step_at) override {
+    const double t = step_at ? *step_at : double(step);
     detail::dispatch(d, [&]<class T>() {
-      const auto sc = detail::adam_scalars<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled, step);
+      const auto sc = detail::adam_scalars<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled, t);
       T* pt = static_cast<T*>(p);
       const T* gt = static_cast<const T*>(g);
       T* mt = static_cast<T*>(m);
@@ -153,6 +154,13 @@ class CpuBackend final : public detail::Backend {
       T* xt = static_cast<T*>(x);
       const T k = T(factor);
       for (int64_t i = 0; i < n; ++i) xt[i] = xt[i] * k;
+    });
+  }
+  void add_scalar(void* x, int64_t n, DType d, double value) override {
+    detail::dispatch(d, [&]<class T>() {
+      T* xt = static_cast<T*>(x);
+      const T k = T(value);
+      for (int64_t i = 0; i < n; ++i) xt[i] = xt[i] + k;
     });
   }
   double sum_squares(const void* x, int64_t n, DType d) override {

@@ -297,7 +297,9 @@ void CudaBackend::synchronize() {
 // Outside a segment (where nn's optimizers run them) these are plain eager
 // work. Inside a graph segment they are captured like any device call; their
 // signature holds the scalars, so a step whose scalars change (Adam's bias
-// corrections) must run outside the graph segments, as docs/cuda.md says.
+// corrections) must run outside the graph segments, as docs/cuda.md says,
+// unless the step count is read on the device (the capturable adam_step:
+// its signature holds the count's address, not its value).
 
 void CudaBackend::sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdOptions& s, bool first) {
   const uint64_t sig = mix4(mix4(5, ptr(p), ptr(g), ptr(buf)), uint64_t(n) << 8 | uint64_t(d),
@@ -310,14 +312,19 @@ void CudaBackend::sgd_step(DType d, int64_t n, void* p, const void* g, void* buf
   });
 }
 
-void CudaBackend::adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled, int64_t step) {
+void CudaBackend::adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled, int64_t step,
+                            const double* step_at) {
   const uint64_t sig = mix4(mix4(6, ptr(p), ptr(g), mix4(ptr(m), ptr(v), uint64_t(n) << 8 | uint64_t(d), uint64_t(decoupled))),
                             mix4(bits_of(s.lr), bits_of(s.beta1), bits_of(s.beta2), bits_of(s.eps)), bits_of(s.weight_decay),
-                            uint64_t(step));
+                            step_at ? ptr(step_at) : uint64_t(step));
   if (n <= 0 || !issue(sig, "adam_step")) return;
   detail::dispatch(d, [&]<class T>() {
-    cuda::adam_update<T>(stream_, n, static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(m), static_cast<T*>(v),
-                         detail::adam_scalars<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled, step));
+    if (step_at)
+      cuda::adam_update_counted<T>(stream_, n, static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(m), static_cast<T*>(v),
+                                   {s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled}, step_at);
+    else
+      cuda::adam_update<T>(stream_, n, static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(m), static_cast<T*>(v),
+                           detail::adam_scalars<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled, double(step)));
   });
 }
 
@@ -326,6 +333,11 @@ void CudaBackend::scale(void* x, int64_t n, DType d, double factor) {
   detail::dispatch(d, [&]<class T>() {
     cuda::unary_forward<ops::Scale, T>(stream_, static_cast<const T*>(x), static_cast<T*>(x), n, T(factor));
   });
+}
+
+void CudaBackend::add_scalar(void* x, int64_t n, DType d, double value) {
+  if (n <= 0 || !issue(mix4(8, ptr(x), uint64_t(n) << 8 | uint64_t(d), bits_of(value)), "add_scalar")) return;
+  detail::dispatch(d, [&]<class T>() { cuda::add_value<T>(stream_, static_cast<T*>(x), n, T(value)); });
 }
 
 double CudaBackend::sum_squares(const void* x, int64_t n, DType d) {

@@ -56,8 +56,10 @@ class CudaBackend final : public detail::Backend {
   std::pair<int64_t, double> first_nonfinite(const Tensor& t) override;
   void synchronize() override;
   void sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdOptions& s, bool first) override;
-  void adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled, int64_t step) override;
+  void adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled, int64_t step,
+                 const double* step_at) override;
   void scale(void* x, int64_t n, DType d, double factor) override;
+  void add_scalar(void* x, int64_t n, DType d, double value) override;
   double sum_squares(const void* x, int64_t n, DType d) override;
   void segment_begin(uint32_t index) override;
   void segment_end(bool abandoned) noexcept override;

@@ -334,6 +334,18 @@ template <class T> void adam_update(cudaStream_t s, int64_t n, T* p, const T* g,
   each(s, n, [=] __device__(int64_t i) { detail::adam_element(p[i], g[i], m[i], v[i], sc); }, "adam_update");
 }
 
+template <class T>
+void adam_update_counted(cudaStream_t s, int64_t n, T* p, const T* g, T* m, T* v, AdamConsts c, const double* t) {
+  each(s, n, [=] __device__(int64_t i) {
+    const auto sc = detail::adam_scalars<T>(c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, c.decoupled, *t);
+    detail::adam_element(p[i], g[i], m[i], v[i], sc);
+  }, "adam_update_counted");
+}
+
+template <class T> void add_value(cudaStream_t s, T* x, int64_t n, T value) {
+  each(s, n, [=] __device__(int64_t i) { x[i] = x[i] + value; }, "add_value");
+}
+
 template <class T> void sum_squares(cudaStream_t s, const T* x, int64_t n, double* out, Partials<double> p) {
   auto value = [=] __device__(int64_t, int64_t j, int64_t) { const double v = double(x[j]); return v * v; };
   launch_reduce<double>(s, 1, n, 1, value, out, 1.0, false, p, "sum_squares");
@@ -387,6 +399,8 @@ template <class T> void first_nonfinite(cudaStream_t s, const T* x, int64_t n, u
   template void first_nonfinite<T>(cudaStream_t, const T*, int64_t, unsigned long long*);                            \
   template void sgd_update<T>(cudaStream_t, int64_t, T*, const T*, T*, detail::SgdScalars<T>);                       \
   template void adam_update<T>(cudaStream_t, int64_t, T*, const T*, T*, T*, detail::AdamScalars<T>);                 \
+  template void adam_update_counted<T>(cudaStream_t, int64_t, T*, const T*, T*, T*, AdamConsts, const double*);      \
+  template void add_value<T>(cudaStream_t, T*, int64_t, T);                                                          \
   template void sum_squares<T>(cudaStream_t, const T*, int64_t, double*, Partials<double>);
 
 SEGTAPE_INSTANTIATE(float)

@@ -101,6 +101,14 @@ template <class T> void first_nonfinite(cudaStream_t s, const T* x, int64_t n, u
 // ---- parameter updates (segtape/update.h): update_math.h's arithmetic per element.
 template <class T> void sgd_update(cudaStream_t s, int64_t n, T* p, const T* g, T* buf, detail::SgdScalars<T> sc);
 template <class T> void adam_update(cudaStream_t s, int64_t n, T* p, const T* g, T* m, T* v, detail::AdamScalars<T> sc);
+// The capturable form: the scalars are computed on the device from the step count *t.
+struct AdamConsts {
+  double lr, beta1, beta2, eps, weight_decay;
+  bool decoupled;
+};
+template <class T>
+void adam_update_counted(cudaStream_t s, int64_t n, T* p, const T* g, T* m, T* v, AdamConsts c, const double* t);
+template <class T> void add_value(cudaStream_t s, T* x, int64_t n, T value);  // x += value
 // *out = sum of x[i]^2, accumulated in double (deterministic, like every reduction here)
 template <class T> void sum_squares(cudaStream_t s, const T* x, int64_t n, double* out, Partials<double> p);
 

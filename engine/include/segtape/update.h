@@ -38,9 +38,13 @@ struct AdamOptionsFor {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = Defaults::weight_decay;
+  // nn::Adam keeps its step count on the parameters' device and updates it
+  // there (PyTorch's capturable): an optimizer step in a CUDA-graph segment
+  // then replays. Off: the count is passed from the host, as PyTorch's default.
+  bool capturable = false;
   template <class D>
   operator AdamOptionsFor<D>() const {
-    return {lr, beta1, beta2, eps, weight_decay};
+    return {lr, beta1, beta2, eps, weight_decay, capturable};
   }
 };
 using AdamOptions = AdamOptionsFor<AdamDefaults>;
@@ -55,6 +59,20 @@ void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdOptio
 // decoupled (AdamW): p *= 1 - lr wd first, and the gradient is not decayed.
 void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& o, bool decoupled,
                int64_t step);
+// The same update with the step count t read where the tensors live
+// (PyTorch's capturable=True): `step` is a persistent one-element float64
+// tensor of the parameter's tape holding t >= 1 (advance it with
+// add_scalar(step, 1)). On CUDA the bias corrections are then computed on
+// the device, so the call repeats its signature from step to step and an
+// update inside a CUDA-graph segment replays (docs/cuda.md). The results
+// equal the other form's for the same t (the same double arithmetic; on
+// CUDA, the device's pow and sqrt).
+void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& o, bool decoupled,
+               const Tensor& step);
+
+// t += value, element-wise, where t lives: a persistent floating tensor
+// (optimizer state, e.g. adam_step's step count); not recorded.
+void add_scalar(const Tensor& t, double value);
 
 // The parameter's gradient buffer: set to zero, scaled, or its sum of squares
 // (accumulated in double; on CUDA this waits for the device).

@@ -72,6 +72,12 @@ using AdamWOptions = segtape::AdamOptionsFor<segtape::AdamWDefaults>;  // the sa
 
 // Adam: g = grad + wd * p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+// With options().capturable, t lives on the parameters' device: step()
+// advances it there (add_scalar) and every update reads it there, so each
+// step issues the same device calls and can be captured in a CUDA-graph
+// segment (as long as lr and the other options stay fixed). The host's
+// step_count() is kept as well; set_step_count() reaches the device at the
+// next step() (one extra add_scalar of the difference).
 class Adam : public Optimizer {
  public:
   Adam(std::vector<NamedTensor> params, AdamOptions o) : Adam(std::move(params), o, false) {}
@@ -88,6 +94,10 @@ class Adam : public Optimizer {
   AdamOptions o_;
   bool decoupled_;
   std::vector<Tensor> m_, v_;  // exp_avg, exp_avg_sq
+  // options().capturable: the step count on the parameters' device (a
+  // persistent float64 [1]), and the count it holds as the host knows it.
+  Tensor device_step_;
+  int64_t device_steps_ = 0;
 };
 
 // AdamW: p *= 1 - lr * wd (decoupled decay), then Adam's update with g = grad.
