@@ -718,24 +718,25 @@ NB_MODULE(_segtape, m) {
       nb::keep_alive<1, 2>())
       .def_prop_rw("lr", [](nn::SGD& o) { return o.options().lr; }, [](nn::SGD& o, double v) { o.options().lr = v; });
   auto adam_like = [](auto* self, const nn::Module& mod, double lr, std::pair<double, double> betas, double eps,
-                      double weight_decay) {
+                      double weight_decay, bool capturable) {
     using T = std::remove_pointer_t<decltype(self)>;
     using O = std::conditional_t<std::is_same_v<T, nn::AdamW>, nn::AdamWOptions, nn::AdamOptions>;
     O o;
     o.lr = lr, o.beta1 = betas.first, o.beta2 = betas.second, o.eps = eps, o.weight_decay = weight_decay;
+    o.capturable = capturable;
     new (self) T(mod, o);
   };
   nb::class_<nn::Adam, nn::Optimizer>(nnm, "Adam")
       .def("__init__", [adam_like](nn::Adam* self, const nn::Module& mod, double lr, std::pair<double, double> betas,
-                                   double eps, double wd) { adam_like(self, mod, lr, betas, eps, wd); },
+                                   double eps, double wd, bool capturable) { adam_like(self, mod, lr, betas, eps, wd, capturable); },
            "module"_a, "lr"_a = 1e-3, "betas"_a = std::make_pair(0.9, 0.999), "eps"_a = 1e-8, "weight_decay"_a = 0.0,
-           nb::keep_alive<1, 2>())
+           "capturable"_a = false, nb::keep_alive<1, 2>())
       .def_prop_rw("lr", [](nn::Adam& o) { return o.options().lr; }, [](nn::Adam& o, double v) { o.options().lr = v; });
   nb::class_<nn::AdamW, nn::Adam>(nnm, "AdamW")
       .def("__init__", [adam_like](nn::AdamW* self, const nn::Module& mod, double lr, std::pair<double, double> betas,
-                                   double eps, double wd) { adam_like(self, mod, lr, betas, eps, wd); },
+                                   double eps, double wd, bool capturable) { adam_like(self, mod, lr, betas, eps, wd, capturable); },
            "module"_a, "lr"_a = 1e-3, "betas"_a = std::make_pair(0.9, 0.999), "eps"_a = 1e-8, "weight_decay"_a = 1e-2,
-           nb::keep_alive<1, 2>());
+           "capturable"_a = false, nb::keep_alive<1, 2>());
 
   nnm.def("clip_grad_norm", [](const nn::Module& mod, double max_norm) { return nn::clip_grad_norm(mod, max_norm); },
           "module"_a, "max_norm"_a);

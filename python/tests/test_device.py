@@ -15,7 +15,7 @@ def emulated():
     _segtape._emulate_cuda_on_host(False)
 
 
-def train(device, steps=3):
+def train(device, steps=3, capturable=False):
     tape = segtape.Tape(device, segment_budget="8MiB")
     rng = nn.Rng(4)
     gru, head = nn.GRUCell(tape, 3, 8, rng=rng), nn.Linear(tape, 8, 2, rng=rng)
@@ -26,7 +26,7 @@ def train(device, steps=3):
             self.gru, self.head = gru, head
 
     net = Net(tape)
-    opt = nn.Adam(net, lr=1e-2)
+    opt = nn.Adam(net, lr=1e-2, capturable=capturable)
     x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
     losses, h = [], None
     for _ in range(steps):
@@ -45,6 +45,17 @@ def test_emulated_device_matches_the_cpu(emulated):
     tape, losses, state, h = train("cuda")
     assert tape.device.startswith("cuda")
     _, cpu_losses, cpu_state, cpu_h = train("cpu")
+    assert losses == cpu_losses
+    assert np.array_equal(h, cpu_h)
+    for name in cpu_state:
+        assert np.array_equal(state[name], cpu_state[name]), name
+
+
+def test_capturable_adam_keeps_its_step_count_on_the_device(emulated):
+    # PyTorch's capturable=True: the step count lives on the device and is
+    # advanced there; the updates equal the host count's, bit for bit.
+    _, losses, state, h = train("cuda", steps=4, capturable=True)
+    _, cpu_losses, cpu_state, cpu_h = train("cpu", steps=4)
     assert losses == cpu_losses
     assert np.array_equal(h, cpu_h)
     for name in cpu_state:
