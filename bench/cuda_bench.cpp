@@ -6,9 +6,17 @@
 //
 // One source, two programs that never share a process (each engine brings
 // its own CUDA runtime, cuBLAS and cuDNN):
-//   cuda_bench         segtape: eager, and with CUDA-graph replay
+//   cuda_bench         segtape: eager, and with CUDA-graph replay (modes
+//                      eager, graph); and the segment's K steps as one
+//                      gru_sequence op, cuDNN's GRU (sequence, sequence-graph)
 //   cuda_bench_torch   LibTorch on CUDA (-DSEGTAPE_BENCH_TORCH_CUDA): eager,
-//                      and the whole segment captured as a CUDA graph
+//                      and the whole segment captured as a CUDA graph (eager,
+//                      graph); and torch::nn::GRU over the segment's K steps,
+//                      cuDNN's GRU, eager (cudnn-gru): PyTorch's fastest
+//                      way to train this model when a segment's inputs are
+//                      known up front
+// The sequence modes compute the same loss (the sum over the K steps of
+// each step's mean cross-entropy, as K times the mean over all K B rows).
 // Each prints one CSV row per (mode, B, H):
 //   engine,mode,B,H,us_per_step,engine_peak_bytes,engine_reserved_bytes,footprint_bytes,final_loss
 // engine_peak: segtape's arena high-water / LibTorch's allocator peak of
@@ -17,7 +25,11 @@
 // footprint: the drop in the device's free memory from before the model was
 // made to after the run (cudaMemGetInfo; includes cuBLAS / cuDNN handles).
 //
-//   cuda_bench [--segments N] [--sizes 32x512,64x1024]
+//   cuda_bench [--segments N] [--sizes 1x128,32x128,32x512,64x1024,512x1024] [--device cpu]
+// --device cpu (segtape only) runs the same segments on the CPU, where graph
+// replay is ignored: a check without a GPU that every mode computes the same
+// training (ctest cuda_bench_modes_agree compares their final losses); its
+// times are not a benchmark of anything.
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -63,6 +75,9 @@ size_t free_device_bytes() {
 }
 
 using Clock = std::chrono::steady_clock;
+bool g_cpu = false;  // --device cpu
+
+enum class Mode { Eager, Graph, Sequence, SequenceGraph };
 
 void row(const char* engine, const char* mode, int64_t B, int64_t H, double us, double peak, double reserved, double footprint,
          double loss) {
@@ -82,7 +97,7 @@ struct Model {
   const Data& data;
   int64_t H;
   Model(int64_t H_, const Data& d, bool graph)
-      : tape(Device::cuda(), [&] {
+      : tape(g_cpu ? Device::cpu() : Device::cuda(), [&] {
           TapeOptions o;
           o.segment_budget = size_t(512) << 20;
           o.device_persistent = size_t(64) << 20;
@@ -114,6 +129,23 @@ struct Model {
       Tensor l = cross_entropy(add(matmul(h, p[4], false, true), p[5]), y);
       total = t ? add(total, l) : l;
     }
+    finish(seg, total);
+  }
+  // The K steps as one op: gru_sequence (cuDNN's GRU on CUDA), the head and
+  // the loss over all K B rows at once.
+  void sequence_segment() {
+    Segment seg = tape.segment();
+    const int64_t B = data.B;
+    Tensor x = tape.from(std::span<const float>(data.x), {kK, B, kI});
+    Tensor y = tape.from(std::span<const int64_t>(data.y), {kK * B});
+    Tensor hs = gru_sequence(x, h, p[0], p[1], p[2], p[3]);  // [K, B, H]
+    Tensor logits = add(matmul(reshape(hs, {kK * B, H}), p[4], false, true), p[5]);
+    Tensor total = scale(cross_entropy(logits, y), double(kK));
+    h = slice(hs, 0, kK - 1, 1);  // [1, B, H]: the last step's state
+    h = reshape(h, {B, H});
+    finish(seg, total);
+  }
+  void finish(Segment& seg, const Tensor& total) {
     seg.backward(total);
     {
       NoGradGuard ng(tape);
@@ -125,18 +157,24 @@ struct Model {
   }
 };
 
-void run(int64_t B, int64_t H, int segments, bool graph) {
+const std::vector<std::pair<Mode, const char*>> kModes = {
+    {Mode::Eager, "eager"}, {Mode::Graph, "graph"}, {Mode::Sequence, "sequence"}, {Mode::SequenceGraph, "sequence-graph"}};
+
+void run(int64_t B, int64_t H, int segments, Mode mode, const char* name) {
   const Data data(B);
   const size_t free_before = free_device_bytes();
+  const bool graph = mode == Mode::Graph || mode == Mode::SequenceGraph;
+  const bool sequence = mode == Mode::Sequence || mode == Mode::SequenceGraph;
   Model m(H, data, graph);
-  for (int s = 0; s < 4; ++s) m.segment();  // warm-up (and, with graphs, the two captures)
+  const auto one = [&] { sequence ? m.sequence_segment() : m.segment(); };
+  for (int s = 0; s < 4; ++s) one();  // warm-up (and, with graphs, the two captures)
   m.tape.synchronize();
   const auto t0 = Clock::now();
-  for (int s = 0; s < segments; ++s) m.segment();
+  for (int s = 0; s < segments; ++s) one();
   m.tape.synchronize();
   const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / double(segments * kK);
   const TapeStats st = m.tape.stats();
-  row("segtape", graph ? "graph" : "eager", B, H, us, double(st.last_segment_peak), double(st.device_bytes),
+  row("segtape", name, B, H, us, double(st.last_segment_peak), double(st.device_bytes),
       double(free_before - free_device_bytes()), m.loss.item());
 }
 
@@ -180,13 +218,63 @@ struct Model {
   }
 };
 
-void run(int64_t B, int64_t H, int segments, bool graph) {
+// torch::nn::GRU over the segment's K steps (cuDNN's GRU), the head and the
+// loss over all K B rows at once, SGD; the state carried detached.
+struct SequenceModel {
+  torch::nn::GRU gru;
+  torch::nn::Linear head;
+  std::unique_ptr<torch::optim::SGD> opt;
+  torch::Tensor h, x, y, loss;
+  SequenceModel(int64_t B, int64_t H, const Data& d) : gru(torch::nn::GRUOptions(kI, H)), head(H, kC) {
+    gru->to(torch::kCUDA);
+    head->to(torch::kCUDA);
+    std::vector<torch::Tensor> params = gru->parameters();
+    for (auto& q : head->parameters()) params.push_back(q);
+    opt = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(kLr));
+    const auto f = torch::TensorOptions().device(torch::kCUDA);
+    h = torch::zeros({1, B, H}, f);
+    loss = torch::zeros({}, f);
+    x = torch::from_blob(const_cast<float*>(d.x.data()), {kK, B, kI}, torch::kFloat).to(torch::kCUDA);
+    y = torch::from_blob(const_cast<int64_t*>(d.y.data()), {kK * B}, torch::kLong).to(torch::kCUDA);
+  }
+  void segment() {
+    opt->zero_grad();
+    auto [out, h_last] = gru(x, h);  // out [K, B, H]
+    const int64_t H = out.size(2);
+    torch::Tensor total = torch::nn::functional::cross_entropy(head(out.reshape({-1, H})), y) * double(kK);
+    total.backward();
+    opt->step();
+    torch::NoGradGuard ng;
+    h.copy_(h_last);
+    loss.copy_(total);
+  }
+};
+
+const std::vector<std::pair<Mode, const char*>> kModes = {
+    {Mode::Eager, "eager"}, {Mode::Graph, "graph"}, {Mode::Sequence, "cudnn-gru"}};
+
+void run(int64_t B, int64_t H, int segments, Mode mode, const char* name) {
+  const bool graph = mode == Mode::Graph;
+  constexpr size_t kAggregate = 0;  // StatType::AGGREGATE; its namespace moved between releases
   const Data data(B);
   torch::zeros({1}, torch::TensorOptions().device(torch::kCUDA));  // the context and allocator exist now
   torch::cuda::synchronize();
   c10::cuda::CUDACachingAllocator::emptyCache();
   const size_t free_before = free_device_bytes();
   c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+  if (mode == Mode::Sequence) {
+    SequenceModel m(B, H, data);
+    for (int s = 0; s < 4; ++s) m.segment();  // warm-up (cuDNN's plans)
+    torch::cuda::synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int s = 0; s < segments; ++s) m.segment();
+    torch::cuda::synchronize();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / double(segments * kK);
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+    row("libtorch", name, B, H, us, double(stats.allocated_bytes[kAggregate].peak), double(stats.reserved_bytes[kAggregate].peak),
+        double(free_before - free_device_bytes()), m.loss.item<double>());
+    return;
+  }
   Model m(B, H, data);
   // A side stream, as graph capture requires (eager uses it too, for the same conditions).
   c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
@@ -209,8 +297,7 @@ void run(int64_t B, int64_t H, int segments, bool graph) {
   torch::cuda::synchronize();
   const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / double(segments * kK);
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
-  constexpr size_t kAggregate = 0;  // StatType::AGGREGATE; its namespace moved between releases
-  row("libtorch", graph ? "graph" : "eager", B, H, us, double(stats.allocated_bytes[kAggregate].peak),
+  row("libtorch", name, B, H, us, double(stats.allocated_bytes[kAggregate].peak),
       double(stats.reserved_bytes[kAggregate].peak), double(free_before - free_device_bytes()), m.loss.item<double>());
 }
 #endif
@@ -219,10 +306,12 @@ void run(int64_t B, int64_t H, int segments, bool graph) {
 
 int main(int argc, char** argv) {
   int segments = 50;
-  std::vector<std::pair<int64_t, int64_t>> sizes = {{32, 512}, {64, 1024}};
+  // The sizes of issue 19's targets.
+  std::vector<std::pair<int64_t, int64_t>> sizes = {{1, 128}, {32, 128}, {32, 512}, {64, 1024}, {512, 1024}};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--segments") segments = std::atoi(argv[i + 1]);
+    else if (a == "--device") g_cpu = std::string(argv[i + 1]) == "cpu";
     else if (a == "--sizes") {
       sizes.clear();
       std::string s = argv[i + 1];
@@ -239,11 +328,11 @@ int main(int argc, char** argv) {
   std::printf("engine,mode,B,H,us_per_step,engine_peak_bytes,engine_reserved_bytes,footprint_bytes,final_loss\n");
   int failures = 0;
   for (const auto& [B, H] : sizes)
-    for (bool graph : {false, true}) {
+    for (const auto& [mode, name] : kModes) {
       try {
-        run(B, H, segments, graph);
+        run(B, H, segments, mode, name);
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "B=%lld H=%lld %s: %s\n", (long long)B, (long long)H, graph ? "graph" : "eager", e.what());
+        std::fprintf(stderr, "B=%lld H=%lld %s: %s\n", (long long)B, (long long)H, name, e.what());
         ++failures;
       }
     }
