@@ -416,7 +416,8 @@ TEST(CudaTraining, TbpttTwentySegmentsMatchesCpuWithFixedMemoryAndReplayEqualsEa
   }
   EXPECT_LE(late_loss(eager), kLearnedRatio * early_loss(eager)) << "it learns";
   EXPECT_EQ(eager.device_allocs_end, eager.device_allocs_setup) << "cudaMalloc after setup";
-  if (kEmulated) return;  // the emulated device refuses graph replay
+  // (On the emulated device every call runs eagerly; the schedule's
+  // captures and signature checks are the CUDA backend's.)
   const Curve replay = train(Device::cuda(), true);
   ASSERT_EQ(replay.loss.size(), size_t(kSegments));
   for (int s = 0; s < kSegments; ++s) {
@@ -435,7 +436,8 @@ TEST(CudaTraining, TbpttTwentySegmentsMatchesCpuWithFixedMemoryAndReplayEqualsEa
 // segment replays and equals eager bit for bit; with the count passed from
 // the host, the replay's signature check refuses the first replayed step.
 // The CPU part (capturable equals the host count, bit for bit) runs anywhere;
-// the emulated device runs the eager comparison.
+// the emulated device runs the rest with the CUDA backend's graph schedule
+// and signature checks (its calls run eagerly).
 TEST(CudaTraining, CapturableAdamInsideAGraphSegmentReplays) {
   const Curve host = train(Device::cpu(), false, Optim::AdamHostCount);
   const Curve counted = train(Device::cpu(), false, Optim::AdamCapturable);
@@ -446,7 +448,6 @@ TEST(CudaTraining, CapturableAdamInsideAGraphSegmentReplays) {
   for (int s = 0; s < kSegments; ++s)
     EXPECT_NEAR(eager.loss[size_t(s)], host.loss[size_t(s)], 1e-4 * std::max(1.0, std::fabs(host.loss[size_t(s)])))
         << "segment " << s;
-  if (kEmulated) return;  // the emulated device refuses graph replay
   const Curve replay = train(Device::cuda(), true, Optim::AdamCapturable);
   EXPECT_EQ(replay.loss, eager.loss) << "captured and replayed segments, Adam included, equal eager";
   EXPECT_EQ(replay.device_allocs_end, replay.device_allocs_setup) << "cudaMalloc after setup";
@@ -536,7 +537,7 @@ TEST(CudaErrors, AnomalyModeFindsTheFirstNonFiniteValue) {
 }
 
 TEST(CudaErrors, GraphReplayOfADifferentSegmentIsRefused) {
-  REQUIRE_CUDA_BACKEND();
+  REQUIRE_GPU();  // the emulated device keeps the same schedule and checks
   TapeOptions o = cuda_options();
   o.graph_replay = true;
   Tape tape(Device::cuda(), o);
@@ -557,5 +558,55 @@ TEST(CudaErrors, GraphReplayOfADifferentSegmentIsRefused) {
   run(3.0);  // eager again
   tape.synchronize();
 }
+
+// What a graph segment cannot do, refused with its reason, on a GPU and on the
+// emulated device (which keeps the CUDA backend's schedule and checks): host
+// reads, synchronize, clip_grad_norm's norm, a replay that issues fewer calls
+// than its capture (reported at the next segment: its graph did not run),
+// tape.from() past graph_staging, discard_graph() inside a graph segment, and
+// anomaly mode at setup.
+TEST(CudaErrors, GraphSegmentsRefuseWhatAGraphCannotDo) {
+  REQUIRE_GPU();
+  const auto refused = [](const std::function<void()>& f, const std::string& fragment) {
+    try {
+      f();
+      ADD_FAILURE() << "not refused: " << fragment;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  TapeOptions o = cuda_options();
+  o.graph_replay = true;
+  o.graph_staging = 4096;
+  Tape tape(Device::cuda(), o);
+  Tensor a = tape.parameter({4});
+  Tensor out = tape.persistent({4});
+  const std::vector<float> big(2048, 1.0f);
+  auto run = [&](bool extra) {
+    Segment seg = tape.segment();
+    copy_into(out, scale(a, 2.0));
+    if (extra) copy_into(out, scale(a, 2.0));
+  };
+  run(false);  // segment 1: eager
+  {
+    Segment seg = tape.segment();  // segment 2: captured
+    Tensor y = scale(a, 2.0);
+    refused([&] { (void)y.to_host<float>(); }, "reading a value on the host (item(), to_host()) inside a CUDA-graph segment");
+    refused([&] { tape.synchronize(); }, "tape.synchronize() inside a CUDA-graph segment");
+    refused([&] { (void)grad_squared_norm(a); }, "grad_squared_norm (clip_grad_norm) inside a CUDA-graph segment");
+    refused([&] { tape.discard_graph(); }, "tape.discard_graph() inside a CUDA-graph segment");
+    refused([&] { (void)tape.from(std::span<const float>(big), {2048}); }, "exceed TapeOptions::graph_staging");
+  }
+  tape.discard_graph();  // forget that capture: later segments repeat another one
+  for (int s = 0; s < 3; ++s) run(true);  // eager, then captured x2
+  run(false);                             // replayed with one call fewer: its graph does not run
+  refused([&] { (void)out.to_host<float>(); }, " device calls where the captured segment ");
+  run(true);  // the schedule goes on: a matching replay
+  EXPECT_EQ(out.to_host<float>(), std::vector<float>(4, 0.0f));
+  TapeOptions anomaly = o;
+  anomaly.anomaly = true;
+  refused([&] { Tape t(Device::cuda(), anomaly); }, "anomaly mode reads every op's output on the host");
+}
+
 
 }  // namespace

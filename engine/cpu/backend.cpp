@@ -1,13 +1,18 @@
 // The CPU as a backend (engine/backend.h): host memory, OpenBLAS, the op
 // families' CPU kernels (engine/ops/). The same class is the host-emulated
 // device (segtape/emulation.h): the same computations on pools that are fixed
-// allocations of host memory the host may not touch directly, as on a GPU.
+// allocations of host memory the host may not touch directly, as on a GPU,
+// and with TapeOptions::graph_replay the CUDA backend's graph schedule
+// (engine/graph_schedule.h): every call still runs at once, but each is
+// signed, captured and checked against the capture as on a GPU, and what a
+// graph segment cannot do is refused.
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 
 #include "backend.h"
+#include "graph_schedule.h"
 #include "ops/elementwise.h"
 #include "ops/op.h"
 #include "segtape/emulation.h"
@@ -28,13 +33,15 @@ void host_give(void*, void* p) { std::free(p); }
 class CpuBackend final : public detail::Backend {
  public:
   // emulated: the host-emulated device (Device::cuda() under emulation).
-  CpuBackend(const Device& device, const TapeOptions& options, bool emulated) : device_(device), emulated_(emulated) {
+  CpuBackend(const Device& device, const TapeOptions& options, bool emulated)
+      : device_(device),
+        emulated_(emulated),
+        schedule_(emulated && options.graph_replay, options.graph_replay ? align_up(options.graph_staging) : 0) {
     if (!emulated) return;
     if (options.grow)
       throw Error("Tape(" + device.str() + "): TapeOptions::grow (the teaching policy) is CPU-only: a device arena is one "
                   "allocation of segment_budget bytes made at setup");
-    if (options.graph_replay)
-      throw Error("Tape(" + device.str() + "): the host-emulated device (segtape::emulation) does not emulate CUDA graphs");
+    detail::check_graph_options(device, options);
   }
   bool device_memory() const override { return emulated_; }
   ChunkAllocator allocator(const char* what) override {
@@ -43,6 +50,7 @@ class CpuBackend final : public detail::Backend {
 
   // One case per OpKind, no default: -Wswitch-enum names a kind left out.
   void forward(Tape& t, Node& n) override {
+    if (schedule_.on()) (void)schedule_.issue(detail::op_signature(n, nullptr, nullptr), op_name(n.op));
     switch (n.op) {
 #define SEGTAPE_UNARY_CASE(Kind, ...) \
   case OpKind::Kind: return ops::unary_forward_cpu<ops::Kind>(n);
@@ -73,6 +81,7 @@ class CpuBackend final : public detail::Backend {
   }
 
   void backward(Tape& t, const Node& n, const void* g, const ops::Grads& d) override {
+    if (schedule_.on()) (void)schedule_.issue(detail::op_signature(n, g, &d), op_name(n.op));
     switch (n.op) {
 #define SEGTAPE_UNARY_CASE(Kind, ...) \
   case OpKind::Kind: return ops::unary_backward_cpu<ops::Kind>(n, g, d);
@@ -102,19 +111,36 @@ class CpuBackend final : public detail::Backend {
     throw TapeError(std::string("backward: no rule for op ") + op_name(n.op));
   }
 
-  void copy(void* dst, const void* src, size_t bytes, Copy) override {
-    if (bytes) std::memmove(dst, src, bytes);
+  void copy(void* dst, const void* src, size_t bytes, Copy kind) override {
+    if (!bytes) return;
+    if (schedule_.on()) switch (kind) {
+        case Copy::HostToDevice:
+          if (schedule_.in_graph_segment())
+            (void)schedule_.issue(detail::call::host_to_device(dst, schedule_.stage(bytes), bytes), "tape.from() (host to device copy)");
+          break;
+        case Copy::DeviceToHost:
+          schedule_.check_host_read();
+          raise_pending();
+          break;
+        case Copy::DeviceToDevice: (void)schedule_.issue(detail::call::device_copy(dst, src, bytes), "device copy"); break;
+      }
+    std::memmove(dst, src, bytes);
   }
   void zero(void* dst, size_t bytes) override {
-    if (bytes) std::memset(dst, 0, bytes);
+    if (!bytes) return;
+    if (schedule_.on()) (void)schedule_.issue(detail::call::zero(dst, bytes), "zero fill");
+    std::memset(dst, 0, bytes);
   }
   void fill(void* dst, int64_t n, DType d, double value) override {
+    if (n > 0 && schedule_.on()) (void)schedule_.issue(detail::call::fill(dst, n, d, value), "fill");
     if (d == DType::I64) throw TapeError("fill: integer tensors are not filled by the backend");
     detail::dispatch(d, [&]<class T>() {
       for (int64_t i = 0; i < n; ++i) static_cast<T*>(dst)[i] = T(value);
     });
   }
   std::pair<int64_t, double> first_nonfinite(const Tensor& t) override {
+    schedule_.check_host_read();
+    raise_pending();
     std::pair<int64_t, double> r{-1, 0.0};
     detail::dispatch(t.dtype, [&]<class T>() {
       const T* p = static_cast<const T*>(t.ptr);
@@ -126,9 +152,13 @@ class CpuBackend final : public detail::Backend {
     });
     return r;
   }
-  void synchronize() override {}
+  void synchronize() override {
+    schedule_.check_synchronize();
+    raise_pending();
+  }
 
   void sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdOptions& s, bool first) override {
+    if (n > 0 && schedule_.on()) (void)schedule_.issue(detail::call::sgd(p, g, buf, n, d, s, first), "sgd_step");
     detail::dispatch(d, [&]<class T>() {
       const auto sc = detail::sgd_scalars<T>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, first, buf != nullptr);
       T* pt = static_cast<T*>(p);
@@ -139,6 +169,8 @@ class CpuBackend final : public detail::Backend {
   }
   void adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled,
                  int64_t step, const double* step_at) override {
+    if (n > 0 && schedule_.on())
+      (void)schedule_.issue(detail::call::adam(p, g, m, v, n, d, s, decoupled, step, step_at), "adam_step");
     const double t = step_at ? *step_at : double(step);
     detail::dispatch(d, [&]<class T>() {
       const auto sc = detail::adam_scalars<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled, t);
@@ -150,6 +182,7 @@ class CpuBackend final : public detail::Backend {
     });
   }
   void scale(void* x, int64_t n, DType d, double factor) override {
+    if (n > 0 && schedule_.on()) (void)schedule_.issue(detail::call::scale(x, n, d, factor), "scale_grad");
     detail::dispatch(d, [&]<class T>() {
       T* xt = static_cast<T*>(x);
       const T k = T(factor);
@@ -157,6 +190,7 @@ class CpuBackend final : public detail::Backend {
     });
   }
   void add_scalar(void* x, int64_t n, DType d, double value) override {
+    if (n > 0 && schedule_.on()) (void)schedule_.issue(detail::call::add_scalar(x, n, d, value), "add_scalar");
     detail::dispatch(d, [&]<class T>() {
       T* xt = static_cast<T*>(x);
       const T k = T(value);
@@ -164,6 +198,8 @@ class CpuBackend final : public detail::Backend {
     });
   }
   double sum_squares(const void* x, int64_t n, DType d) override {
+    schedule_.check_norm();
+    raise_pending();
     double s = 0;
     detail::dispatch(d, [&]<class T>() {
       const T* xt = static_cast<const T*>(x);
@@ -172,17 +208,36 @@ class CpuBackend final : public detail::Backend {
     return s;
   }
 
-  void segment_begin(uint32_t) override {}
-  void segment_end(bool) noexcept override {}
-  void discard_graph() override {}
+  // Graph replay emulated: no graph is made or launched (every call ran when
+  // it was issued); the schedule, captures and checks are the CUDA backend's.
+  void segment_begin(uint32_t index) override {
+    raise_pending();
+    if (schedule_.on()) schedule_.begin(index);
+  }
+  void segment_end(bool abandoned) noexcept override {
+    if (!schedule_.on()) return;
+    if (schedule_.end(abandoned, pending_) == detail::GraphSchedule::End::Instantiate) schedule_.captured();
+  }
+  void discard_graph() override { schedule_.discard(); }
   size_t internal_device_bytes() const override { return 0; }
   std::string describe() const override {
     return emulated_ ? device_.str() + ": host-emulated (segtape::emulation)" : device_.str();
   }
 
  private:
+  // A replayed segment that issued fewer calls than its capture: raised at
+  // the next segment, as the CUDA backend does (there its graph did not run).
+  void raise_pending() {
+    if (pending_.empty()) return;
+    std::string e;
+    e.swap(pending_);
+    throw TapeError(e);
+  }
+
   Device device_;
   bool emulated_;
+  detail::GraphSchedule schedule_;
+  std::string pending_;
 };
 
 }  // namespace

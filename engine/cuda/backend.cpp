@@ -52,28 +52,16 @@ void pinned_give(void*, void* p) {
   (void)cudaGetLastError();
 }
 
-uint64_t mix4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  uint64_t h = detail::kFnvOffset;
-  for (uint64_t v : {a, b, c, d}) detail::fnv_mix(h, v);
-  return h;
-}
 
-uint64_t bits_of(double v) {
-  uint64_t b = 0;
-  std::memcpy(&b, &v, sizeof b);
-  return b;
-}
-uint64_t ptr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
 }  // namespace
 
-CudaBackend::CudaBackend(const Device& device, const TapeOptions& options) : device_(device), options_(options) {
+CudaBackend::CudaBackend(const Device& device, const TapeOptions& options)
+    : device_(device), options_(options), schedule_(options.graph_replay, options.graph_replay ? align_up(options.graph_staging) : 0) {
   if (options.grow)
     throw Error("Tape(" + device.str() + "): TapeOptions::grow (the teaching policy) is CPU-only: a device arena is one "
                 "allocation of segment_budget bytes made at setup");
-  if (options.graph_replay && options.anomaly)
-    throw Error("Tape(" + device.str() + "): anomaly mode reads every op's output on the host, which a CUDA-graph "
-                "segment cannot do: turn off TapeOptions::anomaly or graph_replay");
+  detail::check_graph_options(device, options);
   // Without a driver (or a GPU) this is where it shows: cudaErrorInsufficientDriver, cudaErrorNoDevice, ...
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
@@ -120,7 +108,6 @@ CudaBackend::CudaBackend(const Device& device, const TapeOptions& options) : dev
     error_flag_device_ = static_cast<int32_t*>(flag_device);
     if (staging) {
       staging_base_ = static_cast<std::byte*>(pinned_->try_alloc(staging));
-      staging_cap_ = staging;
     }
     SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
   } catch (...) {
@@ -166,13 +153,13 @@ void* CudaBackend::temp_bytes(size_t bytes) {
 void CudaBackend::forward(Tape& tape, Node& n) {
   temp_used_ = 0;
   if (n.op == OpKind::GruSequence) return gru_sequence_forward(*this, tape, n);  // gates itself after its arena allocations
-  if (issue(signature(n, nullptr, nullptr), op_name(n.op))) forward_op(*this, tape, n);
+  if (issue(detail::op_signature(n, nullptr, nullptr), op_name(n.op))) forward_op(*this, tape, n);
 }
 
 void CudaBackend::backward(Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst) {
   temp_used_ = 0;
   if (n.op == OpKind::GruSequence) return gru_sequence_backward(*this, tape, n, gout, dst);
-  if (issue(signature(n, gout, &dst), op_name(n.op))) backward_op(*this, tape, n, gout, dst);
+  if (issue(detail::op_signature(n, gout, &dst), op_name(n.op))) backward_op(*this, tape, n, gout, dst);
 }
 
 namespace {
@@ -223,49 +210,40 @@ void CudaBackend::copy(void* dst, const void* src, size_t bytes, Copy kind) {
       }
       // A graph segment copies from pinned staging at a fixed place; the host
       // refills it (the previous graph has finished: segment_begin waited).
-      const size_t at = staging_used_;
-      if (at + align_up(bytes) > staging_cap_)
-        throw Error("tape.from() in a CUDA-graph segment: the segment's host inputs exceed TapeOptions::graph_staging (" +
-                    format_bytes(staging_cap_) + "): raise it");
-      staging_used_ += align_up(bytes);
+      const size_t at = schedule_.stage(bytes);
       std::memcpy(staging_base_ + at, src, bytes);
-      if (issue(mix4(1, reinterpret_cast<uintptr_t>(dst), at, bytes), "tape.from() (host to device copy)"))
+      if (issue(detail::call::host_to_device(dst, at, bytes), "tape.from() (host to device copy)"))
         SEGTAPE_CHECK(cudaMemcpyAsync(dst, staging_base_ + at, bytes, cudaMemcpyHostToDevice, stream_));
       return;
     }
     case Copy::DeviceToHost:
-      if (in_graph_segment())
-        throw TapeError("reading a value on the host (item(), to_host()) inside a CUDA-graph segment: its values exist "
-                        "only once the segment has ended and its graph has run. Read it after the segment (copy_into a "
-                        "persistent tensor inside it), or turn TapeOptions::graph_replay off");
+      schedule_.check_host_read();
       raise_pending();  // a graph segment that did not run: its values are undefined, say so
       SEGTAPE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
       SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
       raise_device_errors();
       return;
     case Copy::DeviceToDevice:
-      if (issue(mix4(2, reinterpret_cast<uintptr_t>(dst), reinterpret_cast<uintptr_t>(src), bytes), "device copy"))
+      if (issue(detail::call::device_copy(dst, src, bytes), "device copy"))
         SEGTAPE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
       return;
   }
 }
 
 void CudaBackend::zero(void* dst, size_t bytes) {
-  if (bytes && issue(mix4(3, reinterpret_cast<uintptr_t>(dst), bytes, 0), "zero fill"))
+  if (bytes && issue(detail::call::zero(dst, bytes), "zero fill"))
     SEGTAPE_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
 }
 
 void CudaBackend::fill(void* dst, int64_t n, DType d, double value) {
-  uint64_t bits = 0;
-  std::memcpy(&bits, &value, sizeof bits);
-  if (n <= 0 || !issue(mix4(4, reinterpret_cast<uintptr_t>(dst), uint64_t(n) << 8 | uint64_t(d), bits), "fill")) return;
+  if (n <= 0 || !issue(detail::call::fill(dst, n, d, value), "fill")) return;
   if (d == DType::F32) cuda::fill<float>(stream_, static_cast<float*>(dst), n, float(value));
   else if (d == DType::F64) cuda::fill<double>(stream_, static_cast<double*>(dst), n, value);
   else throw TapeError("fill: integer tensors are not filled on the device");
 }
 
 std::pair<int64_t, double> CudaBackend::first_nonfinite(const Tensor& t) {
-  if (in_graph_segment()) throw TapeError("anomaly mode inside a CUDA-graph segment");  // excluded at setup; defensive
+  schedule_.check_host_read();  // anomaly mode: excluded at setup with graph replay; defensive
   raise_pending();
   SEGTAPE_CHECK(cudaMemsetAsync(scratch_word_, 0xff, sizeof(unsigned long long), stream_));
   if (t.dtype == DType::F32) cuda::first_nonfinite<float>(stream_, static_cast<const float*>(t.ptr), t.numel(), scratch_word_);
@@ -285,8 +263,7 @@ std::pair<int64_t, double> CudaBackend::first_nonfinite(const Tensor& t) {
 }
 
 void CudaBackend::synchronize() {
-  if (in_graph_segment())
-    throw TapeError("tape.synchronize() inside a CUDA-graph segment: its work runs when the segment ends");
+  schedule_.check_synchronize();
   SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
   raise_device_errors();
   raise_pending();
@@ -302,10 +279,7 @@ void CudaBackend::synchronize() {
 // its signature holds the count's address, not its value).
 
 void CudaBackend::sgd_step(DType d, int64_t n, void* p, const void* g, void* buf, const SgdOptions& s, bool first) {
-  const uint64_t sig = mix4(mix4(5, ptr(p), ptr(g), ptr(buf)), uint64_t(n) << 8 | uint64_t(d),
-                            mix4(bits_of(s.lr), bits_of(s.momentum), bits_of(s.dampening), bits_of(s.weight_decay)),
-                            uint64_t(s.nesterov) << 1 | uint64_t(first));
-  if (n <= 0 || !issue(sig, "sgd_step")) return;
+  if (n <= 0 || !issue(detail::call::sgd(p, g, buf, n, d, s, first), "sgd_step")) return;
   detail::dispatch(d, [&]<class T>() {
     cuda::sgd_update<T>(stream_, n, static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(buf),
                         detail::sgd_scalars<T>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, first, buf != nullptr));
@@ -314,10 +288,7 @@ void CudaBackend::sgd_step(DType d, int64_t n, void* p, const void* g, void* buf
 
 void CudaBackend::adam_step(DType d, int64_t n, void* p, const void* g, void* m, void* v, const AdamOptions& s, bool decoupled, int64_t step,
                             const double* step_at) {
-  const uint64_t sig = mix4(mix4(6, ptr(p), ptr(g), mix4(ptr(m), ptr(v), uint64_t(n) << 8 | uint64_t(d), uint64_t(decoupled))),
-                            mix4(bits_of(s.lr), bits_of(s.beta1), bits_of(s.beta2), bits_of(s.eps)), bits_of(s.weight_decay),
-                            step_at ? ptr(step_at) : uint64_t(step));
-  if (n <= 0 || !issue(sig, "adam_step")) return;
+  if (n <= 0 || !issue(detail::call::adam(p, g, m, v, n, d, s, decoupled, step, step_at), "adam_step")) return;
   detail::dispatch(d, [&]<class T>() {
     if (step_at)
       cuda::adam_update_counted<T>(stream_, n, static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(m), static_cast<T*>(v),
@@ -329,21 +300,19 @@ void CudaBackend::adam_step(DType d, int64_t n, void* p, const void* g, void* m,
 }
 
 void CudaBackend::scale(void* x, int64_t n, DType d, double factor) {
-  if (n <= 0 || !issue(mix4(7, ptr(x), uint64_t(n) << 8 | uint64_t(d), bits_of(factor)), "scale_grad")) return;
+  if (n <= 0 || !issue(detail::call::scale(x, n, d, factor), "scale_grad")) return;
   detail::dispatch(d, [&]<class T>() {
     cuda::unary_forward<ops::Scale, T>(stream_, static_cast<const T*>(x), static_cast<T*>(x), n, T(factor));
   });
 }
 
 void CudaBackend::add_scalar(void* x, int64_t n, DType d, double value) {
-  if (n <= 0 || !issue(mix4(8, ptr(x), uint64_t(n) << 8 | uint64_t(d), bits_of(value)), "add_scalar")) return;
+  if (n <= 0 || !issue(detail::call::add_scalar(x, n, d, value), "add_scalar")) return;
   detail::dispatch(d, [&]<class T>() { cuda::add_value<T>(stream_, static_cast<T*>(x), n, T(value)); });
 }
 
 double CudaBackend::sum_squares(const void* x, int64_t n, DType d) {
-  if (in_graph_segment())
-    throw TapeError("grad_squared_norm (clip_grad_norm) inside a CUDA-graph segment: it returns a value to the host, "
-                    "which exists only once the segment has ended; clip after the segment");
+  schedule_.check_norm();
   raise_pending();
   if (n <= 0) return 0;
   temp_used_ = 0;
@@ -394,24 +363,7 @@ void CudaBackend::raise_pending() {
 // the graph. The arena gives every tensor the same address in every such
 // segment, so the captured kernels read and write the right memory.
 
-bool CudaBackend::issue(uint64_t sig, const char* what) {
-  switch (mode_) {
-    case Mode::Eager: return true;
-    case Mode::Capturing: graph_->signatures.push_back(sig); return true;
-    case Mode::Replaying: break;
-  }
-  const std::vector<uint64_t>& captured = graph_->signatures;
-  if (replay_pos_ >= captured.size() || captured[replay_pos_] != sig) {
-    replay_failed_ = true;
-    throw TapeError("CUDA graph replay: segment " + std::to_string(segment_) + " issued '" + what + "' as device call #" +
-                    std::to_string(replay_pos_ + 1) + ", which differs from the captured segment " +
-                    std::to_string(graph_->captured) + " (" + std::to_string(captured.size()) +
-                    " calls): a replayed segment must repeat the captured one's ops, shapes, scalar attributes and "
-                    "addresses. Call tape.discard_graph() after a change of shape, or turn TapeOptions::graph_replay off");
-  }
-  ++replay_pos_;
-  return false;
-}
+bool CudaBackend::issue(uint64_t sig, const char* what) { return schedule_.issue(sig, what); }
 
 void CudaBackend::segment_begin(uint32_t index) {
   raise_pending();
@@ -421,61 +373,40 @@ void CudaBackend::segment_begin(uint32_t index) {
   // host refills it; this is also where device-found errors surface.
   SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
   raise_device_errors();
-  staging_used_ = 0;
-  Graph& g = graphs_[index % 2];
-  if (g.exec) {
-    graph_ = &g;
-    mode_ = Mode::Replaying;
-    replay_pos_ = 0;
-    replay_failed_ = false;
-  } else if (warm_) {
-    g.signatures.clear();
-    SEGTAPE_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    graph_ = &g;
-    mode_ = Mode::Capturing;
+  if (schedule_.begin(index) != detail::GraphSchedule::Mode::Capturing) return;
+  const cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess) {
+    schedule_.cancel_capture();
+    check(e, "cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal)");
   }
 }
 
 void CudaBackend::segment_end(bool abandoned) noexcept {
   if (!options_.graph_replay) return;
-  const Mode m = mode_;
-  mode_ = Mode::Eager;
+  using End = detail::GraphSchedule::End;
   try {
-    switch (m) {
-      case Mode::Eager:
-        if (!abandoned) warm_ = true;
-        return;
-      case Mode::Capturing: {
+    switch (schedule_.end(abandoned, pending_)) {
+      case End::Nothing: return;
+      case End::DropCapture: {  // an exception left the segment half issued: keep nothing
         cudaGraph_t g = nullptr;
-        const cudaError_t e = cudaStreamEndCapture(stream_, &g);
-        if (abandoned) {  // an exception left the segment half issued: keep nothing
-          if (g) cudaGraphDestroy(g);
-          (void)cudaGetLastError();
-          graph_->signatures.clear();
-          return;
-        }
-        check(e, "cudaStreamEndCapture(stream_, &g)");
+        (void)cudaStreamEndCapture(stream_, &g);
+        if (g) cudaGraphDestroy(g);
+        (void)cudaGetLastError();
+        return;
+      }
+      case End::Instantiate: {
+        cudaGraph_t g = nullptr;
+        check(cudaStreamEndCapture(stream_, &g), "cudaStreamEndCapture(stream_, &g)");
         cudaGraphExec_t exec = nullptr;
         const cudaError_t ie = cudaGraphInstantiateWithFlags(&exec, g, 0);
         cudaGraphDestroy(g);
         check(ie, "cudaGraphInstantiateWithFlags(&exec, g, 0)");
-        graph_->exec = exec;
-        graph_->captured = segment_;
+        exec_[segment_ % 2] = exec;
+        schedule_.captured();
         SEGTAPE_CHECK(cudaGraphLaunch(exec, stream_));  // the captured segment's own work runs now
         return;
       }
-      case Mode::Replaying:
-        if (abandoned || replay_failed_) return;  // the error went to the caller; nothing to run
-        if (replay_pos_ != graph_->signatures.size()) {
-          pending_ = "CUDA graph replay: segment " + std::to_string(segment_) + " issued " + std::to_string(replay_pos_) +
-                     " device calls where the captured segment " + std::to_string(graph_->captured) + " issued " +
-                     std::to_string(graph_->signatures.size()) +
-                     "; its graph was not run (its values are undefined). Call tape.discard_graph() after a change of "
-                     "shape, or turn TapeOptions::graph_replay off";
-          return;
-        }
-        SEGTAPE_CHECK(cudaGraphLaunch(graph_->exec, stream_));
-        return;
+      case End::Launch: SEGTAPE_CHECK(cudaGraphLaunch(exec_[segment_ % 2], stream_)); return;
     }
   } catch (const std::exception& e) {
     pending_ = e.what();
@@ -484,18 +415,17 @@ void CudaBackend::segment_end(bool abandoned) noexcept {
 }
 
 void CudaBackend::drop_graph() noexcept {
-  for (Graph& g : graphs_) {
-    if (g.exec) cudaGraphExecDestroy(g.exec);
-    g = Graph{};
+  for (cudaGraphExec_t& x : exec_) {
+    if (x) cudaGraphExecDestroy(x);
+    x = nullptr;
   }
-  graph_ = nullptr;
+  schedule_.forget();
   (void)cudaGetLastError();
 }
 
 void CudaBackend::discard_graph() {
-  if (in_graph_segment()) throw TapeError("tape.discard_graph() inside a CUDA-graph segment: call it between segments");
+  schedule_.discard();  // refused inside a graph segment
   drop_graph();
-  warm_ = false;
 }
 
 }  // namespace segtape::cuda

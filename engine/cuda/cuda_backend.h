@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "graph_schedule.h"
 #include "kernels.h"
 
 namespace segtape::cuda {
@@ -96,8 +97,7 @@ class CudaBackend final : public detail::Backend {
   GruPlan& gru_plan(int64_t T, int64_t B, int64_t I, int64_t H, DType d);
 
  private:
-  enum class Mode : uint8_t { Eager, Capturing, Replaying };
-  bool in_graph_segment() const { return mode_ != Mode::Eager; }
+  bool in_graph_segment() const { return schedule_.in_graph_segment(); }
   void raise_device_errors();  // after a sync: what the kernels recorded
   void raise_pending();        // what segment_end could not throw
   void drop_graph() noexcept;
@@ -120,23 +120,15 @@ class CudaBackend final : public detail::Backend {
   std::byte* temp_base_ = nullptr;
   size_t temp_cap_ = 0, temp_used_ = 0;
   std::byte* staging_base_ = nullptr;
-  size_t staging_cap_ = 0, staging_used_ = 0;
   std::vector<std::unique_ptr<GruPlan>> gru_plans_;
-  // CUDA graph replay (TapeOptions::graph_replay). Two graphs: carried
-  // values alternate between the two carry buffers, so a segment repeats the
-  // addresses of the segment two before it (even / odd segments).
-  struct Graph {
-    cudaGraphExec_t exec = nullptr;
-    std::vector<uint64_t> signatures;  // one per device call of the captured segment
-    uint32_t captured = 0;             // the segment it was captured from
-  };
-  Mode mode_ = Mode::Eager;
-  bool warm_ = false;  // an eager segment has run: lazy initialisations are done
-  std::array<Graph, 2> graphs_;
-  Graph* graph_ = nullptr;  // the one being captured or replayed
+  // CUDA graph replay (TapeOptions::graph_replay): the schedule and the
+  // signatures (engine/graph_schedule.h, shared with the host-emulated
+  // device), and the two graphs, one per segment parity: carried values
+  // alternate between the two carry buffers, so a segment repeats the
+  // addresses of the segment two before it.
+  detail::GraphSchedule schedule_;
+  std::array<cudaGraphExec_t, 2> exec_{};
   uint32_t segment_ = 0;
-  size_t replay_pos_ = 0;
-  bool replay_failed_ = false;
   std::string pending_;  // an error segment_end() could not throw
 };
 
@@ -146,7 +138,5 @@ void backward_op(CudaBackend& be, Tape& tape, const Node& n, const void* gout, c
 void gru_sequence_forward(CudaBackend& be, Tape& tape, Node& n);
 void gru_sequence_backward(CudaBackend& be, Tape& tape, const Node& n, const void* gout,
                            const std::array<void*, Node::kMaxInputs>& dst);
-// The graph-replay signature of an op call: kind, addresses, shapes, attributes.
-uint64_t signature(const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>* dst);
 
 }  // namespace segtape::cuda

@@ -179,7 +179,7 @@ void gru_sequence_forward(CudaBackend& be, Tape& tape, Node& n) {
   n.bytes += dnn_bytes(wbytes + rbytes) + (work_bytes ? dnn_bytes(work_bytes) : 0);
   int32_t* lengths = be.temp<int32_t>(B);  // cuDNN's devSeqLengths: every sequence T long
   if (!p.offsets_known) find_offsets(be, p, block);
-  if (!be.issue(signature(n, nullptr, nullptr), "gru_sequence")) return;
+  if (!be.issue(detail::op_signature(n, nullptr, nullptr), "gru_sequence")) return;
   const cudaStream_t s = be.stream();
   fill_i32(s, lengths, B, int32_t(T));
   const Blocks k = blocks(p, n);
@@ -207,7 +207,7 @@ void gru_sequence_backward(CudaBackend& be, Tape& tape, const Node& n, const voi
   void* dhx = dst[1] ? In::alloc(tape, h0.nbytes(), GradBuffers{}, "backward") : nullptr;
   void* dw = weights ? dnn_alloc(tape, p.weight_bytes, GradBuffers{}, "backward") : nullptr;
   int32_t* lengths = be.temp<int32_t>(B);
-  if (!be.issue(signature(n, gout, &dst), "gru_sequence backward")) return;
+  if (!be.issue(detail::op_signature(n, gout, &dst), "gru_sequence backward")) return;
   const cudaStream_t s = be.stream();
   fill_i32(s, lengths, B, int32_t(T));
   // Data gradients first: cuDNN requires them before the weight gradients (same reserve space).

@@ -2,25 +2,12 @@
 // which sits in the family's file beside its CPU code (engine/ops/<family>.cpp,
 // under SEGTAPE_HAVE_CUDA); GruSequence goes to cuDNN (gru_sequence.cpp)
 // before it gets here. Both switches list every OpKind, with no default
-// (-Wswitch-enum). And the graph-replay signature of an op call.
-#include <cstring>
-
+// (-Wswitch-enum). (An op call's graph-replay signature: engine/graph_schedule.h.)
 #include "cuda_backend.h"
 #include "ops/op.h"
 #include "segtape/ops.h"
-#include "fnv.h"
 
 namespace segtape::cuda {
-namespace {
-
-using detail::fnv_mix;
-void fnv_mix(uint64_t& h, const Tensor& t) {
-  fnv_mix(h, reinterpret_cast<uintptr_t>(t.ptr));
-  fnv_mix(h, uint64_t(t.dtype) << 8 | uint64_t(t.shape.rank));
-  for (int i = 0; i < t.shape.rank; ++i) fnv_mix(h, uint64_t(t.shape.dims[size_t(i)]));
-}
-
-}  // namespace
 
 void forward_op(CudaBackend& be, Tape&, Node& n) {
   switch (n.op) {
@@ -80,22 +67,6 @@ void backward_op(CudaBackend& be, Tape&, const Node& n, const void* g, const std
     case OpKind::Count: break;
   }
   throw TapeError(std::string("CUDA backend: no backward rule for op ") + op_name(n.op));
-}
-
-uint64_t signature(const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>* dst) {
-  uint64_t h = detail::kFnvOffset;
-  fnv_mix(h, uint64_t(n.op) | uint64_t(n.n_in) << 8 | uint64_t(dst ? 1 : 0) << 16);
-  fnv_mix(h, n.out);
-  for (int i = 0; i < n.n_in; ++i) fnv_mix(h, n.in[size_t(i)]);
-  for (int64_t v : n.ia) fnv_mix(h, uint64_t(v));
-  uint64_t fa = 0;
-  std::memcpy(&fa, &n.fa, sizeof fa);
-  fnv_mix(h, fa);
-  fnv_mix(h, reinterpret_cast<uintptr_t>(n.saved));
-  fnv_mix(h, reinterpret_cast<uintptr_t>(gout));
-  if (dst)
-    for (void* p : *dst) fnv_mix(h, reinterpret_cast<uintptr_t>(p));
-  return h;
 }
 
 }  // namespace segtape::cuda

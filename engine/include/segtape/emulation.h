@@ -10,7 +10,10 @@ namespace segtape::emulation {
 // interface, and the ops compute with the CPU code. It lets the CPU-only CI
 // run the device code paths of the tape, nn and the agent (tests/
 // cuda_nn_test.cpp built as emulated_device_test). It is not a model of a
-// GPU's numerics, streams or graphs: graph replay is refused.
+// GPU's numerics or streams. With TapeOptions::graph_replay it keeps the
+// CUDA backend's graph schedule (engine/graph_schedule.h): calls are signed,
+// captured and checked against the capture, and what a graph segment cannot
+// do is refused, but every call runs when it is issued (no graph is made).
 void emulate_cuda_on_host(bool on);
 bool emulating_cuda_on_host();
 
