@@ -697,10 +697,13 @@ retention::TorchRunner load_torch_lab(std::string& note) {
   const char* name = "libsegtape_torch_lab.so";
   std::error_code ec;
   const fs::path exe_dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
-  std::vector<fs::path> tried = {exe_dir / name};
+  std::vector<fs::path> tried;
+  if (!ec && exe_dir.is_absolute()) {  // never a path relative to the working directory
+    tried.push_back(exe_dir / name);
 #ifdef SEGTAPE_TORCH_LAB_DIR
-  tried.push_back((exe_dir / SEGTAPE_TORCH_LAB_DIR / name).lexically_normal());
+    tried.push_back((exe_dir / SEGTAPE_TORCH_LAB_DIR / name).lexically_normal());
 #endif
+  }
   std::string why = "not found";
   for (const fs::path& p : tried) {
     if (!fs::exists(p, ec)) continue;
@@ -714,7 +717,7 @@ retention::TorchRunner load_torch_lab(std::string& note) {
   if (why == "not found") {
     why = "not found (looked for";
     for (const fs::path& p : tried) why += " " + p.string();
-    why += ")";
+    why += tried.empty() ? " nothing: /proc/self/exe is not readable)" : ")";
   }
   note = "LibTorch not run: its module " + why;
   std::fprintf(stderr, "segtape: warning: %s\n", note.c_str());

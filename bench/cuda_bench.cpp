@@ -325,6 +325,12 @@ int main(int argc, char** argv) {
       }
     }
   }
+#ifdef SEGTAPE_BENCH_TORCH_CUDA
+  if (g_cpu) {
+    std::fprintf(stderr, "cuda_bench_torch: --device cpu is cuda_bench's (segtape's) check; LibTorch runs on CUDA here\n");
+    return 2;
+  }
+#endif
   std::printf("engine,mode,B,H,us_per_step,engine_peak_bytes,engine_reserved_bytes,footprint_bytes,final_loss\n");
   int failures = 0;
   for (const auto& [B, H] : sizes)

@@ -68,6 +68,11 @@ class Backend {
   virtual void add_scalar(void* x, int64_t n, DType d, double value) = 0;  // x += value
   // Sum of x[i]^2 accumulated in double; waits for the stream.
   virtual double sum_squares(const void* x, int64_t n, DType d) = 0;
+  // The capturable clip (no host read): *acc (a double where x lives) =
+  // (first ? 0 : *acc) + sum of x[i]^2 in double; and x *= T(c) with
+  // c = max_norm / (sqrt(*sum_sq) + 1e-6) where !(c >= 1) (NaN included).
+  virtual void add_sum_squares(const void* x, int64_t n, DType d, double* acc, bool first) = 0;
+  virtual void clip_scale(void* x, int64_t n, DType d, const double* sum_sq, double max_norm) = 0;
 
   // ---- segment boundaries: CUDA-graph capture and replay (TapeOptions::graph_replay).
   virtual void segment_begin(uint32_t index) = 0;

@@ -67,6 +67,12 @@ uint64_t scale(const void* x, int64_t n, DType d, double factor) {
 uint64_t add_scalar(const void* x, int64_t n, DType d, double value) {
   return mix4(8, ptr_bits(x), uint64_t(n) << 8 | uint64_t(d), bits_of(value));
 }
+uint64_t add_sum_squares(const void* x, int64_t n, DType d, const double* acc, bool first) {
+  return mix4(9, ptr_bits(x), uint64_t(n) << 8 | uint64_t(d), ptr_bits(acc) ^ uint64_t(first));
+}
+uint64_t clip_scale(const void* x, int64_t n, DType d, const double* sum_sq, double max_norm) {
+  return mix4(10, ptr_bits(x), uint64_t(n) << 8 | uint64_t(d), mix4(ptr_bits(sum_sq), bits_of(max_norm), 0, 0));
+}
 }  // namespace call
 
 void check_graph_options(const Device& device, const TapeOptions& options) {

@@ -41,6 +41,8 @@ uint64_t adam(const void* p, const void* g, const void* m, const void* v, int64_
               bool decoupled, int64_t step, const double* step_at);
 uint64_t scale(const void* x, int64_t n, DType d, double factor);
 uint64_t add_scalar(const void* x, int64_t n, DType d, double value);
+uint64_t add_sum_squares(const void* x, int64_t n, DType d, const double* acc, bool first);
+uint64_t clip_scale(const void* x, int64_t n, DType d, const double* sum_sq, double max_norm);
 }  // namespace call
 
 // What graph replay cannot have, refused by both backends at setup: anomaly

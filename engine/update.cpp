@@ -39,6 +39,16 @@ void check_state(const char* op, const char* what, const Tensor& p, const Tensor
                 ": optimizer state needs a tensor of its own");
 }
 
+// A float64 [1] scalar kept where the parameter lives (adam_step's step
+// count, clip_grad's sum of squares).
+void check_device_scalar(const char* op, const char* what, const Tensor& param, const Tensor& t) {
+  if (!t.defined()) throw Error(std::string(op) + ": " + what + " is an undefined tensor");
+  t.check_live(op);
+  if (t.tape != param.tape) throw TapeError(std::string(op) + ": " + what + " belongs to another tape than the parameter");
+  if (t.space != Space::Persistent || t.dtype != DType::F64 || t.numel() != 1)
+    throw ShapeError(std::string(op) + ": " + what + " " + t.describe() + " must be a persistent float64 tensor of one element");
+}
+
 }  // namespace
 
 void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdOptions& s, bool first) {
@@ -64,28 +74,36 @@ void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg
   detail::clear_packed(*param.tape);
 }
 
+
 void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& s, bool decoupled,
                const Tensor& step) {
   check_param("adam_step", param);
   check_state("adam_step", "exp_avg", param, exp_avg);
   check_state("adam_step", "exp_avg_sq", param, exp_avg_sq);
   if (exp_avg.ptr == exp_avg_sq.ptr) throw Error("adam_step: exp_avg and exp_avg_sq are the same tensor");
-  if (!step.defined()) throw Error("adam_step: the step count is an undefined tensor");
-  step.check_live("adam_step");
-  if (step.tape != param.tape) throw TapeError("adam_step: the step count belongs to another tape than the parameter");
-  if (step.space != Space::Persistent || step.dtype != DType::F64 || step.numel() != 1)
-    throw ShapeError("adam_step: the step count " + step.describe() + " must be a persistent float64 tensor of one element");
+  check_device_scalar("adam_step", "the step count", param, step);
   In::backend(*param.tape)->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled,
                                    0, static_cast<const double*>(step.ptr));
   detail::clear_packed(*param.tape);
 }
 
+namespace {
+void check_state_scalar(const char* op, const Tensor& t) {
+  if (!t.defined()) throw Error(std::string(op) + ": undefined tensor");
+  t.check_live(op);
+  if (t.space != Space::Persistent) throw Error(std::string(op) + ": " + t.describe() + " is not a persistent tensor");
+  if (t.dtype == DType::I64) throw ShapeError(std::string(op) + ": " + t.describe() + " is an integer tensor");
+}
+}  // namespace
+
 void add_scalar(const Tensor& t, double value) {
-  if (!t.defined()) throw Error("add_scalar: undefined tensor");
-  t.check_live("add_scalar");
-  if (t.space != Space::Persistent) throw Error("add_scalar: " + t.describe() + " is not a persistent tensor");
-  if (t.dtype == DType::I64) throw ShapeError("add_scalar: " + t.describe() + " is an integer tensor");
+  check_state_scalar("add_scalar", t);
   In::backend(*t.tape)->add_scalar(t.ptr, t.numel(), t.dtype, value);
+}
+
+void fill_value(const Tensor& t, double value) {
+  check_state_scalar("fill_value", t);
+  In::backend(*t.tape)->fill(t.ptr, t.numel(), t.dtype, value);
 }
 
 void zero_grad(const Tensor& param) {
@@ -101,6 +119,18 @@ void scale_grad(const Tensor& param, double factor) {
 double grad_squared_norm(const Tensor& param) {
   check_param("grad_squared_norm", param);
   return In::backend(*param.tape)->sum_squares(param.grad, param.numel(), param.dtype);
+}
+
+void add_grad_squares(const Tensor& param, const Tensor& acc, bool first) {
+  check_param("add_grad_squares", param);
+  check_device_scalar("add_grad_squares", "the sum of squares", param, acc);
+  In::backend(*param.tape)->add_sum_squares(param.grad, param.numel(), param.dtype, static_cast<double*>(acc.ptr), first);
+}
+
+void clip_grad(const Tensor& param, const Tensor& acc, double max_norm) {
+  check_param("clip_grad", param);
+  check_device_scalar("clip_grad", "the sum of squares", param, acc);
+  In::backend(*param.tape)->clip_scale(param.grad, param.numel(), param.dtype, static_cast<const double*>(acc.ptr), max_norm);
 }
 
 }  // namespace segtape

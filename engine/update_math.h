@@ -80,6 +80,10 @@ SEGTAPE_HD T update_sqrt(T x) {
 #endif
 }
 
+// clip_grad_norm's coefficient from the sum of squares (torch's
+// max_norm / (total + 1e-6)); scale by it only where !(c >= 1).
+SEGTAPE_HD double clip_coefficient(double sum_sq, double max_norm) { return max_norm / (update_sqrt_d(sum_sq) + 1e-6); }
+
 template <class T>
 SEGTAPE_HD void adam_element(T& p, T g, T& m, T& v, const AdamScalars<T>& s) {
   if (s.decoupled) p = p * s.decay;       // param.mul_(1 - lr * weight_decay)

@@ -38,6 +38,7 @@ void Optimizer::zero_grad() {
 void Optimizer::set_step_count(int64_t n) {
   if (n < 0) throw Error("nn optimizer: step count must be >= 0, got " + std::to_string(n));
   steps_ = n;
+  steps_set_ = true;
 }
 
 std::vector<NamedTensor> numbered(std::span<const Tensor> params) {
@@ -93,9 +94,13 @@ void Adam::step() {
     for (size_t k = 0; k < params_.size(); ++k) adam_step(params_[k].second, m_[k], v_[k], o_, decoupled_, steps_);
     return;
   }
-  if (!device_step_.defined())  // capturable switched on after construction
-    device_step_ = params_[0].second.tape->persistent({1}, DType::F64);
-  if (device_steps_ != steps_ - 1) add_scalar(device_step_, double(steps_ - 1 - device_steps_));  // after set_step_count
+  if (!device_step_.defined())  // step() allocates nothing: the count is made by the constructor
+    throw Error(std::string(kind()) + ": options().capturable was switched on after construction: construct the "
+                "optimizer with capturable = true");
+  if (steps_set_ || device_steps_ != steps_ - 1) {  // after set_step_count: the count on the device is written whole
+    fill_value(device_step_, double(steps_ - 1));
+    steps_set_ = false;
+  }
   add_scalar(device_step_, 1);
   device_steps_ = steps_;
   for (size_t k = 0; k < params_.size(); ++k) adam_step(params_[k].second, m_[k], v_[k], o_, decoupled_, device_step_);
@@ -130,6 +135,18 @@ double clip_grad_norm(std::span<const Tensor> params, double max_norm) {
   if (must_scale(coef))
     for (const Tensor& p : params) segtape::scale_grad(p, coef);
   return total;
+}
+
+void clip_grad_norm(std::span<const Tensor> params, double max_norm, const Tensor& total_sq) {
+  bool first = true;
+  for (const Tensor& p : params) check_param(p), add_grad_squares(p, total_sq, first), first = false;
+  for (const Tensor& p : params) clip_grad(p, total_sq, max_norm);
+}
+
+void clip_grad_norm(const Module& m, double max_norm, const Tensor& total_sq) {
+  bool first = true;
+  for_each_param(m, [&](const Tensor& p) { add_grad_squares(p, total_sq, first), first = false; });
+  for_each_param(m, [&](const Tensor& p) { clip_grad(p, total_sq, max_norm); });
 }
 
 double clip_grad_norm(const Module& m, double max_norm) {

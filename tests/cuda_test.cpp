@@ -320,6 +320,7 @@ constexpr double kLearningRate = 0.2;
 
 struct Curve {
   std::vector<double> loss;        // per segment
+  std::vector<double> norm;        // gradient norm per segment (Adam with the host's clip_grad_norm)
   std::vector<size_t> peak;        // arena high-water per segment
   uint64_t device_allocs_setup = 0, device_allocs_end = 0;
 };
@@ -331,9 +332,12 @@ struct Curve {
 // inputs, so the loss (a sum over the K steps, 8 ln 5 = 12.88 at chance)
 // falls, on fresh inputs in every segment.
 // Optimizer: the SGD above, or nn::Adam (lr 1e-2) stepped inside the
-// segment, with its step count on the device (capturable) or passed from the host.
+// segment, with its step count on the device (capturable) or passed from the
+// host; with clip, nn::clip_grad_norm(max_norm 0.5) before it, with the norm
+// kept on the device (capturable) or returned to the host.
 enum class Optim { OpsSgd, AdamCapturable, AdamHostCount };
-Curve train(Device dev, bool graph_replay, Optim optim = Optim::OpsSgd) {
+constexpr double kMaxNorm = 0.5;
+Curve train(Device dev, bool graph_replay, Optim optim = Optim::OpsSgd, bool clip = false) {
   TapeOptions o = cuda_options();
   o.segment_budget = size_t(8) << 20;
   o.graph_replay = graph_replay;
@@ -348,6 +352,7 @@ Curve train(Device dev, bool graph_replay, Optim optim = Optim::OpsSgd) {
   std::unique_ptr<nn::Adam> adam;
   if (optim != Optim::OpsSgd)
     adam = std::make_unique<nn::Adam>(nn::numbered(p), nn::AdamOptions{.lr = 1e-2, .capturable = optim == Optim::AdamCapturable});
+  Tensor norm_sq = tape.persistent({1}, DType::F64);  // the capturable clip's
   std::vector<float> xs(size_t(kSegments * kK * kB * kI));
   std::vector<int64_t> ys(size_t(kSegments * kK * kB));
   for (float& v : xs) v = float(std::uniform_real_distribution<double>(-1, 1)(rng));
@@ -372,6 +377,8 @@ Curve train(Device dev, bool graph_replay, Optim optim = Optim::OpsSgd) {
       seg.backward(loss);
       {
         NoGradGuard ng(tape);
+        if (clip && optim == Optim::AdamCapturable) nn::clip_grad_norm(p, kMaxNorm, norm_sq);
+        if (clip && optim == Optim::AdamHostCount) c.norm.push_back(nn::clip_grad_norm(p, kMaxNorm));
         if (adam) adam->step();
         else
           for (const Tensor& w : p) copy_into(w, sub(w, scale(w.grad_tensor(), kLearningRate)));
@@ -431,31 +438,41 @@ TEST(CudaTraining, TbpttTwentySegmentsMatchesCpuWithFixedMemoryAndReplayEqualsEa
               replay.loss.back(), eager.peak[0]);
 }
 
-// Adam inside a graph segment (issue 19 item 3): with its step count on the
-// device (capturable) the step repeats its device calls, so the captured
-// segment replays and equals eager bit for bit; with the count passed from
-// the host, the replay's signature check refuses the first replayed step.
+// Adam and clip_grad_norm inside a graph segment (issue 19 item 3): with
+// the step count and the norm on the device (capturable) the update repeats
+// its device calls, so the captured segment replays and equals eager bit for
+// bit; with the count passed from the host, the replay's signature check
+// refuses the first replayed step, and the host's clip its host read.
 // The CPU part (capturable equals the host count, bit for bit) runs anywhere;
 // the emulated device runs the rest with the CUDA backend's graph schedule
 // and signature checks (its calls run eagerly).
 TEST(CudaTraining, CapturableAdamInsideAGraphSegmentReplays) {
-  const Curve host = train(Device::cpu(), false, Optim::AdamHostCount);
-  const Curve counted = train(Device::cpu(), false, Optim::AdamCapturable);
-  EXPECT_EQ(counted.loss, host.loss);
+  const Curve host = train(Device::cpu(), false, Optim::AdamHostCount, true);
+  const Curve counted = train(Device::cpu(), false, Optim::AdamCapturable, true);
+  EXPECT_EQ(counted.loss, host.loss) << "the capturable clip and Adam equal the host's, bit for bit";
   EXPECT_LT(late_loss(host), early_loss(host)) << "Adam trains the problem";
+  EXPECT_GT(*std::max_element(host.norm.begin(), host.norm.end()), kMaxNorm) << "the clip clips";
+  EXPECT_EQ(train(Device::cpu(), false, Optim::AdamCapturable).loss, train(Device::cpu(), false, Optim::AdamHostCount).loss);
   REQUIRE_GPU();
-  const Curve eager = train(Device::cuda(), false, Optim::AdamCapturable);
+  const Curve eager = train(Device::cuda(), false, Optim::AdamCapturable, true);
   for (int s = 0; s < kSegments; ++s)
     EXPECT_NEAR(eager.loss[size_t(s)], host.loss[size_t(s)], 1e-4 * std::max(1.0, std::fabs(host.loss[size_t(s)])))
         << "segment " << s;
-  const Curve replay = train(Device::cuda(), true, Optim::AdamCapturable);
-  EXPECT_EQ(replay.loss, eager.loss) << "captured and replayed segments, Adam included, equal eager";
+  const Curve replay = train(Device::cuda(), true, Optim::AdamCapturable, true);
+  EXPECT_EQ(replay.loss, eager.loss) << "captured and replayed segments, clip and Adam included, equal eager";
   EXPECT_EQ(replay.device_allocs_end, replay.device_allocs_setup) << "cudaMalloc after setup";
   try {
     (void)train(Device::cuda(), true, Optim::AdamHostCount);
     ADD_FAILURE() << "Adam with a host step count was replayed";
   } catch (const TapeError& e) {
     EXPECT_NE(std::string(e.what()).find("'adam_step'"), std::string::npos) << e.what();
+  }
+  try {
+    (void)train(Device::cuda(), true, Optim::AdamHostCount, true);
+    ADD_FAILURE() << "clip_grad_norm returning its norm to the host ran in a graph segment";
+  } catch (const TapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("grad_squared_norm (clip_grad_norm) inside a CUDA-graph segment"), std::string::npos)
+        << e.what();
   }
   std::printf("Adam in the segment: CPU %.6f -> %.6f, CUDA eager %.6f -> %.6f, replayed %.6f -> %.6f\n",
               host.loss.front(), host.loss.back(), eager.loss.front(), eager.loss.back(), replay.loss.front(),

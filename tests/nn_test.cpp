@@ -382,6 +382,55 @@ TEST(Optim, CapturableAdamEqualsAdamBitForBit) {
   Tape other;
   refused(other.persistent({1}, DType::F64), "belongs to another tape");
   EXPECT_THROW(add_scalar(tape.persistent({1}, DType::I64), 1), ShapeError);
+  // capturable is chosen at construction: step() allocates nothing.
+  nn::Adam late(nn::numbered(std::vector<Tensor>{p}), {});
+  late.options().capturable = true;
+  try {
+    late.step();
+    ADD_FAILURE() << "capturable switched on after construction was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("construct the optimizer with capturable = true"), std::string::npos) << e.what();
+  }
+}
+
+// clip_grad_norm with its norm kept where the gradients live (the
+// capturable form) scales the gradients exactly as the host form, bit for
+// bit: below max_norm (no scaling), above it, and with a non-finite
+// gradient (NaN propagates); its sum of squares is the host norm squared.
+TEST(Optim, CapturableClipEqualsClipBitForBit) {
+  for (const DType d : {DType::F32, DType::F64})
+    for (const double max_norm : {100.0, 0.3})
+      for (const bool nan : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(d)) + " max_norm " + std::to_string(max_norm) + (nan ? " NaN" : ""));
+        Tape tape;
+        nn::Rng rng(9);
+        nn::Linear a(tape, rng, 5, 3, true, d), b(tape, rng, 5, 3, true, d);
+        std::vector<Tensor> pa = {a.weight, a.bias}, pb = {b.weight, b.bias};
+        for (size_t k = 0; k < pa.size(); ++k)
+          for (int64_t i = 0; i < pa[k].numel(); ++i) {
+            const double g = (nan && k == 1 && i == 2) ? std::nan("") : rng.uniform(-1, 1);
+            if (d == DType::F32) static_cast<float*>(pa[k].grad)[i] = static_cast<float*>(pb[k].grad)[i] = float(g);
+            else static_cast<double*>(pa[k].grad)[i] = static_cast<double*>(pb[k].grad)[i] = g;
+          }
+        const double total = nn::clip_grad_norm(pa, max_norm);
+        Tensor sq = tape.persistent({1}, DType::F64);
+        sq.data<double>()[0] = 123.0;  // overwritten, not added to
+        nn::clip_grad_norm(pb, max_norm, sq);
+        if (nan) EXPECT_TRUE(std::isnan(sq.data<double>()[0]));
+        else EXPECT_EQ(std::sqrt(sq.data<double>()[0]), total);
+        for (size_t k = 0; k < pa.size(); ++k)
+          EXPECT_EQ(std::memcmp(pa[k].grad, pb[k].grad, pa[k].nbytes()), 0) << "gradient " << k;
+      }
+  // It scales when the norm exceeds max_norm, and the module form is the same clip.
+  Tape tape;
+  nn::Rng rng(2);
+  nn::Linear m(tape, rng, 4, 4);
+  for (int64_t i = 0; i < m.weight.numel(); ++i) static_cast<float*>(m.weight.grad)[i] = 1.0f;  // norm 4
+  Tensor sq = tape.persistent({1}, DType::F64);
+  nn::clip_grad_norm(m, 2.0, sq);
+  EXPECT_EQ(sq.data<double>()[0], 16.0);
+  EXPECT_EQ(static_cast<float*>(m.weight.grad)[0], float(2.0 / (4.0 + 1e-6)));
+  EXPECT_THROW(nn::clip_grad_norm(m, 2.0, tape.persistent({1})), ShapeError);  // float32: not the sum's tensor
 }
 
 TEST(Optim, InvalidOptionsAndParameters) {

@@ -183,6 +183,9 @@ class CpuBackend final : public detail::Backend {
   }
   void scale(void* x, int64_t n, DType d, double factor) override {
     if (n > 0 && schedule_.on()) (void)schedule_.issue(detail::call::scale(x, n, d, factor), "scale_grad");
+    scale_values(x, n, d, factor);
+  }
+  static void scale_values(void* x, int64_t n, DType d, double factor) {
     detail::dispatch(d, [&]<class T>() {
       T* xt = static_cast<T*>(x);
       const T k = T(factor);
@@ -196,6 +199,23 @@ class CpuBackend final : public detail::Backend {
       const T k = T(value);
       for (int64_t i = 0; i < n; ++i) xt[i] = xt[i] + k;
     });
+  }
+  void add_sum_squares(const void* x, int64_t n, DType d, double* acc, bool first) override {
+    if (schedule_.on()) (void)schedule_.issue(detail::call::add_sum_squares(x, n, d, acc, first), "add_grad_squares");
+    double s = first ? 0.0 : *acc;
+    detail::dispatch(d, [&]<class T>() {
+      const T* xt = static_cast<const T*>(x);
+      double part = 0;  // as sum_squares, then added: the host clip's order
+      for (int64_t i = 0; i < n; ++i) part += double(xt[i]) * double(xt[i]);
+      s += part;
+    });
+    *acc = s;
+  }
+  void clip_scale(void* x, int64_t n, DType d, const double* sum_sq, double max_norm) override {
+    if (n > 0 && schedule_.on()) (void)schedule_.issue(detail::call::clip_scale(x, n, d, sum_sq, max_norm), "clip_grad");
+    const double c = detail::clip_coefficient(*sum_sq, max_norm);
+    if (c >= 1.0) return;
+    scale_values(x, n, d, c);
   }
   double sum_squares(const void* x, int64_t n, DType d) override {
     schedule_.check_norm();

@@ -311,6 +311,22 @@ void CudaBackend::add_scalar(void* x, int64_t n, DType d, double value) {
   detail::dispatch(d, [&]<class T>() { cuda::add_value<T>(stream_, static_cast<T*>(x), n, T(value)); });
 }
 
+void CudaBackend::add_sum_squares(const void* x, int64_t n, DType d, double* acc, bool first) {
+  if (!issue(detail::call::add_sum_squares(x, n, d, acc, first), "add_grad_squares")) return;
+  temp_used_ = 0;
+  double* part = temp<double>(1);
+  if (n > 0)
+    detail::dispatch(d, [&]<class T>() { cuda::sum_squares<T>(stream_, static_cast<const T*>(x), n, part, partials<double>()); });
+  else
+    cuda::fill<double>(stream_, part, 1, 0.0);
+  cuda::add_scalar_from(stream_, acc, part, first);
+}
+
+void CudaBackend::clip_scale(void* x, int64_t n, DType d, const double* sum_sq, double max_norm) {
+  if (n <= 0 || !issue(detail::call::clip_scale(x, n, d, sum_sq, max_norm), "clip_grad")) return;
+  detail::dispatch(d, [&]<class T>() { cuda::clip_scale<T>(stream_, static_cast<T*>(x), n, sum_sq, max_norm); });
+}
+
 double CudaBackend::sum_squares(const void* x, int64_t n, DType d) {
   schedule_.check_norm();
   raise_pending();

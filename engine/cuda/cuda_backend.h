@@ -62,6 +62,8 @@ class CudaBackend final : public detail::Backend {
   void scale(void* x, int64_t n, DType d, double factor) override;
   void add_scalar(void* x, int64_t n, DType d, double value) override;
   double sum_squares(const void* x, int64_t n, DType d) override;
+  void add_sum_squares(const void* x, int64_t n, DType d, double* acc, bool first) override;
+  void clip_scale(void* x, int64_t n, DType d, const double* sum_sq, double max_norm) override;
   void segment_begin(uint32_t index) override;
   void segment_end(bool abandoned) noexcept override;
   void discard_graph() override;

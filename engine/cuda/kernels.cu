@@ -346,6 +346,17 @@ template <class T> void add_value(cudaStream_t s, T* x, int64_t n, T value) {
   each(s, n, [=] __device__(int64_t i) { x[i] = x[i] + value; }, "add_value");
 }
 
+void add_scalar_from(cudaStream_t s, double* acc, const double* v, bool first) {
+  each(s, 1, [=] __device__(int64_t) { *acc = (first ? 0.0 : *acc) + *v; }, "add_scalar_from");
+}
+
+template <class T> void clip_scale(cudaStream_t s, T* x, int64_t n, const double* sum_sq, double max_norm) {
+  each(s, n, [=] __device__(int64_t i) {
+    const double c = detail::clip_coefficient(*sum_sq, max_norm);
+    if (!(c >= 1.0)) x[i] = x[i] * T(c);
+  }, "clip_scale");
+}
+
 template <class T> void sum_squares(cudaStream_t s, const T* x, int64_t n, double* out, Partials<double> p) {
   auto value = [=] __device__(int64_t, int64_t j, int64_t) { const double v = double(x[j]); return v * v; };
   launch_reduce<double>(s, 1, n, 1, value, out, 1.0, false, p, "sum_squares");
@@ -401,6 +412,7 @@ template <class T> void first_nonfinite(cudaStream_t s, const T* x, int64_t n, u
   template void adam_update<T>(cudaStream_t, int64_t, T*, const T*, T*, T*, detail::AdamScalars<T>);                 \
   template void adam_update_counted<T>(cudaStream_t, int64_t, T*, const T*, T*, T*, AdamConsts, const double*);      \
   template void add_value<T>(cudaStream_t, T*, int64_t, T);                                                          \
+  template void clip_scale<T>(cudaStream_t, T*, int64_t, const double*, double);                                      \
   template void sum_squares<T>(cudaStream_t, const T*, int64_t, double*, Partials<double>);
 
 SEGTAPE_INSTANTIATE(float)

@@ -109,6 +109,10 @@ struct AdamConsts {
 template <class T>
 void adam_update_counted(cudaStream_t s, int64_t n, T* p, const T* g, T* m, T* v, AdamConsts c, const double* t);
 template <class T> void add_value(cudaStream_t s, T* x, int64_t n, T value);  // x += value
+// *acc = (first ? 0 : *acc) + *v (one thread)
+void add_scalar_from(cudaStream_t s, double* acc, const double* v, bool first);
+// x *= T(c), c = detail::clip_coefficient(*sum_sq, max_norm), where !(c >= 1)
+template <class T> void clip_scale(cudaStream_t s, T* x, int64_t n, const double* sum_sq, double max_norm);
 // *out = sum of x[i]^2, accumulated in double (deterministic, like every reduction here)
 template <class T> void sum_squares(cudaStream_t s, const T* x, int64_t n, double* out, Partials<double> p);
 

@@ -70,14 +70,24 @@ void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg
 void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& o, bool decoupled,
                const Tensor& step);
 
-// t += value, element-wise, where t lives: a persistent floating tensor
-// (optimizer state, e.g. adam_step's step count); not recorded.
+// t += value, or t = value, element-wise, where t lives: a persistent
+// floating tensor (optimizer state, e.g. adam_step's step count); not recorded.
 void add_scalar(const Tensor& t, double value);
+void fill_value(const Tensor& t, double value);
 
 // The parameter's gradient buffer: set to zero, scaled, or its sum of squares
 // (accumulated in double; on CUDA this waits for the device).
 void zero_grad(const Tensor& param);
 void scale_grad(const Tensor& param, double factor);
 double grad_squared_norm(const Tensor& param);
+
+// clip_grad_norm's two halves without a value returning to the host (the
+// capturable form, nn::clip_grad_norm(params, max_norm, total)). acc is a
+// persistent float64 [1] tensor of the parameter's tape:
+// acc = (first ? 0 : acc) + the parameter's gradient sum of squares (in double,
+// as grad_squared_norm), computed where they live; then
+// grad *= max_norm / (sqrt(acc) + 1e-6) where that is below 1 (or NaN), read there.
+void add_grad_squares(const Tensor& param, const Tensor& acc, bool first);
+void clip_grad(const Tensor& param, const Tensor& acc, double max_norm);
 
 }  // namespace segtape

@@ -40,6 +40,7 @@ class Optimizer {
   std::vector<NamedTensor> params_;
   std::vector<NamedTensor> state_;
   int64_t steps_ = 0;
+  bool steps_set_ = false;  // set_step_count was called (Adam's capturable count is rewritten at its next step)
 };
 
 // Parameters named by position ("0", "1", ...), as in PyTorch's optimizer state_dict.
@@ -77,7 +78,11 @@ using AdamWOptions = segtape::AdamOptionsFor<segtape::AdamWDefaults>;  // the sa
 // step issues the same device calls and can be captured in a CUDA-graph
 // segment (as long as lr and the other options stay fixed). The host's
 // step_count() is kept as well; set_step_count() reaches the device at the
-// next step() (one extra add_scalar of the difference).
+// next step(), which writes the count whole (one call whose value differs).
+// A graph segment that did not run (its replay error) leaves every value it
+// would have written undefined, the device's count included: call
+// set_step_count(step_count()) before going on. capturable must be set at
+// construction (step() allocates nothing).
 class Adam : public Optimizer {
  public:
   Adam(std::vector<NamedTensor> params, AdamOptions o) : Adam(std::move(params), o, false) {}
@@ -111,5 +116,14 @@ class AdamW : public Adam {
 // gradients together and multiplies them by min(1, max_norm / (total + 1e-6)).
 double clip_grad_norm(std::span<const Tensor> params, double max_norm);
 double clip_grad_norm(const Module& m, double max_norm);
+// The same clip with no value returning to the host (PyTorch's
+// clip_grad_norm_ with foreach keeps its norm on the device too): the total
+// norm's square goes to `total_sq`, a persistent float64 [1] tensor of the
+// parameters' tape (make it once: tape.persistent({1}, DType::F64)), where
+// it stays; the gradients are scaled where they live. The same gradients as
+// the form above (bit for bit on the CPU); on CUDA it issues the same device
+// calls every time, so it can run inside a CUDA-graph segment.
+void clip_grad_norm(std::span<const Tensor> params, double max_norm, const Tensor& total_sq);
+void clip_grad_norm(const Module& m, double max_norm, const Tensor& total_sq);
 
 }  // namespace segtape::nn
