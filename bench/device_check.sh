@@ -92,7 +92,7 @@ builder() {
 
 built=0
 # shellcheck disable=SC2046 # builder's words are meant to split
-if ((status == 0)) && step build 240 $(builder "$BUILD") cuda_test cuda_nn_test cuda_bench segtape gradcheck_test segment_test memory_test errors_test; then
+if ((status == 0)) && step build 240 $(builder "$BUILD") cuda_test cuda_nn_test cuda_bench segtape gradcheck_test packed_test segment_test memory_test errors_test; then
   built=1
   # nvcc's code generation: sm_90 SASS and compute_90 PTX.
   echo "   kernels: $(grep -o -- '--generate-code=[^ ]*' "$BUILD/engine/CMakeFiles/segtape_cuda_kernels.dir/flags.make" 2>/dev/null)" |
