@@ -738,8 +738,13 @@ NB_MODULE(_segtape, m) {
            "module"_a, "lr"_a = 1e-3, "betas"_a = std::make_pair(0.9, 0.999), "eps"_a = 1e-8, "weight_decay"_a = 1e-2,
            "capturable"_a = false, nb::keep_alive<1, 2>());
 
-  nnm.def("clip_grad_norm", [](const nn::Module& mod, double max_norm) { return nn::clip_grad_norm(mod, max_norm); },
-          "module"_a, "max_norm"_a);
+  // With total_sq (a persistent float64 [1] tensor), the capturable form: the
+  // norm's square stays there and None is returned (nothing reaches the host).
+  nnm.def("clip_grad_norm", [](const nn::Module& mod, double max_norm, std::optional<PyTensor> total_sq) -> nb::object {
+    if (!total_sq) return nb::cast(nn::clip_grad_norm(mod, max_norm));
+    nn::clip_grad_norm(mod, max_norm, total_sq->get());
+    return nb::none();
+  }, "module"_a, "max_norm"_a, "total_sq"_a = nb::none());
   nnm.def("save", [](const nn::Module& mod, const std::string& path, const nn::Metadata& meta) { nn::save(mod, path, meta); },
           "module"_a, "path"_a, "metadata"_a = nn::Metadata{});
   nnm.def("load", [](nn::Module& mod, const std::string& path, bool strict) {

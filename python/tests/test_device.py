@@ -62,6 +62,28 @@ def test_capturable_adam_keeps_its_step_count_on_the_device(emulated):
         assert np.array_equal(state[name], cpu_state[name]), name
 
 
+def test_capturable_clip_keeps_the_norm_on_the_device(emulated):
+    # nn.clip_grad_norm(model, max_norm, total_sq): the norm's square stays in
+    # total_sq (None is returned); the gradients equal the host clip's.
+    grads = {}
+    for device in ("cpu", "cuda"):
+        tape = segtape.Tape(device, segment_budget="8MiB")
+        model = nn.Linear(tape, 3, 2, rng=nn.Rng(1))
+        x = np.linspace(-3, 3, 6, dtype=np.float32).reshape(2, 3)
+        with tape.segment() as seg:
+            seg.backward(model(tape.tensor(x)).sum())
+            if device == "cpu":
+                norm = nn.clip_grad_norm(model, 0.5)
+            else:
+                total_sq = tape.persistent([1], dtype="float64")
+                assert nn.clip_grad_norm(model, 0.5, total_sq) is None
+                assert np.sqrt(total_sq.numpy()[0]) == norm
+            grads[device] = [p.grad.numpy() for p in (model.weight, model.bias)]
+    assert norm > 0.5  # it clipped
+    for a, b in zip(grads["cpu"], grads["cuda"]):
+        assert np.array_equal(a, b)
+
+
 def test_cuda_without_a_gpu_is_a_clear_error():
     try:
         tape = segtape.Tape("cuda")
