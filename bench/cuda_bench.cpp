@@ -180,31 +180,47 @@ void run(int64_t B, int64_t H, int segments, Mode mode, const char* name) {
 
 #else
 // ------------------------------------------------------------------ LibTorch
+// The stepped model (GRUCell, K steps), or with `sequence` torch::nn::GRU
+// over the segment's K steps (cuDNN's GRU) and the head and the loss over all
+// K B rows at once; SGD; the state carried detached.
 struct Model {
-  torch::nn::GRUCell cell;
+  torch::nn::GRUCell cell;  // stepped (null with sequence)
+  torch::nn::GRU gru;       // sequence (null otherwise)
   torch::nn::Linear head;
   std::unique_ptr<torch::optim::SGD> opt;
   torch::Tensor h, x, y, loss;
-  Model(int64_t B, int64_t H, const Data& d) : cell(kI, H), head(H, kC) {
-    cell->to(torch::kCUDA);
+  Model(int64_t B, int64_t H, const Data& d, bool sequence)
+      : cell(sequence ? torch::nn::GRUCell(nullptr) : torch::nn::GRUCell(kI, H)),
+        gru(sequence ? torch::nn::GRU(torch::nn::GRUOptions(kI, H)) : torch::nn::GRU(nullptr)),
+        head(H, kC) {
+    if (sequence) gru->to(torch::kCUDA);
+    else cell->to(torch::kCUDA);
     head->to(torch::kCUDA);
-    std::vector<torch::Tensor> params = cell->parameters();
+    std::vector<torch::Tensor> params = sequence ? gru->parameters() : cell->parameters();
     for (auto& q : head->parameters()) params.push_back(q);
     opt = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(kLr));
     const auto f = torch::TensorOptions().device(torch::kCUDA);
-    h = torch::zeros({B, H}, f);
+    h = sequence ? torch::zeros({1, B, H}, f) : torch::zeros({B, H}, f);
     loss = torch::zeros({}, f);
     x = torch::from_blob(const_cast<float*>(d.x.data()), {kK, B, kI}, torch::kFloat).to(torch::kCUDA);
     y = torch::from_blob(const_cast<int64_t*>(d.y.data()), {kK, B}, torch::kLong).to(torch::kCUDA);
+    if (sequence) y = y.reshape({kK * B});
   }
   // forward + backward + SGD; the state and loss written in place (static
   // addresses, so the same code can be captured as a graph).
   void body() {
-    torch::Tensor hh = h, total;
-    for (int64_t t = 0; t < kK; ++t) {
-      hh = cell(x[t], hh);
-      torch::Tensor l = torch::nn::functional::cross_entropy(head(hh), y[t]);
-      total = t ? total + l : l;
+    torch::Tensor hh, total;
+    if (!gru.is_empty()) {
+      auto [out, h_last] = gru(x, h);  // out [K, B, H]
+      total = torch::nn::functional::cross_entropy(head(out.reshape({-1, out.size(2)})), y) * double(kK);
+      hh = h_last;
+    } else {
+      hh = h;
+      for (int64_t t = 0; t < kK; ++t) {
+        hh = cell(x[t], hh);
+        torch::Tensor l = torch::nn::functional::cross_entropy(head(hh), y[t]);
+        total = t ? total + l : l;
+      }
     }
     total.backward();
     opt->step();
@@ -215,38 +231,6 @@ struct Model {
   void segment() {
     opt->zero_grad();
     body();
-  }
-};
-
-// torch::nn::GRU over the segment's K steps (cuDNN's GRU), the head and the
-// loss over all K B rows at once, SGD; the state carried detached.
-struct SequenceModel {
-  torch::nn::GRU gru;
-  torch::nn::Linear head;
-  std::unique_ptr<torch::optim::SGD> opt;
-  torch::Tensor h, x, y, loss;
-  SequenceModel(int64_t B, int64_t H, const Data& d) : gru(torch::nn::GRUOptions(kI, H)), head(H, kC) {
-    gru->to(torch::kCUDA);
-    head->to(torch::kCUDA);
-    std::vector<torch::Tensor> params = gru->parameters();
-    for (auto& q : head->parameters()) params.push_back(q);
-    opt = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(kLr));
-    const auto f = torch::TensorOptions().device(torch::kCUDA);
-    h = torch::zeros({1, B, H}, f);
-    loss = torch::zeros({}, f);
-    x = torch::from_blob(const_cast<float*>(d.x.data()), {kK, B, kI}, torch::kFloat).to(torch::kCUDA);
-    y = torch::from_blob(const_cast<int64_t*>(d.y.data()), {kK * B}, torch::kLong).to(torch::kCUDA);
-  }
-  void segment() {
-    opt->zero_grad();
-    auto [out, h_last] = gru(x, h);  // out [K, B, H]
-    const int64_t H = out.size(2);
-    torch::Tensor total = torch::nn::functional::cross_entropy(head(out.reshape({-1, H})), y) * double(kK);
-    total.backward();
-    opt->step();
-    torch::NoGradGuard ng;
-    h.copy_(h_last);
-    loss.copy_(total);
   }
 };
 
@@ -262,24 +246,11 @@ void run(int64_t B, int64_t H, int segments, Mode mode, const char* name) {
   c10::cuda::CUDACachingAllocator::emptyCache();
   const size_t free_before = free_device_bytes();
   c10::cuda::CUDACachingAllocator::resetPeakStats(0);
-  if (mode == Mode::Sequence) {
-    SequenceModel m(B, H, data);
-    for (int s = 0; s < 4; ++s) m.segment();  // warm-up (cuDNN's plans)
-    torch::cuda::synchronize();
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int s = 0; s < segments; ++s) m.segment();
-    torch::cuda::synchronize();
-    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / double(segments * kK);
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
-    row("libtorch", name, B, H, us, double(stats.allocated_bytes[kAggregate].peak), double(stats.reserved_bytes[kAggregate].peak),
-        double(free_before - free_device_bytes()), m.loss.item<double>());
-    return;
-  }
-  Model m(B, H, data);
+  Model m(B, H, data, mode == Mode::Sequence);
   // A side stream, as graph capture requires (eager uses it too, for the same conditions).
   c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
   c10::cuda::CUDAStreamGuard guard(stream);
-  for (int s = 0; s < 4; ++s) m.segment();  // warm-up
+  for (int s = 0; s < 4; ++s) m.segment();  // warm-up (and cuDNN's plans)
   torch::cuda::synchronize();
   at::cuda::CUDAGraph g;
   if (graph) {
