@@ -704,24 +704,22 @@ retention::TorchRunner load_torch_lab(std::string& note) {
     tried.push_back((exe_dir / SEGTAPE_TORCH_LAB_DIR / name).lexically_normal());
 #endif
   }
-  std::string why = "not found";
+  const auto not_run = [&](const std::string& why) -> retention::TorchRunner {
+    note = "LibTorch not run: its module " + why;
+    std::fprintf(stderr, "segtape: warning: %s\n", note.c_str());
+    return nullptr;
+  };
   for (const fs::path& p : tried) {
     if (!fs::exists(p, ec)) continue;
     void* lib = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);  // kept open for the process's life
     const char* err = lib ? nullptr : dlerror();
     if (lib)
       if (auto entry = reinterpret_cast<retention::TorchRunner (*)()>(dlsym(lib, "segtape_torch_lab_runner"))) return entry();
-    why = p.string() + ": " + (err ? err : "no segtape_torch_lab_runner in it");
-    break;
+    return not_run(p.string() + ": " + (err ? err : "no segtape_torch_lab_runner in it"));
   }
-  if (why == "not found") {
-    why = "not found (looked for";
-    for (const fs::path& p : tried) why += " " + p.string();
-    why += tried.empty() ? " nothing: /proc/self/exe is not readable)" : ")";
-  }
-  note = "LibTorch not run: its module " + why;
-  std::fprintf(stderr, "segtape: warning: %s\n", note.c_str());
-  return nullptr;
+  std::string looked;
+  for (const fs::path& p : tried) looked += " " + p.string();
+  return not_run("not found (looked for" + (tried.empty() ? std::string(" nothing: /proc/self/exe is not readable") : looked) + ")");
 }
 #endif
 

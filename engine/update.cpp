@@ -49,6 +49,22 @@ void check_device_scalar(const char* op, const char* what, const Tensor& param, 
     throw ShapeError(std::string(op) + ": " + what + " " + t.describe() + " must be a persistent float64 tensor of one element");
 }
 
+// Both adam_step forms: the parameter and its two moments.
+void check_adam(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq) {
+  check_param("adam_step", param);
+  check_state("adam_step", "exp_avg", param, exp_avg);
+  check_state("adam_step", "exp_avg_sq", param, exp_avg_sq);
+  if (exp_avg.ptr == exp_avg_sq.ptr) throw Error("adam_step: exp_avg and exp_avg_sq are the same tensor");
+}
+
+// add_scalar / fill_value: optimizer state, a persistent floating tensor.
+void check_state_scalar(const char* op, const Tensor& t) {
+  if (!t.defined()) throw Error(std::string(op) + ": undefined tensor");
+  t.check_live(op);
+  if (t.space != Space::Persistent) throw Error(std::string(op) + ": " + t.describe() + " is not a persistent tensor");
+  if (t.dtype == DType::I64) throw ShapeError(std::string(op) + ": " + t.describe() + " is an integer tensor");
+}
+
 }  // namespace
 
 void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdOptions& s, bool first) {
@@ -64,37 +80,21 @@ void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdOptio
 
 void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& s, bool decoupled,
                int64_t step) {
-  check_param("adam_step", param);
-  check_state("adam_step", "exp_avg", param, exp_avg);
-  check_state("adam_step", "exp_avg_sq", param, exp_avg_sq);
-  if (exp_avg.ptr == exp_avg_sq.ptr) throw Error("adam_step: exp_avg and exp_avg_sq are the same tensor");
+  check_adam(param, exp_avg, exp_avg_sq);
   if (step < 1) throw Error("adam_step: step must be >= 1, got " + std::to_string(step));
   In::backend(*param.tape)->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled,
                                    step, nullptr);
   detail::clear_packed(*param.tape);
 }
 
-
 void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& s, bool decoupled,
                const Tensor& step) {
-  check_param("adam_step", param);
-  check_state("adam_step", "exp_avg", param, exp_avg);
-  check_state("adam_step", "exp_avg_sq", param, exp_avg_sq);
-  if (exp_avg.ptr == exp_avg_sq.ptr) throw Error("adam_step: exp_avg and exp_avg_sq are the same tensor");
+  check_adam(param, exp_avg, exp_avg_sq);
   check_device_scalar("adam_step", "the step count", param, step);
   In::backend(*param.tape)->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled,
                                    0, static_cast<const double*>(step.ptr));
   detail::clear_packed(*param.tape);
 }
-
-namespace {
-void check_state_scalar(const char* op, const Tensor& t) {
-  if (!t.defined()) throw Error(std::string(op) + ": undefined tensor");
-  t.check_live(op);
-  if (t.space != Space::Persistent) throw Error(std::string(op) + ": " + t.describe() + " is not a persistent tensor");
-  if (t.dtype == DType::I64) throw ShapeError(std::string(op) + ": " + t.describe() + " is an integer tensor");
-}
-}  // namespace
 
 void add_scalar(const Tensor& t, double value) {
   check_state_scalar("add_scalar", t);

@@ -97,12 +97,11 @@ void Adam::step() {
   if (!device_step_.defined())  // step() allocates nothing: the count is made by the constructor
     throw Error(std::string(kind()) + ": options().capturable was switched on after construction: construct the "
                 "optimizer with capturable = true");
-  if (steps_set_ || device_steps_ != steps_ - 1) {  // after set_step_count: the count on the device is written whole
+  if (steps_set_) {  // after set_step_count: the count on the device is written whole
     fill_value(device_step_, double(steps_ - 1));
     steps_set_ = false;
   }
   add_scalar(device_step_, 1);
-  device_steps_ = steps_;
   for (size_t k = 0; k < params_.size(); ++k) adam_step(params_[k].second, m_[k], v_[k], o_, decoupled_, device_step_);
 }
 

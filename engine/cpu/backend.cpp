@@ -202,14 +202,7 @@ class CpuBackend final : public detail::Backend {
   }
   void add_sum_squares(const void* x, int64_t n, DType d, double* acc, bool first) override {
     if (schedule_.on()) (void)schedule_.issue(detail::call::add_sum_squares(x, n, d, acc, first), "add_grad_squares");
-    double s = first ? 0.0 : *acc;
-    detail::dispatch(d, [&]<class T>() {
-      const T* xt = static_cast<const T*>(x);
-      double part = 0;  // as sum_squares, then added: the host clip's order
-      for (int64_t i = 0; i < n; ++i) part += double(xt[i]) * double(xt[i]);
-      s += part;
-    });
-    *acc = s;
+    *acc = (first ? 0.0 : *acc) + sum_of_squares(x, n, d);  // the host clip's order: each sum, then added
   }
   void clip_scale(void* x, int64_t n, DType d, const double* sum_sq, double max_norm) override {
     if (n > 0 && schedule_.on()) (void)schedule_.issue(detail::call::clip_scale(x, n, d, sum_sq, max_norm), "clip_grad");
@@ -220,6 +213,9 @@ class CpuBackend final : public detail::Backend {
   double sum_squares(const void* x, int64_t n, DType d) override {
     schedule_.check_norm();
     raise_pending();
+    return sum_of_squares(x, n, d);
+  }
+  static double sum_of_squares(const void* x, int64_t n, DType d) {
     double s = 0;
     detail::dispatch(d, [&]<class T>() {
       const T* xt = static_cast<const T*>(x);

@@ -100,9 +100,8 @@ class Adam : public Optimizer {
   bool decoupled_;
   std::vector<Tensor> m_, v_;  // exp_avg, exp_avg_sq
   // options().capturable: the step count on the parameters' device (a
-  // persistent float64 [1]), and the count it holds as the host knows it.
+  // persistent float64 [1], zero when made; rewritten after set_step_count).
   Tensor device_step_;
-  int64_t device_steps_ = 0;
 };
 
 // AdamW: p *= 1 - lr * wd (decoupled decay), then Adam's update with g = grad.
