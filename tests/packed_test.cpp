@@ -68,8 +68,8 @@ TEST(PackedGemm, EqualsADoubleReferenceAtEveryBlockBoundaryAndTail) {
 }
 
 TEST(PackedGemm, TakenWhereTheKernelRuns) {
-  EXPECT_FALSE(cpu::packed_worthwhile(1, 384, 128));  // under 4 rows: OpenBLAS
-  EXPECT_FALSE(cpu::packed_worthwhile(3, 384, 128));
+  EXPECT_EQ(cpu::packed_worthwhile(1, 384, 128), cpu::packed_available());  // packed at the kPackAfter-th product of a pass
+  EXPECT_EQ(cpu::packed_worthwhile(3, 384, 128), cpu::packed_available());
   EXPECT_FALSE(cpu::packed_worthwhile(32, 384, 0));  // an empty inner dimension: BLAS sets C = beta C
   EXPECT_EQ(cpu::packed_worthwhile(4, 384, 128), cpu::packed_available());
   EXPECT_EQ(cpu::packed_worthwhile(32, 384, 128), cpu::packed_available());
@@ -116,7 +116,11 @@ std::vector<double> grads(const Gru& g) {
 // multiples of 32), row blocks of every size, and the inner dimension cut
 // into blocks (H = 800 forward, 3H > 768 backward).
 TEST(PackedGru, Float32EqualsFloat64InValuesAndGradients) {
-  const int64_t shapes[][4] = {{1, 5, 70, 3}, {3, 4, 33, 3}, {5, 7, 13, 4}, {13, 3, 40, 4}, {24, 16, 300, 3}, {6, 4, 800, 2}};
+  // B = 1 and 3 over 3 steps take BLAS throughout; over 12 steps they pack
+  // at the kPackAfter-th (forward and backward).
+  static_assert(cpu::kPackAfter < 12);
+  const int64_t shapes[][4] = {{1, 5, 70, 3},  {1, 5, 70, 12},   {3, 4, 33, 3}, {3, 4, 33, 12},
+                               {5, 7, 13, 4}, {13, 3, 40, 4}, {24, 16, 300, 3}, {6, 4, 800, 2}};
   for (const auto& s : shapes) {
     const int64_t B = s[0], I = s[1], H = s[2], T = s[3];
     std::vector<double> h32, h64, g32, g64;
@@ -137,7 +141,7 @@ TEST(PackedGru, Float32EqualsFloat64InValuesAndGradients) {
         seg.backward(loss);
       }
       (dt == DType::F32 ? g32 : g64) = grads(g);
-      if (dt == DType::F32 && cpu::packed_worthwhile(B, 3 * H, H)) {
+      if (dt == DType::F32 && cpu::packed_worthwhile(B, 3 * H, H) && (B >= cpu::kFewRows || T >= cpu::kPackAfter)) {
         EXPECT_GE(tape.stats().workspace_bytes, cpu::packed_floats(H, 3 * H) * sizeof(float))
             << "the packed W_hh is in the tape's workspace";
       }
@@ -145,6 +149,37 @@ TEST(PackedGru, Float32EqualsFloat64InValuesAndGradients) {
     const std::string at = "B " + std::to_string(B) + " I " + std::to_string(I) + " H " + std::to_string(H);
     EXPECT_LT(rel_error(h32, h64), 2e-6) << at;
     EXPECT_LT(rel_error(g32, g64), 1e-5) << at;
+  }
+}
+
+// With fewer than kFewRows rows a weight is packed at its kPackAfter-th
+// product of a pass, and the products before take BLAS: a short segment
+// never pays for packing. Every step's state agrees with float64 either way.
+TEST(PackedGru, FewRowsPackAtTheProductThatPays) {
+  if (!cpu::packed_available()) GTEST_SKIP() << "no AVX-512F here (or SEGTAPE_PACKED=0): nothing is packed";
+  constexpr int64_t I = 5, H = 40, T = cpu::kPackAfter + 3;
+  for (int64_t B : {1, 3}) {
+    Tape tape, tape64;
+    Gru g(tape, DType::F32, B, I, H, T), g64(tape64, DType::F64, B, I, H, T);
+    Segment seg = tape.segment(), seg64 = tape64.segment();
+    NoGradGuard ng(tape), ng64(tape64);
+    Tensor h = tape.zeros({B, H}), h64 = tape64.zeros({B, H}, DType::F64);
+    size_t workspace = 0;  // the op scratch (from the first step) and the packed copies
+    for (int64_t t = 0; t < T; ++t) {
+      h = gru_cell(g.input(tape, g.x, t, B * I, {B, I}, DType::F32), h, g.w_ih, g.w_hh, g.b_ih, g.b_hh);
+      h64 = gru_cell(g64.input(tape64, g64.x, t, B * I, {B, I}, DType::F64), h64, g64.w_ih, g64.w_hh, g64.b_ih, g64.b_hh);
+      const size_t now = tape.stats().workspace_bytes;
+      if (t > 0) {
+        const size_t grown = now - workspace;
+        if (t + 1 == cpu::kPackAfter)
+          EXPECT_GE(grown, (cpu::packed_floats(H, 3 * H) + cpu::packed_floats(I, 3 * H)) * sizeof(float))
+              << "B " << B << ": W_hh and W_ih are packed at product " << cpu::kPackAfter;
+        else
+          EXPECT_EQ(grown, 0u) << "B " << B << ", product " << t + 1 << ": packed only at product " << cpu::kPackAfter;
+      }
+      workspace = now;
+      EXPECT_LT(rel_error(values(h), values(h64)), 2e-6) << "B " << B << " step " << t;
+    }
   }
 }
 

@@ -102,7 +102,7 @@ bool packed_available() {
 }
 
 bool packed_worthwhile(int64_t M, int64_t N, int64_t K) {
-  if (M < 4 || N < 1 || K < 1 || !packed_available()) return false;
+  if (M < 1 || N < 1 || K < 1 || !packed_available()) return false;
   return openblas_get_num_threads() == 1 || M * N * K <= (int64_t(1) << 22);
 }
 
@@ -174,6 +174,45 @@ using RowsFn = void (*)(int64_t, const float*, int64_t, const float*, float*, in
 constexpr RowsFn kRows[kMR + 1] = {nullptr, rows<1>, rows<2>, rows<3>, rows<4>,  rows<5>, rows<6>,
                                    rows<7>, rows<8>, rows<9>, rows<10>, rows<11>, rows<12>};
 
+// Under kFewRows rows (B = 1, the agent's case) one panel gives each row only
+// two accumulators, too few to hide the FMA's latency: C [MR, P panels] (+)=
+// A [MR, kc] * P consecutive panel blocks instead (2 * MR * P accumulators,
+// one broadcast of A per row and k). The last panel may be partial (cols).
+constexpr int64_t kPanels = 4;
+template <int MR, int P>
+SEGTAPE_AVX512 void few_rows(int64_t kc, const float* A, int64_t lda, const float* B, float* C, int64_t ldc, bool acc,
+                             int64_t cols) {
+  __m512 lo[MR][P], hi[MR][P];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) lo[i][p] = _mm512_setzero_ps(), hi[i][p] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 b0[P], b1[P];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) b0[p] = _mm512_load_ps(B + (p * kc + k) * kNR), b1[p] = _mm512_load_ps(B + (p * kc + k) * kNR + 16);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512 a = _mm512_set1_ps(A[i * lda + k]);
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) lo[i][p] = _mm512_fmadd_ps(a, b0[p], lo[i][p]), hi[i][p] = _mm512_fmadd_ps(a, b1[p], hi[i][p]);
+    }
+  }
+  __mmask16 m0, m1;
+  masks(cols, m0, m1);
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      const bool last = p == P - 1;  // only the last panel may be partial
+      store_row(C + i * ldc + p * kNR, lo[i][p], hi[i][p], acc, last ? m0 : __mmask16(0xFFFF), last ? m1 : __mmask16(0xFFFF));
+    }
+}
+
+template <int MR>
+constexpr RowsFn kFew[kPanels + 1] = {nullptr, few_rows<MR, 1>, few_rows<MR, 2>, few_rows<MR, 3>, few_rows<MR, 4>};
+constexpr const RowsFn* kFewByRows[kFewRows] = {nullptr, kFew<1>, kFew<2>, kFew<3>};
+
 }  // namespace
 #endif
 
@@ -185,6 +224,13 @@ void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
     const int64_t kc = std::min(KC, K - k0);
     const bool acc = beta != 0.0f || k0 > 0;
     const float* B = packed + k0 * panels * kNR;  // this block of the inner dimension: its panels, one after another
+    if (M < kFewRows) {
+      for (int64_t j = 0; j < panels; j += kPanels) {
+        const int64_t p = std::min(kPanels, panels - j), cols = std::min((j + p) * kNR, N) - (j + p - 1) * kNR;
+        kFewByRows[M][p](kc, A + k0, lda, B + j * kc * kNR, C + j * kNR, ldc, acc, cols);
+      }
+      continue;
+    }
     for (int64_t j = 0; j < panels; ++j) {
       const int64_t cols = std::min(kNR, N - j * kNR);
       float* Cj = C + j * kNR;

@@ -13,11 +13,18 @@ namespace segtape::cpu {
 // AVX-512F, and SEGTAPE_PACKED not "0" in the environment (read once).
 bool packed_available();
 
-// Whether a product of these sizes takes the packed path: packed_available(),
-// at least 4 rows (under 4, packing once per pass does not pay: a row of A
-// uses each element of B once), and OpenBLAS on one thread, or a product
-// small enough that OpenBLAS's threads do not pay (M * N * K <= 2^22).
+// Whether a product of these sizes may take the packed path: packed_available(),
+// and OpenBLAS on one thread, or a product small enough that OpenBLAS's
+// threads do not pay (M * N * K <= 2^22).
 bool packed_worthwhile(int64_t M, int64_t N, int64_t K);
+
+// Under kFewRows rows a row of A uses each element of B once, so packing B
+// pays only when a pass reuses it: the GRU packs such a weight at its
+// kPackAfter-th product in a pass (detail::packed_weight) and leaves the
+// products before to BLAS. Packing W_hh at H = 128 costs about four of its
+// products through OpenBLAS (docs/benchmarks.md, change 11).
+constexpr int64_t kFewRows = 4;
+constexpr int kPackAfter = 8;
 
 // Floats of a packed K x N operand (columns padded to a multiple of 32).
 size_t packed_floats(int64_t K, int64_t N);

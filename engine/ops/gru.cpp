@@ -274,15 +274,22 @@ void clear_packed(Tape& tape) {
 const float* packed_weight(Tape& tape, const Tensor& w, int64_t M, int64_t K, int64_t N, bool trans) {
   if (w.dtype != DType::F32 || w.space != Space::Persistent || !cpu::packed_worthwhile(M, N, K)) return nullptr;
   PackedWeights& pw = In::packed(tape);
-  for (int i = 0; i < pw.count; ++i) {
-    const PackedWeights::Entry& e = pw.entries[size_t(i)];
-    if (e.src == w.ptr && e.trans == trans && e.K == K && e.N == N) return e.data;
+  PackedWeights::Entry* e = nullptr;
+  for (int i = 0; i < pw.count && !e; ++i) {
+    PackedWeights::Entry& c = pw.entries[size_t(i)];
+    if (c.src == w.ptr && c.trans == trans && c.K == K && c.N == N) e = &c;
   }
-  if (pw.count == int(pw.entries.size())) return nullptr;
+  if (e && e->data) return e->data;
+  if (!e) {
+    if (pw.count == int(pw.entries.size())) return nullptr;
+    e = &pw.entries[size_t(pw.count++)];
+    *e = {w.ptr, K, N, trans, nullptr, 0};
+  }
+  if (M < cpu::kFewRows && ++e->uses < cpu::kPackAfter) return nullptr;
   auto* data = static_cast<float*>(pw.buffers.try_alloc(cpu::packed_floats(K, N) * sizeof(float)));
   if (!data) return nullptr;
   cpu::pack_b(static_cast<const float*>(w.ptr), K, N, trans, data);
-  pw.entries[size_t(pw.count++)] = {w.ptr, K, N, trans, data};
+  e->data = data;
   return data;
 }
 

@@ -104,7 +104,8 @@ struct PackedWeights {
     const void* src = nullptr;
     int64_t K = 0, N = 0;
     bool trans = false;
-    const float* data = nullptr;
+    const float* data = nullptr;  // null until packed
+    int uses = 0;                 // products with fewer than cpu::kFewRows rows, while not yet packed
   };
   Arena buffers{0, true};  // no chunk until a weight is packed; then one per size, kept
   std::array<Entry, 8> entries{};
@@ -114,7 +115,10 @@ void clear_packed(Tape& tape);
 // The persistent weight w as the packed operand B [K, N] of C [M, N] = A B
 // (B = w^T when trans), packed now if it is not yet; nullptr where the packed
 // path does not apply (not float32, not persistent, too small, no AVX-512,
-// more than eight weights in one pass).
+// more than eight weights in one pass). With fewer than cpu::kFewRows rows
+// (B = 1: each product reads the weight once, so packing it pays only over
+// several) the weight is packed at its cpu::kPackAfter-th such product in the
+// pass; the ones before take BLAS, so a short segment never packs.
 const float* packed_weight(Tape& tape, const Tensor& w, int64_t M, int64_t K, int64_t N, bool trans);
 // Counts the GRU nodes of this backward that may be batched (sets `remaining`).
 void prepare_gru_batch(Tape& tape, int64_t last_node);
