@@ -110,12 +110,14 @@ void start_gru_batch(Tape& tape, const Node& n, const ops::Grads& dst) {
   detail::GruBatch& gb = In::gru_batch(tape);
   const int64_t B = n.in[0].dim(0), I = n.in[0].dim(1), H = n.in[1].dim(1);
   const size_t es = dtype_size(n.out.dtype);
-  // ~max(256, H) stacked rows make the weight GEMMs efficient without a large
+  // ~max(128, H) stacked rows make the weight GEMMs efficient without a large
   // workspace: each flush reads and writes dW_hh [3H, H] once, so at H = 1024
   // 256 rows spent a quarter of the GEMM's time on that traffic (OpenBLAS
-  // 0.3.21, one thread: 109 GFLOP/s at 256 rows, 151 at 1024). The workspace
-  // is rows * (7H + I) elements, about 2.3 times W_hh's size at rows = H.
-  const int64_t rows = std::max<int64_t>(256, H);
+  // 0.3.21, one thread: 109 GFLOP/s at 256 rows, 151 at 1024); at H = 128,
+  // where dW_hh stays in L2, 64, 128 and 256 rows ran a step at the same
+  // speed (docs/benchmarks.md, change 12). The workspace is rows * (7H + I)
+  // elements, about 2.3 times W_hh's size at rows = H.
+  const int64_t rows = std::max<int64_t>(128, H);
   gb.capacity = std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(rows / B, 1), gb.remaining));
   gb.buffers.reset();
   auto take = [&](int64_t floats) {

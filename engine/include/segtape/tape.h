@@ -71,7 +71,7 @@ struct TapeOptions {
   const char* budget_name = nullptr;
   bool anomaly = false;         // check every op's output for NaN / Inf
   // Backward accumulates the weight gradients of GRU cells sharing weights as
-  // one GEMM over many steps' rows (chunks of ~256 rows) instead of one per
+  // one GEMM over many steps' rows (chunks of max(128, H) rows) instead of one per
   // step: a segment knows its extent, an eager engine does not. CPU only: on
   // CUDA each gru_cell's backward makes its own weight GEMMs (a GRU layer is
   // one gru_sequence there, whose cuDNN backward covers the whole sequence).
