@@ -9,7 +9,11 @@
 #include <random>
 #include <vector>
 
+#include <cblas.h>
+
 #include "cpu/packed.h"
+#include "ops/op.h"
+#include "tape_internals.h"
 #include "segtape/update.h"
 #include "util.h"
 
@@ -31,8 +35,10 @@ TEST(PackedGemm, EqualsADoubleReferenceAtEveryBlockBoundaryAndTail) {
   for (int64_t M : {1, 2, 3, 4, 11, 12, 13, 25, 64})
     for (int64_t N : {1, 17, 31, 32, 33, 100, 129})
       for (int64_t K : {1, 7, 768, 769, 1100})
-        for (bool trans : {false, true})
+        for (int form = 0; form < 3; ++form)  // W^T, W, and W^T with A given transposed (from kFewRows rows)
           for (float beta : {0.0f, 1.0f}) {
+            const bool trans = form != 1, trans_a = form == 2;
+            if (trans_a && M < cpu::kFewRows) continue;
             const int64_t lda = K + 3, ldc = N + 5;
             std::vector<float> A(size_t(M * lda)), W(size_t(K * N)), C(size_t(M * ldc));
             for (float& v : A) v = u(rng);
@@ -43,7 +49,14 @@ TEST(PackedGemm, EqualsADoubleReferenceAtEveryBlockBoundaryAndTail) {
             float* p = P.data();
             while (reinterpret_cast<uintptr_t>(p) % 64) ++p;  // pack_b wants 64-byte alignment
             cpu::pack_b(W.data(), K, N, trans, p);
-            cpu::packed_gemm(M, N, K, A.data(), lda, p, beta, C.data(), ldc);
+            if (trans_a) {  // the same A, laid out as A^T [K, M] with row stride M + 2
+              std::vector<float> At(size_t(K * (M + 2)));
+              for (int64_t i = 0; i < M; ++i)
+                for (int64_t k = 0; k < K; ++k) At[size_t(k * (M + 2) + i)] = A[size_t(i * lda + k)];
+              cpu::packed_gemm(M, N, K, At.data(), M + 2, p, beta, C.data(), ldc, true);
+            } else {
+              cpu::packed_gemm(M, N, K, A.data(), lda, p, beta, C.data(), ldc);
+            }
             for (int64_t i = 0; i < M; ++i) {
               for (int64_t j = 0; j < ldc; ++j) {
                 const float got = C[size_t(i * ldc + j)];
@@ -58,13 +71,13 @@ TEST(PackedGemm, EqualsADoubleReferenceAtEveryBlockBoundaryAndTail) {
                   mag += std::abs(double(A[size_t(i * lda + k)]) * b);
                 }
                 ASSERT_NEAR(got, ref, 1e-6 * mag + 1e-6)
-                    << "M " << M << " N " << N << " K " << K << (trans ? " W^T" : " W") << " beta " << beta << " at (" << i
+                    << "M " << M << " N " << N << " K " << K << (trans ? " W^T" : " W") << (trans_a ? ", A^T" : "") << " beta " << beta << " at (" << i
                     << ", " << j << ")";
               }
             }
             ++checked;
           }
-  EXPECT_EQ(checked, 9 * 7 * 5 * 4);
+  EXPECT_EQ(checked, 9 * 7 * 5 * 4 + 6 * 7 * 5 * 2);
 }
 
 TEST(PackedGemm, TakenWhereTheKernelRuns) {
@@ -179,6 +192,52 @@ TEST(PackedGru, FewRowsPackAtTheProductThatPays) {
       }
       workspace = now;
       EXPECT_LT(rel_error(values(h), values(h64)), 2e-6) << "B " << B << " step " << t;
+    }
+  }
+}
+
+// With more than one OpenBLAS thread, a batch of weight gradients too small
+// for the threads to pay (B = 1 and 3 over 12 steps) takes segtape's
+// one-thread kernel, its operands copied into the batch's workspace; the
+// gradients agree with float64 (OpenBLAS) either way.
+TEST(PackedGru, SmallWeightGradientsTakeOneThreadWhereOpenBlasHasMore) {
+  struct Restore {
+    int n;
+    ~Restore() { openblas_set_num_threads(n); }
+  } restore{openblas_get_num_threads()};
+  constexpr int64_t I = 5, H = 40, T = 12;
+  for (int64_t B : {1, 3}) {
+    // float32 on one and on two OpenBLAS threads, then float64 on one
+    std::vector<double> g[3];
+    size_t batch_peak[3] = {};  // the high-water of backward's GRU batch arena
+    bool two_threads = false;
+    for (int run = 0; run < 3; ++run) {
+      openblas_set_num_threads(run == 1 ? 2 : 1);
+      if (run == 1) {
+        two_threads = openblas_get_num_threads() > 1;  // an OpenBLAS built for one thread stays at one
+        EXPECT_EQ(cpu::threads_do_not_pay(3 * H, H, B * T), two_threads && cpu::packed_available());
+      }
+      const DType dt = run == 2 ? DType::F64 : DType::F32;
+      Tape tape;
+      Gru gru(tape, dt, B, I, H, T);
+      {
+        Segment seg = tape.segment();
+        Tensor h = tape.zeros({B, H}, dt), loss;
+        for (int64_t t = 0; t < T; ++t) {
+          h = gru_cell(gru.input(tape, gru.x, t, B * I, {B, I}, dt), h, gru.w_ih, gru.w_hh, gru.b_ih, gru.b_hh);
+          const Tensor term = sum(mul(h, gru.input(tape, gru.c, t, B * H, {B, H}, dt)));
+          loss = t == 0 ? term : add(loss, term);
+        }
+        seg.backward(loss);
+      }
+      batch_peak[run] = detail::TapeInternals::gru_batch(tape).buffers.peak();
+      g[run] = grads(gru);
+    }
+    EXPECT_LT(rel_error(g[0], g[2]), 1e-5) << "B " << B << ", one thread";
+    EXPECT_LT(rel_error(g[1], g[2]), 1e-5) << "B " << B << ", two threads";
+    if (two_threads && cpu::packed_available()) {
+      // dgh^T and the packed h (and dgi^T and x) in the batch's arena, beside what one thread holds there
+      EXPECT_GT(batch_peak[1], batch_peak[0]) << "B " << B << ": the weight gradients took segtape's kernel";
     }
   }
 }

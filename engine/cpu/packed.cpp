@@ -106,6 +106,10 @@ bool packed_worthwhile(int64_t M, int64_t N, int64_t K) {
   return openblas_get_num_threads() == 1 || M * N * K <= (int64_t(1) << 22);
 }
 
+bool threads_do_not_pay(int64_t M, int64_t N, int64_t K) {
+  return M >= 1 && N >= 1 && K >= 1 && packed_available() && openblas_get_num_threads() > 1 && M * N * K <= (int64_t(1) << 22);
+}
+
 size_t packed_floats(int64_t K, int64_t N) { return size_t((N + kNR - 1) / kNR * kNR * K); }
 
 void pack_b(const float* W, int64_t K, int64_t N, bool trans, float* dst) {
@@ -148,7 +152,8 @@ SEGTAPE_AVX512_INLINE void store_row(float* c, __m512 lo, __m512 hi, bool acc, _
 
 // C [MR, cols] (+)= A [MR, kc] * one packed panel block [kc, 32]. The rows are
 // a parameter pack so every accumulator is a named register, not an array.
-template <int... I>
+// A [i, k] is A[i * lda + k], or A[k * lda + i] when TA (A given transposed).
+template <bool TA, int... I>
 SEGTAPE_AVX512 void kernel(std::integer_sequence<int, I...>, int64_t kc, const float* A, int64_t lda, const float* B, float* C,
                            int64_t ldc, bool acc, int64_t cols) {
   constexpr int MR = sizeof...(I);
@@ -156,8 +161,8 @@ SEGTAPE_AVX512 void kernel(std::integer_sequence<int, I...>, int64_t kc, const f
   ((lo[I] = _mm512_setzero_ps(), hi[I] = _mm512_setzero_ps()), ...);
   for (int64_t k = 0; k < kc; ++k) {
     const __m512 b0 = _mm512_load_ps(B + k * kNR), b1 = _mm512_load_ps(B + k * kNR + 16);
-    ((lo[I] = _mm512_fmadd_ps(_mm512_set1_ps(A[I * lda + k]), b0, lo[I]),
-      hi[I] = _mm512_fmadd_ps(_mm512_set1_ps(A[I * lda + k]), b1, hi[I])),
+    ((lo[I] = _mm512_fmadd_ps(_mm512_set1_ps(TA ? A[k * lda + I] : A[I * lda + k]), b0, lo[I]),
+      hi[I] = _mm512_fmadd_ps(_mm512_set1_ps(TA ? A[k * lda + I] : A[I * lda + k]), b1, hi[I])),
      ...);
   }
   __mmask16 m0, m1;
@@ -165,14 +170,15 @@ SEGTAPE_AVX512 void kernel(std::integer_sequence<int, I...>, int64_t kc, const f
   (store_row(C + I * ldc, lo[I], hi[I], acc, m0, m1), ...);
 }
 
-template <int MR>
+template <int MR, bool TA>
 SEGTAPE_AVX512 void rows(int64_t kc, const float* A, int64_t lda, const float* B, float* C, int64_t ldc, bool acc, int64_t cols) {
-  kernel(std::make_integer_sequence<int, MR>{}, kc, A, lda, B, C, ldc, acc, cols);
+  kernel<TA>(std::make_integer_sequence<int, MR>{}, kc, A, lda, B, C, ldc, acc, cols);
 }
 
 using RowsFn = void (*)(int64_t, const float*, int64_t, const float*, float*, int64_t, bool, int64_t);
-constexpr RowsFn kRows[kMR + 1] = {nullptr, rows<1>, rows<2>, rows<3>, rows<4>,  rows<5>, rows<6>,
-                                   rows<7>, rows<8>, rows<9>, rows<10>, rows<11>, rows<12>};
+template <bool TA>
+constexpr RowsFn kRows[kMR + 1] = {nullptr,         rows<1, TA>, rows<2, TA>, rows<3, TA>,  rows<4, TA>,  rows<5, TA>, rows<6, TA>,
+                                   rows<7, TA>,     rows<8, TA>, rows<9, TA>, rows<10, TA>, rows<11, TA>, rows<12, TA>};
 
 // Under kFewRows rows (B = 1, the agent's case) one panel gives each row only
 // two accumulators, too few to hide the FMA's latency: C [MR, P panels] (+)=
@@ -217,14 +223,14 @@ constexpr const RowsFn* kFewByRows[kFewRows] = {nullptr, kFew<1>, kFew<2>, kFew<
 #endif
 
 void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* packed, float beta, float* C,
-                 int64_t ldc) {
+                 int64_t ldc, bool trans_a) {
 #ifdef SEGTAPE_PACKED_KERNEL
   const int64_t panels = (N + kNR - 1) / kNR, KC = block_of(K), blocks = (M + kMR - 1) / kMR;
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int64_t kc = std::min(KC, K - k0);
     const bool acc = beta != 0.0f || k0 > 0;
     const float* B = packed + k0 * panels * kNR;  // this block of the inner dimension: its panels, one after another
-    if (M < kFewRows) {
+    if (M < kFewRows && !trans_a) {
       for (int64_t j = 0; j < panels; j += kPanels) {
         const int64_t p = std::min(kPanels, panels - j), cols = std::min((j + p) * kNR, N) - (j + p - 1) * kNR;
         kFewByRows[M][p](kc, A + k0, lda, B + j * kc * kNR, C + j * kNR, ldc, acc, cols);
@@ -236,13 +242,14 @@ void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
       float* Cj = C + j * kNR;
       for (int64_t b = 0, m = 0; b < blocks; ++b) {
         const int64_t r = M / blocks + (b < M % blocks ? 1 : 0);
-        kRows[r](kc, A + m * lda + k0, lda, B + j * kc * kNR, Cj + m * ldc, ldc, acc, cols);
+        if (trans_a) kRows<true>[r](kc, A + k0 * lda + m, lda, B + j * kc * kNR, Cj + m * ldc, ldc, acc, cols);
+        else kRows<false>[r](kc, A + m * lda + k0, lda, B + j * kc * kNR, Cj + m * ldc, ldc, acc, cols);
         m += r;
       }
     }
   }
 #else
-  (void)M, (void)N, (void)K, (void)A, (void)lda, (void)packed, (void)beta, (void)C, (void)ldc;
+  (void)M, (void)N, (void)K, (void)A, (void)lda, (void)packed, (void)beta, (void)C, (void)ldc, (void)trans_a;
   std::abort();  // unreachable: packed_available() is false
 #endif
 }

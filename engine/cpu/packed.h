@@ -18,6 +18,12 @@ bool packed_available();
 // threads do not pay (M * N * K <= 2^22).
 bool packed_worthwhile(int64_t M, int64_t N, int64_t K);
 
+// Whether a product OpenBLAS would run on more than one thread is too small
+// for its threads to pay (M * N * K <= 2^22, the bound above), so that
+// segtape's one-thread kernel should take it even where packing its operands
+// is an extra copy: packed_available() and OpenBLAS on more than one thread.
+bool threads_do_not_pay(int64_t M, int64_t N, int64_t K);
+
 // Under kFewRows rows a row of A uses each element of B once, so packing B
 // pays only when a pass reuses it: the GRU packs such a weight at its
 // kPackAfter-th product in a pass (detail::packed_weight) and leaves the
@@ -33,8 +39,10 @@ size_t packed_floats(int64_t K, int64_t N);
 // dst: packed_floats(K, N) floats, 64-byte aligned.
 void pack_b(const float* W, int64_t K, int64_t N, bool trans, float* dst);
 
-// C [M, N] = A [M, K] (row stride lda) * B + beta * C (beta 0 or 1), B packed by pack_b.
+// C [M, N] = A [M, K] (row stride lda) * B + beta * C (beta 0 or 1), B packed
+// by pack_b. trans_a: A is given as A^T [K, M] (row stride lda), read in
+// place (a backward's dg^T h, where dg is [rows, 3H]); only for M >= kFewRows.
 void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* packed, float beta, float* C,
-                 int64_t ldc);
+                 int64_t ldc, bool trans_a = false);
 
 }  // namespace segtape::cpu

@@ -70,12 +70,33 @@ void gru_gates(Tape& t, const Node& nd, T* S, T* y) {
   }
 }
 
-// dW_ih += dgi^T x, dW_hh += dgh^T h, db_ih += colsum dgi, db_hh += colsum dgh over `rows` rows.
+// dW [G, N] += dg^T v for dg [rows, G], v [rows, N] on segtape's one-thread
+// kernel, where OpenBLAS runs more threads than pay for so small a product
+// (cpu::threads_do_not_pay: B = 1's batch of a 32-step segment, 1.5 M
+// multiply-adds at H = 128, ran slower on OpenBLAS's two threads than on
+// one). dg is read in place as the kernel's transposed A; v is packed into
+// `spare` (the batch's arena, reset with the batch). False where it does not apply.
+bool weight_grad_on_one_thread(Arena& spare, int64_t rows, int64_t G, int64_t N, const float* dg, const float* v, float* dW) {
+  if (G < cpu::kFewRows || !cpu::threads_do_not_pay(G, N, rows)) return false;
+  auto* pv = static_cast<float*>(spare.try_alloc(cpu::packed_floats(rows, N) * sizeof(float)));
+  if (!pv) return false;
+  cpu::pack_b(v, rows, N, false, pv);
+  cpu::packed_gemm(G, N, rows, dg, G, pv, 1.0f, dW, N, true);
+  return true;
+}
+
+// dW_ih += dgi^T x, dW_hh += dgh^T h, db_ih += colsum dgi, db_hh += colsum dgh
+// over `rows` rows; `spare`: an arena for weight_grad_on_one_thread's copies.
 template <class T>
 void gru_weight_grads(int64_t rows, int64_t I, int64_t H, const T* dgi, const T* dgh, const T* x, const T* h,
-                      std::array<void*, 4> dw) {
-  if (T* d = static_cast<T*>(dw[0])) cpu::gemm(true, false, 3 * H, I, rows, T(1), dgi, 3 * H, x, I, T(1), d, I);
-  if (T* d = static_cast<T*>(dw[1])) cpu::gemm(true, false, 3 * H, H, rows, T(1), dgh, 3 * H, h, H, T(1), d, H);
+                      std::array<void*, 4> dw, Arena* spare = nullptr) {
+  auto product = [&](T* d, const T* dg, const T* v, int64_t N) {
+    if constexpr (std::is_same_v<T, float>)
+      if (spare && weight_grad_on_one_thread(*spare, rows, 3 * H, N, dg, v, d)) return;
+    cpu::gemm(true, false, 3 * H, N, rows, T(1), dg, 3 * H, v, N, T(1), d, N);
+  };
+  if (T* d = static_cast<T*>(dw[0])) product(d, dgi, x, I);
+  if (T* d = static_cast<T*>(dw[1])) product(d, dgh, h, H);
   if (T* d = static_cast<T*>(dw[2])) detail::reduce_rows(d, rows * 3 * H, 3 * H, [&](int64_t i, int64_t) { return dgi[i]; });
   if (T* d = static_cast<T*>(dw[3])) detail::reduce_rows(d, rows * 3 * H, 3 * H, [&](int64_t i, int64_t) { return dgh[i]; });
 }
@@ -259,7 +280,7 @@ void flush_gru_batch(Tape& tape) {
     const std::array<void*, 4> dw = {gb.dw[0], gb.dw[1], gb.dw[2], gb.dw[3]};
     dispatch(n.out.dtype, [&]<class T>() {
       gru_weight_grads<T>(rows, I, H, static_cast<T*>(gb.dgi), static_cast<T*>(gb.dgh), static_cast<T*>(gb.x),
-                          static_cast<T*>(gb.h), dw);
+                          static_cast<T*>(gb.h), dw, &gb.buffers);
     });
   }
   gb.first = nullptr;
