@@ -10,11 +10,13 @@
 // using Google Benchmark's leading '-' (exclude) applies to the timing only.
 //
 // One source, three roles, so that no timed process carries instrumentation:
-//   * the driver (compare): for each thread count, --rounds rounds; in each
-//     round, in random order, one worker process times segtape, LibTorch and
-//     the floors (Google Benchmark, its repetitions interleaved at random) and
-//     one times LibTorch alone under GLIBC_TUNABLES (glibc's malloc tuned,
-//     which a process reads only when it starts). Then the memory pass.
+//   * the driver (compare): --rounds rounds; in each round, for each thread
+//     count in random order, and in random order within it, one worker
+//     process times segtape, LibTorch and the floors (Google Benchmark, its
+//     repetitions interleaved at random) and one times LibTorch alone under
+//     GLIBC_TUNABLES (glibc's malloc tuned, which a process reads only when it
+//     starts). Then the memory passes, and segtape's time on each thread count
+//     against the first, round by round.
 //   * a worker (compare --worker): times only; no allocation hook, no
 //     counting allocator. Prints one "time <benchmark> <us>" line per run.
 //   * the memory pass (compare_memory, built from this file with
@@ -373,7 +375,8 @@ struct Memory {
 // One thread count's measurements.
 struct Results {
   int threads = 1;
-  std::map<std::string, std::vector<double>> us;  // benchmark -> every repetition of every round
+  std::map<std::string, std::vector<double>> us;        // benchmark -> every repetition of every round
+  std::map<std::string, std::vector<double>> by_round;  // benchmark -> the median of each round's repetitions
   std::map<std::string, Memory> mem;
 };
 
@@ -457,6 +460,40 @@ std::string time_table(Results& r, bool torch) {
   };
   for (const Size& z : kSizes) row(std::to_string(z.B) + ", " + std::to_string(z.H), "train", z.B, z.H, true);
   row("inference 1, 128", "infer", 1, 128, false);
+  return o.str();
+}
+
+// segtape on each further thread count against the first (one thread), round
+// by round: the ratio of the two rounds' medians, which ran minutes apart at
+// most, then the median (min–max) of those ratios.
+std::string threads_table(std::vector<Results>& all) {
+  std::ostringstream o;
+  const Results& base = all.front();
+  o << "segtape's time per step on each thread count against " << base.threads << (base.threads == 1 ? " thread" : " threads")
+    << ", round by round: each round's median on each, their ratio, then the median (min–max) of the ratios over the "
+       "rounds:\n\n"
+       "| B, H |";
+  for (size_t i = 1; i < all.size(); ++i) o << " " << all[i].threads << " / " << base.threads << " threads |";
+  o << "\n|---|";
+  for (size_t i = 1; i < all.size(); ++i) o << "---|";
+  o << "\n";
+  auto row = [&](const std::string& label, const std::string& key) {
+    o << "| " << label << " |";
+    const auto b = base.by_round.find(key);
+    for (size_t i = 1; i < all.size(); ++i) {
+      const auto t = all[i].by_round.find(key);
+      std::vector<double> r;
+      if (b != base.by_round.end() && t != all[i].by_round.end())
+        for (size_t k = 0; k < std::min(b->second.size(), t->second.size()); ++k) r.push_back(t->second[k] / b->second[k]);
+      const Summary s = summarize(r);
+      char c[96] = "–";
+      if (s.n) std::snprintf(c, sizeof c, "%.3f (%.3f–%.3f)", s.median, s.lo, s.hi);
+      o << " " << c << " |";
+    }
+    o << "\n";
+  };
+  for (const Size& z : kSizes) row(std::to_string(z.B) + ", " + std::to_string(z.H), key_of("segtape_train", z.B, z.H));
+  row("inference 1, 128", key_of("segtape_infer", 1, 128));
   return o.str();
 }
 
@@ -597,23 +634,42 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "compare: OpenBLAS kernels: %s\n", blas_core().c_str());
   std::mt19937 rng(std::random_device{}());
-  std::string doc;
-  for (int threads : thread_counts) {
-    Results res;
-    res.threads = threads;
-    char numbers[128];
-    std::snprintf(numbers, sizeof numbers, " --worker --threads %d --repetitions %d --min-time %g", threads, reps, min_time);
-    const std::string common = numbers + std::string(" --filter ") + shell_quote(filter);
-    const std::string omp = "OMP_NUM_THREADS=" + std::to_string(threads) + " ";
-    for (int round = 0; round < rounds; ++round) {
+  std::vector<Results> all(thread_counts.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i].threads = thread_counts[i];
+  // The thread counts alternate within each round, so that a slow spell of
+  // the machine does not fall on one of them only.
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<size_t> order(all.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t i : order) {
+      Results& res = all[i];
+      char numbers[128];
+      std::snprintf(numbers, sizeof numbers, " --worker --threads %d --repetitions %d --min-time %g", res.threads, reps, min_time);
+      const std::string common = numbers + std::string(" --filter ") + shell_quote(filter);
+      const std::string omp = "OMP_NUM_THREADS=" + std::to_string(res.threads) + " ";
+      std::map<std::string, size_t> before;
+      for (const auto& [name, v] : res.us) before[name] = v.size();
       bool tuned_first = torch && (rng() & 1);
       for (int k = 0; k < (torch ? 2 : 1); ++k) {
         if ((k == 0) != tuned_first) run_child(omp + self + common, "", res);
         else run_child(omp + "GLIBC_TUNABLES=" + kTunables + " " + self + common + " --torch-only", "libtorch_tuned_", res);
       }
+      for (const auto& [name, v] : res.us)
+        if (v.size() > before[name])
+          res.by_round[name].push_back(summarize(std::vector<double>(v.begin() + std::ptrdiff_t(before[name]), v.end())).median);
     }
-    run_child(omp + shell_quote(memory) + " --threads " + std::to_string(threads) + " --filter " + shell_quote(filter), "", res);
+  }
+  std::string doc;
+  for (Results& res : all) {
+    const std::string omp = "OMP_NUM_THREADS=" + std::to_string(res.threads) + " ";
+    run_child(omp + shell_quote(memory) + " --threads " + std::to_string(res.threads) + " --filter " + shell_quote(filter), "", res);
     const std::string t = time_table(res, torch) + "\n" + memory_table(res, torch, doc.empty());
+    std::printf("\n%s\n", t.c_str());
+    doc += t + "\n";
+  }
+  if (all.size() > 1) {
+    const std::string t = threads_table(all);
     std::printf("\n%s\n", t.c_str());
     doc += t + "\n";
   }
@@ -628,7 +684,8 @@ int main(int argc, char** argv) {
     const size_t b = text.find(begin), e = text.find(end);
     char how[768];
     std::snprintf(how, sizeof how,
-                  "%d rounds per thread count. In each round, in random order, one process times segtape, LibTorch and the "
+                  "%d rounds, the thread counts in random order within each. In each round and thread count, in random order, "
+                  "one process times segtape, LibTorch and the "
                   "floors (%d repetitions of each, interleaved at random by Google Benchmark) and one times LibTorch alone "
                   "with `GLIBC_TUNABLES=%s`. Each cell is the median over the %d repetitions of all rounds (min–max in "
                   "parentheses). Memory and heap allocations come from a separate, untimed pass (`compare_memory`); no "

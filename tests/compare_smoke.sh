@@ -15,6 +15,10 @@ grep -q '^| inference 1, 128 | [0-9.]* (' <<<"$out" || fail "no timed inference 
 grep -q '^| inference 1, 128 | 24.0 KiB | .* | 0 | ' <<<"$out" || fail "segtape's inference segment is not 24 KiB with 0 heap allocations per step"
 # The filter reaches the memory pass: the training rows have no measurement.
 grep -q '^| 1, 128 | 0.0 KiB |' <<<"$out" || fail "the memory pass ran a filtered-out benchmark"
+# Two thread counts alternate within each round; segtape's round-by-round ratio table follows.
+out=$("$dir/compare" --threads 1,2 --rounds 2 --repetitions 1 --min-time 0.01 --filter 'segtape_infer')
+grep -q '^| B, H | 2 / 1 threads |$' <<<"$out" || fail "no thread-ratio table"
+grep -qE '^\| inference 1, 128 \| [0-9]+\.[0-9]{3} \([0-9]+\.[0-9]{3}–[0-9]+\.[0-9]{3}\) \|$' <<<"$out" || fail "no round-by-round ratio for inference"
 mem=$("$dir/compare_memory" --filter 'segtape_infer')
 [[ "$mem" == "memory segtape_infer/1/128 24576 0 0 0" ]] || fail "compare_memory printed '$mem'"
 # Bad flags are refused with the flag named.
