@@ -376,7 +376,7 @@ struct Memory {
 struct Results {
   int threads = 1;
   std::map<std::string, std::vector<double>> us;        // benchmark -> every repetition of every round
-  std::map<std::string, std::vector<double>> by_round;  // benchmark -> the median of each round's repetitions
+  std::map<std::string, std::map<int, double>> by_round;  // benchmark -> round -> the median of its repetitions
   std::map<std::string, Memory> mem;
 };
 
@@ -484,7 +484,8 @@ std::string threads_table(std::vector<Results>& all) {
       const auto t = all[i].by_round.find(key);
       std::vector<double> r;
       if (b != base.by_round.end() && t != all[i].by_round.end())
-        for (size_t k = 0; k < std::min(b->second.size(), t->second.size()); ++k) r.push_back(t->second[k] / b->second[k]);
+        for (const auto& [round, us] : t->second)  // the rounds both thread counts measured, paired by round
+          if (const auto o = b->second.find(round); o != b->second.end()) r.push_back(us / o->second);
       const Summary s = summarize(r);
       char c[96] = "–";
       if (s.n) std::snprintf(c, sizeof c, "%.3f (%.3f–%.3f)", s.median, s.lo, s.hi);
@@ -657,7 +658,7 @@ int main(int argc, char** argv) {
       }
       for (const auto& [name, v] : res.us)
         if (v.size() > before[name])
-          res.by_round[name].push_back(summarize(std::vector<double>(v.begin() + std::ptrdiff_t(before[name]), v.end())).median);
+          res.by_round[name][round] = summarize(std::vector<double>(v.begin() + std::ptrdiff_t(before[name]), v.end())).median;
     }
   }
   std::string doc;

@@ -23,7 +23,10 @@ cmake --build build-ba -j2 --target loop_bench >/dev/null
 cases=("1 128 0 200" "1 128 1 200" "32 128 0 40")
 out=$(mktemp)
 for ((r = 1; r <= rounds; r++)); do
-  for th in 1 2; do
+  # Odd rounds run one thread first, even rounds two: no count always goes first.
+  order=(1 2)
+  ((r % 2)) || order=(2 1)
+  for th in "${order[@]}"; do
     for c in "${cases[@]}"; do
       read -r B H infer segments <<<"$c"
       us=$(OPENBLAS_NUM_THREADS=$th OMP_NUM_THREADS=$th build-ba/bench/loop_bench --batch "$B" --hidden "$H" --segments "$segments" --infer "$infer")

@@ -194,14 +194,16 @@ SEGTAPE_AVX512 void few_rows(int64_t kc, const float* A, int64_t lda, const floa
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) lo[i][p] = _mm512_setzero_ps(), hi[i][p] = _mm512_setzero_ps();
   for (int64_t k = 0; k < kc; ++k) {
-    __m512 b0[P], b1[P];
+    // MR broadcasts, then each panel's two vectors in turn: at most 2 * 3 * 4
+    // accumulators + 3 + 2 = 29 of the 32 vector registers, so nothing spills.
+    __m512 a[MR];
 #pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) b0[p] = _mm512_load_ps(B + (p * kc + k) * kNR), b1[p] = _mm512_load_ps(B + (p * kc + k) * kNR + 16);
+    for (int i = 0; i < MR; ++i) a[i] = _mm512_set1_ps(A[i * lda + k]);
 #pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) {
-      const __m512 a = _mm512_set1_ps(A[i * lda + k]);
+    for (int p = 0; p < P; ++p) {
+      const __m512 b0 = _mm512_load_ps(B + (p * kc + k) * kNR), b1 = _mm512_load_ps(B + (p * kc + k) * kNR + 16);
 #pragma GCC unroll 4
-      for (int p = 0; p < P; ++p) lo[i][p] = _mm512_fmadd_ps(a, b0[p], lo[i][p]), hi[i][p] = _mm512_fmadd_ps(a, b1[p], hi[i][p]);
+      for (int i = 0; i < MR; ++i) lo[i][p] = _mm512_fmadd_ps(a[i], b0, lo[i][p]), hi[i][p] = _mm512_fmadd_ps(a[i], b1, hi[i][p]);
     }
   }
   __mmask16 m0, m1;
@@ -225,6 +227,7 @@ constexpr const RowsFn* kFewByRows[kFewRows] = {nullptr, kFew<1>, kFew<2>, kFew<
 void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* packed, float beta, float* C,
                  int64_t ldc, bool trans_a) {
 #ifdef SEGTAPE_PACKED_KERNEL
+  if (M < 1 || N < 1) return;
   const int64_t panels = (N + kNR - 1) / kNR, KC = block_of(K), blocks = (M + kMR - 1) / kMR;
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int64_t kc = std::min(KC, K - k0);

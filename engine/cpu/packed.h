@@ -41,7 +41,7 @@ void pack_b(const float* W, int64_t K, int64_t N, bool trans, float* dst);
 
 // C [M, N] = A [M, K] (row stride lda) * B + beta * C (beta 0 or 1), B packed
 // by pack_b. trans_a: A is given as A^T [K, M] (row stride lda), read in
-// place (a backward's dg^T h, where dg is [rows, 3H]); only for M >= kFewRows.
+// place (a backward's dg^T h, where dg is [rows, 3H]). M or N 0: nothing.
 void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* packed, float beta, float* C,
                  int64_t ldc, bool trans_a = false);
 

@@ -77,9 +77,9 @@ void gru_gates(Tape& t, const Node& nd, T* S, T* y) {
 // one). dg is read in place as the kernel's transposed A; v is packed into
 // `spare` (the batch's arena, reset with the batch). False where it does not apply.
 bool weight_grad_on_one_thread(Arena& spare, int64_t rows, int64_t G, int64_t N, const float* dg, const float* v, float* dW) {
-  if (G < cpu::kFewRows || !cpu::threads_do_not_pay(G, N, rows)) return false;
+  if (!cpu::threads_do_not_pay(G, N, rows)) return false;
   auto* pv = static_cast<float*>(spare.try_alloc(cpu::packed_floats(rows, N) * sizeof(float)));
-  if (!pv) return false;
+  if (!pv) throw Error("backward: out of memory for the GRU weight-gradient workspace");
   cpu::pack_b(v, rows, N, false, pv);
   cpu::packed_gemm(G, N, rows, dg, G, pv, 1.0f, dW, N, true);
   return true;
