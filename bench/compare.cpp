@@ -485,7 +485,7 @@ std::string threads_table(std::vector<Results>& all) {
       std::vector<double> r;
       if (b != base.by_round.end() && t != all[i].by_round.end())
         for (const auto& [round, us] : t->second)  // the rounds both thread counts measured, paired by round
-          if (const auto o = b->second.find(round); o != b->second.end()) r.push_back(us / o->second);
+          if (const auto one = b->second.find(round); one != b->second.end()) r.push_back(us / one->second);
       const Summary s = summarize(r);
       char c[96] = "–";
       if (s.n) std::snprintf(c, sizeof c, "%.3f (%.3f–%.3f)", s.median, s.lo, s.hi);

@@ -197,7 +197,7 @@ TEST(PackedGru, FewRowsPackAtTheProductThatPays) {
 
 // With more than one OpenBLAS thread, a batch of weight gradients too small
 // for the threads to pay (B = 1 and 3 over 12 steps) takes segtape's
-// one-thread kernel, its operands copied into the batch's workspace; the
+// one-thread kernel, x and h packed into the batch's workspace; the
 // gradients agree with float64 (OpenBLAS) either way.
 TEST(PackedGru, SmallWeightGradientsTakeOneThreadWhereOpenBlasHasMore) {
   struct Restore {

@@ -101,13 +101,18 @@ bool packed_available() {
 #endif
 }
 
+namespace {
+// Products of at most this many multiply-adds do not pay for OpenBLAS's threads.
+constexpr int64_t kThreadsPayAbove = int64_t(1) << 22;
+}  // namespace
+
 bool packed_worthwhile(int64_t M, int64_t N, int64_t K) {
   if (M < 1 || N < 1 || K < 1 || !packed_available()) return false;
-  return openblas_get_num_threads() == 1 || M * N * K <= (int64_t(1) << 22);
+  return openblas_get_num_threads() == 1 || M * N * K <= kThreadsPayAbove;
 }
 
 bool threads_do_not_pay(int64_t M, int64_t N, int64_t K) {
-  return M >= 1 && N >= 1 && K >= 1 && packed_available() && openblas_get_num_threads() > 1 && M * N * K <= (int64_t(1) << 22);
+  return openblas_get_num_threads() > 1 && packed_worthwhile(M, N, K);
 }
 
 size_t packed_floats(int64_t K, int64_t N) { return size_t((N + kNR - 1) / kNR * kNR * K); }

@@ -70,6 +70,13 @@ void gru_gates(Tape& t, const Node& nd, T* S, T* y) {
   }
 }
 
+// `bytes` from the GRU batch's arena (reset with each batch).
+void* batch_take(Arena& buffers, size_t bytes) {
+  void* p = buffers.try_alloc(bytes);
+  if (!p) throw Error("backward: out of memory for the GRU weight-gradient workspace");
+  return p;
+}
+
 // dW [G, N] += dg^T v for dg [rows, G], v [rows, N] on segtape's one-thread
 // kernel, where OpenBLAS runs more threads than pay for so small a product
 // (cpu::threads_do_not_pay: B = 1's batch of a 32-step segment, 1.5 M
@@ -78,8 +85,7 @@ void gru_gates(Tape& t, const Node& nd, T* S, T* y) {
 // `spare` (the batch's arena, reset with the batch). False where it does not apply.
 bool weight_grad_on_one_thread(Arena& spare, int64_t rows, int64_t G, int64_t N, const float* dg, const float* v, float* dW) {
   if (!cpu::threads_do_not_pay(G, N, rows)) return false;
-  auto* pv = static_cast<float*>(spare.try_alloc(cpu::packed_floats(rows, N) * sizeof(float)));
-  if (!pv) throw Error("backward: out of memory for the GRU weight-gradient workspace");
+  auto* pv = static_cast<float*>(batch_take(spare, cpu::packed_floats(rows, N) * sizeof(float)));
   cpu::pack_b(v, rows, N, false, pv);
   cpu::packed_gemm(G, N, rows, dg, G, pv, 1.0f, dW, N, true);
   return true;
@@ -141,11 +147,7 @@ void start_gru_batch(Tape& tape, const Node& n, const ops::Grads& dst) {
   const int64_t rows = std::max<int64_t>(128, H);
   gb.capacity = std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(rows / B, 1), gb.remaining));
   gb.buffers.reset();
-  auto take = [&](int64_t floats) {
-    void* p = gb.buffers.try_alloc(size_t(floats) * es);
-    if (!p) throw Error("backward: out of memory for the GRU weight-gradient workspace");
-    return p;
-  };
+  auto take = [&](int64_t floats) { return batch_take(gb.buffers, size_t(floats) * es); };
   gb.dgi = take(gb.capacity * B * 3 * H);
   gb.dgh = take(gb.capacity * B * 3 * H);
   gb.x = take(gb.capacity * B * I);
