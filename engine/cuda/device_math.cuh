@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "check.h"
+#include "ops/device_math.h"
 
 namespace segtape::cuda {
 
@@ -28,19 +29,9 @@ template <class T> __device__ __forceinline__ T dmax(T a, T b) {
 }
 template <class T> __device__ __forceinline__ T dsigmoid(T x) { return T(1) / (T(1) + dexp<T>(-x)); }
 
-// The device's math for the op formulas of ops/elementwise.h (M in a formula):
-// the full-precision functions, host-callable too (the formulas are __host__ __device__).
-struct Math {
-  __host__ __device__ static float exp(float x) { return expf(x); }
-  __host__ __device__ static double exp(double x) { return ::exp(x); }
-  __host__ __device__ static float log(float x) { return logf(x); }
-  __host__ __device__ static double log(double x) { return ::log(x); }
-  __host__ __device__ static float log1p(float x) { return log1pf(x); }
-  __host__ __device__ static double log1p(double x) { return ::log1p(x); }
-  __host__ __device__ static float tanh(float x) { return tanhf(x); }
-  __host__ __device__ static double tanh(double x) { return ::tanh(x); }
-  template <class T> __host__ __device__ static T sigmoid(T x) { return T(1) / (T(1) + exp(x)); }
-};
+// The device's math for the op formulas of ops/elementwise.h (M in a formula),
+// shared with a host test that checks it against the CPU's (ops/device_math.h).
+using Math = ops::DeviceMath;
 
 inline constexpr int kThreads = 256;
 // The reductions' trees halve the lanes: a power of two, or lanes are dropped.
