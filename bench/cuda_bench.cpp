@@ -8,7 +8,7 @@
 // its own CUDA runtime, cuBLAS and cuDNN):
 //   cuda_bench         segtape: eager, and with CUDA-graph replay (modes
 //                      eager, graph); and the segment's K steps as one
-//                      gru_sequence op, cuDNN's GRU (sequence, sequence-graph)
+//                      gru_sequence op (sequence, sequence-graph)
 //   cuda_bench_torch   LibTorch on CUDA (-DSEGTAPE_BENCH_TORCH_CUDA): eager,
 //                      and the whole segment captured as a CUDA graph (eager,
 //                      graph); and torch::nn::GRU over the segment's K steps,
@@ -25,7 +25,10 @@
 // footprint: the drop in the device's free memory from before the model was
 // made to after the run (cudaMemGetInfo; includes cuBLAS / cuDNN handles).
 //
-//   cuda_bench [--segments N] [--sizes 1x128,32x128,32x512,64x1024,512x1024] [--device cpu]
+//   cuda_bench [--segments N] [--sizes 1x128,32x128,32x512,64x1024,512x1024] [--modes eager,...] [--device cpu]
+// segtape's sequence modes run the fused GRU kernels where they fit (mode
+// "sequence (fused)"), cuDNN's GRU elsewhere or with SEGTAPE_FUSED_GRU=0
+// ("sequence (cuDNN)").
 // --device cpu (segtape only) runs the same segments on the CPU, where graph
 // replay is ignored: a check without a GPU that every mode computes the same
 // training (ctest cuda_bench_modes_agree compares their final losses); its
@@ -49,6 +52,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
 #else
+#include "cuda/fused_gru.h"  // engine-internal: which GRU a sequence mode runs
 #include "segtape/ops.h"
 #endif
 
@@ -160,7 +164,19 @@ struct Model {
 const std::vector<std::pair<Mode, const char*>> kModes = {
     {Mode::Eager, "eager"}, {Mode::Graph, "graph"}, {Mode::Sequence, "sequence"}, {Mode::SequenceGraph, "sequence-graph"}};
 
-void run(int64_t B, int64_t H, int segments, Mode mode, const char* name) {
+// The sequence modes name the GRU they ran: the fused kernels where their
+// plan fits this GPU (engine/cuda/fused_gru.h) and SEGTAPE_FUSED_GRU is not 0, else cuDNN's.
+std::string mode_name(Mode mode, const char* name, int64_t B, int64_t H) {
+  if (g_cpu || (mode != Mode::Sequence && mode != Mode::SequenceGraph)) return name;
+  const char* off = std::getenv("SEGTAPE_FUSED_GRU");
+  const bool fused = !(off && std::strcmp(off, "0") == 0) &&
+                     cuda::fused::plan(B, H, sizeof(float), cuda::fused::device_limits(0)).use;
+  return std::string(name) + (fused ? " (fused)" : " (cuDNN)");
+}
+
+void run(int64_t B, int64_t H, int segments, Mode mode, const char* mode_label) {
+  const std::string label = mode_name(mode, mode_label, B, H);
+  const char* name = label.c_str();
   const Data data(B);
   const size_t free_before = free_device_bytes();
   const bool graph = mode == Mode::Graph || mode == Mode::SequenceGraph;
@@ -277,12 +293,14 @@ void run(int64_t B, int64_t H, int segments, Mode mode, const char* name) {
 
 int main(int argc, char** argv) {
   int segments = 50;
+  std::string only;  // --modes a,b: only these modes (by name)
   // The sizes of issue 19's targets.
   std::vector<std::pair<int64_t, int64_t>> sizes = {{1, 128}, {32, 128}, {32, 512}, {64, 1024}, {512, 1024}};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--segments") segments = std::atoi(argv[i + 1]);
     else if (a == "--device") g_cpu = std::string(argv[i + 1]) == "cpu";
+    else if (a == "--modes") only = "," + std::string(argv[i + 1]) + ",";
     else if (a == "--sizes") {
       sizes.clear();
       std::string s = argv[i + 1];
@@ -306,6 +324,7 @@ int main(int argc, char** argv) {
   int failures = 0;
   for (const auto& [B, H] : sizes)
     for (const auto& [mode, name] : kModes) {
+      if (!only.empty() && only.find("," + std::string(name) + ",") == std::string::npos) continue;
       try {
         run(B, H, segments, mode, name);
       } catch (const std::exception& e) {

@@ -121,6 +121,10 @@ fi
 if ((built)); then
   step bench-segtape 90 "$BUILD/bench/cuda_bench" --segments 50 || status=1
   grep -E '^(engine|segtape),' "$OUT/bench-segtape.log" >"$OUT/bench-segtape.csv" || true
+  # the sequence modes again on cuDNN's GRU where the fused kernels ran above
+  step bench-segtape-cudnn 60 env SEGTAPE_FUSED_GRU=0 "$BUILD/bench/cuda_bench" --segments 50 --sizes 1x128,32x128 \
+    --modes sequence,sequence-graph || status=1
+  grep -E '^segtape,' "$OUT/bench-segtape-cudnn.log" >"$OUT/bench-segtape-cudnn.csv" || true
 fi
 
 # ---- 4. LibTorch on the GPU (optional: needs python3's torch with CUDA)

@@ -3,6 +3,7 @@
 # skips itself, saying why, when none can be used; the rest run anywhere.
 if(SEGTAPE_HAVE_CUDA)
   segtape_test(cuda_test SOURCES cuda_test.cpp LABELS cuda LIBS segtape_nn)  # nn::Adam in a graph segment
+  target_include_directories(cuda_test PRIVATE ${PROJECT_SOURCE_DIR}/engine)  # cuda/fused_gru.h: the fused GRU's plan
   # nn, the agent Trainer and the retention lab on CUDA against the CPU.
   segtape_test(cuda_nn_test SOURCES cuda_nn_test.cpp LABELS cuda LIBS segtape_agent)
 endif()
@@ -19,3 +20,4 @@ target_compile_definitions(emulated_device_test PRIVATE SEGTAPE_TEST_EMULATED_DE
 # build; what only the CUDA backend does skips there.
 segtape_test(emulated_cuda_test SOURCES cuda_test.cpp LABELS emulated LIBS segtape_nn PREFIX "emulated.")
 target_compile_definitions(emulated_cuda_test PRIVATE SEGTAPE_TEST_EMULATED_DEVICE)
+target_include_directories(emulated_cuda_test PRIVATE ${PROJECT_SOURCE_DIR}/engine)

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/fused_gru.h"
 #include "gpu.h"
 #include "op_cases.h"
 #include "segtape/emulation.h"
@@ -280,23 +281,40 @@ void expect_gru_close(const GruRun& a, const GruRun& ref, double tol, const std:
 // Inputs in +-1, weights at PyTorch's scale: well-conditioned (the CPU's own
 // float32 is within 4.3e-7 of its float64 at K = 32, H = 128 and 2.2e-7 at
 // K = 12, H = 64), so 5e-5 is room for other rounding, not for chaos.
-TEST(CudaGru, CudnnSequenceMatchesCpuGruOverKSteps) {
+// gru_sequence takes the fused kernels where their plan fits (both sizes
+// here on an sm_90 GPU: engine/cuda/fused_gru.h) and cuDNN otherwise, or
+// with SEGTAPE_FUSED_GRU=0: both paths are checked against the CPU.
+bool fused_fits(int64_t B, int64_t H, DType dt) {
+  return !kEmulated && cuda::fused::plan(B, H, dtype_size(dt), cuda::fused::device_limits(0)).use;
+}
+
+TEST(CudaGru, SequenceMatchesCpuGruOverKStepsFusedAndCudnn) {
   REQUIRE_GPU();
   struct Size {
     int64_t K, B, I, H;
   };
-  for (const Size s : {Size{5, 3, 4, 6}, Size{32, 16, 32, 128}}) {
-    Tape cpu;
-    const GruRun ref = run_gru(cpu, DType::F64, s.K, s.B, s.I, s.H, false, false, true, 77);
-    for (DType dt : {DType::F32, DType::F64}) {
-      Tape gpu(Device::cuda(), cuda_options());
-      const std::string what = std::string("cuDNN GRU ") + dtype_name(dt) + " K=" + std::to_string(s.K) + " H=" + std::to_string(s.H);
-      expect_gru_close(run_gru(gpu, dt, s.K, s.B, s.I, s.H, true, false, true, 77), ref, dt == DType::F32 ? 5e-5 : 1e-11, what);
-      // Inference mode (no reserve space) gives the same values.
-      const GruRun inf = run_gru(gpu, dt, s.K, s.B, s.I, s.H, true, false, false, 77);
-      EXPECT_LE(rel_error(inf.out, ref.out), dt == DType::F32 ? 5e-5 : 1e-11) << what << " (inference)";
+  for (const bool fused : {true, false}) {
+    if (fused) unsetenv("SEGTAPE_FUSED_GRU");
+    else setenv("SEGTAPE_FUSED_GRU", "0", 1);
+    for (const Size s : {Size{5, 3, 4, 6}, Size{32, 16, 32, 128}, Size{16, 1, 32, 128}, Size{16, 32, 32, 128}}) {
+      Tape cpu;
+      const GruRun ref = run_gru(cpu, DType::F64, s.K, s.B, s.I, s.H, false, false, true, 77);
+      for (DType dt : {DType::F32, DType::F64}) {
+        Tape gpu(Device::cuda(), cuda_options());
+        const bool fits = fused && fused_fits(s.B, s.H, dt);
+        if (fused && !kEmulated) {  // the emulated device computes with the CPU's code
+          EXPECT_TRUE(fits || dt == DType::F64) << "the fused plan should fit (B " << s.B << ", H " << s.H << ") in float32";
+        }
+        const std::string what = std::string(fits ? "fused" : "cuDNN") + " GRU " + dtype_name(dt) + " K=" + std::to_string(s.K) +
+                                 " B=" + std::to_string(s.B) + " H=" + std::to_string(s.H);
+        expect_gru_close(run_gru(gpu, dt, s.K, s.B, s.I, s.H, true, false, true, 77), ref, dt == DType::F32 ? 5e-5 : 1e-11, what);
+        // Inference mode (no reserve space, no saved gates) gives the same values.
+        const GruRun inf = run_gru(gpu, dt, s.K, s.B, s.I, s.H, true, false, false, 77);
+        EXPECT_LE(rel_error(inf.out, ref.out), dt == DType::F32 ? 5e-5 : 1e-11) << what << " (inference)";
+      }
     }
   }
+  unsetenv("SEGTAPE_FUSED_GRU");
 }
 
 TEST(CudaGru, FusedCellSteppedMatchesCpu) {

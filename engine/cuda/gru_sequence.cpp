@@ -17,12 +17,21 @@
 // Memory: the weight space and cuDNN's reserve space (what backward needs)
 // are saved in the segment arena with the node; cuDNN's workspace is taken
 // from the arena too (forward: the op's bytes; backward: Grad bytes).
+//
+// Where the shapes fit (fused_gru.h's plan: sm_90, W_hh and the state in the
+// shared memory of a cluster of up to 8 blocks), the fused kernels run
+// instead: x W_ih^T for all steps in one GEMM, the recurrence in one
+// persistent launch, and in backward the recurrence in one launch in reverse
+// followed by the GEMMs of dx and the weight gradients over all steps.
+// n.ia[3] says which path the forward took.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "check.h"
 #include "cuda_backend.h"
+#include "ops/op.h"
 #include "tape_internals.h"
 
 namespace segtape::cuda {
@@ -107,7 +116,97 @@ Blocks blocks(const GruPlan& p, const Node& nd) {
   return k;
 }
 
+
+// ---- the fused path
+size_t arena_bytes(int64_t n, DType d) { return align_up(size_t(n) * dtype_size(d)); }
+
+template <class T>
+fused::Args<T> fused_args(const Node& n, int64_t Hs, int S) {
+  const Tensor &x = n.in[0], &h0 = n.in[1];
+  fused::Args<T> a{};
+  a.steps = x.dim(0), a.B = x.dim(1), a.H = h0.dim(1), a.Hs = Hs, a.S = S;
+  a.w_hh = static_cast<const T*>(n.in[3].ptr);
+  a.b_ih = static_cast<const T*>(n.in[4].ptr);
+  a.b_hh = static_cast<const T*>(n.in[5].ptr);
+  a.h0 = static_cast<const T*>(h0.ptr);
+  a.y = static_cast<T*>(n.out.ptr);
+  a.saved = static_cast<T*>(n.saved);
+  return a;
+}
+
+// n.saved = the gates [T, B, 4H] when a gradient is wanted; gi [T, B, 3H] in the arena too.
+void fused_forward(CudaBackend& be, Tape& tape, Node& n, const fused::Plan& p) {
+  const Tensor& x = n.in[0];
+  const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = n.in[1].dim(1);
+  const bool training = n.ia[0] != 0;
+  void* gi = In::alloc(tape, arena_bytes(T * B * 3 * H, x.dtype), OpKind::GruSequence, "gru_sequence");
+  n.saved = training ? In::alloc(tape, arena_bytes(T * B * 4 * H, x.dtype), OpKind::GruSequence, "gru_sequence") : nullptr;
+  n.ia = {training, 0, 0, 1};
+  n.bytes += arena_bytes(T * B * 3 * H, x.dtype) + (training ? arena_bytes(T * B * 4 * H, x.dtype) : 0);
+  if (!be.issue(detail::op_signature(n, nullptr, nullptr), "gru_sequence")) return;
+  detail::dispatch(x.dtype, [&]<class E>() {
+    fused::Args<E> a = fused_args<E>(n, p.Hs, p.S);
+    a.gi = static_cast<const E*>(gi);
+    be.gemm(false, true, T * B, 3 * H, I, E(1), static_cast<const E*>(x.ptr), I, static_cast<const E*>(n.in[2].ptr), I, E(0),
+            static_cast<E*>(gi), 3 * H);
+    fused_gru_forward<E>(be.stream(), p, a);
+  });
+}
+
+void fused_backward(CudaBackend& be, Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst) {
+  const Tensor &x = n.in[0], &h0 = n.in[1];
+  const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = h0.dim(1);
+  const fused::Plan p = be.fused_gru_plan(B, H, x.dtype);
+  if (!p.use) throw TapeError("gru_sequence: backward of a fused forward on a device where it no longer fits: " + p.why_not);
+  void* dgi = In::alloc(tape, arena_bytes(T * B * 3 * H, x.dtype), GradBuffers{}, "backward");
+  void* dgh = In::alloc(tape, arena_bytes(T * B * 3 * H, x.dtype), GradBuffers{}, "backward");
+  void* dh0 = In::alloc(tape, h0.nbytes(), GradBuffers{}, "backward");
+  if (!be.issue(detail::op_signature(n, gout, &dst), "gru_sequence backward")) return;
+  const cudaStream_t s = be.stream();
+  detail::dispatch(x.dtype, [&]<class E>() {
+    fused::Args<E> a = fused_args<E>(n, p.Hs, p.S);
+    a.gout = static_cast<const E*>(gout);
+    a.dgi = static_cast<E*>(dgi), a.dgh = static_cast<E*>(dgh), a.dh0 = static_cast<E*>(dh0);
+    fused_gru_backward<E>(s, p, a);
+    const E* gI = a.dgi;
+    const E* gH = a.dgh;
+    const E* xs = static_cast<const E*>(x.ptr);
+    if (E* d = static_cast<E*>(dst[0])) be.gemm(false, false, T * B, I, 3 * H, E(1), gI, 3 * H, static_cast<const E*>(n.in[2].ptr), I, E(1), d, I);
+    if (E* d = static_cast<E*>(dst[1])) accumulate<E>(s, d, a.dh0, B * H);
+    if (E* d = static_cast<E*>(dst[2])) be.gemm(true, false, 3 * H, I, T * B, E(1), gI, 3 * H, xs, I, E(1), d, I);
+    if (E* d = static_cast<E*>(dst[3])) {  // sum over t of dgh[t]^T h_{t-1}: h0, then y[0 .. T-2]
+      be.gemm(true, false, 3 * H, H, B, E(1), gH, 3 * H, a.h0, H, E(1), d, H);
+      if (T > 1) be.gemm(true, false, 3 * H, H, (T - 1) * B, E(1), gH + B * 3 * H, 3 * H, a.y, H, E(1), d, H);
+    }
+    if (E* d = static_cast<E*>(dst[4])) column_sums<E>(s, gI, d, T * B, 3 * H, be.partials<E>());
+    if (E* d = static_cast<E*>(dst[5])) column_sums<E>(s, gH, d, T * B, 3 * H, be.partials<E>());
+  });
+}
+
 }  // namespace
+
+fused::Limits fused::device_limits(int index) {
+  int major = 0, smem = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, index) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it
+    return {};
+  }
+  return {size_t(smem), 8, major >= 9};
+}
+
+fused::Plan CudaBackend::fused_gru_plan(int64_t B, int64_t H, DType d) {
+  if (const char* v = std::getenv("SEGTAPE_FUSED_GRU"); v && std::strcmp(v, "0") == 0) {
+    fused::Plan off;
+    off.why_not = "SEGTAPE_FUSED_GRU=0";
+    return off;
+  }
+  if (!fused_limits_known_) {
+    fused_limits_ = fused::device_limits(device_.index);
+    fused_limits_known_ = true;
+  }
+  return fused::plan(B, H, dtype_size(d), fused_limits_);
+}
 
 GruPlan::~GruPlan() {
   if (h) cudnnDestroyTensorDescriptor(h);
@@ -167,6 +266,7 @@ GruPlan& CudaBackend::gru_plan(int64_t T, int64_t B, int64_t I, int64_t H, DType
 void gru_sequence_forward(CudaBackend& be, Tape& tape, Node& n) {
   const Tensor &x = n.in[0], &h0 = n.in[1];
   const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = h0.dim(1);
+  if (const fused::Plan fp = be.fused_gru_plan(B, H, x.dtype); fp.use) return fused_forward(be, tape, n, fp);
   GruPlan& p = be.gru_plan(T, B, I, H, x.dtype);
   const bool training = n.ia[0] != 0;
   const size_t wbytes = dnn_align(p.weight_bytes), rbytes = training ? dnn_align(p.reserve_bytes) : 0;
@@ -193,6 +293,7 @@ void gru_sequence_forward(CudaBackend& be, Tape& tape, Node& n) {
 
 void gru_sequence_backward(CudaBackend& be, Tape& tape, const Node& n, const void* gout,
                            const std::array<void*, Node::kMaxInputs>& dst) {
+  if (n.ia[3] == 1 && n.saved) return fused_backward(be, tape, n, gout, dst);
   const Tensor &x = n.in[0], &h0 = n.in[1];
   const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = h0.dim(1);
   if (!n.ia[0] || !n.saved)  // recorded only when a gradient is wanted, i.e. after a training-mode forward

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "fused_gru.h"
 #include "ops/elementwise.h"
 #include "update_math.h"
 
@@ -126,5 +127,11 @@ void gru_gates_forward(cudaStream_t s, int64_t B, int64_t H, const T* gi, const 
 // of the two GEMMs, biases included) and dh [B, H] += g z (nullable).
 template <class T>
 void gru_gates_backward(cudaStream_t s, int64_t B, int64_t H, const T* g, const T* h, const T* S, T* dgi, T* dgh, T* dh);
+
+// ---- the fused GRU sequence (fused_gru.cu, fused_gru.h): one cluster launch per pass.
+// forward: y (and saved, when non-null) from gi, W_hh, the biases and h0.
+// backward: dgi, dgh [T, B, 3H] and dh0 (written) from gout, saved, y and h0.
+template <class T> void fused_gru_forward(cudaStream_t s, const fused::Plan& p, const fused::Args<T>& a);
+template <class T> void fused_gru_backward(cudaStream_t s, const fused::Plan& p, const fused::Args<T>& a);
 
 }  // namespace segtape::cuda

@@ -2,6 +2,7 @@
 // tape cannot be made, and says why. Compiled instead of the rest of this
 // folder; see engine/CMakeLists.txt.
 #include "backend.h"
+#include "fused_gru.h"
 
 namespace segtape {
 bool Device::cuda_built() { return false; }
@@ -13,3 +14,7 @@ std::unique_ptr<Backend> make_cuda_backend(const Device& device, const TapeOptio
               "configured, or SEGTAPE_WITH_CUDA was OFF); use Device::cpu(), or rebuild where the CUDA toolkit is installed");
 }
 }  // namespace segtape::detail
+
+namespace segtape::cuda::fused {
+Limits device_limits(int) { return {}; }  // no fused GRU without the CUDA backend
+}  // namespace segtape::cuda::fused

@@ -1,0 +1,258 @@
+// Engine-internal: the fused GRU sequence (gru_sequence on CUDA where the
+// shapes fit): the recurrence of a whole segment in one persistent launch
+// forward and one in reverse, W_hh held in shared memory across the steps.
+//
+// Layout. One thread-block cluster of C blocks (C in 1, 2, 4, 8); block c owns
+// hidden units [c Hs, (c + 1) Hs), Hs = H / C. Each (row b, unit j) is one
+// output, computed by a group of S lanes (S a power of two <= 32) that split
+// the dot product's terms (lane l takes the terms l, l + S, ...) and sum them
+// by a butterfly (lane l adds lane l ^ o's partial, o = S/2 .. 1).
+//
+//   forward, per step t:  gh = h W_hh^T for the block's 3 Hs rows (r, z, n of its units);
+//                         the gates (gi = x W_ih^T from one GEMM over all T steps,
+//                         made before the launch) -> h' for its units, saved gates;
+//                         h' published in the block's shared memory; cluster barrier;
+//                         every block gathers the whole h' from the cluster's blocks.
+//   backward, per step t (reverse): dh = gout[t] + the carried dh; the gate
+//                         gradients for its units (dgi, dgh to global memory for the
+//                         weight GEMMs after the launch); dgh published; barrier;
+//                         gathered; carried dh = dh z + dgh W_hh for its units
+//                         (W_hh's columns of its units, held transposed).
+//
+// The per-thread work below is written once, for the host (a host simulation
+// of the whole cluster, tests/fused_gru_test.cpp, in every build) and for the
+// kernels (fused_gru.cu). Compiled by g++ (C++20) and nvcc (C++17).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "hd.h"
+#include "ops/device_math.h"
+
+namespace segtape::cuda::fused {
+
+// Where the fused kernels run, and why not elsewhere.
+struct Plan {
+  bool use = false;
+  int C = 0;              // blocks in the cluster
+  int64_t Hs = 0;         // hidden units per block
+  int S = 0;              // lanes per output
+  int threads = 0;        // per block: B Hs S
+  size_t fwd_smem = 0;    // dynamic shared memory per block (bytes)
+  size_t bwd_smem = 0;
+  std::string why_not;    // when !use: the first limit that failed
+};
+
+// Limits of the device: `smem` the opt-in shared memory per block, `cluster`
+// the largest cluster (8 is portable), `sm90`: compute capability >= 9.0.
+struct Limits {
+  size_t smem = 0;
+  int cluster = 8;
+  bool sm90 = false;
+};
+
+// Padded row lengths: with S < 32 lanes per output, the rows of one warp's
+// outputs start S banks apart, so their lanes do not collide.
+SEGTAPE_HD int64_t pad(int64_t n, int S) { return n + (S < 32 ? S : 0); }
+
+// Shared memory of one block, in elements.
+struct FwdSmem {  // W [3 Hs][Hp] (rows r, z, n of its units), h [B][Hp], published h' [2][B][Hs]
+  int64_t Hp, w, h, pub, total;
+  SEGTAPE_HD FwdSmem(int64_t B, int64_t H, int64_t Hs, int S)
+      : Hp(pad(H, S)), w(0), h(3 * Hs * Hp), pub(h + B * Hp), total(pub + 2 * B * Hs) {}
+};
+struct BwdSmem {  // W^T [Hs][Rp] (W_hh's columns of its units), dgh [B][Rp], published dgh [2][B][3][Hs]
+  int64_t Rp, w, dg, pub, total;
+  SEGTAPE_HD BwdSmem(int64_t B, int64_t H, int64_t Hs, int S)
+      : Rp(pad(3 * H, S)), w(0), dg(Hs * Rp), pub(dg + B * Rp), total(pub + 2 * B * 3 * Hs) {}
+};
+
+// CUDA device `index`'s limits (sm90 false when it cannot be queried, and
+// in a build without the CUDA backend).
+Limits device_limits(int index);
+
+// The cluster size, lanes and shared memory for [B, H] in elements of `elem`
+// bytes. Chooses the C (dividing H) that gives the most lanes per output,
+// the smallest such C on a tie.
+inline Plan plan(int64_t B, int64_t H, size_t elem, const Limits& lim) {
+  Plan best;
+  best.why_not = "no CUDA device of compute capability 9.0 or later (thread-block clusters)";
+  if (!lim.sm90) return best;
+  best.why_not = "B H = " + std::to_string(B * H) + " rows x units do not fit 8 blocks of 1024 threads";
+  bool smem_failed = false;
+  for (int C = 1; C <= 8 && C <= lim.cluster; C *= 2) {
+    if (H % C) continue;
+    const int64_t Hs = H / C;
+    if (B * Hs > 1024) continue;
+    int S = 32;
+    while (S > 1 && B * Hs * S > 1024) S /= 2;
+    const size_t f = size_t(FwdSmem(B, H, Hs, S).total) * elem, b = size_t(BwdSmem(B, H, Hs, S).total) * elem;
+    if (f > lim.smem || b > lim.smem) {
+      smem_failed = true;
+      continue;
+    }
+    if (best.use && S <= best.S) continue;
+    best = Plan{true, C, Hs, S, int(B * Hs * S), f, b, {}};
+  }
+  if (!best.use && smem_failed)
+    best.why_not = "W_hh (" + std::to_string(3 * H * H * int64_t(elem)) + " bytes) with the state does not fit the shared memory of " +
+                   std::to_string(lim.cluster < 8 ? lim.cluster : 8) + " blocks (" + std::to_string(lim.smem) + " bytes each)";
+  return best;
+}
+
+// What the kernels read and write. Device pointers (host pointers in the
+// simulation). Row-major: x-side tensors [T, B, *].
+template <class T>
+struct Args {
+  int64_t steps, B, H;
+  int64_t Hs;
+  int S;
+  const T* gi;    // [T, B, 3H] x W_ih^T (no bias)
+  const T* w_hh;  // [3H, H]
+  const T* b_ih;  // [3H]
+  const T* b_hh;  // [3H]
+  const T* h0;    // [B, H]
+  T* y;           // [T, B, H]: forward's output; backward reads it (h_{t-1})
+  T* saved;       // [T, B, 4H]: r, z, n, W_hn h + b_hn per step (nullptr: inference)
+  // backward
+  const T* gout;  // [T, B, H]
+  T* dgi;         // [T, B, 3H] pre-activation gradients of x W_ih^T + b_ih
+  T* dgh;         // [T, B, 3H] ... of h W_hh^T + b_hh
+  T* dh0;         // [B, H] dL/dh0 (written)
+};
+
+// Thread tid of block c: its output o = tid / S -> (row b, unit j), lane tid % S.
+struct Who {
+  int64_t b, jl, j;
+  int lane;
+};
+template <class T>
+SEGTAPE_HD Who who(const Args<T>& a, int c, int tid) {
+  const int64_t o = tid / a.S;
+  return {o / a.Hs, o % a.Hs, int64_t(c) * a.Hs + o % a.Hs, tid % a.S};
+}
+
+template <class T>
+SEGTAPE_HD T sigmoid(T x) {
+  return ops::DeviceMath::sigmoid(x);
+}
+
+// ---- forward
+
+// Loads block c's rows of W_hh and h0 into its shared memory (thread tid of n).
+template <class T>
+SEGTAPE_HD void fwd_load(const Args<T>& a, T* sm, int c, int tid, int n) {
+  const FwdSmem L(a.B, a.H, a.Hs, a.S);
+  for (int64_t i = tid; i < 3 * a.Hs * a.H; i += n) {
+    const int64_t row = i / a.H, k = i % a.H;   // row = g Hs + jl
+    const int64_t g = row / a.Hs, jl = row % a.Hs;
+    sm[L.w + row * L.Hp + k] = a.w_hh[(g * a.H + int64_t(c) * a.Hs + jl) * a.H + k];
+  }
+  for (int64_t i = tid; i < a.B * a.H; i += n) sm[L.h + (i / a.H) * L.Hp + i % a.H] = a.h0[i];
+}
+
+// Lane's partial sums of gate g's row of its unit against its row's h.
+template <class T>
+SEGTAPE_HD void fwd_partial(const Args<T>& a, const T* sm, const Who& w, T acc[3]) {
+  const FwdSmem L(a.B, a.H, a.Hs, a.S);
+  const T* h = sm + L.h + w.b * L.Hp;
+  for (int g = 0; g < 3; ++g) {
+    const T* wr = sm + L.w + (g * a.Hs + w.jl) * L.Hp;
+    T s = 0;
+    for (int64_t k = w.lane; k < a.H; k += a.S) s += wr[k] * h[k];
+    acc[g] = s;
+  }
+}
+
+// Lane 0, with the summed gh (no bias): the gates at step t, h' to y and to
+// the block's published slot `buf`, the gates saved for backward.
+template <class T>
+SEGTAPE_HD void fwd_finish(const Args<T>& a, T* sm, const Who& w, int64_t t, const T gh[3], int buf) {
+  const FwdSmem L(a.B, a.H, a.Hs, a.S);
+  const int64_t H = a.H, j = w.j, row = t * a.B + w.b;
+  const T* gir = a.gi + row * 3 * H;
+  const T r = sigmoid<T>(gir[j] + a.b_ih[j] + gh[0] + a.b_hh[j]);
+  const T z = sigmoid<T>(gir[H + j] + a.b_ih[H + j] + gh[1] + a.b_hh[H + j]);
+  const T hn = gh[2] + a.b_hh[2 * H + j];
+  const T n = ops::DeviceMath::tanh(gir[2 * H + j] + a.b_ih[2 * H + j] + r * hn);
+  const T hp = sm[L.h + w.b * L.Hp + j];
+  const T h1 = (T(1) - z) * n + z * hp;
+  if (a.saved) {
+    T* S = a.saved + row * 4 * H;
+    S[j] = r, S[H + j] = z, S[2 * H + j] = n, S[3 * H + j] = hn;
+  }
+  a.y[row * H + j] = h1;
+  sm[L.pub + (buf * a.B + w.b) * a.Hs + w.jl] = h1;
+}
+
+// After the cluster barrier: block c gathers h' of every unit; remote(rank)
+// is block rank's shared memory (the cluster's distributed shared memory).
+template <class T, class Remote>
+SEGTAPE_HD void fwd_gather(const Args<T>& a, T* sm, int tid, int n, int buf, Remote remote) {
+  const FwdSmem L(a.B, a.H, a.Hs, a.S);
+  for (int64_t i = tid; i < a.B * a.H; i += n) {
+    const int64_t b = i / a.H, k = i % a.H;
+    const T* src = remote(int(k / a.Hs));
+    sm[L.h + b * L.Hp + k] = src[L.pub + (buf * a.B + b) * a.Hs + k % a.Hs];
+  }
+}
+
+// ---- backward
+
+// Block c's columns of W_hh, transposed: row jl holds W_hh[r][c Hs + jl] for r < 3H.
+template <class T>
+SEGTAPE_HD void bwd_load(const Args<T>& a, T* sm, int c, int tid, int n) {
+  const BwdSmem L(a.B, a.H, a.Hs, a.S);
+  for (int64_t i = tid; i < 3 * a.H * a.Hs; i += n) {
+    const int64_t r = i / a.Hs, jl = i % a.Hs;
+    sm[L.w + jl * L.Rp + r] = a.w_hh[r * a.H + int64_t(c) * a.Hs + jl];
+  }
+}
+
+// Lane 0 at step t with the carried dh of its (b, j): the gate gradients
+// (dgi, dgh to global memory, dgh to the published slot `buf`); returns the
+// direct term of dL/dh_{t-1}, g z.
+template <class T>
+SEGTAPE_HD T bwd_gates(const Args<T>& a, T* sm, const Who& w, int64_t t, T carry, int buf) {
+  const BwdSmem L(a.B, a.H, a.Hs, a.S);
+  const int64_t H = a.H, j = w.j, row = t * a.B + w.b;
+  const T* S = a.saved + row * 4 * H;
+  const T r = S[j], z = S[H + j], n = S[2 * H + j], hn = S[3 * H + j];
+  const T hp = t > 0 ? a.y[(row - a.B) * H + j] : a.h0[w.b * H + j];
+  const T g = a.gout[row * H + j] + carry;
+  const T dn = g * (T(1) - z) * (T(1) - n * n);
+  const T dz = g * (hp - n) * z * (T(1) - z);
+  const T dr = dn * hn * r * (T(1) - r);
+  T* dgi = a.dgi + row * 3 * H;
+  T* dgh = a.dgh + row * 3 * H;
+  dgi[j] = dr, dgi[H + j] = dz, dgi[2 * H + j] = dn;
+  dgh[j] = dr, dgh[H + j] = dz, dgh[2 * H + j] = dn * r;
+  T* pub = sm + L.pub + (buf * a.B + w.b) * 3 * a.Hs;
+  pub[w.jl] = dr, pub[a.Hs + w.jl] = dz, pub[2 * a.Hs + w.jl] = dn * r;
+  return g * z;
+}
+
+template <class T, class Remote>
+SEGTAPE_HD void bwd_gather(const Args<T>& a, T* sm, int tid, int n, int buf, Remote remote) {
+  const BwdSmem L(a.B, a.H, a.Hs, a.S);
+  for (int64_t i = tid; i < a.B * 3 * a.H; i += n) {
+    const int64_t b = i / (3 * a.H), r = i % (3 * a.H);  // r = g H + k
+    const int64_t g = r / a.H, k = r % a.H;
+    const T* src = remote(int(k / a.Hs));
+    sm[L.dg + b * L.Rp + r] = src[L.pub + ((buf * a.B + b) * 3 + g) * a.Hs + k % a.Hs];
+  }
+}
+
+// Lane's partial of dgh W_hh for its (b, j).
+template <class T>
+SEGTAPE_HD T bwd_partial(const Args<T>& a, const T* sm, const Who& w) {
+  const BwdSmem L(a.B, a.H, a.Hs, a.S);
+  const T* wr = sm + L.w + w.jl * L.Rp;
+  const T* dg = sm + L.dg + w.b * L.Rp;
+  T s = 0;
+  for (int64_t r = w.lane; r < 3 * a.H; r += a.S) s += wr[r] * dg[r];
+  return s;
+}
+
+}  // namespace segtape::cuda::fused

@@ -1,0 +1,247 @@
+// The fused GRU sequence's kernels (engine/cuda/fused_gru.h) run as a host
+// simulation of their cluster: every block's shared memory, the lanes of each
+// output and their butterfly sums, the cluster barriers between the phases,
+// through the same per-thread functions the CUDA kernels call. Forward and
+// backward must give the CPU's gru_sequence in float64 (values and every
+// gradient), for cluster sizes 1 to 8, full and partial lane groups. And the
+// plan: which shapes run fused, and why the others do not. In every build
+// (label `emulated`); the kernels themselves run only on a GPU (cuda_test).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cuda/fused_gru.h"
+#include "segtape/ops.h"
+#include "segtape/tape.h"
+
+using namespace segtape;
+namespace fz = segtape::cuda::fused;
+
+namespace {
+
+// An H200's limits: 227 KiB of opt-in shared memory per block, clusters of 8.
+const fz::Limits kH200{232448, 8, true};
+
+// Lane 0's value after the kernels' butterfly (lane l adds lane l ^ o's value).
+double butterfly(std::vector<double> v, int S) {
+  for (int o = S / 2; o > 0; o >>= 1) {
+    std::vector<double> w = v;
+    for (int l = 0; l < S; ++l) w[size_t(l)] = v[size_t(l)] + v[size_t(l ^ o)];
+    v = w;
+  }
+  return v[0];
+}
+
+struct Problem {
+  int64_t T, B, I, H;
+  std::vector<double> x, h0, w_ih, w_hh, b_ih, b_hh, gout;
+};
+
+Problem draw(int64_t T, int64_t B, int64_t I, int64_t H, unsigned seed) {
+  std::mt19937 g(seed);
+  const double k = 1 / std::sqrt(double(H));  // PyTorch's GRU scale: well-conditioned
+  auto fill = [&](int64_t n, double r) {
+    std::uniform_real_distribution<double> u(-r, r);
+    std::vector<double> v(static_cast<size_t>(n));
+    for (double& e : v) e = u(g);
+    return v;
+  };
+  return {T, B, I, H, fill(T * B * I, 1), fill(B * H, 1), fill(3 * H * I, k), fill(3 * H * H, k),
+          fill(3 * H, k), fill(3 * H, k), fill(T * B * H, 1)};
+}
+
+struct Result {
+  std::vector<double> y, dx, dh0, dw_ih, dw_hh, db_ih, db_hh;
+};
+
+// The CPU's gru_sequence, float64: y, and the gradients of sum(y * gout).
+Result cpu_reference(const Problem& p) {
+  Tape tape;
+  auto param = [&](const Shape& s, const std::vector<double>& v) {
+    Tensor t = tape.parameter(s, DType::F64);
+    t.from_host(std::span<const double>(v));
+    return t;
+  };
+  Tensor x = param({p.T, p.B, p.I}, p.x), h0 = param({p.B, p.H}, p.h0), wi = param({3 * p.H, p.I}, p.w_ih),
+         wh = param({3 * p.H, p.H}, p.w_hh), bi = param({3 * p.H}, p.b_ih), bh = param({3 * p.H}, p.b_hh);
+  Tensor go = tape.persistent({p.T, p.B, p.H}, DType::F64);
+  go.from_host(std::span<const double>(p.gout));
+  Segment seg = tape.segment();
+  Tensor y = gru_sequence(x, h0, wi, wh, bi, bh);
+  Result r;
+  r.y = y.to_host<double>();
+  seg.backward(sum(mul(y, go)));
+  r.dx = x.grad_tensor().to_host<double>(), r.dh0 = h0.grad_tensor().to_host<double>();
+  r.dw_ih = wi.grad_tensor().to_host<double>(), r.dw_hh = wh.grad_tensor().to_host<double>();
+  r.db_ih = bi.grad_tensor().to_host<double>(), r.db_hh = bh.grad_tensor().to_host<double>();
+  return r;
+}
+
+// The fused path as the CUDA backend runs it (gru_sequence.cpp), with the
+// kernels simulated block by block and the GEMMs around them written out.
+Result simulate(const Problem& p, const fz::Plan& plan) {
+  const int64_t T = p.T, B = p.B, I = p.I, H = p.H, R = 3 * H;
+  std::vector<double> gi(size_t(T * B * R), 0), y(size_t(T * B * H)), saved(size_t(T * B * 4 * H));
+  for (int64_t row = 0; row < T * B; ++row)  // gi = x W_ih^T over all steps (one GEMM)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t i = 0; i < I; ++i) gi[size_t(row * R + r)] += p.x[size_t(row * I + i)] * p.w_ih[size_t(r * I + i)];
+  fz::Args<double> a{};
+  a.steps = T, a.B = B, a.H = H, a.Hs = plan.Hs, a.S = plan.S;
+  a.gi = gi.data(), a.w_hh = p.w_hh.data(), a.b_ih = p.b_ih.data(), a.b_hh = p.b_hh.data(), a.h0 = p.h0.data();
+  a.y = y.data(), a.saved = saved.data();
+  const int C = plan.C, S = plan.S;
+  const int64_t outs = B * plan.Hs;  // outputs per block
+  std::vector<std::vector<double>> sm(static_cast<size_t>(C));
+  auto remote = [&](int rank) -> const double* { return sm[size_t(rank)].data(); };
+  auto who = [&](int c, int64_t o, int lane) { return fz::who(a, c, int(o * S + lane)); };
+
+  // forward
+  for (int c = 0; c < C; ++c) {
+    sm[size_t(c)].assign(size_t(std::max(fz::FwdSmem(B, H, plan.Hs, S).total, fz::BwdSmem(B, H, plan.Hs, S).total)), NAN);
+    fz::fwd_load(a, sm[size_t(c)].data(), c, 0, 1);
+  }
+  int buf = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int c = 0; c < C; ++c)
+      for (int64_t o = 0; o < outs; ++o) {
+        std::vector<double> part[3];
+        for (int lane = 0; lane < S; ++lane) {
+          double acc[3];
+          fz::fwd_partial(a, sm[size_t(c)].data(), who(c, o, lane), acc);
+          for (int g = 0; g < 3; ++g) part[g].push_back(acc[g]);
+        }
+        const double gh[3] = {butterfly(part[0], S), butterfly(part[1], S), butterfly(part[2], S)};
+        fz::fwd_finish(a, sm[size_t(c)].data(), who(c, o, 0), t, gh, buf);
+      }
+    // cluster barrier, then every block gathers
+    for (int c = 0; c < C; ++c) fz::fwd_gather(a, sm[size_t(c)].data(), 0, 1, buf, remote);
+    buf ^= 1;
+  }
+
+  // backward
+  std::vector<double> dgi(size_t(T * B * R)), dgh(size_t(T * B * R)), dh0(size_t(B * H));
+  a.gout = p.gout.data(), a.dgi = dgi.data(), a.dgh = dgh.data(), a.dh0 = dh0.data();
+  for (int c = 0; c < C; ++c) fz::bwd_load(a, sm[size_t(c)].data(), c, 0, 1);
+  std::vector<double> carry(size_t(C * outs), 0), direct(size_t(C * outs));
+  buf = 0;
+  for (int64_t t = T - 1; t >= 0; --t) {
+    for (int c = 0; c < C; ++c)
+      for (int64_t o = 0; o < outs; ++o)
+        direct[size_t(c * outs + o)] = fz::bwd_gates(a, sm[size_t(c)].data(), who(c, o, 0), t, carry[size_t(c * outs + o)], buf);
+    for (int c = 0; c < C; ++c) fz::bwd_gather(a, sm[size_t(c)].data(), 0, 1, buf, remote);
+    for (int c = 0; c < C; ++c)
+      for (int64_t o = 0; o < outs; ++o) {
+        std::vector<double> part;
+        for (int lane = 0; lane < S; ++lane) part.push_back(fz::bwd_partial(a, sm[size_t(c)].data(), who(c, o, lane)));
+        carry[size_t(c * outs + o)] = direct[size_t(c * outs + o)] + butterfly(part, S);
+      }
+    buf ^= 1;
+  }
+  for (int c = 0; c < C; ++c)
+    for (int64_t o = 0; o < outs; ++o) {
+      const fz::Who w = who(c, o, 0);
+      dh0[size_t(w.b * H + w.j)] = carry[size_t(c * outs + o)];
+    }
+
+  // the GEMMs and column sums after the backward launch
+  Result r;
+  r.y = y, r.dh0 = dh0;
+  r.dx.assign(size_t(T * B * I), 0), r.dw_ih.assign(size_t(R * I), 0), r.dw_hh.assign(size_t(R * H), 0);
+  r.db_ih.assign(size_t(R), 0), r.db_hh.assign(size_t(R), 0);
+  for (int64_t row = 0; row < T * B; ++row) {
+    const double* hp = row < B ? &p.h0[size_t(row * H)] : &y[size_t((row - B) * H)];
+    for (int64_t q = 0; q < R; ++q) {
+      const double di = dgi[size_t(row * R + q)], dh = dgh[size_t(row * R + q)];
+      for (int64_t i = 0; i < I; ++i) {
+        r.dx[size_t(row * I + i)] += di * p.w_ih[size_t(q * I + i)];
+        r.dw_ih[size_t(q * I + i)] += di * p.x[size_t(row * I + i)];
+      }
+      for (int64_t k = 0; k < H; ++k) r.dw_hh[size_t(q * H + k)] += dh * hp[k];
+      r.db_ih[size_t(q)] += di, r.db_hh[size_t(q)] += dh;
+    }
+  }
+  return r;
+}
+
+double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::fabs(a[i] - b[i]));
+    den = std::max(den, std::fabs(b[i]));
+  }
+  return num / std::max(den, 1e-300);
+}
+
+TEST(FusedGru, SimulatedClusterEqualsTheCpuInFloat64) {
+  struct Case {
+    int64_t T, B, I, H;
+    int C, S;  // the plan expected for an H200
+  };
+  const Case cases[] = {
+      {1, 1, 3, 8, 1, 32},     // one step, one block
+      {9, 1, 5, 128, 4, 32},   // the agent's (1, 128): 4 blocks of 32 units, a warp per output
+      {6, 32, 7, 128, 8, 2},   // (32, 128): 8 blocks, 2 lanes per output
+      {5, 11, 4, 3, 1, 16},    // 33 outputs of 16 lanes: 528 threads, rounded to whole warps on a GPU
+      {5, 11, 4, 6, 2, 16},    // 2 blocks of 3 units, 33 outputs each
+      {7, 3, 6, 40, 4, 32},    // 4 blocks of 10 units (8 would not give more lanes)
+      {4, 6, 5, 64, 8, 16},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE("T " + std::to_string(k.T) + ", B " + std::to_string(k.B) + ", I " + std::to_string(k.I) + ", H " +
+                 std::to_string(k.H));
+    const fz::Plan plan = fz::plan(k.B, k.H, sizeof(double), kH200);
+    ASSERT_TRUE(plan.use) << plan.why_not;
+    EXPECT_EQ(plan.C, k.C);
+    EXPECT_EQ(plan.S, k.S);
+    const Problem p = draw(k.T, k.B, k.I, k.H, unsigned(k.T * 1000 + k.H));
+    const Result want = cpu_reference(p), got = simulate(p, plan);
+    EXPECT_LE(rel_diff(got.y, want.y), 1e-12) << "y";
+    EXPECT_LE(rel_diff(got.dx, want.dx), 1e-10) << "dx";
+    EXPECT_LE(rel_diff(got.dh0, want.dh0), 1e-10) << "dh0";
+    EXPECT_LE(rel_diff(got.dw_ih, want.dw_ih), 1e-10) << "dW_ih";
+    EXPECT_LE(rel_diff(got.dw_hh, want.dw_hh), 1e-10) << "dW_hh";
+    EXPECT_LE(rel_diff(got.db_ih, want.db_ih), 1e-10) << "db_ih";
+    EXPECT_LE(rel_diff(got.db_hh, want.db_hh), 1e-10) << "db_hh";
+  }
+}
+
+TEST(FusedGru, PlanRunsFusedWhereTheWeightsFitAndSaysWhyNotElsewhere) {
+  // issue 19's sizes in float32 on an H200
+  const fz::Plan a = fz::plan(1, 128, 4, kH200), b = fz::plan(32, 128, 4, kH200);
+  ASSERT_TRUE(a.use && b.use);
+  EXPECT_EQ(a.C, 4);
+  EXPECT_EQ(a.threads, 1024);
+  EXPECT_EQ(b.C, 8);
+  EXPECT_EQ(b.threads, 1024);
+  EXPECT_LE(b.bwd_smem, kH200.smem);
+  EXPECT_FALSE(fz::plan(64, 1024, 4, kH200).use);  // cuDNN's path
+  EXPECT_FALSE(fz::plan(32, 512, 4, kH200).use);
+  const fz::Plan big = fz::plan(1, 512, 4, kH200);  // W_hh 3 MiB: 384 KiB a block at 8
+  EXPECT_FALSE(big.use);
+  EXPECT_NE(big.why_not.find("W_hh (3145728 bytes)"), std::string::npos) << big.why_not;
+  const fz::Plan wide = fz::plan(1024, 64, 4, kH200);  // 1024 rows x 8 units per block > 1024 threads
+  EXPECT_FALSE(wide.use);
+  EXPECT_NE(wide.why_not.find("1024 threads"), std::string::npos) << wide.why_not;
+  const fz::Plan old = fz::plan(1, 128, 4, {232448, 8, false});
+  EXPECT_FALSE(old.use);
+  EXPECT_NE(old.why_not.find("compute capability 9.0"), std::string::npos) << old.why_not;
+  const fz::Plan small = fz::plan(1, 128, 4, {232448, 2, true});  // a cluster of 2 at most
+  ASSERT_TRUE(small.use);
+  EXPECT_LE(small.C, 2);
+  // every plan's cluster divides H and its lanes are a power of two
+  for (int64_t H : {1, 3, 6, 40, 70, 96, 128, 192, 256})
+    for (int64_t B : {1, 2, 5, 16, 32, 64})
+      for (size_t e : {size_t(4), size_t(8)}) {
+        const fz::Plan p = fz::plan(B, H, e, kH200);
+        if (!p.use) continue;
+        EXPECT_EQ(H % p.C, 0);
+        EXPECT_EQ(p.S & (p.S - 1), 0);
+        EXPECT_LE(p.threads, 1024);
+        EXPECT_LE(std::max(p.fwd_smem, p.bwd_smem), kH200.smem);
+      }
+}
+
+}  // namespace
