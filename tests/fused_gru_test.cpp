@@ -124,7 +124,10 @@ Result simulate(const Problem& p, const fz::Plan& plan) {
   // backward
   std::vector<double> dgi(size_t(T * B * R)), dgh(size_t(T * B * R)), dh0(size_t(B * H));
   a.gout = p.gout.data(), a.dgi = dgi.data(), a.dgh = dgh.data(), a.dh0 = dh0.data();
-  for (int c = 0; c < C; ++c) fz::bwd_load(a, sm[size_t(c)].data(), c, 0, 1);
+  for (int c = 0; c < C; ++c) {  // NaN first: a read before backward's own write shows
+    std::fill(sm[size_t(c)].begin(), sm[size_t(c)].end(), NAN);
+    fz::bwd_load(a, sm[size_t(c)].data(), c, 0, 1);
+  }
   std::vector<double> carry(size_t(C * outs), 0), direct(size_t(C * outs));
   buf = 0;
   for (int64_t t = T - 1; t >= 0; --t) {

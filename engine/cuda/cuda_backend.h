@@ -98,8 +98,9 @@ class CudaBackend final : public detail::Backend {
             int64_t ldb, double beta, double* C, int64_t ldc);
   GruPlan& gru_plan(int64_t T, int64_t B, int64_t I, int64_t H, DType d);
   // Whether gru_sequence of [*, B, *] with H units runs fused on this device,
-  // and how (fused_gru.h); SEGTAPE_FUSED_GRU=0 in the environment says no.
-  fused::Plan fused_gru_plan(int64_t B, int64_t H, DType d);
+  // and how (fused_gru.h, and fused_gru_unusable); made once per shape. With
+  // honour_env, SEGTAPE_FUSED_GRU=0 in the environment says no.
+  fused::Plan fused_gru_plan(int64_t B, int64_t H, DType d, bool honour_env = true);
 
  private:
   bool in_graph_segment() const { return schedule_.in_graph_segment(); }
@@ -126,6 +127,12 @@ class CudaBackend final : public detail::Backend {
   size_t temp_cap_ = 0, temp_used_ = 0;
   std::byte* staging_base_ = nullptr;
   std::vector<std::unique_ptr<GruPlan>> gru_plans_;
+  struct FusedPlan {
+    int64_t B, H;
+    DType dtype;
+    fused::Plan plan;
+  };
+  std::vector<FusedPlan> fused_plans_;
   fused::Limits fused_limits_{};  // queried on first use
   bool fused_limits_known_ = false;
   // CUDA graph replay (TapeOptions::graph_replay): the schedule and the

@@ -7,6 +7,7 @@
 #include <cooperative_groups.h>
 
 #include <atomic>
+#include <string>
 
 #include "device_math.cuh"
 #include "fused_gru.h"
@@ -48,6 +49,8 @@ __global__ void __launch_bounds__(1024) fused_gru_forward_kernel(fused::Args<T> 
     buf ^= 1;
   }
   cl.sync();  // no block leaves while another reads its shared memory
+#elif defined(__CUDA_ARCH__)
+  __trap();  // never chosen without sm_90 code (fused_gru_unusable), loud if it were
 #endif
 }
 
@@ -77,34 +80,59 @@ __global__ void __launch_bounds__(1024) fused_gru_backward_kernel(fused::Args<T>
   }
   if (active && w.lane == 0) a.dh0[w.b * a.H + w.j] = carry;
   cl.sync();
+#elif defined(__CUDA_ARCH__)
+  __trap();
 #endif
 }
 
 template <class T>
-void launch(cudaStream_t s, const fused::Plan& p, const fused::Args<T>& a, bool backward) {
-  void (*k)(fused::Args<T>) = backward ? fused_gru_backward_kernel<T> : fused_gru_forward_kernel<T>;
-  const size_t smem = backward ? p.bwd_smem : p.fwd_smem;
-  // Raised once per kernel to the largest size asked for so far (so a graph
-  // segment, which repeats its warm-up's shapes, makes no such call while captured).
-  static std::atomic<size_t> allowed[2] = {0, 0};
-  std::atomic<size_t>& now = allowed[backward ? 1 : 0];
-  if (smem > now.load()) {
-    SEGTAPE_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    now.store(smem);
-  }
+using Kernel = void (*)(fused::Args<T>);
+template <class T>
+Kernel<T> kernel(bool backward) {
+  return backward ? fused_gru_backward_kernel<T> : fused_gru_forward_kernel<T>;
+}
+
+// Allows kernel k `smem` bytes of dynamic shared memory on the current
+// device: once per kernel and device, raised to the largest size asked for
+// (so a graph segment, which repeats its warm-up's shapes, makes no such
+// call while it is captured).
+template <class T>
+void allow_smem(Kernel<T> k, bool backward, size_t smem) {
+  constexpr int kDevices = 64;
+  static std::atomic<size_t> allowed[2][kDevices] = {};
+  int dev = 0;
+  SEGTAPE_CHECK(cudaGetDevice(&dev));
+  std::atomic<size_t>* now = dev < kDevices ? &allowed[backward ? 1 : 0][dev] : nullptr;
+  if (now && smem <= now->load()) return;
+  SEGTAPE_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  if (now) now->store(smem);
+}
+
+// The launch of one cluster of p.C blocks (blocks rounded up to whole warps).
+struct Launch {
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(p.C));
-  cfg.blockDim = dim3(unsigned((p.threads + 31) / 32 * 32));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(p.C);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  SEGTAPE_CHECK(cudaLaunchKernelEx(&cfg, k, a));
+  cudaLaunchAttribute attr[1]{};
+  Launch(const fused::Plan& p, size_t smem, cudaStream_t s) {
+    cfg.gridDim = dim3(unsigned(p.C));
+    cfg.blockDim = dim3(unsigned((p.threads + 31) / 32 * 32));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(p.C);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+};
+
+template <class T>
+void launch(cudaStream_t s, const fused::Plan& p, const fused::Args<T>& a, bool backward) {
+  const Kernel<T> k = kernel<T>(backward);
+  const size_t smem = backward ? p.bwd_smem : p.fwd_smem;
+  allow_smem<T>(k, backward, smem);
+  Launch l(p, smem, s);
+  SEGTAPE_CHECK(cudaLaunchKernelEx(&l.cfg, k, a));
   check_launch(backward ? "fused_gru_backward" : "fused_gru_forward");
 }
 
@@ -112,6 +140,32 @@ void launch(cudaStream_t s, const fused::Plan& p, const fused::Args<T>& a, bool 
 
 template <class T> void fused_gru_forward(cudaStream_t s, const fused::Plan& p, const fused::Args<T>& a) { launch(s, p, a, false); }
 template <class T> void fused_gru_backward(cudaStream_t s, const fused::Plan& p, const fused::Args<T>& a) { launch(s, p, a, true); }
+
+std::string fused_gru_unusable(const fused::Plan& p, size_t elem) {
+  auto check = [&](auto tag) -> std::string {
+    using T = decltype(tag);
+    for (const bool backward : {false, true}) {
+      const Kernel<T> k = kernel<T>(backward);
+      // Built without sm_90 code (CMAKE_CUDA_ARCHITECTURES below 90), the kernels are empty.
+      cudaFuncAttributes fa{};
+      if (cudaFuncGetAttributes(&fa, k) != cudaSuccess || fa.binaryVersion < 90) {
+        (void)cudaGetLastError();
+        return "this build has no sm_90 code for the fused kernels (CMAKE_CUDA_ARCHITECTURES)";
+      }
+      const size_t smem = backward ? p.bwd_smem : p.fwd_smem;
+      allow_smem<T>(k, backward, smem);
+      Launch l(p, smem, nullptr);
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, k, &l.cfg) != cudaSuccess || clusters < 1) {
+        (void)cudaGetLastError();
+        return "a cluster of " + std::to_string(p.C) + " blocks of " + std::to_string(l.cfg.blockDim.x) + " threads and " +
+               std::to_string(smem) + " bytes of shared memory cannot be resident on this device";
+      }
+    }
+    return {};
+  };
+  return elem == sizeof(double) ? check(double{}) : check(float{});
+}
 
 template void fused_gru_forward<float>(cudaStream_t, const fused::Plan&, const fused::Args<float>&);
 template void fused_gru_forward<double>(cudaStream_t, const fused::Plan&, const fused::Args<double>&);

@@ -141,7 +141,7 @@ void fused_forward(CudaBackend& be, Tape& tape, Node& n, const fused::Plan& p) {
   const bool training = n.ia[0] != 0;
   void* gi = In::alloc(tape, arena_bytes(T * B * 3 * H, x.dtype), OpKind::GruSequence, "gru_sequence");
   n.saved = training ? In::alloc(tape, arena_bytes(T * B * 4 * H, x.dtype), OpKind::GruSequence, "gru_sequence") : nullptr;
-  n.ia = {training, 0, 0, 1};
+  n.ia = {training, p.C, p.S, 1};  // the plan's cluster and lanes, for backward
   n.bytes += arena_bytes(T * B * 3 * H, x.dtype) + (training ? arena_bytes(T * B * 4 * H, x.dtype) : 0);
   if (!be.issue(detail::op_signature(n, nullptr, nullptr), "gru_sequence")) return;
   detail::dispatch(x.dtype, [&]<class E>() {
@@ -156,8 +156,10 @@ void fused_forward(CudaBackend& be, Tape& tape, Node& n, const fused::Plan& p) {
 void fused_backward(CudaBackend& be, Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst) {
   const Tensor &x = n.in[0], &h0 = n.in[1];
   const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = h0.dim(1);
-  const fused::Plan p = be.fused_gru_plan(B, H, x.dtype);
-  if (!p.use) throw TapeError("gru_sequence: backward of a fused forward on a device where it no longer fits: " + p.why_not);
+  const fused::Plan p = be.fused_gru_plan(B, H, x.dtype, /*honour_env=*/false);  // what the forward ran, whatever the environment says now
+  if (!p.use || p.C != n.ia[1] || p.S != n.ia[2])
+    throw TapeError("gru_sequence: backward of a fused forward that its plan no longer gives (" +
+                    (p.use ? "cluster " + std::to_string(p.C) + ", " + std::to_string(p.S) + " lanes" : p.why_not) + ")");
   void* dgi = In::alloc(tape, arena_bytes(T * B * 3 * H, x.dtype), GradBuffers{}, "backward");
   void* dgh = In::alloc(tape, arena_bytes(T * B * 3 * H, x.dtype), GradBuffers{}, "backward");
   void* dh0 = In::alloc(tape, h0.nbytes(), GradBuffers{}, "backward");
@@ -195,17 +197,25 @@ fused::Limits fused::device_limits(int index) {
   return {size_t(smem), 8, major >= 9};
 }
 
-fused::Plan CudaBackend::fused_gru_plan(int64_t B, int64_t H, DType d) {
-  if (const char* v = std::getenv("SEGTAPE_FUSED_GRU"); v && std::strcmp(v, "0") == 0) {
+fused::Plan CudaBackend::fused_gru_plan(int64_t B, int64_t H, DType d, bool honour_env) {
+  if (const char* v = std::getenv("SEGTAPE_FUSED_GRU"); honour_env && v && std::strcmp(v, "0") == 0) {
     fused::Plan off;
     off.why_not = "SEGTAPE_FUSED_GRU=0";
     return off;
   }
+  for (const FusedPlan& f : fused_plans_)
+    if (f.B == B && f.H == H && f.dtype == d) return f.plan;
   if (!fused_limits_known_) {
     fused_limits_ = fused::device_limits(device_.index);
     fused_limits_known_ = true;
   }
-  return fused::plan(B, H, dtype_size(d), fused_limits_);
+  fused::Plan p = fused::plan(B, H, dtype_size(d), fused_limits_);
+  if (p.use) {  // fits the limits: can this build's kernels run it here?
+    std::string why = fused_gru_unusable(p, dtype_size(d));
+    if (!why.empty()) p = fused::Plan{false, 0, 0, 0, 0, 0, 0, std::move(why)};
+  }
+  fused_plans_.push_back({B, H, d, p});
+  return p;
 }
 
 GruPlan::~GruPlan() {
@@ -297,7 +307,7 @@ void gru_sequence_backward(CudaBackend& be, Tape& tape, const Node& n, const voi
   const Tensor &x = n.in[0], &h0 = n.in[1];
   const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = h0.dim(1);
   if (!n.ia[0] || !n.saved)  // recorded only when a gradient is wanted, i.e. after a training-mode forward
-    throw TapeError("gru_sequence: backward of a forward that ran in inference mode (no cuDNN reserve space)");
+    throw TapeError("gru_sequence: backward of a forward that ran in inference mode (no cuDNN reserve space or saved gates)");
   GruPlan& p = be.gru_plan(T, B, I, H, x.dtype);
   std::byte* block = static_cast<std::byte*>(n.saved);
   const size_t wbytes = size_t(n.ia[1]);

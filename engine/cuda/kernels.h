@@ -133,5 +133,9 @@ void gru_gates_backward(cudaStream_t s, int64_t B, int64_t H, const T* g, const 
 // backward: dgi, dgh [T, B, 3H] and dh0 (written) from gout, saved, y and h0.
 template <class T> void fused_gru_forward(cudaStream_t s, const fused::Plan& p, const fused::Args<T>& a);
 template <class T> void fused_gru_backward(cudaStream_t s, const fused::Plan& p, const fused::Args<T>& a);
+// Why plan p cannot run on the current device although it fits its limits
+// (no sm_90 code in this build; the cluster cannot be resident, e.g. on a MIG
+// slice); empty when it can. Elements of `elem` bytes.
+std::string fused_gru_unusable(const fused::Plan& p, size_t elem);
 
 }  // namespace segtape::cuda
