@@ -103,22 +103,30 @@ Result simulate(const Problem& p, const fz::Plan& plan) {
     sm[size_t(c)].assign(size_t(std::max(fz::FwdSmem(B, H, plan.Hs, S).total, fz::BwdSmem(B, H, plan.Hs, S).total)), NAN);
     fz::fwd_load(a, sm[size_t(c)].data(), c, 0, 1);
   }
-  int buf = 0;
-  for (int64_t t = 0; t < T; ++t) {
-    for (int c = 0; c < C; ++c)
-      for (int64_t o = 0; o < outs; ++o) {
-        std::vector<double> part[3];
-        for (int lane = 0; lane < S; ++lane) {
-          double acc[3];
-          fz::fwd_partial(a, sm[size_t(c)].data(), who(c, o, lane), acc);
-          for (int g = 0; g < 3; ++g) part[g].push_back(acc[g]);
-        }
-        const double gh[3] = {butterfly(part[0], S), butterfly(part[1], S), butterfly(part[2], S)};
-        fz::fwd_finish(a, sm[size_t(c)].data(), who(c, o, 0), t, gh, buf);
+  // Block c's work of step t before the step's barrier (publishes into slot `buf`).
+  auto fwd_compute = [&](int c, int64_t t, int buf) {
+    for (int64_t o = 0; o < outs; ++o) {
+      std::vector<double> part[3];
+      for (int lane = 0; lane < S; ++lane) {
+        double acc[3];
+        fz::fwd_partial(a, sm[size_t(c)].data(), who(c, o, lane), acc);
+        for (int g = 0; g < 3; ++g) part[g].push_back(acc[g]);
       }
-    // cluster barrier, then every block gathers
-    for (int c = 0; c < C; ++c) fz::fwd_gather(a, sm[size_t(c)].data(), 0, 1, buf, remote);
-    buf ^= 1;
+      const double gh[3] = {butterfly(part[0], S), butterfly(part[1], S), butterfly(part[2], S)};
+      fz::fwd_finish(a, sm[size_t(c)].data(), who(c, o, 0), t, gh, buf);
+    }
+  };
+  // The barriers allow a block to run ahead: after step t's barrier, block 0
+  // gathers and computes step t + 1 (up to its next barrier) before any other
+  // block gathers step t; a slot or a barrier too few would show here.
+  for (int c = 0; c < C; ++c) fwd_compute(c, 0, 0);
+  for (int64_t t = 0; t < T; ++t) {
+    const int buf = int(t % 2);
+    fz::fwd_gather(a, sm[0].data(), 0, 1, buf, remote);
+    if (t + 1 < T) fwd_compute(0, t + 1, buf ^ 1);
+    for (int c = 1; c < C; ++c) fz::fwd_gather(a, sm[size_t(c)].data(), 0, 1, buf, remote);
+    for (int c = 1; c < C; ++c)
+      if (t + 1 < T) fwd_compute(c, t + 1, buf ^ 1);
   }
 
   // backward
@@ -129,19 +137,26 @@ Result simulate(const Problem& p, const fz::Plan& plan) {
     fz::bwd_load(a, sm[size_t(c)].data(), c, 0, 1);
   }
   std::vector<double> carry(size_t(C * outs), 0), direct(size_t(C * outs));
-  buf = 0;
-  for (int64_t t = T - 1; t >= 0; --t) {
-    for (int c = 0; c < C; ++c)
-      for (int64_t o = 0; o < outs; ++o)
-        direct[size_t(c * outs + o)] = fz::bwd_gates(a, sm[size_t(c)].data(), who(c, o, 0), t, carry[size_t(c * outs + o)], buf);
-    for (int c = 0; c < C; ++c) fz::bwd_gather(a, sm[size_t(c)].data(), 0, 1, buf, remote);
-    for (int c = 0; c < C; ++c)
-      for (int64_t o = 0; o < outs; ++o) {
-        std::vector<double> part;
-        for (int lane = 0; lane < S; ++lane) part.push_back(fz::bwd_partial(a, sm[size_t(c)].data(), who(c, o, lane)));
-        carry[size_t(c * outs + o)] = direct[size_t(c * outs + o)] + butterfly(part, S);
-      }
-    buf ^= 1;
+  auto bwd_before = [&](int c, int64_t t, int buf) {  // before step t's barrier
+    for (int64_t o = 0; o < outs; ++o)
+      direct[size_t(c * outs + o)] = fz::bwd_gates(a, sm[size_t(c)].data(), who(c, o, 0), t, carry[size_t(c * outs + o)], buf);
+  };
+  auto bwd_after = [&](int c, int buf) {  // after it: gather, then the carried dh
+    fz::bwd_gather(a, sm[size_t(c)].data(), 0, 1, buf, remote);
+    for (int64_t o = 0; o < outs; ++o) {
+      std::vector<double> part;
+      for (int lane = 0; lane < S; ++lane) part.push_back(fz::bwd_partial(a, sm[size_t(c)].data(), who(c, o, lane)));
+      carry[size_t(c * outs + o)] = direct[size_t(c * outs + o)] + butterfly(part, S);
+    }
+  };
+  for (int c = 0; c < C; ++c) bwd_before(c, T - 1, 0);
+  for (int64_t t = T - 1, k = 0; t >= 0; --t, ++k) {  // block 0 runs ahead again
+    const int buf = int(k % 2);
+    bwd_after(0, buf);
+    if (t > 0) bwd_before(0, t - 1, buf ^ 1);
+    for (int c = 1; c < C; ++c) bwd_after(c, buf);
+    for (int c = 1; c < C; ++c)
+      if (t > 0) bwd_before(c, t - 1, buf ^ 1);
   }
   for (int c = 0; c < C; ++c)
     for (int64_t o = 0; o < outs; ++o) {
