@@ -9,8 +9,10 @@
 #      on its own: data parallelism's gradient averaging on the device, by
 #      NCCL on the tape's stream with one rank when the build found NCCL
 #      (configure.log says "NCCL found")
-#   3. cuda_bench: segtape's training step on the GPU, eager and graph-replayed,
-#      at (B=32, H=512) and (B=64, H=1024)
+#   3. cuda_bench: segtape's training step on the GPU at issue 19's five sizes,
+#      stepped (eager, graph-replayed) and as one gru_sequence per segment (the
+#      fused kernels where they fit); the sequence modes again at (1, 128) and
+#      (32, 128) with SEGTAPE_FUSED_GRU=0 (cuDNN's GRU)
 #   4. when python3's torch has CUDA: a second build against it
 #      (-DCMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path) of cuda_bench_torch,
 #      the same workload in LibTorch, eager and CUDA-graph captured
