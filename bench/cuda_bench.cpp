@@ -168,9 +168,7 @@ const std::vector<std::pair<Mode, const char*>> kModes = {
 // plan fits this GPU (engine/cuda/fused_gru.h) and SEGTAPE_FUSED_GRU is not 0, else cuDNN's.
 std::string mode_name(Mode mode, const char* name, int64_t B, int64_t H) {
   if (g_cpu || (mode != Mode::Sequence && mode != Mode::SequenceGraph)) return name;
-  const char* off = std::getenv("SEGTAPE_FUSED_GRU");
-  const bool fused = !(off && std::strcmp(off, "0") == 0) &&
-                     cuda::fused::plan(B, H, sizeof(float), cuda::fused::device_limits(0)).use;
+  const bool fused = !cuda::fused::off_by_env() && cuda::fused::device_plan(B, H, sizeof(float)).use;
   return std::string(name) + (fused ? " (fused)" : " (cuDNN)");
 }
 

@@ -285,7 +285,7 @@ void expect_gru_close(const GruRun& a, const GruRun& ref, double tol, const std:
 // here on an sm_90 GPU: engine/cuda/fused_gru.h) and cuDNN otherwise, or
 // with SEGTAPE_FUSED_GRU=0: both paths are checked against the CPU.
 bool fused_fits(int64_t B, int64_t H, DType dt) {
-  return !kEmulated && cuda::fused::plan(B, H, dtype_size(dt), cuda::fused::device_limits(0)).use;
+  return !kEmulated && cuda::fused::device_plan(B, H, dtype_size(dt)).use;
 }
 
 TEST(CudaGru, SequenceMatchesCpuGruOverKStepsFusedAndCudnn) {

@@ -98,8 +98,8 @@ class CudaBackend final : public detail::Backend {
             int64_t ldb, double beta, double* C, int64_t ldc);
   GruPlan& gru_plan(int64_t T, int64_t B, int64_t I, int64_t H, DType d);
   // Whether gru_sequence of [*, B, *] with H units runs fused on this device,
-  // and how (fused_gru.h, and fused_gru_unusable); made once per shape. With
-  // honour_env, SEGTAPE_FUSED_GRU=0 in the environment says no.
+  // and how (fused::device_plan, made once per shape). With honour_env,
+  // SEGTAPE_FUSED_GRU=0 in the environment says no.
   fused::Plan fused_gru_plan(int64_t B, int64_t H, DType d, bool honour_env = true);
 
  private:
@@ -132,9 +132,7 @@ class CudaBackend final : public detail::Backend {
     DType dtype;
     fused::Plan plan;
   };
-  std::vector<FusedPlan> fused_plans_;
-  fused::Limits fused_limits_{};  // queried on first use
-  bool fused_limits_known_ = false;
+  std::vector<FusedPlan> fused_plans_;  // fused::device_plan, once per shape
   // CUDA graph replay (TapeOptions::graph_replay): the schedule and the
   // signatures (engine/graph_schedule.h, shared with the host-emulated
   // device), and the two graphs, one per segment parity: carried values

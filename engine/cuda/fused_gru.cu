@@ -25,30 +25,43 @@ __device__ __forceinline__ T group_sum(T v, int S) {
   return v;
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+extern __shared__ __align__(16) unsigned char fused_smem[];
+
+// A thread's place in the cluster, as both kernels see it: its block's shared
+// memory, block rank c, thread tid of n, whether it has an output (the block
+// is rounded up to whole warps), that output, and another block's memory.
+template <class T>
+struct Thread {
+  T* sm = reinterpret_cast<T*>(fused_smem);
+  cg::cluster_group cl = cg::this_cluster();
+  int c = int(cl.block_rank()), tid = int(threadIdx.x), n = int(blockDim.x);
+  bool active;
+  fused::Who w;
+  __device__ explicit Thread(const fused::Args<T>& a) : active(tid < a.B * a.Hs * a.S), w(fused::who(a, c, tid)) {}
+  __device__ const T* remote(int rank) { return cl.map_shared_rank(sm, rank); }
+};
+#endif
+
 template <class T>
 __global__ void __launch_bounds__(1024) fused_gru_forward_kernel(fused::Args<T> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(16) unsigned char raw[];
-  T* sm = reinterpret_cast<T*>(raw);
-  cg::cluster_group cl = cg::this_cluster();
-  const int c = int(cl.block_rank()), tid = int(threadIdx.x), n = int(blockDim.x);
-  const bool active = tid < a.B * a.Hs * a.S;  // the block is rounded up to whole warps
-  const fused::Who w = fused::who(a, c, tid);
-  auto remote = [&](int rank) -> const T* { return cl.map_shared_rank(sm, rank); };
-  fused::fwd_load(a, sm, c, tid, n);
+  Thread<T> th(a);
+  auto remote = [&](int rank) { return th.remote(rank); };
+  fused::fwd_load(a, th.sm, th.c, th.tid, th.n);
   __syncthreads();
   int buf = 0;
   for (int64_t t = 0; t < a.steps; ++t) {
     T acc[3] = {T(0), T(0), T(0)};
-    if (active) fused::fwd_partial(a, sm, w, acc);
+    if (th.active) fused::fwd_partial(a, th.sm, th.w, acc);
     for (int g = 0; g < 3; ++g) acc[g] = group_sum(acc[g], a.S);
-    if (active && w.lane == 0) fused::fwd_finish(a, sm, w, t, acc, buf);
-    cl.sync();  // every block's h' published
-    fused::fwd_gather(a, sm, tid, n, buf, remote);
+    if (th.active && th.w.lane == 0) fused::fwd_finish(a, th.sm, th.w, t, acc, buf);
+    th.cl.sync();  // every block's h' published
+    fused::fwd_gather(a, th.sm, th.tid, th.n, buf, remote);
     __syncthreads();
     buf ^= 1;
   }
-  cl.sync();  // no block leaves while another reads its shared memory
+  th.cl.sync();  // no block leaves while another reads its shared memory
 #elif defined(__CUDA_ARCH__)
   __trap();  // never chosen without sm_90 code (fused_gru_unusable), loud if it were
 #endif
@@ -57,29 +70,24 @@ __global__ void __launch_bounds__(1024) fused_gru_forward_kernel(fused::Args<T> 
 template <class T>
 __global__ void __launch_bounds__(1024) fused_gru_backward_kernel(fused::Args<T> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(16) unsigned char raw[];
-  T* sm = reinterpret_cast<T*>(raw);
-  cg::cluster_group cl = cg::this_cluster();
-  const int c = int(cl.block_rank()), tid = int(threadIdx.x), n = int(blockDim.x);
-  const bool active = tid < a.B * a.Hs * a.S;
-  const fused::Who w = fused::who(a, c, tid);
-  auto remote = [&](int rank) -> const T* { return cl.map_shared_rank(sm, rank); };
-  fused::bwd_load(a, sm, c, tid, n);
+  Thread<T> th(a);
+  auto remote = [&](int rank) { return th.remote(rank); };
+  fused::bwd_load(a, th.sm, th.c, th.tid, th.n);
   __syncthreads();
   T carry = 0;  // dL/dh of (b, j) from the steps after t
   int buf = 0;
   for (int64_t t = a.steps - 1; t >= 0; --t) {
     T direct = 0;
-    if (active && w.lane == 0) direct = fused::bwd_gates(a, sm, w, t, carry, buf);
-    cl.sync();  // every block's dgh published
-    fused::bwd_gather(a, sm, tid, n, buf, remote);
+    if (th.active && th.w.lane == 0) direct = fused::bwd_gates(a, th.sm, th.w, t, carry, buf);
+    th.cl.sync();  // every block's dgh published
+    fused::bwd_gather(a, th.sm, th.tid, th.n, buf, remote);
     __syncthreads();
-    const T p = group_sum(active ? fused::bwd_partial(a, sm, w) : T(0), a.S);
+    const T p = group_sum(th.active ? fused::bwd_partial(a, th.sm, th.w) : T(0), a.S);
     carry = direct + p;
     buf ^= 1;
   }
-  if (active && w.lane == 0) a.dh0[w.b * a.H + w.j] = carry;
-  cl.sync();
+  if (th.active && th.w.lane == 0) a.dh0[th.w.b * a.H + th.w.j] = carry;
+  th.cl.sync();
 #elif defined(__CUDA_ARCH__)
   __trap();
 #endif

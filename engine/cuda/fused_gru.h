@@ -25,6 +25,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "hd.h"
@@ -68,9 +69,17 @@ struct BwdSmem {  // W^T [Hs][Rp] (W_hh's columns of its units), dgh [B][Rp], pu
       : Rp(pad(3 * H, S)), w(0), dg(Hs * Rp), pub(dg + B * Rp), total(pub + 2 * B * 3 * Hs) {}
 };
 
-// CUDA device `index`'s limits (sm90 false when it cannot be queried, and
-// in a build without the CUDA backend).
-Limits device_limits(int index);
+// The plan gru_sequence takes on the current CUDA device: plan() with its
+// limits, refused (with the reason) where this build's kernels cannot run it
+// there (no sm_90 code; the cluster cannot be resident). Not used in a build
+// without the CUDA backend, or where the device cannot be queried.
+Plan device_plan(int64_t B, int64_t H, size_t elem);
+
+// SEGTAPE_FUSED_GRU=0 in the environment: the forward passes take cuDNN's GRU.
+inline bool off_by_env() {
+  const char* v = std::getenv("SEGTAPE_FUSED_GRU");
+  return v && v[0] == '0' && v[1] == '\0';
+}
 
 // The cluster size, lanes and shared memory for [B, H] in elements of `elem`
 // bytes. Chooses the C (dividing H) that gives the most lanes per output,

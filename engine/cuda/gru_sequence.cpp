@@ -25,7 +25,6 @@
 // followed by the GEMMs of dx and the weight gradients over all steps.
 // n.ia[3] says which path the forward took.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -139,10 +138,11 @@ void fused_forward(CudaBackend& be, Tape& tape, Node& n, const fused::Plan& p) {
   const Tensor& x = n.in[0];
   const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = n.in[1].dim(1);
   const bool training = n.ia[0] != 0;
-  void* gi = In::alloc(tape, arena_bytes(T * B * 3 * H, x.dtype), OpKind::GruSequence, "gru_sequence");
-  n.saved = training ? In::alloc(tape, arena_bytes(T * B * 4 * H, x.dtype), OpKind::GruSequence, "gru_sequence") : nullptr;
+  const size_t gi_bytes = arena_bytes(T * B * 3 * H, x.dtype), saved_bytes = training ? arena_bytes(T * B * 4 * H, x.dtype) : 0;
+  void* gi = In::alloc(tape, gi_bytes, OpKind::GruSequence, "gru_sequence");
+  n.saved = training ? In::alloc(tape, saved_bytes, OpKind::GruSequence, "gru_sequence") : nullptr;
   n.ia = {training, p.C, p.S, 1};  // the plan's cluster and lanes, for backward
-  n.bytes += arena_bytes(T * B * 3 * H, x.dtype) + (training ? arena_bytes(T * B * 4 * H, x.dtype) : 0);
+  n.bytes += gi_bytes + saved_bytes;
   if (!be.issue(detail::op_signature(n, nullptr, nullptr), "gru_sequence")) return;
   detail::dispatch(x.dtype, [&]<class E>() {
     fused::Args<E> a = fused_args<E>(n, p.Hs, p.S);
@@ -187,35 +187,33 @@ void fused_backward(CudaBackend& be, Tape& tape, const Node& n, const void* gout
 
 }  // namespace
 
-fused::Limits fused::device_limits(int index) {
-  int major = 0, smem = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, index) != cudaSuccess) {
+fused::Plan fused::device_plan(int64_t B, int64_t H, size_t elem) {
+  int dev = 0, major = 0, smem = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
     (void)cudaGetLastError();  // not sticky: clear it
-    return {};
+    Plan none;
+    none.why_not = "the CUDA device cannot be queried";
+    return none;
   }
-  return {size_t(smem), 8, major >= 9};
+  Plan p = plan(B, H, elem, {size_t(smem), 8, major >= 9});
+  if (p.use) {  // fits the limits: can this build's kernels run it here?
+    std::string why = fused_gru_unusable(p, elem);
+    if (!why.empty()) p = Plan{false, 0, 0, 0, 0, 0, 0, std::move(why)};
+  }
+  return p;
 }
 
 fused::Plan CudaBackend::fused_gru_plan(int64_t B, int64_t H, DType d, bool honour_env) {
-  if (const char* v = std::getenv("SEGTAPE_FUSED_GRU"); honour_env && v && std::strcmp(v, "0") == 0) {
+  if (honour_env && fused::off_by_env()) {
     fused::Plan off;
     off.why_not = "SEGTAPE_FUSED_GRU=0";
     return off;
   }
   for (const FusedPlan& f : fused_plans_)
     if (f.B == B && f.H == H && f.dtype == d) return f.plan;
-  if (!fused_limits_known_) {
-    fused_limits_ = fused::device_limits(device_.index);
-    fused_limits_known_ = true;
-  }
-  fused::Plan p = fused::plan(B, H, dtype_size(d), fused_limits_);
-  if (p.use) {  // fits the limits: can this build's kernels run it here?
-    std::string why = fused_gru_unusable(p, dtype_size(d));
-    if (!why.empty()) p = fused::Plan{false, 0, 0, 0, 0, 0, 0, std::move(why)};
-  }
-  fused_plans_.push_back({B, H, d, p});
-  return p;
+  fused_plans_.push_back({B, H, d, fused::device_plan(B, H, dtype_size(d))});
+  return fused_plans_.back().plan;
 }
 
 GruPlan::~GruPlan() {

@@ -16,5 +16,9 @@ std::unique_ptr<Backend> make_cuda_backend(const Device& device, const TapeOptio
 }  // namespace segtape::detail
 
 namespace segtape::cuda::fused {
-Limits device_limits(int) { return {}; }  // no fused GRU without the CUDA backend
+Plan device_plan(int64_t, int64_t, size_t) {
+  Plan none;
+  none.why_not = "this build of segtape has no CUDA backend";
+  return none;
+}
 }  // namespace segtape::cuda::fused
