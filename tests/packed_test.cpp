@@ -1,10 +1,15 @@
 // The packed-weight products (engine/cpu/packed.h): the kernel against a
-// double reference over every block boundary and tail, and the GRU cell
-// through it against float64 (which takes OpenBLAS), including a weight
-// changed inside a segment. ctest runs this file twice: as is, and with
-// SEGTAPE_PACKED=0, where the same GRU checks run on OpenBLAS's GEMM.
+// double reference and, to the bit, against the chain of FMAs it computes,
+// over every block boundary and tail; and the GRU cell through it against
+// float64 (which takes OpenBLAS), including a weight changed inside a
+// segment. ctest runs this file three times: as is (the best kernel the CPU
+// has), with SEGTAPE_PACKED=avx2 (the AVX2 kernel, also on a CPU with
+// AVX-512F), and with SEGTAPE_PACKED=0, where the same GRU checks run on
+// OpenBLAS's GEMM.
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
 #include <cstdlib>
 #include <random>
 #include <vector>
@@ -27,8 +32,12 @@ bool packed_off() {
   return e && std::string(e) == "0";
 }
 
-TEST(PackedGemm, EqualsADoubleReferenceAtEveryBlockBoundaryAndTail) {
-  if (!cpu::packed_available()) GTEST_SKIP() << "no AVX-512F here (or SEGTAPE_PACKED=0): the packed kernel never runs";
+// Each element of C is, per block of the inner dimension (cpu::packed_k_block),
+// one chain of FMAs in k order from zero, added to C (beta 1 or a later
+// block) — the same bits from the AVX-512 and the AVX2 kernel.
+TEST(PackedGemm, EqualsADoubleReferenceAndItsFmaChainAtEveryBlockBoundaryAndTail) {
+  if (!cpu::packed_available()) GTEST_SKIP() << "no AVX-512F or AVX2 + FMA here (or SEGTAPE_PACKED=0): the packed kernel never runs";
+  SCOPED_TRACE(std::string("kernel ") + cpu::packed_kernel());
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> u(-1, 1);
   int checked = 0;
@@ -64,19 +73,46 @@ TEST(PackedGemm, EqualsADoubleReferenceAtEveryBlockBoundaryAndTail) {
                   continue;
                 }
                 double ref = beta * double(C0[size_t(i * ldc + j)]), mag = std::abs(ref);
-                for (int64_t k = 0; k < K; ++k) {
-                  const double b = trans ? W[size_t(j * K + k)] : W[size_t(k * N + j)];
-                  ref += double(A[size_t(i * lda + k)]) * b;
-                  mag += std::abs(double(A[size_t(i * lda + k)]) * b);
+                float chain = beta * C0[size_t(i * ldc + j)];
+                for (int64_t k0 = 0, kb = cpu::packed_k_block(K); k0 < K; k0 += kb) {
+                  float block = 0.0f;
+                  for (int64_t k = k0; k < std::min(K, k0 + kb); ++k) {
+                    const float b = trans ? W[size_t(j * K + k)] : W[size_t(k * N + j)];
+                    block = std::fma(A[size_t(i * lda + k)], b, block);
+                    ref += double(A[size_t(i * lda + k)]) * b;
+                    mag += std::abs(double(A[size_t(i * lda + k)]) * b);
+                  }
+                  chain = k0 == 0 && beta == 0.0f ? block : block + chain;
                 }
-                ASSERT_NEAR(got, ref, 1e-6 * mag + 1e-6)
-                    << "M " << M << " N " << N << " K " << K << (trans ? " W^T" : " W") << (trans_a ? ", A^T" : "") << " beta " << beta << " at (" << i
-                    << ", " << j << ")";
+                const auto at = [&] {
+                  return "M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K) + (trans ? " W^T" : " W") +
+                         (trans_a ? ", A^T" : "") + " beta " + std::to_string(int(beta)) + " at (" + std::to_string(i) + ", " +
+                         std::to_string(j) + ")";
+                };
+                ASSERT_NEAR(got, ref, 1e-6 * mag + 1e-6) << at();
+                ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(chain)) << at() << ": " << got << " against the chain's " << chain;
               }
             }
             ++checked;
           }
   EXPECT_EQ(checked, 9 * 7 * 5 * 8);
+}
+
+TEST(PackedGemm, TheKernelTheEnvironmentAsksFor) {
+  const char* e = std::getenv("SEGTAPE_PACKED");
+  const std::string kernel = cpu::packed_kernel(), asked = e ? e : "";
+  EXPECT_TRUE(kernel == "avx512" || kernel == "avx2" || kernel == "none") << kernel;
+  EXPECT_EQ(cpu::packed_available(), kernel != "none");
+  std::string expected;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  expected = asked == "avx2" ? (avx2 ? "avx2" : "none") : __builtin_cpu_supports("avx512f") ? "avx512" : avx2 ? "avx2" : "none";
+#else
+  expected = "none";
+#endif
+  if (asked == "0") expected = "none";
+  EXPECT_EQ(kernel, expected) << "SEGTAPE_PACKED=" << asked;
 }
 
 TEST(PackedGemm, TakenWhereTheKernelRuns) {
@@ -168,7 +204,7 @@ TEST(PackedGru, Float32EqualsFloat64InValuesAndGradients) {
 // product of a pass, and the products before take BLAS: a short segment
 // never pays for packing. Every step's state agrees with float64 either way.
 TEST(PackedGru, FewRowsPackAtTheProductThatPays) {
-  if (!cpu::packed_available()) GTEST_SKIP() << "no AVX-512F here (or SEGTAPE_PACKED=0): nothing is packed";
+  if (!cpu::packed_available()) GTEST_SKIP() << "no AVX-512F or AVX2 + FMA here (or SEGTAPE_PACKED=0): nothing is packed";
   constexpr int64_t I = 5, H = 40, T = cpu::kPackAfter + 3;
   for (int64_t B : {1, 3}) {
     Tape tape, tape64;

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The packed GRU weight products (engine/cpu/packed.h) on and off: bench/loop_bench's
-# training step at each size with SEGTAPE_PACKED=1 and SEGTAPE_PACKED=0
-# (OpenBLAS's GEMM for every product), one OpenBLAS thread, interleaved round
-# after round (which goes first alternates). Prints a markdown table of µs per
-# step (median, min–max), the ratio of the medians, and the ratios of the two
-# back-to-back runs of each round.
+# training step at each size with SEGTAPE_PACKED=1 (the best kernel the CPU
+# has: AVX-512F, else AVX2 + FMA) and SEGTAPE_PACKED=0 (OpenBLAS's GEMM for
+# every product), one OpenBLAS thread, interleaved round after round (which
+# goes first alternates). A size BxH:infer times the inference step instead.
+# Prints a markdown table of µs per step (median, min–max), the ratio of the
+# medians, and the ratios of the two back-to-back runs of each round.
 #
-#   bash docs/figures/packed-choice.sh [--build DIR] [--rounds 5] [--segments 40] [--sizes 32x128,32x512,64x1024]
+#   bash docs/figures/packed-choice.sh [--build DIR] [--rounds 5] [--segments 40] [--sizes 32x128,32x512,64x1024,1x128:infer]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=build-bench rounds=5 segments=40 sizes=32x128,32x512,64x1024
@@ -26,31 +27,41 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for ((r = 1; r <= rounds; r++)); do
   for size in "${list[@]}"; do
+    infer=0
+    [[ $size == *:infer ]] && infer=1 size=${size%:infer}
     b=${size%x*} h=${size#*x}
     order=(1 0)
     ((r % 2 == 0)) && order=(0 1)  # alternate which goes first
     for p in "${order[@]}"; do
-      us=$(SEGTAPE_PACKED=$p OPENBLAS_NUM_THREADS=1 "$bin" --batch "$b" --hidden "$h" --segments "$segments" 2>/dev/null)
-      echo "$b $h $p $us" >>"$out"
+      us=$(SEGTAPE_PACKED=$p OPENBLAS_NUM_THREADS=1 "$bin" --batch "$b" --hidden "$h" --segments "$segments" --infer "$infer" 2>/dev/null)
+      echo "$b $h $infer $p $us" >>"$out"
     done
   done
 done
-kernels="${OPENBLAS_CORETYPE:-as OpenBLAS chose}"
-python3 - "$out" "$rounds" "$segments" "$kernels" <<'PY'
-import statistics, sys
-path, rounds, segments, kernels = sys.argv[1:5]
+# OpenBLAS's kernel set as it chose it (OPENBLAS_CORETYPE, when set, chooses it),
+# and the packed kernel SEGTAPE_PACKED=1 takes (engine/cpu/packed.cpp's choice).
+core=$(OPENBLAS_VERBOSE=2 "$bin" --segments 1 2>&1 | sed -n 's/^Core: //p' | head -1)
+if grep -qw avx512f /proc/cpuinfo; then packed=avx512
+elif grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then packed=avx2
+else packed=none; fi
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
+python3 - "$out" "$rounds" "$segments" "$sizes" "$core" "$packed" "$cpu" <<'PY'
+import os, statistics, sys
+path, rounds, segments, sizes, core, packed, cpu = sys.argv[1:8]
+forced = os.environ.get('OPENBLAS_CORETYPE')
+env = f"OPENBLAS_CORETYPE={forced} " if forced else ""
 rows = {}
 for line in open(path):
-    b, h, p, us = line.split()
-    rows.setdefault((b, h), {}).setdefault(p, []).append(float(us))
-print(f"`bash docs/figures/packed-choice.sh --rounds {rounds} --segments {segments}` (OpenBLAS kernels: {kernels}): "
-      f"training step, one thread, µs per step (median, min–max over {rounds} interleaved rounds).\n")
-print("| B, H | packed (SEGTAPE_PACKED=1) | OpenBLAS GEMM (SEGTAPE_PACKED=0) | packed / GEMM, of the medians | packed / GEMM, round by round: median (min–max) |")
-print("|---|---|---|---|---|")
-for (b, h), d in rows.items():
+    b, h, infer, p, us = line.split()
+    rows.setdefault((b, h, infer), {}).setdefault(p, []).append(float(us))
+print(f"`{env}bash docs/figures/packed-choice.sh --rounds {rounds} --segments {segments} --sizes {sizes}` on {cpu} "
+      f"(OpenBLAS kernels: {core}; packed kernel: {packed}): one thread, µs per step (median, min–max over {rounds} interleaved rounds).\n")
+print("| B, H | step | packed (SEGTAPE_PACKED=1) | OpenBLAS GEMM (SEGTAPE_PACKED=0) | packed / GEMM, of the medians | packed / GEMM, round by round: median (min–max) |")
+print("|---|---|---|---|---|---|")
+for (b, h, infer), d in rows.items():
     on, off = d['1'], d['0']
     mo, mf = statistics.median(on), statistics.median(off)
     per = [x / y for x, y in zip(on, off)]  # the two runs of one round ran back to back
-    print(f"| {b}, {h} | {mo:.1f} ({min(on):.1f}–{max(on):.1f}) | {mf:.1f} ({min(off):.1f}–{max(off):.1f}) | {mo / mf:.2f} | "
-          f"{statistics.median(per):.2f} ({min(per):.2f}–{max(per):.2f}) |")
+    print(f"| {b}, {h} | {'inference' if infer == '1' else 'training'} | {mo:.1f} ({min(on):.1f}–{max(on):.1f}) | "
+          f"{mf:.1f} ({min(off):.1f}–{max(off):.1f}) | {mo / mf:.2f} | {statistics.median(per):.2f} ({min(per):.2f}–{max(per):.2f}) |")
 PY

@@ -12,6 +12,8 @@
 #include <immintrin.h>
 #define SEGTAPE_AVX512 __attribute__((target("avx512f")))
 #define SEGTAPE_AVX512_INLINE __attribute__((target("avx512f"), always_inline)) inline
+#define SEGTAPE_AVX2 __attribute__((target("avx2,fma")))
+#define SEGTAPE_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
 #endif
 
 namespace segtape::cpu {
@@ -26,7 +28,12 @@ namespace {
 // (64 KiB) stays near the core while every block of rows of A passes over it.
 // Chosen by measurement on AVX-512 (docs/benchmarks.md, change 10): 12 × 32
 // ran at 140-170 GFLOP/s on one thread, 8 × 32 a few percent slower, 16 × 16
-// slower still.
+// slower still. The AVX2 kernel (16 vector registers of 8 floats) reads the
+// same packing: blocks of up to 6 rows × half a panel (12 accumulators).
+// Both compute every element of C as one chain of FMAs in k order per block
+// of the inner dimension, the blocks added in order, so the two kernels'
+// results are identical to the bit (packed_test checks both against such a
+// chain written out in scalar code).
 constexpr int64_t kNR = 32;
 constexpr int kMR = 12;
 int64_t block_of(int64_t K) { return K <= 768 ? K : 512; }
@@ -69,17 +76,65 @@ SEGTAPE_AVX512 void transpose_tile(const float* w, int64_t K, float* dst) {
 #if !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
+
+// The same for an 8 × 8 tile with AVX2: dst[k * 32 + c] = w[c * K + k] for c, k < 8.
+SEGTAPE_AVX2 void transpose_tile8(const float* w, int64_t K, float* dst) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(w + i * K);
+  for (int i = 0; i < 4; ++i) {  // t[2i], lane l: r[2i][4l], r[2i+1][4l], r[2i][4l+1], r[2i+1][4l+1]
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {  // rows 4h .. 4h + 3: r[4h + j], lane l = element 4l + j of rows 4h .. 4h + 3
+    const __m256 a = t[4 * h], b = t[4 * h + 1], c = t[4 * h + 2], d = t[4 * h + 3];
+    r[4 * h] = _mm256_shuffle_ps(a, c, 0x44);
+    r[4 * h + 1] = _mm256_shuffle_ps(a, c, 0xEE);
+    r[4 * h + 2] = _mm256_shuffle_ps(b, d, 0x44);
+    r[4 * h + 3] = _mm256_shuffle_ps(b, d, 0xEE);
+  }
+  for (int j = 0; j < 4; ++j) {  // row j of the result: the low lanes of r[j], r[4 + j]; row 4 + j: the high lanes
+    _mm256_storeu_ps(dst + j * kNR, _mm256_permute2f128_ps(r[j], r[4 + j], 0x20));
+    _mm256_storeu_ps(dst + (4 + j) * kNR, _mm256_permute2f128_ps(r[j], r[4 + j], 0x31));
+  }
+}
 #endif
+
+enum class Isa { none, avx2, avx512 };
+
+// The kernel this process runs, chosen once: SEGTAPE_PACKED=0 none,
+// SEGTAPE_PACKED=avx2 the AVX2 kernel even on a CPU with AVX-512F, otherwise
+// the best the CPU has (AVX-512F, else AVX2 with FMA, else none).
+Isa isa() {
+#ifdef SEGTAPE_PACKED_KERNEL
+  static const Isa chosen = [] {
+    const char* e = std::getenv("SEGTAPE_PACKED");
+    if (e && std::strcmp(e, "0") == 0) return Isa::none;
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (e && std::strcmp(e, "avx2") == 0) return avx2 ? Isa::avx2 : Isa::none;
+    return __builtin_cpu_supports("avx512f") ? Isa::avx512 : avx2 ? Isa::avx2 : Isa::none;
+  }();
+  return chosen;
+#else
+  return Isa::none;
+#endif
+}
 
 // One panel block of B = W^T: dst[k * 32 + c] = w[c * K + k] for c < cols, k < kc.
 void pack_transposed(const float* w, int64_t K, int64_t kc, int64_t cols, float* dst) {
-  int64_t c0 = 0, k16 = 0;
+  int64_t c0 = 0;
 #ifdef SEGTAPE_PACKED_KERNEL
-  k16 = kc / 16 * 16;
-  for (; c0 + 16 <= cols; c0 += 16)
-    for (int64_t k = 0; k < k16; k += 16) transpose_tile(w + c0 * K + k, K, dst + k * kNR + c0);
-  for (int64_t c = 0; c < c0; ++c)  // the k tail of the tiled columns
-    for (int64_t k = k16; k < kc; ++k) dst[k * kNR + c] = w[c * K + k];
+  const Isa kind = isa();
+  if (kind != Isa::none) {
+    const int64_t tile = kind == Isa::avx512 ? 16 : 8, kt = kc / tile * tile;
+    for (; c0 + tile <= cols; c0 += tile)
+      for (int64_t k = 0; k < kt; k += tile) {
+        if (kind == Isa::avx512) transpose_tile(w + c0 * K + k, K, dst + k * kNR + c0);
+        else transpose_tile8(w + c0 * K + k, K, dst + k * kNR + c0);
+      }
+    for (int64_t c = 0; c < c0; ++c)  // the k tail of the tiled columns
+      for (int64_t k = kt; k < kc; ++k) dst[k * kNR + c] = w[c * K + k];
+  }
 #endif
   for (int64_t k = 0; k < kc; ++k)  // the columns no tile covered
     for (int64_t c = c0; c < cols; ++c) dst[k * kNR + c] = w[c * K + k];
@@ -87,18 +142,15 @@ void pack_transposed(const float* w, int64_t K, int64_t kc, int64_t cols, float*
 
 }  // namespace
 
-bool packed_available() {
-#ifdef SEGTAPE_PACKED_KERNEL
-  static const bool on = [] {
-    const char* e = std::getenv("SEGTAPE_PACKED");
-    if (e && std::strcmp(e, "0") == 0) return false;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
-  return on;
-#else
-  return false;
-#endif
+bool packed_available() { return isa() != Isa::none; }
+
+const char* packed_kernel() {
+  switch (isa()) {
+    case Isa::avx512: return "avx512";
+    case Isa::avx2: return "avx2";
+    case Isa::none: break;
+  }
+  return "none";
 }
 
 namespace {
@@ -114,6 +166,8 @@ bool packed_worthwhile(int64_t M, int64_t N, int64_t K) {
 bool threads_do_not_pay(int64_t M, int64_t N, int64_t K) {
   return openblas_get_num_threads() > 1 && packed_worthwhile(M, N, K);
 }
+
+int64_t packed_k_block(int64_t K) { return block_of(K); }
 
 size_t packed_floats(int64_t K, int64_t N) { return size_t((N + kNR - 1) / kNR * kNR * K); }
 
@@ -226,13 +280,8 @@ template <int MR>
 constexpr RowsFn kFew[kPanels + 1] = {nullptr, few_rows<MR, 1>, few_rows<MR, 2>, few_rows<MR, 3>, few_rows<MR, 4>};
 constexpr const RowsFn* kFewByRows[kFewRows] = {nullptr, kFew<1>, kFew<2>, kFew<3>};
 
-}  // namespace
-#endif
-
-void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* packed, float beta, float* C,
+void gemm_avx512(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* packed, float beta, float* C,
                  int64_t ldc, bool trans_a) {
-#ifdef SEGTAPE_PACKED_KERNEL
-  if (M < 1 || N < 1) return;
   const int64_t panels = (N + kNR - 1) / kNR, KC = block_of(K), blocks = (M + kMR - 1) / kMR;
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int64_t kc = std::min(KC, K - k0);
@@ -256,10 +305,139 @@ void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
       }
     }
   }
-#else
-  (void)M, (void)N, (void)K, (void)A, (void)lda, (void)packed, (void)beta, (void)C, (void)ldc, (void)trans_a;
-  std::abort();  // unreachable: packed_available() is false
+}
+
+// ---- AVX2 + FMA: 8-float vectors, 16 registers ----
+
+// Lanes [0, n) of a vector selected, n in [0, 8]: a window on 8 ones then 8 zeros.
+alignas(32) constexpr int32_t kLaneWindow[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+
+// The first n floats (any n; at most 8 used) of one vector of a row of C:
+// added to what C holds when acc.
+SEGTAPE_AVX2_INLINE void store8(float* c, __m256 x, bool acc, int64_t n) {
+  if (n >= 8) {
+    if (acc) x = _mm256_add_ps(x, _mm256_loadu_ps(c));
+    _mm256_storeu_ps(c, x);
+  } else if (n > 0) {
+    const __m256i m = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLaneWindow + 8 - n));
+    if (acc) x = _mm256_add_ps(x, _mm256_maskload_ps(c, m));
+    _mm256_maskstore_ps(c, m, x);
+  }
+}
+
+// C [MR, cols] (+)= A [MR, kc] * half a panel block [kc, 16] (B: its first
+// column; rows kNR apart): 2 MR accumulators, two loads of B and MR broadcasts per k.
+constexpr int kMR2 = 6;
+template <bool TA, int... I>
+SEGTAPE_AVX2 void kernel2(std::integer_sequence<int, I...>, int64_t kc, const float* A, int64_t lda, const float* B, float* C,
+                          int64_t ldc, bool acc, int64_t cols) {
+  constexpr int MR = sizeof...(I);
+  __m256 lo[MR], hi[MR];
+  ((lo[I] = _mm256_setzero_ps(), hi[I] = _mm256_setzero_ps()), ...);
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_load_ps(B + k * kNR), b1 = _mm256_load_ps(B + k * kNR + 8);
+    ((lo[I] = _mm256_fmadd_ps(_mm256_set1_ps(TA ? A[k * lda + I] : A[I * lda + k]), b0, lo[I]),
+      hi[I] = _mm256_fmadd_ps(_mm256_set1_ps(TA ? A[k * lda + I] : A[I * lda + k]), b1, hi[I])),
+     ...);
+  }
+  ((store8(C + I * ldc, lo[I], acc, cols), store8(C + I * ldc + 8, hi[I], acc, cols - 8)), ...);
+}
+
+template <int MR, bool TA>
+SEGTAPE_AVX2 void rows2(int64_t kc, const float* A, int64_t lda, const float* B, float* C, int64_t ldc, bool acc, int64_t cols) {
+  kernel2<TA>(std::make_integer_sequence<int, MR>{}, kc, A, lda, B, C, ldc, acc, cols);
+}
+
+template <bool TA>
+constexpr RowsFn kRows2[kMR2 + 1] = {nullptr, rows2<1, TA>, rows2<2, TA>, rows2<3, TA>, rows2<4, TA>, rows2<5, TA>, rows2<6, TA>};
+
+// Under kFewRows rows: C [MR, P panels] (+)= A [MR, kc] * P consecutive
+// panel blocks, 4 MR P ≤ 12 accumulators (B = 1: three panels at a time).
+// The last panel may be partial (cols).
+template <int MR, int P>
+SEGTAPE_AVX2 void few_rows2(int64_t kc, const float* A, int64_t lda, const float* B, float* C, int64_t ldc, bool acc,
+                            int64_t cols) {
+  static_assert(4 * MR * P <= 12);
+  __m256 s[MR][P][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p)
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) s[i][p][v] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    __m256 a[MR];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) a[i] = _mm256_set1_ps(A[i * lda + k]);
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p)
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        const __m256 b = _mm256_load_ps(B + (p * kc + k) * kNR + 8 * v);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) s[i][p][v] = _mm256_fmadd_ps(a[i], b, s[i][p][v]);
+      }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p)
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) store8(C + i * ldc + p * kNR + 8 * v, s[i][p][v], acc, p == P - 1 ? cols - 8 * v : 8);
+}
+
+constexpr int64_t kPanels2[kFewRows] = {0, 3, 1, 1};  // panels at a time by rows
+constexpr RowsFn kFew2[kFewRows][4] = {{nullptr, nullptr, nullptr, nullptr},
+                                       {nullptr, few_rows2<1, 1>, few_rows2<1, 2>, few_rows2<1, 3>},
+                                       {nullptr, few_rows2<2, 1>, nullptr, nullptr},
+                                       {nullptr, few_rows2<3, 1>, nullptr, nullptr}};
+
+void gemm_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* packed, float beta, float* C,
+               int64_t ldc, bool trans_a) {
+  const int64_t panels = (N + kNR - 1) / kNR, KC = block_of(K), blocks = (M + kMR2 - 1) / kMR2;
+  for (int64_t k0 = 0; k0 < K; k0 += KC) {
+    const int64_t kc = std::min(KC, K - k0);
+    const bool acc = beta != 0.0f || k0 > 0;
+    const float* B = packed + k0 * panels * kNR;
+    if (M < kFewRows && !trans_a) {
+      for (int64_t j = 0; j < panels; j += kPanels2[M]) {
+        const int64_t p = std::min(kPanels2[M], panels - j), cols = std::min((j + p) * kNR, N) - (j + p - 1) * kNR;
+        kFew2[M][p](kc, A + k0, lda, B + j * kc * kNR, C + j * kNR, ldc, acc, cols);
+      }
+      continue;
+    }
+    for (int64_t j = 0; j < panels; ++j) {
+      const int64_t cols = std::min(kNR, N - j * kNR);
+      for (int64_t half = 0; half * 16 < cols; ++half) {  // a panel's second half only where it has columns
+        const float* Bh = B + j * kc * kNR + half * 16;
+        float* Ch = C + j * kNR + half * 16;
+        for (int64_t b = 0, m = 0; b < blocks; ++b) {
+          const int64_t r = M / blocks + (b < M % blocks ? 1 : 0);
+          if (trans_a) kRows2<true>[r](kc, A + k0 * lda + m, lda, Bh, Ch + m * ldc, ldc, acc, cols - half * 16);
+          else kRows2<false>[r](kc, A + m * lda + k0, lda, Bh, Ch + m * ldc, ldc, acc, cols - half * 16);
+          m += r;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
 #endif
+
+void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* packed, float beta, float* C,
+                 int64_t ldc, bool trans_a) {
+  if (M < 1 || N < 1) return;
+#ifdef SEGTAPE_PACKED_KERNEL
+  switch (isa()) {
+    case Isa::avx512: return gemm_avx512(M, N, K, A, lda, packed, beta, C, ldc, trans_a);
+    case Isa::avx2: return gemm_avx2(M, N, K, A, lda, packed, beta, C, ldc, trans_a);
+    case Isa::none: break;
+  }
+#else
+  (void)K, (void)A, (void)lda, (void)packed, (void)beta, (void)C, (void)ldc, (void)trans_a;
+#endif
+  std::abort();  // unreachable: packed_available() is false
 }
 
 }  // namespace segtape::cpu

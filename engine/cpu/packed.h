@@ -2,7 +2,8 @@
 // by the same W_hh at every step, forward and backward, and OpenBLAS repacks
 // it on every call (0.3.21 has no packed-GEMM API). segtape's own kernel
 // reads a copy packed in the order it consumes it (docs/benchmarks.md,
-// change 10). AVX-512 only; elsewhere, and in double, GEMM stays OpenBLAS's.
+// changes 10 and 14), with AVX-512F or with AVX2 + FMA; elsewhere, and in
+// double, GEMM stays OpenBLAS's.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -10,8 +11,14 @@
 namespace segtape::cpu {
 
 // Whether the packed kernel may run in this process: an x86-64 CPU with
-// AVX-512F, and SEGTAPE_PACKED not "0" in the environment (read once).
+// AVX-512F or AVX2 + FMA, and SEGTAPE_PACKED not "0" in the environment
+// (read once).
 bool packed_available();
+
+// The kernel that runs: "avx512", "avx2" or "none". The best the CPU has;
+// SEGTAPE_PACKED=avx2 takes the AVX2 kernel on a CPU with AVX-512F too (both
+// give the same bits), SEGTAPE_PACKED=0 none.
+const char* packed_kernel();
 
 // Whether a product of these sizes may take the packed path: packed_available(),
 // and OpenBLAS on one thread, or a product small enough that OpenBLAS's
@@ -31,6 +38,10 @@ bool threads_do_not_pay(int64_t M, int64_t N, int64_t K);
 // products through OpenBLAS (docs/benchmarks.md, change 11).
 constexpr int64_t kFewRows = 4;
 constexpr int kPackAfter = 8;
+
+// The blocks the inner dimension is cut into: K up to 768 whole, longer in
+// blocks of 512 (each block's sum added to C in order).
+int64_t packed_k_block(int64_t K);
 
 // Floats of a packed K x N operand (columns padded to a multiple of 32).
 size_t packed_floats(int64_t K, int64_t N);
