@@ -5,7 +5,8 @@
 //   build/bench/loop_bench [--batch 1] [--hidden 128] [--segments 200] [--infer 1]
 // Prints one number: microseconds per training step (with --infer 1: per
 // inference step, the same forward under no-grad) over the timed segments
-// (after 10 warm-up segments). docs/figures/callgrind-step.sh runs it under
+// (after 10 warm-up segments). `loop_bench --kernels 1` prints the CPU kernels
+// instead, OpenBLAS's and segtape's packed one (`openblas Zen`, `packed avx2`). docs/figures/callgrind-step.sh runs it under
 // callgrind to count instructions per step.
 #include <chrono>
 #include <cstdio>
@@ -13,11 +14,12 @@
 #include <cstring>
 #include <string>
 
+#include "segtape/blas.h"
 #include "workload.h"
 
 int main(int argc, char** argv) {
   using namespace segtape::bench;
-  int64_t B = 1, H = 128, segments = 200, infer = 0;
+  int64_t B = 1, H = 128, segments = 200, infer = 0, kernels = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const int64_t v = std::atoll(argv[i + 1]);
@@ -25,14 +27,19 @@ int main(int argc, char** argv) {
     else if (a == "--hidden") H = v;
     else if (a == "--segments") segments = v;
     else if (a == "--infer") infer = v;
+    else if (a == "--kernels") kernels = v;
     else {
-      std::fprintf(stderr, "usage: loop_bench [--batch N] [--hidden N] [--segments N] [--infer 0|1]\n");
+      std::fprintf(stderr, "usage: loop_bench [--batch N] [--hidden N] [--segments N] [--infer 0|1] [--kernels 1]\n");
       return 2;
     }
   }
   if (B < 1 || H < 1 || segments < 1 || infer < 0 || infer > 1 || argc % 2 == 0) {
     std::fprintf(stderr, "loop_bench: --batch, --hidden and --segments take positive integers, --infer 0 or 1\n");
     return 2;
+  }
+  if (kernels) {
+    std::printf("openblas %s\npacked %s\n", segtape::blas_kernels().c_str(), segtape::packed_kernel().c_str());
+    return 0;
   }
   const Data data(B);
   SegtapeModel model(B, H, data);

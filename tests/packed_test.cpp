@@ -19,6 +19,7 @@
 #include "cpu/packed.h"
 #include "ops/op.h"
 #include "tape_internals.h"
+#include "segtape/blas.h"
 #include "segtape/update.h"
 #include "util.h"
 
@@ -113,6 +114,7 @@ TEST(PackedGemm, TheKernelTheEnvironmentAsksFor) {
 #endif
   if (asked == "0") expected = "none";
   EXPECT_EQ(kernel, expected) << "SEGTAPE_PACKED=" << asked;
+  EXPECT_EQ(segtape::packed_kernel(), kernel) << "segtape/blas.h reports the same";
 }
 
 TEST(PackedGemm, TakenWhereTheKernelRuns) {

@@ -3,14 +3,16 @@
 (each the printed tables of one `build-bench/bench/compare --rounds 5` run)
 as markdown: segtape's time and its ratio to the per-step floor at one and at
 two threads, run by run, and the two-thread / one-thread ratios of the runs
-that alternated the thread counts within each round.
+that alternated the thread counts within each round. A directory argument
+reads its run-*.md instead (docs/figures/compare-runs/zen2: another machine).
 
-    python3 docs/figures/compare-runs.py
+    python3 docs/figures/compare-runs.py [DIR]
 """
 import glob
 import os
+import sys
 
-here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compare-runs")
+here = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "compare-runs")
 runs = []
 for path in sorted(glob.glob(os.path.join(here, "run-*.md"))):
     rows, threads = {}, None

@@ -39,11 +39,9 @@ for ((r = 1; r <= rounds; r++)); do
   done
 done
 # OpenBLAS's kernel set as it chose it (OPENBLAS_CORETYPE, when set, chooses it),
-# and the packed kernel SEGTAPE_PACKED=1 takes (engine/cpu/packed.cpp's choice).
-core=$(OPENBLAS_VERBOSE=2 "$bin" --segments 1 2>&1 | sed -n 's/^Core: //p' | head -1)
-if grep -qw avx512f /proc/cpuinfo; then packed=avx512
-elif grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then packed=avx2
-else packed=none; fi
+# and the packed kernel SEGTAPE_PACKED=1 takes, as the program reports them.
+core=$(SEGTAPE_PACKED=1 "$bin" --kernels 1 | sed -n 's/^openblas //p')
+packed=$(SEGTAPE_PACKED=1 "$bin" --kernels 1 | sed -n 's/^packed //p')
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 python3 - "$out" "$rounds" "$segments" "$sizes" "$core" "$packed" "$cpu" <<'PY'
 import os, statistics, sys

@@ -1,4 +1,5 @@
 #include "blas.h"
+#include "packed.h"
 
 #include "segtape/blas.h"
 
@@ -16,6 +17,8 @@ std::string blas_kernels() {
   while (!core.empty() && core.back() == ' ') core.pop_back();
   return core;
 }
+
+std::string packed_kernel() { return cpu::packed_kernel(); }
 
 std::string blas_better_kernels() {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return {};

@@ -115,7 +115,7 @@ struct PackedWeights {
 void clear_packed(Tape& tape);
 // The persistent weight w as the packed operand B [K, N] of C [M, N] = A B
 // (B = w^T when trans), packed now if it is not yet; nullptr where the packed
-// path does not apply (not float32, not persistent, too small, no AVX-512,
+// path does not apply (not float32, not persistent, too small, neither AVX-512F nor AVX2 + FMA,
 // more than eight weights in one pass). With fewer than cpu::kFewRows rows
 // (B = 1: each product reads the weight once, so packing it pays only over
 // several) the weight is packed at its cpu::kPackAfter-th such product in the

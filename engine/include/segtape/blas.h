@@ -11,6 +11,11 @@ namespace segtape {
 // OpenBLAS's kernel set in this process, e.g. "SkylakeX", "Haswell", "Prescott".
 std::string blas_kernels();
 
+// segtape's own kernel for the GRU's packed weight products in this process:
+// "avx512", "avx2" or "none" (docs/design.md, "Packed weights";
+// SEGTAPE_PACKED=0 or avx2 in the environment chooses).
+std::string packed_kernel();
+
 // "SkylakeX" (AVX-512) or "Haswell" (AVX2 + FMA) when OpenBLAS chose kernels
 // older than AVX2 on a CPU that has it, and OPENBLAS_CORETYPE was not set;
 // otherwise empty. The segtape program restarts itself with it (agent/main.cpp).
