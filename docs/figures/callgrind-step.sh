@@ -8,7 +8,7 @@
 #
 # Builds bench/loop_bench in DIR (default build-cg: Release, -march=x86-64-v3,
 # since valgrind 3.19 runs no AVX-512; OpenBLAS picks its kernel from the CPUID
-# valgrind reports, AVX2 here), runs it under callgrind with 10 and 30 timed
+# valgrind reports, AVX2 here, and segtape's packed kernel its AVX2 form), runs it under callgrind with 10 and 30 timed
 # segments (each after the same 10 warm-up segments) and divides the
 # difference by the 20 x 32 extra steps, so start-up and warm-up cancel.
 # Prints a markdown section: per-step instructions and the functions with the
