@@ -31,6 +31,7 @@ from ._segtape import (  # noqa: F401  (re-exported)
     add,
     blas_better_kernels,
     blas_kernels,
+    packed_kernel,
     concat,
     cross_entropy,
     cuda_built,

@@ -372,6 +372,9 @@ NB_MODULE(_segtape, m) {
         "text"_a, "what"_a = "segment_budget");
   m.def("format_bytes", &format_bytes);
   m.def("blas_kernels", &blas_kernels, "OpenBLAS's kernel set in this process, e.g. 'SkylakeX', 'Haswell', 'Prescott'.");
+  m.def("packed_kernel", &packed_kernel,
+        "segtape's own kernel for the GRU's packed weight products in this process: 'avx512', 'avx2' or 'none' "
+        "(SEGTAPE_PACKED=0 or avx2 in the environment chooses).");
   m.def("blas_better_kernels", &blas_better_kernels,
         "'SkylakeX' or 'Haswell' when OpenBLAS fell back to kernels older than AVX2 on a CPU that has it "
         "(and OPENBLAS_CORETYPE was not set); else ''.");

@@ -1,7 +1,8 @@
 """OpenBLAS's kernel choice: segtape.blas_kernels(), blas_better_kernels() and
 the warning at import when OpenBLAS fell back to kernels older than AVX2 on a
-CPU that has AVX2 (docs/benchmarks.md, change 9). Each case is a fresh Python
-process: OpenBLAS reads OPENBLAS_CORETYPE only when it loads."""
+CPU that has AVX2 (docs/benchmarks.md, change 9); segtape.packed_kernel() and
+SEGTAPE_PACKED. Each case is a fresh Python process: OpenBLAS reads
+OPENBLAS_CORETYPE, and segtape SEGTAPE_PACKED, only once."""
 import os
 import platform
 import subprocess
@@ -54,3 +55,31 @@ def test_a_set_openblas_coretype_is_kept_and_never_warned_about():
     if r["kernels"] != "Prescott" and r["kernels"] == default:
         pytest.skip(f"this OpenBLAS ignores OPENBLAS_CORETYPE (runs {default})")
     assert r["kernels"] == "Prescott"
+
+
+def packed_in_a_fresh_process(value):
+    env = dict(os.environ)
+    env.pop("SEGTAPE_PACKED", None)
+    if value is not None:
+        env["SEGTAPE_PACKED"] = value
+    p = subprocess.run([sys.executable, "-c", "import segtape; print(segtape.packed_kernel())"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().splitlines()[-1]
+
+
+def test_packed_kernel_is_the_best_the_cpu_has_unless_the_environment_chooses():
+    flags = set()
+    if os.path.exists("/proc/cpuinfo"):
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    best = "none"
+    if platform.machine() in ("x86_64", "AMD64") and flags:
+        best = "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma"} <= flags else "none"
+    elif platform.machine() in ("x86_64", "AMD64"):
+        pytest.skip("no /proc/cpuinfo to tell the CPU's vector extensions")
+    assert packed_in_a_fresh_process(None) == best
+    assert packed_in_a_fresh_process("0") == "none"
+    assert packed_in_a_fresh_process("avx2") == ("none" if best == "none" else "avx2")
