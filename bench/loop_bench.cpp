@@ -6,8 +6,9 @@
 // Prints one number: microseconds per training step (with --infer 1: per
 // inference step, the same forward under no-grad) over the timed segments
 // (after 10 warm-up segments). `loop_bench --kernels 1` prints the CPU kernels
-// instead, OpenBLAS's and segtape's packed one (`openblas Zen`, `packed avx2`). docs/figures/callgrind-step.sh runs it under
-// callgrind to count instructions per step.
+// instead, OpenBLAS's and segtape's packed one (`openblas Zen`, `packed avx2`).
+// docs/figures/callgrind-step.sh runs it under callgrind to count
+// instructions per step.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>

@@ -40,8 +40,9 @@ for ((r = 1; r <= rounds; r++)); do
 done
 # OpenBLAS's kernel set as it chose it (OPENBLAS_CORETYPE, when set, chooses it),
 # and the packed kernel SEGTAPE_PACKED=1 takes, as the program reports them.
-core=$(SEGTAPE_PACKED=1 "$bin" --kernels 1 | sed -n 's/^openblas //p')
-packed=$(SEGTAPE_PACKED=1 "$bin" --kernels 1 | sed -n 's/^packed //p')
+kernels=$(SEGTAPE_PACKED=1 "$bin" --kernels 1)
+core=$(sed -n 's/^openblas //p' <<<"$kernels")
+packed=$(sed -n 's/^packed //p' <<<"$kernels")
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 python3 - "$out" "$rounds" "$segments" "$sizes" "$core" "$packed" "$cpu" <<'PY'
 import os, statistics, sys

@@ -278,34 +278,19 @@ SEGTAPE_AVX512 void few_rows(int64_t kc, const float* A, int64_t lda, const floa
 
 template <int MR>
 constexpr RowsFn kFew[kPanels + 1] = {nullptr, few_rows<MR, 1>, few_rows<MR, 2>, few_rows<MR, 3>, few_rows<MR, 4>};
-constexpr const RowsFn* kFewByRows[kFewRows] = {nullptr, kFew<1>, kFew<2>, kFew<3>};
 
-void gemm_avx512(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* packed, float beta, float* C,
-                 int64_t ldc, bool trans_a) {
-  const int64_t panels = (N + kNR - 1) / kNR, KC = block_of(K), blocks = (M + kMR - 1) / kMR;
-  for (int64_t k0 = 0; k0 < K; k0 += KC) {
-    const int64_t kc = std::min(KC, K - k0);
-    const bool acc = beta != 0.0f || k0 > 0;
-    const float* B = packed + k0 * panels * kNR;  // this block of the inner dimension: its panels, one after another
-    if (M < kFewRows && !trans_a) {
-      for (int64_t j = 0; j < panels; j += kPanels) {
-        const int64_t p = std::min(kPanels, panels - j), cols = std::min((j + p) * kNR, N) - (j + p - 1) * kNR;
-        kFewByRows[M][p](kc, A + k0, lda, B + j * kc * kNR, C + j * kNR, ldc, acc, cols);
-      }
-      continue;
-    }
-    for (int64_t j = 0; j < panels; ++j) {
-      const int64_t cols = std::min(kNR, N - j * kNR);
-      float* Cj = C + j * kNR;
-      for (int64_t b = 0, m = 0; b < blocks; ++b) {
-        const int64_t r = M / blocks + (b < M % blocks ? 1 : 0);
-        if (trans_a) kRows<true>[r](kc, A + k0 * lda + m, lda, B + j * kc * kNR, Cj + m * ldc, ldc, acc, cols);
-        else kRows<false>[r](kc, A + m * lda + k0, lda, B + j * kc * kNR, Cj + m * ldc, ldc, acc, cols);
-        m += r;
-      }
-    }
-  }
-}
+// One ISA's kernels as packed_gemm's driver uses them: blocks of up to
+// `rows` rows × `width` columns (a panel or half of one) through main[trans_a][r]
+// for r rows; under kFewRows rows (A not transposed) few[M][p] over p ≤
+// few_panels[M] panels at a time.
+struct KernelSet {
+  int64_t rows, width;
+  const RowsFn* main[2];
+  int64_t few_panels[kFewRows];
+  const RowsFn* few[kFewRows];
+};
+
+constexpr KernelSet kAvx512 = {kMR, kNR, {kRows<false>, kRows<true>}, {0, kPanels, kPanels, kPanels}, {nullptr, kFew<1>, kFew<2>, kFew<3>}};
 
 // ---- AVX2 + FMA: 8-float vectors, 16 registers ----
 
@@ -386,35 +371,34 @@ SEGTAPE_AVX2 void few_rows2(int64_t kc, const float* A, int64_t lda, const float
       for (int v = 0; v < 4; ++v) store8(C + i * ldc + p * kNR + 8 * v, s[i][p][v], acc, p == P - 1 ? cols - 8 * v : 8);
 }
 
-constexpr int64_t kPanels2[kFewRows] = {0, 3, 1, 1};  // panels at a time by rows
-constexpr RowsFn kFew2[kFewRows][4] = {{nullptr, nullptr, nullptr, nullptr},
-                                       {nullptr, few_rows2<1, 1>, few_rows2<1, 2>, few_rows2<1, 3>},
-                                       {nullptr, few_rows2<2, 1>, nullptr, nullptr},
-                                       {nullptr, few_rows2<3, 1>, nullptr, nullptr}};
+constexpr RowsFn kFew2M1[4] = {nullptr, few_rows2<1, 1>, few_rows2<1, 2>, few_rows2<1, 3>};
+constexpr RowsFn kFew2M2[2] = {nullptr, few_rows2<2, 1>};
+constexpr RowsFn kFew2M3[2] = {nullptr, few_rows2<3, 1>};
+constexpr KernelSet kAvx2 = {kMR2, 16, {kRows2<false>, kRows2<true>}, {0, 3, 1, 1}, {nullptr, kFew2M1, kFew2M2, kFew2M3}};
 
-void gemm_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* packed, float beta, float* C,
-               int64_t ldc, bool trans_a) {
-  const int64_t panels = (N + kNR - 1) / kNR, KC = block_of(K), blocks = (M + kMR2 - 1) / kMR2;
+void gemm_with(const KernelSet& ks, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* packed, float beta,
+               float* C, int64_t ldc, bool trans_a) {
+  const int64_t panels = (N + kNR - 1) / kNR, KC = block_of(K), blocks = (M + ks.rows - 1) / ks.rows;
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int64_t kc = std::min(KC, K - k0);
     const bool acc = beta != 0.0f || k0 > 0;
-    const float* B = packed + k0 * panels * kNR;
+    const float* B = packed + k0 * panels * kNR;  // this block of the inner dimension: its panels, one after another
     if (M < kFewRows && !trans_a) {
-      for (int64_t j = 0; j < panels; j += kPanels2[M]) {
-        const int64_t p = std::min(kPanels2[M], panels - j), cols = std::min((j + p) * kNR, N) - (j + p - 1) * kNR;
-        kFew2[M][p](kc, A + k0, lda, B + j * kc * kNR, C + j * kNR, ldc, acc, cols);
+      const int64_t step = ks.few_panels[M];
+      for (int64_t j = 0; j < panels; j += step) {
+        const int64_t p = std::min(step, panels - j), cols = std::min((j + p) * kNR, N) - (j + p - 1) * kNR;
+        ks.few[M][p](kc, A + k0, lda, B + j * kc * kNR, C + j * kNR, ldc, acc, cols);
       }
       continue;
     }
     for (int64_t j = 0; j < panels; ++j) {
       const int64_t cols = std::min(kNR, N - j * kNR);
-      for (int64_t half = 0; half * 16 < cols; ++half) {  // a panel's second half only where it has columns
-        const float* Bh = B + j * kc * kNR + half * 16;
-        float* Ch = C + j * kNR + half * 16;
+      for (int64_t c0 = 0; c0 < cols; c0 += ks.width) {  // AVX2: a panel's second half only where it has columns
+        const float* Bc = B + j * kc * kNR + c0;
+        float* Cc = C + j * kNR + c0;
         for (int64_t b = 0, m = 0; b < blocks; ++b) {
           const int64_t r = M / blocks + (b < M % blocks ? 1 : 0);
-          if (trans_a) kRows2<true>[r](kc, A + k0 * lda + m, lda, Bh, Ch + m * ldc, ldc, acc, cols - half * 16);
-          else kRows2<false>[r](kc, A + m * lda + k0, lda, Bh, Ch + m * ldc, ldc, acc, cols - half * 16);
+          ks.main[trans_a][r](kc, trans_a ? A + k0 * lda + m : A + m * lda + k0, lda, Bc, Cc + m * ldc, ldc, acc, cols - c0);
           m += r;
         }
       }
@@ -430,8 +414,8 @@ void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
   if (M < 1 || N < 1) return;
 #ifdef SEGTAPE_PACKED_KERNEL
   switch (isa()) {
-    case Isa::avx512: return gemm_avx512(M, N, K, A, lda, packed, beta, C, ldc, trans_a);
-    case Isa::avx2: return gemm_avx2(M, N, K, A, lda, packed, beta, C, ldc, trans_a);
+    case Isa::avx512: return gemm_with(kAvx512, M, N, K, A, lda, packed, beta, C, ldc, trans_a);
+    case Isa::avx2: return gemm_with(kAvx2, M, N, K, A, lda, packed, beta, C, ldc, trans_a);
     case Isa::none: break;
   }
 #else

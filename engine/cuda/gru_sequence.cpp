@@ -115,7 +115,6 @@ Blocks blocks(const GruPlan& p, const Node& nd) {
   return k;
 }
 
-
 // ---- the fused path
 size_t arena_bytes(int64_t n, DType d) { return align_up(size_t(n) * dtype_size(d)); }
 
