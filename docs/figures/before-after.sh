@@ -30,7 +30,7 @@ for dir in "$wt" "$PWD"; do
   [[ -f "$dir/build-ba/CMakeCache.txt" ]] || cmake -S "$dir" -B "$dir/build-ba" "${flags[@]}" >/dev/null
   cmake --build "$dir/build-ba" -j2 --target loop_bench >/dev/null
 done
-cases=("1 128 0" "1 128 1" "32 128 0")
+cases=("1 128 0" "1 128 1" "32 128 0" "32 128 1")
 out=$(mktemp)
 for ((r = 1; r <= rounds; r++)); do
   for c in "${cases[@]}"; do
@@ -60,12 +60,14 @@ for line in open(path):
 print(f"`{env}bash docs/figures/before-after.sh {before} --rounds {rounds} --segments {segments}`: {before} against {after}, "
       f"{rounds} interleaved rounds, one thread, OpenBLAS kernels {core}, µs per step (median, min–max over the rounds; each round one run of "
       f"{segments} segments of 32 steps after 10 warm-up segments).\n")
-print("| B, H | step | before | after | after / before |")
-print("|---|---|---|---|---|")
+print("| B, H | step | before | after | after / before | round by round: median (min–max) |")
+print("|---|---|---|---|---|---|")
 for (B, H, infer), d in rows.items():
     b, a = d['before'], d['after']
     mb, ma = statistics.median(b), statistics.median(a)
+    paired = [y / x for x, y in zip(b, a)]  # after / before within each round
     print(f"| {B}, {H} | {'inference' if infer == '1' else 'training'} | {mb:.2f} ({min(b):.2f}–{max(b):.2f}) | "
-          f"{ma:.2f} ({min(a):.2f}–{max(a):.2f}) | {ma / mb:.3f} |")
+          f"{ma:.2f} ({min(a):.2f}–{max(a):.2f}) | {ma / mb:.3f} | "
+          f"{statistics.median(paired):.3f} ({min(paired):.3f}–{max(paired):.3f}) |")
 PY
 rm -f "$out"

@@ -15,9 +15,13 @@ namespace segtape::cpu {
 inline float exp_fast(float x) {
   // Above ~88.7 the exponent field reaches 255: the result is +Inf, as expf's.
   x = std::min(std::max(x, -87.0f), 89.0f);
-  // n = round(x / ln 2) by truncating conversion (std::floor would block vectorization).
+  // n = round(x / ln 2), halves away from zero, by truncating conversion
+  // (std::floor would block vectorization). copysign is two bit operations;
+  // the same choice written `t >= 0 ? 0.5f : -0.5f` became compares and
+  // blends on both sides (0.9 against 1.5 ns per element on AVX2), with
+  // the same bits for every float input.
   const float t = x * 1.44269504088896341f;
-  const int32_t ni = int32_t(t + (t >= 0.0f ? 0.5f : -0.5f));
+  const int32_t ni = int32_t(t + std::copysign(0.5f, t));
   const float n = float(ni);
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // x - n ln2, ln2 split in two
   float p = 1.9875691500e-4f;
