@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "cpu/vmath.h"
@@ -30,7 +31,8 @@ void expect_close(T device, T cpu, double tol, const std::string& what) {
 
 template <class Op, class T>
 void check_op(const char* name, double tol) {
-  const T xs[] = {T(-30), T(-6), T(-2), T(-0.5), T(-1e-3), T(0), T(1e-3), T(0.5), T(2), T(6), T(25)};
+  const T inf = std::numeric_limits<T>::infinity();
+  const T xs[] = {-inf, T(-1e30), T(-30), T(-6), T(-2), T(-0.5), T(-1e-3), T(0), T(1e-3), T(0.5), T(2), T(6), T(25), T(1e30), inf};
   const T s = T(1.5), g = T(0.75);
   for (T x : xs) {
     const T yd = Op::template forward<ops::DeviceMath, T>(x, s);

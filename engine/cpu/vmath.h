@@ -47,8 +47,12 @@ template <class T>
 inline T vtanh(T x) {
   if constexpr (sizeof(T) == 4) {
     // tanh x = 1 - 2 / (e^{2x} + 1); for |x| < 2^-6 the series x - x^3/3 avoids cancellation.
+    // The series is taken at x clamped to [-1, 1], which leaves it unchanged
+    // where it is used and finite elsewhere: unclamped, x^3 overflowed for
+    // |x| >= ~7e12 (infinities included) and 0 * inf made the result NaN.
     const T big = T(1) - T(2) / (exp_fast(T(2) * x) + T(1));
-    const T small = x - x * x * x * T(1.0 / 3.0);
+    const T xc = std::min(std::max(x, T(-1)), T(1));
+    const T small = xc - xc * xc * xc * T(1.0 / 3.0);
     const T use_small = T(std::fabs(x) < T(0.015625));  // a 0/1 blend, not a branch: it vectorizes
     return use_small * small + (T(1) - use_small) * big;
   } else {
