@@ -54,6 +54,52 @@ TEST(Formulas, DeviceMathEqualsTheCpusForEveryUnaryOp) {
 #undef SEGTAPE_CHECK_OP
 }
 
+// The forward formulas at the ends of the range, with both maths, against
+// PyTorch's values there (torch 1.13: torch.tanh(inf) is 1, torch.relu(nan)
+// nan, torch.relu(-0.0) -0.0, ...). The one known difference: the CPU's float
+// exp of anything below -87 is e^-87 ~ 1.6e-38 (PyTorch: a denormal or 0).
+template <class M, class T>
+void check_edges(const std::string& math) {
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN(), big = T(1e30);
+  const std::string at = math + (sizeof(T) == 4 ? " float" : " double");
+  auto f = [](auto op, T x) { return decltype(op)::template forward<M, T>(x, T(1)); };
+  auto same = [&](T got, T want, const std::string& what) {
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << what << " " << at << ": " << got;
+    } else {
+      EXPECT_EQ(got, want) << what << " " << at;
+      EXPECT_EQ(std::signbit(got), std::signbit(want)) << what << " " << at << ": the sign of " << got;
+    }
+  };
+  for (T x : {inf, big}) {
+    same(f(ops::Tanh{}, x), T(1), "tanh(+large)");
+    same(f(ops::Tanh{}, -x), T(-1), "tanh(-large)");
+    same(f(ops::Sigmoid{}, x), T(1), "sigmoid(+large)");
+    same(f(ops::Sigmoid{}, -x), T(0), "sigmoid(-large)");
+    same(f(ops::Exp{}, x), inf, "exp(+large)");
+    same(f(ops::Softplus{}, x), x, "softplus(+large)");
+    same(f(ops::Relu{}, x), x, "relu(+large)");
+    same(f(ops::Relu{}, -x), T(0), "relu(-large)");
+  }
+  EXPECT_LE(f(ops::Exp{}, -inf), T(1.7e-38)) << "exp(-inf) " << at;
+  same(f(ops::Log{}, T(0)), -inf, "log(0)");
+  same(f(ops::Log{}, inf), inf, "log(inf)");
+  same(f(ops::Log{}, T(-1)), nan, "log(-1)");
+  same(f(ops::Relu{}, T(-0.0)), T(-0.0), "relu(-0)");
+  for (auto op : {+[](T x) { return ops::Tanh::forward<M, T>(x, T(1)); }, +[](T x) { return ops::Sigmoid::forward<M, T>(x, T(1)); },
+                  +[](T x) { return ops::Relu::forward<M, T>(x, T(1)); }, +[](T x) { return ops::Exp::forward<M, T>(x, T(1)); },
+                  +[](T x) { return ops::Log::forward<M, T>(x, T(1)); }, +[](T x) { return ops::Softplus::forward<M, T>(x, T(1)); },
+                  +[](T x) { return ops::Neg::forward<M, T>(x, T(1)); }})
+    same(op(nan), nan, "nan in, nan out");
+}
+
+TEST(Formulas, EdgeValuesArePyTorchs) {
+  check_edges<cpu::Math, float>("cpu::Math");
+  check_edges<cpu::Math, double>("cpu::Math");
+  check_edges<ops::DeviceMath, float>("DeviceMath");
+  check_edges<ops::DeviceMath, double>("DeviceMath");
+}
+
 TEST(Formulas, DeviceSigmoidIsTheLogisticFunction) {
   EXPECT_DOUBLE_EQ(ops::DeviceMath::sigmoid(0.0), 0.5);
   EXPECT_NEAR(ops::DeviceMath::sigmoid(2.0), 1.0 / (1.0 + std::exp(-2.0)), 1e-15);

@@ -20,7 +20,7 @@
   X(Neg, neg, -x, -g)                                                                            \
   X(Tanh, tanh, M::tanh(x), g * (T(1) - y * y))                                                  \
   X(Sigmoid, sigmoid, M::sigmoid(x), g * y * (T(1) - y))                                         \
-  X(Relu, relu, x > T(0) ? x : T(0), x > T(0) ? g : T(0))                                       \
+  X(Relu, relu, x < T(0) ? T(0) : x, x > T(0) ? g : T(0))                                       \
   X(Exp, exp, M::exp(x), g * y)                                                                  \
   X(Log, log, M::log(x), g / x)                                                                  \
   X(Softplus, softplus, x > T(20) ? x : M::log1p(M::exp(x)), x > T(20) ? g : g * M::sigmoid(x))
