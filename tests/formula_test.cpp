@@ -56,8 +56,9 @@ TEST(Formulas, DeviceMathEqualsTheCpusForEveryUnaryOp) {
 
 // The forward formulas at the ends of the range, with both maths, against
 // PyTorch's values there (torch 1.13: torch.tanh(inf) is 1, torch.relu(nan)
-// nan, torch.relu(-0.0) -0.0, ...). The one known difference: the CPU's float
-// exp of anything below -87 is e^-87 ~ 1.6e-38 (PyTorch: a denormal or 0).
+// nan, torch.relu(-0.0) and torch.tanh(-0.0) -0.0, ...). The one known
+// difference: the CPU's float exp of anything below -87 is e^-87 ~ 1.6e-38
+// (PyTorch: a denormal or 0).
 template <class M, class T>
 void check_edges(const std::string& math) {
   const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN(), big = T(1e30);
@@ -86,6 +87,8 @@ void check_edges(const std::string& math) {
   same(f(ops::Log{}, inf), inf, "log(inf)");
   same(f(ops::Log{}, T(-1)), nan, "log(-1)");
   same(f(ops::Relu{}, T(-0.0)), T(-0.0), "relu(-0)");
+  same(f(ops::Tanh{}, T(-0.0)), T(-0.0), "tanh(-0)");
+  same(f(ops::Tanh{}, T(0)), T(0), "tanh(0)");
   for (auto op : {+[](T x) { return ops::Tanh::forward<M, T>(x, T(1)); }, +[](T x) { return ops::Sigmoid::forward<M, T>(x, T(1)); },
                   +[](T x) { return ops::Relu::forward<M, T>(x, T(1)); }, +[](T x) { return ops::Exp::forward<M, T>(x, T(1)); },
                   +[](T x) { return ops::Log::forward<M, T>(x, T(1)); }, +[](T x) { return ops::Softplus::forward<M, T>(x, T(1)); },

@@ -48,13 +48,15 @@ inline T vtanh(T x) {
   if constexpr (sizeof(T) == 4) {
     // tanh x = 1 - 2 / (e^{2x} + 1); for |x| < 2^-6 the series x - x^3/3 avoids cancellation.
     // The series is taken at x clamped to [-1, 1], which leaves it unchanged
-    // where it is used and finite elsewhere: unclamped, x^3 overflowed for
-    // |x| >= ~7e12 (infinities included) and 0 * inf made the result NaN.
+    // where it is used and finite elsewhere (unclamped, x^3 overflowed for
+    // |x| >= ~7e12 and the old arithmetic blend, 0 * inf, gave NaN), with
+    // x's sign (x - x^3/3 is +0 at x = -0; tanh(-0) is -0). The choice is a
+    // bit select on a 0 / all-ones mask: it vectorizes, unlike `?:` here.
     const T big = T(1) - T(2) / (exp_fast(T(2) * x) + T(1));
     const T xc = std::min(std::max(x, T(-1)), T(1));
-    const T small = xc - xc * xc * xc * T(1.0 / 3.0);
-    const T use_small = T(std::fabs(x) < T(0.015625));  // a 0/1 blend, not a branch: it vectorizes
-    return use_small * small + (T(1) - use_small) * big;
+    const T small = std::copysign(xc - xc * xc * xc * T(1.0 / 3.0), x);
+    const uint32_t keep = uint32_t(0) - uint32_t(std::fabs(x) < T(0.015625));  // all ones where the series is used
+    return std::bit_cast<T>((std::bit_cast<uint32_t>(small) & keep) | (std::bit_cast<uint32_t>(big) & ~keep));
   } else {
     return std::tanh(x);
   }
