@@ -370,7 +370,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       plugin = checkpoint_plugin(ck, c.env, "--resume " + out.string());
     }
     c.budget_name = "--budget";
-    for (const char* opt : {"--env", "--history", "--batch", "--hidden", "--embed", "--lag", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget",
+    for (const char* opt : {"--env", "--history", "--batch", "--hidden", "--embed", "--update-bias", "--lag", "--sparse", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget",
                             "--gamma", "--entropy", "--algo", "--rollout", "--epochs", "--minibatches", "--clip-range", "--gae-lambda",
                             "--lr-schedule", "--env-shards"})
       if (cmd.count(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
@@ -876,6 +876,9 @@ int run_cli(int argc, char** argv) {
   tr->add_option("--batch", ta.c.batch, "Parallel episode streams B")->capture_default_str();
   tr->add_option("--hidden", ta.c.hidden, "GRU hidden size H")->capture_default_str();
   tr->add_option("--embed", ta.c.embed, "Observation embedding size")->capture_default_str();
+  tr->add_option("--update-bias", ta.c.update_bias,
+                 "Added to the GRU's update-gate bias at init: the cell keeps about sigmoid(b) of its state per step "
+                 "from the start (3: 95 %), which long lags need; 0 = PyTorch's init")->capture_default_str();
   tr->add_option("--lr", ta.c.lr, "Adam learning rate")->capture_default_str();
   tr->add_option("--clip", ta.c.clip, "Gradient norm clip (0 = off)")->capture_default_str();
   tr->add_option("--seed", ta.c.seed, "Seed for the model, the env and sampling")->capture_default_str();
@@ -886,6 +889,8 @@ int run_cli(int argc, char** argv) {
   tr->add_flag("--force", ta.force, "Overwrite a run already in --out");
   tr->add_option("--budget", ta.budget, "Segment budget: arena and tape nodes, e.g. 64MiB (default 64MiB; for --history full the growth limit, default 1GiB)");
   tr->add_option("--lag", ta.c.env_options.lag, "recall: lag L")->capture_default_str();
+  tr->add_flag("--sparse", ta.c.env_options.sparse,
+               "recall: a token only every L steps (a blank between), a target only there: one token to hold, not L");
   tr->add_option("--vocab", ta.c.env_options.vocab, "recall: vocabulary size")->capture_default_str();
   tr->add_option("--corridor", ta.c.env_options.corridor, "tmaze: corridor length N")->capture_default_str();
   tr->add_option("--turns", ta.c.env_options.turns, "dialogue: turns per conversation")->capture_default_str();

@@ -1,9 +1,14 @@
 #include "segtape/agent/policy.h"
 
+#include <cmath>
+#include <vector>
+
 namespace segtape::agent {
 
 Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& s) : Module(tape), shape_(s) {
   if (s.embed < 1 || s.hidden < 1) throw Error("policy: embed and hidden sizes must be >= 1");
+  if (!std::isfinite(s.update_bias) || (s.update_bias != 0 && s.window > 0))
+    throw Error("policy: update_bias must be finite, and 0 in window mode (which has no GRU)");
   if (env.vocab > 0) {
     token_encoder_ = std::make_unique<nn::Embedding>(tape, rng, env.vocab, s.embed);
     register_module("encoder", *token_encoder_);
@@ -16,6 +21,15 @@ Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& 
     register_module("compress", *compress_);
   } else {
     gru_ = std::make_unique<nn::GRUCell>(tape, rng, s.embed, s.hidden);
+    if (s.update_bias != 0) {  // the gates are r, z, n (PyTorch's order): z is the second block
+      auto add = [&]<class T>(T) {
+        std::vector<T> b = gru_->bias_hh.to_host<T>();
+        for (int64_t i = s.hidden; i < 2 * s.hidden; ++i) b[size_t(i)] += T(s.update_bias);
+        gru_->bias_hh.from_host(std::span<const T>(b));
+      };
+      if (gru_->bias_hh.dtype == DType::F64) add(0.0);
+      else add(0.0f);
+    }
     register_module("gru", *gru_);
   }
   head_ = std::make_unique<nn::Linear>(tape, rng, s.hidden, env.num_actions);

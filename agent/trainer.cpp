@@ -76,12 +76,14 @@ std::map<std::string, std::string> TrainConfig::to_metadata() const {
           {"batch", std::to_string(batch)},
           {"hidden", std::to_string(hidden)},
           {"embed", std::to_string(embed)},
+          {"update_bias", d(update_bias)},
           {"lr", d(lr)},
           {"clip", d(clip)},
           {"seed", std::to_string(seed)},
           {"device", device},
           {"budget", std::to_string(budget)},
           {"lag", std::to_string(env_options.lag)},
+          {"sparse", env_options.sparse ? "1" : "0"},
           {"vocab", std::to_string(env_options.vocab)},
           {"corridor", std::to_string(env_options.corridor)},
           {"turns", std::to_string(env_options.turns)},
@@ -137,6 +139,9 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
     c.gae_lambda = std::stod(get_or("gae_lambda", "0.95"));
     c.lr_schedule = get_or("lr_schedule", "constant");
     c.env_shards = std::stoll(get_or("env_shards", "1"));
+    // (checkpoints written before these existed: PyTorch's init, dense recall)
+    c.update_bias = std::stod(get_or("update_bias", "0"));
+    c.env_options.sparse = get_or("sparse", "0") == "1";
   } catch (const std::logic_error& e) {  // stoll & co.
     throw CheckpointError(std::string("checkpoint metadata has a malformed number (") + e.what() + ")");
   }
@@ -156,6 +161,9 @@ void TrainConfig::validate() const {
   need(batch >= 1 && batch <= 65536, "--batch must be in [1, 65536]");
   need(hidden >= 1 && hidden <= 16384, "--hidden must be in [1, 16384]");
   need(embed >= 1 && embed <= 16384, "--embed must be in [1, 16384]");
+  need(std::isfinite(update_bias) && std::abs(update_bias) <= 20, "--update-bias must be a number in [-20, 20]");
+  need(update_bias == 0 || history.kind != History::Kind::Window,
+       "--update-bias sets the GRU's update gate; --history window:N has no GRU");
   need(env_shards >= 1 && env_shards <= batch && batch % env_shards == 0,
        "--env-shards " + std::to_string(env_shards) + ": must be >= 1 and divide --batch " + std::to_string(batch));
   need(std::isfinite(lr) && lr > 0 && lr < 10, "--lr must be a positive number below 10");
@@ -224,7 +232,8 @@ TapeOptions tape_options(const TrainConfig& c) {
 }
 
 PolicyShape policy_shape(const TrainConfig& c, const EnvSpec& spec) {
-  return {c.embed, c.hidden, c.history.kind == History::Kind::Window ? c.history.window : 0, !spec.supervised || c.algo == "ppo"};
+  return {c.embed, c.hidden, c.history.kind == History::Kind::Window ? c.history.window : 0, !spec.supervised || c.algo == "ppo",
+          c.update_bias};
 }
 
 size_t physical_memory() {

@@ -7,6 +7,7 @@
 #include <array>
 #include <random>
 #include <cmath>
+#include <map>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -68,6 +69,40 @@ TEST(Policy, ParameterCountWithoutBuildingMatchesTheBuiltPolicy) {
     }
 }
 
+// update_bias adds b to the GRU's update-gate bias (bias_hh[H, 2H): the gates
+// are r, z, n) and changes nothing else: every other parameter is drawn as
+// before, bit for bit. Window mode (no GRU) refuses it.
+TEST(Policy, UpdateBiasShiftsOnlyTheUpdateGatesBias) {
+  auto env = make_env("recall", 2, 1, EnvOptions{});
+  const int64_t H = 10;
+  auto build = [&](double b) {
+    Tape tape;
+    nn::Rng rng(3);
+    PolicyShape shape{6, H, 0, false};
+    shape.update_bias = b;
+    const Policy p(tape, rng, env->spec(), shape);
+    std::map<std::string, std::vector<float>> values;
+    for (const auto& [name, t] : p.named_parameters()) values[name] = t.to_host<float>();
+    return values;
+  };
+  const auto plain = build(0), biased = build(2.5);
+  ASSERT_EQ(plain.size(), biased.size());
+  ASSERT_TRUE(plain.count("gru.bias_hh")) << "the GRU's parameter names changed";
+  for (const auto& [name, v] : plain) {
+    const std::vector<float>& w = biased.at(name);
+    ASSERT_EQ(v.size(), w.size()) << name;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const bool z = name == "gru.bias_hh" && i >= size_t(H) && i < size_t(2 * H);
+      EXPECT_EQ(w[i], z ? v[i] + 2.5f : v[i]) << name << "[" << i << "]";
+    }
+  }
+  Tape tape;
+  nn::Rng rng(3);
+  PolicyShape windowed{6, H, 4, false};
+  windowed.update_bias = 1;
+  EXPECT_THROW(Policy(tape, rng, env->spec(), windowed), Error);
+}
+
 TEST(Env, SeededAndDeterministic) {
   for (const std::string& name : env_names()) {
     auto a = make_env(name, 4, 7, {}), b = make_env(name, 4, 7, {}), c = make_env(name, 4, 8, {});
@@ -91,6 +126,56 @@ TEST(Env, RecallTargetIsTheTokenShownLagStepsEarlier) {
       if (s < 5) EXPECT_EQ(y, kNoTarget);
       else EXPECT_EQ(y, t.tokens[size_t((s - 5) * 3 + b)]) << "step " << s;
     }
+}
+
+// --sparse: a token only at steps that are multiples of the lag, the blank
+// (token vocab) between, and a target only at those steps: the token shown
+// lag steps earlier. Acting 0 where nothing is asked costs nothing: only the
+// asked steps are scored.
+TEST(Env, SparseRecallShowsATokenEveryLagStepsAndAsksForItThere) {
+  EnvOptions o;
+  o.lag = 4;
+  o.vocab = 3;
+  o.sparse = true;
+  auto env = make_env("recall", 2, 1, o);
+  EXPECT_EQ(env->spec().vocab, 4) << "tokens 0-2 and the blank, 3";
+  EXPECT_EQ(env->spec().num_actions, 3);
+  const Trace t = run_env(*env, 40);
+  std::set<int64_t> shown;
+  for (int s = 0; s < 40; ++s)
+    for (int b = 0; b < 2; ++b) {
+      SCOPED_TRACE("step " + std::to_string(s) + " stream " + std::to_string(b));
+      const int64_t tok = t.tokens[size_t(s * 2 + b)], y = t.targets[size_t(s * 2 + b)];
+      if (s % 4 != 0) {
+        EXPECT_EQ(tok, 3);
+        EXPECT_EQ(y, kNoTarget);
+        continue;
+      }
+      EXPECT_LT(tok, 3);
+      shown.insert(tok);
+      EXPECT_EQ(y, s < 4 ? kNoTarget : t.tokens[size_t((s - 4) * 2 + b)]);
+    }
+  EXPECT_EQ(shown.size(), 3u) << "the shown tokens are drawn, not fixed";
+
+  auto scored = make_env("recall", 2, 1, o);
+  std::vector<int64_t> tok(2), y(2), a(2);
+  std::vector<float> vec(2), r(2);
+  std::vector<uint8_t> done(2);
+  for (int s = 0; s < 40; ++s) {
+    scored->observe(tok, vec);
+    scored->targets(y);
+    for (size_t b = 0; b < 2; ++b) a[b] = y[b] == kNoTarget ? 0 : y[b];
+    scored->step(a, r, done);
+  }
+  EXPECT_EQ(scored->score(), 1.0);
+
+  o.lag = 0;
+  try {
+    make_env("recall", 2, 1, o);
+    ADD_FAILURE() << "sparse recall with lag 0 was made";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sparse needs lag >= 1"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Env, TMazeRewardsTheCuedArmAtTheJunction) {
@@ -474,6 +559,78 @@ TEST(Learning, ExactLearnsALagTruncationCannotAtTheSameSegmentPeak) {
   EXPECT_EQ(exact_peak, truncated_peak) << "a replayed 4-step segment holds what a tbptt:4 segment holds";
 }
 
+// The new settings travel in the checkpoint's metadata; a checkpoint written
+// before they existed reads as PyTorch's init and dense recall.
+TEST(Config, UpdateBiasAndSparseRoundTripAndDefaultWhenAbsent) {
+  TrainConfig c = small("recall", "exact:4/16", 64);
+  c.update_bias = 2.75;
+  c.env_options.sparse = true;
+  const auto m = c.to_metadata();
+  const TrainConfig back = TrainConfig::from_metadata(m);
+  EXPECT_EQ(back.update_bias, 2.75);
+  EXPECT_TRUE(back.env_options.sparse);
+  auto older = m;
+  older.erase("update_bias");
+  older.erase("sparse");
+  const TrainConfig old = TrainConfig::from_metadata(older);
+  EXPECT_EQ(old.update_bias, 0.0);
+  EXPECT_FALSE(old.env_options.sparse);
+
+  for (double bad : {std::nan(""), 21.0, -1e300}) {
+    TrainConfig b = small("recall", "tbptt:4", 8);
+    b.update_bias = bad;
+    EXPECT_THROW(b.validate(), Error) << bad;
+  }
+  TrainConfig w = small("recall", "window:3", 8);
+  w.update_bias = 1;
+  try {
+    w.validate();
+    ADD_FAILURE() << "window:3 with an update bias was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has no GRU"), std::string::npos) << e.what();
+  }
+}
+
+// The learning target on sparse recall (docs/agent.md): one token to
+// hold for `lag` steps, with the update gate biased to keep the state (3:
+// about 95 % kept per step at init). exact:32 (windows of 256 steps replayed
+// in 32-step segments) reaches >= 99 % at lags 32 and 64; tbptt:32 (the same
+// segments, truncated) stays near chance: a lag of 32 or more never lies
+// inside one of its segments. Scaled down to B = 16, H = 32 so that CI can
+// afford it (under a second per run in RelWithDebInfo); docs/agent.md's
+// sparse table has the default configuration (B = 32, H = 128, 24,000 steps).
+TEST(Learning, ExactLearnsSparseRecallAtLags32And64WhereTruncationCannot) {
+  auto config = [](const char* history, int64_t lag) {
+    TrainConfig c = small("recall", history, 48000);
+    c.batch = 16;
+    c.hidden = 32;
+    c.embed = 32;
+    c.lr = 3e-3;
+    c.update_bias = 3;
+    c.env_options.lag = lag;
+    c.env_options.vocab = 4;
+    c.env_options.sparse = true;
+    return c;
+  };
+  for (int64_t lag : {32, 64}) {
+    SCOPED_TRACE("lag " + std::to_string(lag));
+    Trainer exact(config("exact:32", lag)), truncated(config("tbptt:32", lag));
+    size_t exact_peak = 0, truncated_peak = 0;
+    while (!exact.done()) exact_peak = std::max(exact_peak, exact.run_segment().segment_peak);
+    while (!truncated.done())
+      truncated.run_segment(), truncated_peak = std::max(truncated_peak, truncated.tape().stats().last_segment_peak);
+    const double exact_acc = exact.evaluate(2000, 99), truncated_acc = truncated.evaluate(2000, 99);
+    EXPECT_GE(exact_acc, 0.99);
+    EXPECT_LT(truncated_acc, 0.4) << "chance is 0.25 (vocab 4)";
+    // The same 32-step segments; the replayed one's backward runs through all
+    // 32 steps (seeded by the state's gradient from the segment after it),
+    // where tbptt:32's runs only through the step that has a target (a few KB
+    // of gradient buffers less: 421,760 against 418,752 bytes here).
+    EXPECT_GE(exact_peak, truncated_peak);
+    EXPECT_LE(double(exact_peak), 1.01 * double(truncated_peak)) << "a replayed 32-step segment holds what a tbptt:32 segment holds";
+  }
+}
+
 // ---- recurrent PPO (--algo ppo)
 
 TrainConfig small_ppo(const std::string& env, int64_t steps) {
@@ -676,6 +833,9 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
       {"train --steps 64 --out " + d, "already holds a run"},
       {"train --resume " + d + " --hidden 32", "--hidden cannot change on --resume"},
       {"train --resume " + d + " --algo ppo", "--algo cannot change on --resume"},
+      {"train --resume " + d + " --sparse", "--sparse cannot change on --resume"},
+      {"train --update-bias nan --out " + d + "x", "--update-bias must be"},
+      {"train --history window:3 --update-bias 1 --out " + d + "x", "has no GRU"},
       {"train --algo ppo --history full --out " + d + "x", "--history full is not built for it"},
       {"train --algo ppo --minibatches 5 --out " + d + "x", "--minibatches 5: must divide --batch 32"},
       {"train --resume " + d + "-missing", "no checkpoint.safetensors"},

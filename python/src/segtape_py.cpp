@@ -842,11 +842,12 @@ NB_MODULE(_segtape, m) {
         return std::make_pair(reward, std::vector<int>(done.begin(), done.end()));
       })
       .def("score", &agent::Env::score);
-  ag.def("make_env", [](const std::string& name, int64_t batch, uint64_t seed, int64_t lag, int64_t vocab, int64_t corridor) {
+  ag.def("make_env", [](const std::string& name, int64_t batch, uint64_t seed, int64_t lag, int64_t vocab, int64_t corridor,
+                        bool sparse) {
     agent::EnvOptions o;
-    o.lag = lag, o.vocab = vocab, o.corridor = corridor;
+    o.lag = lag, o.vocab = vocab, o.corridor = corridor, o.sparse = sparse;
     return agent::make_env(name, batch, seed, o);
-  }, "name"_a, "batch"_a, "seed"_a, "lag"_a = 8, "vocab"_a = 4, "corridor"_a = 10);
+  }, "name"_a, "batch"_a, "seed"_a, "lag"_a = 8, "vocab"_a = 4, "corridor"_a = 10, "sparse"_a = false);
 
   nb::class_<agent::TrainConfig>(ag, "TrainConfig")
       .def(nb::init<>())
@@ -857,6 +858,7 @@ NB_MODULE(_segtape, m) {
       .def_rw("batch", &agent::TrainConfig::batch)
       .def_rw("hidden", &agent::TrainConfig::hidden)
       .def_rw("embed", &agent::TrainConfig::embed)
+      .def_rw("update_bias", &agent::TrainConfig::update_bias)
       .def_rw("lr", &agent::TrainConfig::lr)
       .def_rw("clip", &agent::TrainConfig::clip)
       .def_rw("seed", &agent::TrainConfig::seed)

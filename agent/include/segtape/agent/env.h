@@ -69,6 +69,7 @@ struct EnvOptions {
   int64_t turns = 10;     // dialogue: turns per conversation
   int64_t cities = 4;     // dialogue: cities a user can name
   int64_t embed_dim = 32; // dialogue: message embedding size
+  bool sparse = false;    // recall: a token only every lag steps (a blank, token `vocab`, between), targets only there
 };
 
 class Env {

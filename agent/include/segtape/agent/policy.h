@@ -22,6 +22,11 @@ struct PolicyShape {
   int64_t hidden = 128;
   int64_t window = 0;  // > 0: window mode over this many step embeddings
   bool value_head = false;
+  // Added to the GRU's update-gate (z) bias after PyTorch's initialization
+  // (bias_hh's second block of H): with b > 0 the cell keeps about sigmoid(b)
+  // of its state per step from the start, so a gradient from a long lag is not
+  // gone before training begins. 0 (the default) leaves PyTorch's init bit for bit.
+  double update_bias = 0;
 };
 
 class Policy : public nn::Module {

@@ -37,6 +37,7 @@ struct TrainConfig {
   int64_t batch = 32;
   int64_t hidden = 128;
   int64_t embed = 32;
+  double update_bias = 0;  // added to the GRU's update-gate bias at init (PolicyShape::update_bias)
   double lr = 3e-3;
   double clip = 1.0;       // gradient norm clip (0 = off)
   uint64_t seed = 1;
