@@ -45,6 +45,8 @@ for H in tbptt exact; do
     for L in 2 4 8 16 32 64 128; do run lag "recall-$H$K-L$L" "" --history "$H:$K" --lag "$L"; done
   done
 done
+# Does the update-gate bias of the sparse table (below) help the delay line?
+for L in 8 16 32 64 128; do run lag "recall-exact32-bias3-L$L" "" --history exact:32 --lag "$L" --update-bias 3; done
 # The same columns on sparse recall (one token to hold, not L), the GRU's
 # update gate biased to keep its state (--update-bias 3).
 for H in tbptt exact; do
@@ -54,6 +56,8 @@ for H in tbptt exact; do
     done
   done
 done
+# ... and without the bias: PyTorch's init.
+for L in 32 64; do run sparse "recall-sparse-exact32-bias0-L$L" "" --history exact:32 --lag "$L" --sparse; done
 
 python3 - "$MANIFEST" docs/agent.md docs/figures/agent-results.json "$(git describe --always --dirty 2>/dev/null || echo unknown)" <<'EOF'
 import json, os, re, sys
@@ -105,39 +109,45 @@ rows += ["", f"All {len(runs)} runs of the script (these and the lag tables'): {
 sections["runs"] = rows
 
 
-def column_order(h):  # tbptt before exact, then by K
-    kind, rest = h.split(":")
-    return (kind != "tbptt", int(rest.split("/")[0]))
+# A column: (history, update bias). tbptt before exact, then by K, the table's
+# usual bias first.
+def column_order(h, base):
+    kind, rest = h[0].split(":")
+    return (kind != "tbptt", int(rest.split("/")[0]), h[1] != base)
 
 
-def column_title(h):
-    if h.startswith("exact:"):
-        K, T = h[len("exact:"):].split("/")
-        return f"exact:{K} (T = {T})"
-    return h
+def column_title(h, base):
+    history, bias = h
+    title = history
+    if history.startswith("exact:"):
+        K, T = history[len("exact:"):].split("/")
+        title = f"exact:{K} (T = {T})"
+    return title + (f", `--update-bias {bias:g}`" if bias != base else "")
 
 
-def lag_table(table):  # rows L, columns tbptt:K and exact:K/T
+def lag_table(table, base):  # rows L, columns tbptt:K and exact:K/T (at update bias `base` unless named)
     lag = {}
     for r in runs:
         if r["table"] == table:
             history, L = r["config"]["history"], int(r["config"]["lag"])
             if not history.startswith(("tbptt:", "exact:")):
                 sys.exit(f"experiments.sh: {r['name']}: history {history} is neither tbptt:K nor exact:K/T")
-            lag[(history, L)] = r
-    Hs = sorted({h for h, _ in lag}, key=column_order)
+            lag[((history, float(r["config"].get("update_bias", 0))), L)] = r
+    Hs = sorted({h for h, _ in lag}, key=lambda h: column_order(h, base))
     Ls = sorted({L for _, L in lag})
-    rows = ["| lag L | " + " | ".join(column_title(h) for h in Hs) + " |", "|---" * (len(Hs) + 1) + "|"]
+    rows = ["| lag L | " + " | ".join(column_title(h, base) for h in Hs) + " |", "|---" * (len(Hs) + 1) + "|"]
     for L in Ls:
-        rows.append(f"| {L} | " + " | ".join(pct(lag[(h, L)]["eval"]) for h in Hs) + " |")
-    rows.append("| segment peak | " + " | ".join(mib(max(lag[(h, L)]["segment_peak_bytes"] for L in Ls)) for h in Hs) + " |")
+        rows.append(f"| {L} | " + " | ".join(pct(lag[(h, L)]["eval"]) if (h, L) in lag else "–" for h in Hs) + " |")
+    def over_lags(h):  # the column's runs
+        return [lag[(h, L)] for L in Ls if (h, L) in lag]
+    rows.append("| segment peak | " + " | ".join(mib(max(r["segment_peak_bytes"] for r in over_lags(h))) for h in Hs) + " |")
     rows.append("| training time (median) | " + " | ".join(
-        f"{sorted(lag[(h, L)]['wall_seconds'] for L in Ls)[len(Ls) // 2]:.1f} s" for h in Hs) + " |")
+        f"{sorted(r['wall_seconds'] for r in over_lags(h))[len(over_lags(h)) // 2]:.1f} s" for h in Hs) + " |")
     return rows
 
 
-sections["lag"] = lag_table("lag")
-sections["sparse"] = lag_table("sparse")
+sections["lag"] = lag_table("lag", 0.0)
+sections["sparse"] = lag_table("sparse", 3.0)
 
 with open(doc_path) as f:
     doc = f.read()
