@@ -197,3 +197,19 @@ def test_manual_seed_makes_initialisation_repeatable(tape):
     nn.manual_seed(7)
     b = nn.Linear(tape, 3, 3).weight.numpy()
     assert np.array_equal(a, b)
+
+
+def test_agent_sparse_recall_and_update_bias():
+    """make_env(sparse=True) adds the blank token; TrainConfig.update_bias is validated by name."""
+    A = segtape._segtape.agent
+    dense = A.make_env("recall", batch=2, seed=1, lag=4, vocab=3)
+    sparse = A.make_env("recall", batch=2, seed=1, lag=4, vocab=3, sparse=True)
+    assert (dense.vocab, sparse.vocab) == (3, 4)
+    assert (dense.num_actions, sparse.num_actions) == (3, 3)
+    c = A.TrainConfig()
+    assert c.update_bias == 0.0
+    c.update_bias = 3.0
+    c.validate()
+    c.update_bias = float("nan")
+    with pytest.raises(Exception, match="--update-bias"):
+        c.validate()
