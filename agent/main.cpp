@@ -225,6 +225,21 @@ bool env_registered(const std::string& name) {
   return std::find(env_names().begin(), env_names().end(), name) != env_names().end();
 }
 
+// The env as the banner, the summary and eval name it: recall with its lag
+// (and sparse), a non-zero update-gate bias after it.
+std::string env_label(const TrainConfig& c) {
+  std::string s = c.env;
+  if (c.env == "recall")
+    s += " (lag " + std::to_string(c.env_options.lag) + ", vocab " + std::to_string(c.env_options.vocab) +
+         (c.env_options.sparse ? ", sparse)" : ")");
+  if (c.update_bias != 0) {
+    char b[48];
+    std::snprintf(b, sizeof b, ", update bias %g", c.update_bias);
+    s += b;
+  }
+  return s;
+}
+
 std::string registered_envs() {
   std::string s;
   for (const std::string& n : env_names()) s += (s.empty() ? "" : ", ") + n;
@@ -471,7 +486,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   // Checkpoints are collective: every rank must write them at the same steps.
   if (comm) dist::check_same(*comm, {{"checkpoint_every", std::to_string(ck_every)}}, "the command line (--checkpoint-every)");
   if (root) std::printf("segtape %s: training %s (%s, %s) with history %s for %ld steps, batch %ld, hidden %ld, budget %s%s -> %s\n",
-              SEGTAPE_VERSION, c.env.c_str(), c.algo == "ppo" ? "recurrent PPO" : spec.supervised ? "supervised" : "actor-critic", measure.c_str(),
+              SEGTAPE_VERSION, env_label(c).c_str(), c.algo == "ppo" ? "recurrent PPO" : spec.supervised ? "supervised" : "actor-critic", measure.c_str(),
               c.history.str().c_str(), c.steps, c.batch, c.hidden, format_bytes(tr.budget()).c_str(),
               full ? (c.budget ? " (growth limit)" : " (growth limit, the default for full; set it with --budget)") : "",
               out.c_str());
@@ -647,7 +662,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     return 2;
   }
   std::printf("\nsummary\n");
-  std::printf("  env / history        %s / %s\n", c.env.c_str(), c.history.str().c_str());
+  std::printf("  env / history        %s / %s\n", env_label(c).c_str(), c.history.str().c_str());
   std::printf("  steps                %ld (batch %ld) in %.1f s\n", tr.step(), c.batch, wall);
   std::printf("  final loss           %.4f\n", rows.empty() ? 0.0 : rows.back().loss);
   std::printf("  train %-14s %.2f%% (last log interval)\n", measure.c_str(), 100 * (rows.empty() ? 0.0 : rows.back().score));
@@ -675,7 +690,7 @@ int eval(const std::string& checkpoint, int64_t steps, uint64_t seed, const std:
   const double s = tr.evaluate(steps, seed);
   const std::string measure = tr.env().spec().measure;
   std::printf("%s: %s %.2f%% over %ld fresh steps x %ld streams (env %s, history %s, seed %lu)\n", checkpoint.c_str(),
-              measure.c_str(), 100 * s, steps, c.batch, c.env.c_str(), c.history.str().c_str(), seed);
+              measure.c_str(), 100 * s, steps, c.batch, env_label(c).c_str(), c.history.str().c_str(), seed);
   return 0;
 }
 

@@ -22,13 +22,9 @@ Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& 
   } else {
     gru_ = std::make_unique<nn::GRUCell>(tape, rng, s.embed, s.hidden);
     if (s.update_bias != 0) {  // the gates are r, z, n (PyTorch's order): z is the second block
-      auto add = [&]<class T>(T) {
-        std::vector<T> b = gru_->bias_hh.to_host<T>();
-        for (int64_t i = s.hidden; i < 2 * s.hidden; ++i) b[size_t(i)] += T(s.update_bias);
-        gru_->bias_hh.from_host(std::span<const T>(b));
-      };
-      if (gru_->bias_hh.dtype == DType::F64) add(0.0);
-      else add(0.0f);
+      std::vector<float> b = gru_->bias_hh.to_host<float>();  // (the policy is float32)
+      for (int64_t i = s.hidden; i < 2 * s.hidden; ++i) b[size_t(i)] += float(s.update_bias);
+      gru_->bias_hh.from_host(std::span<const float>(b));
     }
     register_module("gru", *gru_);
   }

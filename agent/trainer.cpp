@@ -121,8 +121,12 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
     c.seed = std::stoull(get("seed"));
     c.device = get("device");
     c.budget = std::stoull(get("budget"));
-    c.env_options = {std::stoll(get("lag")),   std::stoll(get("vocab")),  std::stoll(get("corridor")),
-                     std::stoll(get("turns")), std::stoll(get("cities")), std::stoll(get("embed_dim"))};
+    c.env_options = {.lag = std::stoll(get("lag")),
+                     .vocab = std::stoll(get("vocab")),
+                     .corridor = std::stoll(get("corridor")),
+                     .turns = std::stoll(get("turns")),
+                     .cities = std::stoll(get("cities")),
+                     .embed_dim = std::stoll(get("embed_dim"))};
     c.gamma = std::stod(get("gamma"));
     c.entropy = std::stod(get("entropy"));
     c.value_coef = std::stod(get("value_coef"));
@@ -141,7 +145,9 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
     c.env_shards = std::stoll(get_or("env_shards", "1"));
     // (checkpoints written before these existed: PyTorch's init, dense recall)
     c.update_bias = std::stod(get_or("update_bias", "0"));
-    c.env_options.sparse = get_or("sparse", "0") == "1";
+    const std::string sparse = get_or("sparse", "0");
+    if (sparse != "0" && sparse != "1") throw CheckpointError("checkpoint metadata 'sparse' is '" + sparse + "', not 0 or 1");
+    c.env_options.sparse = sparse == "1";
   } catch (const std::logic_error& e) {  // stoll & co.
     throw CheckpointError(std::string("checkpoint metadata has a malformed number (") + e.what() + ")");
   }
@@ -173,6 +179,8 @@ void TrainConfig::validate() const {
        "or a bounded history (tbptt:K, detach, window:N, nograd-history)");
   check_device_flag(device);
   need(env_options.lag >= 1 && env_options.lag <= 100000, "--lag must be in [1, 100000]");
+  need(!env_options.sparse || (env != "tmaze" && env != "dialogue"),
+       "--sparse is recall's (a token every lag steps); --env " + env + " has no sparse form");
   need(env_options.vocab >= 2 && env_options.vocab <= 1'000'000, "--vocab must be in [2, 1e6]");
   need(env_options.corridor >= 1 && env_options.corridor <= 100000, "--corridor must be in [1, 100000]");
   need(env_options.turns >= 2 && env_options.turns <= 100000, "--turns must be in [2, 100000]");

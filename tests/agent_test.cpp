@@ -96,6 +96,30 @@ TEST(Policy, UpdateBiasShiftsOnlyTheUpdateGatesBias) {
       EXPECT_EQ(w[i], z ? v[i] + 2.5f : v[i]) << name << "[" << i << "]";
     }
   }
+  // ... and that block is the gate that keeps the state: with b = 20 (sigmoid
+  // 1 - 2e-9) one GRU step returns h whatever x is; with b = 0 it does not.
+  auto step_moves = [&](double b) {
+    Tape tape;
+    nn::Rng rng(3);
+    PolicyShape shape{6, H, 0, false};
+    shape.update_bias = b;
+    const Policy p(tape, rng, env->spec(), shape);
+    std::map<std::string, Tensor> w;
+    for (const auto& [name, t] : p.named_parameters()) w[name] = t;
+    std::vector<float> xs(size_t(2 * 6)), hs(size_t(2 * H));
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = float(i % 5) - 2.0f;
+    for (size_t i = 0; i < hs.size(); ++i) hs[i] = 0.5f - float(i % 7) / 7.0f;
+    Segment seg = tape.segment();
+    const Tensor h1 = gru_cell(tape.from(std::span<const float>(xs), {2, 6}), tape.from(std::span<const float>(hs), {2, H}),
+                               w.at("gru.weight_ih"), w.at("gru.weight_hh"), w.at("gru.bias_ih"), w.at("gru.bias_hh"));
+    const std::vector<float> out = h1.to_host<float>();
+    double moved = 0;
+    for (size_t i = 0; i < hs.size(); ++i) moved = std::max(moved, double(std::abs(out[i] - hs[i])));
+    return moved;
+  };
+  EXPECT_LT(step_moves(20), 1e-6);
+  EXPECT_GT(step_moves(0), 0.05);
+
   Tape tape;
   nn::Rng rng(3);
   PolicyShape windowed{6, H, 4, false};
@@ -581,6 +605,13 @@ TEST(Config, UpdateBiasAndSparseRoundTripAndDefaultWhenAbsent) {
     b.update_bias = bad;
     EXPECT_THROW(b.validate(), Error) << bad;
   }
+  TrainConfig t = small("tmaze", "tbptt:4", 8);
+  t.env_options.sparse = true;
+  EXPECT_THROW(t.validate(), Error) << "--sparse is recall's";
+  auto damaged = m;
+  damaged["sparse"] = "yes";
+  EXPECT_THROW(TrainConfig::from_metadata(damaged), CheckpointError);
+
   TrainConfig w = small("recall", "window:3", 8);
   w.update_bias = 1;
   try {

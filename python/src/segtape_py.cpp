@@ -859,6 +859,13 @@ NB_MODULE(_segtape, m) {
       .def_rw("hidden", &agent::TrainConfig::hidden)
       .def_rw("embed", &agent::TrainConfig::embed)
       .def_rw("update_bias", &agent::TrainConfig::update_bias)
+      // recall's settings (EnvOptions)
+      .def_prop_rw("lag", [](const agent::TrainConfig& c) { return c.env_options.lag; },
+                   [](agent::TrainConfig& c, int64_t v) { c.env_options.lag = v; })
+      .def_prop_rw("vocab", [](const agent::TrainConfig& c) { return c.env_options.vocab; },
+                   [](agent::TrainConfig& c, int64_t v) { c.env_options.vocab = v; })
+      .def_prop_rw("sparse", [](const agent::TrainConfig& c) { return c.env_options.sparse; },
+                   [](agent::TrainConfig& c, bool v) { c.env_options.sparse = v; })
       .def_rw("lr", &agent::TrainConfig::lr)
       .def_rw("clip", &agent::TrainConfig::clip)
       .def_rw("seed", &agent::TrainConfig::seed)

@@ -207,9 +207,13 @@ def test_agent_sparse_recall_and_update_bias():
     assert (dense.vocab, sparse.vocab) == (3, 4)
     assert (dense.num_actions, sparse.num_actions) == (3, 3)
     c = A.TrainConfig()
-    assert c.update_bias == 0.0
-    c.update_bias = 3.0
+    assert (c.update_bias, c.lag, c.vocab, c.sparse) == (0.0, 8, 4, False)
+    c.update_bias, c.lag, c.sparse = 3.0, 4, True
     c.validate()
+    c.env, c.history, c.steps, c.batch, c.hidden, c.embed = "recall", "tbptt:4", 8, 2, 8, 4
+    t = A.Trainer(c)
+    while not t.done():
+        t.run_segment()
     c.update_bias = float("nan")
     with pytest.raises(Exception, match="--update-bias"):
         c.validate()
