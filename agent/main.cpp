@@ -225,17 +225,18 @@ bool env_registered(const std::string& name) {
   return std::find(env_names().begin(), env_names().end(), name) != env_names().end();
 }
 
-// The env as the banner, the summary and eval name it: recall with its lag
-// (and sparse), a non-zero update-gate bias after it.
-std::string env_label(const TrainConfig& c) {
-  std::string s = c.env;
+// What the banner, the summary and eval say of the env's settings beside its
+// name: recall's lag, vocabulary and sparse, a non-zero update-gate bias
+// ("" when none applies).
+std::string env_settings(const TrainConfig& c) {
+  std::string s;
   if (c.env == "recall")
-    s += " (lag " + std::to_string(c.env_options.lag) + ", vocab " + std::to_string(c.env_options.vocab) +
-         (c.env_options.sparse ? ", sparse)" : ")");
+    s = "lag " + std::to_string(c.env_options.lag) + ", vocab " + std::to_string(c.env_options.vocab) +
+        (c.env_options.sparse ? ", sparse" : "");
   if (c.update_bias != 0) {
     char b[48];
-    std::snprintf(b, sizeof b, ", update bias %g", c.update_bias);
-    s += b;
+    std::snprintf(b, sizeof b, "update bias %g", c.update_bias);
+    s += (s.empty() ? "" : ", ") + std::string(b);
   }
   return s;
 }
@@ -485,11 +486,12 @@ int train(TrainArgs& a, CLI::App& cmd) {
   const bool full = c.history.kind == History::Kind::Full;
   // Checkpoints are collective: every rank must write them at the same steps.
   if (comm) dist::check_same(*comm, {{"checkpoint_every", std::to_string(ck_every)}}, "the command line (--checkpoint-every)");
-  if (root) std::printf("segtape %s: training %s (%s, %s) with history %s for %ld steps, batch %ld, hidden %ld, budget %s%s -> %s\n",
-              SEGTAPE_VERSION, env_label(c).c_str(), c.algo == "ppo" ? "recurrent PPO" : spec.supervised ? "supervised" : "actor-critic", measure.c_str(),
+  const std::string settings = env_settings(c);
+  if (root) std::printf("segtape %s: training %s (%s, %s) with history %s for %ld steps, batch %ld, hidden %ld, budget %s%s%s%s -> %s\n",
+              SEGTAPE_VERSION, c.env.c_str(), c.algo == "ppo" ? "recurrent PPO" : spec.supervised ? "supervised" : "actor-critic", measure.c_str(),
               c.history.str().c_str(), c.steps, c.batch, c.hidden, format_bytes(tr.budget()).c_str(),
               full ? (c.budget ? " (growth limit)" : " (growth limit, the default for full; set it with --budget)") : "",
-              out.c_str());
+              settings.empty() ? "" : "; ", settings.c_str(), out.c_str());
   if (root && !plugin.empty()) std::printf("env %s from the plug-in %s\n", c.env.c_str(), plugin.c_str());
   if (comm && root)
     std::printf("data parallel: %d ranks (%s) x %ld streams, gradients averaged every update; rank 0 writes the files\n",
@@ -662,7 +664,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
     return 2;
   }
   std::printf("\nsummary\n");
-  std::printf("  env / history        %s / %s\n", env_label(c).c_str(), c.history.str().c_str());
+  std::printf("  env / history        %s%s%s%s / %s\n", c.env.c_str(), settings.empty() ? "" : " (", settings.c_str(),
+              settings.empty() ? "" : ")", c.history.str().c_str());
   std::printf("  steps                %ld (batch %ld) in %.1f s\n", tr.step(), c.batch, wall);
   std::printf("  final loss           %.4f\n", rows.empty() ? 0.0 : rows.back().loss);
   std::printf("  train %-14s %.2f%% (last log interval)\n", measure.c_str(), 100 * (rows.empty() ? 0.0 : rows.back().score));
@@ -688,9 +691,10 @@ int eval(const std::string& checkpoint, int64_t steps, uint64_t seed, const std:
   Trainer tr(c);
   tr.load_rank0(checkpoint);  // a data-parallel run's too
   const double s = tr.evaluate(steps, seed);
-  const std::string measure = tr.env().spec().measure;
+  const std::string measure = tr.env().spec().measure, settings = env_settings(c);
   std::printf("%s: %s %.2f%% over %ld fresh steps x %ld streams (env %s, history %s, seed %lu)\n", checkpoint.c_str(),
-              measure.c_str(), 100 * s, steps, c.batch, env_label(c).c_str(), c.history.str().c_str(), seed);
+              measure.c_str(), 100 * s, steps, c.batch, (c.env + (settings.empty() ? "" : ", " + settings)).c_str(),
+              c.history.str().c_str(), seed);
   return 0;
 }
 
