@@ -185,7 +185,7 @@ class TrainResult:
         return f"<segtape.gym.TrainResult {self.label}: {self.trainer.step} steps, last row {last}>"
 
 
-def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, lr=3e-3, history="tbptt:32", gamma=0.99,
+def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, lr=3e-3, history="tbptt:32", gamma=0.99,
           entropy=0.01, value_coef=0.5, clip=1.0, seed=1, algo="a2c", rollout=128, epochs=10, minibatches=4,
           clip_range=0.2, gae_lambda=0.95, lr_schedule="linear", success=None, normalize_obs=True, log_every=None, callback=None,
           eval_every=None, eval_episodes=10, stop_at=None):
@@ -202,6 +202,9 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, lr=3e-3, history="
     the states stored at rollout time; `minibatches` divides `batch`;
     lr_schedule "linear" anneals the learning rate to 0 over `steps`, or
     "constant").
+    update_bias: added to the GRU's update-gate bias at initialisation (the
+    cell keeps about sigmoid(update_bias) of its state per step from the
+    start; 0 is PyTorch's initialisation; docs/agent.md, "Policy").
     normalize_obs: Box observations are normalised by their running mean and
     variance (as SB3's VecNormalize; the statistics are the run's, shared by
     evaluate()).
@@ -226,6 +229,7 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, lr=3e-3, history="
     c.lr, c.gamma, c.entropy, c.value_coef, c.clip, c.seed = lr, gamma, entropy, value_coef, clip, int(seed)
     c.algo, c.rollout, c.epochs, c.minibatches = algo, int(rollout), int(epochs), int(minibatches)
     c.clip_range, c.gae_lambda, c.lr_schedule = clip_range, gae_lambda, lr_schedule
+    c.update_bias = float(update_bias)
     c.validate()
     trainer = _A.Trainer(c)
     every = log_every or max(1, int(steps) // 20)

@@ -90,6 +90,12 @@ def test_unsupported_spaces_and_algorithms_are_errors():
         sg.train("CartPole-v1", steps=32, algo="sac")
     with pytest.raises(segtape.Error, match="--minibatches 3: must divide --batch 8"):
         sg.train("CartPole-v1", steps=32, algo="ppo", minibatches=3)
+    with pytest.raises(segtape.Error, match="--update-bias sets the GRU's update gate; --history window:N has no GRU"):
+        sg.train("CartPole-v1", steps=32, history="window:3", update_bias=1.0)
+    with pytest.raises(segtape.Error, match="--update-bias must be"):
+        sg.train("CartPole-v1", steps=32, update_bias=float("inf"))
+    res = sg.train("CartPole-v1", steps=64, batch=2, hidden=8, update_bias=3.0)  # taken, and trains
+    assert res.trainer.step == 64
 
 
 def test_discrete_spaces_that_do_not_start_at_zero():
