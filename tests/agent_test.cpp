@@ -75,21 +75,36 @@ TEST(Policy, ParameterCountWithoutBuildingMatchesTheBuiltPolicy) {
 TEST(Policy, UpdateBiasShiftsOnlyTheUpdateGatesBias) {
   auto env = make_env("recall", 2, 1, EnvOptions{});
   const int64_t H = 10;
+  // A policy built with update bias b: its parameters' values, and how far one
+  // GRU step with its weights moves a fixed state h (the largest |h' - h|).
+  struct Built {
+    std::map<std::string, std::vector<float>> values;
+    double step_moves = 0;
+  };
   auto build = [&](double b) {
     Tape tape;
     nn::Rng rng(3);
     PolicyShape shape{6, H, 0, false};
     shape.update_bias = b;
     const Policy p(tape, rng, env->spec(), shape);
-    std::map<std::string, std::vector<float>> values;
-    for (const auto& [name, t] : p.named_parameters()) values[name] = t.to_host<float>();
-    return values;
+    Built out;
+    std::map<std::string, Tensor> w;
+    for (const auto& [name, t] : p.named_parameters()) out.values[name] = t.to_host<float>(), w[name] = t;
+    std::vector<float> xs(size_t(2 * 6)), hs(size_t(2 * H));
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = float(i % 5) - 2.0f;
+    for (size_t i = 0; i < hs.size(); ++i) hs[i] = 0.5f - float(i % 7) / 7.0f;
+    Segment seg = tape.segment();
+    const Tensor h1 = gru_cell(tape.from(std::span<const float>(xs), {2, 6}), tape.from(std::span<const float>(hs), {2, H}),
+                               w.at("gru.weight_ih"), w.at("gru.weight_hh"), w.at("gru.bias_ih"), w.at("gru.bias_hh"));
+    const std::vector<float> h1s = h1.to_host<float>();
+    for (size_t i = 0; i < hs.size(); ++i) out.step_moves = std::max(out.step_moves, double(std::abs(h1s[i] - hs[i])));
+    return out;
   };
-  const auto plain = build(0), biased = build(2.5);
-  ASSERT_EQ(plain.size(), biased.size());
-  ASSERT_TRUE(plain.count("gru.bias_hh")) << "the GRU's parameter names changed";
-  for (const auto& [name, v] : plain) {
-    const std::vector<float>& w = biased.at(name);
+  const Built plain = build(0), biased = build(2.5);
+  ASSERT_EQ(plain.values.size(), biased.values.size());
+  ASSERT_TRUE(plain.values.count("gru.bias_hh")) << "the GRU's parameter names changed";
+  for (const auto& [name, v] : plain.values) {
+    const std::vector<float>& w = biased.values.at(name);
     ASSERT_EQ(v.size(), w.size()) << name;
     for (size_t i = 0; i < v.size(); ++i) {
       const bool z = name == "gru.bias_hh" && i >= size_t(H) && i < size_t(2 * H);
@@ -98,27 +113,8 @@ TEST(Policy, UpdateBiasShiftsOnlyTheUpdateGatesBias) {
   }
   // ... and that block is the gate that keeps the state: with b = 20 (sigmoid
   // 1 - 2e-9) one GRU step returns h whatever x is; with b = 0 it does not.
-  auto step_moves = [&](double b) {
-    Tape tape;
-    nn::Rng rng(3);
-    PolicyShape shape{6, H, 0, false};
-    shape.update_bias = b;
-    const Policy p(tape, rng, env->spec(), shape);
-    std::map<std::string, Tensor> w;
-    for (const auto& [name, t] : p.named_parameters()) w[name] = t;
-    std::vector<float> xs(size_t(2 * 6)), hs(size_t(2 * H));
-    for (size_t i = 0; i < xs.size(); ++i) xs[i] = float(i % 5) - 2.0f;
-    for (size_t i = 0; i < hs.size(); ++i) hs[i] = 0.5f - float(i % 7) / 7.0f;
-    Segment seg = tape.segment();
-    const Tensor h1 = gru_cell(tape.from(std::span<const float>(xs), {2, 6}), tape.from(std::span<const float>(hs), {2, H}),
-                               w.at("gru.weight_ih"), w.at("gru.weight_hh"), w.at("gru.bias_ih"), w.at("gru.bias_hh"));
-    const std::vector<float> out = h1.to_host<float>();
-    double moved = 0;
-    for (size_t i = 0; i < hs.size(); ++i) moved = std::max(moved, double(std::abs(out[i] - hs[i])));
-    return moved;
-  };
-  EXPECT_LT(step_moves(20), 1e-6);
-  EXPECT_GT(step_moves(0), 0.05);
+  EXPECT_LT(build(20).step_moves, 1e-6);
+  EXPECT_GT(plain.step_moves, 0.05);
 
   Tape tape;
   nn::Rng rng(3);
