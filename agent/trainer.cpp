@@ -610,8 +610,9 @@ SegmentResult Trainer::exact_window(int64_t n) {
     auto y = in.take<int64_t>(size_t(B), [&](std::span<int64_t> v) { env_->targets(v); });
     Tensor loss;
     if (std::any_of(y.begin(), y.end(), [](int64_t v) { return v != kNoTarget; })) {
-      loss = cross_entropy(logits, t.from(y, {B}), Reduction::Mean, kNoTarget);
-      if (!in.replaying()) ++r.loss_steps;
+      // The driver ignores the forward pass's losses: the loss is computed while replaying only.
+      if (in.replaying()) loss = cross_entropy(logits, t.from(y, {B}), Reduction::Mean, kNoTarget);
+      else ++r.loss_steps;
     }
     // Greedy actions step the env the first time only.
     (void)in.take<int64_t>(size_t(B), [&](std::span<int64_t> a) {

@@ -105,8 +105,9 @@ struct Model {
     h0.from_host(std::span<const float>(data.h0));
   }
   std::vector<Tensor> params() const { return {cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh, head.weight, head.bias}; }
+  Tensor advance(const Tensor& h, int64_t t) { return cell(tape.from(d.xt(t), {d.B, kI}), h); }
   replay::StepResult step(const Tensor& h, int64_t t) {
-    Tensor h1 = cell(tape.from(d.xt(t), {d.B, kI}), h);
+    Tensor h1 = advance(h, t);
     return {h1, cross_entropy(head(h1), tape.from(d.yt(t), {d.B}))};
   }
 };
@@ -175,8 +176,10 @@ struct Exact {
   replay::Driver drv;
   replay::StepFn step;
   Exact(std::unique_ptr<Model> model, const replay::Options& o)
-      : m(std::move(model)), drv(m->tape, m->h0, o), step([mp = m.get()](Tape&, int64_t t, const Tensor& h, replay::Inputs&) {
-          return mp->step(h, t);
+      : m(std::move(model)), drv(m->tape, m->h0, o), step([mp = m.get()](Tape&, int64_t t, const Tensor& h, replay::Inputs& in) {
+          // The driver ignores the forward pass's losses (segtape/replay.h):
+          // the head and the loss run only while replaying.
+          return in.replaying() ? mp->step(h, t) : replay::StepResult{mp->advance(h, t), Tensor{}};
         }) {}
   replay::Report window() { return drv.run(step, m->h0); }
 };

@@ -107,7 +107,9 @@ struct StepResult {
   Tensor loss;
 };
 // (tape, step t in [0, T), the state entering step t, the window's inputs).
-// It must be a function of t, the state and what it takes from `in`.
+// It must be a function of t, the state and what it takes from `in`. The
+// forward pass (in.replaying() false) uses the state only: a step may leave
+// the loss out there and save its work (the agent's and exact_bench's do).
 using StepFn = std::function<StepResult(Tape&, int64_t, const Tensor&, Inputs&)>;
 
 struct Report {
