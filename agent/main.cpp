@@ -241,6 +241,21 @@ std::string env_settings(const TrainConfig& c) {
   return s;
 }
 
+// recall asks its first question at step --lag, dense and sparse alike: an
+// evaluation of no more steps would score nothing. Refused before any work.
+void check_eval_steps(const TrainConfig& c, int64_t steps, const char* flag) {
+  if (c.env == "recall" && steps <= c.env_options.lag)
+    throw Error(fmt::format("{} {}: recall with --lag {} asks its first question at step {}, so {} steps would score nothing; "
+                            "evaluate more than {} steps",
+                            flag, steps, c.env_options.lag, c.env_options.lag, steps, c.env_options.lag));
+}
+
+// "accuracy 87.50%", or, where the evaluation scored nothing (Trainer::evaluate's NaN), why.
+std::string eval_text(const std::string& measure, double score) {
+  if (std::isnan(score)) return measure + ": nothing scored (no target asked, no episode finished)";
+  return fmt::format("{} {:.2f}%", measure, 100 * score);
+}
+
 std::string registered_envs() {
   std::string s;
   for (const std::string& n : env_names()) s += (s.empty() ? "" : ", ") + n;
@@ -440,6 +455,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     dist::raise_if_any(*comm, invalid);
   }
   c.validate();
+  check_eval_steps(c, a.eval_steps, "--eval-steps");
   // PPO on a supervised env: the reward (1 for the target class) depends on
   // the step's action alone, so future rewards are noise in its return.
   if (!resume && !cmd.count("--gamma") && c.algo == "ppo" && make_env(c.env, 1, 0, c.env_options)->spec().supervised) c.gamma = 0;
@@ -624,7 +640,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   j["final_" + measure] = rows.empty() ? 0.0 : rows.back().score;
   if (!spec.supervised && !rows.empty() && !std::isnan(rows.back().episode_return))
     j["final_episode_return"] = rows.back().episode_return;
-  if (eval) j["eval_" + measure] = *eval, j["eval_steps"] = a.eval_steps;
+  if (eval) j["eval_" + measure] = std::isnan(*eval) ? nlohmann::json(nullptr) : nlohmann::json(*eval), j["eval_steps"] = a.eval_steps;
   j["segment_peak_bytes"] = peak;
   j["node_peak_bytes"] = node_peak;
   if (steps_done) {  // exact:K/T: the cost of replaying, next to the segment peak
@@ -671,7 +687,10 @@ int train(TrainArgs& a, CLI::App& cmd) {
   std::printf("  train %-14s %.2f%% (last log interval)\n", measure.c_str(), 100 * (rows.empty() ? 0.0 : rows.back().score));
   if (j.contains("final_episode_return"))
     std::printf("  episode return       %.3f (mean, last log interval)\n", j["final_episode_return"].get<double>());
-  std::printf("  eval %-15s %.2f%% (%ld fresh steps x %ld streams, greedy)\n", measure.c_str(), 100 * *eval, a.eval_steps, c.batch);
+  if (std::isnan(*eval))
+    std::printf("  eval %-15s nothing scored (%ld fresh steps x %ld streams, greedy)\n", measure.c_str(), a.eval_steps, c.batch);
+  else
+    std::printf("  eval %-15s %.2f%% (%ld fresh steps x %ld streams, greedy)\n", measure.c_str(), 100 * *eval, a.eval_steps, c.batch);
   std::printf("  segment peak         %s%s\n", format_bytes(peak).c_str(), full ? " (one growing segment)" : " (fixed per segment)");
   std::printf("  persistent memory    %s (%ld parameters)\n", format_bytes(st.persistent_bytes).c_str(), tr.policy().parameter_count());
   if (j.contains("dist"))
@@ -687,13 +706,14 @@ int eval(const std::string& checkpoint, int64_t steps, uint64_t seed, const std:
   TrainConfig c = Trainer::read_config(checkpoint);
   c.budget_name = "--budget";
   (void)checkpoint_plugin(checkpoint, c.env, "--checkpoint " + checkpoint);
+  check_eval_steps(c, steps, "--steps");
   if (!device.empty()) c.device = device;
   Trainer tr(c);
   tr.load_rank0(checkpoint);  // a data-parallel run's too
   const double s = tr.evaluate(steps, seed);
   const std::string measure = tr.env().spec().measure, settings = env_settings(c);
-  std::printf("%s: %s %.2f%% over %ld fresh steps x %ld streams (env %s, history %s, seed %lu)\n", checkpoint.c_str(),
-              measure.c_str(), 100 * s, steps, c.batch, (c.env + (settings.empty() ? "" : ", " + settings)).c_str(),
+  std::printf("%s: %s over %ld fresh steps x %ld streams (env %s, history %s, seed %lu)\n", checkpoint.c_str(),
+              eval_text(measure, s).c_str(), steps, c.batch, (c.env + (settings.empty() ? "" : ", " + settings)).c_str(),
               c.history.str().c_str(), seed);
   return 0;
 }
@@ -897,7 +917,7 @@ int run_cli(int argc, char** argv) {
   tr->add_option("--embed", ta.c.embed, "Observation embedding size")->capture_default_str();
   tr->add_option("--update-bias", ta.c.update_bias,
                  "Added to the GRU's update-gate bias at init: the cell keeps about sigmoid(b) of its state per step "
-                 "from the start (3: 95 %), which long lags need; 0 = PyTorch's init")->capture_default_str();
+                 "from the start (3: 95 %), which long lags need; 0 = PyTorch's init; |b| <= 20")->capture_default_str();
   tr->add_option("--lr", ta.c.lr, "Adam learning rate")->capture_default_str();
   tr->add_option("--clip", ta.c.clip, "Gradient norm clip (0 = off)")->capture_default_str();
   tr->add_option("--seed", ta.c.seed, "Seed for the model, the env and sampling")->capture_default_str();
@@ -928,7 +948,7 @@ int run_cli(int argc, char** argv) {
   tr->add_option("--lr-schedule", ta.c.lr_schedule, "ppo: linear (Adam's lr from --lr to 0 over --steps) or constant")->capture_default_str();
   tr->add_option("--log-every", ta.log_every, "Steps between metric rows (default: steps/100)");
   tr->add_option("--checkpoint-every", ta.checkpoint_every, "Steps between checkpoints (default: steps/10)");
-  tr->add_option("--eval-steps", ta.eval_steps, "Steps of greedy evaluation at the end (and at each checkpoint with --log-dir)")->capture_default_str();
+  tr->add_option("--eval-steps", ta.eval_steps, "Steps of greedy evaluation at the end (and at each checkpoint with --log-dir); recall: more than --lag")->capture_default_str();
   tr->add_option("--env-shards", ta.c.env_shards,
                  "Make the --batch streams as N envs seeded like the N ranks of mpirun -np N (one process reproduces "
                  "a data-parallel run's streams; docs/distributed.md)")->capture_default_str();

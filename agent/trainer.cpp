@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "segtape/emulation.h"
 #include "segtape/nn/checkpoint.h"
@@ -108,49 +109,60 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
     if (it == m.end()) throw CheckpointError(std::string("checkpoint metadata lacks '") + k + "': not a segtape training checkpoint");
     return it->second;
   };
+  // (checkpoints written before a key existed: its value then)
+  auto get_or = [&](const char* k, const std::string& fallback) {
+    auto it = m.find(k);
+    return it == m.end() ? fallback : it->second;
+  };
+  // A number, all of the value (std::stoll and std::stod alone read "3,5" as 3), named by its key.
+  auto whole = [](const char* k, const std::string& v, auto parse) {
+    size_t used = 0;
+    try {
+      const auto x = parse(v, &used);
+      if (!v.empty() && used == v.size()) return x;
+    } catch (const std::logic_error&) {  // stoll & co.: no number, or out of range
+    }
+    throw CheckpointError(std::string("checkpoint metadata '") + k + "' is '" + v + "', not a number");
+  };
+  auto i64 = [&](const char* k, const std::string& v) { return whole(k, v, [](const std::string& s, size_t* u) { return std::stoll(s, u); }); };
+  auto f64 = [&](const char* k, const std::string& v) { return whole(k, v, [](const std::string& s, size_t* u) { return std::stod(s, u); }); };
   TrainConfig c;
-  try {
-    c.env = get("env");
-    c.history = History::parse(get("history"));
-    c.steps = std::stoll(get("steps"));
-    c.batch = std::stoll(get("batch"));
-    c.hidden = std::stoll(get("hidden"));
-    c.embed = std::stoll(get("embed"));
-    c.lr = std::stod(get("lr"));
-    c.clip = std::stod(get("clip"));
-    c.seed = std::stoull(get("seed"));
-    c.device = get("device");
-    c.budget = std::stoull(get("budget"));
-    c.env_options = {.lag = std::stoll(get("lag")),
-                     .vocab = std::stoll(get("vocab")),
-                     .corridor = std::stoll(get("corridor")),
-                     .turns = std::stoll(get("turns")),
-                     .cities = std::stoll(get("cities")),
-                     .embed_dim = std::stoll(get("embed_dim"))};
-    c.gamma = std::stod(get("gamma"));
-    c.entropy = std::stod(get("entropy"));
-    c.value_coef = std::stod(get("value_coef"));
-    // PPO's keys (checkpoints written before PPO existed are A2C's)
-    const auto get_or = [&](const char* k, const std::string& fallback) {
-      auto it = m.find(k);
-      return it == m.end() ? fallback : it->second;
-    };
-    c.algo = get_or("algo", c.algo);
-    c.rollout = std::stoll(get_or("rollout", std::to_string(c.rollout)));
-    c.epochs = std::stoll(get_or("epochs", std::to_string(c.epochs)));
-    c.minibatches = std::stoll(get_or("minibatches", std::to_string(c.minibatches)));
-    c.clip_range = std::stod(get_or("clip_range", "0.2"));
-    c.gae_lambda = std::stod(get_or("gae_lambda", "0.95"));
-    c.lr_schedule = get_or("lr_schedule", "constant");
-    c.env_shards = std::stoll(get_or("env_shards", "1"));
-    // (checkpoints written before these existed: PyTorch's init, dense recall)
-    c.update_bias = std::stod(get_or("update_bias", "0"));
-    const std::string sparse = get_or("sparse", "0");
-    if (sparse != "0" && sparse != "1") throw CheckpointError("checkpoint metadata 'sparse' is '" + sparse + "', not 0 or 1");
-    c.env_options.sparse = sparse == "1";
-  } catch (const std::logic_error& e) {  // stoll & co.
-    throw CheckpointError(std::string("checkpoint metadata has a malformed number (") + e.what() + ")");
-  }
+  c.env = get("env");
+  c.history = History::parse(get("history"));
+  c.steps = i64("steps", get("steps"));
+  c.batch = i64("batch", get("batch"));
+  c.hidden = i64("hidden", get("hidden"));
+  c.embed = i64("embed", get("embed"));
+  c.lr = f64("lr", get("lr"));
+  c.clip = f64("clip", get("clip"));
+  c.seed = whole("seed", get("seed"), [](const std::string& s, size_t* u) { return std::stoull(s, u); });
+  c.device = get("device");
+  c.budget = whole("budget", get("budget"), [](const std::string& s, size_t* u) { return std::stoull(s, u); });
+  c.env_options = {.lag = i64("lag", get("lag")),
+                   .vocab = i64("vocab", get("vocab")),
+                   .corridor = i64("corridor", get("corridor")),
+                   .turns = i64("turns", get("turns")),
+                   .cities = i64("cities", get("cities")),
+                   .embed_dim = i64("embed_dim", get("embed_dim"))};
+  c.gamma = f64("gamma", get("gamma"));
+  c.entropy = f64("entropy", get("entropy"));
+  c.value_coef = f64("value_coef", get("value_coef"));
+  // PPO's keys (checkpoints written before PPO existed are A2C's)
+  c.algo = get_or("algo", c.algo);
+  c.rollout = i64("rollout", get_or("rollout", std::to_string(c.rollout)));
+  c.epochs = i64("epochs", get_or("epochs", std::to_string(c.epochs)));
+  c.minibatches = i64("minibatches", get_or("minibatches", std::to_string(c.minibatches)));
+  c.clip_range = f64("clip_range", get_or("clip_range", "0.2"));
+  c.gae_lambda = f64("gae_lambda", get_or("gae_lambda", "0.95"));
+  c.lr_schedule = get_or("lr_schedule", "constant");
+  c.env_shards = i64("env_shards", get_or("env_shards", "1"));
+  // (before these existed: PyTorch's init, dense recall)
+  c.update_bias = f64("update_bias", get_or("update_bias", "0"));
+  if (!(std::abs(c.update_bias) <= 20))
+    throw CheckpointError("checkpoint metadata 'update_bias' is '" + m.at("update_bias") + "', not a number in [-20, 20]");
+  const std::string sparse = get_or("sparse", "0");
+  if (sparse != "0" && sparse != "1") throw CheckpointError("checkpoint metadata 'sparse' is '" + sparse + "', not 0 or 1");
+  c.env_options.sparse = sparse == "1";
   return c;
 }
 
@@ -644,13 +656,16 @@ SegmentResult Trainer::exact_window(int64_t n) {
   };
   exact_window_steps_ = n;
   const replay::Report rep = drv->run(step, h_);
-  update();
+  if (!spec.supervised) r.loss_steps = n;
+  // As a tbptt segment: a window without a target takes no step (its
+  // gradients are zero, but Adam would still move by its momentum); under
+  // data parallelism every rank joins the update's all-reduce.
+  if (r.loss_steps > 0 || avg_) update(r.loss_steps > 0);
   copy_into(h_home_, drv->final_state());
   h_ = h_home_;
   step_ += n;
   r.steps = n;
   r.loss_sum = rep.loss;
-  if (!spec.supervised) r.loss_steps = n;
   r.steps_run = rep.steps_run;
   r.segment_peak = rep.segment_peak;
   r.stored_bytes = rep.state_bytes;
@@ -820,7 +835,7 @@ double Trainer::evaluate(int64_t steps, uint64_t seed) {
       copy_into(h0, h_);
       h_ = h0;
     }
-    score = env_->score();
+    score = env_->score_counts().second > 0 ? env_->score() : std::numeric_limits<double>::quiet_NaN();
   } catch (...) {
     restore();
     throw;
@@ -1057,6 +1072,10 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
     same(saved.batch == config_.batch && saved.hidden == config_.hidden && saved.embed == config_.embed,
          "--batch/--hidden/--embed");
     same(saved.env_shards == config_.env_shards, "--env-shards");
+    const EnvOptions &so = saved.env_options, &o = config_.env_options;
+    same(so.lag == o.lag && so.vocab == o.vocab && so.sparse == o.sparse && so.corridor == o.corridor && so.turns == o.turns &&
+             so.cities == o.cities,
+         "--lag/--vocab/--sparse/--corridor/--turns/--cities");
     auto it = metadata.find("dist.ranks");
     const std::string written = it == metadata.end() ? "1" : it->second;
     if (check_ranks && written != std::to_string(ranks()))

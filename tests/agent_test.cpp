@@ -553,12 +553,6 @@ TEST(Learning, RecallBeatsChanceClearly) {
   EXPECT_GT(acc, 0.6) << "chance is 0.25";  // lag 2, vocab 4
 }
 
-// Exact BPTT learns what truncation cannot, in the same segment memory: at
-// lag 8, exact:4/32 (the gradient of 32-step windows, replayed in 4-step
-// segments) reaches >= 99 % where tbptt:4 (the same segments, truncated)
-// stays at chance. Scaled down from the lag 32/64 with K = 32 so
-// that CI can afford it (about 2 s per run in Release); docs/agent.md's lag
-// table has the default configuration at lags up to 128.
 // A run trained to its end: greedy eval accuracy (`eval_steps` fresh steps,
 // seed 99) and the largest segment high-water of the run. exact:K reports
 // its replays' high-water in each SegmentResult; the other histories' one
@@ -577,6 +571,12 @@ Trained train_to_end(const TrainConfig& c, int64_t eval_steps) {
   return {tr.evaluate(eval_steps, 99), peak};
 }
 
+// Exact BPTT learns what truncation cannot, in the same segment memory: at
+// lag 8, exact:4/32 (the gradient of 32-step windows, replayed in 4-step
+// segments) reaches >= 99 % where tbptt:4 (the same segments, truncated)
+// stays at chance. Scaled down from the lag 32/64 with K = 32 so
+// that CI can afford it (about 2 s per run in Release); docs/agent.md's lag
+// table has the default configuration at lags up to 128.
 TEST(Learning, ExactLearnsALagTruncationCannotAtTheSameSegmentPeak) {
   auto config = [](const char* history) {
     TrainConfig c = small("recall", history, 40000);
@@ -630,6 +630,74 @@ TEST(Config, UpdateBiasAndSparseRoundTripAndDefaultWhenAbsent) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("has no GRU"), std::string::npos) << e.what();
   }
+}
+
+// An exact:K/T window without a target takes no step, as a tbptt segment
+// without one: its gradients are zero, but Adam would still move the
+// parameters by its momentum once a step has given it one. Sparse recall at
+// lag 32 asks its questions at steps 32, 64, ...; windows of 16 steps.
+TEST(Exact, AWindowWithoutATargetTakesNoStep) {
+  TrainConfig c = small("recall", "exact:4/16", 64);
+  c.env_options.lag = 32;
+  c.env_options.sparse = true;
+  Trainer tr(c);
+  const std::vector<float> init = params_of(tr);
+  for (int w = 0; w < 2; ++w) EXPECT_EQ(tr.run_segment().loss_steps, 0) << "window " << w;
+  EXPECT_EQ(params_of(tr), init);
+  EXPECT_EQ(tr.run_segment().loss_steps, 1);  // steps 32..47: the question at step 32
+  const std::vector<float> stepped = params_of(tr);
+  EXPECT_NE(stepped, init);
+  EXPECT_EQ(tr.run_segment().loss_steps, 0);  // steps 48..63
+  EXPECT_EQ(params_of(tr), stepped) << "a window that asked nothing moved the parameters (Adam's momentum)";
+}
+
+// An evaluation that scores nothing says so (NaN), rather than a 0 that
+// reads as every answer wrong: recall asks its first question at step --lag.
+TEST(Evaluate, NothingScoredIsNaNNotZero) {
+  TrainConfig c = small("recall", "tbptt:4", 8);
+  c.env_options.lag = 8;
+  Trainer tr(c);
+  EXPECT_TRUE(std::isnan(tr.evaluate(8, 99)));
+  const double nine = tr.evaluate(9, 99);
+  EXPECT_TRUE(nine >= 0 && nine <= 1) << nine;
+}
+
+// Checkpoint metadata is read in full and named by key: a value with
+// trailing characters, or out of its range, is not taken for a number.
+TEST(Config, MalformedMetadataNumbersAreRefusedByKey) {
+  const auto m = small("recall", "tbptt:4", 8).to_metadata();
+  struct Bad {
+    const char* key;
+    const char* value;
+  } cases[] = {{"update_bias", "3,5"}, {"update_bias", "nan"}, {"update_bias", "50"}, {"batch", "12abc"},
+               {"lag", ""},           {"lr", "0.01x"},       {"seed", "1e"}};
+  for (const Bad& b : cases) {
+    auto damaged = m;
+    damaged[b.key] = b.value;
+    try {
+      (void)TrainConfig::from_metadata(damaged);
+      ADD_FAILURE() << b.key << " = '" << b.value << "' was taken";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + b.key + "'"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A checkpoint of another recall (here sparse against dense) is refused by
+// name, not by the shape of an embedding that differs by the blank token.
+TEST(Config, ACheckpointOfAnotherEnvSettingIsRefusedByName) {
+  const fs::path f = fs::temp_directory_path() / ("segtape_envopts_" + std::to_string(::getpid()) + ".safetensors");
+  TrainConfig sparse = small("recall", "tbptt:4", 8);
+  sparse.env_options.sparse = true;
+  Trainer(sparse).save(f);
+  Trainer dense(small("recall", "tbptt:4", 8));
+  try {
+    dense.load(f);
+    ADD_FAILURE() << "a sparse run's checkpoint was loaded into a dense one";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("--sparse"), std::string::npos) << e.what();
+  }
+  fs::remove(f);
 }
 
 // The learning target on sparse recall (docs/agent.md): one token to
@@ -872,6 +940,8 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
       {"train --resume " + d + " --sparse", "--sparse cannot change on --resume"},
       {"train --update-bias nan --out " + d + "x", "--update-bias must be"},
       {"train --history window:3 --update-bias 1 --out " + d + "x", "has no GRU"},
+      {"train --lag 64 --eval-steps 64 --out " + d + "x", "--eval-steps 64: recall with --lag 64 asks its first question at step 64"},
+      {"eval --checkpoint " + d + "/checkpoint.safetensors --steps 8", "--steps 8: recall with --lag 8"},
       {"train --algo ppo --history full --out " + d + "x", "--history full is not built for it"},
       {"train --algo ppo --minibatches 5 --out " + d + "x", "--minibatches 5: must divide --batch 32"},
       {"train --resume " + d + "-missing", "no checkpoint.safetensors"},

@@ -602,7 +602,7 @@ Exit run(const std::string& args) {
 TEST(Catalog, ProgramArgumentsAndPaths) {
   Scratch dir("cli");
   const std::string good = (dir / "good").string();
-  const Exit made = run("train --steps 64 --batch 2 --hidden 8 --log-every 32 --eval-steps 8 --out " + good);
+  const Exit made = run("train --steps 64 --batch 2 --hidden 8 --log-every 32 --eval-steps 16 --out " + good);
   ASSERT_TRUE(made.exited && made.code == 0) << made.err;
   const fs::path ck = dir / "good" / "checkpoint.safetensors";
   const std::string ck_bytes = slurp(ck), csv_bytes = slurp(dir / "good" / "metrics.csv");
@@ -831,7 +831,7 @@ TEST(Catalog, FormerGaps) {
     EXPECT_NO_THROW(s.backward(add(sum(y), sum(z))));
   }
   Scratch dir("gaps");
-  const Exit r = run("train --history full --steps 64 --batch 2 --hidden 8 --eval-steps 8 --out " + (dir / "full").string());
+  const Exit r = run("train --history full --steps 64 --batch 2 --hidden 8 --eval-steps 16 --out " + (dir / "full").string());
   EXPECT_TRUE(r.exited && r.code == 0) << r.err;
 }
 

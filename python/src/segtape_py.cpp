@@ -906,7 +906,9 @@ NB_MODULE(_segtape, m) {
       .def_prop_ro("step", &agent::Trainer::step)
       .def("score", [](agent::Trainer& t) { return t.env().score(); })
       .def("reset_score", [](agent::Trainer& t) { t.env().reset_score(); })
-      .def("evaluate", &agent::Trainer::evaluate, "steps"_a, "seed"_a)
+      .def("evaluate", &agent::Trainer::evaluate, "steps"_a, "seed"_a,
+           "Greedy evaluation over `steps` fresh steps of a new env seeded `seed`: its score, or NaN where nothing was scored "
+           "(recall asks its first question at step lag).")
       .def("save", [](const agent::Trainer& t, const std::string& path) { t.save(path); })
       .def_prop_ro("parameter_count", [](agent::Trainer& t) { return t.policy().parameter_count(); });
 

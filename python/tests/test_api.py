@@ -206,14 +206,30 @@ def test_agent_sparse_recall_and_update_bias():
     sparse = A.make_env("recall", batch=2, seed=1, lag=4, vocab=3, sparse=True)
     assert (dense.vocab, sparse.vocab) == (3, 4)
     assert (dense.num_actions, sparse.num_actions) == (3, 3)
-    c = A.TrainConfig()
-    assert (c.update_bias, c.lag, c.vocab, c.sparse) == (0.0, 8, 4, False)
-    c.update_bias, c.lag, c.sparse = 3.0, 4, True
+    assert (A.TrainConfig().update_bias, A.TrainConfig().lag, A.TrainConfig().vocab, A.TrainConfig().sparse) == (0.0, 8, 4, False)
+
+    def config(bias):
+        c = A.TrainConfig()
+        c.env, c.history, c.steps, c.batch, c.hidden, c.embed = "recall", "tbptt:4", 8, 2, 8, 4
+        c.update_bias, c.lag, c.sparse = bias, 4, True
+        return c
+
+    c = config(3.0)
+    assert (c.update_bias, c.lag, c.vocab, c.sparse) == (3.0, 4, 4, True)
     c.validate()
-    c.env, c.history, c.steps, c.batch, c.hidden, c.embed = "recall", "tbptt:4", 8, 2, 8, 4
     t = A.Trainer(c)
+    biased, plain = t.parameters(), A.Trainer(config(0.0)).parameters()
+    assert sorted(p.shape for p in plain if p.ndim == 2)[0] == (5, 4)  # the embedding: vocab 4 + the blank, embed 4
+    # the update bias changes one tensor, gru.bias_hh [3H], in its z block [H:2H] only, by the bias
+    changed = [i for i, (a, b) in enumerate(zip(biased, plain)) if not np.array_equal(a, b)]
+    assert len(changed) == 1
+    d, H = biased[changed[0]] - plain[changed[0]], 8
+    assert d.shape == (3 * H,)
+    assert np.allclose(d[H:2 * H], 3.0, atol=1e-6) and not d[:H].any() and not d[2 * H:].any()
     while not t.done():
         t.run_segment()
+    assert np.isnan(t.evaluate(4, 1))  # sparse recall at lag 4 asks its first question at step 4
+    assert 0 <= t.evaluate(8, 1) <= 1
     c.update_bias = float("nan")
     with pytest.raises(Exception, match="--update-bias"):
         c.validate()

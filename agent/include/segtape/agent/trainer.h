@@ -136,7 +136,10 @@ class Trainer {
   double lr() const;
   int64_t step() const { return step_; }
 
-  // Greedy evaluation over `steps` fresh steps of a new env seeded `seed` (no gradients).
+  // Greedy evaluation over `steps` fresh steps of a new env seeded `seed` (no
+  // gradients): the env's score over them, or NaN where they scored nothing
+  // (no target asked, no episode finished: recall asks its first question at
+  // step --lag), not a 0 that reads as a wrong answer.
   double evaluate(int64_t steps, uint64_t seed);
 
   // Everything to continue bit-identically: parameters, optimizer moments,
