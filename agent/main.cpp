@@ -444,18 +444,24 @@ int train(TrainArgs& a, CLI::App& cmd) {
     if (cmd.count("--steps")) c.steps = a.c.steps;
     if (cmd.count("--device")) c.device = a.c.device;  // a run may move between the CPU and a GPU
   }
+  // recall asks its first question at step --lag: without --eval-steps the
+  // evaluation runs at least 2 x --lag steps, half of them with questions.
+  if (!cmd.count("--eval-steps") && c.env == "recall") a.eval_steps = std::max(a.eval_steps, 2 * c.env_options.lag);
+  const auto check = [&] {
+    c.validate();
+    check_eval_steps(c, a.eval_steps, "--eval-steps");
+  };
   if (comm) {
     // An invalid configuration is every rank's error alike.
     std::string invalid;
     try {
-      c.validate();
+      check();
     } catch (const std::exception& e) {
       invalid = e.what();
     }
     dist::raise_if_any(*comm, invalid);
   }
-  c.validate();
-  check_eval_steps(c, a.eval_steps, "--eval-steps");
+  check();
   // PPO on a supervised env: the reward (1 for the target class) depends on
   // the step's action alone, so future rewards are noise in its return.
   if (!resume && !cmd.count("--gamma") && c.algo == "ppo" && make_env(c.env, 1, 0, c.env_options)->spec().supervised) c.gamma = 0;
@@ -701,11 +707,13 @@ int train(TrainArgs& a, CLI::App& cmd) {
   return 0;
 }
 
-int eval(const std::string& checkpoint, int64_t steps, uint64_t seed, const std::string& device) {
+// steps_given: --steps was on the command line (else recall evaluates at least 2 x --lag steps).
+int eval(const std::string& checkpoint, int64_t steps, bool steps_given, uint64_t seed, const std::string& device) {
   if (steps < 1) throw Error("--steps " + std::to_string(steps) + ": must be >= 1 (steps of greedy evaluation)");
   TrainConfig c = Trainer::read_config(checkpoint);
   c.budget_name = "--budget";
   (void)checkpoint_plugin(checkpoint, c.env, "--checkpoint " + checkpoint);
+  if (!steps_given && c.env == "recall") steps = std::max(steps, 2 * c.env_options.lag);
   check_eval_steps(c, steps, "--steps");
   if (!device.empty()) c.device = device;
   Trainer tr(c);
@@ -948,7 +956,7 @@ int run_cli(int argc, char** argv) {
   tr->add_option("--lr-schedule", ta.c.lr_schedule, "ppo: linear (Adam's lr from --lr to 0 over --steps) or constant")->capture_default_str();
   tr->add_option("--log-every", ta.log_every, "Steps between metric rows (default: steps/100)");
   tr->add_option("--checkpoint-every", ta.checkpoint_every, "Steps between checkpoints (default: steps/10)");
-  tr->add_option("--eval-steps", ta.eval_steps, "Steps of greedy evaluation at the end (and at each checkpoint with --log-dir); recall: more than --lag")->capture_default_str();
+  tr->add_option("--eval-steps", ta.eval_steps, "Steps of greedy evaluation at the end (and at each checkpoint with --log-dir); recall: more than --lag (default: at least 2 x --lag)")->capture_default_str();
   tr->add_option("--env-shards", ta.c.env_shards,
                  "Make the --batch streams as N envs seeded like the N ranks of mpirun -np N (one process reproduces "
                  "a data-parallel run's streams; docs/distributed.md)")->capture_default_str();
@@ -964,7 +972,7 @@ int run_cli(int argc, char** argv) {
   uint64_t eval_seed = 12345;
   CLI::App* ev = app.add_subcommand("eval", "Evaluate a checkpoint on fresh seeded episodes");
   ev->add_option("--checkpoint", ck, "checkpoint.safetensors written by train")->required();
-  ev->add_option("--steps", eval_steps, "Steps to evaluate")->capture_default_str();
+  ev->add_option("--steps", eval_steps, "Steps to evaluate (recall: more than its --lag; default: at least 2 x --lag)")->capture_default_str();
   ev->add_option("--seed", eval_seed, "Seed of the fresh episodes")->capture_default_str();
   std::string eval_device;
   ev->add_option("--device", eval_device, "cpu or cuda (default: the device the checkpoint was trained on)");
@@ -1028,7 +1036,7 @@ int run_cli(int argc, char** argv) {
   }
   try {
     if (*tr) return train(ta, *tr);
-    if (*ev) return eval(ck, eval_steps, eval_seed, eval_device);
+    if (*ev) return eval(ck, eval_steps, ev->count("--steps") > 0, eval_seed, eval_device);
     if (*rl) return retention_lab(ra);
   } catch (const std::exception& e) {
     if (g_comm) return rank_error(e);

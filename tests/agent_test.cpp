@@ -980,6 +980,23 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
   fs::remove_all(dir);
 }
 
+// recall asks its first question at step --lag: without --eval-steps (or
+// eval's --steps) the evaluation runs at least twice the lag, so it scores
+// something; with a count of no more than the lag it is refused (above).
+TEST(Cli, RecallEvaluatesAtLeastTwiceTheLagByDefault) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_evallag_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string d = dir.string();
+  CmdResult r = sh("train --lag 600 --steps 64 --batch 2 --hidden 8 --log-every 32 --out " + d);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("(1200 fresh steps x 2 streams"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("nothing scored"), std::string::npos) << r.out;
+  CmdResult ev = sh("eval --checkpoint " + d + "/checkpoint.safetensors");
+  EXPECT_EQ(ev.code, 0) << ev.out;
+  EXPECT_NE(ev.out.find("over 1200 fresh steps"), std::string::npos) << ev.out;
+  fs::remove_all(dir);
+}
+
 // Ctrl-C mid-interval: the run finishes its segment, writes its checkpoint,
 // metrics and plot, and says how to resume; the resumed run ends with a
 // checkpoint byte-identical to an uninterrupted run's. metrics.csv rows are
