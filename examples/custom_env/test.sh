@@ -26,7 +26,10 @@ awk -v a="$acc" 'BEGIN { exit !(a > 50) }' || fail "train_count: eval accuracy '
 
 # 2. The plug-in, from the installed program: --env knows its env, the run
 #    writes its files and records the plug-in.
-"$segtape" train --env-plugin "$plugin" --help | grep -q "count-ones" || fail "train --help does not list the plug-in's env"
+# (the output is captured first: `| grep -q` ends the pipe at its first match,
+# and with pipefail a help text longer than one stdio buffer then fails by SIGPIPE)
+help=$("$segtape" train --env-plugin "$plugin" --help)
+grep -q "count-ones" <<<"$help" || fail "train --help does not list the plug-in's env"
 run() { "$segtape" train --log-every 32 --checkpoint-every 64 "$@" >/dev/null; }
 run --env-plugin "$plugin" --env count-ones --steps 192 --out "$work/run"
 for f in metrics.csv metrics.json checkpoint.safetensors plot.svg; do
@@ -40,8 +43,8 @@ run --resume "$work/run" --steps 384
 run --env-plugin "$plugin" --env count-ones --steps 384 --out "$work/straight"
 cmp -s "$work/run/checkpoint.safetensors" "$work/straight/checkpoint.safetensors" ||
   fail "a resumed plug-in run differs from one that never stopped"
-"$segtape" eval --checkpoint "$work/run/checkpoint.safetensors" --steps 100 | grep -q "env count-ones" ||
-  fail "eval of a plug-in checkpoint"
+evaluated=$("$segtape" eval --checkpoint "$work/run/checkpoint.safetensors" --steps 100)
+grep -q "env count-ones" <<<"$evaluated" || fail "eval of a plug-in checkpoint"
 
 # 4. Errors: one line naming the flag and the file, exit status 2.
 refused() {  # [--parser] expected message fragment, then the arguments
