@@ -241,20 +241,24 @@ std::string env_settings(const TrainConfig& c) {
   return s;
 }
 
-// recall asks its first question at step --lag, dense and sparse alike: an
-// evaluation of no more steps would score nothing. Refused before any work.
-void check_eval_steps(const TrainConfig& c, int64_t steps, const char* flag) {
-  if (c.env == "recall" && steps <= c.env_options.lag)
+// The steps an evaluation runs (`flag`: --eval-steps or eval's --steps; `given`:
+// it was on the command line). recall asks its first question at step --lag,
+// dense and sparse alike: without the flag it runs at least 2 x --lag steps,
+// and a count of no more than --lag, which would score nothing, is refused
+// before any work.
+int64_t eval_steps_for(const TrainConfig& c, int64_t steps, bool given, const char* flag) {
+  if (c.env != "recall") return steps;
+  const int64_t lag = c.env_options.lag;
+  if (!given) steps = std::max(steps, 2 * lag);
+  if (steps <= lag)
     throw Error(fmt::format("{} {}: recall with --lag {} asks its first question at step {}, so {} steps would score nothing; "
                             "evaluate more than {} steps",
-                            flag, steps, c.env_options.lag, c.env_options.lag, steps, c.env_options.lag));
+                            flag, steps, lag, lag, steps, lag));
+  return steps;
 }
 
-// "accuracy 87.50%", or, where the evaluation scored nothing (Trainer::evaluate's NaN), why.
-std::string eval_text(const std::string& measure, double score) {
-  if (std::isnan(score)) return measure + ": nothing scored (no target asked, no episode finished)";
-  return fmt::format("{} {:.2f}%", measure, 100 * score);
-}
+// An evaluation's score as printed: "87.50%", or "nothing scored" for Trainer::evaluate's NaN.
+std::string score_text(double score) { return std::isnan(score) ? "nothing scored" : fmt::format("{:.2f}%", 100 * score); }
 
 std::string registered_envs() {
   std::string s;
@@ -444,12 +448,9 @@ int train(TrainArgs& a, CLI::App& cmd) {
     if (cmd.count("--steps")) c.steps = a.c.steps;
     if (cmd.count("--device")) c.device = a.c.device;  // a run may move between the CPU and a GPU
   }
-  // recall asks its first question at step --lag: without --eval-steps the
-  // evaluation runs at least 2 x --lag steps, half of them with questions.
-  if (!cmd.count("--eval-steps") && c.env == "recall") a.eval_steps = std::max(a.eval_steps, 2 * c.env_options.lag);
   const auto check = [&] {
     c.validate();
-    check_eval_steps(c, a.eval_steps, "--eval-steps");
+    a.eval_steps = eval_steps_for(c, a.eval_steps, cmd.count("--eval-steps") > 0, "--eval-steps");
   };
   if (comm) {
     // An invalid configuration is every rank's error alike.
@@ -693,10 +694,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
   std::printf("  train %-14s %.2f%% (last log interval)\n", measure.c_str(), 100 * (rows.empty() ? 0.0 : rows.back().score));
   if (j.contains("final_episode_return"))
     std::printf("  episode return       %.3f (mean, last log interval)\n", j["final_episode_return"].get<double>());
-  if (std::isnan(*eval))
-    std::printf("  eval %-15s nothing scored (%ld fresh steps x %ld streams, greedy)\n", measure.c_str(), a.eval_steps, c.batch);
-  else
-    std::printf("  eval %-15s %.2f%% (%ld fresh steps x %ld streams, greedy)\n", measure.c_str(), 100 * *eval, a.eval_steps, c.batch);
+  std::printf("  eval %-15s %s (%ld fresh steps x %ld streams, greedy)\n", measure.c_str(), score_text(*eval).c_str(), a.eval_steps,
+              c.batch);
   std::printf("  segment peak         %s%s\n", format_bytes(peak).c_str(), full ? " (one growing segment)" : " (fixed per segment)");
   std::printf("  persistent memory    %s (%ld parameters)\n", format_bytes(st.persistent_bytes).c_str(), tr.policy().parameter_count());
   if (j.contains("dist"))
@@ -713,15 +712,14 @@ int eval(const std::string& checkpoint, int64_t steps, bool steps_given, uint64_
   TrainConfig c = Trainer::read_config(checkpoint);
   c.budget_name = "--budget";
   (void)checkpoint_plugin(checkpoint, c.env, "--checkpoint " + checkpoint);
-  if (!steps_given && c.env == "recall") steps = std::max(steps, 2 * c.env_options.lag);
-  check_eval_steps(c, steps, "--steps");
+  steps = eval_steps_for(c, steps, steps_given, "--steps");
   if (!device.empty()) c.device = device;
   Trainer tr(c);
   tr.load_rank0(checkpoint);  // a data-parallel run's too
   const double s = tr.evaluate(steps, seed);
   const std::string measure = tr.env().spec().measure, settings = env_settings(c);
-  std::printf("%s: %s over %ld fresh steps x %ld streams (env %s, history %s, seed %lu)\n", checkpoint.c_str(),
-              eval_text(measure, s).c_str(), steps, c.batch, (c.env + (settings.empty() ? "" : ", " + settings)).c_str(),
+  std::printf("%s: %s %s over %ld fresh steps x %ld streams (env %s, history %s, seed %lu)\n", checkpoint.c_str(),
+              measure.c_str(), score_text(s).c_str(), steps, c.batch, (c.env + (settings.empty() ? "" : ", " + settings)).c_str(),
               c.history.str().c_str(), seed);
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "segtape/emulation.h"
 #include "segtape/nn/checkpoint.h"
@@ -104,18 +105,16 @@ std::map<std::string, std::string> TrainConfig::to_metadata() const {
 }
 
 TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>& m) {
-  auto get = [&](const char* k) {
+  // Key k's value; `before`: what a checkpoint written before k existed means (none: k is required).
+  auto get = [&](const char* k, std::optional<std::string> before = std::nullopt) {
     auto it = m.find(k);
-    if (it == m.end()) throw CheckpointError(std::string("checkpoint metadata lacks '") + k + "': not a segtape training checkpoint");
-    return it->second;
-  };
-  // (checkpoints written before a key existed: its value then)
-  auto get_or = [&](const char* k, const std::string& fallback) {
-    auto it = m.find(k);
-    return it == m.end() ? fallback : it->second;
+    if (it != m.end()) return it->second;
+    if (before) return *before;
+    throw CheckpointError(std::string("checkpoint metadata lacks '") + k + "': not a segtape training checkpoint");
   };
   // A number, all of the value (std::stoll and std::stod alone read "3,5" as 3), named by its key.
-  auto whole = [](const char* k, const std::string& v, auto parse) {
+  auto whole = [&](const char* k, std::optional<std::string> before, auto parse) {
+    const std::string v = get(k, std::move(before));
     size_t used = 0;
     try {
       const auto x = parse(v, &used);
@@ -124,43 +123,48 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
     }
     throw CheckpointError(std::string("checkpoint metadata '") + k + "' is '" + v + "', not a number");
   };
-  auto i64 = [&](const char* k, const std::string& v) { return whole(k, v, [](const std::string& s, size_t* u) { return std::stoll(s, u); }); };
-  auto f64 = [&](const char* k, const std::string& v) { return whole(k, v, [](const std::string& s, size_t* u) { return std::stod(s, u); }); };
+  auto i64 = [&](const char* k, std::optional<std::string> before = std::nullopt) {
+    return whole(k, std::move(before), [](const std::string& v, size_t* used) { return std::stoll(v, used); });
+  };
+  auto u64 = [&](const char* k) { return whole(k, std::nullopt, [](const std::string& v, size_t* used) { return std::stoull(v, used); }); };
+  auto f64 = [&](const char* k, std::optional<std::string> before = std::nullopt) {
+    return whole(k, std::move(before), [](const std::string& v, size_t* used) { return std::stod(v, used); });
+  };
   TrainConfig c;
   c.env = get("env");
   c.history = History::parse(get("history"));
-  c.steps = i64("steps", get("steps"));
-  c.batch = i64("batch", get("batch"));
-  c.hidden = i64("hidden", get("hidden"));
-  c.embed = i64("embed", get("embed"));
-  c.lr = f64("lr", get("lr"));
-  c.clip = f64("clip", get("clip"));
-  c.seed = whole("seed", get("seed"), [](const std::string& s, size_t* u) { return std::stoull(s, u); });
+  c.steps = i64("steps");
+  c.batch = i64("batch");
+  c.hidden = i64("hidden");
+  c.embed = i64("embed");
+  c.lr = f64("lr");
+  c.clip = f64("clip");
+  c.seed = u64("seed");
   c.device = get("device");
-  c.budget = whole("budget", get("budget"), [](const std::string& s, size_t* u) { return std::stoull(s, u); });
-  c.env_options = {.lag = i64("lag", get("lag")),
-                   .vocab = i64("vocab", get("vocab")),
-                   .corridor = i64("corridor", get("corridor")),
-                   .turns = i64("turns", get("turns")),
-                   .cities = i64("cities", get("cities")),
-                   .embed_dim = i64("embed_dim", get("embed_dim"))};
-  c.gamma = f64("gamma", get("gamma"));
-  c.entropy = f64("entropy", get("entropy"));
-  c.value_coef = f64("value_coef", get("value_coef"));
+  c.budget = u64("budget");
+  c.env_options = {.lag = i64("lag"),
+                   .vocab = i64("vocab"),
+                   .corridor = i64("corridor"),
+                   .turns = i64("turns"),
+                   .cities = i64("cities"),
+                   .embed_dim = i64("embed_dim")};
+  c.gamma = f64("gamma");
+  c.entropy = f64("entropy");
+  c.value_coef = f64("value_coef");
   // PPO's keys (checkpoints written before PPO existed are A2C's)
-  c.algo = get_or("algo", c.algo);
-  c.rollout = i64("rollout", get_or("rollout", std::to_string(c.rollout)));
-  c.epochs = i64("epochs", get_or("epochs", std::to_string(c.epochs)));
-  c.minibatches = i64("minibatches", get_or("minibatches", std::to_string(c.minibatches)));
-  c.clip_range = f64("clip_range", get_or("clip_range", "0.2"));
-  c.gae_lambda = f64("gae_lambda", get_or("gae_lambda", "0.95"));
-  c.lr_schedule = get_or("lr_schedule", "constant");
-  c.env_shards = i64("env_shards", get_or("env_shards", "1"));
+  c.algo = get("algo", c.algo);
+  c.rollout = i64("rollout", std::to_string(c.rollout));
+  c.epochs = i64("epochs", std::to_string(c.epochs));
+  c.minibatches = i64("minibatches", std::to_string(c.minibatches));
+  c.clip_range = f64("clip_range", "0.2");
+  c.gae_lambda = f64("gae_lambda", "0.95");
+  c.lr_schedule = get("lr_schedule", "constant");
+  c.env_shards = i64("env_shards", "1");
   // (before these existed: PyTorch's init, dense recall)
-  c.update_bias = f64("update_bias", get_or("update_bias", "0"));
+  c.update_bias = f64("update_bias", "0");
   if (!(std::abs(c.update_bias) <= 20))
-    throw CheckpointError("checkpoint metadata 'update_bias' is '" + m.at("update_bias") + "', not a number in [-20, 20]");
-  const std::string sparse = get_or("sparse", "0");
+    throw CheckpointError("checkpoint metadata 'update_bias' is '" + get("update_bias") + "', not a number in [-20, 20]");
+  const std::string sparse = get("sparse", "0");
   if (sparse != "0" && sparse != "1") throw CheckpointError("checkpoint metadata 'sparse' is '" + sparse + "', not 0 or 1");
   c.env_options.sparse = sparse == "1";
   return c;
