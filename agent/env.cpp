@@ -94,6 +94,7 @@ class TMaze final : public Env {
  public:
   TMaze(int64_t B, uint64_t seed, const EnvOptions& o) : Env(B, seed), N_(o.corridor) {
     if (N_ < 1) throw Error("tmaze: corridor length must be >= 1");
+    if (o.sparse) throw Error("tmaze: sparse is recall's option (a token every lag steps); tmaze has no sparse form");
     spec_ = {"tmaze", 4, 0, 2, false, "success"};
     s_.assign(size_t(B * 2), 0);  // per stream: cue, position
     for (int64_t b = 0; b < B; ++b) s_[size_t(2 * b)] = draw(2);
@@ -149,6 +150,7 @@ class Dialogue final : public Env {
   Dialogue(int64_t B, uint64_t seed, const EnvOptions& o)
       : Env(B, seed), T_(o.turns), C_(o.cities), D_(o.embed_dim) {
     if (T_ < 2 || C_ < 1 || D_ < 1) throw Error("dialogue: needs turns >= 2, cities >= 1, embed_dim >= 1");
+    if (o.sparse) throw Error("dialogue: sparse is recall's option (a token every lag steps); dialogue has no sparse form");
     spec_ = {"dialogue", 0, D_, 1 + kRequests * C_, true, "accuracy"};
     // The frozen message table: fixed, independent of the env's seed.
     nn::Rng table_rng(0x5e97a9e);

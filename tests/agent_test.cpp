@@ -196,6 +196,18 @@ TEST(Env, SparseRecallShowsATokenEveryLagStepsAndAsksForItThere) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("sparse needs lag >= 1"), std::string::npos) << e.what();
   }
+  // The envs without a sparse form refuse it by name instead of ignoring it
+  // (the CLI refused it already; make_env from C++ or Python did not).
+  o.lag = 4;
+  for (const char* other : {"tmaze", "dialogue"}) {
+    try {
+      make_env(other, 2, 1, o);
+      ADD_FAILURE() << other << " was made with sparse set";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(other) + ": sparse is recall's option"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(Env, TMazeRewardsTheCuedArmAtTheJunction) {

@@ -206,6 +206,9 @@ def test_agent_sparse_recall_and_update_bias():
     sparse = A.make_env("recall", batch=2, seed=1, lag=4, vocab=3, sparse=True)
     assert (dense.vocab, sparse.vocab) == (3, 4)
     assert (dense.num_actions, sparse.num_actions) == (3, 3)
+    for other in ("tmaze", "dialogue"):  # no sparse form: refused, not ignored
+        with pytest.raises(Exception, match=other + ": sparse is recall's option"):
+            A.make_env(other, batch=2, seed=1, sparse=True)
     assert (A.TrainConfig().update_bias, A.TrainConfig().lag, A.TrainConfig().vocab, A.TrainConfig().sparse) == (0.0, 8, 4, False)
 
     def config(bias):
