@@ -4,18 +4,21 @@
 # after, before; ...) and prints a markdown table of µs per step (median and
 # min–max over the rounds) with after / before.
 #
-#   bash docs/figures/before-after.sh BASE [--rounds 7] [--segments 300]
+#   bash docs/figures/before-after.sh BASE [--rounds 7] [--segments 300] [--sizes 1x128,1x128:infer,32x128,32x128:infer]
+#
+# --sizes: B x H, ":infer" for the inference step (default: the four above).
 #
 # Both builds: Release, -march=native (SEGTAPE_NATIVE), no CUDA, no LibTorch,
 # no tests; the base in a git worktree under /tmp. One thread.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-base="${1:?usage: before-after.sh BASE [--rounds N] [--segments N]}"; shift
-rounds=7 segments=300
+base="${1:?usage: before-after.sh BASE [--rounds N] [--segments N] [--sizes BxH[:infer],...]}"; shift
+rounds=7 segments=300 sizes=1x128,1x128:infer,32x128,32x128:infer
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rounds) rounds="$2"; shift 2 ;;
     --segments) segments="$2"; shift 2 ;;
+    --sizes) sizes="$2"; shift 2 ;;
     *) echo "before-after.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -30,7 +33,12 @@ for dir in "$wt" "$PWD"; do
   [[ -f "$dir/build-ba/CMakeCache.txt" ]] || cmake -S "$dir" -B "$dir/build-ba" "${flags[@]}" >/dev/null
   cmake --build "$dir/build-ba" -j2 --target loop_bench >/dev/null
 done
-cases=("1 128 0" "1 128 1" "32 128 0" "32 128 1")
+cases=()
+IFS=, read -r -a list <<<"$sizes"
+for s in "${list[@]}"; do
+  [[ $s =~ ^([0-9]+)x([0-9]+)(:infer)?$ ]] || { echo "before-after.sh: --sizes wants BxH or BxH:infer, got '$s'" >&2; exit 2; }
+  cases+=("${BASH_REMATCH[1]} ${BASH_REMATCH[2]} $([[ -n ${BASH_REMATCH[3]} ]] && echo 1 || echo 0)")
+done
 out=$(mktemp)
 for ((r = 1; r <= rounds; r++)); do
   for c in "${cases[@]}"; do
@@ -48,16 +56,17 @@ done
 dirty=$(git diff --quiet HEAD -- engine nn CMakeLists.txt && echo "" || echo " + uncommitted changes")
 # OpenBLAS's kernel set as it chose it (OPENBLAS_CORETYPE, when set, chooses it).
 core=$(OPENBLAS_VERBOSE=2 "$PWD/build-ba/bench/loop_bench" --segments 1 2>&1 | sed -n 's/^Core: //p' | head -1)
-python3 - "$out" "$rev" "$(git rev-parse --short HEAD)$dirty" "$rounds" "$segments" "$core" <<'PY'
+python3 - "$out" "$rev" "$(git rev-parse --short HEAD)$dirty" "$rounds" "$segments" "$core" "$sizes" <<'PY'
 import os, statistics, sys
-path, before, after, rounds, segments, core = sys.argv[1:7]
+path, before, after, rounds, segments, core, sizes = sys.argv[1:8]
 forced = os.environ.get('OPENBLAS_CORETYPE')
 env = f"OPENBLAS_CORETYPE={forced} " if forced else ""
 rows = {}
 for line in open(path):
     B, H, infer, side, us = line.split()
     rows.setdefault((B, H, infer), {}).setdefault(side, []).append(float(us))
-print(f"`{env}bash docs/figures/before-after.sh {before} --rounds {rounds} --segments {segments}`: {before} against {after}, "
+given = "" if sizes == "1x128,1x128:infer,32x128,32x128:infer" else f" --sizes {sizes}"
+print(f"`{env}bash docs/figures/before-after.sh {before} --rounds {rounds} --segments {segments}{given}`: {before} against {after}, "
       f"{rounds} interleaved rounds, one thread, OpenBLAS kernels {core}, µs per step (median, min–max over the rounds; each round one run of "
       f"{segments} segments of 32 steps after 10 warm-up segments).\n")
 print("| B, H | step | before | after | after / before | round by round: median (min–max) |")
