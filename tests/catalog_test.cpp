@@ -144,6 +144,8 @@ TEST(Catalog, OpsRejectMismatchedShapesDtypesAndIndices) {
   const Tensor a = tape.parameter({2, 3}), b = tape.parameter({4, 5}), v = tape.parameter({3});
   const Tensor d = tape.parameter({2, 3}, DType::F64), w = tape.parameter({4, 3});
   const Tensor w_ih = tape.parameter({12, 3}), w_hh = tape.parameter({12, 4}), bias = tape.parameter({12});
+  Tape other;
+  const Tensor foreign_idx = other.persistent({2}, DType::I64);  // indices / targets of another tape
   Segment seg = tape.segment();
   const Tensor x = tape.zeros({2, 3}), h = tape.zeros({2, 4}), h5 = tape.zeros({5, 4});
   const Tensor scalar = sum(a);
@@ -189,6 +191,10 @@ TEST(Catalog, OpsRejectMismatchedShapesDtypesAndIndices) {
       {"embedding index 4 of 4 rows", Kind::Index, "index 4 at position 1 is out of range for 4 rows",
        [&] { (void)embedding(w, idx); }},
       {"embedding index -1", Kind::Index, "index -1", [&] { (void)embedding(w, neg); }},
+      {"embedding with indices of another tape", Kind::Tape, "embedding: inputs belong to different tapes",
+       [&] { (void)embedding(w, foreign_idx); }},
+      {"cross_entropy with targets of another tape", Kind::Tape, "cross_entropy: inputs belong to different tapes",
+       [&] { (void)cross_entropy(a, foreign_idx); }},
       {"gru_cell x [2,3] with h [5,4]", Kind::Shape, "gru_cell", [&] { (void)gru_cell(x, h5, w_ih, w_hh, bias, bias); }},
       {"gru_cell with W_hh for another H", Kind::Shape, "gru_cell", [&] { (void)gru_cell(x, h, w_ih, w_ih, bias, bias); }},
       {"gru_cell with a short bias", Kind::Shape, "gru_cell", [&] { (void)gru_cell(x, h, w_ih, w_hh, v, bias); }},

@@ -37,6 +37,11 @@ Tape& check(const char* op, std::initializer_list<const Tensor*> ts) {
   return *tape;
 }
 
+void check_index(const char* op, const Tape& t, const Tensor& idx, std::initializer_list<const Tensor*> ts) {
+  idx.check_live(op);
+  if (idx.tape != &t) throw TapeError(std::string(op) + ": inputs belong to different tapes: " + list(ts));
+}
+
 void shape_error(const char* op, const std::string& why, std::initializer_list<const Tensor*> ts) {
   throw ShapeError(std::string(op) + ": " + why + ": " + list(ts));
 }

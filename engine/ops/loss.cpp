@@ -16,7 +16,7 @@ namespace segtape {
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction r, int64_t ignore_index) {
   const char* op = "cross_entropy";
   Tape& t = ops::check(op, {&logits});
-  targets.check_live(op);
+  ops::check_index(op, t, targets, {&logits, &targets});
   if (targets.dtype != DType::I64) ops::shape_error(op, "targets must be int64 class indices", {&logits, &targets});
   if (logits.rank() != 2 || targets.numel() != logits.dim(0))
     ops::shape_error(op, "expects logits [B, C] and B targets", {&logits, &targets});

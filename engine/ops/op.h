@@ -136,6 +136,9 @@ std::string list(std::initializer_list<const Tensor*> ts);
 void require_segment(const Tape& t, const char* op);
 // Defined, live, one tape, an open segment, and one floating dtype shared by all inputs.
 Tape& check(const char* op, std::initializer_list<const Tensor*> ts);
+// An integer side input (indices, targets): defined, live, and on tape t,
+// whose node will point at it (check() covers the floating inputs only).
+void check_index(const char* op, const Tape& t, const Tensor& idx, std::initializer_list<const Tensor*> ts);
 [[noreturn]] void shape_error(const char* op, const std::string& why, std::initializer_list<const Tensor*> ts);
 int norm_axis(const char* op, const Tensor& a, int axis);
 

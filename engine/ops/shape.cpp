@@ -110,7 +110,7 @@ Tensor transpose(const Tensor& a) {
 Tensor embedding(const Tensor& w, const Tensor& idx) {
   const char* op = "embedding";
   Tape& t = ops::check(op, {&w});
-  idx.check_live(op);
+  ops::check_index(op, t, idx, {&w, &idx});
   if (idx.dtype != DType::I64) ops::shape_error(op, "indices must be int64", {&w, &idx});
   if (w.rank() != 2) ops::shape_error(op, "weight must be 2-D [num, dim]", {&w, &idx});
   if (idx.rank() >= Shape::kMaxRank) ops::shape_error(op, "indices of rank <= 3", {&w, &idx});
