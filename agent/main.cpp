@@ -467,6 +467,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   // the step's action alone, so future rewards are noise in its return.
   if (!resume && !cmd.count("--gamma") && c.algo == "ppo" && make_env(c.env, 1, 0, c.env_options)->spec().supervised) c.gamma = 0;
   Trainer tr(c, comm);  // before the directory: a device that cannot be used, or a model too large, leaves nothing behind
+  tr.set_interrupt(&g_stop_signal);  // an evaluation stops at its next segment on SIGINT / SIGTERM
   const EnvSpec& spec = tr.env().spec();
   const std::string measure = spec.measure;
   // --log-dir: TensorBoard scalars with every metrics row, a greedy eval at
@@ -620,7 +621,10 @@ int train(TrainArgs& a, CLI::App& cmd) {
       tr.save(out / "checkpoint.safetensors", interval_meta());
       next_ck += ck_every;
       // (evaluate puts the training state back: the run continues as without it)
-      if (tb && !tr.done()) tb->scalar("eval/" + measure, tr.step(), tr.evaluate(a.eval_steps, c.seed + 7919));
+      if (tb && !tr.done()) {
+        const double e = tr.evaluate(a.eval_steps, c.seed + 7919);
+        if (!g_stop_signal) tb->scalar("eval/" + measure, tr.step(), e);  // (a stopped evaluation is not a score)
+      }
     }
     if (comm && tr.stop_agreed() && !tr.done()) {
       stopped = g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
@@ -636,7 +640,11 @@ int train(TrainArgs& a, CLI::App& cmd) {
   if (full && stopped.empty()) tr.save(out / "checkpoint.safetensors", run_meta);
   if (!root) return signal_stop ? (stopped == "SIGINT" ? 130 : 143) : budget_stop ? 2 : 0;  // rank 0 writes the rest
   std::optional<double> eval;
-  if (stopped.empty()) eval = tr.evaluate(a.eval_steps, c.seed + 7919);
+  std::string eval_stopped;  // a signal during the final evaluation: training complete, no score
+  if (stopped.empty()) {
+    eval = tr.evaluate(a.eval_steps, c.seed + 7919);
+    if (g_stop_signal) eval.reset(), eval_stopped = g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
+  }
   if (tb && eval) tb->scalar("eval/" + measure, tr.step(), *eval);
   const TapeStats st = tr.tape().stats();
   nlohmann::json j;
@@ -670,6 +678,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   }
   j["complete"] = stopped.empty();
   if (signal_stop) j["interrupted"] = stopped;
+  if (!eval_stopped.empty()) j["interrupted"] = eval_stopped + " during the final evaluation";
   if (budget_stop) j["stopped_by_budget"] = stopped;
   write_text(out / "metrics.json", j.dump(2) + "\n");
   write_text(out / "plot.svg", plot(rows, c, spec, eval));
@@ -679,6 +688,12 @@ int train(TrainArgs& a, CLI::App& cmd) {
     if (!full) std::printf("resume with: segtape train --resume %s\n", out.c_str());
     else std::printf("(--history full keeps its run in one segment and cannot be resumed)\n");
     return stopped == "SIGINT" ? 130 : 143;
+  }
+  if (!eval_stopped.empty()) {
+    std::printf("\nstopped by %s during the final evaluation: training is complete (%ld steps); metrics.json has no eval score\n",
+                eval_stopped.c_str(), tr.step());
+    if (!full) std::printf("evaluate it with: segtape eval --checkpoint %s/checkpoint.safetensors\n", out.c_str());
+    return eval_stopped == "SIGINT" ? 130 : 143;
   }
   if (budget_stop) {
     std::fprintf(stderr, "segtape: error: %s\n", stopped.c_str());

@@ -797,6 +797,7 @@ SegmentResult Trainer::actor_critic_segment(Segment& seg, int64_t n) {
 }
 
 double Trainer::evaluate(int64_t steps, uint64_t seed) {
+  if (steps < 1) throw Error("evaluate: steps must be >= 1, got " + std::to_string(steps));
   // A fresh env and fresh history, greedy actions, nothing recorded; the
   // training state (h, window ring, env) is put back afterwards.
   std::unique_ptr<Env> keep_env = std::move(env_);
@@ -825,8 +826,13 @@ double Trainer::evaluate(int64_t steps, uint64_t seed) {
   const int64_t B = config_.batch, A = env_->spec().num_actions;
   const int64_t K = std::max<int64_t>(config_.history.k, 32);
   double score = 0;
+  bool interrupted = false;
   try {
     for (int64_t done_steps = 0; done_steps < steps;) {
+      if (interrupt_ && *interrupt_) {
+        interrupted = true;
+        break;
+      }
       Segment seg = tape_->segment();
       NoGradGuard ng(*tape_);
       for (int64_t i = 0; i < K && done_steps < steps; ++i, ++done_steps) {
@@ -839,7 +845,7 @@ double Trainer::evaluate(int64_t steps, uint64_t seed) {
       copy_into(h0, h_);
       h_ = h0;
     }
-    score = env_->score_counts().second > 0 ? env_->score() : std::numeric_limits<double>::quiet_NaN();
+    score = !interrupted && env_->score_counts().second > 0 ? env_->score() : std::numeric_limits<double>::quiet_NaN();
   } catch (...) {
     restore();
     throw;

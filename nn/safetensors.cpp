@@ -525,9 +525,17 @@ File parse(std::vector<std::byte> bytes, std::string source) {
   return f;
 }
 
+// A path for a message, its NUL bytes written as \0 (what() ends at the first NUL).
+static std::string printable_path(std::string s) {
+  for (size_t at = s.find('\0'); at != std::string::npos; at = s.find('\0', at + 2)) s.replace(at, 1, "\\0");
+  return s;
+}
+
 File load(const fs::path& path) {
   const std::string src = path.string();
-  TempFile guard{{}, ::open(path.c_str(), O_RDONLY | O_CLOEXEC), true};  // just closes the fd
+  if (src.find('\0') != std::string::npos) fail(printable_path(src), "the path contains a NUL byte");
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer; fstat then refuses it.
+  TempFile guard{{}, ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK), true};  // just closes the fd
   if (guard.fd < 0) fail(src, "cannot open: " + errno_text(errno));
   struct stat st {};
   if (::fstat(guard.fd, &st) != 0) fail(src, "cannot stat: " + errno_text(errno));
@@ -552,8 +560,14 @@ std::vector<std::byte> serialize(std::span<const TensorRef> tensors,
 void save_atomic(const fs::path& path, std::span<const TensorRef> tensors,
                  const std::map<std::string, std::string>& metadata) {
   const std::string src = path.string();
+  if (src.find('\0') != std::string::npos) fail(printable_path(src), "the path contains a NUL byte");
   const std::vector<std::byte> bytes = serialize_impl(tensors, metadata, src);
   if (!path.has_filename()) fail(src, "not a file path");
+  // The rename below would replace a device, FIFO or socket at the path:
+  // refused instead (over a directory the rename itself fails).
+  struct stat existing {};
+  if (::stat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode) && !S_ISDIR(existing.st_mode))
+    fail(src, "exists and is not a regular file (a device, FIFO or socket); it is not replaced");
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
 
   // Same directory, so the rename cannot cross filesystems; pid + counter keep

@@ -8,6 +8,7 @@
 #include <random>
 #include <cmath>
 #include <map>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -1013,6 +1014,37 @@ TEST(Cli, RecallEvaluatesAtLeastTwiceTheLagByDefault) {
 // metrics and plot, and says how to resume; the resumed run ends with a
 // checkpoint byte-identical to an uninterrupted run's. metrics.csv rows are
 // on disk as soon as they are logged (the interruption waits for them).
+// A signal during the final evaluation (here one far too long to finish)
+// stops it at its next segment: exit 143, training complete and saved, no
+// eval score (it was ignored until the evaluation ended, so a `timeout` hung).
+TEST(Cli, SigtermDuringTheFinalEvaluationStopsIt) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_sigterm_eval_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string b = (dir / "run").string();
+  const std::string script = std::string(SEGTAPE_BIN) + " train --steps 64 --batch 4 --hidden 8 --history tbptt:16" +
+                             " --eval-steps 1000000000 --out " + b + " > " + b + ".log 2>&1 & p=$!; " +
+                             "for i in $(seq 1 3000); do [ -e " + b + "/checkpoint.safetensors ] && break; sleep 0.01; done; " +
+                             "sleep 0.2; kill -TERM $p; " +
+                             // at most 60 s to stop, then SIGKILL (rc 137): a failure, not a hung test
+                             "for i in $(seq 1 600); do kill -0 $p 2>/dev/null || break; sleep 0.1; done; kill -KILL $p 2>/dev/null; " +
+                             "wait $p; echo \"rc=$?\"";
+  const auto t0 = std::chrono::steady_clock::now();
+  const test::Process stop = test::run_shell("sh -c '" + script + "'");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string log = slurp(b + ".log");
+  ASSERT_NE(stop.output.find("rc=143"), std::string::npos) << stop.output << log;
+  EXPECT_LT(secs, 60) << "the evaluation of 1e9 steps was not stopped";
+  EXPECT_NE(log.find("stopped by SIGTERM during the final evaluation: training is complete (64 steps)"), std::string::npos) << log;
+  const std::string json = slurp(fs::path(b) / "metrics.json");
+  EXPECT_NE(json.find("\"interrupted\": \"SIGTERM during the final evaluation\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"complete\": true"), std::string::npos) << json;
+  EXPECT_EQ(json.find("eval_accuracy"), std::string::npos) << json;
+  CmdResult eval = sh("eval --checkpoint " + b + "/checkpoint.safetensors --steps 16");
+  EXPECT_EQ(eval.code, 0) << eval.out;
+  fs::remove_all(dir);
+}
+
 TEST(Cli, SigintStopsGracefullyAndResumesBitIdentically) {
   const fs::path dir = fs::temp_directory_path() / ("segtape_sigint_" + std::to_string(::getpid()));
   fs::remove_all(dir);

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -649,6 +650,32 @@ TEST_F(TempDir, RenameFailureKeepsTargetAndRemovesTemp) {
   }
   EXPECT_TRUE(fs::exists(p / "keep"));
   EXPECT_EQ(listing(), std::vector<std::string>{"ckpt.safetensors"});
+}
+
+// A FIFO at the path: load refuses it at once (opening it for reading would
+// wait for a writer), save refuses to replace it; a path with a NUL byte
+// (possible from Python) is refused, not cut short at the NUL.
+TEST_F(TempDir, SpecialFilesAndNulPathsAreRefused) {
+  const std::vector<float> a{1, 2, 3};
+  const std::vector<st::TensorRef> ra{{"x", st::DType::F32, {3}, as_bytes(a)}};
+  const fs::path fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const CheckpointError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(message([&] { (void)st::load(fifo); }).find("not a regular file"), std::string::npos);
+  EXPECT_NE(message([&] { st::save_atomic(fifo, ra, {}); }).find("is not a regular file"), std::string::npos);
+  EXPECT_TRUE(fs::is_fifo(fifo)) << "the FIFO was replaced";
+  const std::string nul = (dir / "a").string() + std::string(1, '\0') + "b";
+  EXPECT_NE(message([&] { st::save_atomic(nul, ra, {}); }).find("NUL byte"), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir / "a")) << "the path was cut short at the NUL";
+  st::save_atomic(dir / "a", ra, {});
+  EXPECT_NE(message([&] { (void)st::load(nul); }).find("NUL byte"), std::string::npos);
 }
 
 TEST_F(TempDir, DiskFullKeepsOldFile) {
