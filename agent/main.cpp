@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <optional>
@@ -202,6 +203,7 @@ nlohmann::json config_json(const TrainConfig& c, size_t budget_applied) {
     if (!v.empty() && *end == '\0' && std::isfinite(d)) j[k] = d;
     else j[k] = v;
   }
+  j["seed"] = c.seed;  // a uint64: above 2^63 - 1 strtoll fails above and it would go out as a rounded double
   j["budget"] = budget_applied;
   return j;
 }
@@ -905,6 +907,17 @@ int run_cli(int argc, char** argv) {
   std::string env_help = "Environment: recall (delayed recall), tmaze (T-maze, RL), dialogue (tool use)";
   for (const auto& [name, file] : plugin_envs()) env_help += ", " + name + " (from " + fs::path(file).filename().string() + ")";
 
+  // A seed is a uint64 written in decimal: CLI11 alone took -1 as 2^64 - 1 and
+  // clamped 99999999999999999999 to it.
+  const CLI::Validator seed_check(
+      [](const std::string& v) {
+        uint64_t x = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+        return !v.empty() && ec == std::errc() && end == v.data() + v.size()
+                   ? std::string()
+                   : "'" + v + "' is not a whole number in [0, 18446744073709551615]";
+      },
+      "UINT64");
   CLI::App app{"segtape: recurrent agents with fixed memory per segment (truncated BPTT as the structure of the engine)", "segtape"};
   app.set_version_flag("--version", std::string("segtape ") + SEGTAPE_VERSION);
   app.require_subcommand(1);
@@ -941,7 +954,7 @@ int run_cli(int argc, char** argv) {
                  "from the start (3: 95 %), which long lags need; 0 = PyTorch's init; |b| <= 20")->capture_default_str();
   tr->add_option("--lr", ta.c.lr, "Adam learning rate")->capture_default_str();
   tr->add_option("--clip", ta.c.clip, "Gradient norm clip (0 = off)")->capture_default_str();
-  tr->add_option("--seed", ta.c.seed, "Seed for the model, the env and sampling")->capture_default_str();
+  tr->add_option("--seed", ta.c.seed, "Seed for the model, the env and sampling")->capture_default_str()->check(seed_check);
   tr->add_option("--device", ta.c.device, "cpu, or cuda (a build with the CUDA backend and a GPU; docs/cuda.md)")
       ->capture_default_str();
   tr->add_option("--out", ta.out, "Output directory (default runs/<env>-<time>)");
@@ -986,7 +999,7 @@ int run_cli(int argc, char** argv) {
   CLI::App* ev = app.add_subcommand("eval", "Evaluate a checkpoint on fresh seeded episodes");
   ev->add_option("--checkpoint", ck, "checkpoint.safetensors written by train")->required();
   ev->add_option("--steps", eval_steps, "Steps to evaluate (recall: more than its --lag; default: at least 2 x --lag)")->capture_default_str();
-  ev->add_option("--seed", eval_seed, "Seed of the fresh episodes")->capture_default_str();
+  ev->add_option("--seed", eval_seed, "Seed of the fresh episodes")->capture_default_str()->check(seed_check);
   std::string eval_device;
   ev->add_option("--device", eval_device, "cpu or cuda (default: the device the checkpoint was trained on)");
   std::vector<std::string> eval_plugins;  // loaded before parsing (plugin_args)
@@ -1002,7 +1015,7 @@ int run_cli(int argc, char** argv) {
   rl->add_option("--hidden", ra.c.hidden, "GRU hidden size H")->capture_default_str();
   rl->add_option("--budget", ra.budget, "Strict-policy segment budget (pitfall reruns, fixes) and the line the table reports crossing")
       ->capture_default_str();
-  rl->add_option("--seed", ra.c.seed, "Seed of the model and the data")->capture_default_str();
+  rl->add_option("--seed", ra.c.seed, "Seed of the model and the data")->capture_default_str()->check(seed_check);
   rl->add_option("--device", ra.c.device, "segtape's side on cpu or cuda (LibTorch's side runs on its CPU)")
       ->capture_default_str();
   rl->add_option("--out", ra.out, "Output directory (default runs/retention-<time>)");

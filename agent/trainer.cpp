@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 
 #include <cmath>
 #include <cstdio>
@@ -67,10 +68,9 @@ std::string History::str() const {
 }
 
 std::map<std::string, std::string> TrainConfig::to_metadata() const {
-  auto d = [](double v) {
+  auto d = [](double v) {  // the shortest text that reads back to v, in no locale
     char b[40];
-    std::snprintf(b, sizeof b, "%.17g", v);
-    return std::string(b);
+    return std::string(b, std::to_chars(b, b + sizeof b, v).ptr);
   };
   return {{"env", env},
           {"history", history.str()},
@@ -112,24 +112,21 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
     if (before) return *before;
     throw CheckpointError(std::string("checkpoint metadata lacks '") + k + "': not a segtape training checkpoint");
   };
-  // A number, all of the value (std::stoll and std::stod alone read "3,5" as 3), named by its key.
-  auto whole = [&](const char* k, std::optional<std::string> before, auto parse) {
+  // A number, all of the value, named by its key: std::from_chars reads no
+  // sign on unsigned values (std::stoull took "-1" as 2^64 - 1), no spaces,
+  // and no locale (std::stod read "3,5" as 3, and a decimal comma under some
+  // locales).
+  auto whole = [&]<class T>(const char* k, std::optional<std::string> before) {
     const std::string v = get(k, std::move(before));
-    size_t used = 0;
-    try {
-      const auto x = parse(v, &used);
-      if (!v.empty() && used == v.size()) return x;
-    } catch (const std::logic_error&) {  // stoll & co.: no number, or out of range
-    }
-    throw CheckpointError(std::string("checkpoint metadata '") + k + "' is '" + v + "', not a number");
+    T x{};
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (v.empty() || ec != std::errc() || end != v.data() + v.size())
+      throw CheckpointError(std::string("checkpoint metadata '") + k + "' is '" + v + "', not a number");
+    return x;
   };
-  auto i64 = [&](const char* k, std::optional<std::string> before = std::nullopt) {
-    return whole(k, std::move(before), [](const std::string& v, size_t* used) { return std::stoll(v, used); });
-  };
-  auto u64 = [&](const char* k) { return whole(k, std::nullopt, [](const std::string& v, size_t* used) { return std::stoull(v, used); }); };
-  auto f64 = [&](const char* k, std::optional<std::string> before = std::nullopt) {
-    return whole(k, std::move(before), [](const std::string& v, size_t* used) { return std::stod(v, used); });
-  };
+  auto i64 = [&](const char* k, std::optional<std::string> before = std::nullopt) { return whole.operator()<int64_t>(k, std::move(before)); };
+  auto u64 = [&](const char* k) { return whole.operator()<uint64_t>(k, std::nullopt); };
+  auto f64 = [&](const char* k, std::optional<std::string> before = std::nullopt) { return whole.operator()<double>(k, std::move(before)); };
   TrainConfig c;
   c.env = get("env");
   c.history = History::parse(get("history"));
@@ -164,6 +161,8 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
   c.update_bias = f64("update_bias", "0");
   if (!(std::abs(c.update_bias) <= 20))
     throw CheckpointError("checkpoint metadata 'update_bias' is '" + get("update_bias") + "', not a number in [-20, 20]");
+  if (c.env_options.embed_dim < 1 || c.env_options.embed_dim > 16384)  // (no flag sets it: validate's message would name none)
+    throw CheckpointError("checkpoint metadata 'embed_dim' is '" + get("embed_dim") + "', not a number in [1, 16384]");
   const std::string sparse = get("sparse", "0");
   if (sparse != "0" && sparse != "1") throw CheckpointError("checkpoint metadata 'sparse' is '" + sparse + "', not 0 or 1");
   c.env_options.sparse = sparse == "1";
@@ -201,6 +200,7 @@ void TrainConfig::validate() const {
   need(env_options.corridor >= 1 && env_options.corridor <= 100000, "--corridor must be in [1, 100000]");
   need(env_options.turns >= 2 && env_options.turns <= 100000, "--turns must be in [2, 100000]");
   need(env_options.cities >= 1 && env_options.cities <= 10000, "--cities must be in [1, 10000]");
+  need(env_options.embed_dim >= 1 && env_options.embed_dim <= 16384, "dialogue's message embedding size must be in [1, 16384]");
   need(gamma >= 0 && gamma <= 1, "--gamma must be in [0, 1]");
   need(std::isfinite(entropy) && entropy >= 0, "--entropy must be a finite number >= 0");
   need(std::isfinite(value_coef) && value_coef >= 0, "value_coef must be a finite number >= 0");
@@ -1098,7 +1098,9 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
   const auto about_values = [&](const nn::Metadata&, std::vector<std::string>& problems) {
     const int64_t ring = std::max<int64_t>(int64_t(window_.size()), 1);
     const int64_t* n = c.counters;
-    if (n[0] < 0 || n[1] < 0 || n[2] < 0 || n[2] >= ring) {
+    // (steps: --steps' bound; optimizer steps: where Adam's bias correction,
+    // a power of the step count in double, still sees every step)
+    if (n[0] < 0 || n[0] > 1'000'000'000 || n[1] < 0 || n[1] > (int64_t(1) << 53) || n[2] < 0 || n[2] >= ring) {
       problems.push_back("train.counters out of range (step " + std::to_string(n[0]) + ", optimizer steps " +
                          std::to_string(n[1]) + ", window position " + std::to_string(n[2]) + " of " +
                          std::to_string(ring) + "): a damaged checkpoint?");

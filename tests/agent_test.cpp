@@ -683,7 +683,8 @@ TEST(Config, MalformedMetadataNumbersAreRefusedByKey) {
     const char* key;
     const char* value;
   } cases[] = {{"update_bias", "3,5"}, {"update_bias", "nan"}, {"update_bias", "50"}, {"batch", "12abc"},
-               {"lag", ""},           {"lr", "0.01x"},       {"seed", "1e"}};
+               {"lag", ""},           {"lr", "0.01x"},       {"seed", "1e"},        {"seed", "-1"},
+               {"budget", "-1"},      {"steps", " 12"},      {"embed_dim", "99999999999"}};
   for (const Bad& b : cases) {
     auto damaged = m;
     damaged[b.key] = b.value;
