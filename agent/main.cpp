@@ -378,6 +378,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
   TrainConfig c = a.c;
   std::string plugin;  // the file of the --env-plugin that defines c.env ("" for a built-in env)
   c.budget_name = "--budget";
+  if (cmd.count("--resume") && a.resume.empty()) throw Error("--resume needs the folder of a run (it was empty)");
+  if (cmd.count("--out") && a.out.empty()) throw Error("--out needs a folder (it was empty; without --out a run goes to runs/ENV-TIME)");
   const bool resume = !a.resume.empty();
   // Started by mpirun: one rank of a data-parallel run (docs/distributed.md).
   // Rank 0 alone reads and writes files and prints; every rank trains.
@@ -409,7 +411,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     c.budget_name = "--budget";
     for (const char* opt : {"--env", "--history", "--batch", "--hidden", "--embed", "--update-bias", "--lag", "--sparse", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget",
                             "--gamma", "--entropy", "--algo", "--rollout", "--epochs", "--minibatches", "--clip-range", "--gae-lambda",
-                            "--lr-schedule", "--env-shards"})
+                            "--lr-schedule", "--env-shards", "--clip", "--out", "--force"})
       if (cmd.count(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
   } else {
     if (auto it = plugin_envs().find(c.env); it != plugin_envs().end()) plugin = it->second;
@@ -528,7 +530,10 @@ int train(TrainArgs& a, CLI::App& cmd) {
   Progress bar(c.steps, root);
   const auto t0 = std::chrono::steady_clock::now();
   auto interval_start = t0;
-  int64_t interval_steps = 0, next_log = (tr.step() / log_every + 1) * log_every, next_ck = (tr.step() / ck_every + 1) * ck_every;
+  const int64_t start_step = tr.step();  // (after --resume: the checkpoint's step)
+  // interval_steps: the log interval's steps (restored on --resume); timed_steps:
+  // those this process ran, since interval_start (the interval's steps per second)
+  int64_t interval_steps = 0, timed_steps = 0, next_log = (tr.step() / log_every + 1) * log_every, next_ck = (tr.step() / ck_every + 1) * ck_every;
   double loss_sum = 0, last_loss = 0, return_sum = 0;
   int64_t loss_n = 0, episodes = 0;
   size_t peak = 0, node_peak = 0, stored_bytes = 0;
@@ -547,17 +552,29 @@ int train(TrainArgs& a, CLI::App& cmd) {
   };
   if (resume && root) {
     const auto meta = safetensors::load(out / "checkpoint.safetensors").metadata;
-    if (auto it = meta.find("run.interval"); it != meta.end() &&
-        std::sscanf(it->second.c_str(), "%lf,%ld,%lf,%ld,%ld,%lf", &loss_sum, &loss_n, &return_sum, &episodes,
-                    &interval_steps, &last_loss) != 6)
-      throw Error("--resume " + out.string() + ": checkpoint metadata run.interval is malformed ('" + it->second + "')");
+    if (auto it = meta.find("run.interval"); it != meta.end()) {
+      // six numbers, each read in full: finite sums, counts >= 0
+      const std::string& v = it->second;
+      const char *p = v.data(), *end = v.data() + v.size();
+      bool ok = true;
+      auto next = [&](auto& x, bool last) {
+        const auto r = std::from_chars(p, end, x);
+        ok = ok && r.ec == std::errc() && (last ? r.ptr == end : r.ptr < end && *r.ptr == ',');
+        p = ok ? r.ptr + (last ? 0 : 1) : end;
+      };
+      next(loss_sum, false), next(loss_n, false), next(return_sum, false), next(episodes, false), next(interval_steps, false),
+          next(last_loss, true);
+      if (!ok || !std::isfinite(loss_sum) || !std::isfinite(return_sum) || !std::isfinite(last_loss) || loss_n < 0 ||
+          episodes < 0 || interval_steps < 0)
+        throw Error("--resume " + out.string() + ": checkpoint metadata run.interval is malformed ('" + v + "')");
+    }
   }
   double ppo_kl = 0, ppo_clip = 0;  // the last PPO iteration's diagnostics
   bool ppo_ran = false;
   auto log_row = [&](std::chrono::steady_clock::time_point now) {
     const double secs = std::chrono::duration<double>(now - interval_start).count();
     Row row{tr.step(), last_loss, tr.env().score(), episodes ? return_sum / double(episodes) : std::nan(""), peak,
-            resident_bytes(), secs > 0 ? double(interval_steps) / secs : 0};
+            resident_bytes(), secs > 0 ? double(timed_steps) / secs : 0};
     rows.push_back(row);
     if (csv) csv->append(row);
     if (tb) {
@@ -578,7 +595,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
                   measure.c_str(), 100 * tr.env().score(), format_bytes(peak).c_str(), format_bytes(row.rss).c_str(), row.steps_per_s);
     std::fflush(stdout);
     tr.env().reset_score();
-    loss_sum = 0, loss_n = 0, interval_steps = 0, return_sum = 0, episodes = 0;
+    loss_sum = 0, loss_n = 0, interval_steps = 0, timed_steps = 0, return_sum = 0, episodes = 0;
     interval_start = now;
   };
   while (!tr.done()) {
@@ -601,7 +618,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       if (interval_steps) log_row(std::chrono::steady_clock::now());
       break;
     }
-    interval_steps += r.steps;
+    interval_steps += r.steps, timed_steps += r.steps;
     loss_sum += r.loss_sum;
     loss_n += r.loss_steps;
     return_sum += r.return_sum;
@@ -614,7 +631,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     const auto now = std::chrono::steady_clock::now();
     if (loss_n) last_loss = loss_sum / double(loss_n);
     const double secs = std::chrono::duration<double>(now - interval_start).count();
-    bar.update(tr.step(), last_loss, tr.env().score(), peak, secs > 0 ? double(interval_steps) / secs : 0, measure);
+    bar.update(tr.step(), last_loss, tr.env().score(), peak, secs > 0 ? double(timed_steps) / secs : 0, measure);
     if (tr.step() >= next_log || tr.done()) {
       log_row(now);
       next_log += log_every;
@@ -670,6 +687,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   j["wall_seconds"] = wall;
   j["blas_kernels"] = segtape::blas_kernels();
   j["resumed"] = resume;
+  if (resume) j["resumed_at_step"] = start_step;  // wall_seconds: this process's, from that step
   if (const dist::AverageStats* ds = tr.dist_stats(); ds && ds->calls) {
     j["dist"] = {{"ranks", tr.ranks()},
                  {"backend", comm->backend()},
@@ -706,7 +724,11 @@ int train(TrainArgs& a, CLI::App& cmd) {
   std::printf("\nsummary\n");
   std::printf("  env / history        %s%s%s%s / %s\n", c.env.c_str(), settings.empty() ? "" : " (", settings.c_str(),
               settings.empty() ? "" : ")", c.history.str().c_str());
-  std::printf("  steps                %ld (batch %ld) in %.1f s\n", tr.step(), c.batch, wall);
+  if (resume)
+    std::printf("  steps                %ld (batch %ld); %ld of them in %.1f s after resuming at step %ld\n", tr.step(), c.batch,
+                tr.step() - start_step, wall, start_step);
+  else
+    std::printf("  steps                %ld (batch %ld) in %.1f s\n", tr.step(), c.batch, wall);
   std::printf("  final loss           %.4f\n", rows.empty() ? 0.0 : rows.back().loss);
   std::printf("  train %-14s %.2f%% (last log interval)\n", measure.c_str(), 100 * (rows.empty() ? 0.0 : rows.back().score));
   if (j.contains("final_episode_return"))
