@@ -535,6 +535,22 @@ void Trainer::update(bool has_loss) {
 }
 
 SegmentResult Trainer::run_segment() {
+  if (config_.history.kind == History::Kind::Full) return segment_of_history();
+  // The state entering the segment in its persistent home (a carried value
+  // would expire with the segment an error abandons), to go back to on an error.
+  if (h_.ptr != h_home_.ptr) copy_into(h_home_, h_);
+  h_ = h_home_;
+  const int64_t step0 = step_;
+  try {
+    return segment_of_history();
+  } catch (...) {
+    step_ = step0;
+    h_ = h_home_;
+    throw;
+  }
+}
+
+SegmentResult Trainer::segment_of_history() {
   if (config_.algo == "ppo") return ppo_iteration(std::min(config_.rollout, config_.steps - step_));
   if (config_.history.kind == History::Kind::Exact) return exact_window(std::min(config_.history.horizon, config_.steps - step_));
   const int64_t n = std::min(config_.history.k, config_.steps - step_);

@@ -57,17 +57,38 @@ void require(bool ok, const char* opt, const std::string& what) {
 
 // ---- SGD
 
+// Checked at construction and again at every step(): options() is writable
+// (a schedule sets lr), and a NaN or negative value there would reach every
+// parameter. The messages are built only on failure (step() allocates nothing).
+static void check_options(const SGDOptions& o) {
+  const auto number = [](double v) { return std::isfinite(v) && v >= 0; };
+  if (!number(o.lr)) require(false, "SGD", "lr " + std::to_string(o.lr) + " is not a finite number >= 0");
+  if (!number(o.momentum)) require(false, "SGD", "momentum " + std::to_string(o.momentum) + " is not a finite number >= 0");
+  if (!number(o.weight_decay))
+    require(false, "SGD", "weight_decay " + std::to_string(o.weight_decay) + " is not a finite number >= 0");
+  if (!std::isfinite(o.dampening)) require(false, "SGD", "dampening " + std::to_string(o.dampening) + " is not finite");
+  if (o.nesterov && !(o.momentum > 0 && o.dampening == 0))
+    require(false, "SGD", "Nesterov momentum requires a momentum and zero dampening");
+}
+
+static void check_options(const AdamOptions& o, const char* me) {
+  const auto number = [](double v) { return std::isfinite(v) && v >= 0; };
+  if (!number(o.lr)) require(false, me, "lr " + std::to_string(o.lr) + " is not a finite number >= 0");
+  if (!number(o.eps)) require(false, me, "eps " + std::to_string(o.eps) + " is not a finite number >= 0");
+  if (!(o.beta1 >= 0 && o.beta1 < 1)) require(false, me, "beta1 " + std::to_string(o.beta1) + " outside [0, 1)");
+  if (!(o.beta2 >= 0 && o.beta2 < 1)) require(false, me, "beta2 " + std::to_string(o.beta2) + " outside [0, 1)");
+  if (!number(o.weight_decay))
+    require(false, me, "weight_decay " + std::to_string(o.weight_decay) + " is not a finite number >= 0");
+}
+
 SGD::SGD(std::vector<NamedTensor> params, SGDOptions o) : Optimizer(std::move(params)), o_(o) {
-  require(o.lr >= 0, "SGD", "lr " + std::to_string(o.lr) + " < 0");
-  require(o.momentum >= 0, "SGD", "momentum " + std::to_string(o.momentum) + " < 0");
-  require(o.weight_decay >= 0, "SGD", "weight_decay " + std::to_string(o.weight_decay) + " < 0");
-  require(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "SGD",
-          "Nesterov momentum requires a momentum and zero dampening");
+  check_options(o);
   if (o.momentum != 0)
     for (size_t i = 0; i < params_.size(); ++i) buf_.push_back(add_state("momentum_buffer", i));
 }
 
 void SGD::step() {
+  check_options(o_);
   // PyTorch creates the buffer as a clone of the first step's gradient.
   for (size_t k = 0; k < params_.size(); ++k) sgd_step(params_[k].second, buf_.empty() ? Tensor{} : buf_[k], o_, steps_ == 0);
   ++steps_;
@@ -77,18 +98,14 @@ void SGD::step() {
 
 Adam::Adam(std::vector<NamedTensor> params, AdamOptions o, bool decoupled)
     : Optimizer(std::move(params)), o_(o), decoupled_(decoupled) {
-  const char* me = decoupled ? "AdamW" : "Adam";
-  require(o.lr >= 0, me, "lr " + std::to_string(o.lr) + " < 0");
-  require(o.eps >= 0, me, "eps " + std::to_string(o.eps) + " < 0");
-  require(o.beta1 >= 0 && o.beta1 < 1, me, "beta1 " + std::to_string(o.beta1) + " outside [0, 1)");
-  require(o.beta2 >= 0 && o.beta2 < 1, me, "beta2 " + std::to_string(o.beta2) + " outside [0, 1)");
-  require(o.weight_decay >= 0, me, "weight_decay " + std::to_string(o.weight_decay) + " < 0");
+  check_options(o, decoupled ? "AdamW" : "Adam");
   for (size_t i = 0; i < params_.size(); ++i) m_.push_back(add_state("exp_avg", i));
   for (size_t i = 0; i < params_.size(); ++i) v_.push_back(add_state("exp_avg_sq", i));
   if (o.capturable && !params_.empty()) device_step_ = params_[0].second.tape->persistent({1}, DType::F64);
 }
 
 void Adam::step() {
+  check_options(o_, decoupled_ ? "AdamW" : "Adam");
   ++steps_;
   if (!o_.capturable || params_.empty()) {
     for (size_t k = 0; k < params_.size(); ++k) adam_step(params_[k].second, m_[k], v_[k], o_, decoupled_, steps_);
@@ -125,9 +142,16 @@ void for_each_param(const Module& m, F&& f) {
 // non-finite norm) still propagates into the gradients as it does there.
 bool must_scale(double coef) { return !(coef >= 1.0); }
 
+// A NaN max_norm made every gradient NaN, a negative one flipped their sign.
+void check_max_norm(double max_norm) {
+  if (!(max_norm >= 0) || std::isnan(max_norm))
+    throw Error("nn::clip_grad_norm: max_norm " + std::to_string(max_norm) + " is not a number >= 0");
+}
+
 }  // namespace
 
 double clip_grad_norm(std::span<const Tensor> params, double max_norm) {
+  check_max_norm(max_norm);
   double sq = 0;
   for (const Tensor& p : params) check_param(p), sq += grad_squared_norm(p);
   const double total = std::sqrt(sq), coef = max_norm / (total + 1e-6);
@@ -137,18 +161,21 @@ double clip_grad_norm(std::span<const Tensor> params, double max_norm) {
 }
 
 void clip_grad_norm(std::span<const Tensor> params, double max_norm, const Tensor& total_sq) {
+  check_max_norm(max_norm);
   bool first = true;
   for (const Tensor& p : params) check_param(p), add_grad_squares(p, total_sq, first), first = false;
   for (const Tensor& p : params) clip_grad(p, total_sq, max_norm);
 }
 
 void clip_grad_norm(const Module& m, double max_norm, const Tensor& total_sq) {
+  check_max_norm(max_norm);
   bool first = true;
   for_each_param(m, [&](const Tensor& p) { add_grad_squares(p, total_sq, first), first = false; });
   for_each_param(m, [&](const Tensor& p) { clip_grad(p, total_sq, max_norm); });
 }
 
 double clip_grad_norm(const Module& m, double max_norm) {
+  check_max_norm(max_norm);
   double sq = 0;
   for_each_param(m, [&](const Tensor& p) { sq += grad_squared_norm(p); });
   const double total = std::sqrt(sq), coef = max_norm / (total + 1e-6);

@@ -438,6 +438,19 @@ TEST(Catalog, LayersOptimizersAndCheckpoints) {
       {"Adam with beta1 NaN", Kind::Error, "invalid option",
        [&] { nn::Adam o(lin, {.beta1 = std::numeric_limits<double>::quiet_NaN()}); }},
       {"SGD with nesterov and no momentum", Kind::Error, "invalid option", [&] { nn::SGD o(lin, {.nesterov = true}); }},
+      {"Adam's lr set to NaN after construction", Kind::Error, "Adam: invalid option: lr nan", [&] {
+         nn::Adam o(lin, {});
+         o.options().lr = std::numeric_limits<double>::quiet_NaN();
+         o.step();
+       }},
+      {"SGD's lr set to -1 after construction", Kind::Error, "SGD: invalid option: lr -1", [&] {
+         nn::SGD o(lin, {.lr = 0.1});
+         o.options().lr = -1;
+         o.step();
+       }},
+      {"clip_grad_norm to a NaN norm", Kind::Error, "max_norm nan",
+       [&] { (void)nn::clip_grad_norm(lin, std::numeric_limits<double>::quiet_NaN()); }},
+      {"clip_grad_norm to a negative norm", Kind::Error, "max_norm -1", [&] { (void)nn::clip_grad_norm(lin, -1.0); }},
       {"an optimizer of nothing", Kind::Error, "empty parameter list",
        [&] { nn::SGD o(std::vector<nn::NamedTensor>{}, {}); }},
       {"load into a model of other shapes", Kind::Checkpoint, "wrong shape", [&] { nn::load(wider, good); }},

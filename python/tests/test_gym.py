@@ -139,6 +139,47 @@ def test_an_env_that_raises_is_named_and_the_trainer_stays_usable():
     assert res.evaluate(episodes=2)["episodes"] == 2
 
 
+def test_a_segment_whose_env_raises_leaves_the_trainer_where_it_began():
+    """run_segment that throws: step, state and parameters as before it; the trainer runs and evaluates again."""
+    A = segtape._segtape.agent
+
+    class Env:
+        fail = False
+
+        def __init__(self, batch, seed):
+            self.batch = batch
+
+        def observe(self):
+            if Env.fail:
+                raise ValueError("the simulator fell over")
+            return np.zeros((self.batch, 3), np.float32)
+
+        def step(self, actions):
+            return np.ones(self.batch, np.float32), np.zeros(self.batch, np.uint8), np.zeros(self.batch, np.uint8)
+
+    name = "test.raises_in_a_segment"
+    sg._factories[name] = Env
+    A.register_python_env(name, 3, 0, 2)
+    c = A.TrainConfig()
+    c.env, c.batch, c.hidden, c.embed, c.steps, c.history = name, 2, 4, 4, 64, "tbptt:4"
+    t = A.Trainer(c)
+    t.run_segment()
+    before = [p.copy() for p in t.parameters()]
+    Env.fail = True
+    for _ in range(2):  # the second failure finds the trainer as the first left it
+        with pytest.raises(Exception, match="the simulator fell over"):
+            t.run_segment()
+        assert t.step == 4
+    assert all(np.array_equal(a, b) for a, b in zip(before, t.parameters()))
+    Env.fail = False
+    assert t.run_segment()["steps"] == 4  # (the expired carried state of before failed here)
+    assert t.step == 8
+    t.evaluate(8, 1)
+    while not t.done():
+        t.run_segment()
+    assert t.step == 64
+
+
 def test_non_finite_coefficients_are_refused():
     with pytest.raises(segtape.Error, match="entropy"):
         sg.train("CartPole-v1", steps=32, entropy=float("inf"))

@@ -116,6 +116,11 @@ class Trainer {
   static constexpr int64_t kReplicaCheckEvery = 100;
 
   // Runs one segment (K steps, fewer at the end), updates the parameters.
+  // When it throws (an env of Python's raising, say), the trainer is back
+  // where the segment began: its step and recurrent state as before and its
+  // parameters unchanged (they change only at the segment's end), so it can
+  // run, evaluate or save again; the env keeps the steps it took. (Not for
+  // --history full, whose one segment spans the run.)
   SegmentResult run_segment();
   bool done() const { return step_ >= config_.steps; }
   // Data parallelism: this rank's stop request travels with the next update's
@@ -180,6 +185,7 @@ class Trainer {
   Tensor feature(const Tensor& e);  // history strategy: the [B, hidden] feature of this step
   void update(bool has_loss = true);
   void reset_finished_streams();
+  SegmentResult segment_of_history();  // run_segment's work, by --algo and --history
   SegmentResult supervised_segment(Segment& seg, int64_t n);
   SegmentResult actor_critic_segment(Segment& seg, int64_t n);
   SegmentResult exact_window(int64_t n);
