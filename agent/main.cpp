@@ -16,6 +16,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -145,10 +146,12 @@ class MetricsCsv {
   std::string header() const {
     return "step,loss," + measure_ + (rl_ ? ",episode_return" : "") + ",segment_peak_bytes,rss_bytes,steps_per_s\n";
   }
+  // An interval with no loss (no target asked yet) or nothing scored (no
+  // target, no finished episode) leaves that cell empty, as episode_return.
+  static std::string cell(double v) { return std::isnan(v) ? std::string() : fmt::format("{:.6g}", v); }
   std::string line(const Row& r) const {
-    std::string ret;
-    if (rl_) ret = std::isnan(r.episode_return) ? "," : fmt::format(",{:.6g}", r.episode_return);
-    return fmt::format("{},{:.6g},{:.6g}{},{},{},{:.6g}\n", r.step, r.loss, r.score, ret, r.segment_peak, r.rss, r.steps_per_s);
+    return fmt::format("{},{},{}{},{},{},{:.6g}\n", r.step, cell(r.loss), cell(r.score), rl_ ? "," + cell(r.episode_return) : "",
+                       r.segment_peak, r.rss, r.steps_per_s);
   }
   fs::path path_;
   std::string measure_;
@@ -573,13 +576,15 @@ int train(TrainArgs& a, CLI::App& cmd) {
   bool ppo_ran = false;
   auto log_row = [&](std::chrono::steady_clock::time_point now) {
     const double secs = std::chrono::duration<double>(now - interval_start).count();
-    Row row{tr.step(), last_loss, tr.env().score(), episodes ? return_sum / double(episodes) : std::nan(""), peak,
+    const double nothing = std::numeric_limits<double>::quiet_NaN();
+    Row row{tr.step(), loss_n ? last_loss : nothing, tr.env().score_counts().second > 0 ? tr.env().score() : nothing,
+            episodes ? return_sum / double(episodes) : nothing, peak,
             resident_bytes(), secs > 0 ? double(timed_steps) / secs : 0};
     rows.push_back(row);
     if (csv) csv->append(row);
     if (tb) {
-      tb->scalar("train/loss", row.step, row.loss);
-      tb->scalar("train/" + measure, row.step, row.score);
+      if (!std::isnan(row.loss)) tb->scalar("train/loss", row.step, row.loss);
+      if (!std::isnan(row.score)) tb->scalar("train/" + measure, row.step, row.score);
       if (!std::isnan(row.episode_return)) tb->scalar("train/episode_return", row.step, row.episode_return);
       tb->scalar("memory/segment_peak_bytes", row.step, double(row.segment_peak));
       tb->scalar("memory/rss_bytes", row.step, double(row.rss));
@@ -591,8 +596,9 @@ int train(TrainArgs& a, CLI::App& cmd) {
       }
     }
     if (root && !bar.tty())
-      std::printf("step %ld/%ld  loss %.4f  %s %.1f%%  segment peak %s  rss %s  %.0f steps/s\n", tr.step(), c.steps, last_loss,
-                  measure.c_str(), 100 * tr.env().score(), format_bytes(peak).c_str(), format_bytes(row.rss).c_str(), row.steps_per_s);
+      std::printf("step %ld/%ld  loss %s  %s %s  segment peak %s  rss %s  %.0f steps/s\n", tr.step(), c.steps,
+                  std::isnan(row.loss) ? "none" : fmt::format("{:.4f}", row.loss).c_str(), measure.c_str(),
+                  score_text(row.score).c_str(), format_bytes(peak).c_str(), format_bytes(row.rss).c_str(), row.steps_per_s);
     std::fflush(stdout);
     tr.env().reset_score();
     loss_sum = 0, loss_n = 0, interval_steps = 0, timed_steps = 0, return_sum = 0, episodes = 0;
@@ -670,8 +676,10 @@ int train(TrainArgs& a, CLI::App& cmd) {
   j["config"] = config_json(c, tr.budget());
   if (!plugin.empty()) j["config"]["env_plugin"] = plugin;
   j["steps"] = tr.step();
-  j["final_loss"] = rows.empty() ? 0.0 : rows.back().loss;
-  j["final_" + measure] = rows.empty() ? 0.0 : rows.back().score;
+  // (null: the last log interval had no loss / scored nothing, or no row was logged)
+  const auto number_or_null = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
+  j["final_loss"] = number_or_null(rows.empty() ? std::nan("") : rows.back().loss);
+  j["final_" + measure] = number_or_null(rows.empty() ? std::nan("") : rows.back().score);
   if (!spec.supervised && !rows.empty() && !std::isnan(rows.back().episode_return))
     j["final_episode_return"] = rows.back().episode_return;
   if (eval) j["eval_" + measure] = std::isnan(*eval) ? nlohmann::json(nullptr) : nlohmann::json(*eval), j["eval_steps"] = a.eval_steps;
@@ -729,8 +737,10 @@ int train(TrainArgs& a, CLI::App& cmd) {
                 tr.step() - start_step, wall, start_step);
   else
     std::printf("  steps                %ld (batch %ld) in %.1f s\n", tr.step(), c.batch, wall);
-  std::printf("  final loss           %.4f\n", rows.empty() ? 0.0 : rows.back().loss);
-  std::printf("  train %-14s %.2f%% (last log interval)\n", measure.c_str(), 100 * (rows.empty() ? 0.0 : rows.back().score));
+  const double final_loss = rows.empty() ? std::nan("") : rows.back().loss;
+  if (std::isnan(final_loss)) std::printf("  final loss           none (no loss in the last log interval)\n");
+  else std::printf("  final loss           %.4f\n", final_loss);
+  std::printf("  train %-14s %s (last log interval)\n", measure.c_str(), score_text(rows.empty() ? std::nan("") : rows.back().score).c_str());
   if (j.contains("final_episode_return"))
     std::printf("  episode return       %.3f (mean, last log interval)\n", j["final_episode_return"].get<double>());
   std::printf("  eval %-15s %s (%ld fresh steps x %ld streams, greedy)\n", measure.c_str(), score_text(*eval).c_str(), a.eval_steps,
