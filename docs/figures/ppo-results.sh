@@ -36,7 +36,7 @@ for r in runs:
     measure = next(k[5:] for k in m if k.startswith("eval_") and k != "eval_steps")
     ev, target = m["eval_" + measure], targets[measure]
     first = next((int(row["step"]) for row in csv.DictReader(open(os.path.join(out, name, "metrics.csv")))
-                  if float(row[measure]) >= target), None)
+                  if row[measure] and float(row[measure]) >= target), None)  # (empty: nothing scored)
     lines.append(f"| {name} | `{args}` | {100 * ev:.2f} % {measure} | ≥ {100 * target:.0f} %: "
                  f"{'**met**' if ev >= target else '**not met**'} | {f'step {first:,}' if first else 'never'} | "
                  f"{m['segment_peak_bytes'] / 2**20:.2f} MiB | {m['wall_seconds']:.0f} s |")
