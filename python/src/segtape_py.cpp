@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <typeinfo>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -320,10 +321,10 @@ class PyEnv final : public agent::Env {
     nb::gil_scoped_acquire gil;
     nb::object o = py_.attr("observe")();
     if (spec_.vocab > 0) {
-      auto a = nb::cast<HostArray<int64_t>>(o);
+      auto a = as<HostArray<int64_t>>(o, "observe()", "an int64 array of tokens [batch]");
       copy_exact(a, tokens, "observe() tokens");
     } else {
-      auto a = nb::cast<HostArray<float>>(o);
+      auto a = as<HostArray<float>>(o, "observe()", "a float32 array [batch, obs_dim]");
       copy_exact(a, vectors, "observe() vectors");
     }
   }
@@ -331,11 +332,11 @@ class PyEnv final : public agent::Env {
     nb::gil_scoped_acquire gil;
     size_t shape[1] = {actions.size()};
     nb::ndarray<nb::numpy, const int64_t> acts(actions.data(), 1, shape, nb::handle());
-    nb::tuple r = nb::cast<nb::tuple>(py_.attr("step")(acts));
+    nb::tuple r = as<nb::tuple>(py_.attr("step")(acts), "step()", "a tuple (reward, done, success)");
     if (r.size() != 3) throw agent::EnvContractError("env '" + spec_.name + "': step() must return (reward, done, success)");
-    copy_exact(nb::cast<HostArray<float>>(r[0]), reward, "step() reward");
-    copy_exact(nb::cast<HostArray<uint8_t>>(r[1]), done, "step() done");
-    auto success = nb::cast<HostArray<uint8_t>>(r[2]);
+    copy_exact(as<HostArray<float>>(r[0], "step()'s reward", "a float32 array [batch]"), reward, "step() reward");
+    copy_exact(as<HostArray<uint8_t>>(r[1], "step()'s done", "a uint8 array [batch]"), done, "step() done");
+    auto success = as<HostArray<uint8_t>>(r[2], "step()'s success", "a uint8 array [batch]");
     if (success.size() != done.size()) throw agent::EnvContractError("env '" + spec_.name + "': step() success has the wrong size");
     for (size_t b = 0; b < done.size(); ++b)
       if (done[b]) ++score_den_, score_num_ += success.data()[b] ? 1 : 0;
@@ -346,6 +347,16 @@ class PyEnv final : public agent::Env {
   bool valid_state(std::span<const int64_t> ints) const override { return ints.empty(); }
 
  private:
+  // What a callback returned, as T, or an error naming the env and what it should have been.
+  template <class T>
+  T as(nb::handle o, const char* what, const char* expected) const {
+    try {
+      return nb::cast<T>(o);
+    } catch (const std::bad_cast&) {  // (nanobind's cast_error is one)
+      throw agent::EnvContractError("env '" + spec_.name + "': " + what + " returned " +
+                                    nb::cast<std::string>(nb::str(nb::handle(o.type()).attr("__name__"))) + ", expected " + expected);
+    }
+  }
   template <class T>
   void copy_exact(const HostArray<T>& a, std::span<T> out, const char* what) const {
     if (a.size() != out.size())

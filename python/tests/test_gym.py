@@ -179,6 +179,11 @@ def test_a_segment_whose_env_raises_leaves_the_trainer_where_it_began():
         t.run_segment()
     assert t.step == 64
 
+    # A callback returning the wrong type is named, with what was expected (it was a bare std::bad_cast).
+    Env.observe = lambda self: None
+    with pytest.raises(segtape.Error, match=r"env 'test\.raises_in_a_segment': observe\(\) returned NoneType, expected a float32 array"):
+        t.evaluate(8, 1)
+
 
 def test_non_finite_coefficients_are_refused():
     with pytest.raises(segtape.Error, match="entropy"):
