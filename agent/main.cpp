@@ -61,7 +61,8 @@ void write_text(const fs::path& p, const std::string& text) {
   std::error_code ec;
   fs::rename(tmp, p, ec);
   if (ec) {
-    fs::remove(tmp, ec);
+    std::error_code ignored;  // (reusing ec here made every message end in "Success")
+    fs::remove(tmp, ignored);
     throw Error("cannot write " + p.string() + ": " + ec.message());
   }
 }
@@ -252,6 +253,7 @@ std::string env_settings(const TrainConfig& c) {
 // and a count of no more than --lag, which would score nothing, is refused
 // before any work.
 int64_t eval_steps_for(const TrainConfig& c, int64_t steps, bool given, const char* flag) {
+  if (steps < 1 || steps > 1'000'000'000) throw Error(fmt::format("{} {}: must be in [1, 1e9]", flag, steps));
   if (c.env != "recall") return steps;
   const int64_t lag = c.env_options.lag;
   if (!given) steps = std::max(steps, 2 * lag);
@@ -428,9 +430,24 @@ int train(TrainArgs& a, CLI::App& cmd) {
     } else {
       out = a.out;
     }
-    if (root && !a.force && (fs::exists(out / "checkpoint.safetensors") || fs::exists(out / "metrics.csv")))
+    if (root && !a.force && fs::exists(out / "checkpoint.safetensors"))
       throw Error("--out " + out.string() + " already holds a run; continue it with --resume " + out.string() +
                   ", pass --force to overwrite it, or choose another --out");
+    if (root && !a.force && fs::exists(out / "metrics.csv"))  // a run that ended before its first checkpoint
+      throw Error("--out " + out.string() + " holds the metrics of a run with no checkpoint to resume; pass --force to "
+                  "overwrite it, or choose another --out");
+    // Flags of another algorithm or of another built-in env would be recorded
+    // as the run's settings and do nothing: refused, as --sparse is on tmaze.
+    if (c.algo != "ppo")
+      for (const char* opt : {"--rollout", "--epochs", "--minibatches", "--clip-range", "--gae-lambda", "--lr-schedule"})
+        if (cmd.count(opt)) throw Error(std::string(opt) + " is --algo ppo's; this run is --algo " + c.algo);
+    const std::map<std::string, std::vector<const char*>> env_flags = {
+        {"recall", {"--lag", "--vocab", "--sparse"}}, {"tmaze", {"--corridor"}}, {"dialogue", {"--turns", "--cities"}}};
+    if (env_flags.count(c.env))
+      for (const auto& [env, flags] : env_flags)
+        if (env != c.env)
+          for (const char* opt : flags)
+            if (cmd.count(opt)) throw Error(std::string(opt) + " is --env " + env + "'s; this run is --env " + c.env);
   }
   } catch (const std::exception& e) {
     if (!comm) throw;

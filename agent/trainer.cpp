@@ -220,7 +220,7 @@ void TrainConfig::validate() const {
     need(lr_schedule == "linear" || lr_schedule == "constant", "--lr-schedule '" + lr_schedule + "': choose linear or constant");
   }
   need(history.kind != History::Kind::Exact || history.horizon >= history.k,
-       "--history exact:K/T needs T >= K (a window holds at least one segment)");
+       "--history " + history.str() + ": exact:K/T needs T >= K (a window holds at least one segment)");
 }
 
 void check_device_flag(const std::string& device) {
@@ -1073,7 +1073,7 @@ void Trainer::load_dist(const std::filesystem::path& file) {
 }
 
 void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry> extra, bool check_ranks) {
-  if (config_.history.kind == History::Kind::Full) throw CheckpointError("--history full cannot be resumed: its history lives in one segment");
+  if (config_.history.kind == History::Kind::Full) throw CheckpointError("a --history full run's checkpoint cannot be resumed or evaluated: its history lives in one segment, which no checkpoint holds");
   Checkpoint c;
   checkpoint_entries(c, h_home_);
   for (nn::Entry& e : extra) c.entries.push_back(std::move(e));
