@@ -140,6 +140,8 @@ class Tape(_C._Tape):
             a = _np.asarray(values)
             if a.dtype == _np.float64:
                 a = a.astype(_np.float32)
+        if a.dtype.kind == "u" and a.dtype.itemsize == 8 and a.size and int(a.max()) > _np.iinfo(_np.int64).max:
+            raise ShapeError(f"tape.tensor: uint64 value {int(a.max())} does not fit int64 (it would wrap to a negative)")
         if a.dtype.kind in "iub":
             a = a.astype(_np.int64, copy=False)
         elif a.dtype == _np.float16:
@@ -195,6 +197,9 @@ def _copy_(self, values):
     takes, converted to the tensor's dtype; the same shape), with no history,
     as torch's `with no_grad(): t.copy_(...)`. In place: a tensor a segment
     has saved for its backward must not be overwritten before that backward."""
+    raw = _np.asarray(values)
+    if raw.dtype.kind == "u" and raw.dtype.itemsize == 8 and raw.size and int(raw.max()) > _np.iinfo(_np.int64).max:
+        raise ShapeError(f"copy_(): uint64 value {int(raw.max())} does not fit int64 (it would wrap to a negative)")
     a = _np.asarray(values, dtype=_NUMPY_DTYPES[self.dtype])
     if a.shape != self.shape:
         raise ShapeError(f"copy_(): an array of shape {list(a.shape)} into a tensor of shape {list(self.shape)}")

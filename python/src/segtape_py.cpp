@@ -421,7 +421,15 @@ NB_MODULE(_segtape, m) {
         return wrap(t.grad_tensor(), p.box);
       }, "The gradient of a parameter (a persistent tensor), None for others.")
       .def("numpy", &numpy_of, "A NumPy array with a copy of the values (valid after the segment ends).")
-      .def("item", [](const PyTensor& p) { return p.get().item(); })
+      // An int64 tensor's item() is a Python int, exact (through a double, 2^53 + 1 came back as 2^53).
+      .def("item", [](const PyTensor& p) -> nb::object {
+        const Tensor& t = p.get();
+        if (t.dtype == DType::I64 && !t.on_device()) {
+          (void)t.item();  // its checks: live, one element
+          return nb::int_(t.data<int64_t>()[0]);
+        }
+        return nb::float_(t.item());
+      })
       .def("__float__", [](const PyTensor& p) { return p.get().item(); })
       .def("_copy_", &copy_from<float>, "values"_a.noconvert())
       .def("_copy_", &copy_from<double>, "values"_a.noconvert())

@@ -20,6 +20,20 @@ def test_tensor_round_trip_keeps_values_and_dtype(tape):
         assert tape.tensor(np.zeros((2, 2), dtype=np.float32).T).numpy().flags["C_CONTIGUOUS"]
 
 
+def test_integers_keep_every_bit_or_are_refused(tape):
+    with tape.segment():
+        big = 2**53 + 1  # not a double
+        t = tape.tensor(np.array([big]))
+        assert t.item() == big and isinstance(t.item(), int)
+        assert isinstance(tape.tensor([1.5]).item(), float)
+        assert tape.tensor(np.array([2**63 - 1], np.uint64)).numpy().tolist() == [2**63 - 1]
+        with pytest.raises(segtape.ShapeError, match="uint64 value 18446744073709551615 does not fit int64"):
+            tape.tensor(np.array([1, 2**64 - 1], np.uint64))
+        with pytest.raises(segtape.ShapeError, match="does not fit int64"):
+            t.copy_(np.array([2**63], np.uint64))
+        assert t.item() == big  # unchanged
+
+
 def test_numpy_is_a_copy_that_outlives_the_segment(tape):
     with tape.segment():
         t = tape.tensor(np.ones(3, dtype=np.float32))
