@@ -573,7 +573,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   if (resume && root) {
     const auto meta = safetensors::load(out / "checkpoint.safetensors").metadata;
     if (auto it = meta.find("run.interval"); it != meta.end()) {
-      // six numbers, each read in full: finite sums, counts >= 0
+      // six numbers, each read in full, counts >= 0 (the sums may be non-finite: a diverged run stays resumable)
       const std::string& v = it->second;
       const char *p = v.data(), *end = v.data() + v.size();
       bool ok = true;
@@ -584,8 +584,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       };
       next(loss_sum, false), next(loss_n, false), next(return_sum, false), next(episodes, false), next(interval_steps, false),
           next(last_loss, true);
-      if (!ok || !std::isfinite(loss_sum) || !std::isfinite(return_sum) || !std::isfinite(last_loss) || loss_n < 0 ||
-          episodes < 0 || interval_steps < 0)
+      if (!ok || loss_n < 0 || episodes < 0 || interval_steps < 0)
         throw Error("--resume " + out.string() + ": checkpoint metadata run.interval is malformed ('" + v + "')");
     }
   }

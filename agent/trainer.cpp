@@ -546,6 +546,7 @@ SegmentResult Trainer::run_segment() {
   } catch (...) {
     step_ = step0;
     h_ = h_home_;
+    optim_->zero_grad();  // (a throw after backward, in the update, left them accumulated)
     throw;
   }
 }

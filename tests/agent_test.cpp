@@ -1035,7 +1035,7 @@ TEST(Cli, SigtermDuringTheFinalEvaluationStopsIt) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string b = (dir / "run").string();
-  const std::string script = std::string(SEGTAPE_BIN) + " train --steps 64 --batch 4 --hidden 8 --history tbptt:16" +
+  const std::string script = std::string(SEGTAPE_BIN) + " train --steps 64 --batch 4 --hidden 8 --history tbptt:16 --checkpoint-every 64" +
                              " --eval-steps 1000000000 --out " + b + " > " + b + ".log 2>&1 & p=$!; " +
                              "for i in $(seq 1 3000); do [ -e " + b + "/checkpoint.safetensors ] && break; sleep 0.01; done; " +
                              "sleep 0.2; kill -TERM $p; " +

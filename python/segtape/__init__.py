@@ -133,6 +133,8 @@ class Tape(_C._Tape):
         (float32, float64; integers and bools become int64); Python floats
         become float32 and Python ints int64, as torch.tensor does."""
         if dtype is not None:
+            if _np.dtype(dtype) == _np.int64:
+                _refuse_wrapping_uint64(values, "tape.tensor")
             a = _np.asarray(values, dtype=_np.dtype(dtype))
         elif isinstance(values, _np.ndarray):
             a = values
@@ -140,8 +142,7 @@ class Tape(_C._Tape):
             a = _np.asarray(values)
             if a.dtype == _np.float64:
                 a = a.astype(_np.float32)
-        if a.dtype.kind == "u" and a.dtype.itemsize == 8 and a.size and int(a.max()) > _np.iinfo(_np.int64).max:
-            raise ShapeError(f"tape.tensor: uint64 value {int(a.max())} does not fit int64 (it would wrap to a negative)")
+        _refuse_wrapping_uint64(a, "tape.tensor")
         if a.dtype.kind in "iub":
             a = a.astype(_np.int64, copy=False)
         elif a.dtype == _np.float16:
@@ -192,14 +193,20 @@ Segment.backward = _backward
 _NUMPY_DTYPES = {"float32": _np.float32, "float64": _np.float64, "int64": _np.int64}
 
 
+def _refuse_wrapping_uint64(values, what):
+    """A uint64 value above 2^63 - 1 would wrap to a negative int64: refused."""
+    raw = _np.asarray(values)
+    if raw.dtype.kind == "u" and raw.dtype.itemsize == 8 and raw.size and int(raw.max()) > _np.iinfo(_np.int64).max:
+        raise ShapeError(f"{what}: uint64 value {int(raw.max())} does not fit int64 (it would wrap to a negative)")
+
+
 def _copy_(self, values):
     """Overwrites the tensor's values with `values` (anything np.asarray
     takes, converted to the tensor's dtype; the same shape), with no history,
     as torch's `with no_grad(): t.copy_(...)`. In place: a tensor a segment
     has saved for its backward must not be overwritten before that backward."""
-    raw = _np.asarray(values)
-    if raw.dtype.kind == "u" and raw.dtype.itemsize == 8 and raw.size and int(raw.max()) > _np.iinfo(_np.int64).max:
-        raise ShapeError(f"copy_(): uint64 value {int(raw.max())} does not fit int64 (it would wrap to a negative)")
+    if self.dtype == "int64":
+        _refuse_wrapping_uint64(values, "copy_()")
     a = _np.asarray(values, dtype=_NUMPY_DTYPES[self.dtype])
     if a.shape != self.shape:
         raise ShapeError(f"copy_(): an array of shape {list(a.shape)} into a tensor of shape {list(self.shape)}")

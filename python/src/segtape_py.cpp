@@ -424,9 +424,9 @@ NB_MODULE(_segtape, m) {
       // An int64 tensor's item() is a Python int, exact (through a double, 2^53 + 1 came back as 2^53).
       .def("item", [](const PyTensor& p) -> nb::object {
         const Tensor& t = p.get();
-        if (t.dtype == DType::I64 && !t.on_device()) {
+        if (t.dtype == DType::I64) {
           (void)t.item();  // its checks: live, one element
-          return nb::int_(t.data<int64_t>()[0]);
+          return nb::int_(t.to_host<int64_t>()[0]);  // (on a device too)
         }
         return nb::float_(t.item());
       })

@@ -32,6 +32,11 @@ def test_integers_keep_every_bit_or_are_refused(tape):
         with pytest.raises(segtape.ShapeError, match="does not fit int64"):
             t.copy_(np.array([2**63], np.uint64))
         assert t.item() == big  # unchanged
+        with pytest.raises(segtape.ShapeError, match="does not fit int64"):
+            tape.tensor(np.array([2**64 - 1], np.uint64), dtype="int64")
+        f = tape.tensor(np.zeros(1, np.float32))
+        f.copy_(np.array([2**63], np.uint64))  # into a float tensor: converted, not refused
+        assert f.item() == 2.0**63
 
 
 def test_numpy_is_a_copy_that_outlives_the_segment(tape):

@@ -116,10 +116,13 @@ class Trainer {
   static constexpr int64_t kReplicaCheckEvery = 100;
 
   // Runs one segment (K steps, fewer at the end), updates the parameters.
-  // When it throws (an env of Python's raising, say), the trainer is back
-  // where the segment began: its step and recurrent state as before and its
-  // parameters unchanged (they change only at the segment's end), so it can
-  // run, evaluate or save again; the env keeps the steps it took. (Not for
+  // When it throws (an env of Python's raising, say), the trainer stays
+  // usable (it can run, evaluate or save again): its step is as before, its
+  // parameters unchanged (they change only at the segment's end) and their
+  // gradients zeroed; the env keeps the steps it took. The recurrent state
+  // is as before with --history tbptt, detach and exact; window:N's ring
+  // keeps the embeddings the failed steps wrote, and --algo ppo the state
+  // of the rollout's last K-step boundary before the throw. (Not for
   // --history full, whose one segment spans the run.)
   SegmentResult run_segment();
   bool done() const { return step_ >= config_.steps; }
