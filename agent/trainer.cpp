@@ -116,17 +116,19 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
   // sign on unsigned values (std::stoull took "-1" as 2^64 - 1), no spaces,
   // and no locale (std::stod read "3,5" as 3, and a decimal comma under some
   // locales).
-  auto whole = [&]<class T>(const char* k, std::optional<std::string> before) {
-    const std::string v = get(k, std::move(before));
-    T x{};
+  auto whole = [](const char* k, const std::string& v, auto x) {
     const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
     if (v.empty() || ec != std::errc() || end != v.data() + v.size())
       throw CheckpointError(std::string("checkpoint metadata '") + k + "' is '" + v + "', not a number");
     return x;
   };
-  auto i64 = [&](const char* k, std::optional<std::string> before = std::nullopt) { return whole.operator()<int64_t>(k, std::move(before)); };
-  auto u64 = [&](const char* k) { return whole.operator()<uint64_t>(k, std::nullopt); };
-  auto f64 = [&](const char* k, std::optional<std::string> before = std::nullopt) { return whole.operator()<double>(k, std::move(before)); };
+  auto i64 = [&](const char* k, const char* before = nullptr) {
+    return whole(k, before ? get(k, std::string(before)) : get(k), int64_t{});
+  };
+  auto u64 = [&](const char* k) { return whole(k, get(k), uint64_t{}); };
+  auto f64 = [&](const char* k, const char* before = nullptr) {
+    return whole(k, before ? get(k, std::string(before)) : get(k), double{});
+  };
   TrainConfig c;
   c.env = get("env");
   c.history = History::parse(get("history"));
@@ -150,9 +152,9 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
   c.value_coef = f64("value_coef");
   // PPO's keys (checkpoints written before PPO existed are A2C's)
   c.algo = get("algo", c.algo);
-  c.rollout = i64("rollout", std::to_string(c.rollout));
-  c.epochs = i64("epochs", std::to_string(c.epochs));
-  c.minibatches = i64("minibatches", std::to_string(c.minibatches));
+  c.rollout = i64("rollout", std::to_string(c.rollout).c_str());
+  c.epochs = i64("epochs", std::to_string(c.epochs).c_str());
+  c.minibatches = i64("minibatches", std::to_string(c.minibatches).c_str());
   c.clip_range = f64("clip_range", "0.2");
   c.gae_lambda = f64("gae_lambda", "0.95");
   c.lr_schedule = get("lr_schedule", "constant");
