@@ -352,6 +352,9 @@ class Progress {
 // a second signal ends the process at once.
 volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+// The stop signal's name, and the exit status a run it stopped ends with.
+std::string stop_signal_name() { return g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM"; }
+int stop_exit_code(const std::string& name) { return name == "SIGINT" ? 130 : 143; }
 void catch_stop_signals() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -622,7 +625,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   };
   while (!tr.done()) {
     if (g_stop_signal && !comm) {
-      stopped = g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
+      stopped = stop_signal_name();
       break;
     }
     // Data parallel: the request travels with this segment's update, and
@@ -668,7 +671,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       }
     }
     if (comm && tr.stop_agreed() && !tr.done()) {
-      stopped = g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
+      stopped = stop_signal_name();
       break;
     }
   }
@@ -679,12 +682,12 @@ int train(TrainArgs& a, CLI::App& cmd) {
   if (!full && signal_stop) tr.save(out / "checkpoint.safetensors", interval_meta());  // the segment boundary it stopped at
   if (full && !stopped.empty() && interval_steps) log_row(std::chrono::steady_clock::now());
   if (full && stopped.empty()) tr.save(out / "checkpoint.safetensors", run_meta);
-  if (!root) return signal_stop ? (stopped == "SIGINT" ? 130 : 143) : budget_stop ? 2 : 0;  // rank 0 writes the rest
+  if (!root) return signal_stop ? stop_exit_code(stopped) : budget_stop ? 2 : 0;  // rank 0 writes the rest
   std::optional<double> eval;
   std::string eval_stopped;  // a signal during the final evaluation: training complete, no score
   if (stopped.empty()) {
     eval = tr.evaluate(a.eval_steps, c.seed + 7919);
-    if (g_stop_signal) eval.reset(), eval_stopped = g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
+    if (g_stop_signal) eval.reset(), eval_stopped = stop_signal_name();
   }
   if (tb && eval) tb->scalar("eval/" + measure, tr.step(), *eval);
   const TapeStats st = tr.tape().stats();
@@ -731,13 +734,13 @@ int train(TrainArgs& a, CLI::App& cmd) {
                 tr.step(), c.steps, out.c_str(), full ? "" : "checkpoint.safetensors, ");
     if (!full) std::printf("resume with: segtape train --resume %s\n", out.c_str());
     else std::printf("(--history full keeps its run in one segment and cannot be resumed)\n");
-    return stopped == "SIGINT" ? 130 : 143;
+    return stop_exit_code(stopped);
   }
   if (!eval_stopped.empty()) {
     std::printf("\nstopped by %s during the final evaluation: training is complete (%ld steps); metrics.json has no eval score\n",
                 eval_stopped.c_str(), tr.step());
     if (!full) std::printf("evaluate it with: segtape eval --checkpoint %s/checkpoint.safetensors\n", out.c_str());
-    return eval_stopped == "SIGINT" ? 130 : 143;
+    return stop_exit_code(eval_stopped);
   }
   if (budget_stop) {
     std::fprintf(stderr, "segtape: error: %s\n", stopped.c_str());
