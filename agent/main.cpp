@@ -494,7 +494,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   // the step's action alone, so future rewards are noise in its return.
   if (!resume && !cmd.count("--gamma") && c.algo == "ppo" && make_env(c.env, 1, 0, c.env_options)->spec().supervised) c.gamma = 0;
   Trainer tr(c, comm);  // before the directory: a device that cannot be used, or a model too large, leaves nothing behind
-  tr.set_interrupt(&g_stop_signal);  // an evaluation stops at its next segment on SIGINT / SIGTERM
+  tr.set_interrupt([] { return g_stop_signal != 0; });  // an evaluation stops at its next segment on SIGINT / SIGTERM
   const EnvSpec& spec = tr.env().spec();
   const std::string measure = spec.measure;
   // --log-dir: TensorBoard scalars with every metrics row, a greedy eval at

@@ -231,6 +231,11 @@ std::vector<NamedValues> gradients(const Model& m) {
   return out;
 }
 
+// RunOptions::interrupted, asked before every 64th step (outside its timing).
+void poll(const RunOptions& o, int64_t t) {
+  if (o.interrupted && t % 64 == 0 && o.interrupted()) throw Interrupted{};
+}
+
 // The pitfalls: one segment for the whole episode, as the wrong code keeps it.
 void run_pitfall(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
   TapeOptions to;
@@ -256,6 +261,7 @@ void run_pitfall(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
     Tensor loss, history;
     std::vector<Tensor> kept_logits;  // pitfall 3's buffer
     for (int64_t t = 0; t < cfg.steps; ++t, tape.next_step()) {
+      poll(o, t);
       const auto start = Clock::now();
       Tensor e = m.policy.encode(tape.from(row_of(ep.tokens, t, B), {B}));
       Tensor logits;
@@ -345,6 +351,7 @@ void run_fix(Case c, const LabConfig& cfg, const RunOptions& o, Trace& tr) {
       const int64_t n = std::min(K, cfg.steps - t0);
       for (int64_t i = 0; i < n; ++i, tape.next_step()) {
         const int64_t t = t0 + i;
+        poll(o, t);
         const auto start = Clock::now();
         Tensor e = m.policy.encode(tape.from(row_of(ep.tokens, t, B), {B}));
         Tensor f;
@@ -411,6 +418,10 @@ void run_exact(const LabConfig& cfg, const RunOptions& o, Trace& tr) {
   ro.on_segment = [&](int64_t u, bool replayed, const TapeStats& st) {
     const int64_t last = std::min(T, (u + 1) * K) - 1;
     charge(last);
+    if (o.interrupted) {  // between segments, its time charged to no step
+      if (o.interrupted()) throw Interrupted{};
+      mark = Clock::now();
+    }
     if (!replayed) return;
     // The segment has ended: its high-water is the row of its last step (the
     // arena only grows within a segment: these are its bytes after the
@@ -570,7 +581,7 @@ Summary summarise(const Trace& t, size_t budget) {
   return s;
 }
 
-AnomalyCost anomaly_cost(const LabConfig& cfg, int64_t steps) {
+AnomalyCost anomaly_cost(const LabConfig& cfg, int64_t steps, const std::function<bool()>& interrupted) {
   TrainConfig tc;
   tc.env = "recall";
   tc.history = History::parse("tbptt:" + std::to_string(cfg.trainer_k));
@@ -589,6 +600,7 @@ AnomalyCost anomaly_cost(const LabConfig& cfg, int64_t steps) {
     return 1e6 * std::chrono::duration<double>(Clock::now() - start).count() / double(std::max<int64_t>(r.steps, 1));
   };
   while (!off.done()) {
+    if (interrupted && interrupted()) throw Interrupted{};
     t_off.push_back(timed(off));
     t_on.push_back(timed(on));
   }
@@ -652,16 +664,19 @@ LabReport run_lab(const LabConfig& cfg, const std::vector<Case>& which, TorchRun
     if (hooks.progress) hooks.progress(s);
   };
   for (Case c : which) {
+    if (hooks.interrupted && hooks.interrupted()) throw Interrupted{};
     CaseResult r;
     r.id = c;
     const std::string name = label(c, cfg);
     RunOptions o;
+    o.interrupted = hooks.interrupted;
     if (hooks.inspect && info(c).pitfall) o.inspect = [&](const Tape& t) { hooks.inspect(c, t); };
     say("segtape  " + name);
     r.segtape = run_segtape(c, cfg, o);
     if (info(c).pitfall) {
       RunOptions strict;
       strict.strict = true;
+      strict.interrupted = hooks.interrupted;
       r.strict = run_segtape(c, cfg, strict);
       strict.retain_graph = false;
       if (info(c).backward_every_step) r.no_retain = run_segtape(c, cfg, strict);
@@ -686,12 +701,14 @@ LabReport run_lab(const LabConfig& cfg, const std::vector<Case>& which, TorchRun
       }
     } else {
       say("segtape  " + label(Case::HiddenNotDetached, cfg) + " (the gradients exact-replay must equal)");
-      r.grad_check = compare_gradients(r.segtape, run_segtape(Case::HiddenNotDetached, cfg), tol);
+      RunOptions p1_run;
+      p1_run.interrupted = hooks.interrupted;
+      r.grad_check = compare_gradients(r.segtape, run_segtape(Case::HiddenNotDetached, cfg, p1_run), tol);
     }
   }
   if (hooks.measure_anomaly) {
     say("anomaly mode cost");
-    rep.anomaly = anomaly_cost(cfg);
+    rep.anomaly = anomaly_cost(cfg, 8192, hooks.interrupted);
   }
   return rep;
 }

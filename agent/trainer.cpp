@@ -848,7 +848,7 @@ double Trainer::evaluate(int64_t steps, uint64_t seed) {
   bool interrupted = false;
   try {
     for (int64_t done_steps = 0; done_steps < steps;) {
-      if (interrupt_ && *interrupt_) {
+      if (interrupt_ && interrupt_()) {
         interrupted = true;
         break;
       }

@@ -229,6 +229,31 @@ TEST(Lab, SummaryAndOutputsOnASmallRun) {
 
 // Pitfall 1 backpropagates every step's loss through the whole history and
 // updates once; one replay::Driver window over the episode gives the same
+
+// LabHooks::interrupted (Python's Ctrl-C): asked before each case, every 64th
+// step of a run, between the exact driver's segments and the anomaly timing's
+// segments; true ends the lab with Interrupted (not an Error, which a run
+// would record as its result).
+TEST(Lab, AnInterruptCheckStopsItMidRun) {
+  LabConfig c = small();
+  c.steps = 640;
+  for (Case which : {Case::HiddenNotDetached, Case::Tbptt, Case::ExactReplay}) {
+    SCOPED_TRACE(info(which).name);
+    int asked = 0;
+    LabHooks h;
+    h.measure_anomaly = false;
+    h.interrupted = [&] { return ++asked == 4; };  // the first during the case's first run
+    EXPECT_THROW(run_lab(c, {which}, nullptr, h), Interrupted);
+    EXPECT_EQ(asked, 4);
+  }
+  int asked = 0;
+  EXPECT_THROW(anomaly_cost(c, 256, [&] { return ++asked == 3; }), Interrupted);
+  EXPECT_EQ(asked, 3);
+  LabHooks never;
+  never.measure_anomaly = false;
+  never.interrupted = [] { return false; };
+  EXPECT_EQ(run_lab(c, {Case::Tbptt}, nullptr, never).results.size(), 1u);
+}
 // gradients, whatever K (a last, shorter segment included).
 TEST(ExactReplay, GradientsEqualPitfallOnesForEveryK) {
   const LabConfig c = small();

@@ -810,10 +810,23 @@ NB_MODULE(_segtape, m) {
     for (const std::string& w : which) cases.push_back(rt::parse_case(w, cfg));
     rt::LabHooks hooks;
     hooks.measure_anomaly = measure_anomaly;
+    // Ctrl-C: the lab runs without the GIL, so Python's signal handlers run
+    // only here, between its steps; their exception (KeyboardInterrupt) is
+    // kept and raised once the lab has unwound.
+    std::optional<nb::python_error> stopped;
+    hooks.interrupted = [&stopped] {
+      nb::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() == 0) return false;
+      stopped.emplace();  // takes the exception, leaving none set
+      return true;
+    };
     rt::LabReport r;
-    {
+    try {
       nb::gil_scoped_release release;
       r = rt::run_lab(cfg, cases, nullptr, hooks);
+    } catch (const rt::Interrupted&) {
+      if (stopped) throw *stopped;
+      throw;
     }
     return dict_of({{"json", nb::cast(rt::to_json(r))}, {"csv", nb::cast(rt::to_csv(r))}, {"svg", nb::cast(rt::to_svg(r))}, {"table", nb::cast(rt::table(r))}});
   }, "config"_a, "cases"_a, "measure_anomaly"_a = false);
@@ -925,7 +938,26 @@ NB_MODULE(_segtape, m) {
       .def_prop_ro("step", &agent::Trainer::step)
       .def("score", [](agent::Trainer& t) { return t.env().score(); })
       .def("reset_score", [](agent::Trainer& t) { t.env().reset_score(); })
-      .def("evaluate", &agent::Trainer::evaluate, "steps"_a, "seed"_a,
+      .def("evaluate", [](agent::Trainer& t, int64_t steps, uint64_t seed) {
+        // Ctrl-C stops it at its next segment (Python's signal handlers run
+        // there) and raises their exception (KeyboardInterrupt).
+        std::optional<nb::python_error> stopped;
+        t.set_interrupt([&stopped] {
+          if (PyErr_CheckSignals() == 0) return false;
+          stopped.emplace();  // takes the exception, leaving none set while the env is put back
+          return true;
+        });
+        double score = 0;
+        try {
+          score = t.evaluate(steps, seed);
+        } catch (...) {
+          t.set_interrupt({});
+          throw;
+        }
+        t.set_interrupt({});
+        if (stopped) throw *stopped;
+        return score;
+      }, "steps"_a, "seed"_a,
            "Greedy evaluation over `steps` fresh steps of a new env seeded `seed`: its score, or NaN where nothing was scored "
            "(recall asks its first question at step lag).")
       .def("save", [](const agent::Trainer& t, const std::string& path) { t.save(path); })

@@ -14,6 +14,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -138,6 +139,14 @@ struct RunOptions {
   bool anomaly = false;  // TapeOptions::anomaly
   Inspect inspect;
   InspectNamed inspect_named;
+  // Asked between steps (every 64th, outside the timed work) and between the
+  // driver's segments: true stops the run with Interrupted. Empty: never.
+  std::function<bool()> interrupted;
+};
+// Thrown when RunOptions::interrupted or LabHooks::interrupted says stop (not
+// a segtape::Error: the runs record those into their trace as the result).
+struct Interrupted : std::exception {
+  const char* what() const noexcept override { return "the retention lab was interrupted"; }
 };
 
 // Runs one case on segtape. Errors from the strict policy are caught into the
@@ -199,7 +208,8 @@ struct AnomalyCost {
   double us_off = 0, us_on = 0;
   double percent() const { return us_off > 0 ? 100.0 * (us_on - us_off) / us_off : 0; }
 };
-AnomalyCost anomaly_cost(const LabConfig& cfg, int64_t steps = 8192);
+// interrupted: asked between segments (Interrupted when true).
+AnomalyCost anomaly_cost(const LabConfig& cfg, int64_t steps = 8192, const std::function<bool()>& interrupted = {});
 
 // Graphviz DOT (segtape/explain.h) of a small run's tape with the parameters
 // named ("gru.weight_hh", ...): a pitfall's one segment after 3 steps, or a
@@ -258,6 +268,9 @@ struct LabHooks {
   // seconds on a small machine). false: LabReport::anomaly stays zero and the
   // table and JSON say "not measured" (Python's quick runs).
   bool measure_anomaly = true;
+  // Passed to every run (RunOptions::interrupted) and to anomaly_cost: the
+  // lab stops with Interrupted once it returns true (Python: Ctrl-C).
+  std::function<bool()> interrupted;
 };
 // torch: nullptr when LibTorch was not built (its panel then says so).
 // exact-replay's gradients are checked against pitfall 1's, on each engine

@@ -2,8 +2,8 @@
 // deciding how history reaches the gradient, supervised or actor-critic
 // training, and exact resumable checkpoints.
 #pragma once
-#include <csignal>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -149,13 +149,14 @@ class Trainer {
   // gradients): the env's score over them, or NaN where they scored nothing
   // (no target asked, no episode finished: recall asks its first question at
   // step --lag), not a 0 that reads as a wrong answer.
-  // Refused unless steps >= 1. With an interrupt flag set (set_interrupt),
-  // it stops at the next segment boundary once the flag is non-zero and
+  // Refused unless steps >= 1. With an interrupt check set (set_interrupt),
+  // it stops at the next segment boundary once the check returns true and
   // returns NaN (the training state is put back either way).
   double evaluate(int64_t steps, uint64_t seed);
-  // A flag a signal handler sets (the segtape program's SIGINT / SIGTERM);
-  // nullptr: none. Read by evaluate between its segments.
-  void set_interrupt(const volatile std::sig_atomic_t* flag) { interrupt_ = flag; }
+  // Asked by evaluate before each of its segments: true stops it. The segtape
+  // program reads the flag its SIGINT / SIGTERM handler sets; Python's binding
+  // runs Python's signal handlers (Ctrl-C raises KeyboardInterrupt). Empty: none.
+  void set_interrupt(std::function<bool()> check) { interrupt_ = std::move(check); }
 
   // Everything to continue bit-identically: parameters, optimizer moments,
   // step, env state, carried history, rngs, config. Atomic write.
@@ -224,7 +225,7 @@ class Trainer {
   std::unique_ptr<dist::GradientAverager> avg_;
   int64_t updates_ = 0;
   bool stop_requested_ = false, stop_agreed_ = false;
-  const volatile std::sig_atomic_t* interrupt_ = nullptr;
+  std::function<bool()> interrupt_;
 
   TrainConfig config_;
   std::unique_ptr<Tape> tape_;
