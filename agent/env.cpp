@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <type_traits>
 
 namespace segtape::agent {
 
@@ -238,9 +239,10 @@ class CheckedEnv final : public Env {
   CheckedEnv(std::unique_ptr<Env> env, std::string name, int64_t batch)
       : Env(batch, 0), env_(std::move(env)), name_(std::move(name)) {
     if (!env_) throw EnvContractError("env '" + name_ + "': its factory returned no env");
-    if (env_->batch() != batch)
-      fail_at_make("batch() is " + std::to_string(env_->batch()) + ", but it was made for " + std::to_string(batch) + " streams");
-    const EnvSpec& s = env_->spec();
+    const int64_t made = guarded("batch", [&] { return env_->batch(); });
+    if (made != batch) fail_at_make("batch() is " + std::to_string(made) + ", but it was made for " + std::to_string(batch) + " streams");
+    spec_ = guarded("spec", [&] { return env_->spec(); });
+    const EnvSpec& s = spec_;
     vocab_ = s.vocab, obs_dim_ = s.obs_dim, actions_ = s.num_actions;
     if ((vocab_ > 0) == (obs_dim_ > 0) || vocab_ < 0 || obs_dim_ < 0)
       fail_at_make("spec() has vocab " + std::to_string(vocab_) + " and obs_dim " + std::to_string(obs_dim_) +
@@ -249,14 +251,18 @@ class CheckedEnv final : public Env {
     if (s.measure.empty()) fail_at_make("spec().measure is empty; name what score() measures, e.g. \"accuracy\"");
   }
 
-  const EnvSpec& spec() const override { return env_->spec(); }
+  // The spec as it was at make_env: the env's own is compared with it before
+  // each call (a spec that changed would have the env write past the
+  // buffers sized by the old one).
+  const EnvSpec& spec() const override { return spec_; }
 
   void observe(std::span<int64_t> tokens, std::span<float> vectors) const override {
     const size_t B = size_t(batch_);
     if (vocab_ > 0) {
       need("observe", "token", tokens.size(), B);
       std::fill_n(tokens.begin(), B, kUnwritten);
-      env_->observe(tokens, vectors);
+      check_spec("observe");
+      guarded("observe", [&] { env_->observe(tokens, vectors); });
       if (!all_below(tokens.first(B), vocab_)) [[unlikely]]
         for (size_t b = 0; b < B; ++b)
           if (tokens[b] < 0 || tokens[b] >= vocab_)
@@ -267,7 +273,8 @@ class CheckedEnv final : public Env {
       const size_t n = B * size_t(obs_dim_);
       need("observe", "vector", vectors.size(), n);
       std::fill_n(vectors.begin(), n, kUnwrittenFloat);
-      env_->observe(tokens, vectors);
+      check_spec("observe");
+      guarded("observe", [&] { env_->observe(tokens, vectors); });
       if (!all_finite(vectors.first(n))) [[unlikely]]
         for (size_t i = 0; i < n; ++i)
           if (!std::isfinite(vectors[i]))
@@ -283,7 +290,8 @@ class CheckedEnv final : public Env {
     const size_t B = size_t(batch_);
     need("targets", "target", y.size(), B);
     std::fill_n(y.begin(), B, kUnwritten);
-    env_->targets(y);
+    check_spec("targets");
+    guarded("targets", [&] { env_->targets(y); });
     uint64_t bad = 0;  // no early exit (vectorized): a class in [0, num_actions) or kNoTarget
     for (size_t b = 0; b < B; ++b) bad |= uint64_t(uint64_t(y[b]) >= uint64_t(actions_)) & uint64_t(y[b] != kNoTarget);
     if (bad) [[unlikely]]
@@ -306,7 +314,8 @@ class CheckedEnv final : public Env {
                       std::to_string(actions[b]) + " for stream " + std::to_string(b) + " is outside [0, " + std::to_string(actions_) + ")");
     std::fill_n(reward.begin(), B, kUnwrittenFloat);
     std::fill_n(done.begin(), B, uint8_t(0xff));
-    env_->step(actions, reward, done);
+    check_spec("step");
+    guarded("step", [&] { env_->step(actions, reward, done); });
     uint8_t done_or = 0;
     for (size_t b = 0; b < B; ++b) done_or |= done[b];
     if (!all_finite(reward.first(B)) || done_or > 1) [[unlikely]]
@@ -320,11 +329,11 @@ class CheckedEnv final : public Env {
     ++steps_;
   }
 
-  double score() const override { return env_->score(); }
-  void reset_score() override { env_->reset_score(); }
-  std::pair<int64_t, int64_t> score_counts() const override { return env_->score_counts(); }
-  std::vector<int64_t> save_state() const override { return env_->save_state(); }
-  void load_state(std::span<const int64_t> s) override { env_->load_state(s); }
+  double score() const override { return guarded("score", [&] { return env_->score(); }); }
+  void reset_score() override { guarded("reset_score", [&] { env_->reset_score(); }); }
+  std::pair<int64_t, int64_t> score_counts() const override { return guarded("score_counts", [&] { return env_->score_counts(); }); }
+  std::vector<int64_t> save_state() const override { return guarded("save_state", [&] { return env_->save_state(); }); }
+  void load_state(std::span<const int64_t> s) override { guarded("load_state", [&] { env_->load_state(s); }); }
 
  private:
   // Never called: save_state and load_state go to the wrapped env.
@@ -352,6 +361,38 @@ class CheckedEnv final : public Env {
     throw EnvContractError("env '" + name_ + "', step " + std::to_string(steps_ + 1) + ": " + what +
                            " (the Env contract: segtape/agent/env.h, docs/agent.md)");
   }
+  // An env's call that throws something other than a std::exception (which
+  // passes unchanged: a Python env's KeyboardInterrupt among them) becomes an
+  // Error naming the env, the call and the step: nothing in segtape could
+  // catch it by type, and the program would end in std::terminate.
+  template <class F>
+  std::invoke_result_t<F&> guarded(const char* call, F&& f) const {
+    try {
+      return f();
+    } catch (const std::exception&) {
+      throw;
+    } catch (...) {
+      throw EnvContractError("env '" + name_ + "', step " + std::to_string(steps_ + 1) + ": " + call +
+                             "() threw an exception that is not a std::exception (the Env contract: segtape/agent/env.h, docs/agent.md)");
+    }
+  }
+  // spec() must stay what it was at make_env (env.h).
+  void check_spec(const char* call) const {
+    const EnvSpec& now = guarded("spec", [&]() -> const EnvSpec& { return env_->spec(); });
+    if (now.vocab == spec_.vocab && now.obs_dim == spec_.obs_dim && now.num_actions == spec_.num_actions &&
+        now.supervised == spec_.supervised && now.measure == spec_.measure) [[likely]]
+      return;
+    std::string changed;
+    auto field = [&](const char* name, const std::string& was, const std::string& is) {
+      if (was != is) changed += (changed.empty() ? "" : ", ") + std::string(name) + " " + was + " -> " + is;
+    };
+    field("vocab", std::to_string(spec_.vocab), std::to_string(now.vocab));
+    field("obs_dim", std::to_string(spec_.obs_dim), std::to_string(now.obs_dim));
+    field("num_actions", std::to_string(spec_.num_actions), std::to_string(now.num_actions));
+    field("supervised", spec_.supervised ? "true" : "false", now.supervised ? "true" : "false");
+    field("measure", "'" + spec_.measure + "'", "'" + now.measure + "'");
+    fail("spec() changed before " + std::string(call) + "(): " + changed + "; the spec must stay the same for the env's whole life");
+  }
   [[noreturn]] void fail_at_make(const std::string& what) const {
     throw EnvContractError("env '" + name_ + "': " + what + " (the Env contract: segtape/agent/env.h, docs/agent.md)");
   }
@@ -365,6 +406,7 @@ class CheckedEnv final : public Env {
 
   std::unique_ptr<Env> env_;
   std::string name_;
+  EnvSpec spec_;
   int64_t vocab_ = 0, obs_dim_ = 0, actions_ = 0;
   int64_t steps_ = 0;  // step() calls so far: messages name step steps_ + 1
   std::vector<int64_t> no_ints_;
@@ -425,7 +467,15 @@ std::unique_ptr<Env> make_env(const std::string& name, int64_t batch, uint64_t s
     throw Error("unknown env '" + name + "' (registered: " + joined(r.names) +
                 "; an env of your own: register_env, or `segtape train --env-plugin FILE`)");
   const EnvFactory& make = r.factories[size_t(it - r.names.begin())];
-  return std::make_unique<CheckedEnv>(make(batch, seed, o), name, batch);
+  std::unique_ptr<Env> env;
+  try {
+    env = make(batch, seed, o);
+  } catch (const std::exception&) {
+    throw;
+  } catch (...) {
+    throw EnvContractError("env '" + name + "': its factory threw an exception that is not a std::exception (the Env contract: segtape/agent/env.h, docs/agent.md)");
+  }
+  return std::make_unique<CheckedEnv>(std::move(env), name, batch);
 }
 
 namespace {
@@ -524,6 +574,8 @@ std::vector<std::string> load_env_plugin(const std::filesystem::path& file) {
   std::error_code ec;
   if (!fs::exists(file, ec)) throw Error(file.string() + ": no such file");
   if (fs::is_directory(file, ec)) throw Error(file.string() + ": is a directory, not a shared library");
+  // dlopen of a FIFO waits for a writer forever; a device is no library either.
+  if (!fs::is_regular_file(file, ec)) throw Error(file.string() + ": not a regular file, not a shared library");
   // An absolute path: dlopen searches the library path for a bare name.
   const fs::path path = fs::weakly_canonical(fs::absolute(file, ec), ec);
   if (auto it = loaded.find(path); it != loaded.end()) return it->second;

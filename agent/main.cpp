@@ -1119,6 +1119,11 @@ int run_cli(int argc, char** argv) {
     if (g_comm) return rank_error(e);
     std::fprintf(stderr, "segtape: error: %s\n", one_line(e.what()).c_str());
     return 2;
+  } catch (...) {  // thrown by code of the user's (a plug-in) that bypassed the env's checks: never terminate()
+    const Error e("an exception that is not a std::exception (from an env plug-in's code?)");
+    if (g_comm) return rank_error(e);
+    std::fprintf(stderr, "segtape: error: %s\n", e.what());
+    return 2;
   }
   return 0;
 }
@@ -1147,6 +1152,9 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     if (g_comm) return rank_error(e);
     std::fprintf(stderr, "segtape: error: %s\n", e.what());
+    return 2;
+  } catch (...) {
+    std::fprintf(stderr, "segtape: error: an exception that is not a std::exception\n");
     return 2;
   }
 }

@@ -86,6 +86,9 @@ extern "C" void segtape_register_envs() {
 #include <algorithm>
 #include <filesystem>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "segtape/agent/trainer.h"
 #include "util.h"
 
@@ -124,12 +127,18 @@ void ensure(const std::string& name, const EnvFactory& f) {
 
 // Echo, broken in one way from a given step on.
 enum class Fault { TokenOutOfRange, TokenNegative, TokenUnwritten, RewardNaN, RewardInf, RewardUnwritten, DoneTwo, DoneUnwritten,
-                   TargetOutOfRange, TargetNegative };
+                   TargetOutOfRange, TargetNegative, ThrowsInt, SpecChanges };
 
 class Broken final : public Echo {
  public:
   Broken(int64_t batch, uint64_t seed, std::string name, Fault f, int64_t from_step)
       : Echo(batch, seed, std::move(name)), fault_(f), from_(from_step) {}
+  const EnvSpec& spec() const override {
+    if (fault_ != Fault::SpecChanges || !now()) return Echo::spec();
+    changed_ = Echo::spec();
+    changed_.vocab = 5;  // an env whose observations grew
+    return changed_;
+  }
   void observe(std::span<int64_t> tokens, std::span<float> v) const override {
     if (now() && fault_ == Fault::TokenUnwritten) {  // an observe that forgets stream 1
       std::vector<int64_t> all(tokens.size());
@@ -151,6 +160,7 @@ class Broken final : public Echo {
   void step(std::span<const int64_t> a, std::span<float> reward, std::span<uint8_t> done) override {
     const bool broken = now();
     ++steps_;
+    if (broken && fault_ == Fault::ThrowsInt) throw 7;  // not a std::exception
     if (broken && (fault_ == Fault::RewardUnwritten || fault_ == Fault::DoneUnwritten)) {  // a step that forgets stream 1
       std::vector<float> r(reward.size());
       std::vector<uint8_t> d(done.size());
@@ -173,6 +183,7 @@ class Broken final : public Echo {
   Fault fault_;
   int64_t from_;
   int64_t steps_ = 0;
+  mutable EnvSpec changed_;
 };
 
 // The broken env `name` (registered once), made for 2 streams.
@@ -386,6 +397,30 @@ TEST(EnvContract, AnImpossibleSpecOrBatchIsRefusedWhenMade) {
             std::string::npos);
 }
 
+// An env's code that throws something other than a std::exception (which
+// nothing could catch by type: the program would terminate) becomes an
+// EnvContractError naming the env, the call and the step; and a spec() that
+// changes is refused before the env is called with it (it would fill the
+// buffers sized by the old one past their end).
+TEST(EnvContract, ANonStdExceptionOrAChangingSpecIsRefused) {
+  {
+    auto env = broken("bad-throws-int", Fault::ThrowsInt, 3);
+    const std::string m = run_until_refused(*env, 10);
+    EXPECT_NE(m.find("env 'bad-throws-int', step 3: step() threw an exception that is not a std::exception"), std::string::npos) << m;
+  }
+  {
+    auto env = broken("bad-spec-changes", Fault::SpecChanges, 3);
+    EXPECT_EQ(env->spec().vocab, 3);
+    const std::string m = run_until_refused(*env, 10);
+    EXPECT_NE(m.find("env 'bad-spec-changes', step 3: spec() changed before observe(): vocab 3 -> 5"), std::string::npos) << m;
+    EXPECT_EQ(env->spec().vocab, 3) << "the checked env reports the spec it was made with";
+  }
+  ensure("bad-factory-throws", [](int64_t, uint64_t, const EnvOptions&) -> std::unique_ptr<Env> { throw 7; });
+  EXPECT_NE(message_of<EnvContractError>([] { (void)make_env("bad-factory-throws", 2, 1, {}); })
+                .find("env 'bad-factory-throws': its factory threw an exception that is not a std::exception"),
+            std::string::npos);
+}
+
 // The caller's side of the contract: an action out of range, or buffers too
 // small for B streams, are refused before the env sees them.
 TEST(EnvContract, ACallersActionOutOfRangeOrShortBufferIsRefused) {
@@ -471,6 +506,12 @@ TEST(EnvPlugin, AMissingFileOrAFileThatIsNotAPluginIsRefused) {
             kNotPlugin + ": not a segtape env plug-in (it defines no extern \"C\" void segtape_register_envs())");
   EXPECT_EQ(message_of([&] { (void)load_env_plugin(kEmpty); }),
             kEmpty + ": segtape_register_envs() registered no env (call register_env in it)");
+  // dlopen of a FIFO waited for a writer forever.
+  const std::string fifo = (std::filesystem::temp_directory_path() / ("segtape-env-fifo-" + std::to_string(getpid()) + ".so")).string();
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << fifo;
+  EXPECT_EQ(message_of([&] { (void)load_env_plugin(fifo); }), fifo + ": not a regular file, not a shared library");
+  std::filesystem::remove(fifo);
+  EXPECT_EQ(message_of([] { (void)load_env_plugin("/dev/null"); }), "/dev/null: not a regular file, not a shared library");
 }
 
 TEST(EnvPlugin, AFailedRegistrationLeavesTheRegistryAsItWas) {
