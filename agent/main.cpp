@@ -56,7 +56,13 @@ void write_text(const fs::path& p, const std::string& text) {
     std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
     o << text;
     o.flush();
-    if (!o) throw Error("cannot write " + p.string() + ": " + std::strerror(errno));
+    if (!o) {
+      const std::string why = std::strerror(errno);
+      o.close();
+      std::error_code ignored;
+      fs::remove(tmp, ignored);  // (a full disk: the partial temporary file goes too)
+      throw Error("cannot write " + p.string() + ": " + why);
+    }
   }
   std::error_code ec;
   fs::rename(tmp, p, ec);
@@ -115,6 +121,8 @@ class MetricsCsv {
       throw Error("cannot append to " + path_.string() + ": " + std::strerror(errno));
   }
   // The rows of an existing file of this run (columns found by name).
+  // A cell that is not what this program writes (a hand-edited or damaged
+  // file) is refused, naming the file, the line and the column.
   static std::vector<Row> read(const fs::path& p) {
     std::vector<Row> rows;
     std::ifstream in(p);
@@ -123,22 +131,34 @@ class MetricsCsv {
     std::vector<std::string> cols;
     std::stringstream hs(line);
     for (std::string c; std::getline(hs, c, ',');) cols.push_back(c);
-    while (std::getline(in, line)) {
+    for (int64_t n = 2; std::getline(in, line); ++n) {
       std::stringstream ls(line);
       Row r;
       size_t i = 0;
       for (std::string v; std::getline(ls, v, ',') && i < cols.size(); ++i) {
         const std::string& c = cols[i];
-        const double d = v.empty() ? std::nan("") : std::strtod(v.c_str(), nullptr);
-        if (c == "step") r.step = int64_t(d);
-        else if (c == "loss") r.loss = d;
+        auto bad = [&](const char* what) {
+          return Error(fmt::format("{} line {}: {} '{}' is {}; fix the line or delete the file (the checkpoint does not need it)",
+                                   p.string(), n, c, v, what));
+        };
+        if (c == "step" || c == "segment_peak_bytes" || c == "rss_bytes") {  // whole numbers >= 0
+          int64_t x = 0;
+          const auto res = std::from_chars(v.data(), v.data() + v.size(), x);
+          if (res.ec != std::errc() || res.ptr != v.data() + v.size() || x < 0) throw bad("not a whole number >= 0");
+          if (c == "step") r.step = x;
+          else if (c == "segment_peak_bytes") r.segment_peak = size_t(x);
+          else r.rss = size_t(x);
+          continue;
+        }
+        char* end = nullptr;
+        const double d = v.empty() ? std::nan("") : std::strtod(v.c_str(), &end);  // empty: nothing measured
+        if (!v.empty() && (end != v.c_str() + v.size() || std::isinf(d))) throw bad("not a number");
+        if (c == "loss") r.loss = d;
         else if (c == "episode_return") r.episode_return = d;
-        else if (c == "segment_peak_bytes") r.segment_peak = size_t(d);
-        else if (c == "rss_bytes") r.rss = size_t(d);
         else if (c == "steps_per_s") r.steps_per_s = d;
         else if (i == 2) r.score = d;  // the env's measure (accuracy, success)
       }
-      if (i == cols.size()) rows.push_back(r);
+      if (i == cols.size()) rows.push_back(r);  // (a last line cut short by a kill is dropped)
     }
     return rows;
   }
@@ -298,6 +318,17 @@ std::vector<std::string> plugin_args(int argc, char** argv) {
 // file given with --env-plugin this time if it registered the env, else the
 // file recorded in the checkpoint, loaded now. `where` names the flag and
 // the checkpoint for the errors.
+// Whether metrics.json is a finished run's at `step`: complete, not interrupted.
+bool finished_metrics(const fs::path& file, int64_t step) {
+  std::ifstream in(file);
+  if (!in) return false;
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return false;
+  const auto complete = j.find("complete"), steps = j.find("steps");
+  return complete != j.end() && complete->is_boolean() && complete->get<bool>() && steps != j.end() &&
+         steps->is_number_integer() && steps->get<int64_t>() == step && !j.contains("interrupted");
+}
+
 std::string checkpoint_plugin(const fs::path& ck, const std::string& env, const std::string& where) {
   if (auto it = plugin_envs().find(env); it != plugin_envs().end()) return it->second;
   if (env_registered(env)) return "";
@@ -389,6 +420,10 @@ int train(TrainArgs& a, CLI::App& cmd) {
   if (cmd.count("--resume") && a.resume.empty()) throw Error("--resume needs the folder of a run (it was empty)");
   if (cmd.count("--out") && a.out.empty()) throw Error("--out needs a folder (it was empty; without --out a run goes to runs/ENV-TIME)");
   const bool resume = !a.resume.empty();
+  // --log-every, --checkpoint-every and --eval-steps as the run was given them
+  // (checkpoint metadata run.flags.*): a resumed run keeps its cadence unless
+  // the flag is given again.
+  std::map<std::string, std::string> stored_flags;
   // Started by mpirun: one rank of a data-parallel run (docs/distributed.md).
   // Rank 0 alone reads and writes files and prints; every rank trains.
   // (The communicator lives as long as the process: main's error handling uses it.)
@@ -415,6 +450,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
       if (!fs::exists(ck)) throw Error("--resume " + out.string() + ": no checkpoint.safetensors there; start a new run with --out");
       c = Trainer::read_config(ck);
       plugin = checkpoint_plugin(ck, c.env, "--resume " + out.string());
+      for (const auto& [k, v] : safetensors::load(ck).metadata)
+        if (k.rfind("run.flags.", 0) == 0) stored_flags[k] = v;
     }
     c.budget_name = "--budget";
     for (const char* opt : {"--env", "--history", "--batch", "--hidden", "--embed", "--update-bias", "--lag", "--sparse", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget",
@@ -460,11 +497,12 @@ int train(TrainArgs& a, CLI::App& cmd) {
     dist::raise_if_any(*comm, setup_error);
     if (resume) {  // the checkpoint's configuration (read by rank 0) to every rank
       std::string meta;
-      if (root) meta = nlohmann::json(c.to_metadata()).dump() + '\n' + plugin;
+      if (root) meta = nlohmann::json(c.to_metadata()).dump() + '\n' + nlohmann::json(stored_flags).dump() + '\n' + plugin;
       meta = comm->allgather(meta, "the broadcast of the checkpoint's configuration")[0];
       if (!root) {
-        const size_t nl = meta.find('\n');
-        plugin = meta.substr(nl + 1);
+        const size_t nl = meta.find('\n'), nl2 = meta.find('\n', nl + 1);
+        stored_flags = nlohmann::json::parse(meta.substr(nl + 1, nl2 - nl - 1)).get<std::map<std::string, std::string>>();
+        plugin = meta.substr(nl2 + 1);
         if (!plugin.empty() && !env_registered(nlohmann::json::parse(meta.substr(0, nl)).value("env", ""))) load_plugin(plugin);
         c = TrainConfig::from_metadata(nlohmann::json::parse(meta.substr(0, nl)).get<std::map<std::string, std::string>>());
         c.budget_name = "--budget";
@@ -475,9 +513,23 @@ int train(TrainArgs& a, CLI::App& cmd) {
     if (cmd.count("--steps")) c.steps = a.c.steps;
     if (cmd.count("--device")) c.device = a.c.device;  // a run may move between the CPU and a GPU
   }
+  bool eval_given = cmd.count("--eval-steps") > 0;
+  for (auto [opt, v] : {std::pair{"--log-every", &a.log_every}, std::pair{"--checkpoint-every", &a.checkpoint_every},
+                        std::pair{"--eval-steps", &a.eval_steps}}) {
+    const std::string key = std::string("run.flags.") + (opt + 2);
+    const auto it = stored_flags.find(key);
+    if (cmd.count(opt) || it == stored_flags.end()) continue;
+    const std::string& text = it->second;
+    int64_t n = 0;
+    const auto r = std::from_chars(text.data(), text.data() + text.size(), n);
+    if (r.ec != std::errc() || r.ptr != text.data() + text.size() || n < 1 || n > 1'000'000'000)
+      throw Error("--resume " + out.string() + ": checkpoint metadata " + key + " is malformed ('" + text + "')");
+    *v = n;
+    if (v == &a.eval_steps) eval_given = true;
+  }
   const auto check = [&] {
     c.validate();
-    a.eval_steps = eval_steps_for(c, a.eval_steps, cmd.count("--eval-steps") > 0, "--eval-steps");
+    a.eval_steps = eval_steps_for(c, a.eval_steps, eval_given, "--eval-steps");
   };
   if (comm) {
     // An invalid configuration is every rank's error alike.
@@ -504,12 +556,19 @@ int train(TrainArgs& a, CLI::App& cmd) {
   if (root && !a.log_dir.empty()) tb.emplace(a.log_dir, "--log-dir");
 
   std::vector<Row> rows;
+  // A resumed run whose training was complete but whose end was not written
+  // (killed during the final evaluation, or a full disk at metrics.json):
+  // only the final evaluation, metrics.json and plot.svg are done.
+  bool finishing = false;
   if (resume) {
     tr.load(out / "checkpoint.safetensors");
-    if (tr.done()) {  // nothing to do: every file stays as it is
-      if (root) std::printf("%s: already complete (step %ld of %ld); nothing to do. To train further, pass --steps N with N > %ld.\n",
-                  out.c_str(), tr.step(), c.steps, tr.step());
-      return 0;
+    if (tr.done()) {
+      finishing = root && !finished_metrics(out / "metrics.json", tr.step());
+      if (!finishing) {  // nothing to do: every file stays as it is
+        if (root) std::printf("%s: already complete (step %ld of %ld); nothing to do. To train further, pass --steps N with N > %ld.\n",
+                    out.c_str(), tr.step(), c.steps, tr.step());
+        return 0;
+      }
     }
     // A run killed while writing leaves its temporary files (".<file>.tmp",
     // ".checkpoint.safetensors.tmp.<pid>.<n>"); the files themselves are intact.
@@ -544,6 +603,9 @@ int train(TrainArgs& a, CLI::App& cmd) {
               full ? (c.budget ? " (growth limit)" : " (growth limit, the default for full; set it with --budget)") : "",
               settings.empty() ? "" : "; ", settings.c_str(), out.c_str());
   if (root && !plugin.empty()) std::printf("env %s from the plug-in %s\n", c.env.c_str(), plugin.c_str());
+  if (finishing)
+    std::printf("training was complete at step %ld, but its end was not written (%s/metrics.json is missing or not final): "
+                "running the final evaluation and writing metrics.json and plot.svg\n", tr.step(), out.c_str());
   if (comm && root)
     std::printf("data parallel: %d ranks (%s) x %ld streams, gradients averaged every update; rank 0 writes the files\n",
                 comm->size(), comm->backend().c_str(), c.batch);
@@ -567,6 +629,9 @@ int train(TrainArgs& a, CLI::App& cmd) {
   // next row is the row the run would have written had it never stopped.
   std::map<std::string, std::string> run_meta;  // checkpoint metadata besides the Trainer's own
   if (!plugin.empty()) run_meta[kPluginKey] = plugin;
+  if (a.log_every > 0) run_meta["run.flags.log-every"] = std::to_string(a.log_every);
+  if (a.checkpoint_every > 0) run_meta["run.flags.checkpoint-every"] = std::to_string(a.checkpoint_every);
+  if (eval_given) run_meta["run.flags.eval-steps"] = std::to_string(a.eval_steps);
   auto interval_meta = [&]() -> std::map<std::string, std::string> {
     std::map<std::string, std::string> m = run_meta;
     m["run.interval"] = fmt::format("{:.17g},{},{:.17g},{},{},{:.17g}", loss_sum, loss_n, return_sum, episodes, interval_steps,
@@ -681,7 +746,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!full && signal_stop) tr.save(out / "checkpoint.safetensors", interval_meta());  // the segment boundary it stopped at
   if (full && !stopped.empty() && interval_steps) log_row(std::chrono::steady_clock::now());
-  if (full && stopped.empty()) tr.save(out / "checkpoint.safetensors", run_meta);
+  if (full && stopped.empty() && !finishing) tr.save(out / "checkpoint.safetensors", run_meta);
+  if (finishing && !rows.empty()) peak = rows.back().segment_peak;  // no segment ran here: the run's last logged peak
   if (!root) return signal_stop ? stop_exit_code(stopped) : budget_stop ? 2 : 0;  // rank 0 writes the rest
   std::optional<double> eval;
   std::string eval_stopped;  // a signal during the final evaluation: training complete, no score
@@ -703,7 +769,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     j["final_episode_return"] = rows.back().episode_return;
   if (eval) j["eval_" + measure] = std::isnan(*eval) ? nlohmann::json(nullptr) : nlohmann::json(*eval), j["eval_steps"] = a.eval_steps;
   j["segment_peak_bytes"] = peak;
-  j["node_peak_bytes"] = node_peak;
+  j["node_peak_bytes"] = finishing ? nlohmann::json(nullptr) : nlohmann::json(node_peak);  // (not in metrics.csv: unknown here)
   if (steps_done) {  // exact:K/T: the cost of replaying, next to the segment peak
     j["recompute_factor"] = double(steps_run) / double(steps_done);
     j["stored_state_bytes"] = stored_bytes;
@@ -739,7 +805,9 @@ int train(TrainArgs& a, CLI::App& cmd) {
   if (!eval_stopped.empty()) {
     std::printf("\nstopped by %s during the final evaluation: training is complete (%ld steps); metrics.json has no eval score\n",
                 eval_stopped.c_str(), tr.step());
-    if (!full) std::printf("evaluate it with: segtape eval --checkpoint %s/checkpoint.safetensors\n", out.c_str());
+    if (!full)
+      std::printf("evaluate it with: segtape eval --checkpoint %s/checkpoint.safetensors, or write its final evaluation with: "
+                  "segtape train --resume %s\n", out.c_str(), out.c_str());
     return stop_exit_code(eval_stopped);
   }
   if (budget_stop) {

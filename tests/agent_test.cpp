@@ -1055,6 +1055,61 @@ TEST(Cli, SigtermDuringTheFinalEvaluationStopsIt) {
   EXPECT_EQ(json.find("eval_accuracy"), std::string::npos) << json;
   CmdResult eval = sh("eval --checkpoint " + b + "/checkpoint.safetensors --steps 16");
   EXPECT_EQ(eval.code, 0) << eval.out;
+  // --resume writes the end the stop left out: the final evaluation (its
+  // --eval-steps given again: the run's own, 1e9, is kept otherwise),
+  // metrics.json and plot.svg; then the run is complete.
+  CmdResult finish = sh("train --resume " + b + " --eval-steps 16");
+  ASSERT_EQ(finish.code, 0) << finish.out;
+  EXPECT_NE(finish.out.find("training was complete at step 64, but its end was not written"), std::string::npos) << finish.out;
+  const std::string done = slurp(fs::path(b) / "metrics.json");
+  EXPECT_NE(done.find("\"eval_accuracy\""), std::string::npos) << done;
+  EXPECT_EQ(done.find("interrupted"), std::string::npos) << done;
+  EXPECT_NE(done.find("\"node_peak_bytes\": null"), std::string::npos) << "no segment ran to measure it: " << done;
+  CmdResult again = sh("train --resume " + b);
+  EXPECT_NE(again.out.find("already complete (step 64 of 64)"), std::string::npos) << again.out;
+  fs::remove_all(dir);
+}
+
+// A run killed (kill -9) in its final evaluation left a checkpoint of the
+// complete training and a metrics.json of an earlier stop (or none): --resume
+// finishes it instead of calling it complete. And --log-every,
+// --checkpoint-every and --eval-steps travel in the checkpoint: a resumed run
+// keeps them unless they are given again. A damaged metrics.csv is refused by
+// file, line and column, and left as it was.
+TEST(Cli, ResumeFinishesAKilledEndAndKeepsTheRunsCadence) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_resume_end_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string b = (dir / "run").string();
+  CmdResult first = sh("train --steps 320 --batch 4 --hidden 8 --log-every 64 --checkpoint-every 64 --eval-steps 40 --out " + b);
+  ASSERT_EQ(first.code, 0) << first.out;
+  std::string json = slurp(fs::path(b) / "metrics.json");
+  fs::remove(fs::path(b) / "metrics.json");  // as if killed during the final evaluation
+  CmdResult finish = sh("train --resume " + b);
+  ASSERT_EQ(finish.code, 0) << finish.out;
+  EXPECT_NE(finish.out.find("training was complete at step 320, but its end was not written"), std::string::npos) << finish.out;
+  json = slurp(fs::path(b) / "metrics.json");
+  EXPECT_NE(json.find("\"eval_steps\": 40"), std::string::npos) << "the run's --eval-steps: " << json;
+  EXPECT_NE(json.find("\"complete\": true"), std::string::npos) << json;
+
+  // Further training: rows every 64 steps, as the run was told (the default
+  // for 640 steps would be every 32).
+  CmdResult more = sh("train --resume " + b + " --steps 640");
+  ASSERT_EQ(more.code, 0) << more.out;
+  const std::string csv = slurp(fs::path(b) / "metrics.csv");
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 10) << csv;
+  EXPECT_NE(slurp(fs::path(b) / "metrics.json").find("\"eval_steps\": 40"), std::string::npos);
+
+  // A metrics.csv edited by hand: refused, by file and line, and kept.
+  const std::string bad = "step,loss,accuracy,segment_peak_bytes,rss_bytes,steps_per_s\n64,0.5,0.5,100,100,1\n1e400,nan,abc,1,1,1\n";
+  {
+    std::ofstream o(fs::path(b) / "metrics.csv");
+    o << bad;
+  }
+  CmdResult refused = sh("train --resume " + b + " --steps 704");
+  EXPECT_EQ(refused.code, 2) << refused.out;
+  EXPECT_NE(refused.out.find(b + "/metrics.csv line 3: step '1e400' is not a whole number >= 0"), std::string::npos) << refused.out;
+  EXPECT_EQ(slurp(fs::path(b) / "metrics.csv"), bad);
   fs::remove_all(dir);
 }
 
