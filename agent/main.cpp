@@ -429,7 +429,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
   // (The communicator lives as long as the process: main's error handling uses it.)
   static std::unique_ptr<dist::Communicator> owner;
   dist::Communicator* comm = nullptr;
-  if (cmd.count("--dist-timeout") && !(a.dist_timeout > 0)) throw Error(fmt::format("--dist-timeout {}: must be > 0 seconds", a.dist_timeout));
+  if (cmd.count("--dist-timeout") && !(a.dist_timeout > 0 && std::isfinite(a.dist_timeout)))
+    throw Error(fmt::format("--dist-timeout {}: must be a finite number of seconds > 0", a.dist_timeout));
   if (dist::launched_by_mpirun()) {
     owner = dist::mpi({.timeout_s = a.dist_timeout});
     if (owner->size() > 1) comm = g_comm = owner.get();
@@ -495,6 +496,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
   }
   if (comm) {
     dist::raise_if_any(*comm, setup_error);
+    // (before the broadcast below, which only resumed runs make)
+    dist::check_same(*comm, {{"--resume", resume ? "given" : "not given"}}, "the command line (--resume or --out)");
     if (resume) {  // the checkpoint's configuration (read by rank 0) to every rank
       std::string meta;
       if (root) meta = nlohmann::json(c.to_metadata()).dump() + '\n' + nlohmann::json(stored_flags).dump() + '\n' + plugin;
@@ -555,6 +558,13 @@ int train(TrainArgs& a, CLI::App& cmd) {
   std::optional<agent::tensorboard::EventWriter> tb;
   if (root && !a.log_dir.empty()) tb.emplace(a.log_dir, "--log-dir");
 
+  const int64_t K = c.history.k;
+  const int64_t log_every = a.log_every > 0 ? a.log_every : std::max<int64_t>(K, (c.steps / 100 + K - 1) / K * K);
+  const int64_t ck_every = a.checkpoint_every > 0 ? a.checkpoint_every : std::max<int64_t>(K, (c.steps / 10 + K - 1) / K * K);
+  const bool full = c.history.kind == History::Kind::Full;
+  // Checkpoints are collective: every rank must write them at the same steps
+  // (compared before --out is touched).
+  if (comm) dist::check_same(*comm, {{"checkpoint_every", std::to_string(ck_every)}}, "the command line (--checkpoint-every)");
   std::vector<Row> rows;
   // A resumed run whose training was complete but whose end was not written
   // (killed during the final evaluation, or a full disk at metrics.json):
@@ -590,12 +600,6 @@ int train(TrainArgs& a, CLI::App& cmd) {
   std::optional<MetricsCsv> csv;
   if (root) csv.emplace(out / "metrics.csv", measure, !spec.supervised), csv->start(rows);
 
-  const int64_t K = c.history.k;
-  const int64_t log_every = a.log_every > 0 ? a.log_every : std::max<int64_t>(K, (c.steps / 100 + K - 1) / K * K);
-  const int64_t ck_every = a.checkpoint_every > 0 ? a.checkpoint_every : std::max<int64_t>(K, (c.steps / 10 + K - 1) / K * K);
-  const bool full = c.history.kind == History::Kind::Full;
-  // Checkpoints are collective: every rank must write them at the same steps.
-  if (comm) dist::check_same(*comm, {{"checkpoint_every", std::to_string(ck_every)}}, "the command line (--checkpoint-every)");
   const std::string settings = env_settings(c);
   if (root) std::printf("segtape %s: training %s (%s, %s) with history %s for %ld steps, batch %ld, hidden %ld, budget %s%s%s%s -> %s\n",
               SEGTAPE_VERSION, c.env.c_str(), c.algo == "ppo" ? "recurrent PPO" : spec.supervised ? "supervised" : "actor-critic", measure.c_str(),
@@ -798,7 +802,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
   if (signal_stop) {
     std::printf("\nstopped by %s at step %ld of %ld; wrote %s/{%smetrics.csv, metrics.json, plot.svg}\n", stopped.c_str(),
                 tr.step(), c.steps, out.c_str(), full ? "" : "checkpoint.safetensors, ");
-    if (!full) std::printf("resume with: segtape train --resume %s\n", out.c_str());
+    if (!full && comm) std::printf("resume with: mpirun -np %d segtape train --resume %s\n", comm->size(), out.c_str());
+    else if (!full) std::printf("resume with: segtape train --resume %s\n", out.c_str());
     else std::printf("(--history full keeps its run in one segment and cannot be resumed)\n");
     return stop_exit_code(stopped);
   }
@@ -906,6 +911,11 @@ retention::TorchRunner load_torch_lab(std::string& note) {
 
 int retention_lab(RetentionArgs& a) {
   namespace rt = retention;
+  // N copies of the lab would time each other and write the same files.
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* n = std::getenv(v); n && std::atoi(n) > 1)
+      throw Error(std::string("segtape retention measures one process's memory and time; run it without mpirun (this is one of ") + n +
+                  " ranks)");
   rt::LabConfig c = a.c;
   c.budget = parse_bytes(a.budget);
   c.budget_name = "--budget";

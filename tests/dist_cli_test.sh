@@ -122,7 +122,7 @@ kill -INT "$mp"  # mpirun sends its ranks SIGTERM: they agree on a step, checkpo
 for _ in $(seq 300); do kill -0 "$mp" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$mp" 2>/dev/null && fail "the resumed run still runs 30 s after SIGINT"
 set +e; wait "$mp"; rc=$?; set -e
-grep -q "resume with: segtape train --resume" "$W/killed-resume.log" || { cat "$W/killed-resume.log"; fail "the killed run did not resume and stop cleanly (rc $rc)"; }
+grep -q "resume with: mpirun -np 2 segtape train --resume" "$W/killed-resume.log" || { cat "$W/killed-resume.log"; fail "the killed run did not resume and stop cleanly (rc $rc)"; }
 
 echo "== 4. a rank that hangs"
 "$MPI" -np 2 --oversubscribe "$S" train "${small[@]}" --batch 8 --steps 100000000 --log-every 64 --dist-timeout 3 --out "$W/hung" > "$W/hung.log" 2>&1 &
@@ -148,4 +148,24 @@ set -e
 [ "$rc" = 2 ] || { cat "$W/mismatch.log"; fail "mismatched ranks: exit code $rc, not 2"; }
 grep -q "hidden is '32' on rank 0, but rank 1 has '24'" "$W/mismatch.log" || { cat "$W/mismatch.log"; fail "the mismatch is not named"; }
 [ ! -e "$W/mismatch" ] || fail "a refused run left $W/mismatch behind"
+# A mismatch found only after the command lines are read (--checkpoint-every)
+# is still refused before --out is touched: --force over a finished run must
+# not have removed it. And --resume on one rank with --out on the other is
+# refused at once, naming --resume (it waited --dist-timeout, then misled).
+set +e
+"$MPI" -np 1 --oversubscribe "$S" train "${small[@]}" --batch 8 --steps 400 --out "$W/unbroken" --force --checkpoint-every 64 : \
+  -np 1 "$S" train "${small[@]}" --batch 8 --steps 400 --out "$W/unbroken" --force --checkpoint-every 128 > "$W/ck-every.log" 2>&1; rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "checkpoint_every is '64' on rank 0, but rank 1 has '128'" "$W/ck-every.log" ||
+  { cat "$W/ck-every.log"; fail "different --checkpoint-every: exit code $rc, or the setting not named"; }
+[ -e "$W/unbroken/checkpoint.safetensors" ] && [ -e "$W/unbroken/metrics.json" ] || fail "the refused --force run removed the old run's files"
+set +e
+t0=$(date +%s)
+"$MPI" -np 1 --oversubscribe "$S" train --resume "$W/unbroken" --steps 600 --dist-timeout 60 : \
+  -np 1 "$S" train "${small[@]}" --batch 8 --steps 600 --out "$W/other" --dist-timeout 60 > "$W/resume-mix.log" 2>&1; rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q -- "--resume is 'given' on rank 0, but rank 1 has 'not given'" "$W/resume-mix.log" ||
+  { cat "$W/resume-mix.log"; fail "--resume on one rank only: exit code $rc, or not named"; }
+[ $(( $(date +%s) - t0 )) -lt 30 ] || fail "--resume on one rank only waited for the collective timeout"
+[ ! -e "$W/other" ] || fail "a refused run left $W/other behind"
 echo "all passed"

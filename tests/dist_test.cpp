@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "segtape/agent/trainer.h"
@@ -189,6 +191,45 @@ TEST(Dist, DifferentConfigurationsAreRefusedNamingTheSetting) {
     const std::string m = e.what();
     EXPECT_NE(m.find("hidden is '32' on rank 0, but rank 1 has '24'"), std::string::npos) << m;
   }
+}
+
+// The ranks' models must match before the broadcast and the all-reduces pair
+// their buffers (a larger model on one rank made MPI write past the other's:
+// heap corruption); and settings holding any bytes, a NUL included, compare
+// exactly (a NUL in a differing value made the comparison loop forever).
+TEST(Dist, ModelsOrBucketsThatDifferAreRefusedBeforeAnyCollectiveOnThem) {
+  const int r = comm().rank();
+  auto message = [&](int64_t out, size_t bucket) {
+    Tape tape;
+    nn::Rng rng(5);
+    nn::Linear lin(tape, rng, 6, out);
+    try {
+      dist::GradientAverager avg(comm(), lin, bucket);
+      return std::string();
+    } catch (const dist::CollectiveError& e) {
+      return std::string(e.what());
+    }
+  };
+  std::string m = message(r == 0 ? 3 : 300000, 1 << 20);
+  EXPECT_NE(m.find("the model (dist::GradientAverager's parameters) differs between ranks: parameter 00000 is 'f32[3,6]' on rank 0, "
+                   "but rank 1 has 'f32[300000,6]'"),
+            std::string::npos)
+      << m;
+  m = message(3, r == 0 ? 256 : 512);
+  EXPECT_NE(m.find("bucket_bytes is '256' on rank 0, but rank 1 has '512'"), std::string::npos) << m;
+  EXPECT_EQ(message(3, 256), "");
+
+  for (const auto& [mine, other] : {std::pair<std::map<std::string, std::string>, std::map<std::string, std::string>>{
+                                        {{"a", std::string("x\0y", 3)}}, {{"a", "x"}}},
+                                    {{{"a", std::string("b\0c\0d", 5)}}, {{"a", "b"}, {"c", "d"}}}}) {
+    try {
+      dist::check_same(comm(), r == 0 ? mine : other, "the test's settings");
+      ADD_FAILURE() << "settings that differ were accepted";
+    } catch (const dist::CollectiveError& e) {
+      EXPECT_NE(std::string(e.what()).find("the test's settings differs between ranks"), std::string::npos) << e.what();
+    }
+  }
+  dist::check_same(comm(), {{"a", std::string("x\0y", 3)}}, "equal settings with a NUL");
 }
 
 TEST(Dist, ReplicasThatDivergeAreFound) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -254,7 +255,8 @@ bool launched_by_mpirun() {
 
 std::unique_ptr<Communicator> mpi([[maybe_unused]] const Options& o) {
 #ifdef SEGTAPE_HAVE_MPI
-  if (!(o.timeout_s > 0)) throw Error("dist: the collective timeout must be > 0 seconds (--dist-timeout)");
+  if (!(o.timeout_s > 0) || !std::isfinite(o.timeout_s))
+    throw Error("dist: the collective timeout must be a finite number of seconds > 0 (--dist-timeout)");
   return std::make_unique<Mpi>(o);
 #else
   throw Error("dist: this build of segtape has no MPI (Open MPI was not found when it was configured; install "
@@ -263,16 +265,26 @@ std::unique_ptr<Communicator> mpi([[maybe_unused]] const Options& o) {
 }
 
 void check_same(Communicator& c, const std::map<std::string, std::string>& settings, const std::string& what) {
+  // Each key and value as its length, ':' and its bytes: any byte may be in
+  // them (a NUL included), and no two different maps encode alike.
   std::string mine;
-  for (const auto& [k, v] : settings) mine.append(k).append(1, '\0').append(v).append(1, '\0');
+  auto put = [&](const std::string& x) { mine.append(std::to_string(x.size())).append(1, ':').append(x); };
+  for (const auto& [k, v] : settings) put(k), put(v);
   const std::vector<std::string> all = c.allgather(mine, "the comparison of the ranks' settings");
   if (std::all_of(all.begin(), all.end(), [&](const std::string& s) { return s == all[0]; })) return;
-  auto parse = [](const std::string& s) {
+  auto parse = [](const std::string& s) {  // (every rank encoded its map as above)
     std::map<std::string, std::string> m;
-    for (size_t at = 0; at < s.size();) {
-      const size_t k = s.find('\0', at), v = s.find('\0', k + 1);
-      m[s.substr(at, k - at)] = s.substr(k + 1, v - k - 1);
-      at = v + 1;
+    size_t at = 0;
+    auto get = [&]() {
+      const size_t colon = s.find(':', at);
+      if (colon == std::string::npos) return std::string();
+      const size_t n = std::min(size_t(std::strtoull(s.c_str() + at, nullptr, 10)), s.size() - colon - 1);
+      at = colon + 1 + n;
+      return s.substr(colon + 1, n);
+    };
+    while (at < s.size()) {
+      std::string k = get();
+      m[std::move(k)] = get();
     }
     return m;
   };
@@ -355,6 +367,19 @@ GradientAverager::GradientAverager(Communicator& c, const nn::Module& m, size_t 
   buckets_.push_back(std::move(packed));  // the last: packed, and carries the flag (possibly alone)
   for (const Bucket& b : buckets_) largest = std::max(largest, b.elements + 2);  // (+ the flag and the count)
   pack_.assign(largest, 0.0f);
+  // Every rank must hold the same parameters, bucketed alike, or the
+  // broadcast and the all-reduces below would pair buffers of different
+  // sizes (MPI writes past the smaller one): one comparison first.
+  if (comm_.size() > 1) {
+    std::map<std::string, std::string> layout{{"bucket_bytes", std::to_string(bucket_bytes)},
+                                              {"parameter count", std::to_string(params_.size())}};
+    for (size_t i = 0; i < params_.size(); ++i) {
+      std::string at = std::to_string(i);
+      at.insert(0, 5 - std::min<size_t>(5, at.size()), '0');  // (in order when the keys are sorted)
+      layout["parameter " + at] = std::string(dtype_name(params_[i].dtype)) + params_[i].shape.str();
+    }
+    check_same(comm_, layout, "the model (dist::GradientAverager's parameters)");
+  }
   broadcast(params_, "the broadcast of rank 0's parameters");
   // CUDA tapes: NCCL on the tape's stream, when built in.
   if (!params_.empty() && f64_.empty() && params_[0].on_device() && params_[0].tape->native_stream() && detail::Nccl::built()) {

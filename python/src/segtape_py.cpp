@@ -969,12 +969,27 @@ NB_MODULE(_segtape, m) {
       .def_prop_ro("rank", &dist::Communicator::rank)
       .def_prop_ro("size", &dist::Communicator::size)
       .def_prop_ro("backend", &dist::Communicator::backend)
+      // Each call first compares the collective and its size across the ranks
+      // (one small allgather): a rank that calls another collective, or sums
+      // another length, gets a CollectiveError on every rank instead of MPI
+      // pairing buffers of different sizes. The waits release the GIL.
       .def("allreduce_sum", [](dist::Communicator& c, nb::ndarray<float, nb::c_contig, nb::device::cpu> a) {
-        c.allreduce_sum(a.data(), a.size(), "allreduce_sum");
+        float* data = a.data();
+        const size_t n = a.size();
+        nb::gil_scoped_release release;
+        dist::check_same(c, {{"call", "allreduce_sum"}, {"elements", std::to_string(n)}}, "segtape.dist's collective call");
+        c.allreduce_sum(data, n, "allreduce_sum");
       }, "array"_a, "In place: every element becomes its sum over the ranks (float32, C-contiguous).")
       .def("allgather", [](dist::Communicator& c, nb::bytes b) {
+        std::vector<std::string> all;
+        {
+          std::string mine(b.c_str(), b.size());
+          nb::gil_scoped_release release;
+          dist::check_same(c, {{"call", "allgather"}}, "segtape.dist's collective call");
+          all = c.allgather(mine, "allgather");
+        }
         nb::list l;
-        for (const std::string& s : c.allgather(std::string(b.c_str(), b.size()), "allgather")) l.append(nb::bytes(s.data(), s.size()));
+        for (const std::string& s : all) l.append(nb::bytes(s.data(), s.size()));
         return l;
       }, "data"_a, "Every rank's bytes, in rank order.");
   dm.def("mpi", [](double timeout_s) { return dist::mpi({.timeout_s = timeout_s}); }, "timeout_s"_a = 300.0,
@@ -985,6 +1000,7 @@ NB_MODULE(_segtape, m) {
   dm.def("launched_by_mpirun", &dist::launched_by_mpirun);
   dm.def("local_rank", &dist::local_rank);
   dm.def("check_same", [](dist::Communicator& c, const std::map<std::string, std::string>& s, const std::string& what) {
+    nb::gil_scoped_release release;
     dist::check_same(c, s, what);
   }, "comm"_a, "settings"_a, "what"_a, "Raises segtape.Error on every rank when the settings differ between ranks.");
   dm.def("check_replicas", [](dist::Communicator& c, const nn::Module& m, const std::string& when) { dist::check_replicas(c, m, when); },
@@ -994,7 +1010,7 @@ NB_MODULE(_segtape, m) {
                                      "Averages a module's gradients over the ranks (broadcasts rank 0's parameters when made).")
       .def(nb::init<dist::Communicator&, const nn::Module&, size_t>(), "comm"_a, "module"_a, "bucket_bytes"_a = size_t(4) << 20,
            nb::keep_alive<1, 2>(), nb::keep_alive<1, 3>())
-      .def("average", &dist::GradientAverager::average, "count"_a = 0.0f,
+      .def("average", &dist::GradientAverager::average, "count"_a = 0.0f, nb::call_guard<nb::gil_scoped_release>(),
            "After backward, before clipping and the optimizer step; returns the sum of `count` over the ranks.")
       .def_prop_ro("transport", &dist::GradientAverager::transport)
       .def_prop_ro("stats", [](const dist::GradientAverager& a) {

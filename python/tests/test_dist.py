@@ -97,6 +97,29 @@ def test_a_loop_of_your_own_averages_its_gradients(tmp_path):
     assert out["sum"] == [3.0, 3.0, 3.0]
 
 
+def test_collectives_that_differ_between_ranks_are_refused_on_every_rank(tmp_path):
+    # A rank summing another length, or calling another collective, was paired
+    # by MPI with the other's buffer (heap corruption, or a wrong sum and exit 0).
+    out = run_two_ranks(tmp_path, """
+        def refused(f):
+            try:
+                f()
+                return ""
+            except segtape.Error as e:
+                return str(e)
+        out["lengths"] = refused(lambda: comm.allreduce_sum(np.ones(8 if comm.rank == 0 else 4, dtype=np.float32)))
+        out["calls"] = refused(lambda: comm.allreduce_sum(np.ones(8, dtype=np.float32)) if comm.rank == 0 else comm.allgather(b"x"))
+        out["models"] = refused(lambda: dist.GradientAverager(comm, nn.Linear(segtape.Tape("cpu"), 6, 3 if comm.rank == 0 else 4)))
+        buf = np.ones(8, dtype=np.float32)
+        comm.allreduce_sum(buf)  # the communicator still works
+        out["sum"] = buf.tolist()
+    """)
+    assert "elements is '8' on rank 0, but rank 1 has '4'" in out["lengths"]
+    assert "call is 'allreduce_sum' on rank 0, but rank 1 has 'allgather'" in out["calls"]
+    assert "parameter 00000 is 'f32[3,6]' on rank 0, but rank 1 has 'f32[4,6]'" in out["models"]
+    assert out["sum"] == [2.0] * 8
+
+
 def test_one_process_has_a_local_communicator():
     c = dist.local()
     assert (c.rank, c.size, c.backend) == (0, 1, "local")
