@@ -267,7 +267,8 @@ size_t physical_memory() {
   return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
 }
 
-// A lower bound of what one step keeps in the arena: the forward outputs the
+// A lower bound of what one step keeps in the arena: its observation (the
+// tokens, or the vectors: B x obs_dim floats) and the forward outputs the
 // step's ops allocate (encoder, recurrence or window, head), each aligned;
 // backward's buffers and the loss come on top.
 SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
@@ -276,7 +277,8 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
   auto f32 = [](size_t n) { return align_up(n * sizeof(float)); };
   SizeEstimate e;
   e.parameter_bytes = 4 * size_t(Policy::parameters_for(spec, shape)) * sizeof(float);
-  e.step_bytes = f32(B * E) + f32(B * A);                                   // embedding, logits
+  e.observation_bytes = spec.obs_dim > 0 ? f32(B * size_t(spec.obs_dim)) : align_up(B * sizeof(int64_t));
+  e.step_bytes = e.observation_bytes + f32(B * E) + f32(B * A);             // observation, embedding, logits
   if (shape.window > 0) e.step_bytes += f32(B * size_t(shape.window) * E) + 2 * f32(B * H);  // concat, linear, tanh
   else e.step_bytes += f32(B * H) + f32(4 * B * H);                                          // GRU output + saved gates
   if (shape.value_head) e.step_bytes += f32(B);
@@ -293,16 +295,16 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
 void check_sizes(const TrainConfig& c, const SizeEstimate& e) {
   const bool full = c.history.kind == History::Kind::Full;
   const std::string sizes = "at batch " + std::to_string(c.batch) + ", hidden " + std::to_string(c.hidden) + ", embed " +
-                            std::to_string(c.embed);
+                            std::to_string(c.embed) + "; the observations alone " + format_bytes(e.observation_bytes) + " per step";
   const std::string budget = format_bytes(e.budget) + " " + c.budget_name + (full ? " (the growth limit)" : "");
   if (e.step_bytes > e.budget)  // no segment length helps
     throw BudgetError("one step keeps at least " + format_bytes(e.step_bytes) + " (" + sizes + "), more than the " + budget +
-                      ": make the step smaller (batch, hidden size) or raise " + c.budget_name);
+                      ": make the step smaller (batch, hidden size, the env's observation) or raise " + c.budget_name);
   if (e.segment_bytes > e.budget)
     throw BudgetError("a segment of " + std::to_string(c.history.k) + " steps keeps at least " + format_bytes(e.segment_bytes) +
                       " (" + format_bytes(e.step_bytes) + " per step " + sizes + "), more than the " + budget +
                       ": shorten the segment (--history tbptt:K with a smaller K), make the step smaller (batch, hidden "
-                      "size) or raise " + c.budget_name);
+                      "size, the env's observation) or raise " + c.budget_name);
   const size_t machine = physical_memory();
   const size_t need = e.parameter_bytes + std::min(e.segment_bytes, e.budget) + e.rollout_bytes;
   if (machine && need > machine)

@@ -467,6 +467,21 @@ TEST(EnvContract, TheTrainerRefusesABrokenEnv) {
   EXPECT_EQ(tr.step(), 4) << "the segment that met the broken step did not complete";
 }
 
+// The size check counts the observation each step keeps: an env with large
+// vector observations is refused before training, naming them, where it
+// used to pass the check and fill the budget at its seventh step.
+TEST(EnvContract, LargeObservationsCountInTheSizeCheck) {
+  ensure("big-observations", [](int64_t batch, uint64_t seed, const EnvOptions&) -> std::unique_ptr<Env> {
+    return std::make_unique<Vectors>(batch, seed, 70000, 70000, false);
+  });
+  TrainConfig c = config("big-observations", "tbptt:32", 64, 32, 16, 8);
+  const SizeEstimate e = Trainer::estimate(c);
+  EXPECT_EQ(e.observation_bytes, align_up(size_t(32) * 70000 * sizeof(float)));
+  const std::string m = message_of<BudgetError>([&] { Trainer tr(c); });
+  EXPECT_NE(m.find("a segment of 32 steps keeps at least"), std::string::npos) << m;
+  EXPECT_NE(m.find("the observations alone 8.5 MiB per step"), std::string::npos) << m;
+}
+
 // A registered env trains through the Trainer like a built-in one.
 TEST(EnvRegistry, TheTrainerTrainsARegisteredEnv) {
   ensure("echo", [](int64_t batch, uint64_t seed, const EnvOptions&) -> std::unique_ptr<Env> {

@@ -28,8 +28,9 @@ for _ in 1 2 3; do
   (( ms < startup_ms )) && startup_ms=$ms
 done
 
-# The same run, never interrupted (checkpointed at its default interval only), alongside.
-"$bin" train "${args[@]}" --out "$work/straight" >"$work/straight.log" 2>&1 &
+# The same run, never interrupted, alongside; checkpointed every 3200 steps as
+# the final resume below is (--checkpoint-every is recorded in the checkpoint).
+"$bin" train "${args[@]}" --checkpoint-every 3200 --out "$work/straight" >"$work/straight.log" 2>&1 &
 straight_pid=$!
 
 killed=0 attempts=0 finished=0 evals=()

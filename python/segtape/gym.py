@@ -91,6 +91,11 @@ class _Streams:
             self.obs = np.ascontiguousarray(obs - self.obs_start, dtype=np.int64)
         else:
             obs = obs.astype(np.float64)
+            bad = np.argwhere(~np.isfinite(obs))
+            if len(bad):  # before the running normalisation, which a NaN or an inf would spoil for the whole run
+                b, i = (int(x) for x in bad[0])
+                raise Error(f"env '{self.name}', step {self.steps}: observe() gave stream {b} the value {obs[b, i]} at {i}; "
+                            "observations must be finite (the Env contract: segtape/agent/env.h, docs/agent.md)")
             self.obs = np.ascontiguousarray(self.norm(obs) if self.norm else obs, dtype=np.float32)
 
     def observe(self):
@@ -138,6 +143,8 @@ def _spaces(make, label):
     if isinstance(obs, gym.spaces.Discrete):
         return 0, int(obs.n), int(act.n), int(obs.start), int(act.start)
     if isinstance(obs, gym.spaces.Box) and len(obs.shape) == 1:
+        if obs.shape[0] == 0:
+            raise Error(f"env '{label}': the observation space {obs} has no dimensions")
         return int(obs.shape[0]), 0, int(act.n), 0, int(act.start)
     raise Error(f"env '{label}': the observation space must be Discrete or a 1-D Box, got {obs}")
 
@@ -230,7 +237,10 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     c.algo, c.rollout, c.epochs, c.minibatches = algo, int(rollout), int(epochs), int(minibatches)
     c.clip_range, c.gae_lambda, c.lr_schedule = clip_range, gae_lambda, lr_schedule
     c.update_bias = float(update_bias)
-    c.validate()
+    try:
+        c.validate()
+    except Error as e:  # the checks name the segtape program's flags: here, train()'s arguments
+        raise Error("segtape.gym.train: " + re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), str(e))) from None
     trainer = _A.Trainer(c)
     every = log_every or max(1, int(steps) // 20)
     rows, acc = [], {"steps": 0, "loss_sum": 0.0, "loss_steps": 0, "return_sum": 0.0, "episodes": 0, "peak": 0}

@@ -83,17 +83,47 @@ def test_a_broken_env_is_refused_naming_the_env_and_the_step():
         sg.train(Broken, steps=64, batch=2, hidden=8)
 
 
+def test_non_finite_observations_are_named_before_normalising():
+    # An inf observation was normalised first and reported as -nan (and
+    # spoiled the running statistics).
+    def env(obs_at_3=0.0):
+        class E(gymnasium.Env):
+            observation_space = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
+            action_space = gymnasium.spaces.Discrete(2)
+            t = 0
+
+            def reset(self, *, seed=None, options=None):
+                self.t = 0
+                return np.zeros(3, np.float32), {}
+
+            def step(self, action):
+                self.t += 1
+                obs = np.full(3, obs_at_3 if self.t == 3 else 0.0, np.float32)
+                return obs, 1.0, False, False, {}
+        return E
+    with pytest.raises(segtape.Error, match=r"step 3: observe\(\) gave stream 0 the value inf at 0; observations must be finite"):
+        sg.train(env(obs_at_3=float("inf")), steps=64, batch=2, hidden=8)
+
+    class Empty(gymnasium.Env):
+        observation_space = gymnasium.spaces.Box(-1, 1, (0,), np.float32)
+        action_space = gymnasium.spaces.Discrete(2)
+    with pytest.raises(segtape.Error, match=r"observation space .* has no dimensions"):
+        sg.train(Empty, steps=32)
+
+
 def test_unsupported_spaces_and_algorithms_are_errors():
     with pytest.raises(segtape.Error, match="action space must be Discrete"):
         sg.train("Pendulum-v1", steps=32)
-    with pytest.raises(segtape.Error, match="--algo 'sac': choose a2c or ppo"):
+    with pytest.raises(segtape.Error, match="segtape.gym.train: algo 'sac': choose a2c or ppo"):
         sg.train("CartPole-v1", steps=32, algo="sac")
-    with pytest.raises(segtape.Error, match="--minibatches 3: must divide --batch 8"):
+    with pytest.raises(segtape.Error, match="minibatches 3: must divide batch 8"):
         sg.train("CartPole-v1", steps=32, algo="ppo", minibatches=3)
-    with pytest.raises(segtape.Error, match="--update-bias sets the GRU's update gate; --history window:N has no GRU"):
+    with pytest.raises(segtape.Error, match="update_bias sets the GRU's update gate; history window:N has no GRU"):
         sg.train("CartPole-v1", steps=32, history="window:3", update_bias=1.0)
-    with pytest.raises(segtape.Error, match="--update-bias must be"):
+    with pytest.raises(segtape.Error, match="update_bias must be"):
         sg.train("CartPole-v1", steps=32, update_bias=float("inf"))
+    with pytest.raises(segtape.Error, match=r"segtape.gym.train: batch must be in \[1, 65536\]"):  # train()'s names, not the CLI's
+        sg.train("CartPole-v1", steps=32, batch=0)
     res = sg.train("CartPole-v1", steps=64, batch=2, hidden=8, update_bias=3.0)  # taken, and trains
     assert res.trainer.step == 64
 

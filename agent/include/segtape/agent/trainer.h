@@ -94,7 +94,8 @@ struct SegmentResult {
 // What a configuration will need, known before anything is allocated.
 struct SizeEstimate {
   size_t parameter_bytes = 0;  // parameters, gradients and Adam's two moments (4 floats each)
-  size_t step_bytes = 0;       // a lower bound of the arena bytes one step keeps (its forward outputs)
+  size_t step_bytes = 0;       // a lower bound of the arena bytes one step keeps (its input and forward outputs)
+  size_t observation_bytes = 0;  // of which the step's observation (tokens, or B x obs_dim floats)
   size_t segment_bytes = 0;    // step_bytes x the steps a segment keeps (K; 1 for `full`, which grows)
   size_t budget = 0;           // the budget that applies (segment budget, or `full`'s growth limit)
   size_t rollout_bytes = 0;    // ppo: the rollout kept on the host (agent/ppo.h)
