@@ -526,7 +526,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     int64_t n = 0;
     const auto r = std::from_chars(text.data(), text.data() + text.size(), n);
     if (r.ec != std::errc() || r.ptr != text.data() + text.size() || n < 1 || n > 1'000'000'000)
-      throw Error("--resume " + out.string() + ": checkpoint metadata " + key + " is malformed ('" + text + "')");
+      throw Error(fmt::format("--resume {}: checkpoint metadata {} is malformed ('{}')", out.string(), key, text));
     *v = n;
     if (v == &a.eval_steps) eval_given = true;
   }
