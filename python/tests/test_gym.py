@@ -65,44 +65,30 @@ def test_cartpole_is_learned():
     assert ev["mean_return"] >= 100, ev
 
 
+def box_env(name, broken_at, obs=0.0, reward=1.0):
+    """A 3-float Box env, its observation `obs` and reward `reward` at step broken_at (0 and 1 otherwise)."""
+    def step(self, action):
+        self.t += 1
+        now = self.t == broken_at
+        return np.full(3, obs if now else 0.0, np.float32), (reward if now else 1.0), False, False, {}
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+    return type(name, (gymnasium.Env,), {"observation_space": gymnasium.spaces.Box(-1, 1, (3,), np.float32),
+                                         "action_space": gymnasium.spaces.Discrete(2), "t": 0, "reset": reset, "step": step})
+
+
 def test_a_broken_env_is_refused_naming_the_env_and_the_step():
-    class Broken(gymnasium.Env):
-        observation_space = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
-        action_space = gymnasium.spaces.Discrete(2)
-        t = 0
-
-        def reset(self, *, seed=None, options=None):
-            self.t = 0
-            return np.zeros(3, np.float32), {}
-
-        def step(self, action):
-            self.t += 1
-            return np.zeros(3, np.float32), (float("nan") if self.t == 5 else 1.0), False, False, {}
-
     with pytest.raises(segtape.Error, match=r"env 'gym\.Broken\.\d+', step 5: .*reward"):
-        sg.train(Broken, steps=64, batch=2, hidden=8)
+        sg.train(box_env("Broken", 5, reward=float("nan")), steps=64, batch=2, hidden=8)
 
 
 def test_non_finite_observations_are_named_before_normalising():
     # An inf observation was normalised first and reported as -nan (and
     # spoiled the running statistics).
-    def env(obs_at_3=0.0):
-        class E(gymnasium.Env):
-            observation_space = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
-            action_space = gymnasium.spaces.Discrete(2)
-            t = 0
-
-            def reset(self, *, seed=None, options=None):
-                self.t = 0
-                return np.zeros(3, np.float32), {}
-
-            def step(self, action):
-                self.t += 1
-                obs = np.full(3, obs_at_3 if self.t == 3 else 0.0, np.float32)
-                return obs, 1.0, False, False, {}
-        return E
     with pytest.raises(segtape.Error, match=r"step 3: observe\(\) gave stream 0 the value inf at 0; observations must be finite"):
-        sg.train(env(obs_at_3=float("inf")), steps=64, batch=2, hidden=8)
+        sg.train(box_env("Inf", 3, obs=float("inf")), steps=64, batch=2, hidden=8)
 
     class Empty(gymnasium.Env):
         observation_space = gymnasium.spaces.Box(-1, 1, (0,), np.float32)
