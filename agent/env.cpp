@@ -1,5 +1,6 @@
 #include "segtape/agent/env.h"
 
+#include <cxxabi.h>
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -371,6 +372,8 @@ class CheckedEnv final : public Env {
       return f();
     } catch (const std::exception&) {
       throw;
+    } catch (abi::__forced_unwind&) {  // a cancelled thread's unwinding must go on
+      throw;
     } catch (...) {
       throw EnvContractError("env '" + name_ + "', step " + std::to_string(steps_ + 1) + ": " + call +
                              "() threw an exception that is not a std::exception (the Env contract: segtape/agent/env.h, docs/agent.md)");
@@ -471,6 +474,8 @@ std::unique_ptr<Env> make_env(const std::string& name, int64_t batch, uint64_t s
   try {
     env = make(batch, seed, o);
   } catch (const std::exception&) {
+    throw;
+  } catch (abi::__forced_unwind&) {
     throw;
   } catch (...) {
     throw EnvContractError("env '" + name + "': its factory threw an exception that is not a std::exception (the Env contract: segtape/agent/env.h, docs/agent.md)");

@@ -132,6 +132,7 @@ class MetricsCsv {
     std::stringstream hs(line);
     for (std::string c; std::getline(hs, c, ',');) cols.push_back(c);
     for (int64_t n = 2; std::getline(in, line); ++n) {
+      if (in.eof()) break;  // a last line with no newline: cut short by a kill or a full disk, dropped unread
       std::stringstream ls(line);
       Row r;
       size_t i = 0;
@@ -152,13 +153,13 @@ class MetricsCsv {
         }
         char* end = nullptr;
         const double d = v.empty() ? std::nan("") : std::strtod(v.c_str(), &end);  // empty: nothing measured
-        if (!v.empty() && (end != v.c_str() + v.size() || std::isinf(d))) throw bad("not a number");
+        if (!v.empty() && end != v.c_str() + v.size()) throw bad("not a number");  // (inf and nan are: a run that diverged)
         if (c == "loss") r.loss = d;
         else if (c == "episode_return") r.episode_return = d;
         else if (c == "steps_per_s") r.steps_per_s = d;
         else if (i == 2) r.score = d;  // the env's measure (accuracy, success)
       }
-      if (i == cols.size()) rows.push_back(r);  // (a last line cut short by a kill is dropped)
+      if (i == cols.size()) rows.push_back(r);
     }
     return rows;
   }
@@ -424,6 +425,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   // (checkpoint metadata run.flags.*): a resumed run keeps its cadence unless
   // the flag is given again.
   std::map<std::string, std::string> stored_flags;
+  std::vector<Row> resumed_rows;  // rank 0: metrics.csv of a resumed run
   // Started by mpirun: one rank of a data-parallel run (docs/distributed.md).
   // Rank 0 alone reads and writes files and prints; every rank trains.
   // (The communicator lives as long as the process: main's error handling uses it.)
@@ -453,6 +455,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       plugin = checkpoint_plugin(ck, c.env, "--resume " + out.string());
       for (const auto& [k, v] : safetensors::load(ck).metadata)
         if (k.rfind("run.flags.", 0) == 0) stored_flags[k] = v;
+      resumed_rows = MetricsCsv::read(out / "metrics.csv");  // (refused here, before any collective, when damaged)
     }
     c.budget_name = "--budget";
     for (const char* opt : {"--env", "--history", "--batch", "--hidden", "--embed", "--update-bias", "--lag", "--sparse", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget",
@@ -517,20 +520,24 @@ int train(TrainArgs& a, CLI::App& cmd) {
     if (cmd.count("--device")) c.device = a.c.device;  // a run may move between the CPU and a GPU
   }
   bool eval_given = cmd.count("--eval-steps") > 0;
-  for (auto [opt, v] : {std::pair{"--log-every", &a.log_every}, std::pair{"--checkpoint-every", &a.checkpoint_every},
-                        std::pair{"--eval-steps", &a.eval_steps}}) {
-    const std::string key = std::string("run.flags.") + (opt + 2);
-    const auto it = stored_flags.find(key);
-    if (cmd.count(opt) || it == stored_flags.end()) continue;
-    const std::string& text = it->second;
-    int64_t n = 0;
-    const auto r = std::from_chars(text.data(), text.data() + text.size(), n);
-    if (r.ec != std::errc() || r.ptr != text.data() + text.size() || n < 1 || n > 1'000'000'000)
-      throw Error(fmt::format("--resume {}: checkpoint metadata {} is malformed ('{}')", out.string(), key, text));
-    *v = n;
-    if (v == &a.eval_steps) eval_given = true;
-  }
+  // The run's own --log-every / --checkpoint-every / --eval-steps (stored_flags) where not given again.
+  const auto apply_stored_flags = [&] {
+    for (auto [opt, v] : {std::pair{"--log-every", &a.log_every}, std::pair{"--checkpoint-every", &a.checkpoint_every},
+                          std::pair{"--eval-steps", &a.eval_steps}}) {
+      const std::string key = std::string("run.flags.") + (opt + 2);
+      const auto it = stored_flags.find(key);
+      if (cmd.count(opt) || it == stored_flags.end()) continue;
+      const std::string& text = it->second;
+      int64_t n = 0;
+      const auto r = std::from_chars(text.data(), text.data() + text.size(), n);
+      if (r.ec != std::errc() || r.ptr != text.data() + text.size() || n < 1)  // (as the flags: >= 1; --eval-steps' range below)
+        throw Error(fmt::format("--resume {}: checkpoint metadata {} is malformed ('{}')", out.string(), key, text));
+      *v = n;
+      if (v == &a.eval_steps) eval_given = true;
+    }
+  };
   const auto check = [&] {
+    apply_stored_flags();
     c.validate();
     a.eval_steps = eval_steps_for(c, a.eval_steps, eval_given, "--eval-steps");
   };
@@ -588,7 +595,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
         const std::string name = e.path().filename().string();
         if (name.rfind('.', 0) == 0 && name.find(".tmp") != std::string::npos) fs::remove(e.path(), ec);
       }
-      rows = MetricsCsv::read(out / "metrics.csv");
+      rows = std::move(resumed_rows);
     }
     while (!rows.empty() && rows.back().step > tr.step()) rows.pop_back();
   } else if (root) {

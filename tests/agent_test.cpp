@@ -1110,6 +1110,16 @@ TEST(Cli, ResumeFinishesAKilledEndAndKeepsTheRunsCadence) {
   EXPECT_EQ(refused.code, 2) << refused.out;
   EXPECT_NE(refused.out.find(b + "/metrics.csv line 3: step '1e400' is not a whole number >= 0"), std::string::npos) << refused.out;
   EXPECT_EQ(slurp(fs::path(b) / "metrics.csv"), bad);
+  // What the program itself may leave: a diverged run's inf, and a last line
+  // cut short (no newline) by a kill. Read, and the cut line dropped.
+  {
+    std::ofstream o(fs::path(b) / "metrics.csv");
+    o << "step,loss,accuracy,segment_peak_bytes,rss_bytes,steps_per_s\n64,inf,0.5,100,100,1\n128,0.4,0.5,1e";
+  }
+  CmdResult resumed = sh("train --resume " + b + " --steps 704");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const std::string kept = slurp(fs::path(b) / "metrics.csv");
+  EXPECT_EQ(kept.rfind("step,loss,accuracy,segment_peak_bytes,rss_bytes,steps_per_s\n64,inf,0.5,100,100,1\n704,", 0), 0u) << kept;
   fs::remove_all(dir);
 }
 

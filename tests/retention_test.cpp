@@ -225,11 +225,6 @@ TEST(Lab, SummaryAndOutputsOnASmallRun) {
   EXPECT_EQ(parse_case("window"), Case::Window);
 }
 
-// ---- exact-replay: pitfall 1's gradients by segment replay
-
-// Pitfall 1 backpropagates every step's loss through the whole history and
-// updates once; one replay::Driver window over the episode gives the same
-
 // LabHooks::interrupted (Python's Ctrl-C): asked before each case, every 64th
 // step of a run, between the exact driver's segments and the anomaly timing's
 // segments; true ends the lab with Interrupted (not an Error, which a run
@@ -254,6 +249,12 @@ TEST(Lab, AnInterruptCheckStopsItMidRun) {
   never.interrupted = [] { return false; };
   EXPECT_EQ(run_lab(c, {Case::Tbptt}, nullptr, never).results.size(), 1u);
 }
+
+// ---- exact-replay: pitfall 1's gradients by segment replay
+
+// Pitfall 1 backpropagates every step's loss through the whole history and
+// updates once; one replay::Driver window over the episode gives the same
+
 // gradients, whatever K (a last, shorter segment included).
 TEST(ExactReplay, GradientsEqualPitfallOnesForEveryK) {
   const LabConfig c = small();

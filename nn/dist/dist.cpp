@@ -277,7 +277,11 @@ void check_same(Communicator& c, const std::map<std::string, std::string>& setti
     size_t at = 0;
     auto get = [&]() {
       const size_t colon = s.find(':', at);
-      if (colon == std::string::npos) return std::string();
+      if (colon == std::string::npos) {  // not this encoding (another build of segtape): the rest as one value
+        std::string rest = s.substr(at);
+        at = s.size();
+        return rest;
+      }
       const size_t n = std::min(size_t(std::strtoull(s.c_str() + at, nullptr, 10)), s.size() - colon - 1);
       at = colon + 1 + n;
       return s.substr(colon + 1, n);
@@ -343,6 +347,35 @@ void check_replicas(Communicator& c, const nn::Module& m, const std::string& whe
 }
 
 GradientAverager::GradientAverager(Communicator& c, const nn::Module& m, size_t bucket_bytes) : comm_(c), params_(m.parameters()) {
+  // A model this rank refuses is every rank's error (the others would wait
+  // in the comparison below until the collective timeout).
+  std::string refused;
+  try {
+    build_buckets(bucket_bytes);
+  } catch (const Error& e) {
+    if (comm_.size() == 1) throw;
+    refused = e.what();
+  }
+  // Every rank must hold the same parameters, bucketed alike, or the
+  // broadcast and the all-reduces below would pair buffers of different
+  // sizes (MPI writes past the smaller one): one comparison first.
+  if (comm_.size() > 1) {
+    raise_if_any(comm_, refused);
+    std::map<std::string, std::string> layout{{"bucket_bytes", std::to_string(bucket_bytes)},
+                                              {"parameter count", std::to_string(params_.size())},
+                                              {"device", !params_.empty() && params_[0].on_device() ? "cuda" : "cpu"}};
+    for (size_t i = 0; i < params_.size(); ++i) {
+      std::string at = std::to_string(i);
+      at.insert(0, 5 - std::min<size_t>(5, at.size()), '0');  // (in order when the keys are sorted)
+      layout["parameter " + at] = std::string(dtype_name(params_[i].dtype)) + params_[i].shape.str();
+    }
+    check_same(comm_, layout, "the model (dist::GradientAverager's parameters)");
+  }
+  broadcast(params_, "the broadcast of rank 0's parameters");
+  setup_nccl();
+}
+
+void GradientAverager::build_buckets(size_t bucket_bytes) {
   if (bucket_bytes < sizeof(float)) throw Error("dist::GradientAverager: bucket_bytes must be >= 4");
   const size_t cap = bucket_bytes / sizeof(float);
   Bucket packed;
@@ -367,20 +400,9 @@ GradientAverager::GradientAverager(Communicator& c, const nn::Module& m, size_t 
   buckets_.push_back(std::move(packed));  // the last: packed, and carries the flag (possibly alone)
   for (const Bucket& b : buckets_) largest = std::max(largest, b.elements + 2);  // (+ the flag and the count)
   pack_.assign(largest, 0.0f);
-  // Every rank must hold the same parameters, bucketed alike, or the
-  // broadcast and the all-reduces below would pair buffers of different
-  // sizes (MPI writes past the smaller one): one comparison first.
-  if (comm_.size() > 1) {
-    std::map<std::string, std::string> layout{{"bucket_bytes", std::to_string(bucket_bytes)},
-                                              {"parameter count", std::to_string(params_.size())}};
-    for (size_t i = 0; i < params_.size(); ++i) {
-      std::string at = std::to_string(i);
-      at.insert(0, 5 - std::min<size_t>(5, at.size()), '0');  // (in order when the keys are sorted)
-      layout["parameter " + at] = std::string(dtype_name(params_[i].dtype)) + params_[i].shape.str();
-    }
-    check_same(comm_, layout, "the model (dist::GradientAverager's parameters)");
-  }
-  broadcast(params_, "the broadcast of rank 0's parameters");
+}
+
+void GradientAverager::setup_nccl() {
   // CUDA tapes: NCCL on the tape's stream, when built in.
   if (!params_.empty() && f64_.empty() && params_[0].on_device() && params_[0].tape->native_stream() && detail::Nccl::built()) {
     // NCCL's calls go to the stream directly, not through the tape's graph

@@ -25,6 +25,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <typeinfo>
@@ -46,6 +47,15 @@
 namespace nb = nanobind;
 using namespace nb::literals;
 using namespace segtape;
+
+namespace {
+// The Python API's MPI calls, one thread at a time (MPI is initialised
+// MPI_THREAD_FUNNELED; the calls release the GIL while they wait).
+std::mutex& dist_calls() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace
 
 namespace {
 
@@ -972,11 +982,13 @@ NB_MODULE(_segtape, m) {
       // Each call first compares the collective and its size across the ranks
       // (one small allgather): a rank that calls another collective, or sums
       // another length, gets a CollectiveError on every rank instead of MPI
-      // pairing buffers of different sizes. The waits release the GIL.
+      // pairing buffers of different sizes. The waits release the GIL, and take
+      // dist_calls instead: MPI runs funnelled (one thread at a time in it).
       .def("allreduce_sum", [](dist::Communicator& c, nb::ndarray<float, nb::c_contig, nb::device::cpu> a) {
         float* data = a.data();
         const size_t n = a.size();
         nb::gil_scoped_release release;
+        const std::lock_guard<std::mutex> one(dist_calls());
         dist::check_same(c, {{"call", "allreduce_sum"}, {"elements", std::to_string(n)}}, "segtape.dist's collective call");
         c.allreduce_sum(data, n, "allreduce_sum");
       }, "array"_a, "In place: every element becomes its sum over the ranks (float32, C-contiguous).")
@@ -985,6 +997,7 @@ NB_MODULE(_segtape, m) {
         {
           std::string mine(b.c_str(), b.size());
           nb::gil_scoped_release release;
+          const std::lock_guard<std::mutex> one(dist_calls());
           dist::check_same(c, {{"call", "allgather"}}, "segtape.dist's collective call");
           all = c.allgather(mine, "allgather");
         }
@@ -1001,6 +1014,7 @@ NB_MODULE(_segtape, m) {
   dm.def("local_rank", &dist::local_rank);
   dm.def("check_same", [](dist::Communicator& c, const std::map<std::string, std::string>& s, const std::string& what) {
     nb::gil_scoped_release release;
+    const std::lock_guard<std::mutex> one(dist_calls());
     dist::check_same(c, s, what);
   }, "comm"_a, "settings"_a, "what"_a, "Raises segtape.Error on every rank when the settings differ between ranks.");
   dm.def("check_replicas", [](dist::Communicator& c, const nn::Module& m, const std::string& when) { dist::check_replicas(c, m, when); },
@@ -1010,7 +1024,11 @@ NB_MODULE(_segtape, m) {
                                      "Averages a module's gradients over the ranks (broadcasts rank 0's parameters when made).")
       .def(nb::init<dist::Communicator&, const nn::Module&, size_t>(), "comm"_a, "module"_a, "bucket_bytes"_a = size_t(4) << 20,
            nb::keep_alive<1, 2>(), nb::keep_alive<1, 3>())
-      .def("average", &dist::GradientAverager::average, "count"_a = 0.0f, nb::call_guard<nb::gil_scoped_release>(),
+      .def("average", [](dist::GradientAverager& avg, float count) {
+        nb::gil_scoped_release release;
+        const std::lock_guard<std::mutex> one(dist_calls());
+        return avg.average(count);
+      }, "count"_a = 0.0f,
            "After backward, before clipping and the optimizer step; returns the sum of `count` over the ranks.")
       .def_prop_ro("transport", &dist::GradientAverager::transport)
       .def_prop_ro("stats", [](const dist::GradientAverager& a) {

@@ -146,6 +146,8 @@ class GradientAverager {
     std::vector<Tensor> grads;  // in order; a large one alone, reduced in its own buffer when on the host
     size_t elements = 0;
   };
+  void build_buckets(size_t bucket_bytes);  // buckets_, f64_ and pack_ from params_
+  void setup_nccl();                        // nccl_ where the parameters are on a CUDA tape and NCCL is built
   Communicator& comm_;
   std::vector<Tensor> params_;
   std::vector<Bucket> buckets_;
