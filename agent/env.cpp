@@ -229,6 +229,24 @@ class Dialogue final : public Env {
 
 // ---- Contract checks
 
+// f(), where an exception that is not a std::exception (which passes
+// unchanged: a Python env's KeyboardInterrupt among them) becomes an
+// EnvContractError saying `who` (the env, the step, the call) threw it:
+// nothing in segtape could catch it by type, and the program would end in
+// std::terminate. A cancelled thread's unwinding goes on.
+template <class Who, class F>
+std::invoke_result_t<F&> guard_foreign(const Who& who, F&& f) {
+  try {
+    return f();
+  } catch (const std::exception&) {
+    throw;
+  } catch (abi::__forced_unwind&) {
+    throw;
+  } catch (...) {
+    throw EnvContractError(who() + " threw an exception that is not a std::exception (the Env contract: segtape/agent/env.h, docs/agent.md)");
+  }
+}
+
 // make_env's wrapper: forwards every call to the env it owns and checks what
 // comes back against the Env contract (env.h). Each check is one pass over
 // the B values a call filled (B x obs_dim for vector observations), next to
@@ -362,22 +380,11 @@ class CheckedEnv final : public Env {
     throw EnvContractError("env '" + name_ + "', step " + std::to_string(steps_ + 1) + ": " + what +
                            " (the Env contract: segtape/agent/env.h, docs/agent.md)");
   }
-  // An env's call that throws something other than a std::exception (which
-  // passes unchanged: a Python env's KeyboardInterrupt among them) becomes an
-  // Error naming the env, the call and the step: nothing in segtape could
-  // catch it by type, and the program would end in std::terminate.
+  // The env's call `call` (guard_foreign): named with the env and the step.
   template <class F>
   std::invoke_result_t<F&> guarded(const char* call, F&& f) const {
-    try {
-      return f();
-    } catch (const std::exception&) {
-      throw;
-    } catch (abi::__forced_unwind&) {  // a cancelled thread's unwinding must go on
-      throw;
-    } catch (...) {
-      throw EnvContractError("env '" + name_ + "', step " + std::to_string(steps_ + 1) + ": " + call +
-                             "() threw an exception that is not a std::exception (the Env contract: segtape/agent/env.h, docs/agent.md)");
-    }
+    return guard_foreign([&] { return "env '" + name_ + "', step " + std::to_string(steps_ + 1) + ": " + call + "()"; },
+                         std::forward<F>(f));
   }
   // spec() must stay what it was at make_env (env.h).
   void check_spec(const char* call) const {
@@ -470,16 +477,7 @@ std::unique_ptr<Env> make_env(const std::string& name, int64_t batch, uint64_t s
     throw Error("unknown env '" + name + "' (registered: " + joined(r.names) +
                 "; an env of your own: register_env, or `segtape train --env-plugin FILE`)");
   const EnvFactory& make = r.factories[size_t(it - r.names.begin())];
-  std::unique_ptr<Env> env;
-  try {
-    env = make(batch, seed, o);
-  } catch (const std::exception&) {
-    throw;
-  } catch (abi::__forced_unwind&) {
-    throw;
-  } catch (...) {
-    throw EnvContractError("env '" + name + "': its factory threw an exception that is not a std::exception (the Env contract: segtape/agent/env.h, docs/agent.md)");
-  }
+  std::unique_ptr<Env> env = guard_foreign([&] { return "env '" + name + "': its factory"; }, [&] { return make(batch, seed, o); });
   return std::make_unique<CheckedEnv>(std::move(env), name, batch);
 }
 

@@ -315,10 +315,6 @@ std::vector<std::string> plugin_args(int argc, char** argv) {
   return files;
 }
 
-// The plug-in a checkpoint's env comes from ("" for a built-in env): the
-// file given with --env-plugin this time if it registered the env, else the
-// file recorded in the checkpoint, loaded now. `where` names the flag and
-// the checkpoint for the errors.
 // Whether metrics.json is a finished run's at `step`: complete, not interrupted.
 bool finished_metrics(const fs::path& file, int64_t step) {
   std::ifstream in(file);
@@ -330,6 +326,10 @@ bool finished_metrics(const fs::path& file, int64_t step) {
          steps->is_number_integer() && steps->get<int64_t>() == step && !j.contains("interrupted");
 }
 
+// The plug-in a checkpoint's env comes from ("" for a built-in env): the
+// file given with --env-plugin this time if it registered the env, else the
+// file recorded in the checkpoint, loaded now. `where` names the flag and
+// the checkpoint for the errors.
 std::string checkpoint_plugin(const fs::path& ck, const std::string& env, const std::string& where) {
   if (auto it = plugin_envs().find(env); it != plugin_envs().end()) return it->second;
   if (env_registered(env)) return "";
@@ -425,6 +425,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   // (checkpoint metadata run.flags.*): a resumed run keeps its cadence unless
   // the flag is given again.
   std::map<std::string, std::string> stored_flags;
+  std::map<std::string, std::string> ck_meta;  // rank 0: the resumed checkpoint's metadata
   std::vector<Row> resumed_rows;  // rank 0: metrics.csv of a resumed run
   // Started by mpirun: one rank of a data-parallel run (docs/distributed.md).
   // Rank 0 alone reads and writes files and prints; every rank trains.
@@ -453,7 +454,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
       if (!fs::exists(ck)) throw Error("--resume " + out.string() + ": no checkpoint.safetensors there; start a new run with --out");
       c = Trainer::read_config(ck);
       plugin = checkpoint_plugin(ck, c.env, "--resume " + out.string());
-      for (const auto& [k, v] : safetensors::load(ck).metadata)
+      ck_meta = safetensors::load(ck).metadata;
+      for (const auto& [k, v] : ck_meta)
         if (k.rfind("run.flags.", 0) == 0) stored_flags[k] = v;
       resumed_rows = MetricsCsv::read(out / "metrics.csv");  // (refused here, before any collective, when damaged)
     }
@@ -650,8 +652,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     return m;
   };
   if (resume && root) {
-    const auto meta = safetensors::load(out / "checkpoint.safetensors").metadata;
-    if (auto it = meta.find("run.interval"); it != meta.end()) {
+    if (auto it = ck_meta.find("run.interval"); it != ck_meta.end()) {
       // six numbers, each read in full, counts >= 0 (the sums may be non-finite: a diverged run stays resumable)
       const std::string& v = it->second;
       const char *p = v.data(), *end = v.data() + v.size();

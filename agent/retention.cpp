@@ -231,9 +231,13 @@ std::vector<NamedValues> gradients(const Model& m) {
   return out;
 }
 
+// Interrupted when an interrupt check is set and says stop.
+void stop_if_asked(const std::function<bool()>& interrupted) {
+  if (interrupted && interrupted()) throw Interrupted{};
+}
 // RunOptions::interrupted, asked before every 64th step (outside its timing).
 void poll(const RunOptions& o, int64_t t) {
-  if (o.interrupted && t % 64 == 0 && o.interrupted()) throw Interrupted{};
+  if (t % 64 == 0) stop_if_asked(o.interrupted);
 }
 
 // The pitfalls: one segment for the whole episode, as the wrong code keeps it.
@@ -419,7 +423,7 @@ void run_exact(const LabConfig& cfg, const RunOptions& o, Trace& tr) {
     const int64_t last = std::min(T, (u + 1) * K) - 1;
     charge(last);
     if (o.interrupted) {  // between segments, its time charged to no step
-      if (o.interrupted()) throw Interrupted{};
+      stop_if_asked(o.interrupted);
       mark = Clock::now();
     }
     if (!replayed) return;
@@ -600,7 +604,7 @@ AnomalyCost anomaly_cost(const LabConfig& cfg, int64_t steps, const std::functio
     return 1e6 * std::chrono::duration<double>(Clock::now() - start).count() / double(std::max<int64_t>(r.steps, 1));
   };
   while (!off.done()) {
-    if (interrupted && interrupted()) throw Interrupted{};
+    stop_if_asked(interrupted);
     t_off.push_back(timed(off));
     t_on.push_back(timed(on));
   }
@@ -664,7 +668,7 @@ LabReport run_lab(const LabConfig& cfg, const std::vector<Case>& which, TorchRun
     if (hooks.progress) hooks.progress(s);
   };
   for (Case c : which) {
-    if (hooks.interrupted && hooks.interrupted()) throw Interrupted{};
+    stop_if_asked(hooks.interrupted);
     CaseResult r;
     r.id = c;
     const std::string name = label(c, cfg);
