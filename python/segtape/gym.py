@@ -160,7 +160,11 @@ class TrainResult:
         {"episodes", "mean_return", "returns", "steps"}. Each of the B streams
         contributes its first ceil(episodes / B) episodes (taken in turn, up
         to `episodes`), so long episodes are not under-counted; the streams
-        run until each has finished that many (at most max_steps steps)."""
+        run until each has finished that many (at most max_steps steps: 256
+        at first, doubled up to max_steps while a stream is short)."""
+        for arg, value in (("episodes", episodes), ("max_steps", max_steps)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise Error(f"segtape.gym.TrainResult.evaluate: {arg} must be an int >= 1, got {value!r}")
         made = []
         factory = _factories[self.name]
 
@@ -171,7 +175,7 @@ class TrainResult:
 
         _factories[self.name] = recording
         try:
-            steps = 256
+            steps = min(256, int(max_steps))
             while True:
                 made.clear()
                 self.trainer.evaluate(steps, seed)
@@ -180,7 +184,7 @@ class TrainResult:
                 quota = -(-episodes // len(per_stream))
                 if min(len(r) for r in per_stream) >= quota or steps >= max_steps:
                     break
-                steps *= 2
+                steps = min(2 * steps, int(max_steps))
         finally:
             _factories[self.name] = factory
         got = [r[i] for i in range(quota) for r in per_stream if i < len(r)][:episodes]

@@ -155,6 +155,17 @@ def test_an_env_that_raises_is_named_and_the_trainer_stays_usable():
     assert res.evaluate(episodes=2)["episodes"] == 2
 
 
+def test_evaluate_runs_at_most_max_steps():
+    """evaluate's step count starts at 256 and doubles while a stream is short of
+    its episodes, never past max_steps; counts below 1 are refused by name."""
+    res = sg.train("segtape/TMaze-v0", steps=64, batch=2, hidden=8)
+    assert res.evaluate(episodes=1000, max_steps=10)["steps"] == 10
+    assert res.evaluate(episodes=1000, max_steps=300)["steps"] == 300
+    for bad in ({"max_steps": 0}, {"episodes": 0}, {"max_steps": 2.5}, {"episodes": True}):
+        with pytest.raises(segtape.Error, match=r"TrainResult\.evaluate: (max_steps|episodes) must be an int >= 1"):
+            res.evaluate(**bad)
+
+
 def test_a_segment_whose_env_raises_leaves_the_trainer_where_it_began():
     """run_segment that throws: step, state and parameters as before it; the trainer runs and evaluates again."""
     A = segtape._segtape.agent
