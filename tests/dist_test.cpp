@@ -218,6 +218,10 @@ TEST(Dist, ModelsOrBucketsThatDifferAreRefusedBeforeAnyCollectiveOnThem) {
   m = message(3, r == 0 ? 256 : 512);
   EXPECT_NE(m.find("bucket_bytes is '256' on rank 0, but rank 1 has '512'"), std::string::npos) << m;
   EXPECT_EQ(message(3, 256), "");
+  // A model one rank refuses on its own (here its bucket size) is every
+  // rank's error, named with that rank, not a wait in the comparison.
+  m = message(3, r == 1 ? 2 : 256);
+  EXPECT_NE(m.find("(rank 1) dist::GradientAverager: bucket_bytes must be >= 4"), std::string::npos) << m;
 
   for (const auto& [mine, other] : {std::pair<std::map<std::string, std::string>, std::map<std::string, std::string>>{
                                         {{"a", std::string("x\0y", 3)}}, {{"a", "x"}}},
