@@ -1069,12 +1069,21 @@ void Trainer::load_dist(const std::filesystem::path& file) {
   int64_t counters[3] = {step_, optim_->step_count(), window_pos_};
   comm_->broadcast(counters, sizeof counters, 0, "the broadcast of the checkpoint's counters");
   const std::string mine = comm_->scatter(parts, 0, "the scatter of the ranks' streams from the checkpoint");
+  // Rank 0 read the other ranks' streams as numbers; their envs check them.
+  // A rank that refuses its streams refuses for every rank, naming the file
+  // (alone, it stopped the job through MPI_Abort with the env's message only).
+  std::string refused;
   if (rank() != 0) {
-    step_ = counters[0];
-    optim_->set_step_count(counters[1]);
-    window_pos_ = counters[2];
-    set_stream_state(mine);
+    try {
+      step_ = counters[0];
+      optim_->set_step_count(counters[1]);
+      window_pos_ = counters[2];
+      set_stream_state(mine);
+    } catch (const std::exception& e) {
+      refused = file.string() + ": " + e.what();
+    }
   }
+  dist::raise_if_any(*comm_, refused);
 }
 
 void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry> extra, bool check_ranks) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -13,6 +14,7 @@
 #include "segtape/agent/trainer.h"
 #include "segtape/nn/dist.h"
 #include "segtape/nn/layers.h"
+#include "segtape/nn/safetensors.h"
 #include "segtape/ops.h"
 
 using namespace segtape;
@@ -331,6 +333,35 @@ TEST(Dist, ResumeIsBitIdenticalAndChecksTheRankCount) {
       ADD_FAILURE() << "a checkpoint of two ranks was loaded by one process";
     } catch (const CheckpointError& e) {
       EXPECT_NE(std::string(e.what()).find("written by a run of 2 rank(s)"), std::string::npos) << e.what();
+    }
+  }
+  comm().allgather("", "barrier");
+  // Damage only rank 1's streams (a well-formed file: rank 0 reads them as
+  // numbers, rank 1's env refuses them): every rank refuses, naming the file.
+  const fs::path bad = dir / "rank1-damaged.safetensors";
+  if (comm().rank() == 0) {
+    const safetensors::File f = safetensors::load(ck);
+    std::vector<std::vector<std::byte>> data;
+    std::vector<safetensors::TensorRef> refs;
+    for (const safetensors::TensorInfo& info : f.tensors) {
+      const auto bytes = f.data(info);
+      data.emplace_back(bytes.begin(), bytes.end());
+      if (info.name == "dist.rank1.ints") {
+        const int64_t out_of_range = -7;  // the env's score numerator (its rng state, before it, takes any value)
+        std::memcpy(data.back().data() + 2 * sizeof(int64_t), &out_of_range, sizeof out_of_range);
+      }
+    }
+    for (size_t i = 0; i < f.tensors.size(); ++i) refs.push_back({f.tensors[i].name, f.tensors[i].dtype, f.tensors[i].shape, data[i]});
+    safetensors::save_atomic(bad, refs, f.metadata);
+  }
+  comm().allgather("", "barrier");
+  {
+    Trainer damaged(small(4), &comm());
+    try {
+      damaged.load(bad);
+      ADD_FAILURE() << "rank 1's damaged streams were loaded";
+    } catch (const dist::CollectiveError& e) {
+      EXPECT_NE(std::string(e.what()).find("(rank 1) " + bad.string() + ": "), std::string::npos) << e.what();
     }
   }
   comm().allgather("", "barrier");
