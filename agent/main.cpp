@@ -634,7 +634,12 @@ int train(TrainArgs& a, CLI::App& cmd) {
   int64_t interval_steps = 0, timed_steps = 0, next_log = (tr.step() / log_every + 1) * log_every, next_ck = (tr.step() / ck_every + 1) * ck_every;
   double loss_sum = 0, last_loss = 0, return_sum = 0;
   int64_t loss_n = 0, episodes = 0;
-  size_t peak = 0, node_peak = 0, stored_bytes = 0;
+  // peak: the last segment's high-water (the progress bar); interval_peak:
+  // the largest since the last row (a row's segment_peak_bytes); run_peak:
+  // the run's largest (metrics.json), over the rows before a resume too. A
+  // run whose steps are no multiple of K ends with a shorter, smaller segment.
+  size_t peak = 0, interval_peak = 0, run_peak = 0, node_peak = 0, stored_bytes = 0;
+  for (const Row& r : rows) run_peak = std::max(run_peak, r.segment_peak);
   int64_t steps_run = 0, steps_done = 0;  // exact: step evaluations, and the steps they covered
   std::string stopped;  // why the run ended before its last step ("" when it did not)
   if (!resume) tr.env().reset_score();  // a resumed env's score counts continue from its checkpoint
@@ -642,6 +647,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   // next row is the row the run would have written had it never stopped.
   std::map<std::string, std::string> run_meta;  // checkpoint metadata besides the Trainer's own
   if (!plugin.empty()) run_meta[kPluginKey] = plugin;
+  constexpr const char* kIntervalPeakKey = "run.interval_peak";
   if (a.log_every > 0) run_meta["run.flags.log-every"] = std::to_string(a.log_every);
   if (a.checkpoint_every > 0) run_meta["run.flags.checkpoint-every"] = std::to_string(a.checkpoint_every);
   if (eval_given) run_meta["run.flags.eval-steps"] = std::to_string(a.eval_steps);
@@ -649,6 +655,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     std::map<std::string, std::string> m = run_meta;
     m["run.interval"] = fmt::format("{:.17g},{},{:.17g},{},{},{:.17g}", loss_sum, loss_n, return_sum, episodes, interval_steps,
                                     last_loss);
+    m[kIntervalPeakKey] = std::to_string(interval_peak);
     return m;
   };
   if (resume && root) {
@@ -667,6 +674,12 @@ int train(TrainArgs& a, CLI::App& cmd) {
       if (!ok || loss_n < 0 || episodes < 0 || interval_steps < 0)
         throw Error("--resume " + out.string() + ": checkpoint metadata run.interval is malformed ('" + v + "')");
     }
+    if (auto it = ck_meta.find(kIntervalPeakKey); it != ck_meta.end()) {  // (absent from checkpoints before it: 0)
+      const std::string& v = it->second;
+      const auto r = std::from_chars(v.data(), v.data() + v.size(), interval_peak);
+      if (r.ec != std::errc() || r.ptr != v.data() + v.size())
+        throw Error("--resume " + out.string() + ": checkpoint metadata " + kIntervalPeakKey + " is malformed ('" + v + "')");
+    }
   }
   double ppo_kl = 0, ppo_clip = 0;  // the last PPO iteration's diagnostics
   bool ppo_ran = false;
@@ -674,7 +687,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     const double secs = std::chrono::duration<double>(now - interval_start).count();
     const double nothing = std::numeric_limits<double>::quiet_NaN();
     Row row{tr.step(), loss_n ? last_loss : nothing, tr.env().score_counts().second > 0 ? tr.env().score() : nothing,
-            episodes ? return_sum / double(episodes) : nothing, peak,
+            episodes ? return_sum / double(episodes) : nothing, interval_peak,
             resident_bytes(), secs > 0 ? double(timed_steps) / secs : 0};
     rows.push_back(row);
     if (csv) csv->append(row);
@@ -694,10 +707,10 @@ int train(TrainArgs& a, CLI::App& cmd) {
     if (root && !bar.tty())
       std::printf("step %ld/%ld  loss %s  %s %s  segment peak %s  rss %s  %.0f steps/s\n", tr.step(), c.steps,
                   std::isnan(row.loss) ? "none" : fmt::format("{:.4f}", row.loss).c_str(), measure.c_str(),
-                  score_text(row.score).c_str(), format_bytes(peak).c_str(), format_bytes(row.rss).c_str(), row.steps_per_s);
+                  score_text(row.score).c_str(), format_bytes(interval_peak).c_str(), format_bytes(row.rss).c_str(), row.steps_per_s);
     std::fflush(stdout);
     tr.env().reset_score();
-    loss_sum = 0, loss_n = 0, interval_steps = 0, timed_steps = 0, return_sum = 0, episodes = 0;
+    loss_sum = 0, loss_n = 0, interval_steps = 0, timed_steps = 0, return_sum = 0, episodes = 0, interval_peak = 0;
     interval_start = now;
   };
   while (!tr.done()) {
@@ -717,6 +730,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       // its metrics and plot are written up to here.
       stopped = e.what();
       peak = tr.tape().stats().peak_bytes;
+      interval_peak = std::max(interval_peak, peak), run_peak = std::max(run_peak, peak);
       if (interval_steps) log_row(std::chrono::steady_clock::now());
       break;
     }
@@ -728,6 +742,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     if (r.loss_steps && c.algo == "ppo") ppo_kl = r.approx_kl, ppo_clip = r.clip_fraction, ppo_ran = true;
     peak = full ? tr.tape().stats().peak_bytes : tr.tape().stats().last_segment_peak;
     if (r.segment_peak) peak = r.segment_peak;  // exact, ppo: the largest segment of the window or iteration
+    interval_peak = std::max(interval_peak, peak), run_peak = std::max(run_peak, peak);
     steps_run += r.steps_run, steps_done += r.steps_run ? r.steps : 0, stored_bytes = std::max(stored_bytes, r.stored_bytes);
     node_peak = std::max(node_peak, tr.tape().stats().node_peak_bytes);
     const auto now = std::chrono::steady_clock::now();
@@ -759,7 +774,6 @@ int train(TrainArgs& a, CLI::App& cmd) {
   if (!full && signal_stop) tr.save(out / "checkpoint.safetensors", interval_meta());  // the segment boundary it stopped at
   if (full && !stopped.empty() && interval_steps) log_row(std::chrono::steady_clock::now());
   if (full && stopped.empty() && !finishing) tr.save(out / "checkpoint.safetensors", run_meta);
-  if (finishing && !rows.empty()) peak = rows.back().segment_peak;  // no segment ran here: the run's last logged peak
   if (!root) return signal_stop ? stop_exit_code(stopped) : budget_stop ? 2 : 0;  // rank 0 writes the rest
   std::optional<double> eval;
   std::string eval_stopped;  // a signal during the final evaluation: training complete, no score
@@ -780,7 +794,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   if (!spec.supervised && !rows.empty() && !std::isnan(rows.back().episode_return))
     j["final_episode_return"] = rows.back().episode_return;
   if (eval) j["eval_" + measure] = std::isnan(*eval) ? nlohmann::json(nullptr) : nlohmann::json(*eval), j["eval_steps"] = a.eval_steps;
-  j["segment_peak_bytes"] = peak;
+  j["segment_peak_bytes"] = run_peak;
   j["node_peak_bytes"] = finishing ? nlohmann::json(nullptr) : nlohmann::json(node_peak);  // (not in metrics.csv: unknown here)
   if (steps_done) {  // exact:K/T: the cost of replaying, next to the segment peak
     j["recompute_factor"] = double(steps_run) / double(steps_done);
@@ -845,7 +859,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     std::printf("  episode return       %.3f (mean, last log interval)\n", j["final_episode_return"].get<double>());
   std::printf("  eval %-15s %s (%ld fresh steps x %ld streams, greedy)\n", measure.c_str(), score_text(*eval).c_str(), a.eval_steps,
               c.batch);
-  std::printf("  segment peak         %s%s\n", format_bytes(peak).c_str(), full ? " (one growing segment)" : " (fixed per segment)");
+  std::printf("  segment peak         %s%s\n", format_bytes(run_peak).c_str(), full ? " (one growing segment)" : " (fixed per segment)");
   std::printf("  persistent memory    %s (%ld parameters)\n", format_bytes(st.persistent_bytes).c_str(), tr.policy().parameter_count());
   if (j.contains("dist"))
     std::printf("  data parallel        %d ranks; all-reduce %.3f ms and %s per update (rank 0)\n", tr.ranks(),

@@ -1284,6 +1284,30 @@ TEST(Cli, PpoRunsRecordTheirSettingsAndResume) {
   fs::remove_all(dir.string() + "-rl");
 }
 
+// A run whose steps are no multiple of K ends with a shorter segment: a row's
+// segment_peak_bytes is the largest of its interval's segments, and
+// metrics.json's the run's largest (both were the last segment's).
+TEST(Cli, TheSegmentPeakIsTheLargestNotTheLast) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_peak_" + std::to_string(::getpid()));
+  auto peak_of = [&](int steps, std::string& csv) {
+    fs::remove_all(dir);
+    CmdResult r = sh("train --steps " + std::to_string(steps) +
+                     " --batch 4 --hidden 16 --history tbptt:32 --log-every 1000 --eval-steps 64 --out " + dir.string());
+    EXPECT_EQ(r.code, 0) << r.out;
+    const std::string json = slurp(dir / "metrics.json"), key = "\"segment_peak_bytes\": ";
+    csv = slurp(dir / "metrics.csv");
+    const size_t at = json.find(key);
+    return at == std::string::npos ? size_t(0) : size_t(std::stoull(json.substr(at + key.size())));
+  };
+  std::string whole_csv, cut_csv;
+  const size_t whole = peak_of(64, whole_csv), cut = peak_of(80, cut_csv);  // 32 + 32, and 32 + 32 + 16 steps
+  EXPECT_GT(whole, 0u);
+  EXPECT_EQ(cut, whole);
+  EXPECT_NE(cut_csv.find("\n80,"), std::string::npos) << cut_csv;  // one row, at the last step
+  EXPECT_NE(cut_csv.find("," + std::to_string(whole) + ","), std::string::npos) << cut_csv;
+  fs::remove_all(dir);
+}
+
 TEST(Cli, MetricsAreTypedAndRlRunsLogReturns) {
   const fs::path dir = fs::temp_directory_path() / ("segtape_metrics_" + std::to_string(::getpid()));
   fs::remove_all(dir);
