@@ -1,6 +1,8 @@
 #include "segtape/arena.h"
 
+#include <algorithm>
 #include <atomic>
+#include <limits>
 #include <cstdlib>
 #include <new>
 #include <string>
@@ -32,8 +34,16 @@ std::byte* Arena::take_chunk(size_t cap) {
   return static_cast<std::byte*>(p);
 }
 
+namespace {
+// Above this no request can be met, and align_up would wrap to 0 near 2^64
+// (a budget of 2^64 - 1 became an arena of 0 bytes).
+constexpr size_t kLargest = std::numeric_limits<size_t>::max() / 2;
+}  // namespace
+
 Arena::Arena(size_t capacity, bool grow, size_t grow_limit, ChunkAllocator alloc)
-    : first_capacity_(align_up(capacity)), grow_(grow), grow_limit_(grow_limit), alloc_(alloc) {
+    : first_capacity_(align_up(std::min(capacity, kLargest))), grow_(grow), grow_limit_(grow_limit), alloc_(alloc) {
+  if (capacity > kLargest)
+    throw Error("segtape: out of memory: could not reserve an arena chunk of " + std::to_string(capacity) + " bytes");
   chunks_.reserve(64);
   if (first_capacity_) chunks_.push_back({take_chunk(first_capacity_), first_capacity_});
 }
@@ -46,6 +56,7 @@ Arena::~Arena() {
 }
 
 void* Arena::try_alloc(size_t bytes) {
+  if (bytes > kLargest) return nullptr;
   const size_t n = align_up(bytes);
   if (grow_ && grow_limit_ && used_ + outside_ + n > grow_limit_) return nullptr;
   if (!grow_ && used_ + outside_ + n > first_capacity_) return nullptr;

@@ -57,7 +57,7 @@ Explanation explain(const Tape& tape, size_t top) {
   e.node_count = nodes.size();
   // The largest nodes: a min-heap of at most `top` entries (O(n log top)).
   auto smaller = [](const NodeBytes& a, const NodeBytes& b) { return a.bytes != b.bytes ? a.bytes > b.bytes : a.index < b.index; };
-  e.largest.reserve(top + 1);
+  e.largest.reserve(std::min(top, nodes.size()) + 1);  // (a top above the node count: every node)
   bool sorted_steps = true;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];

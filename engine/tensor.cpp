@@ -26,15 +26,27 @@ std::string Device::str() const {
 
 Shape::Shape(std::initializer_list<int64_t> d) { *this = of(std::span<const int64_t>(d.begin(), d.size())); }
 
-Shape Shape::of(std::span<const int64_t> d) {
+Shape Shape::of(std::span<const int64_t> d, const char* op) {
+  const std::string at = op ? std::string(op) + ": " : std::string();
   if (d.size() > size_t(kMaxRank))
-    throw ShapeError("shape of rank " + std::to_string(d.size()) + ": segtape tensors have rank <= 4");
+    throw ShapeError(at + "shape of rank " + std::to_string(d.size()) + ": segtape tensors have rank <= 4");
   Shape s;
   for (int64_t v : d) {
-    if (v < 0 || v > INT32_MAX) throw ShapeError("shape dimension " + std::to_string(v) + " out of range");
+    if (v < 0 || v > INT32_MAX) {
+      std::string m = at + "shape [";
+      for (size_t i = 0; i < d.size(); ++i) {
+        if (i) m += ',';
+        m += std::to_string(d[i]);
+      }
+      m += "]: dimension ";
+      m += std::to_string(v);
+      m += " is out of range [0, 2^31 - 1]";
+      if (v == -1) m += " (a dimension is never inferred from -1: give every one)";
+      throw ShapeError(m);
+    }
     s.dims[s.rank++] = int32_t(v);
   }
-  s.check_elements();
+  s.check_elements(op);
   return s;
 }
 

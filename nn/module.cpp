@@ -13,16 +13,17 @@ void Module::check_name(const std::string& name, const char* what) const {
   // dotted name ambiguous (PyTorch refuses it for the same reason).
   if (name.empty() || name.find('.') != std::string::npos)
     throw Error(std::string("nn::Module::") + what + ": name '" + name + "' must be non-empty and contain no '.'");
+  if (!names_.contains(name)) return;
   for (const auto& [n, p] : params_)
     if (n == name) throw Error(std::string("nn::Module::") + what + ": '" + name + "' is already a parameter");
-  for (const auto& [n, c] : children_)
-    if (n == name) throw Error(std::string("nn::Module::") + what + ": '" + name + "' is already a child module");
+  throw Error(std::string("nn::Module::") + what + ": '" + name + "' is already a child module");
 }
 
 Tensor Module::register_parameter(const std::string& name, const Shape& shape) {
   check_name(name, "register_parameter");
   Tensor t = tape_->parameter(shape, dtype_);
   params_.emplace_back(name, t);
+  names_.insert(name);
   return t;
 }
 
@@ -33,6 +34,7 @@ void Module::add_child(const std::string& name, Module& child) {
   if (child.contains(this))
     throw Error("nn::Module::register_module: '" + name + "' contains this module already (a cycle of modules)");
   children_.emplace_back(name, &child);
+  names_.insert(name);
 }
 
 bool Module::contains(const Module* m) const {

@@ -216,12 +216,29 @@ def _copy_(self, values):
 
 Tensor.copy_ = _copy_
 
+# NumPy must not treat a Tensor as a scalar object: `array + t` made an object
+# array of Tensors, silently. With __array_ufunc__ None a ufunc with a Tensor
+# operand raises TypeError (as Python's operators do for unsupported types),
+# and np.asarray(t) is a copy of its values, as t.numpy().
+Tensor.__array_ufunc__ = None
+
+
+def _array(self, dtype=None, copy=None):
+    if copy is False:
+        raise ValueError("segtape.Tensor: np.asarray(t, copy=False) cannot be honoured: the values are always copied (t.numpy())")
+    a = self.numpy()
+    return a if dtype is None else a.astype(dtype, copy=False)
+
+
+Tensor.__array__ = _array
+
 
 # The ops as functions: the Tensor methods themselves (segtape.tanh(x) is x.tanh()).
 tanh, sigmoid, relu, exp, log = Tensor.tanh, Tensor.sigmoid, Tensor.relu, Tensor.exp, Tensor.log
 softplus, softmax, log_softmax = Tensor.softplus, Tensor.softmax, Tensor.log_softmax
 sum, mean = Tensor.sum, Tensor.mean  # noqa: A001  (torch.sum's name); sum(x, axis=None)
 reshape, transpose, detach = Tensor.reshape, Tensor.t, Tensor.detach
+neg = Tensor.__neg__
 
 
 from . import nn  # noqa: E402,F401

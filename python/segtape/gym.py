@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from . import Error
+from . import Error, _bytes
 from . import _segtape
 
 _A = _segtape.agent
@@ -91,11 +91,16 @@ class _Streams:
             self.obs = np.ascontiguousarray(obs - self.obs_start, dtype=np.int64)
         else:
             obs = obs.astype(np.float64)
-            bad = np.argwhere(~np.isfinite(obs))
-            if len(bad):  # before the running normalisation, which a NaN or an inf would spoil for the whole run
+            # Before the running normalisation, which a NaN, an inf or a value
+            # float32 cannot hold (inf once cast; its square overflows the
+            # variance) would spoil for the whole run.
+            with np.errstate(invalid="ignore"):
+                bad = np.argwhere(~(np.abs(obs) <= np.finfo(np.float32).max))
+            if len(bad):
                 b, i = (int(x) for x in bad[0])
                 raise Error(f"env '{self.name}', step {self.steps}: observe() gave stream {b} the value {obs[b, i]} at {i}; "
-                            "observations must be finite (the Env contract: segtape/agent/env.h, docs/agent.md)")
+                            "observations must be finite float32 values, |x| <= 3.4e38 (the Env contract: "
+                            "segtape/agent/env.h, docs/agent.md)")
             self.obs = np.ascontiguousarray(self.norm(obs) if self.norm else obs, dtype=np.float32)
 
     def observe(self):
@@ -199,7 +204,7 @@ class TrainResult:
 def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, lr=3e-3, history="tbptt:32", gamma=0.99,
           entropy=0.01, value_coef=0.5, clip=1.0, seed=1, algo="a2c", rollout=128, epochs=10, minibatches=4,
           clip_range=0.2, gae_lambda=0.95, lr_schedule="linear", success=None, normalize_obs=True, log_every=None, callback=None,
-          eval_every=None, eval_episodes=10, stop_at=None):
+          eval_every=None, eval_episodes=10, stop_at=None, budget="64MiB"):
     """Trains segtape's recurrent agent on a Gymnasium env; returns a TrainResult.
 
     env: a Gymnasium id ("CartPole-v1") or a function returning a
@@ -219,6 +224,8 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     normalize_obs: Box observations are normalised by their running mean and
     variance (as SB3's VecNormalize; the statistics are the run's, shared by
     evaluate()).
+    budget: each segment's arena (bytes or a size such as "64MiB"; as
+    `segtape train --budget`): a run that needs more is refused when made.
     log_every (default steps // 20) rows: step, loss, mean return of the
     episodes that ended in the interval, success rate, segment peak bytes;
     callback(row) is called with each.
@@ -241,11 +248,16 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     c.algo, c.rollout, c.epochs, c.minibatches = algo, int(rollout), int(epochs), int(minibatches)
     c.clip_range, c.gae_lambda, c.lr_schedule = clip_range, gae_lambda, lr_schedule
     c.update_bias = float(update_bias)
+    c.budget = _bytes(budget, "segtape.gym.train: budget")
+
+    def named(e):  # the checks name the segtape program's flags: here, train()'s arguments (the error's class kept)
+        text = re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), str(e)).replace("TrainConfig::budget", "budget")
+        return type(e)("segtape.gym.train: " + text)
     try:
         c.validate()
-    except Error as e:  # the checks name the segtape program's flags: here, train()'s arguments
-        raise Error("segtape.gym.train: " + re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), str(e))) from None
-    trainer = _A.Trainer(c)
+        trainer = _A.Trainer(c)
+    except Error as e:
+        raise named(e) from None
     every = log_every or max(1, int(steps) // 20)
     rows, acc = [], {"steps": 0, "loss_sum": 0.0, "loss_steps": 0, "return_sum": 0.0, "episodes": 0, "peak": 0}
     next_row = every

@@ -3,6 +3,8 @@
 Names, shapes, equations and initialisation are PyTorch's (docs/nn.md); a
 layer takes its tape first, and an `rng` (segtape.nn.Rng) that defaults to
 this module's generator, seeded by manual_seed (0 at import)."""
+import os as _os
+
 from ._segtape import nn as _N
 
 Rng = _N.Rng
@@ -87,11 +89,11 @@ class GRU(_N.GRU):
 def save(module, path, metadata=None):
     """The module's parameters to a safetensors file with PyTorch's names
     (atomic: a failed save never replaces a good file)."""
-    _N.save(module, str(path), dict(metadata or {}))
+    _N.save(module, _os.fsdecode(_os.fspath(path)), dict(metadata or {}))
 
 
 def load(module, path, strict=True):
     """Parameters from a safetensors file (torch's load_state_dict rules);
     the whole file is checked before anything is copied. Returns
     {"missing_keys", "unexpected_keys", "metadata"}."""
-    return _N.load(module, str(path), strict)
+    return _N.load(module, _os.fsdecode(_os.fspath(path)), strict)

@@ -65,7 +65,13 @@ struct TapeBox {
   std::unique_ptr<Tape> tape;
   std::optional<Segment> open;  // the open segment, ended before the tape goes
   uint32_t open_index = 0;
-  int no_grad_depth = 0;  // no_grad() guards entered and not exited
+  // One C++ guard while any no_grad() guard is entered: the Python guards
+  // entered and not yet exited, innermost last. A guard dropped without its
+  // __exit__ leaves the list wherever it is (each C++ guard restoring the
+  // mode it saved left the tape without gradients for good when two were
+  // dropped out of order).
+  std::optional<NoGradGuard> no_grad;
+  std::vector<const void*> no_grad_stack;
 };
 using BoxPtr = std::shared_ptr<TapeBox>;
 
@@ -105,6 +111,7 @@ struct PyTape {
   }
   ~PyTape() {
     box->open.reset();
+    box->no_grad.reset();
     boxes().erase(box->tape.get());
     box->tape.reset();
   }
@@ -135,8 +142,32 @@ struct PySegment {
 
 struct PyNoGrad {
   BoxPtr box;
-  std::optional<NoGradGuard> guard;
-  int depth = 0;  // box->no_grad_depth once entered: guards exit in reverse order
+  bool entered = false;
+  explicit PyNoGrad(BoxPtr b) : box(std::move(b)) {}
+  PyNoGrad(const PyNoGrad&) = delete;
+  PyNoGrad& operator=(const PyNoGrad&) = delete;
+  ~PyNoGrad() {
+    if (entered) leave();
+  }
+  void enter() {
+    if (!box->tape) throw TapeError("no_grad(): the tape is gone");
+    if (entered) throw TapeError("no_grad(): this guard is already entered");
+    if (box->no_grad_stack.empty()) box->no_grad.emplace(*box->tape);
+    box->no_grad_stack.push_back(this);
+    entered = true;
+  }
+  void exit() {
+    if (!entered) throw TapeError("no_grad(): this guard was not entered");
+    if (box->no_grad_stack.back() != this)
+      throw TapeError("no_grad(): guards must be exited in the reverse order of entering (as `with` blocks are)");
+    leave();
+  }
+  void leave() noexcept {
+    auto& s = box->no_grad_stack;
+    s.erase(std::find(s.begin(), s.end(), static_cast<const void*>(this)));
+    entered = false;
+    if (s.empty()) box->no_grad.reset();
+  }
 };
 
 // ---------------------------------------------------------------- errors
@@ -184,7 +215,10 @@ void register_errors(nb::module_& m) {
     } catch (const BudgetError& x) {
       PyErr_SetString(c.budget, x.what());
     } catch (const TapeError& x) {
-      PyErr_SetString(c.tape, x.what());
+      // The engine's advice in C++ (`{.retain_graph = true}`), in Python terms.
+      std::string m = x.what();
+      for (size_t at; (at = m.find("{.retain_graph = true}")) != std::string::npos;) m.replace(at, 22, "retain_graph=True");
+      PyErr_SetString(c.tape, m.c_str());
     } catch (const IndexError& x) {
       PyErr_SetString(c.index, x.what());
     } catch (const CheckpointError& x) {
@@ -483,7 +517,7 @@ NB_MODULE(_segtape, m) {
       .def("mean", [](const PyTensor& a, std::optional<int> axis) {
         return wrap(axis ? segtape::mean(a.get(), *axis) : segtape::mean(a.get()), a.box);
       }, "axis"_a = nb::none())
-      .def("reshape", [](const PyTensor& a, const std::vector<int64_t>& s) { return wrap(reshape(a.get(), Shape::of(s)), a.box); })
+      .def("reshape", [](const PyTensor& a, const std::vector<int64_t>& s) { return wrap(reshape(a.get(), Shape::of(s, "reshape")), a.box); })
       .def("t", [](const PyTensor& a) { return apply(segtape::transpose, a); })
       .def_prop_ro("T", [](const PyTensor& a) { return apply(segtape::transpose, a); })
       .def("detach", [](const PyTensor& a) { return apply(segtape::detach, a); })
@@ -537,22 +571,22 @@ NB_MODULE(_segtape, m) {
         return PySegment(t.box, t.box->open_index);
       }, nb::keep_alive<0, 1>())
       .def("_from_f32", [](PyTape& t, const HostArray<float>& a, const std::vector<int64_t>& shape) {
-        return wrap(t.tape().from(std::span<const float>(a.data(), a.size()), Shape::of(shape)), t.box);
+        return wrap(t.tape().from(std::span<const float>(a.data(), a.size()), Shape::of(shape, "tensor")), t.box);
       }, "values"_a.noconvert(), "shape"_a)
       .def("_from_f64", [](PyTape& t, const HostArray<double>& a, const std::vector<int64_t>& shape) {
-        return wrap(t.tape().from(std::span<const double>(a.data(), a.size()), Shape::of(shape)), t.box);
+        return wrap(t.tape().from(std::span<const double>(a.data(), a.size()), Shape::of(shape, "tensor")), t.box);
       }, "values"_a.noconvert(), "shape"_a)
       .def("_from_i64", [](PyTape& t, const HostArray<int64_t>& a, const std::vector<int64_t>& shape) {
-        return wrap(t.tape().from(std::span<const int64_t>(a.data(), a.size()), Shape::of(shape)), t.box);
+        return wrap(t.tape().from(std::span<const int64_t>(a.data(), a.size()), Shape::of(shape, "tensor")), t.box);
       }, "values"_a.noconvert(), "shape"_a)
       .def("zeros", [](PyTape& t, const std::vector<int64_t>& s, const std::string& d) {
-        return wrap(t.tape().zeros(Shape::of(s), dtype_from(d)), t.box);
+        return wrap(t.tape().zeros(Shape::of(s, "zeros"), dtype_from(d)), t.box);
       }, "shape"_a, "dtype"_a = "float32")
       .def("parameter", [](PyTape& t, const std::vector<int64_t>& s, const std::string& d) {
-        return wrap(t.tape().parameter(Shape::of(s), dtype_from(d)), t.box);
+        return wrap(t.tape().parameter(Shape::of(s, "parameter"), dtype_from(d)), t.box);
       }, "shape"_a, "dtype"_a = "float32")
       .def("persistent", [](PyTape& t, const std::vector<int64_t>& s, const std::string& d) {
-        return wrap(t.tape().persistent(Shape::of(s), dtype_from(d)), t.box);
+        return wrap(t.tape().persistent(Shape::of(s, "persistent"), dtype_from(d)), t.box);
       }, "shape"_a, "dtype"_a = "float32")
       .def("next_step", [](PyTape& t) { t.tape().next_step(); })
       .def_prop_ro("step", [](const PyTape& t) { return t.tape().step(); })
@@ -564,7 +598,7 @@ NB_MODULE(_segtape, m) {
       .def("zero_grad", [](PyTape& t) { t.tape().zero_grad(); })
       .def("synchronize", [](PyTape& t) { t.tape().synchronize(); })
       .def("set_anomaly", [](PyTape& t, bool on) { t.tape().set_anomaly(on); })
-      .def("no_grad", [](PyTape& t) { return new PyNoGrad{t.box, std::nullopt}; }, nb::keep_alive<0, 1>())
+      .def("no_grad", [](PyTape& t) { return new PyNoGrad(t.box); }, nb::keep_alive<0, 1>())
       .def("_explain", [](const PyTape& t, size_t top) { return explain(t.tape(), top); }, "top"_a = 10)
       .def("_to_dot", [](const PyTape& t, const std::vector<std::pair<PyTensor, std::string>>& names, uint32_t first,
                          uint32_t last, size_t max_nodes) {
@@ -600,19 +634,11 @@ NB_MODULE(_segtape, m) {
 
   nb::class_<PyNoGrad>(m, "NoGrad")
       .def("__enter__", [](PyNoGrad& g) {
-        if (!g.box->tape) throw TapeError("no_grad(): the tape is gone");
-        if (g.guard) throw TapeError("no_grad(): this guard is already entered");
-        g.guard.emplace(*g.box->tape);
-        g.depth = ++g.box->no_grad_depth;
+        g.enter();
         return &g;
       }, nb::rv_policy::reference)
-      .def("__exit__", [](PyNoGrad& g, nb::handle, nb::handle, nb::handle) {
-        if (!g.guard) throw TapeError("no_grad(): this guard was not entered");
-        if (g.depth != g.box->no_grad_depth)
-          throw TapeError("no_grad(): guards must be exited in the reverse order of entering (as `with` blocks are)");
-        g.guard.reset();
-        --g.box->no_grad_depth;
-      }, nb::arg().none(), nb::arg().none(), nb::arg().none());
+      .def("__exit__", [](PyNoGrad& g, nb::handle, nb::handle, nb::handle) { g.exit(); }, nb::arg().none(), nb::arg().none(),
+           nb::arg().none());
 
   nb::class_<Explanation>(m, "Explanation", "Who holds the memory: the open segment's tape by op, step and node.")
       .def("report", &Explanation::report, "max_rows"_a = 8)
@@ -670,7 +696,7 @@ NB_MODULE(_segtape, m) {
         self.register_module(name, child);
       }, nb::keep_alive<1, 3>())
       .def("register_parameter", [](nn::Module& self, const std::string& name, const std::vector<int64_t>& shape) {
-        return wrap(self.register_parameter(name, Shape::of(shape)));
+        return wrap(self.register_parameter(name, Shape::of(shape, "register_parameter")));
       }, "name"_a, "shape"_a, "A zero-filled parameter of this module (fill it with .copy_(array)).")
       .def("named_parameters", [](const nn::Module& self) { return named(self.named_parameters()); })
       .def("parameters", [](const nn::Module& self) {
@@ -718,8 +744,16 @@ NB_MODULE(_segtape, m) {
       .def_ro("hidden_size", &nn::GRUCell::hidden_size)
       .def_prop_ro("weight_ih", [](const nn::GRUCell& g) { return wrap(g.weight_ih); })
       .def_prop_ro("weight_hh", [](const nn::GRUCell& g) { return wrap(g.weight_hh); })
-      .def_prop_ro("bias_ih", [](const nn::GRUCell& g) { return wrap(g.bias_ih); })
-      .def_prop_ro("bias_hh", [](const nn::GRUCell& g) { return wrap(g.bias_hh); });
+      // None without bias (as nn.Linear's bias and PyTorch's): the zeros the
+      // fused op takes then are no parameter, and writing them changed the cell.
+      .def_prop_ro("bias_ih", [](const nn::GRUCell& g) -> std::optional<PyTensor> {
+        if (!g.bias_ih.grad) return std::nullopt;
+        return wrap(g.bias_ih);
+      })
+      .def_prop_ro("bias_hh", [](const nn::GRUCell& g) -> std::optional<PyTensor> {
+        if (!g.bias_hh.grad) return std::nullopt;
+        return wrap(g.bias_hh);
+      });
 
   auto gru_forward = [](nn::GRU& g, const PyTensor& x, std::optional<PyTensor> h) {
     auto out = g(x.get(), h ? h->get() : Tensor{});
@@ -991,7 +1025,21 @@ NB_MODULE(_segtape, m) {
         const std::lock_guard<std::mutex> one(dist_calls());
         dist::check_same(c, {{"call", "allreduce_sum"}, {"elements", std::to_string(n)}}, "segtape.dist's collective call");
         c.allreduce_sum(data, n, "allreduce_sum");
-      }, "array"_a, "In place: every element becomes its sum over the ranks (float32, C-contiguous).")
+      }, "array"_a.noconvert(), "In place: every element becomes its sum over the ranks (float32, C-contiguous).")
+      // Anything else is refused: converted (float64, strided), the sum went
+      // to a temporary copy and the caller's array kept its values, silently.
+      .def("allreduce_sum", [](dist::Communicator&, nb::handle a) {
+        const auto text = [](nb::handle o) { return std::string(nb::steal<nb::str>(PyObject_Str(o.ptr())).c_str()); };
+        std::string got = text(nb::handle(a.type()).attr("__name__"));
+        if (nb::hasattr(a, "dtype")) got += " of " + text(a.attr("dtype"));
+        if (nb::hasattr(a, "flags")) {
+          if (!nb::cast<bool>(a.attr("flags").attr("c_contiguous"))) got += ", not C-contiguous";
+          if (!nb::cast<bool>(a.attr("flags").attr("writeable"))) got += ", read-only";
+        }
+        throw nb::type_error(("segtape.dist: allreduce_sum sums in place, so it takes a writable, C-contiguous float32 NumPy "
+                              "array on the CPU; got " + got.substr(0, 200) +
+                              " (make one with np.ascontiguousarray(x, dtype=np.float32), sum it, and use it)").c_str());
+      }, "array"_a)
       .def("allgather", [](dist::Communicator& c, nb::bytes b) {
         std::vector<std::string> all;
         {

@@ -65,17 +65,17 @@ def test_cartpole_is_learned():
     assert ev["mean_return"] >= 100, ev
 
 
-def box_env(name, broken_at, obs=0.0, reward=1.0):
+def box_env(name, broken_at, obs=0.0, reward=1.0, dtype=np.float32):
     """A 3-float Box env, its observation `obs` and reward `reward` at step broken_at (0 and 1 otherwise)."""
     def step(self, action):
         self.t += 1
         now = self.t == broken_at
-        return np.full(3, obs if now else 0.0, np.float32), (reward if now else 1.0), False, False, {}
+        return np.full(3, obs if now else 0.0, dtype), (reward if now else 1.0), False, False, {}
 
     def reset(self, *, seed=None, options=None):
         self.t = 0
         return np.zeros(3, np.float32), {}
-    return type(name, (gymnasium.Env,), {"observation_space": gymnasium.spaces.Box(-1, 1, (3,), np.float32),
+    return type(name, (gymnasium.Env,), {"observation_space": gymnasium.spaces.Box(-1, 1, (3,), dtype),
                                          "action_space": gymnasium.spaces.Discrete(2), "t": 0, "reset": reset, "step": step})
 
 
@@ -89,6 +89,11 @@ def test_non_finite_observations_are_named_before_normalising():
     # spoiled the running statistics).
     with pytest.raises(segtape.Error, match=r"step 3: observe\(\) gave stream 0 the value inf at 0; observations must be finite"):
         sg.train(box_env("Inf", 3, obs=float("inf")), steps=64, batch=2, hidden=8)
+    # A finite float64 value float32 cannot hold: named as the env gave it (it
+    # was reported as inf, or, normalised, overflowed the variance silently).
+    for norm in (True, False):
+        with pytest.raises(segtape.Error, match=r"step 3: observe\(\) gave stream 0 the value 1e\+300 at 0; .*\|x\| <= 3\.4e38"):
+            sg.train(box_env("Huge", 3, obs=1e300, dtype=np.float64), steps=64, batch=2, hidden=8, normalize_obs=norm)
 
     class Empty(gymnasium.Env):
         observation_space = gymnasium.spaces.Box(-1, 1, (0,), np.float32)

@@ -47,7 +47,8 @@ struct Shape {
 
   Shape() = default;
   Shape(std::initializer_list<int64_t> d);
-  static Shape of(std::span<const int64_t> d);  // checks each dimension and check_elements()
+  // Checks each dimension and check_elements(); errors start with `op` when given.
+  static Shape of(std::span<const int64_t> d, const char* op = nullptr);
   static constexpr int64_t kMaxElements = int64_t(1) << 60;
   // Throws ShapeError (starting with `op` when given) when the dimensions'
   // product, counted without overflow, exceeds kMaxElements: every byte count

@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -63,6 +64,9 @@ class Module {
   DType dtype_;
   std::vector<NamedTensor> params_;
   std::vector<std::pair<std::string, Module*>> children_;
+  // Each name in params_ or children_ (which of the two: check_name looks),
+  // so registering n names is not O(n^2): nn::GRU's 4 per layer.
+  std::unordered_set<std::string> names_;
 };
 
 }  // namespace segtape::nn

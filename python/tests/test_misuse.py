@@ -1,0 +1,184 @@
+"""Calls a user can get wrong, each once a silent wrong result or an unclear
+error (a review that attacked the Python API, 2026-12-03): each now refused
+by name, or given the meaning a NumPy or PyTorch user expects."""
+import gc
+import os
+
+import numpy as np
+import pytest
+
+import segtape
+from segtape import dist, nn
+
+
+def test_allreduce_sum_refuses_an_array_it_cannot_sum_in_place():
+    # float64 or a strided view was converted to a temporary, summed there, and
+    # the caller's array kept its values (exit 0, no error).
+    c = dist.local()
+    for bad, what in ((np.ones(3), "float64"), (np.ones(6, np.float32)[::2], "not C-contiguous"),
+                      (np.ones(3, np.int32), "int32")):
+        with pytest.raises(TypeError, match=r"allreduce_sum sums in place.*float32.*" + what):
+            c.allreduce_sum(bad)
+    ok = np.ones(3, np.float32)
+    c.allreduce_sum(ok)  # one rank: the sum is itself
+    assert ok.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_no_grad_guards_dropped_out_of_order_leave_gradients_on():
+    # Each guard restored the mode it had saved: dropping the outer one first
+    # and then exiting the inner one left the tape without gradients for good.
+    tape = segtape.Tape()
+    w = tape.parameter([2])
+
+    def records():
+        with tape.segment():
+            return (w * w).sum().requires_grad
+
+    g1, g2 = tape.no_grad(), tape.no_grad()
+    g1.__enter__()
+    g2.__enter__()
+    del g1
+    gc.collect()
+    assert not records()  # g2 is still entered
+    g2.__exit__(None, None, None)
+    assert records()
+
+    def guarded():
+        with tape.no_grad():
+            yield
+
+    a, b = guarded(), guarded()
+    next(a), next(b)
+    with pytest.raises(segtape.TapeError, match="reverse order"):
+        a.close()  # (its guard, refused, goes with the closed generator's frame)
+    b.close()
+    assert records()
+
+
+def test_a_gru_cell_without_bias_has_no_bias_tensors():
+    tape = segtape.Tape()
+    g = nn.GRUCell(tape, 2, 3, bias=False)
+    assert g.bias_ih is None and g.bias_hh is None  # as nn.Linear(bias=False).bias and PyTorch's
+    assert [n for n, _ in g.named_parameters()] == ["weight_ih", "weight_hh"]
+    assert tuple(nn.GRUCell(tape, 2, 3).bias_ih.shape) == (9,)
+
+
+def test_numpy_operands_raise_instead_of_making_object_arrays():
+    tape = segtape.Tape()
+    with tape.segment():
+        x = tape.tensor(np.array([1.0, 2.0], np.float32))
+        for f in (lambda: np.zeros(2) + x, lambda: np.full(2, 0.5) * x, lambda: np.add(x, 1.0)):
+            with pytest.raises(TypeError):
+                f()
+        a = np.asarray(x)  # a copy of the values, as x.numpy()
+        assert a.dtype == np.float32 and a.tolist() == [1.0, 2.0]
+        assert (2.0 * x).numpy().tolist() == [2.0, 4.0]
+        assert segtape.neg(x).numpy().tolist() == [-1.0, -2.0]
+
+
+def test_a_budget_near_2_to_the_64_is_refused_not_zero():
+    # align_up wrapped 2^64 - 1 to an arena of 0 bytes.
+    with pytest.raises(segtape.Error, match="could not reserve an arena chunk of 18446744073709551615 bytes"):
+        segtape.Tape(segment_budget=2**64 - 1)
+
+
+def test_shape_errors_name_the_call():
+    tape = segtape.Tape()
+    with pytest.raises(segtape.ShapeError, match=r"zeros: shape \[-1\]: dimension -1 is out of range.*never inferred"):
+        tape.zeros([-1])
+    with tape.segment():
+        x = tape.zeros([2, 3])
+        with pytest.raises(segtape.ShapeError, match=r"reshape: shape \[3,-1\]"):
+            x.reshape([3, -1])
+
+
+def test_explain_takes_any_row_count():
+    tape = segtape.Tape()
+    w = tape.parameter([4])
+    with tape.segment():
+        (w * 2.0).sum()
+        every = tape.explain(2**63).to_dict()  # a vector reserved 2^63 + 1 rows: "vector::reserve"
+        assert every["node_count"] >= 1 and len(every["largest"]) == every["node_count"]
+
+
+def test_bytes_paths_save_and_load_the_file_they_name(tmp_path):
+    os.chdir(tmp_path)
+    tape = segtape.Tape()
+    lin = nn.Linear(tape, 2, 2)
+    nn.save(lin, b"model.safetensors")
+    assert os.listdir(".") == ["model.safetensors"]
+    nn.load(nn.Linear(tape, 2, 2), b"model.safetensors")
+
+
+def test_retention_run_names_its_own_arguments():
+    from segtape import retention
+    with pytest.raises(segtape.Error, match=r"retention\.run\(\): steps must be in \[2, 100000\]"):
+        retention.run(["tbptt"], steps=1)
+    for clip in (float("nan"), -1.0, 0.0):
+        with pytest.raises(segtape.Error, match=r"clip must be a finite number > 0"):
+            retention.run(["tbptt"], clip=clip)
+    with pytest.raises(segtape.Error, match=r"lr must be a finite number > 0"):
+        retention.run(["tbptt"], lr=float("inf"))
+    with pytest.raises(TypeError, match="cases must be names"):
+        retention.run(b"tbptt")
+
+
+def test_a_trainer_refuses_save_and_load_from_inside_a_segment(tmp_path):
+    # A load from an env's step(), inside run_segment, was accepted and then
+    # overwritten by the segment's own update.
+    import segtape.gym as sg
+    A = segtape._segtape.agent
+    ck = str(tmp_path / "trainer.safetensors")
+    box = {}
+
+    class Env:
+        def __init__(self, b, s):
+            self.b = b
+
+        def observe(self):
+            return np.zeros((self.b, 3), np.float32)
+
+        def step(self, a):
+            if "call" in box:
+                call = box.pop("call")
+                try:
+                    call()
+                except segtape.Error as e:
+                    box["refused"] = str(e)
+            return np.ones(self.b, np.float32), np.zeros(self.b, np.uint8), np.zeros(self.b, np.uint8)
+
+    sg._factories["misuse.reentrant"] = Env
+    A.register_python_env("misuse.reentrant", 3, 0, 4)
+    c = A.TrainConfig()
+    c.env, c.batch, c.hidden, c.embed, c.steps, c.history = "misuse.reentrant", 4, 8, 4, 10**6, "tbptt:8"
+    tr = A.Trainer(c)
+    tr.run_segment()
+    tr.save(ck)
+    for name, call in (("load", lambda: tr.load(ck)), ("save", lambda: tr.save(ck))):
+        box["call"] = call
+        tr.run_segment()
+        assert box.pop("refused", "").startswith(name + ": called while a segment runs"), name
+    tr.load(ck)  # between segments: as before
+    assert tr.step == 8
+
+
+def test_gym_train_names_its_budget_argument():
+    gym = pytest.importorskip("gymnasium")
+    import segtape.gym as sg
+
+    class Big(gym.Env):
+        observation_space = gym.spaces.Box(-1, 1, (50000,), np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(50000, np.float32), {}
+
+        def step(self, a):
+            return np.zeros(50000, np.float32), 1.0, False, False, {}
+
+    with pytest.raises(segtape.BudgetError) as e:  # the class kept, the words train()'s
+        sg.train(Big, steps=64, batch=16)
+    assert str(e.value).startswith("segtape.gym.train: ") and "budget" in str(e.value), e.value
+    assert "TrainConfig" not in str(e.value) and "--" not in str(e.value), e.value
+    res = sg.train(Big, steps=32, batch=2, hidden=8, budget="256MiB")  # enough for it
+    assert res.trainer.step == 32
