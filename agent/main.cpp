@@ -1131,7 +1131,9 @@ int run_cli(int argc, char** argv) {
   tr->add_option("--clip-range", ta.c.clip_range, "ppo: the surrogate's clip epsilon")->capture_default_str();
   tr->add_option("--gae-lambda", ta.c.gae_lambda, "ppo: GAE lambda")->capture_default_str();
   tr->add_option("--lr-schedule", ta.c.lr_schedule, "ppo: linear (Adam's lr from --lr to 0 over --steps) or constant")->capture_default_str();
-  tr->add_option("--log-every", ta.log_every, "Steps between metric rows (default: steps/100)");
+  tr->add_option("--log-every", ta.log_every,
+                 "Steps between metric rows (default: steps/100); a row is written where the first segment that reaches "
+                 "each multiple ends, at most one per segment, and at the last step");
   tr->add_option("--checkpoint-every", ta.checkpoint_every, "Steps between checkpoints (default: steps/10)");
   tr->add_option("--eval-steps", ta.eval_steps, "Steps of greedy evaluation at the end (and at each checkpoint with --log-dir); recall: more than --lag (default: at least 2 x --lag)")->capture_default_str();
   tr->add_option("--env-shards", ta.c.env_shards,
@@ -1141,8 +1143,8 @@ int run_cli(int argc, char** argv) {
                  "Under mpirun: seconds a rank waits in a collective before ending the job (a rank died or hangs)")->capture_default_str();
   tr->add_option("--log-dir", ta.log_dir,
                  "Also write TensorBoard event files here: train/loss, train/<measure>, train/episode_return, "
-                 "memory/segment_peak_bytes, memory/rss_bytes, speed/steps_per_s every --log-every steps, "
-                 "eval/<measure> at every checkpoint");
+                 "memory/segment_peak_bytes, memory/rss_bytes, speed/steps_per_s with every metrics row (and "
+                 "ppo/approx_kl, ppo/clip_fraction, ppo/lr under --algo ppo), eval/<measure> at every checkpoint");
 
   std::string ck;
   int64_t eval_steps = 1000;
@@ -1209,7 +1211,7 @@ int run_cli(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // One line, like every other error: what was wrong and where to look.
     std::fprintf(stderr, "segtape: error: %s (see segtape --help, or segtape train --help)\n", e.what());
-    return e.get_exit_code() ? e.get_exit_code() : 2;
+    return 2;  // a usage error, as every other bad argument (CLI11's own codes were 105-114)
   }
   try {
     if (*tr) return train(ta, *tr);

@@ -95,9 +95,12 @@ Case parse_case(const std::string& name, const LabConfig& cfg) {
     if (n == c.name || n == label(c.id, cfg) || (c.pitfall && n == number)) return c.id;
   }
   // A fix's parameter that is not the lab's: say which one runs.
+  // (exact-replay's and gru-state's labels carry --k and --steps: a name
+  // copied from a table of other settings is named the same way)
   for (const CaseInfo& c : cases()) {
-    if (c.pitfall || n.rfind(c.name + ":", 0) != 0) continue;
-    throw Error("retention case '" + n + "': the lab runs " + label(c.id, cfg) + " (valid names: " + case_names(cfg) + ")");
+    if (c.pitfall || (n.rfind(c.name + ":", 0) != 0 && n.rfind(c.name + " (", 0) != 0)) continue;
+    throw Error("retention case '" + n + "': with these settings the lab runs " + label(c.id, cfg) + " ('" + c.name +
+                "' names it whatever they are; valid names: " + case_names(cfg) + ")");
   }
   throw Error("unknown retention case '" + n + "' (valid names: " + case_names(cfg) +
               "; a pitfall also by its name or number alone, a fix without its parameter)");
@@ -114,6 +117,8 @@ void LabConfig::validate() const {
   need(lag >= 0 && lag < steps, "--steps must be greater than the recall lag (the first target arrives at step lag)");
   need(k >= 1 && trainer_k >= 1, "K must be >= 1");
   need(window >= 1 && window <= 64, "window N must be in [1, 64]");
+  need(std::isfinite(lr) && lr > 0, "lr must be a finite number > 0 (the lab loops' SGD step)");
+  need(std::isfinite(clip) && clip > 0, "clip must be a finite number > 0 (pitfall 6's bound on the gradient norm)");
   need(budget >= 1024, "--budget must be at least 1 KiB");
   need(device == "cpu" || device == "cuda", "--device must be cpu or cuda");
   need(device != "cuda" || device_arena >= budget, "the CUDA teaching arena (device_arena) must be at least --budget");

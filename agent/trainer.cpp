@@ -969,8 +969,20 @@ void Trainer::set_stream_state(const std::string& bytes) {
   for (const Tensor& w : window_) w.from_host(f.subspan(at, size_t(w.numel()))), at += size_t(w.numel());
 }
 
+namespace {
+// save and load between segments only: from an env's callback inside
+// run_segment or evaluate, the step, the state and the parameters are the
+// segment's half-done ones (a load there was accepted and then overwritten).
+void refuse_inside_a_segment(const Tape& t, const char* what) {
+  if (t.segment_open())
+    throw Error(std::string(what) + ": called while a segment runs (from inside run_segment or evaluate, e.g. an env's "
+                "callback); call it between segments");
+}
+}  // namespace
+
 void Trainer::save(const std::filesystem::path& file, const std::map<std::string, std::string>& extra) const {
   if (full_) throw Error("save: history 'full' keeps its whole run in one open segment; it checkpoints only at the end");
+  refuse_inside_a_segment(*tape_, "save");
   // Data parallel: every rank's streams to rank 0, which writes the one file.
   std::vector<std::string> streams;
   if (comm_) streams = comm_->gather(stream_state(), 0, "the gather of the ranks' streams for a checkpoint");
@@ -1003,6 +1015,7 @@ TrainConfig Trainer::read_config(const std::filesystem::path& file) {
 }
 
 void Trainer::load(const std::filesystem::path& file) {
+  if (!full_) refuse_inside_a_segment(*tape_, "load");  // (history full's open segment: load_file refuses it)
   if (comm_) return load_dist(file);
   load_file(file, {}, true);
 }

@@ -333,6 +333,9 @@ TEST(Dist, ResumeIsBitIdenticalAndChecksTheRankCount) {
       ADD_FAILURE() << "a checkpoint of two ranks was loaded by one process";
     } catch (const CheckpointError& e) {
       EXPECT_NE(std::string(e.what()).find("written by a run of 2 rank(s)"), std::string::npos) << e.what();
+      // that alone, not the other ranks' entries it then holds extra
+      EXPECT_NE(std::string(e.what()).find("1 problem (nothing was loaded)"), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find("unexpected"), std::string::npos) << e.what();
     }
   }
   comm().allgather("", "barrier");

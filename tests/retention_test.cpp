@@ -388,6 +388,12 @@ TEST(Lab, ParseCaseTakesTheNamesTheTablePrints) {
   EXPECT_NE(other_k.find("the lab runs tbptt:4"), std::string::npos) << other_k;
   const std::string other_exact = refusal("exact-replay:4", def);
   EXPECT_NE(other_exact.find("the lab runs exact-replay (exact:8/200)"), std::string::npos) << other_exact;
+  // A label copied from a table of other settings (--steps 24's here) is named, with the name that takes any.
+  LabConfig short_run = def;
+  short_run.steps = 24;
+  const std::string copied = refusal("exact-replay (exact:8/200)", short_run);
+  EXPECT_NE(copied.find("the lab runs exact-replay (exact:8/24) ('exact-replay' names it whatever they are"), std::string::npos)
+      << copied;
   EXPECT_NE(refusal("0", def).find("unknown"), std::string::npos);
   EXPECT_NE(refusal("8", def).find("unknown"), std::string::npos) << "fixes have no number";
 }

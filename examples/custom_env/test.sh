@@ -47,9 +47,8 @@ evaluated=$("$segtape" eval --checkpoint "$work/run/checkpoint.safetensors" --st
 grep -q "env count-ones" <<<"$evaluated" || fail "eval of a plug-in checkpoint"
 
 # 4. Errors: one line naming the flag and the file, exit status 2.
-refused() {  # [--parser] expected message fragment, then the arguments
+refused() {  # expected message fragment, then the arguments
   local want_code=2 want err code=0
-  [[ $1 == --parser ]] && { want_code=105; shift; }  # refused by CLI11's --env check, with its exit status
   want=$1
   shift
   err=$("$segtape" "$@" 2>&1 >/dev/null) || code=$?
@@ -60,7 +59,7 @@ printf 'extern "C" int not_a_plugin() { return 0; }\n' | ${CXX:-c++} -x c++ -sha
 refused "--env-plugin $work/none.so: no such file" train --env-plugin "$work/none.so" --env count-ones --out "$work/x"
 refused "--env-plugin $work/other.so: not a segtape env plug-in" train --env-plugin "$work/other.so" --env count-ones --out "$work/x"
 refused "--env-plugin $here/README.md: cannot load it as a shared library" train --env-plugin "$here/README.md" --out "$work/x"
-refused --parser "unknown env 'count-ones' (registered: recall, tmaze, dialogue;" train --env count-ones --out "$work/x"
+refused "unknown env 'count-ones' (registered: recall, tmaze, dialogue;" train --env count-ones --out "$work/x"
 mv "$plugin" "$work/moved.so"
 refused "comes from the plug-in $plugin (recorded in the checkpoint), which cannot be loaded" eval --checkpoint "$work/run/checkpoint.safetensors"
 "$segtape" eval --env-plugin "$work/moved.so" --checkpoint "$work/run/checkpoint.safetensors" --steps 100 >/dev/null ||
