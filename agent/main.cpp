@@ -1192,7 +1192,7 @@ int run_cli(int argc, char** argv) {
     if (argc == 2) return std::printf("%s", app.help().c_str()), 0;
     const std::string which = argv[2];
     if (std::find(commands.begin(), commands.end(), which) != commands.end())
-      return std::printf("%s", app.get_subcommand(which)->help().c_str()), 0;
+      return std::printf("%s", app.get_subcommand(which)->help("segtape").c_str()), 0;  // (Usage: segtape train, as --help)
     std::fprintf(stderr, "segtape: error: no command '%s' (commands: train, eval, retention)\n", which.c_str());
     return 2;
   }

@@ -1197,6 +1197,7 @@ TEST(Cli, HelpNamesCommandsAndTheLabsCases) {
   CmdResult h = sh("help train");
   EXPECT_EQ(h.code, 0) << h.out;
   EXPECT_NE(h.out.find("--history"), std::string::npos) << h.out;
+  EXPECT_EQ(h.out, sh("train --help").out);  // (its usage line said "train", not "segtape train")
   CmdResult r = sh("retention --help");
   EXPECT_EQ(r.code, 0) << r.out;
   for (const char* name : {"1 hidden-not-detached", "tbptt:8", "window:8", "gru-state (tbptt:32)", "exact-replay (exact:8/200)"})
