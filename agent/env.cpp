@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <type_traits>
 
 namespace segtape::agent {
@@ -424,9 +425,13 @@ class CheckedEnv final : public Env {
 
 // ---- The registry
 
+// Read and written under `lock`: Python registers envs at any time (each
+// segtape.gym.train does), also while a thread that released the GIL makes
+// one (segtape.retention.run): a push_back then moved the vectors under it.
 struct Registry {
   std::vector<std::string> names;  // in registration order
   std::vector<EnvFactory> factories;
+  std::mutex lock;
 };
 
 void add(Registry& r, const std::string& name, EnvFactory f) {
@@ -447,13 +452,14 @@ EnvFactory builtin() {
 }
 
 Registry& registry() {
-  static Registry r = [] {
-    Registry b;
-    add(b, "recall", builtin<Recall>());
-    add(b, "tmaze", builtin<TMaze>());
-    add(b, "dialogue", builtin<Dialogue>());
-    return b;
+  static Registry r;
+  static const bool builtins = [] {  // (once, thread-safe: a static's initialisation)
+    add(r, "recall", builtin<Recall>());
+    add(r, "tmaze", builtin<TMaze>());
+    add(r, "dialogue", builtin<Dialogue>());
+    return true;
   }();
+  (void)builtins;
   return r;
 }
 
@@ -465,18 +471,30 @@ std::string joined(const std::vector<std::string>& v) {
 
 }  // namespace
 
-void register_env(const std::string& name, EnvFactory factory) { add(registry(), name, std::move(factory)); }
+void register_env(const std::string& name, EnvFactory factory) {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> hold(r.lock);
+  add(r, name, std::move(factory));
+}
 
-const std::vector<std::string>& env_names() { return registry().names; }
+std::vector<std::string> env_names() {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> hold(r.lock);
+  return r.names;
+}
 
 std::unique_ptr<Env> make_env(const std::string& name, int64_t batch, uint64_t seed, const EnvOptions& o) {
   if (batch < 1) throw Error("env: batch must be >= 1, got " + std::to_string(batch));
-  const Registry& r = registry();
-  const auto it = std::find(r.names.begin(), r.names.end(), name);
-  if (it == r.names.end())
-    throw Error("unknown env '" + name + "' (registered: " + joined(r.names) +
-                "; an env of your own: register_env, or `segtape train --env-plugin FILE`)");
-  const EnvFactory& make = r.factories[size_t(it - r.names.begin())];
+  EnvFactory make;  // a copy, called with the registry unlocked (a factory may register envs)
+  {
+    Registry& r = registry();
+    const std::lock_guard<std::mutex> hold(r.lock);
+    const auto it = std::find(r.names.begin(), r.names.end(), name);
+    if (it == r.names.end())
+      throw Error("unknown env '" + name + "' (registered: " + joined(r.names) +
+                  "; an env of your own: register_env, or `segtape train --env-plugin FILE`)");
+    make = r.factories[size_t(it - r.names.begin())];
+  }
   std::unique_ptr<Env> env = guard_foreign([&] { return "env '" + name + "': its factory"; }, [&] { return make(batch, seed, o); });
   return std::make_unique<CheckedEnv>(std::move(env), name, batch);
 }
@@ -597,9 +615,15 @@ std::vector<std::string> load_env_plugin(const std::filesystem::path& file) {
   auto* register_envs = reinterpret_cast<void (*)()>(sym);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
   // The library stays loaded from here on: its factories may be in the
   // registry (and an env it made may outlive any handle we would close).
+  // (the registry is locked around each step, not across register_envs,
+  // whose register_env calls lock it themselves)
   Registry& r = registry();
-  const size_t before = r.names.size();
+  const size_t before = [&] {
+    const std::lock_guard<std::mutex> hold(r.lock);
+    return r.names.size();
+  }();
   auto roll_back = [&] {
+    const std::lock_guard<std::mutex> hold(r.lock);
     r.names.resize(before);
     r.factories.resize(before);
   };
@@ -612,7 +636,11 @@ std::vector<std::string> load_env_plugin(const std::filesystem::path& file) {
     roll_back();
     throw Error(file.string() + ": segtape_register_envs() failed with an exception that is not a std::exception");
   }
-  std::vector<std::string> added(r.names.begin() + std::ptrdiff_t(before), r.names.end());
+  std::vector<std::string> added;
+  {
+    const std::lock_guard<std::mutex> hold(r.lock);
+    added.assign(r.names.begin() + std::ptrdiff_t(before), r.names.end());
+  }
   if (added.empty()) throw Error(file.string() + ": segtape_register_envs() registered no env (call register_env in it)");
   loaded[path] = added;
   return added;

@@ -249,7 +249,8 @@ std::map<std::string, std::string>& plugin_envs() {
 }
 
 bool env_registered(const std::string& name) {
-  return std::find(env_names().begin(), env_names().end(), name) != env_names().end();
+  const std::vector<std::string> known = env_names();
+  return std::find(known.begin(), known.end(), name) != known.end();
 }
 
 // What the banner, the summary and eval say of the env's settings beside its
@@ -679,6 +680,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       const auto r = std::from_chars(v.data(), v.data() + v.size(), interval_peak);
       if (r.ec != std::errc() || r.ptr != v.data() + v.size())
         throw Error("--resume " + out.string() + ": checkpoint metadata " + kIntervalPeakKey + " is malformed ('" + v + "')");
+      run_peak = std::max(run_peak, interval_peak);  // (segments before the stop that no row holds yet)
     }
   }
   double ppo_kl = 0, ppo_clip = 0;  // the last PPO iteration's diagnostics

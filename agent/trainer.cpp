@@ -175,9 +175,9 @@ void TrainConfig::validate() const {
   auto need = [](bool ok, const std::string& m) {
     if (!ok) throw Error(m);
   };
-  if (std::find(env_names().begin(), env_names().end(), env) == env_names().end()) {
+  if (const std::vector<std::string> known = env_names(); std::find(known.begin(), known.end(), env) == known.end()) {
     std::string names;
-    for (const std::string& n : env_names()) names += (names.empty() ? "" : ", ") + n;
+    for (const std::string& n : known) names += (names.empty() ? "" : ", ") + n;
     throw Error("unknown --env '" + env + "' (registered: " + names + ")");
   }
   need(steps >= 1 && steps <= 1'000'000'000, "--steps must be in [1, 1e9]");
@@ -538,7 +538,30 @@ void Trainer::update(bool has_loss) {
     dist::check_replicas(*comm_, *policy_, "after update " + std::to_string(updates_) + " (step " + std::to_string(step_) + ")");
 }
 
+namespace {
+// save and load between segments only: from an env's callback inside
+// run_segment or evaluate, the step, the state and the parameters are the
+// segment's half-done ones (a load there was accepted and then overwritten).
+// (busy: inside run_segment or evaluate, also between evaluate's segments,
+// where its interrupt check runs Python's signal handlers)
+void refuse_inside_a_segment(bool busy, const char* what) {
+  if (busy)
+    throw Error(std::string(what) + ": called while a segment runs (from inside run_segment or evaluate, e.g. an env's "
+                "callback or a signal handler); call it between segments");
+}
+
+// Marks the trainer busy for a scope.
+struct Busy {
+  int& n;
+  explicit Busy(int& c) : n(c) { ++n; }
+  ~Busy() { --n; }
+  Busy(const Busy&) = delete;
+  Busy& operator=(const Busy&) = delete;
+};
+}  // namespace
+
 SegmentResult Trainer::run_segment() {
+  const Busy busy(busy_);
   if (config_.history.kind == History::Kind::Full) return segment_of_history();
   // The state entering the segment in its persistent home (a carried value
   // would expire with the segment an error abandons), to go back to on an error.
@@ -819,6 +842,7 @@ SegmentResult Trainer::actor_critic_segment(Segment& seg, int64_t n) {
 
 double Trainer::evaluate(int64_t steps, uint64_t seed) {
   if (steps < 1) throw Error("evaluate: steps must be >= 1, got " + std::to_string(steps));
+  const Busy busy(busy_);
   // A fresh env and fresh history, greedy actions, nothing recorded; the
   // training state (h, window ring, env) is put back afterwards.
   std::unique_ptr<Env> keep_env = std::move(env_);
@@ -969,20 +993,10 @@ void Trainer::set_stream_state(const std::string& bytes) {
   for (const Tensor& w : window_) w.from_host(f.subspan(at, size_t(w.numel()))), at += size_t(w.numel());
 }
 
-namespace {
-// save and load between segments only: from an env's callback inside
-// run_segment or evaluate, the step, the state and the parameters are the
-// segment's half-done ones (a load there was accepted and then overwritten).
-void refuse_inside_a_segment(const Tape& t, const char* what) {
-  if (t.segment_open())
-    throw Error(std::string(what) + ": called while a segment runs (from inside run_segment or evaluate, e.g. an env's "
-                "callback); call it between segments");
-}
-}  // namespace
 
 void Trainer::save(const std::filesystem::path& file, const std::map<std::string, std::string>& extra) const {
   if (full_) throw Error("save: history 'full' keeps its whole run in one open segment; it checkpoints only at the end");
-  refuse_inside_a_segment(*tape_, "save");
+  refuse_inside_a_segment(busy_ > 0 || tape_->segment_open(), "save");
   // Data parallel: every rank's streams to rank 0, which writes the one file.
   std::vector<std::string> streams;
   if (comm_) streams = comm_->gather(stream_state(), 0, "the gather of the ranks' streams for a checkpoint");
@@ -1015,7 +1029,8 @@ TrainConfig Trainer::read_config(const std::filesystem::path& file) {
 }
 
 void Trainer::load(const std::filesystem::path& file) {
-  if (!full_) refuse_inside_a_segment(*tape_, "load");  // (history full's open segment: load_file refuses it)
+  // (history full's segment stays open between segments: load_file refuses that run)
+  refuse_inside_a_segment(busy_ > 0 || (!full_ && tape_->segment_open()), "load");
   if (comm_) return load_dist(file);
   load_file(file, {}, true);
 }
@@ -1040,7 +1055,9 @@ void Trainer::load_rank0(const std::filesystem::path& file) {
   load_as_rank0_of(file, n, false);  // the other ranks' streams are read and dropped
 }
 
-std::vector<std::string> Trainer::load_as_rank0_of(const std::filesystem::path& file, int64_t n, bool check_ranks) {
+std::vector<std::string> Trainer::load_as_rank0_of(
+    const std::filesystem::path& file, int64_t n, bool check_ranks,
+    const std::function<void(const std::vector<std::string>&, std::vector<std::string>&)>& check) {
   std::vector<int64_t> my_ints;
   std::vector<float> my_floats;
   decode_streams(stream_state(), my_ints, my_floats, "rank 0's streams");
@@ -1052,9 +1069,14 @@ std::vector<std::string> Trainer::load_as_rank0_of(const std::filesystem::path& 
     extra.push_back(nn::entry(p + ".ints", std::span<int64_t>(ints[size_t(r)]), {int64_t(my_ints.size())}));
     extra.push_back(nn::entry(p + ".floats", std::span<float>(floats[size_t(r)]), {int64_t(my_floats.size())}));
   }
-  load_file(file, std::move(extra), check_ranks);
   std::vector<std::string> parts(static_cast<size_t>(n));
-  for (int64_t r = 1; r < n; ++r) parts[size_t(r)] = encode_streams(ints[size_t(r)], floats[size_t(r)]);
+  const auto encode = [&] {
+    for (int64_t r = 1; r < n; ++r) parts[size_t(r)] = encode_streams(ints[size_t(r)], floats[size_t(r)]);
+  };
+  std::function<void(std::vector<std::string>&)> others;
+  if (check) others = [&](std::vector<std::string>& problems) { encode(), check(parts, problems); };
+  load_file(file, std::move(extra), check_ranks, others);
+  encode();
   return parts;
 }
 
@@ -1065,14 +1087,43 @@ std::vector<std::string> Trainer::load_as_rank0_of(const std::filesystem::path& 
 // every rank alike (CollectiveError).
 void Trainer::load_dist(const std::filesystem::path& file) {
   const int n = ranks();
+  // Every rank's streams are checked by its own env before any rank takes
+  // anything: rank 0, inside its load (the file read and checked, nothing
+  // taken yet), sends them out; each rank takes its own and puts back what it
+  // had; a refusal fails rank 0's load (nothing loaded), whose outcome every
+  // rank then gets. (Checked after the broadcast, a refusal left rank 0 with
+  // the file, the others with its parameters and half their counters.)
+  bool exchanged = false;
+  const auto exchange = [&](const std::vector<std::string>& parts) {  // collective
+    exchanged = true;
+    const std::string pending = comm_->scatter(parts, 0, "the scatter of the ranks' streams for their check");
+    std::string refused;
+    if (rank() != 0 && !pending.empty()) {
+      const std::string own = stream_state();
+      try {
+        set_stream_state(pending);
+      } catch (const std::exception& e) {
+        refused = e.what();
+      }
+      set_stream_state(own);
+    }
+    return comm_->allgather(refused, "the ranks' check of their streams");
+  };
   std::vector<std::string> parts(static_cast<size_t>(n));
   std::string error;
   if (rank() == 0) {
     try {
-      parts = load_as_rank0_of(file, n, true);
+      parts = load_as_rank0_of(file, n, true, [&](const std::vector<std::string>& p, std::vector<std::string>& problems) {
+        const std::vector<std::string> refused = exchange(p);
+        for (size_t r = 1; r < refused.size(); ++r)
+          if (!refused[r].empty()) problems.push_back("rank " + std::to_string(r) + "'s streams: " + refused[r]);
+      });
     } catch (const std::exception& e) {
       error = e.what();
     }
+    if (!exchanged) exchange(std::vector<std::string>(static_cast<size_t>(n)));  // (refused before the check: the ranks still meet)
+  } else {
+    exchange({});
   }
   const std::vector<std::string> errors = comm_->allgather(error, "the outcome of rank 0's checkpoint load");
   if (!errors[0].empty()) throw dist::CollectiveError(errors[0]);
@@ -1082,24 +1133,16 @@ void Trainer::load_dist(const std::filesystem::path& file) {
   int64_t counters[3] = {step_, optim_->step_count(), window_pos_};
   comm_->broadcast(counters, sizeof counters, 0, "the broadcast of the checkpoint's counters");
   const std::string mine = comm_->scatter(parts, 0, "the scatter of the ranks' streams from the checkpoint");
-  // Rank 0 read the other ranks' streams as numbers; their envs check them.
-  // A rank that refuses its streams refuses for every rank, naming the file
-  // (alone, it stopped the job through MPI_Abort with the env's message only).
-  std::string refused;
-  if (rank() != 0) {
-    try {
-      step_ = counters[0];
-      optim_->set_step_count(counters[1]);
-      window_pos_ = counters[2];
-      set_stream_state(mine);
-    } catch (const std::exception& e) {
-      refused = file.string() + ": " + e.what();
-    }
+  if (rank() != 0) {  // (checked above)
+    step_ = counters[0];
+    optim_->set_step_count(counters[1]);
+    window_pos_ = counters[2];
+    set_stream_state(mine);
   }
-  dist::raise_if_any(*comm_, refused);
 }
 
-void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry> extra, bool check_ranks) {
+void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry> extra, bool check_ranks,
+                        const std::function<void(std::vector<std::string>&)>& check_others) {
   if (config_.history.kind == History::Kind::Full) throw CheckpointError("a --history full run's checkpoint cannot be resumed or evaluated: its history lives in one segment, which no checkpoint holds");
   Checkpoint c;
   checkpoint_entries(c, h_home_);
@@ -1148,6 +1191,10 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
                          std::to_string(n[1]) + ", window position " + std::to_string(n[2]) + " of " +
                          std::to_string(ring) + "): a damaged checkpoint?");
       return;
+    }
+    if (check_others) {  // (data parallel: the other ranks' streams, each checked by its rank's env)
+      check_others(problems);
+      if (!problems.empty()) return;
     }
     try {
       env_->load_state(c.env_state);

@@ -32,6 +32,11 @@ void Inputs::mismatch(size_t n, size_t size) const {
               " bytes it took the first time (a step must take() the same inputs in the same order every time it runs)");
 }
 
+void Inputs::too_many(size_t n, size_t size) const {
+  throw Error("exact BPTT: step " + std::to_string(step_) + " asked take() for " + std::to_string(n) + " inputs of " +
+              std::to_string(size) + " bytes: more than 1 TiB a step");
+}
+
 size_t Inputs::bytes() const {
   size_t b = 0;
   for (const auto& s : steps_) b += s.size();
@@ -42,6 +47,8 @@ size_t Inputs::bytes() const {
 
 namespace {
 constexpr int64_t kMaxBinomialUnits = 4096;  // the optimal plan is an O(units^2 x snapshots) table
+constexpr int64_t kMaxPlanWork = int64_t(1) << 30;  // ... of at most this many steps (about a second)
+constexpr int64_t kMaxHorizon = 100'000'000;
 
 // FNV-1a over a state's bytes: the first computation of each boundary state
 // is remembered by its hash, every recomputation is checked against it.
@@ -84,13 +91,15 @@ void walk(int64_t units, int64_t snapshots, std::vector<Task>& stack, Split spli
 }  // namespace
 
 Driver::Driver(Tape& tape, const Tensor& state, const Options& options) : tape_(tape), o_(options) {
-  if (o_.horizon < 1)
-    throw Error("exact BPTT: the horizon T must be >= 1 steps, got " + std::to_string(o_.horizon));
+  // (a step is recorded per step of the window: 2^40 steps ran the machine out of memory)
+  if (o_.horizon < 1 || o_.horizon > kMaxHorizon)
+    throw Error("exact BPTT: the horizon T must be in [1, " + std::to_string(kMaxHorizon) + "] steps, got " +
+                std::to_string(o_.horizon));
   if (o_.k < 1) throw Error("exact BPTT: the segment length K must be >= 1 steps, got " + std::to_string(o_.k));
   state.check_live("exact BPTT (state)");
   if (state.tape != &tape) throw TapeError("exact BPTT: the state belongs to another tape");
   if (state.dtype == DType::I64) throw ShapeError("exact BPTT: the state must be floating point, got " + state.describe());
-  units_ = (o_.horizon + o_.k - 1) / o_.k;
+  units_ = (o_.horizon - 1) / o_.k + 1;  // (horizon + k - 1 overflowed for a K near 2^63)
   int64_t snapshots = units_ - 1;  // uniform: every boundary
   if (o_.schedule == Schedule::Binomial) {
     if (o_.snapshots < 1)
@@ -99,6 +108,10 @@ Driver::Driver(Tape& tape, const Tensor& state, const Options& options) : tape_(
       throw Error("exact BPTT: the binomial schedule plans at most " + std::to_string(kMaxBinomialUnits) +
                   " segments per window, T / K = " + std::to_string(units_) + ": raise K");
     snapshots = std::min(o_.snapshots, units_ - 1);
+    if (units_ * units_ / 2 * snapshots > kMaxPlanWork)  // (4096 segments and 4095 snapshots planned for minutes)
+      throw Error("exact BPTT: the binomial schedule's plan for " + std::to_string(units_) + " segments and " +
+                  std::to_string(snapshots) + " snapshots is too large to compute (segments^2 / 2 x snapshots > 2^30): "
+                  "give fewer snapshots (a few dozen reach near the uniform schedule's cost), or the uniform schedule");
     // cost[n][c]: units advanced to reverse n units with c snapshots (Griewank's
     // binomial optimum, found by its recurrence); split_ the first advance.
     const size_t C = size_t(snapshots) + 1, N = size_t(units_) + 1;
@@ -229,8 +242,16 @@ void Driver::reverse_unit(const StepFn& step, int64_t u, const Tensor& from, Rep
 }
 
 Report Driver::run(const StepFn& step, const Tensor& state) {
+  // (from on_segment or on_forward, where no segment is open, a nested run
+  // reset the outer window's records and stored states under it)
+  if (running_) throw TapeError("exact BPTT: run() called while this driver runs (from its step, on_segment or on_forward)");
   if (tape_.segment_open())
     throw TapeError("exact BPTT: a segment is open; the driver opens its own segments (end yours first)");
+  running_ = true;
+  struct Done {
+    bool& flag;
+    ~Done() { flag = false; }
+  } done{running_};
   state.check_live("exact BPTT (state)");
   if (!(state.shape == slots_[0].shape) || state.dtype != slots_[0].dtype)
     throw ShapeError("exact BPTT: state " + state.describe() + " is not shaped like the driver's " + slots_[0].describe());

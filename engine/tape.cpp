@@ -92,6 +92,11 @@ Tape::Tape(Device device, TapeOptions options)
       packed_(std::make_unique<detail::PackedWeights>()),
       free_(std::make_unique<detail::FreeList>()) {
   // Nodes count against the budget: never reserve more than it can hold.
+  // (SIZE_MAX reached vector::reserve's length_error, naming nothing; the array grows past the reserve when it must)
+  constexpr size_t kMaxNodes = size_t(1) << 24;
+  if (options.node_capacity > kMaxNodes)
+    throw Error("TapeOptions::node_capacity " + std::to_string(options.node_capacity) + ": reserve at most 2^24 nodes "
+                "(the node array grows past it when a segment needs more)");
   const size_t budget = arena_.budget();
   nodes_.reserve(budget ? std::min(options.node_capacity, budget / sizeof(Node)) : options.node_capacity);
   params_.reserve(256);

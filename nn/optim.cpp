@@ -89,6 +89,9 @@ SGD::SGD(std::vector<NamedTensor> params, SGDOptions o) : Optimizer(std::move(pa
 
 void SGD::step() {
   check_options(o_);
+  if (o_.momentum != 0 && buf_.empty() && !params_.empty())
+    throw Error("SGD: options().momentum was switched on after construction (it has no momentum buffers): construct the "
+                "optimizer with momentum");
   // PyTorch creates the buffer as a clone of the first step's gradient.
   for (size_t k = 0; k < params_.size(); ++k) sgd_step(params_[k].second, buf_.empty() ? Tensor{} : buf_[k], o_, steps_ == 0);
   ++steps_;
@@ -106,14 +109,16 @@ Adam::Adam(std::vector<NamedTensor> params, AdamOptions o, bool decoupled)
 
 void Adam::step() {
   check_options(o_, decoupled_ ? "AdamW" : "Adam");
+  // (refused before the count moves: a refused step counted, and every later
+  // bias correction and checkpoint with it)
+  if (o_.capturable && !params_.empty() && !device_step_.defined())  // step() allocates nothing: the constructor makes the count
+    throw Error(std::string(kind()) + ": options().capturable was switched on after construction: construct the "
+                "optimizer with capturable = true");
   ++steps_;
   if (!o_.capturable || params_.empty()) {
     for (size_t k = 0; k < params_.size(); ++k) adam_step(params_[k].second, m_[k], v_[k], o_, decoupled_, steps_);
     return;
   }
-  if (!device_step_.defined())  // step() allocates nothing: the count is made by the constructor
-    throw Error(std::string(kind()) + ": options().capturable was switched on after construction: construct the "
-                "optimizer with capturable = true");
   if (steps_set_) {  // after set_step_count: the count on the device is written whole
     fill_value(device_step_, double(steps_ - 1));
     steps_set_ = false;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "segtape/agent/env.h"
@@ -117,7 +118,8 @@ TrainConfig config(const std::string& env, const std::string& history, int64_t s
 }
 
 bool registered(const std::string& name) {
-  return std::find(env_names().begin(), env_names().end(), name) != env_names().end();
+  const std::vector<std::string> known = env_names();
+  return std::find(known.begin(), known.end(), name) != known.end();
 }
 
 // Registers once per process (each test may run in a process of its own).
@@ -226,9 +228,32 @@ void expect_refused(const std::string& name, Fault f, const std::string& what) {
 
 // ---------------------------------------------------------------- registry
 
+// Python registers an env with every segtape.gym.train, also while a thread
+// that released the GIL makes one (segtape.retention.run): the registry is
+// locked (a push_back moved the vectors under a reader: ASan's
+// heap-use-after-free in CI's sanitizer build). In a child process, so that
+// its thousands of names stay out of this process's registry.
+TEST(EnvRegistry, RegisteringWhileOtherThreadsMakeEnvsIsSafe) {
+  EXPECT_EXIT(
+      {
+        std::thread maker([] {
+          for (int i = 0; i < 3000; ++i) {
+            auto env = make_env("recall", 1, uint64_t(i), {});
+            if (env->spec().name != "recall" || env_names().size() < 3) std::exit(3);
+          }
+        });
+        EnvFactory f = [](int64_t b, uint64_t seed, const EnvOptions& o) { return make_env("recall", b, seed, o); };
+        for (int i = 0; i < 3000; ++i) register_env("stress-" + std::to_string(i), f);
+        maker.join();
+        std::exit(make_env("stress-2999", 2, 1, {})->spec().name == "recall" && env_names().size() >= 3003 ? 0 : 4);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
 TEST(EnvRegistry, TheBuiltInsComeFirst) {
   ASSERT_GE(env_names().size(), 3u);
-  EXPECT_EQ(std::vector<std::string>(env_names().begin(), env_names().begin() + 3),
+  const std::vector<std::string> known = env_names();
+  EXPECT_EQ(std::vector<std::string>(known.begin(), known.begin() + 3),
             (std::vector<std::string>{"recall", "tmaze", "dialogue"}));
 }
 

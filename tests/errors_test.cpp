@@ -146,4 +146,21 @@ TEST(Errors, AnomalyModeNamesTheFirstNonFiniteOp) {
   EXPECT_NE(m.find("NaN"), std::string::npos) << m;
 }
 
+// Found by attacking the C++ API (2026-12-03): a batch of no rows through
+// the GRU's backward divided by zero (SIGFPE), and an unbounded node
+// reserve ended in vector::reserve's length_error, naming nothing.
+TEST(Errors, AGruBatchOfNoRowsAndAHugeNodeReserve) {
+  Tape t;
+  Tensor w_ih = t.parameter({12, 3}), w_hh = t.parameter({12, 4}), b_ih = t.parameter({12}), b_hh = t.parameter({12});
+  {
+    Segment s = t.segment();
+    Tensor h = gru_cell(t.zeros({0, 3}), t.zeros({0, 4}), w_ih, w_hh, b_ih, b_hh);
+    EXPECT_EQ(h.dim(0), 0);
+    s.backward(sum(h));
+  }
+  for (float g : w_hh.grad_tensor().to_host<float>()) EXPECT_EQ(g, 0.0f);
+  const std::string m = message_of([] { Tape huge(Device::cpu(), {.node_capacity = SIZE_MAX}); });
+  EXPECT_NE(m.find("TapeOptions::node_capacity 18446744073709551615: reserve at most 2^24 nodes"), std::string::npos) << m;
+}
+
 }  // namespace

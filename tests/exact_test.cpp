@@ -435,8 +435,44 @@ TEST(ExactErrors, BadOptionsAndANonReproducibleStepAreRefused) {
   };
   EXPECT_NE(message([&] { rp::Driver d(m.tape, m.h0, {.horizon = 10, .k = 0}); }).find("segment length K must be >= 1"),
             std::string::npos);
-  EXPECT_NE(message([&] { rp::Driver d(m.tape, m.h0, {.horizon = 0, .k = 4}); }).find("horizon T must be >= 1"),
+  EXPECT_NE(message([&] { rp::Driver d(m.tape, m.h0, {.horizon = 0, .k = 4}); }).find("horizon T must be in [1, 100000000]"),
             std::string::npos);
+  // Sizes a review found unchecked: a horizon of 2^40 steps (allocated until
+  // memory ran out), a K near 2^63 (its segment count overflowed to 0: a
+  // read of an empty vector), a binomial plan of minutes, a take() whose byte
+  // count wraps (a heap overflow), and a run() from the driver's own hook.
+  EXPECT_NE(message([&] { rp::Driver d(m.tape, m.h0, {.horizon = int64_t(1) << 40, .k = 1}); }).find("horizon T must be in"),
+            std::string::npos);
+  {
+    rp::Driver huge_k(m.tape, m.h0, {.horizon = 10, .k = INT64_MAX});
+    Model::Source src0;
+    EXPECT_EQ(huge_k.planned_steps(), 20);  // one segment of the 10 steps, run twice
+    EXPECT_EQ(huge_k.run(m.step_fn(src0), m.h0).segments, 1);
+    m.zero_grad();
+  }
+  EXPECT_NE(message([&] {
+              rp::Driver d(m.tape, m.h0, {.horizon = 4096, .k = 1, .schedule = rp::Schedule::Binomial, .snapshots = 4095});
+            }).find("too large to compute"),
+            std::string::npos);
+  {
+    rp::Driver d(m.tape, m.h0, {.horizon = 1, .k = 1});
+    const std::string wrapped = message([&] {
+      d.run([&](Tape&, int64_t, const Tensor& h, rp::Inputs& in) {
+        (void)in.take<float>(SIZE_MAX / sizeof(float) + 2, [](std::span<float> v) { v[0] = 0; });
+        return rp::StepResult{h, {}};
+      }, m.h0);
+    });
+    EXPECT_NE(wrapped.find("asked take() for"), std::string::npos) << wrapped;
+    rp::Options o{.horizon = 8, .k = 2};
+    rp::Driver* self = nullptr;
+    Model::Source src1;
+    const rp::StepFn step1 = m.step_fn(src1);
+    o.on_segment = [&](int64_t, bool, const TapeStats&) { self->run(step1, m.h0); };
+    rp::Driver nested(m.tape, m.h0, o);
+    self = &nested;
+    EXPECT_NE(message([&] { nested.run(step1, m.h0); }).find("run() called while this driver runs"), std::string::npos);
+    m.zero_grad();
+  }
   EXPECT_NE(message([&] {
               rp::Driver d(m.tape, m.h0, {.horizon = 10, .k = 2, .schedule = rp::Schedule::Binomial, .snapshots = 0});
             }).find("needs >= 1 stored states"),

@@ -391,6 +391,18 @@ TEST(Optim, CapturableAdamEqualsAdamBitForBit) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("construct the optimizer with capturable = true"), std::string::npos) << e.what();
   }
+  EXPECT_EQ(late.step_count(), 0) << "the refused step was counted (every later bias correction with it)";
+  // SGD's momentum likewise (its buffers are made at construction).
+  nn::SGD sgd(nn::numbered(std::vector<Tensor>{p}), {.lr = 0.1});
+  sgd.options().momentum = 0.9;
+  try {
+    sgd.step();
+    ADD_FAILURE() << "momentum switched on after construction was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("SGD: options().momentum was switched on after construction"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(sgd.step_count(), 0);
 }
 
 // clip_grad_norm with its norm kept where the gradients live (the

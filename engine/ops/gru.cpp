@@ -150,7 +150,7 @@ void start_gru_batch(Tape& tape, const Node& n, const ops::Grads& dst) {
   // speed (docs/benchmarks.md, change 12). The workspace is rows * (7H + I)
   // elements, about 2.3 times W_hh's size at rows = H.
   const int64_t rows = std::max<int64_t>(128, H);
-  gb.capacity = std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(rows / B, 1), gb.remaining));
+  gb.capacity = std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(rows / std::max<int64_t>(B, 1), 1), gb.remaining));  // (B = 0: a batch of no rows)
   gb.buffers.reset();
   auto take = [&](int64_t floats) { return batch_take(gb.buffers, size_t(floats) * es); };
   gb.dgi = take(gb.capacity * B * 3 * H);

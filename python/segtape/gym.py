@@ -204,7 +204,7 @@ class TrainResult:
 def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, lr=3e-3, history="tbptt:32", gamma=0.99,
           entropy=0.01, value_coef=0.5, clip=1.0, seed=1, algo="a2c", rollout=128, epochs=10, minibatches=4,
           clip_range=0.2, gae_lambda=0.95, lr_schedule="linear", success=None, normalize_obs=True, log_every=None, callback=None,
-          eval_every=None, eval_episodes=10, stop_at=None, budget="64MiB"):
+          eval_every=None, eval_episodes=10, stop_at=None, budget=None):
     """Trains segtape's recurrent agent on a Gymnasium env; returns a TrainResult.
 
     env: a Gymnasium id ("CartPole-v1") or a function returning a
@@ -225,7 +225,8 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     variance (as SB3's VecNormalize; the statistics are the run's, shared by
     evaluate()).
     budget: each segment's arena (bytes or a size such as "64MiB"; as
-    `segtape train --budget`): a run that needs more is refused when made.
+    `segtape train --budget`, default 64 MiB, for history "full" its growth
+    limit, default 1 GiB): a run that needs more is refused when made.
     log_every (default steps // 20) rows: step, loss, mean return of the
     episodes that ended in the interval, success rate, segment peak bytes;
     callback(row) is called with each.
@@ -248,7 +249,8 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     c.algo, c.rollout, c.epochs, c.minibatches = algo, int(rollout), int(epochs), int(minibatches)
     c.clip_range, c.gae_lambda, c.lr_schedule = clip_range, gae_lambda, lr_schedule
     c.update_bias = float(update_bias)
-    c.budget = _bytes(budget, "segtape.gym.train: budget")
+    if budget is not None:  # (None: the Trainer's default, 64 MiB, or 1 GiB of growth for history "full")
+        c.budget = _bytes(budget, "segtape.gym.train: budget")
 
     def named(e):  # the checks name the segtape program's flags: here, train()'s arguments (the error's class kept)
         text = re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), str(e)).replace("TrainConfig::budget", "budget")
@@ -264,7 +266,10 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     next_eval = eval_every
     result = TrainResult(trainer, rows, name, label)
     while not trainer.done():
-        r = trainer.run_segment()
+        try:
+            r = trainer.run_segment()
+        except Error as e:  # (a budget a run outgrows, e.g. history "full", named as train() takes it)
+            raise named(e) from None
         for k in ("steps", "loss_sum", "loss_steps", "return_sum", "episodes"):
             acc[k] += r[k]
         acc["peak"] = max(acc["peak"], r["segment_peak"])

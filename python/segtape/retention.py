@@ -186,6 +186,8 @@ def run(cases=None, *, measure_anomaly=False, **config):
         names = [c["name"] for c in _lab.cases()]
     elif isinstance(cases, str):
         names = [c.strip() for c in cases.split(",") if c.strip()]
+    elif isinstance(cases, int) and not isinstance(cases, bool):
+        names = [str(cases)]
     else:
         cases = list(cases) if not isinstance(cases, (bytes, bytearray)) else cases
         if isinstance(cases, (bytes, bytearray)) or not all(isinstance(c, (str, int)) and not isinstance(c, bool) for c in cases):

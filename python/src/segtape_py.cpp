@@ -1032,14 +1032,14 @@ NB_MODULE(_segtape, m) {
         const auto text = [](nb::handle o) { return std::string(nb::steal<nb::str>(PyObject_Str(o.ptr())).c_str()); };
         std::string got = text(nb::handle(a.type()).attr("__name__"));
         if (nb::hasattr(a, "dtype")) got += " of " + text(a.attr("dtype"));
-        if (nb::hasattr(a, "flags")) {
+        if (nb::hasattr(a, "flags") && nb::hasattr(a.attr("flags"), "c_contiguous") && nb::hasattr(a.attr("flags"), "writeable")) {
           if (!nb::cast<bool>(a.attr("flags").attr("c_contiguous"))) got += ", not C-contiguous";
           if (!nb::cast<bool>(a.attr("flags").attr("writeable"))) got += ", read-only";
         }
         throw nb::type_error(("segtape.dist: allreduce_sum sums in place, so it takes a writable, C-contiguous float32 NumPy "
                               "array on the CPU; got " + got.substr(0, 200) +
-                              " (make one with np.ascontiguousarray(x, dtype=np.float32), sum it, and use it)").c_str());
-      }, "array"_a)
+                              " (make one with np.array(x, dtype=np.float32, order='C'), a writable copy, sum it, and use it)").c_str());
+      }, "array"_a.none())
       .def("allgather", [](dist::Communicator& c, nb::bytes b) {
         std::vector<std::string> all;
         {

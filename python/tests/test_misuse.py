@@ -12,6 +12,9 @@ from segtape import dist, nn
 
 
 def test_allreduce_sum_refuses_an_array_it_cannot_sum_in_place():
+    for odd in (None, [1.0, 2.0], 3):
+        with pytest.raises(TypeError, match="allreduce_sum sums in place"):
+            dist.local().allreduce_sum(odd)
     # float64 or a strided view was converted to a temporary, summed there, and
     # the caller's array kept its values (exit 0, no error).
     c = dist.local()
@@ -182,3 +185,33 @@ def test_gym_train_names_its_budget_argument():
     assert "TrainConfig" not in str(e.value) and "--" not in str(e.value), e.value
     res = sg.train(Big, steps=32, batch=2, hidden=8, budget="256MiB")  # enough for it
     assert res.trainer.step == 32
+    # Without budget=, the Trainer's default: history "full" grows to 1 GiB
+    # (a 64 MiB default given always stopped it at step 340 here).
+    sg.register_gymnasium_envs()
+    full = sg.train("segtape/TMaze-v0", steps=1000, batch=64, hidden=128, history="full")
+    assert full.trainer.step == 1000
+
+
+def test_a_signal_handler_cannot_save_inside_evaluate(tmp_path):
+    # evaluate runs Python's signal handlers between its segments (Ctrl-C);
+    # a handler's save there wrote the evaluation's env and state.
+    import signal
+    A = segtape._segtape.agent
+    c = A.TrainConfig()
+    c.env, c.batch, c.hidden, c.embed, c.steps = "recall", 4, 8, 4, 10**6
+    tr = A.Trainer(c)
+    tr.run_segment()
+
+    def handler(signum, frame):
+        tr.save(str(tmp_path / "from-handler.safetensors"))
+
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
+        with pytest.raises(segtape.Error, match="save: called while a segment runs"):
+            tr.evaluate(10**8, 3)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert not (tmp_path / "from-handler.safetensors").exists()
+    tr.save(str(tmp_path / "after.safetensors"))  # between segments: as before

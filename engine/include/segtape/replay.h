@@ -65,6 +65,7 @@ class Inputs {
   // and produce is not called. The span lives until the next take().
   template <class T>
   std::span<const T> take(size_t n, const std::function<void(std::span<T>)>& produce) {
+    if (n > (size_t(1) << 40) / sizeof(T)) too_many(n, sizeof(T));  // (n * sizeof(T) wrapped: a buffer too short for n)
     const size_t bytes = n * sizeof(T);
     std::vector<std::byte>& rec = steps_[size_t(step_)];
     if (recording_) {
@@ -93,6 +94,7 @@ class Inputs {
   void begin(int64_t step, bool first_time);
   void end();
   [[noreturn]] void mismatch(size_t n, size_t size) const;
+  [[noreturn]] void too_many(size_t n, size_t size) const;
   std::vector<std::vector<std::byte>> steps_;  // per step: its inputs, in take() order (capacity kept across windows)
   std::vector<std::byte> scratch_;             // the values handed out (aligned for any T by std::vector's allocator)
   int64_t step_ = 0;
@@ -173,6 +175,7 @@ class Driver {
   Tensor final_;                    // the state after T steps (persistent)
   Tensor dh_;                       // dL/d(state) at the boundary being reversed (persistent)
   bool have_dh_ = false;            // false: dh_ is zero (nothing after depends on the state)
+  bool running_ = false;            // in run(): a hook or step that calls run() again is refused
   Tensor work_;                     // binomial with no snapshot left: the state being advanced
   std::vector<detail::Task> stack_;  // the schedule's pending reversals (capacity kept)
   Inputs inputs_;

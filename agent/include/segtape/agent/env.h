@@ -125,9 +125,8 @@ using EnvFactory = std::function<std::unique_ptr<Env>(int64_t batch, uint64_t se
 // Adds an env for make_env, env_names() and `segtape train --env`. Throws
 // Error for an empty name, a name with other characters than letters,
 // digits, '-', '_' and '.', a name already registered (the built-ins
-// "recall", "tmaze" and "dialogue" are), or an empty factory. Call it at
-// start-up, before make_env runs on other threads: the registry is not
-// synchronised.
+// "recall", "tmaze" and "dialogue" are), or an empty factory. The registry
+// is synchronised: any thread may register while others make envs.
 void register_env(const std::string& name, EnvFactory factory);
 
 // The env registered under `name`, wrapped in the contract checks (the
@@ -140,8 +139,8 @@ std::unique_ptr<Env> make_env(const std::string& name, int64_t batch, uint64_t s
 // (TrainConfig::env_shards). One seed: make_env itself. Throws Error when B
 // is not a multiple of the number of seeds.
 std::unique_ptr<Env> make_env_shards(const std::string& name, int64_t batch, std::span<const uint64_t> seeds, const EnvOptions& o);
-// Registered names, in registration order: the built-ins first.
-const std::vector<std::string>& env_names();
+// Registered names, in registration order: the built-ins first (a copy).
+std::vector<std::string> env_names();
 
 // ---- Plug-ins: envs from a shared library.
 //

@@ -217,10 +217,19 @@ class Trainer {
   std::string stream_state() const;
   void set_stream_state(const std::string& bytes);
   void load_dist(const std::filesystem::path& file);
-  void load_file(const std::filesystem::path& file, std::vector<nn::Entry> extra, bool check_ranks);
+  // check_others: called once the file is read and checked, before this
+  // trainer takes any of it; the problems it adds refuse the load.
+  void load_file(const std::filesystem::path& file, std::vector<nn::Entry> extra, bool check_ranks,
+                 const std::function<void(std::vector<std::string>&)>& check_others = {});
   // Loads the file as rank 0 of a run of n ranks; returns the other ranks'
-  // streams (stream_state()'s bytes; element 0 empty).
-  std::vector<std::string> load_as_rank0_of(const std::filesystem::path& file, int64_t n, bool check_ranks);
+  // streams (stream_state()'s bytes; element 0 empty). check: given those
+  // streams before this trainer takes anything (load_file's check_others).
+  std::vector<std::string> load_as_rank0_of(
+      const std::filesystem::path& file, int64_t n, bool check_ranks,
+      const std::function<void(const std::vector<std::string>&, std::vector<std::string>&)>& check = {});
+  // Busy in run_segment or evaluate (save and load are refused there, also
+  // from a signal handler evaluate's interrupt check runs between segments).
+  int busy_ = 0;
 
   dist::Communicator* comm_ = nullptr;
   std::unique_ptr<dist::GradientAverager> avg_;

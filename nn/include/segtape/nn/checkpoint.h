@@ -87,8 +87,10 @@ using LoadCheck = std::function<void(const Metadata& metadata, std::vector<std::
 // Loads a file written with these entries, strictly: each entry must be in
 // the file (an optional one may be absent), with its dtype and shape, and the
 // file must hold no other tensor. In order: `about_file` sees the file's
-// metadata (is it a file for this caller at all?); the entries are compared
-// with the file; only if nothing was found, the host entries are filled in
+// metadata (is it a file for this caller at all?); only if it found nothing
+// are the entries compared with the file (a file of another configuration is
+// named as that alone, not with the tensors it then lacks or has extra);
+// only if nothing was found, the host entries are filled in
 // and `about_values` checks them. It is the last check: when it finds
 // nothing, only the tensors' copy follows, so it may also hand the host
 // values on to the caller's own state. Any problem: one CheckpointError that
