@@ -159,7 +159,7 @@ TEST(Errors, AGruBatchOfNoRowsAndAHugeNodeReserve) {
     s.backward(sum(h));
   }
   for (float g : w_hh.grad_tensor().to_host<float>()) EXPECT_EQ(g, 0.0f);
-  const std::string m = message_of([] { Tape huge(Device::cpu(), {.node_capacity = SIZE_MAX}); });
+  const std::string m = message_of<Error>([] { Tape huge(Device::cpu(), {.node_capacity = SIZE_MAX}); });
   EXPECT_NE(m.find("TapeOptions::node_capacity 18446744073709551615: reserve at most 2^24 nodes"), std::string::npos) << m;
 }
 
