@@ -188,8 +188,8 @@ def test_gym_train_names_its_budget_argument():
     # Without budget=, the Trainer's default: history "full" grows to 1 GiB
     # (a 64 MiB default given always stopped it at step 340 here).
     sg.register_gymnasium_envs()
-    full = sg.train("segtape/TMaze-v0", steps=1000, batch=64, hidden=128, history="full")
-    assert full.trainer.step == 1000
+    full = sg.train("segtape/TMaze-v0", steps=400, batch=64, hidden=128, history="full")
+    assert full.trainer.step == 400
 
 
 def test_a_signal_handler_cannot_save_inside_evaluate(tmp_path):
