@@ -636,11 +636,10 @@ int train(TrainArgs& a, CLI::App& cmd) {
   double loss_sum = 0, last_loss = 0, return_sum = 0;
   int64_t loss_n = 0, episodes = 0;
   // peak: the last segment's high-water (the progress bar); interval_peak:
-  // the largest since the last row (a row's segment_peak_bytes); run_peak:
-  // the run's largest (metrics.json), over the rows before a resume too. A
-  // run whose steps are no multiple of K ends with a shorter, smaller segment.
-  size_t peak = 0, interval_peak = 0, run_peak = 0, node_peak = 0, stored_bytes = 0;
-  for (const Row& r : rows) run_peak = std::max(run_peak, r.segment_peak);
+  // the largest since the last row (a row's segment_peak_bytes). The run's
+  // largest (metrics.json) is the rows' and the open interval's: a run whose
+  // steps are no multiple of K ends with a shorter, smaller segment.
+  size_t peak = 0, interval_peak = 0, node_peak = 0, stored_bytes = 0;
   int64_t steps_run = 0, steps_done = 0;  // exact: step evaluations, and the steps they covered
   std::string stopped;  // why the run ended before its last step ("" when it did not)
   if (!resume) tr.env().reset_score();  // a resumed env's score counts continue from its checkpoint
@@ -680,7 +679,6 @@ int train(TrainArgs& a, CLI::App& cmd) {
       const auto r = std::from_chars(v.data(), v.data() + v.size(), interval_peak);
       if (r.ec != std::errc() || r.ptr != v.data() + v.size())
         throw Error("--resume " + out.string() + ": checkpoint metadata " + kIntervalPeakKey + " is malformed ('" + v + "')");
-      run_peak = std::max(run_peak, interval_peak);  // (segments before the stop that no row holds yet)
     }
   }
   double ppo_kl = 0, ppo_clip = 0;  // the last PPO iteration's diagnostics
@@ -732,7 +730,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       // its metrics and plot are written up to here.
       stopped = e.what();
       peak = tr.tape().stats().peak_bytes;
-      interval_peak = std::max(interval_peak, peak), run_peak = std::max(run_peak, peak);
+      interval_peak = std::max(interval_peak, peak);
       if (interval_steps) log_row(std::chrono::steady_clock::now());
       break;
     }
@@ -744,7 +742,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     if (r.loss_steps && c.algo == "ppo") ppo_kl = r.approx_kl, ppo_clip = r.clip_fraction, ppo_ran = true;
     peak = full ? tr.tape().stats().peak_bytes : tr.tape().stats().last_segment_peak;
     if (r.segment_peak) peak = r.segment_peak;  // exact, ppo: the largest segment of the window or iteration
-    interval_peak = std::max(interval_peak, peak), run_peak = std::max(run_peak, peak);
+    interval_peak = std::max(interval_peak, peak);
     steps_run += r.steps_run, steps_done += r.steps_run ? r.steps : 0, stored_bytes = std::max(stored_bytes, r.stored_bytes);
     node_peak = std::max(node_peak, tr.tape().stats().node_peak_bytes);
     const auto now = std::chrono::steady_clock::now();
@@ -777,6 +775,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
   if (full && !stopped.empty() && interval_steps) log_row(std::chrono::steady_clock::now());
   if (full && stopped.empty() && !finishing) tr.save(out / "checkpoint.safetensors", run_meta);
   if (!root) return signal_stop ? stop_exit_code(stopped) : budget_stop ? 2 : 0;  // rank 0 writes the rest
+  size_t run_peak = interval_peak;  // (segments since the last row, before a stop or on a resume's checkpoint)
+  for (const Row& r : rows) run_peak = std::max(run_peak, r.segment_peak);  // (a resumed run's earlier rows too)
   std::optional<double> eval;
   std::string eval_stopped;  // a signal during the final evaluation: training complete, no score
   if (stopped.empty()) {
