@@ -993,7 +993,6 @@ void Trainer::set_stream_state(const std::string& bytes) {
   for (const Tensor& w : window_) w.from_host(f.subspan(at, size_t(w.numel()))), at += size_t(w.numel());
 }
 
-
 void Trainer::save(const std::filesystem::path& file, const std::map<std::string, std::string>& extra) const {
   if (full_) throw Error("save: history 'full' keeps its whole run in one open segment; it checkpoints only at the end");
   refuse_inside_a_segment(busy_ > 0 || tape_->segment_open(), "save");
@@ -1076,7 +1075,7 @@ std::vector<std::string> Trainer::load_as_rank0_of(
   std::function<void(std::vector<std::string>&)> others;
   if (check) others = [&](std::vector<std::string>& problems) { encode(), check(parts, problems); };
   load_file(file, std::move(extra), check_ranks, others);
-  encode();
+  if (!check) encode();  // (with a check, a load that succeeded encoded them for it)
   return parts;
 }
 
