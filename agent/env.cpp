@@ -483,6 +483,12 @@ std::vector<std::string> env_names() {
   return r.names;
 }
 
+bool env_registered(const std::string& name) {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> hold(r.lock);
+  return std::find(r.names.begin(), r.names.end(), name) != r.names.end();
+}
+
 std::unique_ptr<Env> make_env(const std::string& name, int64_t batch, uint64_t seed, const EnvOptions& o) {
   if (batch < 1) throw Error("env: batch must be >= 1, got " + std::to_string(batch));
   EnvFactory make;  // a copy, called with the registry unlocked (a factory may register envs)

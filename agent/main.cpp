@@ -248,11 +248,6 @@ std::map<std::string, std::string>& plugin_envs() {
   return m;
 }
 
-bool env_registered(const std::string& name) {
-  const std::vector<std::string> known = env_names();
-  return std::find(known.begin(), known.end(), name) != known.end();
-}
-
 // What the banner, the summary and eval say of the env's settings beside its
 // name: recall's lag, vocabulary and sparse, a non-zero update-gate bias
 // ("" when none applies).

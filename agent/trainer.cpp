@@ -175,9 +175,9 @@ void TrainConfig::validate() const {
   auto need = [](bool ok, const std::string& m) {
     if (!ok) throw Error(m);
   };
-  if (const std::vector<std::string> known = env_names(); std::find(known.begin(), known.end(), env) == known.end()) {
+  if (!env_registered(env)) {
     std::string names;
-    for (const std::string& n : known) names += (names.empty() ? "" : ", ") + n;
+    for (const std::string& n : env_names()) names += (names.empty() ? "" : ", ") + n;
     throw Error("unknown --env '" + env + "' (registered: " + names + ")");
   }
   need(steps >= 1 && steps <= 1'000'000'000, "--steps must be in [1, 1e9]");

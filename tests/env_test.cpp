@@ -117,14 +117,9 @@ TrainConfig config(const std::string& env, const std::string& history, int64_t s
   return c;
 }
 
-bool registered(const std::string& name) {
-  const std::vector<std::string> known = env_names();
-  return std::find(known.begin(), known.end(), name) != known.end();
-}
-
 // Registers once per process (each test may run in a process of its own).
 void ensure(const std::string& name, const EnvFactory& f) {
-  if (!registered(name)) register_env(name, f);
+  if (!env_registered(name)) register_env(name, f);
 }
 
 // Echo, broken in one way from a given step on.
@@ -261,7 +256,7 @@ TEST(EnvRegistry, ARegisteredEnvIsMadeByName) {
   ensure("echo", [](int64_t batch, uint64_t seed, const EnvOptions&) -> std::unique_ptr<Env> {
     return std::make_unique<Echo>(batch, seed, "echo");
   });
-  EXPECT_TRUE(registered("echo"));
+  EXPECT_TRUE(env_registered("echo"));
   auto env = make_env("echo", 3, 1, {});
   EXPECT_EQ(env->batch(), 3);
   EXPECT_EQ(env->spec().vocab, 3);
@@ -289,7 +284,7 @@ TEST(EnvRegistry, AnEmptyOrOddNameOrAnEmptyFactoryIsRefused) {
     EXPECT_NE(message_of([&] { register_env(odd, echo); }).find("has a character other than"), std::string::npos) << odd;
   EXPECT_NE(message_of([&] { register_env("no-factory", EnvFactory{}); }).find("factory of env 'no-factory' is empty"),
             std::string::npos);
-  EXPECT_FALSE(registered("no-factory"));
+  EXPECT_FALSE(env_registered("no-factory"));
 }
 
 TEST(EnvRegistry, AnUnknownNameListsTheRegisteredOnes) {
@@ -526,7 +521,7 @@ const std::string kPlugin = SEGTAPE_ENV_TEST_PLUGIN_1, kNotPlugin = SEGTAPE_ENV_
 TEST(EnvPlugin, LoadingRegistersItsEnvsOnce) {
   const std::vector<std::string> names = load_env_plugin(kPlugin);
   EXPECT_EQ(names, (std::vector<std::string>{"plugin-echo", "plugin-echo-2"}));
-  EXPECT_TRUE(registered("plugin-echo") && registered("plugin-echo-2"));
+  EXPECT_TRUE(env_registered("plugin-echo") && env_registered("plugin-echo-2"));
   const size_t n = env_names().size();
   EXPECT_EQ(load_env_plugin(kPlugin), names) << "a second load registers nothing and says what the first did";
   EXPECT_EQ(env_names().size(), n);

@@ -141,6 +141,8 @@ std::unique_ptr<Env> make_env(const std::string& name, int64_t batch, uint64_t s
 std::unique_ptr<Env> make_env_shards(const std::string& name, int64_t batch, std::span<const uint64_t> seeds, const EnvOptions& o);
 // Registered names, in registration order: the built-ins first (a copy).
 std::vector<std::string> env_names();
+// Whether an env is registered under `name`.
+bool env_registered(const std::string& name);
 
 // ---- Plug-ins: envs from a shared library.
 //
