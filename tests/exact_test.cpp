@@ -433,16 +433,15 @@ TEST(ExactErrors, BadOptionsAndANonReproducibleStepAreRefused) {
     }
     return "";
   };
-  EXPECT_NE(message([&] { rp::Driver d(m.tape, m.h0, {.horizon = 10, .k = 0}); }).find("segment length K must be >= 1"),
-            std::string::npos);
-  EXPECT_NE(message([&] { rp::Driver d(m.tape, m.h0, {.horizon = 0, .k = 4}); }).find("horizon T must be in [1, 100000000]"),
-            std::string::npos);
+  // The message a driver made with these options raises ("" when it is made).
+  auto made = [&](const rp::Options& o) { return message([&] { rp::Driver d(m.tape, m.h0, o); }); };
+  EXPECT_NE(made({.horizon = 10, .k = 0}).find("segment length K must be >= 1"), std::string::npos);
+  EXPECT_NE(made({.horizon = 0, .k = 4}).find("horizon T must be in [1, 100000000]"), std::string::npos);
   // Sizes a review found unchecked: a horizon of 2^40 steps (allocated until
   // memory ran out), a K near 2^63 (its segment count overflowed to 0: a
   // read of an empty vector), a binomial plan of minutes, a take() whose byte
   // count wraps (a heap overflow), and a run() from the driver's own hook.
-  EXPECT_NE(message([&] { rp::Driver d(m.tape, m.h0, {.horizon = int64_t(1) << 40, .k = 1}); }).find("horizon T must be in"),
-            std::string::npos);
+  EXPECT_NE(made({.horizon = int64_t(1) << 40, .k = 1}).find("horizon T must be in"), std::string::npos);
   {
     rp::Driver huge_k(m.tape, m.h0, {.horizon = 10, .k = INT64_MAX});
     Model::Source src0;
@@ -450,9 +449,7 @@ TEST(ExactErrors, BadOptionsAndANonReproducibleStepAreRefused) {
     EXPECT_EQ(huge_k.run(m.step_fn(src0), m.h0).segments, 1);
     m.zero_grad();
   }
-  EXPECT_NE(message([&] {
-              rp::Driver d(m.tape, m.h0, {.horizon = 4096, .k = 1, .schedule = rp::Schedule::Binomial, .snapshots = 4095});
-            }).find("too large to compute"),
+  EXPECT_NE(made({.horizon = 4096, .k = 1, .schedule = rp::Schedule::Binomial, .snapshots = 4095}).find("too large to compute"),
             std::string::npos);
   {
     rp::Driver d(m.tape, m.h0, {.horizon = 1, .k = 1});
@@ -473,9 +470,7 @@ TEST(ExactErrors, BadOptionsAndANonReproducibleStepAreRefused) {
     EXPECT_NE(message([&] { nested.run(step1, m.h0); }).find("run() called while this driver runs"), std::string::npos);
     m.zero_grad();
   }
-  EXPECT_NE(message([&] {
-              rp::Driver d(m.tape, m.h0, {.horizon = 10, .k = 2, .schedule = rp::Schedule::Binomial, .snapshots = 0});
-            }).find("needs >= 1 stored states"),
+  EXPECT_NE(made({.horizon = 10, .k = 2, .schedule = rp::Schedule::Binomial, .snapshots = 0}).find("needs >= 1 stored states"),
             std::string::npos);
   // A step that reads something outside its state and inputs (a counter).
   rp::Driver drv(m.tape, m.h0, {.horizon = 16, .k = 4});

@@ -13,6 +13,8 @@ segment ends, so memory per segment is fixed by construction::
 docs/python.md documents the API; the C++ library it wraps is documented in
 docs/design.md.
 """
+import re as _re
+
 import numpy as _np
 
 from . import _segtape as _C
@@ -83,6 +85,12 @@ def _bytes(value, what):
     if isinstance(value, str):
         return _C.parse_bytes(value, what)
     raise TypeError(f"{what}: expected a size such as '64MiB' or a byte count, got {type(value).__name__}")
+
+
+def _argument_names(text):
+    """A C++ check's message with the segtape program's flags (--trainer-k)
+    named as the Python functions take them (trainer_k)."""
+    return _re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), text)
 
 
 def _device(device):

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from . import Error, _bytes
+from . import Error, _argument_names, _bytes
 from . import _segtape
 
 _A = _segtape.agent
@@ -253,7 +253,7 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
         c.budget = _bytes(budget, "segtape.gym.train: budget")
 
     def named(e):  # the checks name the segtape program's flags: here, train()'s arguments (the error's class kept)
-        text = re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), str(e)).replace("TrainConfig::budget", "budget")
+        text = _argument_names(str(e)).replace("TrainConfig::budget", "budget")
         return type(e)("segtape.gym.train: " + text)
     try:
         c.validate()

@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from . import _bytes
+from . import _argument_names, _bytes
 from . import _segtape as _C
 from ._segtape import Error
 
@@ -74,7 +74,7 @@ def _config(config):
         cfg.validate()
     except Error as e:  # the lab's checks name the program's flags: named here as run() takes them
         message = re.sub(r"^retention: ", "", str(e))
-        raise Error("retention.run(): " + re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), message)) from None
+        raise Error("retention.run(): " + _argument_names(message)) from None
     return cfg
 
 
