@@ -184,6 +184,17 @@ void Driver::note_segment(Report& r, int64_t u, bool replay) const {
   r.node_peak = std::max(r.node_peak, s.node_peak_bytes);
 }
 
+void Driver::check_step(int64_t t, const StepResult& s) const {
+  const Tensor& like = slots_[0];
+  if (!s.state.defined()) throw Error("exact BPTT: step " + std::to_string(t) + " returned no state");
+  if (!(s.state.shape == like.shape) || s.state.dtype != like.dtype)
+    throw ShapeError("exact BPTT: step " + std::to_string(t) + " returned the state " + s.state.describe() +
+                     ", not shaped like the driver's " + like.describe() + " (a step returns the next state of the one it is given)");
+  if (s.loss.defined() && s.loss.numel() != 1)
+    throw ShapeError("exact BPTT: step " + std::to_string(t) + " returned the loss " + s.loss.describe() +
+                     "; a step's loss has one element (sum or average it)");
+}
+
 void Driver::advance(const StepFn& step, int64_t u, const Tensor& from, const Tensor& into, Report& r) {
   const Unit un = unit(u);
   {
@@ -192,7 +203,9 @@ void Driver::advance(const StepFn& step, int64_t u, const Tensor& from, const Te
     Tensor h = from;
     for (int64_t t = un.begin; t < un.end; ++t, tape_.next_step()) {
       inputs_.begin(t, !ran_[size_t(t)]);
-      h = step(tape_, t, h, inputs_).state;
+      const StepResult res = step(tape_, t, h, inputs_);
+      check_step(t, res);
+      h = res.state;
       inputs_.end();
       ran_[size_t(t)] = 1;
       ++r.steps_run;
@@ -215,7 +228,7 @@ void Driver::reverse_unit(const StepFn& step, int64_t u, const Tensor& from, Rep
       inputs_.end();
       ran_[size_t(t)] = 1;
       ++r.steps_run;
-      if (!s.state.defined()) throw Error("exact BPTT: step " + std::to_string(t) + " returned no state");
+      check_step(t, s);
       h = s.state;
       if (s.loss.defined()) loss = loss.defined() ? add(loss, s.loss) : s.loss;
     }

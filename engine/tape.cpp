@@ -495,6 +495,26 @@ struct Root {
 };
 }  // namespace
 
+// After a non-retained backward: walks what the roots (marked in reach_)
+// reach, without computing anything, and refuses before any gradient is added
+// if that is a released node (a refusal found mid-walk left the parameters'
+// gradients partly accumulated). Only then: one backward per segment pays nothing.
+void Tape::check_unreleased(size_t count) {
+  for (size_t i = count; i-- > 0;) {
+    if (!reach_[i] || nodes_[i].op == OpKind::Input) continue;
+    if (i < released_upto_)
+      throw TapeError("backward: trying to backward through the segment's tape a second time (node " +
+                      std::to_string(i) + ", op '" + op_name(nodes_[i].op) + "' at step " +
+                      std::to_string(nodes_[i].step) +
+                      ", was released by an earlier backward; no gradient was changed). Pass {.retain_graph = true} "
+                      "to the earlier backward, or detach / carry the state so the new loss does not reach back into "
+                      "released history");
+    const Node& n = nodes_[i];
+    for (int j = 0; j < n.n_in; ++j)
+      if (n.in[j].requires_grad && n.in[j].node >= 0) reach_[size_t(n.in[j].node)] = 1;
+  }
+}
+
 void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain) {
   std::array<Root, 16> roots_buf;
   if (seeds.size() + 1 > roots_buf.size())
@@ -536,6 +556,11 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
     last = std::max(last, root.node);
   }
   const size_t count = size_t(last) + 1;
+  if (released_upto_ > 0) {
+    reach_.assign(count, 0);
+    for (const Root& r : roots) reach_[size_t(r.t->node)] = 1;
+    check_unreleased(count);
+  }
   void** grads;
   if (device_pools()) {  // host data: kept off the device arena
     grad_table_.assign(count, nullptr);
@@ -576,12 +601,6 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
         if (lg.first == i) lg.second = grads[i];
       continue;
     }
-    if (size_t(i) < released_upto_)
-      throw TapeError("backward: trying to backward through the segment's tape a second time (node " +
-                      std::to_string(i) + ", op '" + op_name(nodes_[i].op) + "' at step " +
-                      std::to_string(nodes_[i].step) +
-                      ", was released by an earlier backward). Pass {.retain_graph = true} to the earlier backward, "
-                      "or detach / carry the state so the new loss does not reach back into released history");
     const Node& n = nodes_[i];
     std::array<void*, Node::kMaxInputs> dst{};
     for (int j = 0; j < n.n_in; ++j) {

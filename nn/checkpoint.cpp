@@ -84,9 +84,32 @@ void copy(const st::File& f, std::span<const Entry> entries, bool tensors) {
     }
 }
 
+// The caller's entries themselves, before the file is read: an entry whose
+// tensor has expired or disagrees with its dtype and shape, or a host entry
+// without its buffer, would otherwise fail in the copy, after earlier
+// tensors were written.
+void check_entries(const std::filesystem::path& path, std::span<const Entry> entries, const std::string& what) {
+  std::set<std::string_view> names;
+  for (const Entry& e : entries) {
+    auto bad = [&](const std::string& why) {
+      throw Error(path.string() + ": cannot load " + what + ": entry '" + e.name + "' " + why + " (nothing was loaded)");
+    };
+    if (!names.insert(e.name).second) bad("is given twice");
+    if (e.tensor.defined()) {
+      if (!e.tensor.is_live()) bad("is a tensor that has expired (" + e.tensor.describe() + ")");
+      const std::vector<int64_t> dims(e.tensor.shape.dims.begin(), e.tensor.shape.dims.begin() + e.tensor.rank());
+      if (e.tensor.dtype != e.dtype || dims != e.shape)
+        bad("declares " + dtype_str(file_dtype(e.dtype)) + shape_str(e.shape) + " but its tensor is " + e.tensor.describe());
+    } else if (!e.host && entry_bytes(e) > 0) {
+      bad("has neither a tensor nor a host buffer");
+    }
+  }
+}
+
 // load_entries, and nn::load's non-strict variant (which reports the names it skipped).
 Metadata load_checked(const std::filesystem::path& path, std::span<const Entry> entries, const std::string& what,
                       bool strict, LoadReport& report, const LoadCheck& about_file, const LoadCheck& about_values) {
+  check_entries(path, entries, what);
   const st::File f = st::load(path);
   std::vector<std::string> problems;
   if (about_file) about_file(f.metadata, problems);

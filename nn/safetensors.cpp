@@ -540,7 +540,14 @@ File load(const fs::path& path) {
   struct stat st {};
   if (::fstat(guard.fd, &st) != 0) fail(src, "cannot stat: " + errno_text(errno));
   if (!S_ISREG(st.st_mode)) fail(src, "not a regular file");
-  std::vector<std::byte> bytes(static_cast<std::size_t>(st.st_size));
+  // The whole file is read into memory: one too large for that (a damaged
+  // size, a sparse file) is named, not a std::bad_alloc.
+  std::vector<std::byte> bytes;
+  try {
+    bytes.resize(static_cast<std::size_t>(st.st_size));
+  } catch (const std::exception&) {  // bad_alloc, length_error
+    fail(src, "the file's " + std::to_string(st.st_size) + " bytes cannot be read into memory (out of memory)");
+  }
   std::size_t got = 0;
   while (got < bytes.size()) {
     const ssize_t r = ::read(guard.fd, bytes.data() + got, bytes.size() - got);

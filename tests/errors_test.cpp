@@ -113,6 +113,27 @@ TEST(Errors, DoubleBackwardWithoutRetain) {
   EXPECT_NE(m.find("retain_graph"), std::string::npos) << m;
 }
 
+// The refusal comes before any gradient is added: v's product is walked
+// before the released tanh it also reaches.
+TEST(Errors, ABackwardReachingReleasedNodesChangesNoGradient) {
+  Tape tape;
+  Tensor w = tape.parameter({2}), v = tape.parameter({2});
+  const float vv[] = {0.5f, -1.0f};
+  v.from_host(std::span<const float>(vv));
+  Segment seg = tape.segment();
+  Tensor h = tanh(w);
+  seg.backward(sum(h));
+  const std::vector<float> wg = w.grad_tensor().to_host<float>();
+  Tensor loss = sum(mul(h, v));
+  const std::string m = message_of<TapeError>([&] { seg.backward(loss); });
+  EXPECT_NE(m.find("no gradient was changed"), std::string::npos) << m;
+  EXPECT_EQ(v.grad_tensor().to_host<float>(), std::vector<float>(2, 0.0f));
+  EXPECT_EQ(w.grad_tensor().to_host<float>(), wg);
+  // A later loss that reaches only unreleased nodes still works.
+  seg.backward(sum(mul(v, v)));
+  EXPECT_EQ(v.grad_tensor().to_host<float>(), (std::vector<float>{1.0f, -2.0f}));
+}
+
 TEST(Errors, MisuseOfSegments) {
   Tape tape;
   Tensor w = tape.parameter({2});

@@ -492,6 +492,21 @@ TEST(ExactErrors, BadOptionsAndANonReproducibleStepAreRefused) {
   const std::string m2 = message([&] { drv.run(greedy, m.h0); });
   EXPECT_NE(m2.find("not reproducible: on a replay, step"), std::string::npos) << m2;
   EXPECT_EQ(m.grads(), grads) << "a refused window changed the gradients";
+  // Step results the driver cannot use, each named with the step: no state, a
+  // state of another shape, a loss of more than one element.
+  const auto returning = [&](std::function<rp::StepResult(rp::StepResult)> change) {
+    return message([&] {
+      drv.run([&](Tape& t, int64_t s, const Tensor& h, rp::Inputs& in) { return change(good(t, s, h, in)); }, m.h0);
+    });
+  };
+  const std::string m3 = returning([](rp::StepResult r) { return r.state = Tensor{}, r; });
+  EXPECT_NE(m3.find("exact BPTT: step 0 returned no state"), std::string::npos) << m3;
+  const std::string m4 = returning([](rp::StepResult r) { return r.state = concat({r.state, r.state}, 1), r; });
+  EXPECT_NE(m4.find("exact BPTT: step 0 returned the state"), std::string::npos) << m4;
+  EXPECT_NE(m4.find("not shaped like the driver's"), std::string::npos) << m4;
+  const std::string m5 = returning([](rp::StepResult r) { return r.loss = r.state, r; });
+  EXPECT_NE(m5.find("a step's loss has one element"), std::string::npos) << m5;
+  EXPECT_EQ(m.grads(), grads) << "a refused window changed the gradients";
   // A budget too small for one segment's replay: the engine's report, before any gradient.
   Model tiny(DType::F32, size_t(8) << 10);
   rp::Driver small(tiny.tape, tiny.h0, {.horizon = 64, .k = 32});

@@ -606,6 +606,46 @@ TEST_F(TempDir, LoadReportsEveryMismatchAtOnceAndChangesNothing) {
   }
 }
 
+// A caller's own entries that disagree with their tensors are refused before
+// the file is read: the tensor before them in the list is not written.
+TEST_F(TempDir, LoadEntriesRefusesBadEntriesBeforeWritingAny) {
+  Tape tape;
+  Tensor a = tape.parameter({2}), b = tape.parameter({3});
+  const float av[] = {1, 2}, bv[] = {3, 4, 5};
+  a.from_host(std::span<const float>(av));
+  b.from_host(std::span<const float>(bv));
+  const fs::path path = dir / "entries.safetensors";
+  nn::save_entries(path, std::vector<nn::Entry>{nn::entry("a", a), nn::entry("b", b)}, {});
+
+  Tensor a2 = tape.parameter({2}), b2 = tape.parameter({4});
+  nn::Entry lying = nn::entry("b", b2);
+  lying.shape = {3};  // matches the file, not its tensor
+  const std::vector<nn::Entry> entries = {nn::entry("a", a2), lying};
+  std::string m;
+  try {
+    nn::load_entries(path, entries, "the test's state");
+    ADD_FAILURE() << "load should fail";
+  } catch (const Error& e) {
+    m = e.what();
+  }
+  EXPECT_NE(m.find("entry 'b' declares F32[3] but its tensor is f32[4]"), std::string::npos) << m;
+  EXPECT_NE(m.find("nothing was loaded"), std::string::npos) << m;
+  EXPECT_EQ(a2.to_host<float>(), std::vector<float>(2, 0.0f));
+
+  // The same name twice, and an entry with no buffer at all.
+  nn::Entry none;
+  none.name = "c";
+  none.shape = {2};
+  for (const std::vector<nn::Entry>& bad : {std::vector<nn::Entry>{nn::entry("a", a2), nn::entry("a", a2)},
+                                            std::vector<nn::Entry>{nn::entry("a", a2), none}}) {
+    EXPECT_THROW(nn::load_entries(path, bad, "the test's state"), Error);
+    EXPECT_EQ(a2.to_host<float>(), std::vector<float>(2, 0.0f));
+  }
+  // The honest entries load.
+  nn::load_entries(path, std::vector<nn::Entry>{nn::entry("a", a2), nn::entry("b", tape.parameter({3}))}, "the test's state");
+  EXPECT_EQ(a2.to_host<float>(), (std::vector<float>{1, 2}));
+}
+
 TEST_F(TempDir, TrainingStateResumeIsBitIdentical) {
   constexpr int kBefore = 3, kAfter = 3;
   // Two optimizers over disjoint parameters: SGD with momentum on the encoder, Adam on the rest.

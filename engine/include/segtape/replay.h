@@ -166,6 +166,7 @@ class Driver {
   void reverse_unit(const StepFn& step, int64_t u, const Tensor& from, Report& r);
   int64_t split(int64_t n, int64_t c) const;  // units to advance before the next snapshot
   void check_state(int64_t boundary, const Tensor& h);  // verify, or remember, the state at a boundary
+  void check_step(int64_t t, const StepResult& s) const;  // a state like the driver's; a one-element loss
   void note_segment(Report& r, int64_t u, bool replay) const;
 
   Tape& tape_;

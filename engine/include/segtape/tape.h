@@ -204,6 +204,7 @@ class Tape {
   void end_segment(bool abandoned = false);
   // loss (optional, one element) and seeds; at least one of them.
   void backward(const Tensor* loss, std::span<const Seed> seeds, bool retain);
+  void check_unreleased(size_t count);
   Tensor carry(const Tensor& x);
   Tensor input(const Tensor& x);
   Tensor input_grad(const Tensor& leaf);
@@ -235,6 +236,7 @@ class Tape {
   uint64_t seg_first_step_ = 0;  // the step at which the open segment opened
   size_t node_peak_ = 0;         // node bytes high-water of the current / last segment
   size_t released_upto_ = 0;  // nodes [0, released_upto_) were freed by a non-retained backward
+  std::vector<uint8_t> reach_;  // backward after a release: the nodes its roots reach (check_unreleased)
   size_t last_segment_peak_ = 0;
   bool open_ = false;
   bool grad_enabled_ = true;
