@@ -92,7 +92,10 @@ void check_entries(const std::filesystem::path& path, std::span<const Entry> ent
   std::set<std::string_view> names;
   for (const Entry& e : entries) {
     auto bad = [&](const std::string& why) {
-      throw Error(path.string() + ": cannot load " + what + ": entry '" + e.name + "' " + why + " (nothing was loaded)");
+      std::string m = path.string();
+      m += ": cannot load " + what + ": entry '";
+      m += e.name + "' " + why + " (nothing was loaded)";
+      throw Error(m);
     };
     if (!names.insert(e.name).second) bad("is given twice");
     if (e.tensor.defined()) {
