@@ -52,6 +52,16 @@ struct Row {
 // file. Errors name the file asked for (not the temporary one).
 void write_text(const fs::path& p, const std::string& text) {
   const fs::path tmp = p.parent_path() / ("." + p.filename().string() + ".tmp");
+  // The rename would replace a FIFO, socket or device at p (a link is
+  // replaced by the file, as any atomic write does), and opening one at the
+  // temporary name (or through a link there) could wait forever for a
+  // reader: both refused.
+  using T = fs::file_type;
+  std::error_code e1, e2;  // (none: it cannot be looked at; the write below then names why)
+  for (const auto& [q, type] : {std::pair{p, fs::symlink_status(p, e1).type()}, std::pair{tmp, fs::status(tmp, e2).type()}})
+    if (type != T::regular && type != T::not_found && type != T::directory && type != T::symlink && type != T::none)
+      throw Error("cannot write " + p.string() + ": " + q.string() +
+                  " exists and is not a regular file (a FIFO, socket or device); it is not replaced");
   {
     std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
     o << text;

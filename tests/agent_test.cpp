@@ -2,6 +2,7 @@
 // memory behaviour, bit-identical resume, a learning smoke test, and the
 // command line's answers to bad input.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -999,6 +1000,16 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
   CmdResult res = sh("train --resume " + d + " --steps 128");
   EXPECT_EQ(res.code, 0) << res.out;
   EXPECT_NE(slurp(dir / "checkpoint.safetensors"), before);
+
+  // A FIFO where an output's temporary file goes: refused by name (opening it
+  // for writing waited forever for a reader).
+  const fs::path fifo_run = dir / "fifo-run";
+  fs::create_directories(fifo_run);
+  ASSERT_EQ(::mkfifo((fifo_run / ".plot.svg.tmp").c_str(), 0600), 0);
+  CmdResult fifo = sh("train --steps 32 --batch 4 --hidden 8 --out " + fifo_run.string());
+  EXPECT_NE(fifo.code, 0) << fifo.out;
+  EXPECT_NE(fifo.out.find(".plot.svg.tmp exists and is not a regular file"), std::string::npos) << fifo.out;
+  EXPECT_TRUE(fs::is_fifo(fifo_run / ".plot.svg.tmp"));
   fs::remove_all(dir);
 }
 
