@@ -89,11 +89,11 @@ class GRU(_N.GRU):
 def save(module, path, metadata=None):
     """The module's parameters to a safetensors file with PyTorch's names
     (atomic: a failed save never replaces a good file)."""
-    _N.save(module, _os.fsdecode(_os.fspath(path)), dict(metadata or {}))
+    _N.save(module, _os.fspath(path), dict(metadata or {}))  # str, bytes (any bytes: a path as the OS has it)
 
 
 def load(module, path, strict=True):
     """Parameters from a safetensors file (torch's load_state_dict rules);
     the whole file is checked before anything is copied. Returns
     {"missing_keys", "unexpected_keys", "metadata"}."""
-    return _N.load(module, _os.fsdecode(_os.fspath(path)), strict)
+    return _N.load(module, _os.fspath(path), strict)

@@ -13,6 +13,7 @@
 // generation check, as in C++.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/filesystem.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -811,9 +812,9 @@ NB_MODULE(_segtape, m) {
     nn::clip_grad_norm(mod, max_norm, total_sq->get());
     return nb::none();
   }, "module"_a, "max_norm"_a, "total_sq"_a = nb::none());
-  nnm.def("save", [](const nn::Module& mod, const std::string& path, const nn::Metadata& meta) { nn::save(mod, path, meta); },
+  nnm.def("save", [](const nn::Module& mod, const std::filesystem::path& path, const nn::Metadata& meta) { nn::save(mod, path, meta); },
           "module"_a, "path"_a, "metadata"_a = nn::Metadata{});
-  nnm.def("load", [](nn::Module& mod, const std::string& path, bool strict) {
+  nnm.def("load", [](nn::Module& mod, const std::filesystem::path& path, bool strict) {
     nn::LoadReport r = nn::load(mod, path, strict);
     return dict_of({{"missing_keys", nb::cast(r.missing_keys)}, {"unexpected_keys", nb::cast(r.unexpected_keys)}, {"metadata", nb::cast(r.metadata)}});
   }, "module"_a, "path"_a, "strict"_a = true);
@@ -964,7 +965,7 @@ NB_MODULE(_segtape, m) {
            nb::keep_alive<1, 3>(), "With a communicator of several ranks: one rank of a data-parallel run (docs/distributed.md).")
       .def_prop_ro("rank", &agent::Trainer::rank)
       .def_prop_ro("ranks", &agent::Trainer::ranks)
-      .def("load", [](agent::Trainer& t, const std::string& path) { t.load(path); })
+      .def("load", [](agent::Trainer& t, const std::filesystem::path& path) { t.load(path); })
       .def("parameters", [](agent::Trainer& t) {
         nb::list l;
         for (const Tensor& p : t.policy().parameters()) l.append(to_numpy<float>(p));
@@ -1004,7 +1005,7 @@ NB_MODULE(_segtape, m) {
       }, "steps"_a, "seed"_a,
            "Greedy evaluation over `steps` fresh steps of a new env seeded `seed`: its score, or NaN where nothing was scored "
            "(recall asks its first question at step lag).")
-      .def("save", [](const agent::Trainer& t, const std::string& path) { t.save(path); })
+      .def("save", [](const agent::Trainer& t, const std::filesystem::path& path) { t.save(path); })
       .def_prop_ro("parameter_count", [](agent::Trainer& t) { return t.policy().parameter_count(); });
 
   // ------------------------------------------------------------ dist (docs/distributed.md)

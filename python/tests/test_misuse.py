@@ -111,6 +111,15 @@ def test_bytes_paths_save_and_load_the_file_they_name(tmp_path):
     nn.save(lin, b"model.safetensors")
     assert os.listdir(".") == ["model.safetensors"]
     nn.load(nn.Linear(tape, 2, 2), b"model.safetensors")
+    # A name that is not UTF-8 (any bytes but / and NUL are a Linux file name)
+    # was an "incompatible function arguments" TypeError.
+    odd = b"caf\xe9.safetensors"
+    nn.save(lin, odd)
+    assert odd in os.listdir(b".")
+    assert nn.load(nn.Linear(tape, 2, 2), odd)["missing_keys"] == []
+    nn.load(nn.Linear(tape, 2, 2), os.fsdecode(odd))  # the same file by its str (surrogate-escaped) name
+    with pytest.raises(TypeError):
+        nn.save(lin, 3)
 
 
 def test_retention_run_names_its_own_arguments():
