@@ -207,27 +207,35 @@ void register_errors(nb::module_& m) {
   e.anomaly = make_error(m, "AnomalyError", two(PyExc_FloatingPointError), "A NaN or Inf produced under anomaly mode.");
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     auto& c = errors();
+    // A message may hold bytes that are not UTF-8 (a file name as the OS has
+    // it): those read as \xNN, where PyErr_SetString lost the whole message.
+    const auto set_error = [](PyObject* type, const char* m) {
+      PyObject* text = PyUnicode_DecodeUTF8(m, Py_ssize_t(std::strlen(m)), "backslashreplace");
+      if (!text) return;  // (its own error is set)
+      PyErr_SetObject(type, text);
+      Py_DECREF(text);
+    };
     try {
       std::rethrow_exception(p);
     } catch (const ShapeError& x) {
-      PyErr_SetString(c.shape, x.what());
+      set_error(c.shape, x.what());
     } catch (const ExpiredTensorError& x) {
-      PyErr_SetString(c.expired, x.what());
+      set_error(c.expired, x.what());
     } catch (const BudgetError& x) {
-      PyErr_SetString(c.budget, x.what());
+      set_error(c.budget, x.what());
     } catch (const TapeError& x) {
       // The engine's advice in C++ (`{.retain_graph = true}`), in Python terms.
       std::string m = x.what();
       for (size_t at; (at = m.find("{.retain_graph = true}")) != std::string::npos;) m.replace(at, 22, "retain_graph=True");
-      PyErr_SetString(c.tape, m.c_str());
+      set_error(c.tape, m.c_str());
     } catch (const IndexError& x) {
-      PyErr_SetString(c.index, x.what());
+      set_error(c.index, x.what());
     } catch (const CheckpointError& x) {
-      PyErr_SetString(c.checkpoint, x.what());
+      set_error(c.checkpoint, x.what());
     } catch (const AnomalyError& x) {
-      PyErr_SetString(c.anomaly, x.what());
+      set_error(c.anomaly, x.what());
     } catch (const Error& x) {
-      PyErr_SetString(c.base, x.what());
+      set_error(c.base, x.what());
     }
   });
 }

@@ -120,6 +120,9 @@ def test_bytes_paths_save_and_load_the_file_they_name(tmp_path):
     nn.load(nn.Linear(tape, 2, 2), os.fsdecode(odd))  # the same file by its str (surrogate-escaped) name
     with pytest.raises(TypeError):
         nn.save(lin, 3)
+    # An error naming such a file keeps its message (it was empty).
+    with pytest.raises(segtape.CheckpointError, match=r"nope\\xe9\.safetensors: cannot open"):
+        nn.load(lin, b"nope\xe9.safetensors")
 
 
 def test_retention_run_names_its_own_arguments():
