@@ -1,7 +1,9 @@
 // The segtape command: train, evaluate and resume recurrent agents whose
 // memory per segment is fixed. `segtape --help` lists everything.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -42,26 +44,41 @@ namespace {
 // One metrics row: a log interval's means.
 struct Row {
   int64_t step = 0;
-  double loss = 0, score = 0;
+  double loss = 0, score = 0;  // loss: NaN with has_loss false when the interval had none; with it true, a diverged run's
+  bool has_loss = true;
   double episode_return = std::nan("");  // RL: mean return of the episodes that ended in the interval
   size_t segment_peak = 0, rss = 0;
   double steps_per_s = 0;
 };
 
+// Where a text output at p goes: p, or through a link the file it names
+// (the link stays). A FIFO, socket or device there is refused: the rename
+// would replace it (as root, /dev/null through --dot /dev/null), and opening
+// a FIFO waits forever for a reader. `what` starts the message.
+fs::path text_target(const fs::path& p, const std::string& what) {
+  using T = fs::file_type;
+  std::error_code ec;
+  fs::path target = p;
+  if (fs::symlink_status(p, ec).type() == T::symlink) {
+    target = fs::weakly_canonical(p, ec);
+    if (ec) throw Error(what + ": cannot follow the link " + p.string() + " (" + ec.message() + ")");
+  }
+  const T type = fs::status(target, ec).type();
+  if (type != T::regular && type != T::not_found && type != T::none)  // (none: not visible; the write then says why)
+    throw Error(what + ": " + (target == p ? p.string() : p.string() + " (a link to " + target.string() + ")") +
+                " is not a regular file (a directory, FIFO, socket or device); give a file name");
+  return target;
+}
+
 // Atomic text write: temp file, then rename, so a crash never leaves half a
 // file. Errors name the file asked for (not the temporary one).
-void write_text(const fs::path& p, const std::string& text) {
+void write_text(const fs::path& given, const std::string& text) {
+  const fs::path p = text_target(given, "cannot write " + given.string());
   const fs::path tmp = p.parent_path() / ("." + p.filename().string() + ".tmp");
-  // The rename would replace a FIFO, socket or device at p (a link is
-  // replaced by the file, as any atomic write does), and opening one at the
-  // temporary name (or through a link there) could wait forever for a
-  // reader: both refused.
-  using T = fs::file_type;
-  std::error_code e1, e2;  // (none: it cannot be looked at; the write below then names why)
-  for (const auto& [q, type] : {std::pair{p, fs::symlink_status(p, e1).type()}, std::pair{tmp, fs::status(tmp, e2).type()}})
-    if (type != T::regular && type != T::not_found && type != T::directory && type != T::symlink && type != T::none)
-      throw Error("cannot write " + p.string() + ": " + q.string() +
-                  " exists and is not a regular file (a FIFO, socket or device); it is not replaced");
+  std::error_code tec;  // the temporary name: nothing but a stale file of ours (a link there would be written through)
+  if (const fs::file_type t = fs::symlink_status(tmp, tec).type(); t != fs::file_type::regular && t != fs::file_type::not_found && t != fs::file_type::none)
+    throw Error("cannot write " + given.string() + ": " + tmp.string() + " exists and is not a regular file (a link, "
+                "directory, FIFO, socket or device); it is not replaced");
   {
     std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
     o << text;
@@ -80,6 +97,24 @@ void write_text(const fs::path& p, const std::string& text) {
     std::error_code ignored;  // (reusing ec here made every message end in "Success")
     fs::remove(tmp, ignored);
     throw Error("cannot write " + p.string() + ": " + ec.message());
+  }
+}
+
+// One process per run folder: an flock on DIR/.segtape.lock, held until the
+// process ends (a kill releases it too). A second process resuming (or
+// --force-ing) a run that is training deleted its temporary checkpoint.
+void lock_run_dir(const fs::path& dir, const std::string& flag) {
+  static int fd = -1;  // (kept open: the lock lives as long as the process)
+  const fs::path lock = dir / ".segtape.lock";
+  fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) throw Error(flag + " " + dir.string() + ": cannot open " + lock.string() + " (" + std::strerror(errno) + ")");
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    ::close(fd);
+    fd = -1;
+    throw Error(e == EWOULDBLOCK ? flag + " " + dir.string() + ": another segtape process is running this run (it holds " +
+                                       lock.string() + "); wait for it to end or stop it first"
+                                 : flag + " " + dir.string() + ": cannot lock " + lock.string() + " (" + std::strerror(e) + ")");
   }
 }
 
@@ -107,6 +142,7 @@ void check_output_file(const std::string& given, const char* flag) {
   if (!fs::is_directory(dir)) throw Error(std::string(flag) + " " + given + ": the directory " + dir.string() + " does not exist");
   if (::access(dir.c_str(), W_OK) != 0)
     throw Error(std::string(flag) + " " + given + ": cannot write in " + dir.string() + " (" + std::strerror(errno) + ")");
+  (void)text_target(p, std::string(flag) + " " + given);
 }
 
 // metrics.csv: one row per log interval, each on disk as soon as it is
@@ -141,13 +177,29 @@ class MetricsCsv {
     std::vector<std::string> cols;
     std::stringstream hs(line);
     for (std::string c; std::getline(hs, c, ',');) cols.push_back(c);
+    // A header of the form this program writes, and no other: a renamed or
+    // missing column read as zeros, a deleted header took the first row's place.
+    const bool rl = cols.size() == 7;
+    const std::vector<std::string> tail = {"segment_peak_bytes", "rss_bytes", "steps_per_s"};
+    if ((cols.size() != 6 && !rl) || cols[0] != "step" || cols[1] != "loss" || cols[2].empty() ||
+        (rl && cols[3] != "episode_return") || !std::equal(tail.begin(), tail.end(), cols.end() - 3))
+      throw Error(fmt::format("{} line 1: the header is '{}', not step,loss,<measure>[,episode_return],segment_peak_bytes,"
+                              "rss_bytes,steps_per_s as this program writes it; fix the line or delete the file (the "
+                              "checkpoint does not need it)", p.string(), line));
     for (int64_t n = 2; std::getline(in, line); ++n) {
       if (in.eof()) break;  // a last line with no newline: cut short by a kill or a full disk, dropped unread
       std::stringstream ls(line);
       Row r;
       size_t i = 0;
-      for (std::string v; std::getline(ls, v, ',') && i < cols.size(); ++i) {
+      std::vector<std::string> cells;
+      for (std::string v; std::getline(ls, v, ',');) cells.push_back(v);
+      if (!line.empty() && line.back() == ',') cells.emplace_back();  // (getline drops a last empty cell)
+      if (cells.size() != cols.size())
+        throw Error(fmt::format("{} line {}: {} cells where the header has {}; fix the line or delete the file (the "
+                                "checkpoint does not need it)", p.string(), n, cells.size(), cols.size()));
+      for (; i < cols.size(); ++i) {
         const std::string& c = cols[i];
+        const std::string& v = cells[i];
         auto bad = [&](const char* what) {
           return Error(fmt::format("{} line {}: {} '{}' is {}; fix the line or delete the file (the checkpoint does not need it)",
                                    p.string(), n, c, v, what));
@@ -164,12 +216,12 @@ class MetricsCsv {
         char* end = nullptr;
         const double d = v.empty() ? std::nan("") : std::strtod(v.c_str(), &end);  // empty: nothing measured
         if (!v.empty() && end != v.c_str() + v.size()) throw bad("not a number");  // (inf and nan are: a run that diverged)
-        if (c == "loss") r.loss = d;
+        if (c == "loss") r.loss = d, r.has_loss = !v.empty();
         else if (c == "episode_return") r.episode_return = d;
         else if (c == "steps_per_s") r.steps_per_s = d;
         else if (i == 2) r.score = d;  // the env's measure (accuracy, success)
       }
-      if (i == cols.size()) rows.push_back(r);
+      rows.push_back(r);
     }
     return rows;
   }
@@ -182,7 +234,8 @@ class MetricsCsv {
   // target, no finished episode) leaves that cell empty, as episode_return.
   static std::string cell(double v) { return std::isnan(v) ? std::string() : fmt::format("{:.6g}", v); }
   std::string line(const Row& r) const {
-    return fmt::format("{},{},{}{},{},{},{:.6g}\n", r.step, cell(r.loss), cell(r.score), rl_ ? "," + cell(r.episode_return) : "",
+    return fmt::format("{},{},{}{},{},{},{:.6g}\n", r.step, r.has_loss ? fmt::format("{:.6g}", r.loss) : "", cell(r.score),
+                       rl_ ? "," + cell(r.episode_return) : "",
                        r.segment_peak, r.rss, r.steps_per_s);
   }
   fs::path path_;
@@ -323,6 +376,7 @@ std::vector<std::string> plugin_args(int argc, char** argv) {
 
 // Whether metrics.json is a finished run's at `step`: complete, not interrupted.
 bool finished_metrics(const fs::path& file, int64_t step) {
+  (void)text_target(file, "--resume");  // (a directory there threw "basic_filebuf::underflow")
   std::ifstream in(file);
   if (!in) return false;
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -387,12 +441,16 @@ class Progress {
 
 // Ctrl-C / SIGTERM: the run finishes the segment it is in, writes its
 // checkpoint and metrics, and says how to resume. The handler resets itself:
-// a second signal ends the process at once.
+// a second signal ends the process at once. SIGPIPE (the reader of its
+// output gone: `segtape train | head`) stops it the same way; it stays
+// caught, so the writes after it fail quietly instead of ending the process
+// before its checkpoint.
 volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 // The stop signal's name, and the exit status a run it stopped ends with.
-std::string stop_signal_name() { return g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM"; }
-int stop_exit_code(const std::string& name) { return name == "SIGINT" ? 130 : 143; }
+std::string stop_signal_name() { return g_stop_signal == SIGINT ? "SIGINT" : g_stop_signal == SIGPIPE ? "SIGPIPE" : "SIGTERM"; }
+int stop_exit_code(const std::string& name) { return name == "SIGINT" ? 130 : name == "SIGPIPE" ? 141 : 143; }
+bool is_stop_signal(const std::string& name) { return name == "SIGINT" || name == "SIGTERM" || name == "SIGPIPE"; }
 void catch_stop_signals() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -400,7 +458,17 @@ void catch_stop_signals() {
   sa.sa_flags = SA_RESETHAND | SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  if (!dist::launched_by_mpirun()) {  // (under mpirun the ranks' output goes through Open MPI, which handles its pipes)
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGPIPE, &sa, nullptr);
+  }
 }
+
+// A flag given twice is refused, as an option given twice is (CLI11 counts flags).
+constexpr CLI::MultiOptionPolicy kOnce = CLI::MultiOptionPolicy::Throw;
+// A path option given as '' is refused (it was ignored, or fell back to its default).
+const CLI::Validator kNonEmpty(
+    [](std::string& v) { return v.empty() ? std::string("needs a path (it was empty)") : std::string(); }, "PATH");
 
 struct TrainArgs {
   TrainConfig c;
@@ -418,6 +486,21 @@ struct TrainArgs {
 // that no rank is left waiting for it.
 dist::Communicator* g_comm = nullptr;
 
+
+// A checkpoint whose parameters hold NaN or inf (a run that diverged, or a
+// hand edit) still loads (a diverged run stays resumable), with a warning:
+// what it then scores is meaningless.
+void warn_non_finite(Trainer& tr, const std::string& file) {
+  for (const auto& [name, p] : tr.policy().named_parameters()) {
+    const std::vector<float> v = p.to_host<float>();
+    const auto bad = std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
+    if (bad == v.end()) continue;
+    std::fprintf(stderr, "segtape: warning: %s: parameter '%s' holds %s at element %td (the run diverged, or the file was "
+                         "edited): what it scores is meaningless\n", file.c_str(), name.c_str(),
+                 std::isnan(*bad) ? "NaN" : "inf", bad - v.begin());
+    return;
+  }
+}
 
 int train(TrainArgs& a, CLI::App& cmd) {
   fs::path out;
@@ -463,6 +546,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       ck_meta = safetensors::load(ck).metadata;
       for (const auto& [k, v] : ck_meta)
         if (k.rfind("run.flags.", 0) == 0) stored_flags[k] = v;
+      lock_run_dir(out, "--resume");
       resumed_rows = MetricsCsv::read(out / "metrics.csv");  // (refused here, before any collective, when damaged)
     }
     c.budget_name = "--budget";
@@ -562,7 +646,16 @@ int train(TrainArgs& a, CLI::App& cmd) {
   check();
   // PPO on a supervised env: the reward (1 for the target class) depends on
   // the step's action alone, so future rewards are noise in its return.
-  if (!resume && !cmd.count("--gamma") && c.algo == "ppo" && make_env(c.env, 1, 0, c.env_options)->spec().supervised) c.gamma = 0;
+  if (!resume && make_env(c.env, 1, 0, c.env_options)->spec().supervised) {
+    if (!cmd.count("--gamma") && c.algo == "ppo") c.gamma = 0;
+    // a2c on a supervised env is cross-entropy on its targets: no return, no
+    // policy entropy. The flags would be recorded and do nothing.
+    if (c.algo != "ppo")
+      for (const char* opt : {"--gamma", "--entropy"})
+        if (cmd.count(opt))
+          throw Error(std::string(opt) + " is for RL: --env " + c.env + " is supervised, and --algo a2c trains it with "
+                      "cross-entropy on its targets (no return, no entropy bonus); --algo ppo uses it");
+  }
   Trainer tr(c, comm);  // before the directory: a device that cannot be used, or a model too large, leaves nothing behind
   tr.set_interrupt([] { return g_stop_signal != 0; });  // an evaluation stops at its next segment on SIGINT / SIGTERM
   const EnvSpec& spec = tr.env().spec();
@@ -572,6 +665,20 @@ int train(TrainArgs& a, CLI::App& cmd) {
   // (Made before --out's folder: a --log-dir that cannot be made leaves no run behind.)
   std::optional<agent::tensorboard::EventWriter> tb;
   if (root && !a.log_dir.empty()) tb.emplace(a.log_dir, "--log-dir");
+  // A log that cannot be written (a full disk under --log-dir) ends the log,
+  // not the run: a warning, training goes on and writes its checkpoints, and
+  // the run exits 2 at its end with the error.
+  std::string tb_error;
+  const auto tb_scalar = [&](const std::string& tag, int64_t step, double v) {
+    if (!tb) return;
+    try {
+      tb->scalar(tag, step, v);
+    } catch (const std::exception& e) {
+      tb_error = fmt::format("{} (the TensorBoard log under --log-dir stops at step {})", e.what(), step);
+      std::fprintf(stderr, "segtape: warning: %s; training goes on\n", tb_error.c_str());
+      tb.reset();
+    }
+  };
 
   const int64_t K = c.history.k;
   const int64_t log_every = a.log_every > 0 ? a.log_every : std::max<int64_t>(K, (c.steps / 100 + K - 1) / K * K);
@@ -587,6 +694,11 @@ int train(TrainArgs& a, CLI::App& cmd) {
   bool finishing = false;
   if (resume) {
     tr.load(out / "checkpoint.safetensors");
+    if (root) warn_non_finite(tr, (out / "checkpoint.safetensors").string());
+    // (fewer steps than done: the run was taken for complete, its interrupted mark dropped)
+    if (cmd.count("--steps") && c.steps < tr.step())
+      throw Error(fmt::format("--steps {}: the checkpoint in {} is at step {}; pass --steps N with N > {} to train further, "
+                              "or leave --steps out to finish the run as it was given", c.steps, out.string(), tr.step(), tr.step()));
     if (tr.done()) {
       finishing = root && !finished_metrics(out / "metrics.json", tr.step());
       if (!finishing) {  // nothing to do: every file stays as it is
@@ -608,6 +720,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     while (!rows.empty() && rows.back().step > tr.step()) rows.pop_back();
   } else if (root) {
     prepare_dir(out);
+    lock_run_dir(out, "--out");
     // --force: nothing of the old run may be mistaken for the new one's.
     std::error_code ec;
     for (const char* f : {"checkpoint.safetensors", "metrics.csv", "metrics.json", "plot.svg"}) fs::remove(out / f, ec);
@@ -692,26 +805,26 @@ int train(TrainArgs& a, CLI::App& cmd) {
     const double secs = std::chrono::duration<double>(now - interval_start).count();
     const double nothing = std::numeric_limits<double>::quiet_NaN();
     Row row{tr.step(), loss_n ? last_loss : nothing, tr.env().score_counts().second > 0 ? tr.env().score() : nothing,
-            episodes ? return_sum / double(episodes) : nothing, interval_peak,
+            loss_n > 0, episodes ? return_sum / double(episodes) : nothing, interval_peak,
             resident_bytes(), secs > 0 ? double(timed_steps) / secs : 0};
     rows.push_back(row);
     if (csv) csv->append(row);
     if (tb) {
-      if (!std::isnan(row.loss)) tb->scalar("train/loss", row.step, row.loss);
-      if (!std::isnan(row.score)) tb->scalar("train/" + measure, row.step, row.score);
-      if (!std::isnan(row.episode_return)) tb->scalar("train/episode_return", row.step, row.episode_return);
-      tb->scalar("memory/segment_peak_bytes", row.step, double(row.segment_peak));
-      tb->scalar("memory/rss_bytes", row.step, double(row.rss));
-      tb->scalar("speed/steps_per_s", row.step, row.steps_per_s);
+      if (!std::isnan(row.loss)) tb_scalar("train/loss", row.step, row.loss);
+      if (!std::isnan(row.score)) tb_scalar("train/" + measure, row.step, row.score);
+      if (!std::isnan(row.episode_return)) tb_scalar("train/episode_return", row.step, row.episode_return);
+      tb_scalar("memory/segment_peak_bytes", row.step, double(row.segment_peak));
+      tb_scalar("memory/rss_bytes", row.step, double(row.rss));
+      tb_scalar("speed/steps_per_s", row.step, row.steps_per_s);
       if (ppo_ran) {
-        tb->scalar("ppo/approx_kl", row.step, ppo_kl);
-        tb->scalar("ppo/clip_fraction", row.step, ppo_clip);
-        tb->scalar("ppo/lr", row.step, tr.lr());
+        tb_scalar("ppo/approx_kl", row.step, ppo_kl);
+        tb_scalar("ppo/clip_fraction", row.step, ppo_clip);
+        tb_scalar("ppo/lr", row.step, tr.lr());
       }
     }
     if (root && !bar.tty())
       std::printf("step %ld/%ld  loss %s  %s %s  segment peak %s  rss %s  %.0f steps/s\n", tr.step(), c.steps,
-                  std::isnan(row.loss) ? "none" : fmt::format("{:.4f}", row.loss).c_str(), measure.c_str(),
+                  row.has_loss ? fmt::format("{:.4f}", row.loss).c_str() : "none", measure.c_str(),
                   score_text(row.score).c_str(), format_bytes(interval_peak).c_str(), format_bytes(row.rss).c_str(), row.steps_per_s);
     std::fflush(stdout);
     tr.env().reset_score();
@@ -764,7 +877,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       // (evaluate puts the training state back: the run continues as without it)
       if (tb && !tr.done()) {
         const double e = tr.evaluate(a.eval_steps, c.seed + 7919);
-        if (!g_stop_signal) tb->scalar("eval/" + measure, tr.step(), e);  // (a stopped evaluation is not a score)
+        if (!g_stop_signal) tb_scalar("eval/" + measure, tr.step(), e);  // (a stopped evaluation is not a score)
       }
     }
     if (comm && tr.stop_agreed() && !tr.done()) {
@@ -773,7 +886,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     }
   }
   bar.finish();
-  const bool budget_stop = full && !stopped.empty() && stopped != "SIGINT" && stopped != "SIGTERM";
+  const bool budget_stop = full && !stopped.empty() && !is_stop_signal(stopped);
   const bool signal_stop = !stopped.empty() && !budget_stop;
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!full && signal_stop) tr.save(out / "checkpoint.safetensors", interval_meta());  // the segment boundary it stopped at
@@ -788,7 +901,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     eval = tr.evaluate(a.eval_steps, c.seed + 7919);
     if (g_stop_signal) eval.reset(), eval_stopped = stop_signal_name();
   }
-  if (tb && eval) tb->scalar("eval/" + measure, tr.step(), *eval);
+  if (tb && eval) tb_scalar("eval/" + measure, tr.step(), *eval);
   const TapeStats st = tr.tape().stats();
   nlohmann::json j;
   j["config"] = config_json(c, tr.budget());
@@ -858,9 +971,9 @@ int train(TrainArgs& a, CLI::App& cmd) {
                 tr.step() - start_step, wall, start_step);
   else
     std::printf("  steps                %ld (batch %ld) in %.1f s\n", tr.step(), c.batch, wall);
-  const double final_loss = rows.empty() ? std::nan("") : rows.back().loss;
-  if (std::isnan(final_loss)) std::printf("  final loss           none (no loss in the last log interval)\n");
-  else std::printf("  final loss           %.4f\n", final_loss);
+  if (rows.empty() || !rows.back().has_loss) std::printf("  final loss           none (no loss in the last log interval)\n");
+  else if (!std::isfinite(rows.back().loss)) std::printf("  final loss           %s (the run diverged)\n", fmt::format("{}", rows.back().loss).c_str());
+  else std::printf("  final loss           %.4f\n", rows.back().loss);
   std::printf("  train %-14s %s (last log interval)\n", measure.c_str(), score_text(rows.empty() ? std::nan("") : rows.back().score).c_str());
   if (j.contains("final_episode_return"))
     std::printf("  episode return       %.3f (mean, last log interval)\n", j["final_episode_return"].get<double>());
@@ -873,6 +986,10 @@ int train(TrainArgs& a, CLI::App& cmd) {
                 1e3 * j["dist"]["allreduce_seconds_per_update"].get<double>(),
                 format_bytes(size_t(j["dist"]["allreduce_bytes_per_update"].get<double>())).c_str());
   std::printf("  files                %s/{metrics.csv, metrics.json, checkpoint.safetensors, plot.svg}\n", out.c_str());
+  if (!tb_error.empty()) {
+    std::fprintf(stderr, "segtape: error: %s\n", tb_error.c_str());
+    return 2;
+  }
   return 0;
 }
 
@@ -886,6 +1003,7 @@ int eval(const std::string& checkpoint, int64_t steps, bool steps_given, uint64_
   if (!device.empty()) c.device = device;
   Trainer tr(c);
   tr.load_rank0(checkpoint);  // a data-parallel run's too
+  warn_non_finite(tr, checkpoint);
   const double s = tr.evaluate(steps, seed);
   const std::string measure = tr.env().spec().measure, settings = env_settings(c);
   std::printf("%s: %s %s over %ld fresh steps x %ld streams (env %s, history %s, seed %lu)\n", checkpoint.c_str(),
@@ -961,7 +1079,12 @@ int retention_lab(RetentionArgs& a) {
     for (const rt::CaseInfo& i : rt::cases()) which.push_back(i.id);
   } else {
     std::stringstream ss(a.cases);
-    for (std::string name; std::getline(ss, name, ',');) which.push_back(rt::parse_case(name, c));
+    for (std::string name; std::getline(ss, name, ',');) {
+      const rt::Case k = rt::parse_case(name, c);
+      if (std::find(which.begin(), which.end(), k) != which.end())  // (it ran again, its rows twice in the csv)
+        throw Error("--cases " + a.cases + ": '" + name + "' names a case already given");
+      which.push_back(k);
+    }
   }
   fs::path out = a.out;
   if (out.empty()) {
@@ -972,7 +1095,9 @@ int retention_lab(RetentionArgs& a) {
   }
   if (!a.force && (fs::exists(out / "retention.json") || fs::exists(out / "retention.csv") || fs::exists(out / "retention.svg")))
     throw Error("--out " + out.string() + " already holds a lab run; pass --force to overwrite it, or choose another --out");
-  if (!a.dot.empty()) check_output_file(a.dot, "--dot");
+  // (the pitfall's file and tbptt's beside it, <name>-tbptt.dot)
+  const fs::path dot_fix = a.dot.empty() ? fs::path() : fs::path(a.dot).replace_filename(fs::path(a.dot).stem().string() + "-tbptt" + fs::path(a.dot).extension().string());
+  if (!a.dot.empty()) check_output_file(a.dot, "--dot"), check_output_file(dot_fix.string(), "--dot (its -tbptt file)");
   if (c.device == "cuda") {  // a device that cannot be used says so before anything is written
     TapeOptions small;
     small.segment_budget = small.device_persistent = small.device_carry = small.device_workspace = size_t(1) << 20;
@@ -987,7 +1112,7 @@ int retention_lab(RetentionArgs& a) {
   if (!a.dot.empty()) {
     // Small segments, parameters named: pitfall 1 over 3 steps, and tbptt's
     // second segment (the state arrives carried) beside it as <name>-tbptt.dot.
-    const fs::path fix = fs::path(a.dot).replace_filename(fs::path(a.dot).stem().string() + "-tbptt" + fs::path(a.dot).extension().string());
+    const fs::path& fix = dot_fix;
     write_text(a.dot, rt::tape_dot(rt::Case::HiddenNotDetached, c));
     write_text(fix, rt::tape_dot(rt::Case::Tbptt, c));
     std::printf("wrote %s (the tape of pitfall 1 after 3 steps) and %s (tbptt's second segment, h carried in); render with: dot -Tsvg %s -o tape.svg\n",
@@ -1117,11 +1242,12 @@ int run_cli(int argc, char** argv) {
       ->capture_default_str();
   tr->add_option("--out", ta.out, "Output directory (default runs/<env>-<time>)");
   tr->add_option("--resume", ta.resume, "Continue the run in this directory from its checkpoint");
-  tr->add_flag("--force", ta.force, "Overwrite a run already in --out");
+  tr->add_flag("--force", ta.force, "Overwrite a run already in --out")->multi_option_policy(kOnce);
   tr->add_option("--budget", ta.budget, "Segment budget: arena and tape nodes, e.g. 64MiB (default 64MiB; for --history full the growth limit, default 1GiB)");
   tr->add_option("--lag", ta.c.env_options.lag, "recall: lag L")->capture_default_str();
   tr->add_flag("--sparse", ta.c.env_options.sparse,
-               "recall: a token only every L steps (a blank between), a target only there: one token to hold, not L");
+               "recall: a token only every L steps (a blank between), a target only there: one token to hold, not L")
+      ->multi_option_policy(kOnce);
   tr->add_option("--vocab", ta.c.env_options.vocab, "recall: vocabulary size")->capture_default_str();
   tr->add_option("--corridor", ta.c.env_options.corridor, "tmaze: corridor length N")->capture_default_str();
   tr->add_option("--turns", ta.c.env_options.turns, "dialogue: turns per conversation")->capture_default_str();
@@ -1151,7 +1277,7 @@ int run_cli(int argc, char** argv) {
   tr->add_option("--log-dir", ta.log_dir,
                  "Also write TensorBoard event files here: train/loss, train/<measure>, train/episode_return, "
                  "memory/segment_peak_bytes, memory/rss_bytes, speed/steps_per_s with every metrics row (and "
-                 "ppo/approx_kl, ppo/clip_fraction, ppo/lr under --algo ppo), eval/<measure> at every checkpoint");
+                 "ppo/approx_kl, ppo/clip_fraction, ppo/lr under --algo ppo), eval/<measure> at every checkpoint")->check(kNonEmpty);
 
   std::string ck;
   int64_t eval_steps = 1000;
@@ -1178,14 +1304,16 @@ int run_cli(int argc, char** argv) {
   rl->add_option("--seed", ra.c.seed, "Seed of the model and the data")->capture_default_str()->check(seed_check);
   rl->add_option("--device", ra.c.device, "segtape's side on cpu or cuda (LibTorch's side runs on its CPU)")
       ->capture_default_str();
-  rl->add_option("--out", ra.out, "Output directory (default runs/retention-<time>)");
+  rl->add_option("--out", ra.out, "Output directory (default runs/retention-<time>)")->check(kNonEmpty);
   rl->add_option("--cases", ra.cases, "Comma-separated cases to run (default: all), by name, number or as the table prints them: " +
                                           retention::case_names(ra.c));
-  rl->add_flag("--explain", ra.explain, "Print the explainer's report (who holds the memory) for each pitfall at its last step");
-  rl->add_option("--dot", ra.dot, "Write the Graphviz DOT of a small segment's tape (pitfall 1, 3 steps) to this file, and tbptt's second segment (the state carried in) beside it as <name>-tbptt.dot");
-  rl->add_flag("--no-libtorch", ra.no_libtorch, "Run segtape only");
-  rl->add_flag("--force", ra.force, "Overwrite a lab run already in --out");
-  rl->add_flag("--anomaly-cost", ra.anomaly_only, "Only measure anomaly mode's cost per step on the agent loop (also part of every lab run)");
+  rl->add_flag("--explain", ra.explain, "Print the explainer's report (who holds the memory) for each pitfall at its last step")
+      ->multi_option_policy(kOnce);
+  rl->add_option("--dot", ra.dot, "Write the Graphviz DOT of a small segment's tape (pitfall 1, 3 steps) to this file, and tbptt's second segment (the state carried in) beside it as <name>-tbptt.dot")->check(kNonEmpty);
+  rl->add_flag("--no-libtorch", ra.no_libtorch, "Run segtape only")->multi_option_policy(kOnce);
+  rl->add_flag("--force", ra.force, "Overwrite a lab run already in --out")->multi_option_policy(kOnce);
+  rl->add_flag("--anomaly-cost", ra.anomaly_only, "Only measure anomaly mode's cost per step on the agent loop (also part of every lab run)")
+      ->multi_option_policy(kOnce);
 
   // Commands in the program's own terms: `segtape`, `segtape help [cmd]`, `segtape foo`.
   const std::vector<std::string> commands = {"train", "eval", "retention"};
@@ -1217,7 +1345,8 @@ int run_cli(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // One line, like every other error: what was wrong and where to look.
-    std::fprintf(stderr, "segtape: error: %s (see segtape --help, or segtape train --help)\n", e.what());
+    const bool sub = std::find(commands.begin(), commands.end(), first) != commands.end();
+    std::fprintf(stderr, "segtape: error: %s (see segtape %s--help)\n", e.what(), sub ? (first + " ").c_str() : "");
     return 2;  // a usage error, as every other bad argument (CLI11's own codes were 105-114)
   }
   try {

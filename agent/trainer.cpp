@@ -407,7 +407,19 @@ Trainer::Trainer(const TrainConfig& c, dist::Communicator* comm)
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   const bool one_visible = visible && *visible && !std::strchr(visible, ',');
   const int gpu = comm_ && !one_visible ? dist::local_rank() : 0;
-  tape_ = std::make_unique<Tape>(config_.device == "cuda" ? Device::cuda(gpu) : Device::cpu(), options);
+  try {
+    tape_ = std::make_unique<Tape>(config_.device == "cuda" ? Device::cuda(gpu) : Device::cpu(), options);
+  } catch (const Error& e) {
+    // The segment arena is reserved whole, up front: a budget beyond the
+    // machine's memory fails here, named by the flag that set it.
+    if (config_.device != "cuda" && std::string_view(e.what()).find("segment arena") != std::string_view::npos)
+      throw Error(format_bytes(applied_budget(config_)) + " " + config_.budget_name + ": the segment arena of that size cannot be "
+                  "reserved (" + e.what() + "); lower " + config_.budget_name);
+    // (a checkpoint of a GPU run, resumed or evaluated where there is none)
+    if (config_.device == "cuda" && std::string_view(e.what()).find("no CUDA GPU") != std::string_view::npos)
+      throw Error(std::string(e.what()) + "; this run's device is cuda: run it on the CPU with device \"cpu\" (segtape: --device cpu)");
+    throw;
+  }
   Persistent p = make_persistent(*tape_, init_rng_, config_, spec);
   policy_ = std::move(p.policy);
   optim_ = std::move(p.optim);

@@ -27,7 +27,8 @@ std::byte* Arena::take_chunk(size_t cap) {
     p = alloc_.take(alloc_.ctx, n, alloc_.what);  // throws with the device's own message
   } else {
     p = std::aligned_alloc(kAlign, n);
-    if (!p) throw Error("segtape: out of memory: could not reserve an arena chunk of " + std::to_string(cap) + " bytes");
+    if (!p)
+      throw Error("out of memory: could not reserve an arena chunk of " + std::to_string(cap) + " bytes (" + alloc_.what + ")");
   }
   memory::g_system_allocations.fetch_add(1, std::memory_order_relaxed);
   if (alloc_.device) memory::g_device_allocations.fetch_add(1, std::memory_order_relaxed);
@@ -43,7 +44,7 @@ constexpr size_t kLargest = std::numeric_limits<size_t>::max() / 2;
 Arena::Arena(size_t capacity, bool grow, size_t grow_limit, ChunkAllocator alloc)
     : first_capacity_(align_up(std::min(capacity, kLargest))), grow_(grow), grow_limit_(grow_limit), alloc_(alloc) {
   if (capacity > kLargest)
-    throw Error("segtape: out of memory: could not reserve an arena chunk of " + std::to_string(capacity) + " bytes");
+    throw Error("out of memory: could not reserve an arena chunk of " + std::to_string(capacity) + " bytes (" + alloc.what + ")");
   chunks_.reserve(64);
   if (first_capacity_) chunks_.push_back({take_chunk(first_capacity_), first_capacity_});
 }

@@ -2,6 +2,8 @@
 // memory behaviour, bit-identical resume, a learning smoke test, and the
 // command line's answers to bad input.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -969,6 +971,15 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
       {"train --algo ppo --minibatches 5 --out " + d + "x", "--minibatches 5: must divide --batch 32"},
       {"train --resume " + d + "-missing", "no checkpoint.safetensors"},
       {"eval --checkpoint " + d + "/metrics.csv", "metrics.csv"},
+      // (a review's cases: each was accepted, or took the wrong path)
+      {"train --resume " + d + " --steps 32", "--steps 32: the checkpoint in " + d + " is at step 64"},
+      {"train --gamma 0.5 --out " + d + "x", "--gamma is for RL: --env recall is supervised"},
+      {"train --entropy 0.5 --env dialogue --out " + d + "x", "--entropy is for RL: --env dialogue is supervised"},
+      {"train --sparse --sparse --out " + d + "x", "--sparse"},
+      {"train --log-dir '' --out " + d + "x", "--log-dir: needs a path"},
+      {"retention --dot '' --out " + d + "x", "--dot: needs a path"},
+      {"retention --cases 2,2 --no-libtorch --out " + d + "x", "'2' names a case already given"},
+      {"eval --seed -1 --checkpoint " + d + "/checkpoint.safetensors", "(see segtape eval --help)"},
   };
   for (const Bad& b : cases) {
     CmdResult r = sh(b.args);
@@ -978,6 +989,63 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
   }
   EXPECT_EQ(slurp(dir / "checkpoint.safetensors"), before);
   EXPECT_EQ(slurp(dir / "metrics.csv"), metrics_before);
+  EXPECT_FALSE(fs::exists(d + "x")) << "a refused run made its folder";
+  // A budget beyond the machine's memory: the arena is reserved up front
+  // (where the kernel grants any allocation, overcommit_memory 1, it is not refused).
+  // (Under ASan, built alike with these tests, the allocator aborts on it instead.)
+  int overcommit = -1;
+  std::ifstream("/proc/sys/vm/overcommit_memory") >> overcommit;
+  bool asan = false;
+#if defined(__SANITIZE_ADDRESS__)
+  asan = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  asan = true;
+#endif
+#endif
+  if (overcommit != 1 && !asan) {
+    CmdResult r = sh("train --budget 9000GiB --out " + d + "x");
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("9000.00 GiB --budget: the segment arena of that size cannot be reserved"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(d + "x"));
+  }
+
+  // A metrics.csv whose header or a row is not what the program writes is
+  // refused on --resume, and left as it was (a renamed column read as zeros,
+  // a deleted header took the first row's place, a short row was dropped).
+  const std::string header = metrics_before.substr(0, metrics_before.find('\n') + 1);
+  const std::string first_row = metrics_before.substr(header.size(), metrics_before.find('\n', header.size()) + 1 - header.size());
+  for (const auto& [damaged, fragment] :
+       {std::pair{"step,LOSS" + metrics_before.substr(9), std::string("line 1: the header is 'step,LOSS,")},
+        std::pair{metrics_before.substr(header.size()), std::string("line 1: the header is '32,")},
+        std::pair{header + first_row.substr(0, first_row.rfind(',')) + "\n" + metrics_before.substr(header.size() + first_row.size()),
+                  std::string("line 2: 5 cells where the header has 6")}}) {
+    {
+      std::ofstream(dir / "metrics.csv", std::ios::binary | std::ios::trunc) << damaged;
+    }
+    CmdResult r = sh("train --resume " + d + " --steps 128");
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find(fragment), std::string::npos) << r.out;
+    EXPECT_EQ(slurp(dir / "metrics.csv"), damaged);
+    EXPECT_EQ(slurp(dir / "checkpoint.safetensors"), before);
+  }
+  {
+    std::ofstream(dir / "metrics.csv", std::ios::binary | std::ios::trunc) << metrics_before;
+  }
+
+  // One process per run folder: a resume while another holds the run's lock.
+  {
+    const int fd = ::open((dir / ".segtape.lock").c_str(), O_RDWR | O_CREAT, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+    CmdResult r = sh("train --resume " + d + " --steps 128");
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("another segtape process is running this run"), std::string::npos) << r.out;
+    CmdResult f = sh("train --force --steps 64 --batch 4 --hidden 8 --out " + d);
+    EXPECT_NE(f.out.find("another segtape process is running this run"), std::string::npos) << f.out;
+    ::close(fd);
+  }
+  EXPECT_EQ(slurp(dir / "checkpoint.safetensors"), before);
 
   // A checkpoint from another configuration is refused by name.
   TrainConfig other = small("recall", "tbptt:8", 8);
@@ -1010,6 +1078,17 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
   EXPECT_NE(fifo.code, 0) << fifo.out;
   EXPECT_NE(fifo.out.find(".plot.svg.tmp exists and is not a regular file"), std::string::npos) << fifo.out;
   EXPECT_TRUE(fs::is_fifo(fifo_run / ".plot.svg.tmp"));
+
+  // Output piped to a reader that leaves (`| head`): SIGPIPE stops the run
+  // as SIGINT does, with its checkpoint (it ended the process with none).
+  const fs::path piped = dir / "piped";
+  const test::Process p = test::run_shell(std::string(SEGTAPE_BIN) + " train --steps 1000000 --batch 4 --hidden 8 --log-every 32 --out " +
+                                          piped.string() + " | head -n 1");
+  EXPECT_EQ(p.code, 0) << p.output;
+  EXPECT_TRUE(fs::exists(piped / "checkpoint.safetensors"));
+  EXPECT_NE(slurp(piped / "metrics.json").find("\"interrupted\": \"SIGPIPE\""), std::string::npos) << slurp(piped / "metrics.json");
+  CmdResult resumed = sh("train --resume " + piped.string() + " --steps 2048");
+  EXPECT_EQ(resumed.code, 0) << resumed.out;
   fs::remove_all(dir);
 }
 

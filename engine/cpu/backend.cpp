@@ -45,7 +45,7 @@ class CpuBackend final : public detail::Backend {
   }
   bool device_memory() const override { return emulated_; }
   ChunkAllocator allocator(const char* what) override {
-    return emulated_ ? ChunkAllocator{host_take, host_give, this, what, true} : ChunkAllocator{};
+    return emulated_ ? ChunkAllocator{host_take, host_give, this, what, true} : ChunkAllocator{nullptr, nullptr, nullptr, what, false};
   }
 
   // One case per OpKind, no default: -Wswitch-enum names a kind left out.
