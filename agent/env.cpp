@@ -269,6 +269,9 @@ class CheckedEnv final : public Env {
                    "; exactly one must be > 0 (vocab: token observations, obs_dim: vector observations)");
     if (actions_ < 1) fail_at_make("spec().num_actions is " + std::to_string(actions_) + "; must be >= 1");
     if (s.measure.empty()) fail_at_make("spec().measure is empty; name what score() measures, e.g. \"accuracy\"");
+    // (a column name of metrics.csv and a TensorBoard tag: a comma split the header)
+    if (s.measure.find_first_of(",\n\r\"") != std::string::npos)
+      fail_at_make("spec().measure '" + s.measure + "' holds a comma, quote or line break; name it with a word, e.g. \"success_rate\"");
   }
 
   // The spec as it was at make_env: the env's own is compared with it before

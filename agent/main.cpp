@@ -59,9 +59,12 @@ fs::path text_target(const fs::path& p, const std::string& what) {
   using T = fs::file_type;
   std::error_code ec;
   fs::path target = p;
-  if (fs::symlink_status(p, ec).type() == T::symlink) {
-    target = fs::weakly_canonical(p, ec);
-    if (ec) throw Error(what + ": cannot follow the link " + p.string() + " (" + ec.message() + ")");
+  // Hop by hop: weakly_canonical gave a dangling link's own path, which the rename then replaced.
+  for (int hops = 0; fs::symlink_status(target, ec).type() == T::symlink; ++hops) {
+    const fs::path next = fs::read_symlink(target, ec);
+    if (ec || hops == 40)
+      throw Error(what + ": cannot follow the link " + p.string() + " (" + (ec ? ec.message() : "too many links") + ")");
+    target = next.is_absolute() ? next : target.parent_path() / next;
   }
   const T type = fs::status(target, ec).type();
   if (type != T::regular && type != T::not_found && type != T::none)  // (none: not visible; the write then says why)
@@ -112,6 +115,11 @@ void lock_run_dir(const fs::path& dir, const std::string& flag) {
     const int e = errno;
     ::close(fd);
     fd = -1;
+    if (e == ENOLCK || e == EOPNOTSUPP || e == ENOSYS) {  // a filesystem without locks (some network or FUSE mounts)
+      std::fprintf(stderr, "segtape: warning: %s cannot be locked here (%s): nothing keeps a second process from this run\n",
+                   lock.c_str(), std::strerror(e));
+      return;
+    }
     throw Error(e == EWOULDBLOCK ? flag + " " + dir.string() + ": another segtape process is running this run (it holds " +
                                        lock.string() + "); wait for it to end or stop it first"
                                  : flag + " " + dir.string() + ": cannot lock " + lock.string() + " (" + std::strerror(e) + ")");
@@ -138,11 +146,11 @@ void check_output_file(const std::string& given, const char* flag) {
   if (given.empty() || given.back() == '/' || fs::is_directory(p))
     throw Error(std::string(flag) + " " + given + ": is a directory; give a file name, such as " +
                 (fs::path(given) / "tape.dot").string());
-  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  const fs::path target = text_target(p, std::string(flag) + " " + given);  // (through a link: its file's folder)
+  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   if (!fs::is_directory(dir)) throw Error(std::string(flag) + " " + given + ": the directory " + dir.string() + " does not exist");
   if (::access(dir.c_str(), W_OK) != 0)
     throw Error(std::string(flag) + " " + given + ": cannot write in " + dir.string() + " (" + std::strerror(errno) + ")");
-  (void)text_target(p, std::string(flag) + " " + given);
 }
 
 // metrics.csv: one row per log interval, each on disk as soon as it is
@@ -171,6 +179,7 @@ class MetricsCsv {
   // file) is refused, naming the file, the line and the column.
   static std::vector<Row> read(const fs::path& p) {
     std::vector<Row> rows;
+    (void)text_target(p, "--resume");  // (a FIFO there: the open below waited forever)
     std::ifstream in(p);
     std::string line;
     if (!std::getline(in, line)) return rows;
@@ -234,7 +243,8 @@ class MetricsCsv {
   // target, no finished episode) leaves that cell empty, as episode_return.
   static std::string cell(double v) { return std::isnan(v) ? std::string() : fmt::format("{:.6g}", v); }
   std::string line(const Row& r) const {
-    return fmt::format("{},{},{}{},{},{},{:.6g}\n", r.step, r.has_loss ? fmt::format("{:.6g}", r.loss) : "", cell(r.score),
+    const std::string loss = !r.has_loss ? "" : std::isnan(r.loss) ? "nan" : fmt::format("{:.6g}", r.loss);  // (fmt wrote -nan)
+    return fmt::format("{},{},{}{},{},{},{:.6g}\n", r.step, loss, cell(r.score),
                        rl_ ? "," + cell(r.episode_return) : "",
                        r.segment_peak, r.rss, r.steps_per_s);
   }
@@ -458,10 +468,16 @@ void catch_stop_signals() {
   sa.sa_flags = SA_RESETHAND | SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
-  if (!dist::launched_by_mpirun()) {  // (under mpirun the ranks' output goes through Open MPI, which handles its pipes)
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGPIPE, &sa, nullptr);
-  }
+}
+// Caught from train()'s first line (its first output may already meet a
+// closed pipe), then the run stops at its first segment boundary.
+void catch_sigpipe() {
+  if (dist::launched_by_mpirun()) return;  // (under mpirun the ranks' output goes through Open MPI, which handles its pipes)
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGPIPE, &sa, nullptr);
 }
 
 // A flag given twice is refused, as an option given twice is (CLI11 counts flags).
@@ -503,6 +519,7 @@ void warn_non_finite(Trainer& tr, const std::string& file) {
 }
 
 int train(TrainArgs& a, CLI::App& cmd) {
+  catch_sigpipe();
   fs::path out;
   TrainConfig c = a.c;
   std::string plugin;  // the file of the --env-plugin that defines c.env ("" for a built-in env)
@@ -546,7 +563,6 @@ int train(TrainArgs& a, CLI::App& cmd) {
       ck_meta = safetensors::load(ck).metadata;
       for (const auto& [k, v] : ck_meta)
         if (k.rfind("run.flags.", 0) == 0) stored_flags[k] = v;
-      lock_run_dir(out, "--resume");
       resumed_rows = MetricsCsv::read(out / "metrics.csv");  // (refused here, before any collective, when damaged)
     }
     c.budget_name = "--budget";
@@ -646,7 +662,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   check();
   // PPO on a supervised env: the reward (1 for the target class) depends on
   // the step's action alone, so future rewards are noise in its return.
-  if (!resume && make_env(c.env, 1, 0, c.env_options)->spec().supervised) {
+  if (!resume && make_env(c.env, c.batch, c.seed, c.env_options)->spec().supervised) {
     if (!cmd.count("--gamma") && c.algo == "ppo") c.gamma = 0;
     // a2c on a supervised env is cross-entropy on its targets: no return, no
     // policy entropy. The flags would be recorded and do nothing.
@@ -664,7 +680,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   // every checkpoint and at the end. A resumed run adds a new event file.
   // (Made before --out's folder: a --log-dir that cannot be made leaves no run behind.)
   std::optional<agent::tensorboard::EventWriter> tb;
-  if (root && !a.log_dir.empty()) tb.emplace(a.log_dir, "--log-dir");
+  if (root && !a.log_dir.empty() && !resume) tb.emplace(a.log_dir, "--log-dir");  // (a resumed run's: once it will train)
   // A log that cannot be written (a full disk under --log-dir) ends the log,
   // not the run: a warning, training goes on and writes its checkpoints, and
   // the run exits 2 at its end with the error.
@@ -709,7 +725,11 @@ int train(TrainArgs& a, CLI::App& cmd) {
     }
     // A run killed while writing leaves its temporary files (".<file>.tmp",
     // ".checkpoint.safetensors.tmp.<pid>.<n>"); the files themselves are intact.
+    // (Locked first: they may be a running process's. Not before here: a
+    // complete run's --resume writes nothing, in a read-only folder too.)
     std::error_code ec;
+    if (root) lock_run_dir(out, "--resume");
+    if (root && !a.log_dir.empty()) tb.emplace(a.log_dir, "--log-dir");
     if (root) {
       for (const auto& e : fs::directory_iterator(out, ec)) {
         const std::string name = e.path().filename().string();
@@ -824,7 +844,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     }
     if (root && !bar.tty())
       std::printf("step %ld/%ld  loss %s  %s %s  segment peak %s  rss %s  %.0f steps/s\n", tr.step(), c.steps,
-                  row.has_loss ? fmt::format("{:.4f}", row.loss).c_str() : "none", measure.c_str(),
+                  !row.has_loss ? "none" : std::isnan(row.loss) ? "nan" : fmt::format("{:.4f}", row.loss).c_str(), measure.c_str(),
                   score_text(row.score).c_str(), format_bytes(interval_peak).c_str(), format_bytes(row.rss).c_str(), row.steps_per_s);
     std::fflush(stdout);
     tr.env().reset_score();
@@ -941,6 +961,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
   if (budget_stop) j["stopped_by_budget"] = stopped;
   write_text(out / "metrics.json", j.dump(2) + "\n");
   write_text(out / "plot.svg", plot(rows, c, spec, eval));
+  if (!tb_error.empty() && (signal_stop || !eval_stopped.empty() || budget_stop))  // (the stop's own status is the exit status)
+    std::fprintf(stderr, "segtape: error: %s\n", tb_error.c_str());
   if (signal_stop) {
     std::printf("\nstopped by %s at step %ld of %ld; wrote %s/{%smetrics.csv, metrics.json, plot.svg}\n", stopped.c_str(),
                 tr.step(), c.steps, out.c_str(), full ? "" : "checkpoint.safetensors, ");
@@ -972,7 +994,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
   else
     std::printf("  steps                %ld (batch %ld) in %.1f s\n", tr.step(), c.batch, wall);
   if (rows.empty() || !rows.back().has_loss) std::printf("  final loss           none (no loss in the last log interval)\n");
-  else if (!std::isfinite(rows.back().loss)) std::printf("  final loss           %s (the run diverged)\n", fmt::format("{}", rows.back().loss).c_str());
+  else if (!std::isfinite(rows.back().loss))
+    std::printf("  final loss           %s (the run diverged)\n", std::isnan(rows.back().loss) ? "nan" : fmt::format("{}", rows.back().loss).c_str());
   else std::printf("  final loss           %.4f\n", rows.back().loss);
   std::printf("  train %-14s %s (last log interval)\n", measure.c_str(), score_text(rows.empty() ? std::nan("") : rows.back().score).c_str());
   if (j.contains("final_episode_return"))

@@ -1089,6 +1089,26 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
   EXPECT_NE(slurp(piped / "metrics.json").find("\"interrupted\": \"SIGPIPE\""), std::string::npos) << slurp(piped / "metrics.json");
   CmdResult resumed = sh("train --resume " + piped.string() + " --steps 2048");
   EXPECT_EQ(resumed.code, 0) << resumed.out;
+  // A reader gone before the first line (`| true`): caught from the start.
+  const fs::path gone = dir / "gone";
+  const test::Process g = test::run_shell(std::string(SEGTAPE_BIN) + " train --steps 1000000 --batch 4 --hidden 8 --out " +
+                                          gone.string() + " | true");
+  EXPECT_TRUE(fs::exists(gone / "checkpoint.safetensors")) << g.output;
+  // A FIFO at metrics.csv on --resume: refused (reading it waited forever).
+  fs::remove(gone / "metrics.csv");
+  ASSERT_EQ(::mkfifo((gone / "metrics.csv").c_str(), 0600), 0);
+  CmdResult fifo_csv = sh("train --resume " + gone.string() + " --steps 2048");
+  EXPECT_EQ(fifo_csv.code, 2) << fifo_csv.out;
+  EXPECT_NE(fifo_csv.out.find("metrics.csv is not a regular file"), std::string::npos) << fifo_csv.out;
+  // retention --dot through a link whose file does not exist yet: the file
+  // is written there and the link stays (the rename replaced the link).
+  fs::create_directories(dir / "dots");
+  fs::create_symlink("dots/tape.dot", dir / "link.dot");
+  CmdResult dot = sh("retention --no-libtorch --cases 1 --steps 20 --batch 2 --hidden 8 --out " + d + "-lab --dot " + (dir / "link.dot").string());
+  EXPECT_EQ(dot.code, 0) << dot.out;
+  EXPECT_TRUE(fs::is_symlink(dir / "link.dot"));
+  EXPECT_NE(slurp(dir / "dots" / "tape.dot").find("digraph"), std::string::npos);
+  fs::remove_all(d + "-lab");
   fs::remove_all(dir);
 }
 

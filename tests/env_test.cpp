@@ -398,6 +398,7 @@ TEST(EnvContract, AnImpossibleSpecOrBatchIsRefusedWhenMade) {
       {{"neither", 0, 0, 2, true, "accuracy"}, "spec() has vocab 0 and obs_dim 0"},
       {{"no-actions", 3, 0, 0, true, "accuracy"}, "spec().num_actions is 0; must be >= 1"},
       {{"no-measure", 3, 0, 2, true, ""}, "spec().measure is empty"},
+      {{"comma-measure", 3, 0, 2, true, "success,rate"}, "spec().measure 'success,rate' holds a comma"},
   };
   for (const auto& [spec, what] : cases) {
     const std::string name = "bad-spec-" + spec.name;

@@ -632,13 +632,19 @@ TEST_F(TempDir, LoadEntriesRefusesBadEntriesBeforeWritingAny) {
   EXPECT_NE(m.find("nothing was loaded"), std::string::npos) << m;
   EXPECT_EQ(a2.to_host<float>(), std::vector<float>(2, 0.0f));
 
-  // The same name twice, and an entry with no buffer at all.
+  // The same name twice, and an entry with no buffer at all (named and shaped
+  // as the file's "b": the copy wrote through a null pointer).
   nn::Entry none;
-  none.name = "c";
-  none.shape = {2};
-  for (const std::vector<nn::Entry>& bad : {std::vector<nn::Entry>{nn::entry("a", a2), nn::entry("a", a2)},
-                                            std::vector<nn::Entry>{nn::entry("a", a2), none}}) {
-    EXPECT_THROW(nn::load_entries(path, bad, "the test's state"), Error);
+  none.name = "b";
+  none.shape = {3};
+  for (const auto& [bad, fragment] : {std::pair{std::vector<nn::Entry>{nn::entry("a", a2), nn::entry("a", a2)}, "entry 'a' is given twice"},
+                                      std::pair{std::vector<nn::Entry>{nn::entry("a", a2), none}, "entry 'b' has neither a tensor nor a host buffer"}}) {
+    try {
+      nn::load_entries(path, bad, "the test's state");
+      ADD_FAILURE() << fragment;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
     EXPECT_EQ(a2.to_host<float>(), std::vector<float>(2, 0.0f));
   }
   // The honest entries load.

@@ -652,9 +652,6 @@ TEST_F(TempDir, RenameFailureKeepsTargetAndRemovesTemp) {
   EXPECT_EQ(listing(), std::vector<std::string>{"ckpt.safetensors"});
 }
 
-// A FIFO at the path: load refuses it at once (opening it for reading would
-// wait for a writer), save refuses to replace it; a path with a NUL byte
-// (possible from Python) is refused, not cut short at the NUL.
 // A file too large to read into memory (here a sparse 1 TiB one) is a
 // CheckpointError naming it, not a std::bad_alloc. Where the kernel would
 // grant the allocation anyway (overcommit_memory 1) or ASan refuses it by
@@ -685,6 +682,9 @@ TEST_F(TempDir, AFileTooLargeForMemoryIsNamed) {
   }
 }
 
+// A FIFO at the path: load refuses it at once (opening it for reading would
+// wait for a writer), save refuses to replace it; a path with a NUL byte
+// (possible from Python) is refused, not cut short at the NUL.
 TEST_F(TempDir, SpecialFilesAndNulPathsAreRefused) {
   const std::vector<float> a{1, 2, 3};
   const std::vector<st::TensorRef> ra{{"x", st::DType::F32, {3}, as_bytes(a)}};

@@ -16,7 +16,8 @@
 // The Env contract, checked by make_env's envs on every call (a violation
 // throws EnvContractError naming the env and the step):
 //   spec()     vocab > 0 (token observations) or obs_dim > 0 (vectors), not
-//              both; num_actions >= 1; measure not empty; the same for the
+//              both; num_actions >= 1; measure not empty, without a comma,
+//              quote or line break (a metrics.csv column); the same for the
 //              env's whole life. batch() is the B it was made with.
 //   observe()  fills tokens[0, B) with values in [0, vocab) (token envs) or
 //              vectors[0, B * obs_dim) with finite values, row b = stream b
