@@ -51,6 +51,13 @@ struct Row {
   double steps_per_s = 0;
 };
 
+// A row's loss as text: `none` when the interval had none, `nan` for a
+// diverged run's (fmt writes x86's default NaN as -nan), else in `format`.
+std::string loss_text(const Row& r, const char* none, const char* format) {
+  if (!r.has_loss) return none;
+  return std::isnan(r.loss) ? "nan" : fmt::format(fmt::runtime(format), r.loss);
+}
+
 // Where a text output at p goes: p, or through a link the file it names
 // (the link stays). A FIFO, socket or device there is refused: the rename
 // would replace it (as root, /dev/null through --dot /dev/null), and opening
@@ -243,8 +250,7 @@ class MetricsCsv {
   // target, no finished episode) leaves that cell empty, as episode_return.
   static std::string cell(double v) { return std::isnan(v) ? std::string() : fmt::format("{:.6g}", v); }
   std::string line(const Row& r) const {
-    const std::string loss = !r.has_loss ? "" : std::isnan(r.loss) ? "nan" : fmt::format("{:.6g}", r.loss);  // (fmt wrote -nan)
-    return fmt::format("{},{},{}{},{},{},{:.6g}\n", r.step, loss, cell(r.score),
+    return fmt::format("{},{},{}{},{},{},{:.6g}\n", r.step, loss_text(r, "", "{:.6g}"), cell(r.score),
                        rl_ ? "," + cell(r.episode_return) : "",
                        r.segment_peak, r.rss, r.steps_per_s);
   }
@@ -461,23 +467,22 @@ extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 std::string stop_signal_name() { return g_stop_signal == SIGINT ? "SIGINT" : g_stop_signal == SIGPIPE ? "SIGPIPE" : "SIGTERM"; }
 int stop_exit_code(const std::string& name) { return name == "SIGINT" ? 130 : name == "SIGPIPE" ? 141 : 143; }
 bool is_stop_signal(const std::string& name) { return name == "SIGINT" || name == "SIGTERM" || name == "SIGPIPE"; }
-void catch_stop_signals() {
+void catch_stop_signal(int sig, int flags) {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND | SA_RESTART;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  sa.sa_flags = flags;
+  sigaction(sig, &sa, nullptr);
+}
+void catch_stop_signals() {
+  catch_stop_signal(SIGINT, SA_RESETHAND | SA_RESTART);
+  catch_stop_signal(SIGTERM, SA_RESETHAND | SA_RESTART);
 }
 // Caught from train()'s first line (its first output may already meet a
 // closed pipe), then the run stops at its first segment boundary.
 void catch_sigpipe() {
   if (dist::launched_by_mpirun()) return;  // (under mpirun the ranks' output goes through Open MPI, which handles its pipes)
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  sigaction(SIGPIPE, &sa, nullptr);
+  catch_stop_signal(SIGPIPE, SA_RESTART);
 }
 
 // A flag given twice is refused, as an option given twice is (CLI11 counts flags).
@@ -662,19 +667,18 @@ int train(TrainArgs& a, CLI::App& cmd) {
   check();
   // PPO on a supervised env: the reward (1 for the target class) depends on
   // the step's action alone, so future rewards are noise in its return.
-  if (!resume && make_env(c.env, c.batch, c.seed, c.env_options)->spec().supervised) {
-    if (!cmd.count("--gamma") && c.algo == "ppo") c.gamma = 0;
-    // a2c on a supervised env is cross-entropy on its targets: no return, no
-    // policy entropy. The flags would be recorded and do nothing.
-    if (c.algo != "ppo")
-      for (const char* opt : {"--gamma", "--entropy"})
-        if (cmd.count(opt))
-          throw Error(std::string(opt) + " is for RL: --env " + c.env + " is supervised, and --algo a2c trains it with "
-                      "cross-entropy on its targets (no return, no entropy bonus); --algo ppo uses it");
-  }
+  if (!resume && !cmd.count("--gamma") && c.algo == "ppo" && make_env(c.env, c.batch, c.seed, c.env_options)->spec().supervised)
+    c.gamma = 0;
   Trainer tr(c, comm);  // before the directory: a device that cannot be used, or a model too large, leaves nothing behind
   tr.set_interrupt([] { return g_stop_signal != 0; });  // an evaluation stops at its next segment on SIGINT / SIGTERM
   const EnvSpec& spec = tr.env().spec();
+  // a2c on a supervised env is cross-entropy on its targets: no return, no
+  // policy entropy. The flags would be recorded and do nothing.
+  if (!resume && spec.supervised && c.algo != "ppo")
+    for (const char* opt : {"--gamma", "--entropy"})
+      if (cmd.count(opt))
+        throw Error(std::string(opt) + " is for RL: --env " + c.env + " is supervised, and --algo a2c trains it with "
+                    "cross-entropy on its targets (no return, no entropy bonus); --algo ppo uses it");
   const std::string measure = spec.measure;
   // --log-dir: TensorBoard scalars with every metrics row, a greedy eval at
   // every checkpoint and at the end. A resumed run adds a new event file.
@@ -844,7 +848,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     }
     if (root && !bar.tty())
       std::printf("step %ld/%ld  loss %s  %s %s  segment peak %s  rss %s  %.0f steps/s\n", tr.step(), c.steps,
-                  !row.has_loss ? "none" : std::isnan(row.loss) ? "nan" : fmt::format("{:.4f}", row.loss).c_str(), measure.c_str(),
+                  loss_text(row, "none", "{:.4f}").c_str(), measure.c_str(),
                   score_text(row.score).c_str(), format_bytes(interval_peak).c_str(), format_bytes(row.rss).c_str(), row.steps_per_s);
     std::fflush(stdout);
     tr.env().reset_score();
@@ -994,8 +998,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   else
     std::printf("  steps                %ld (batch %ld) in %.1f s\n", tr.step(), c.batch, wall);
   if (rows.empty() || !rows.back().has_loss) std::printf("  final loss           none (no loss in the last log interval)\n");
-  else if (!std::isfinite(rows.back().loss))
-    std::printf("  final loss           %s (the run diverged)\n", std::isnan(rows.back().loss) ? "nan" : fmt::format("{}", rows.back().loss).c_str());
+  else if (!std::isfinite(rows.back().loss)) std::printf("  final loss           %s (the run diverged)\n", loss_text(rows.back(), "", "{}").c_str());
   else std::printf("  final loss           %.4f\n", rows.back().loss);
   std::printf("  train %-14s %s (last log interval)\n", measure.c_str(), score_text(rows.empty() ? std::nan("") : rows.back().score).c_str());
   if (j.contains("final_episode_return"))
@@ -1135,11 +1138,10 @@ int retention_lab(RetentionArgs& a) {
   if (!a.dot.empty()) {
     // Small segments, parameters named: pitfall 1 over 3 steps, and tbptt's
     // second segment (the state arrives carried) beside it as <name>-tbptt.dot.
-    const fs::path& fix = dot_fix;
     write_text(a.dot, rt::tape_dot(rt::Case::HiddenNotDetached, c));
-    write_text(fix, rt::tape_dot(rt::Case::Tbptt, c));
+    write_text(dot_fix, rt::tape_dot(rt::Case::Tbptt, c));
     std::printf("wrote %s (the tape of pitfall 1 after 3 steps) and %s (tbptt's second segment, h carried in); render with: dot -Tsvg %s -o tape.svg\n",
-                a.dot.c_str(), fix.c_str(), a.dot.c_str());
+                a.dot.c_str(), dot_fix.c_str(), a.dot.c_str());
   }
   rt::LabHooks hooks;
   const bool tty = isatty(STDERR_FILENO);

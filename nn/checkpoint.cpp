@@ -13,6 +13,8 @@ namespace st = segtape::safetensors;
 
 st::DType file_dtype(DType d) { return d == DType::F32 ? st::DType::F32 : d == DType::F64 ? st::DType::F64 : st::DType::I64; }
 
+std::vector<int64_t> dims_of(const Tensor& t) { return {t.shape.dims.begin(), t.shape.dims.begin() + t.rank()}; }
+
 size_t entry_bytes(const Entry& e) {
   if (e.tensor.defined()) return e.tensor.nbytes();
   int64_t n = 1;
@@ -100,8 +102,7 @@ void check_entries(const std::filesystem::path& path, std::span<const Entry> ent
     if (!names.insert(e.name).second) bad("is given twice");
     if (e.tensor.defined()) {
       if (!e.tensor.is_live()) bad("is a tensor that has expired (" + e.tensor.describe() + ")");
-      const std::vector<int64_t> dims(e.tensor.shape.dims.begin(), e.tensor.shape.dims.begin() + e.tensor.rank());
-      if (e.tensor.dtype != e.dtype || dims != e.shape)
+      if (e.tensor.dtype != e.dtype || dims_of(e.tensor) != e.shape)
         bad("declares " + dtype_str(file_dtype(e.dtype)) + shape_str(e.shape) + " but its tensor is " + e.tensor.describe());
     } else if (!e.host && entry_bytes(e) > 0) {
       bad("has neither a tensor nor a host buffer");
@@ -166,7 +167,7 @@ std::vector<const Optimizer*> as_const(std::span<Optimizer* const> o) { return {
 
 Entry entry(std::string name, const Tensor& t) {
   t.check_live("checkpoint entry");
-  return {std::move(name), t.dtype, std::vector<int64_t>(t.shape.dims.begin(), t.shape.dims.begin() + t.rank()), t};
+  return {std::move(name), t.dtype, dims_of(t), t};
 }
 Entry entry(std::string name, std::span<int64_t> values, std::vector<int64_t> shape) {
   return host_entry(std::move(name), values, std::move(shape));
