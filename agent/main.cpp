@@ -133,10 +133,41 @@ void lock_run_dir(const fs::path& dir, const std::string& flag) {
   }
 }
 
+// fs::exists / fs::is_directory on a path a flag gave: one the system cannot
+// look at (a name too long, a component that is a file, no permission) is an
+// Error naming the flag and the path, where the throwing overloads printed
+// "filesystem error: status: ..." with neither.
+bool exists_named(const fs::path& p, const std::string& named) {
+  std::error_code ec;
+  const bool e = fs::exists(p, ec);
+  if (ec) throw Error(named + ": cannot look at " + p.string() + " (" + ec.message() + ")");
+  return e;
+}
+bool is_directory_named(const fs::path& p, const std::string& named) {
+  std::error_code ec;
+  const bool d = fs::is_directory(p, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    throw Error(named + ": cannot look at " + p.string() + " (" + ec.message() + ")");
+  return d;
+}
+
+// Whether metrics.csv holds a logged row. A run that failed in its first
+// interval (a budget too small for a segment, say) left the header alone:
+// nothing to lose, so a new run takes the folder without --force. What is
+// not a regular file there is refused as a run's (and never opened: a FIFO).
+bool logged_rows(const fs::path& csv) {
+  std::error_code ec;
+  if (!fs::is_regular_file(csv, ec)) return true;
+  std::ifstream in(csv);
+  std::string line;
+  std::getline(in, line);  // the header
+  return std::getline(in, line) && !line.empty();
+}
+
 void prepare_dir(const fs::path& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir))
+  if (ec || !is_directory_named(dir, "--out " + dir.string()))
     throw Error("--out " + dir.string() + ": cannot create the directory (" + (ec ? ec.message() : "not a directory") +
                 "); choose a writable path");
   const fs::path probe = dir / ".segtape-write-probe";
@@ -150,12 +181,12 @@ void prepare_dir(const fs::path& dir) {
 // it names a directory or its directory is missing or not writable.
 void check_output_file(const std::string& given, const char* flag) {
   const fs::path p(given);
-  if (given.empty() || given.back() == '/' || fs::is_directory(p))
+  if (given.empty() || given.back() == '/' || is_directory_named(p, std::string(flag) + " " + given))
     throw Error(std::string(flag) + " " + given + ": is a directory; give a file name, such as " +
                 (fs::path(given) / "tape.dot").string());
   const fs::path target = text_target(p, std::string(flag) + " " + given);  // (through a link: its file's folder)
   const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  if (!fs::is_directory(dir)) throw Error(std::string(flag) + " " + given + ": the directory " + dir.string() + " does not exist");
+  if (!is_directory_named(dir, std::string(flag) + " " + given)) throw Error(std::string(flag) + " " + given + ": the directory " + dir.string() + " does not exist");
   if (::access(dir.c_str(), W_OK) != 0)
     throw Error(std::string(flag) + " " + given + ": cannot write in " + dir.string() + " (" + std::strerror(errno) + ")");
 }
@@ -562,7 +593,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     out = a.resume;
     const fs::path ck = out / "checkpoint.safetensors";
     if (root) {
-      if (!fs::exists(ck)) throw Error("--resume " + out.string() + ": no checkpoint.safetensors there; start a new run with --out");
+      if (!exists_named(ck, "--resume " + out.string())) throw Error("--resume " + out.string() + ": no checkpoint.safetensors there; start a new run with --out");
       c = Trainer::read_config(ck);
       plugin = checkpoint_plugin(ck, c.env, "--resume " + out.string());
       ck_meta = safetensors::load(ck).metadata;
@@ -587,10 +618,11 @@ int train(TrainArgs& a, CLI::App& cmd) {
     } else {
       out = a.out;
     }
-    if (root && !a.force && fs::exists(out / "checkpoint.safetensors"))
+    if (root && !a.force && exists_named(out / "checkpoint.safetensors", "--out " + out.string()))
       throw Error("--out " + out.string() + " already holds a run; continue it with --resume " + out.string() +
                   ", pass --force to overwrite it, or choose another --out");
-    if (root && !a.force && fs::exists(out / "metrics.csv"))  // a run that ended before its first checkpoint
+    if (root && !a.force && exists_named(out / "metrics.csv", "--out " + out.string()) &&
+        logged_rows(out / "metrics.csv"))  // a run that ended before its first checkpoint
       throw Error("--out " + out.string() + " holds the metrics of a run with no checkpoint to resume; pass --force to "
                   "overwrite it, or choose another --out");
     // Flags of another algorithm or of another built-in env would be recorded
@@ -1119,7 +1151,9 @@ int retention_lab(RetentionArgs& a) {
     std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
     out = fs::path("runs") / (std::string("retention-") + stamp);
   }
-  if (!a.force && (fs::exists(out / "retention.json") || fs::exists(out / "retention.csv") || fs::exists(out / "retention.svg")))
+  const std::string named = "--out " + out.string();
+  if (!a.force && (exists_named(out / "retention.json", named) || exists_named(out / "retention.csv", named) ||
+                   exists_named(out / "retention.svg", named)))
     throw Error("--out " + out.string() + " already holds a lab run; pass --force to overwrite it, or choose another --out");
   // (the pitfall's file and tbptt's beside it, <name>-tbptt.dot)
   const fs::path dot_fix = a.dot.empty() ? fs::path() : fs::path(a.dot).replace_filename(fs::path(a.dot).stem().string() + "-tbptt" + fs::path(a.dot).extension().string());

@@ -228,7 +228,7 @@ void TrainConfig::validate() const {
 void check_device_flag(const std::string& device) {
   if (device != "cpu" && device != "cuda") throw Error("--device " + device + ": must be cpu or cuda");
   if (device == "cuda" && !Device::cuda_built() && !emulation::emulating_cuda_on_host())
-    throw Error("--device cuda: this build of segtape has no CUDA backend (nvcc was not found when it was configured); "
+    throw DeviceError("--device cuda: this build of segtape has no CUDA backend (nvcc was not found when it was configured); "
                 "use --device cpu, or rebuild where the CUDA toolkit is installed (docs/cuda.md)");
 }
 
@@ -409,16 +409,16 @@ Trainer::Trainer(const TrainConfig& c, dist::Communicator* comm)
   const int gpu = comm_ && !one_visible ? dist::local_rank() : 0;
   try {
     tape_ = std::make_unique<Tape>(config_.device == "cuda" ? Device::cuda(gpu) : Device::cpu(), options);
-  } catch (const Error& e) {
+  } catch (const OutOfMemoryError& e) {
     // The segment arena is reserved whole, up front: a budget beyond the
     // machine's memory fails here, named by the flag that set it.
-    if (config_.device != "cuda" && std::string_view(e.what()).find("segment arena") != std::string_view::npos)
-      throw Error(format_bytes(applied_budget(config_)) + " " + config_.budget_name + ": the segment arena of that size cannot be "
-                  "reserved (" + e.what() + "); lower " + config_.budget_name);
-    // (a checkpoint of a GPU run, resumed or evaluated where there is none)
-    if (config_.device == "cuda" && std::string_view(e.what()).find("no CUDA GPU") != std::string_view::npos)
-      throw Error(std::string(e.what()) + "; this run's device is cuda: run it on the CPU with device \"cpu\" (segtape: --device cpu)");
+    if (config_.device != "cuda" && e.pool == kSegmentArenaPool)
+      throw OutOfMemoryError(format_bytes(applied_budget(config_)) + " " + config_.budget_name + ": the segment arena of that size "
+                             "cannot be reserved (" + e.what() + "); lower " + config_.budget_name, e.pool);
     throw;
+  } catch (const DeviceError& e) {
+    // (a checkpoint of a GPU run, resumed or evaluated where there is none)
+    throw DeviceError(std::string(e.what()) + "; this run's device is cuda: run it on the CPU with device \"cpu\" (segtape: --device cpu)");
   }
   Persistent p = make_persistent(*tape_, init_rng_, config_, spec);
   policy_ = std::move(p.policy);

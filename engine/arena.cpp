@@ -28,7 +28,8 @@ std::byte* Arena::take_chunk(size_t cap) {
   } else {
     p = std::aligned_alloc(kAlign, n);
     if (!p)
-      throw Error("out of memory: could not reserve an arena chunk of " + std::to_string(cap) + " bytes (" + alloc_.what + ")");
+      throw OutOfMemoryError("out of memory: could not reserve an arena chunk of " + std::to_string(cap) + " bytes (" + alloc_.what + ")",
+                             alloc_.what);
   }
   memory::g_system_allocations.fetch_add(1, std::memory_order_relaxed);
   if (alloc_.device) memory::g_device_allocations.fetch_add(1, std::memory_order_relaxed);
@@ -44,7 +45,8 @@ constexpr size_t kLargest = std::numeric_limits<size_t>::max() / 2;
 Arena::Arena(size_t capacity, bool grow, size_t grow_limit, ChunkAllocator alloc)
     : first_capacity_(align_up(std::min(capacity, kLargest))), grow_(grow), grow_limit_(grow_limit), alloc_(alloc) {
   if (capacity > kLargest)
-    throw Error("out of memory: could not reserve an arena chunk of " + std::to_string(capacity) + " bytes (" + alloc.what + ")");
+    throw OutOfMemoryError("out of memory: could not reserve an arena chunk of " + std::to_string(capacity) + " bytes (" + alloc.what + ")",
+                           alloc.what);
   chunks_.reserve(64);
   if (first_capacity_) chunks_.push_back({take_chunk(first_capacity_), first_capacity_});
 }

@@ -79,7 +79,7 @@ Tape::Tape(Device device, TapeOptions options)
       options_(options),
       backend_(make_backend(device, options)),
       arena_(options.segment_budget, options.grow, options.grow_limit,
-             pool_memory(backend_.get(), "segment arena (TapeOptions::segment_budget)")),
+             pool_memory(backend_.get(), kSegmentArenaPool)),
       pool_(device_pools() ? options.device_persistent : options.persistent_chunk, !device_pools(), 0,
             pool_memory(backend_.get(), "persistent pool (TapeOptions::device_persistent)")),
       carry_{Arena(device_pools() ? options.device_carry : options.carry_chunk, !device_pools(), 0,
@@ -409,10 +409,10 @@ void Tape::zero_grad() {
 
 void* Tape::scratch(size_t bytes) {
   void* p = scratch_.try_alloc(bytes);
-  if (!p)
-    throw Error(device_pools() ? "segtape: the op workspace on " + device_.str() + " (" + format_bytes(scratch_.budget()) +
-                               ") cannot hold " + format_bytes(align_up(bytes)) + " more: raise TapeOptions::device_workspace"
-                         : std::string("segtape: out of memory in op workspace"));
+  if (!p && device_pools())
+    throw Error("segtape: the op workspace on " + device_.str() + " (" + format_bytes(scratch_.budget()) + ") cannot hold " +
+                format_bytes(align_up(bytes)) + " more: raise TapeOptions::device_workspace");
+  if (!p) throw OutOfMemoryError("segtape: out of memory in op workspace (" + format_bytes(bytes) + ")", "op workspace");
   return p;
 }
 
@@ -692,10 +692,10 @@ Tensor Tape::carry(const Tensor& x) {
   if (x.tape != this) throw TapeError("carry: " + x.describe() + " belongs to another tape");
   Tensor c = x;
   c.ptr = carry_[seg_index_ % 2].try_alloc(x.nbytes());
-  if (!c.ptr)
-    throw Error(device_pools() ? "carry: the carry buffer on " + device_.str() + " (" + format_bytes(carry_[0].budget()) +
-                               ") cannot hold " + x.describe() + " more: raise TapeOptions::device_carry"
-                         : std::string("carry: out of memory"));
+  if (!c.ptr && device_pools())
+    throw Error("carry: the carry buffer on " + device_.str() + " (" + format_bytes(carry_[0].budget()) + ") cannot hold " +
+                x.describe() + " more: raise TapeOptions::device_carry");
+  if (!c.ptr) throw OutOfMemoryError("carry: out of memory for " + x.describe(), "carry buffer");
   backend_->copy(c.ptr, x.ptr, x.nbytes(), detail::Backend::Copy::DeviceToDevice);
   c.space = Space::Carry;
   c.gen = seg_index_;

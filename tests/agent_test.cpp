@@ -930,6 +930,28 @@ CmdResult sh(const std::string& args) {
 
 using test::slurp;
 
+// A folder whose run logged rows but left no checkpoint is refused without
+// --force (the rows would be lost); one whose run failed before its first row
+// (the header alone: a budget too small for a segment) is not.
+TEST(Cli, AFolderWithMetricsRowsIsKeptAHeaderAloneIsTaken) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_rows_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string header = "step,loss,accuracy,segment_peak_bytes,rss_bytes,steps_per_s\n";
+  std::ofstream(dir / "metrics.csv") << header << "32,1.38,0.26,2846720,176234496,3595.68\n";
+  const std::string rows = slurp(dir / "metrics.csv");
+  CmdResult r = sh("train --steps 32 --batch 4 --hidden 8 --out " + dir.string());
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("holds the metrics of a run with no checkpoint"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp(dir / "metrics.csv"), rows);
+  std::ofstream(dir / "metrics.csv", std::ios::trunc) << header;
+  r = sh("train --steps 32 --batch 4 --hidden 8 --log-every 32 --out " + dir.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(dir / "checkpoint.safetensors"));
+  EXPECT_NE(slurp(dir / "metrics.csv").find("\n32,"), std::string::npos) << slurp(dir / "metrics.csv");
+  fs::remove_all(dir);
+}
+
 TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
   const fs::path dir = fs::temp_directory_path() / ("segtape_cli_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -980,6 +1002,12 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
       {"retention --dot '' --out " + d + "x", "--dot: needs a path"},
       {"retention --cases 2,2 --no-libtorch --out " + d + "x", "'2' names a case already given"},
       {"eval --seed -1 --checkpoint " + d + "/checkpoint.safetensors", "(see segtape eval --help)"},
+      // a path the system cannot look at (a name over NAME_MAX, a file as a
+      // folder): the flag named, not "filesystem error: status: ..."
+      {"train --out " + d + "/" + std::string(300, 'n'), "--out " + d + "/nnnn"},
+      {"train --resume " + d + "/" + std::string(300, 'n'), "--resume " + d + "/nnnn"},
+      {"retention --out " + d + "/" + std::string(300, 'n'), "--out " + d + "/nnnn"},
+      {"retention --dot " + d + "/metrics.csv/tape.dot --out " + d + "x", "--dot " + d + "/metrics.csv/tape.dot: cannot look at"},
   };
   for (const Bad& b : cases) {
     CmdResult r = sh(b.args);

@@ -1,6 +1,7 @@
 // Misuse gets a clear error naming what went wrong and what to do.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 
 #include "util.h"
@@ -64,6 +65,20 @@ TEST(Errors, BudgetOverflowReportsWhatFilledTheArena) {
   EXPECT_NE(m.find("By step"), std::string::npos) << m;
   EXPECT_NE(m.find("retaining history"), std::string::npos) << m;  // many steps, a graph: real retention
   EXPECT_NE(m.find("carry"), std::string::npos) << m;
+}
+
+// A budget the machine cannot hold is an OutOfMemoryError naming the pool
+// (as a field, so callers need not parse the message), not a BudgetError.
+TEST(Errors, ABudgetBeyondMemoryIsAnOutOfMemoryErrorNamingThePool) {
+  try {
+    Tape tape(Device::cpu(), {.segment_budget = SIZE_MAX});
+    ADD_FAILURE() << "a Tape with a budget of 2^64 - 1 bytes was made";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.pool, kSegmentArenaPool);
+    EXPECT_NE(std::string(e.what()).find("could not reserve an arena chunk of 18446744073709551615 bytes (segment arena"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Errors, ShapeMismatchNamesOpAndBothShapes) {

@@ -24,10 +24,11 @@ void* device_take(void* ctx, size_t bytes, const char* what) {
   size_t free = 0, total = 0;
   const bool info = cudaMemGetInfo(&free, &total) == cudaSuccess;
   (void)cudaGetLastError();
-  throw Error("Tape(" + be->device().str() + "): out of device memory: reserving the " + what + " asked cudaMalloc for " +
+  throw OutOfMemoryError("Tape(" + be->device().str() + "): out of device memory: reserving the " + what + " asked cudaMalloc for " +
               format_bytes(bytes) + " (" + std::to_string(bytes) + " bytes) and got " + cudaGetErrorName(e) +
               (info ? "; " + format_bytes(free) + " of " + format_bytes(total) + " are free on the device" : std::string()) +
-              ". Lower that option (or the others: segment_budget, device_persistent, device_carry, device_workspace).");
+              ". Lower that option (or the others: segment_budget, device_persistent, device_carry, device_workspace).",
+      what);
 }
 
 void device_give(void* ctx, void* p) {
@@ -67,11 +68,11 @@ CudaBackend::CudaBackend(const Device& device, const TapeOptions& options)
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    throw Error(std::string("Device::cuda(): no CUDA GPU found (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")");
+    throw DeviceError(std::string("Device::cuda(): no CUDA GPU found (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")");
   }
-  if (count == 0) throw Error("Device::cuda(): no CUDA GPU found (cudaGetDeviceCount: 0 devices)");
+  if (count == 0) throw DeviceError("Device::cuda(): no CUDA GPU found (cudaGetDeviceCount: 0 devices)");
   if (device.index < 0 || device.index >= count)
-    throw Error("Device::cuda(" + std::to_string(device.index) + "): this machine has " + std::to_string(count) +
+    throw DeviceError("Device::cuda(" + std::to_string(device.index) + "): this machine has " + std::to_string(count) +
                 " CUDA GPU(s), numbered from 0");
   try {
     SEGTAPE_CHECK(cudaSetDevice(device.index));

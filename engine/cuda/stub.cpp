@@ -10,7 +10,7 @@ bool Device::cuda_built() { return false; }
 
 namespace segtape::detail {
 std::unique_ptr<Backend> make_cuda_backend(const Device& device, const TapeOptions&) {
-  throw Error("Tape(" + device.str() + "): this build of segtape has no CUDA backend (nvcc was not found when it was "
+  throw DeviceError("Tape(" + device.str() + "): this build of segtape has no CUDA backend (nvcc was not found when it was "
               "configured, or SEGTAPE_WITH_CUDA was OFF); use Device::cpu(), or rebuild where the CUDA toolkit is installed");
 }
 }  // namespace segtape::detail

@@ -78,7 +78,7 @@ void gru_gates(Tape& t, const Node& nd, T* S, T* y) {
 // `bytes` from the GRU batch's arena (reset with each batch).
 void* batch_take(Arena& buffers, size_t bytes) {
   void* p = buffers.try_alloc(bytes);
-  if (!p) throw Error("backward: out of memory for the GRU weight-gradient workspace");
+  if (!p) throw OutOfMemoryError("backward: out of memory for the GRU weight-gradient workspace", "GRU weight-gradient workspace");
   return p;
 }
 

@@ -177,7 +177,8 @@ struct PyNoGrad {
 // made here with tuple bases so that e.g. ShapeError is also a ValueError.
 struct ErrorClasses {
   PyObject *base = nullptr, *shape = nullptr, *expired = nullptr, *budget = nullptr, *tape = nullptr,
-           *index = nullptr, *checkpoint = nullptr, *anomaly = nullptr;
+           *index = nullptr, *checkpoint = nullptr, *anomaly = nullptr,
+           *out_of_memory = nullptr, *device = nullptr;
 };
 ErrorClasses& errors() {
   static ErrorClasses e;
@@ -205,6 +206,11 @@ void register_errors(nb::module_& m) {
   e.checkpoint = make_error(m, "CheckpointError", two(PyExc_OSError),
                             "A checkpoint file is missing, corrupt, hostile, or does not match the model.");
   e.anomaly = make_error(m, "AnomalyError", two(PyExc_FloatingPointError), "A NaN or Inf produced under anomaly mode.");
+  e.out_of_memory = make_error(m, "OutOfMemoryError", two(PyExc_MemoryError),
+                               "Host or device memory for one of a tape's pools could not be reserved; the message names the "
+                               "pool (its .pool in C++) and the bytes.");
+  e.device = make_error(m, "DeviceError", two(PyExc_RuntimeError),
+                        "The device asked for is not here: no CUDA GPU, an ordinal past the count, or no CUDA backend built.");
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     auto& c = errors();
     // A message may hold bytes that are not UTF-8 (a file name as the OS has
@@ -234,6 +240,10 @@ void register_errors(nb::module_& m) {
       set_error(c.checkpoint, x.what());
     } catch (const AnomalyError& x) {
       set_error(c.anomaly, x.what());
+    } catch (const OutOfMemoryError& x) {
+      set_error(c.out_of_memory, x.what());
+    } catch (const DeviceError& x) {
+      set_error(c.device, x.what());
     } catch (const Error& x) {
       set_error(c.base, x.what());
     }

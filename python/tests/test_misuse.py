@@ -81,8 +81,10 @@ def test_numpy_operands_raise_instead_of_making_object_arrays():
 
 def test_a_budget_near_2_to_the_64_is_refused_not_zero():
     # align_up wrapped 2^64 - 1 to an arena of 0 bytes.
-    with pytest.raises(segtape.Error, match="could not reserve an arena chunk of 18446744073709551615 bytes"):
+    with pytest.raises(segtape.OutOfMemoryError, match="could not reserve an arena chunk of 18446744073709551615 bytes") as e:
         segtape.Tape(segment_budget=2**64 - 1)
+    # a MemoryError too, as a Python user would catch it
+    assert isinstance(e.value, MemoryError) and isinstance(e.value, segtape.Error)
 
 
 def test_shape_errors_name_the_call():

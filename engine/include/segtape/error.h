@@ -3,6 +3,7 @@
 #pragma once
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace segtape {
 
@@ -24,5 +25,17 @@ struct IndexError : Error { using Error::Error; };
 struct CheckpointError : Error { using Error::Error; };
 // A NaN or Inf produced under anomaly mode.
 struct AnomalyError : Error { using Error::Error; };
+// Host or device memory could not be reserved for one of a tape's pools (or
+// a workspace). `pool` names it as the message does ("segment arena
+// (TapeOptions::segment_budget)", ...): callers tell the pools apart by it,
+// not by the message's wording. A segment that outgrows its budget is a
+// BudgetError, not this.
+struct OutOfMemoryError : Error {
+  OutOfMemoryError(const std::string& message, std::string pool_name) : Error(message), pool(std::move(pool_name)) {}
+  std::string pool;
+};
+// The device asked for is not here: no CUDA GPU, an ordinal past the
+// machine's count, or a build without the CUDA backend.
+struct DeviceError : Error { using Error::Error; };
 
 }  // namespace segtape

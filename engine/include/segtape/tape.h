@@ -52,6 +52,10 @@ struct Node {
   double fa = 0;                // float attribute (scale factor, ...)
 };
 
+// The name a tape's segment arena has in messages and in
+// OutOfMemoryError::pool.
+inline constexpr const char* kSegmentArenaPool = "segment arena (TapeOptions::segment_budget)";
+
 struct TapeOptions {
   size_t segment_budget = size_t(64) << 20;  // arena bytes per segment
   // Teaching policy: the arena grows in chunks instead of refusing, to
