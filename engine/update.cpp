@@ -99,11 +99,13 @@ void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg
 void add_scalar(const Tensor& t, double value) {
   check_state_scalar("add_scalar", t);
   In::backend(*t.tape)->add_scalar(t.ptr, t.numel(), t.dtype, value);
+  detail::clear_packed(*t.tape);
 }
 
 void fill_value(const Tensor& t, double value) {
   check_state_scalar("fill_value", t);
   In::backend(*t.tape)->fill(t.ptr, t.numel(), t.dtype, value);
+  detail::clear_packed(*t.tape);
 }
 
 void zero_grad(const Tensor& param) {

@@ -307,4 +307,48 @@ TEST(PackedGru, AWeightAnOptimizerChangedInsideTheSegmentIsPackedAgain) {
   EXPECT_EQ(after, fresh);
 }
 
+// Every other write into a weight inside a segment (copy_into, from_host,
+// from_host_bytes, fill_value, add_scalar, through data<T>()) drops its
+// packed copy too: the next product reads the new values, as a fresh
+// segment's does. (Each wrote into a weight whose stale copy the next product used.)
+TEST(PackedGru, AWeightWrittenInsideTheSegmentIsPackedAgain) {
+  constexpr int64_t B = 8, I = 5, H = 48;
+  const std::vector<const char*> writes = {"copy_into", "from_host", "from_host_bytes", "fill_value", "add_scalar", "data"};
+  for (const char* how : writes) {
+    Tape tape;
+    Gru g(tape, DType::F32, B, I, H, 1);
+    const Tensor other = tape.parameter(g.w_hh.shape);
+    std::vector<float> vals(size_t(g.w_hh.numel()));
+    for (size_t i = 0; i < vals.size(); ++i) vals[i] = 0.01f * float(i % 17) - 0.08f;
+    other.from_host(std::span<const float>(vals));
+    auto write = [&](const Tensor& w) {
+      const std::string s = how;
+      if (s == "copy_into") copy_into(w, other);
+      else if (s == "from_host") w.from_host(std::span<const float>(vals));
+      else if (s == "from_host_bytes") w.from_host_bytes(std::as_bytes(std::span<const float>(vals)));
+      else if (s == "fill_value") fill_value(w, 0.03);
+      else if (s == "data") std::copy(vals.begin(), vals.end(), w.data<float>());
+      else add_scalar(w, 0.03);
+    };
+    const std::vector<float> hv(size_t(B * H), 0.5f);
+    std::vector<double> before, after, fresh;
+    {
+      Segment seg = tape.segment();
+      NoGradGuard ng(tape);
+      const Tensor x = g.input(tape, g.x, 0, B * I, {B, I}, DType::F32), h0 = tape.from(std::span<const float>(hv), {B, H});
+      before = values(gru_cell(x, h0, g.w_ih, g.w_hh, g.b_ih, g.b_hh));
+      write(g.w_hh);
+      after = values(gru_cell(x, h0, g.w_ih, g.w_hh, g.b_ih, g.b_hh));
+    }
+    {
+      Segment seg = tape.segment();
+      NoGradGuard ng(tape);
+      const Tensor x = g.input(tape, g.x, 0, B * I, {B, I}, DType::F32), h0 = tape.from(std::span<const float>(hv), {B, H});
+      fresh = values(gru_cell(x, h0, g.w_ih, g.w_hh, g.b_ih, g.b_hh));
+    }
+    EXPECT_GT(rel_error(before, after), 1e-3) << how << " changed W_hh";
+    EXPECT_EQ(after, fresh) << how;
+  }
+}
+
 }  // namespace
