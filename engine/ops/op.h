@@ -97,9 +97,9 @@ void flush_gru_batch(Tape& tape);
 // Weights packed for cpu::packed_gemm (engine/cpu/packed.h): a GRU's W_ih and
 // W_hh are packed at their first product of a pass (under cpu::kFewRows rows,
 // their cpu::kPackAfter-th) and reused by every step after it. Cleared when a
-// segment opens and when a backward starts and ends, so a weight an optimizer
-// changed is packed again; a parameter written in place between two products
-// of one forward pass is not seen.
+// segment opens, when a backward starts and ends, and by every write into a
+// persistent tensor segtape sees (an optimizer step, copy_into, from_host,
+// data<T>() ...), so a changed weight is packed again.
 struct PackedWeights {
   struct Entry {
     const void* src = nullptr;
