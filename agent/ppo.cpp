@@ -233,9 +233,10 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
       // exact:K/T: the window's gradient by replay (segtape/replay.h), K steps in the arena at a time.
       replay::Driver* drv = p.driver.get();
       if (len < p.W) {
-        if (!p.tail || p.tail->options().horizon != len)
-          p.tail = std::make_unique<replay::Driver>(*tape_, p.mb_h0, replay::Options{.horizon = len, .k = p.K});
-        drv = p.tail.get();
+        auto it = std::find_if(p.tails.begin(), p.tails.end(), [&](const auto& d) { return d->options().horizon == len; });
+        if (it == p.tails.end())
+          it = p.tails.insert(p.tails.end(), std::make_unique<replay::Driver>(*tape_, p.mb_h0, replay::Options{.horizon = len, .k = p.K}));
+        drv = it->get();
       }
       p.mb_h0.from_host(std::span<const float>(p.mb_state));
       const replay::Report rep = drv->run(

@@ -353,8 +353,11 @@ void size_device_pools(TapeOptions& o, const TrainConfig& c, const EnvSpec& spec
   std::vector<std::unique_ptr<replay::Driver>> drivers;
   if (c.history.kind == History::Kind::Exact) {
     // PPO's drivers run a minibatch's windows from a state of its own (agent/ppo.cpp)
+    // (PPO: one for its full windows and one per shorter last window: a
+    // rollout's and the run's last rollout's; each no larger than a full one)
     const Tensor h0 = c.algo == "ppo" ? count.persistent({c.batch / c.minibatches, c.hidden}) : p.h_home;
-    for (int i = 0; i < 2; ++i) drivers.push_back(std::make_unique<replay::Driver>(count, h0, driver_options(c, c.history.horizon)));
+    for (int i = 0; i < (c.algo == "ppo" ? 3 : 2); ++i)
+      drivers.push_back(std::make_unique<replay::Driver>(count, h0, driver_options(c, c.history.horizon)));
   }
   o.device_persistent = count.stats().persistent_bytes;
   const size_t state = align_up(size_t(c.batch * c.hidden) * sizeof(float));
