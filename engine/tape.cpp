@@ -183,7 +183,7 @@ void check_byte_copy(const Tensor& t, size_t bytes, const char* what) {
 // The copy itself, after the checks.
 void copy_bytes(const Tensor& t, void* host, size_t bytes, bool to_host) {
   if (!bytes) return;
-  if (!to_host && t.space == Space::Persistent) detail::clear_packed(*t.tape);  // a packed copy of the old values
+  if (!to_host) detail::packed_written(*t.tape, t.ptr, bytes);  // (also a view of a weight: by its bytes)
   detail::TapeInternals::backend(*t.tape)->copy(to_host ? host : t.ptr, to_host ? t.ptr : host, bytes,
                           to_host ? Backend::Copy::DeviceToHost : Backend::Copy::HostToDevice);
 }
@@ -199,7 +199,7 @@ void tensor_from_host(const Tensor& t, DType d, const void* in, size_t count) {
   copy_bytes(t, const_cast<void*>(in), t.nbytes(), false);
 }
 
-void persistent_data_access(const Tensor& t) { detail::clear_packed(*t.tape); }
+void data_access(const Tensor& t) { detail::packed_written(*t.tape, t.ptr, t.nbytes()); }
 
 void device_data_error(const Tensor& t, const char* dtype) {
   throw TapeError(std::string("data<") + dtype + ">(): tensor " + t.describe() + " lives in " + t.tape->device().str() +

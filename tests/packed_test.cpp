@@ -311,9 +311,39 @@ TEST(PackedGru, AWeightAnOptimizerChangedInsideTheSegmentIsPackedAgain) {
 // from_host_bytes, fill_value, add_scalar, through data<T>()) drops its
 // packed copy too: the next product reads the new values, as a fresh
 // segment's does. (Each wrote into a weight whose stale copy the next product used.)
+// A write (or a data<T>() access) of another tensor inside a pass leaves
+// every product on the path its place in the pass chose: at B = 1 the 8th
+// product still packs, so a pass with such accesses gives the bits of one
+// without them (a replay reproduces its first pass). Dropping every packed
+// copy on any write, as b8abbf5 did, restarted the count.
+TEST(PackedGru, AnotherTensorsWriteLeavesThePathOfEachProduct) {
+  if (!cpu::packed_available()) GTEST_SKIP() << "no AVX-512F or AVX2 + FMA here (or SEGTAPE_PACKED=0): nothing is packed";
+  constexpr int64_t B = 1, I = 5, H = 40, T = cpu::kPackAfter + 3;
+  auto run = [&](bool touch) {
+    Tape tape;
+    Gru g(tape, DType::F32, B, I, H, T);
+    const Tensor other = tape.persistent({4});
+    Segment seg = tape.segment();
+    NoGradGuard ng(tape);
+    Tensor h = tape.zeros({B, H});
+    std::vector<double> out;
+    for (int64_t t = 0; t < T; ++t) {
+      if (touch) other.data<float>()[0] = float(t), fill_value(other, 1.0);
+      h = gru_cell(g.input(tape, g.x, t, B * I, {B, I}, DType::F32), h, g.w_ih, g.w_hh, g.b_ih, g.b_hh);
+      for (double v : values(h)) out.push_back(v);
+    }
+    return std::pair{out, tape.stats().workspace_bytes};
+  };
+  const auto [plain, ws_plain] = run(false);
+  const auto [touched, ws_touched] = run(true);
+  EXPECT_EQ(plain, touched);
+  EXPECT_EQ(ws_plain, ws_touched) << "both passes packed W_ih and W_hh at product " << cpu::kPackAfter;
+}
+
 TEST(PackedGru, AWeightWrittenInsideTheSegmentIsPackedAgain) {
+  if (!cpu::packed_available()) GTEST_SKIP() << "no AVX-512F or AVX2 + FMA here (or SEGTAPE_PACKED=0): nothing is packed";
   constexpr int64_t B = 8, I = 5, H = 48;
-  const std::vector<const char*> writes = {"copy_into", "from_host", "from_host_bytes", "fill_value", "add_scalar", "data"};
+  const std::vector<const char*> writes = {"copy_into", "from_host", "from_host_bytes", "fill_value", "add_scalar", "data", "view"};
   for (const char* how : writes) {
     Tape tape;
     Gru g(tape, DType::F32, B, I, H, 1);
@@ -328,6 +358,7 @@ TEST(PackedGru, AWeightWrittenInsideTheSegmentIsPackedAgain) {
       else if (s == "from_host_bytes") w.from_host_bytes(std::as_bytes(std::span<const float>(vals)));
       else if (s == "fill_value") fill_value(w, 0.03);
       else if (s == "data") std::copy(vals.begin(), vals.end(), w.data<float>());
+      else if (s == "view") reshape(w, {w.numel()}).from_host(std::span<const float>(vals));  // its bytes, another tensor
       else add_scalar(w, 0.03);
     };
     const std::vector<float> hv(size_t(B * H), 0.5f);
@@ -336,7 +367,9 @@ TEST(PackedGru, AWeightWrittenInsideTheSegmentIsPackedAgain) {
       Segment seg = tape.segment();
       NoGradGuard ng(tape);
       const Tensor x = g.input(tape, g.x, 0, B * I, {B, I}, DType::F32), h0 = tape.from(std::span<const float>(hv), {B, H});
+      const size_t workspace = tape.stats().workspace_bytes;
       before = values(gru_cell(x, h0, g.w_ih, g.w_hh, g.b_ih, g.b_hh));
+      EXPECT_GE(tape.stats().workspace_bytes - workspace, cpu::packed_floats(H, 3 * H) * sizeof(float)) << "W_hh was packed";
       write(g.w_hh);
       after = values(gru_cell(x, h0, g.w_ih, g.w_hh, g.b_ih, g.b_hh));
     }

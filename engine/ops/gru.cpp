@@ -78,7 +78,9 @@ void gru_gates(Tape& t, const Node& nd, T* S, T* y) {
 // `bytes` from the GRU batch's arena (reset with each batch).
 void* batch_take(Arena& buffers, size_t bytes) {
   void* p = buffers.try_alloc(bytes);
-  if (!p) throw OutOfMemoryError("backward: out of memory for the GRU weight-gradient workspace", "GRU weight-gradient workspace");
+  if (!p)
+    throw OutOfMemoryError("backward: out of memory for the GRU weight-gradient workspace (" + std::to_string(bytes) + " bytes)",
+                           buffers.what());
   return p;
 }
 
@@ -301,6 +303,16 @@ void clear_packed(Tape& tape) {
   pw.buffers.reset();
 }
 
+void packed_written(Tape& tape, const void* p, size_t bytes) {
+  PackedWeights& pw = In::packed(tape);
+  const auto* lo = static_cast<const std::byte*>(p);
+  for (int i = 0; i < pw.count; ++i) {
+    PackedWeights::Entry& e = pw.entries[size_t(i)];
+    const auto* src = static_cast<const std::byte*>(e.src);
+    if (e.data && lo < src + size_t(e.K * e.N) * sizeof(float) && src < lo + bytes) e.stale = true;
+  }
+}
+
 const float* packed_weight(Tape& tape, const Tensor& w, int64_t M, int64_t K, int64_t N, bool trans) {
   if (w.dtype != DType::F32 || w.space != Space::Persistent || !cpu::packed_worthwhile(M, N, K)) return nullptr;
   PackedWeights& pw = In::packed(tape);
@@ -309,11 +321,14 @@ const float* packed_weight(Tape& tape, const Tensor& w, int64_t M, int64_t K, in
     PackedWeights::Entry& c = pw.entries[size_t(i)];
     if (c.src == w.ptr && c.trans == trans && c.K == K && c.N == N) e = &c;
   }
-  if (e && e->data) return e->data;
+  if (e && e->data) {
+    if (e->stale) cpu::pack_b(static_cast<const float*>(w.ptr), K, N, trans, e->data), e->stale = false;
+    return e->data;
+  }
   if (!e) {
     if (pw.count == int(pw.entries.size())) return nullptr;
     e = &pw.entries[size_t(pw.count++)];
-    *e = {w.ptr, K, N, trans, nullptr, 0};
+    *e = {w.ptr, K, N, trans, nullptr, 0, false};
   }
   if (M < cpu::kFewRows && ++e->uses < cpu::kPackAfter) return nullptr;
   auto* data = static_cast<float*>(pw.buffers.try_alloc(cpu::packed_floats(K, N) * sizeof(float)));

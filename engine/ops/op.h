@@ -82,7 +82,7 @@ void reduce_rows(T* d, int64_t n, int64_t bn, F f) {
 // d(h W_hh^T) of consecutive steps that share weights are stacked, with the
 // steps' x and h, and flushed as one GEMM per weight (see TapeOptions).
 struct GruBatch {
-  Arena buffers{size_t(64) << 10, true};
+  Arena buffers{size_t(64) << 10, true, 0, {.what = "GRU weight-gradient workspace"}};
   const Node* first = nullptr;  // the group's weights and shapes come from this node
   int64_t count = 0, capacity = 0, remaining = 0;
   void* dgi = nullptr;  // [capacity * B, 3H]
@@ -105,14 +105,22 @@ struct PackedWeights {
     const void* src = nullptr;
     int64_t K = 0, N = 0;
     bool trans = false;
-    const float* data = nullptr;  // null until packed
-    int uses = 0;                 // products with fewer than cpu::kFewRows rows, while not yet packed
+    float* data = nullptr;  // null until packed
+    int uses = 0;           // products with fewer than cpu::kFewRows rows, while not yet packed
+    bool stale = false;     // the weight was written since: repacked into data at its next product
   };
-  Arena buffers{0, true};  // no chunk until a weight is packed; then one per size, kept
+  Arena buffers{0, true, 0, {.what = "packed weights"}};  // no chunk until a weight is packed; then one per size, kept
   std::array<Entry, 8> entries{};
   int count = 0;
 };
 void clear_packed(Tape& tape);
+// Bytes [p, p + bytes) were written (or handed out to be written): the packed
+// copies of weights they overlap are marked stale and repacked in place at
+// their next product. The choice of kernel for each product (its place in its
+// pass) stays as it was, so a replay takes the same path. Every write segtape
+// sees calls it: copy_into, from_host(_bytes), data<T>(), fill_value,
+// add_scalar, the optimizer steps.
+void packed_written(Tape& tape, const void* p, size_t bytes);
 // The persistent weight w as the packed operand B [K, N] of C [M, N] = A B
 // (B = w^T when trans), packed now if it is not yet; nullptr where the packed
 // path does not apply (not float32, not persistent, too small, neither AVX-512F nor AVX2 + FMA,
