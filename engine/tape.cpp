@@ -123,7 +123,7 @@ Segment Tape::segment() {
   seg_first_step_ = step_;
   bytes_by_op_.fill(0);
   grad_bytes_ = 0;
-  released_upto_ = 0;
+  released_any_ = false;
   detail::clear_packed(*this);
   return Segment(this);
 }
@@ -136,7 +136,7 @@ void Tape::end_segment(bool abandoned) {
   leaf_grads_.clear();
   arena_.set_outside(0);
   arena_.reset();
-  released_upto_ = 0;
+  released_any_ = false;
   backend_->segment_end(abandoned);  // launches a captured / replayed CUDA graph
 }
 
@@ -505,7 +505,7 @@ struct Root {
 void Tape::check_unreleased(size_t count) {
   for (size_t i = count; i-- > 0;) {
     if (!reach_[i] || nodes_[i].op == OpKind::Input) continue;
-    if (i < released_upto_)
+    if (nodes_[i].released)
       throw TapeError("backward: trying to backward through the segment's tape a second time (node " +
                       std::to_string(i) + ", op '" + op_name(nodes_[i].op) + "' at step " +
                       std::to_string(nodes_[i].step) +
@@ -539,11 +539,12 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
     if (nodes_[size_t(root.node)].op == OpKind::Input)
       throw TapeError(std::string(what) + ": " + root.describe() +
                       " is an input() leaf: its gradient would be its own seed; seed a tensor computed from it");
-    if (size_t(root.node) < released_upto_)
-      throw TapeError("backward: trying to backward through the segment's tape a second time: the first backward "
-                      "released nodes 0.." + std::to_string(released_upto_ - 1) +
-                      ". Pass {.retain_graph = true} to the first backward if you really need a second one "
-                      "(or, for an agent loop, end the segment and carry the state instead of keeping the graph)");
+    if (nodes_[size_t(root.node)].released)
+      throw TapeError("backward: trying to backward through the segment's tape a second time: " + root.describe() +
+                      " (node " + std::to_string(root.node) + ", op '" + op_name(nodes_[size_t(root.node)].op) +
+                      "') was released by an earlier backward. Pass {.retain_graph = true} to the first backward if you "
+                      "really need a second one (or, for an agent loop, end the segment and carry the state instead of "
+                      "keeping the graph)");
     if (r.seed) {
       r.seed->check_live("backward (seed gradient)");
       if (!(r.seed->shape == root.shape) || r.seed->dtype != root.dtype)
@@ -559,7 +560,7 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
     last = std::max(last, root.node);
   }
   const size_t count = size_t(last) + 1;
-  if (released_upto_ > 0) {
+  if (released_any_) {
     reach_.assign(count, 0);
     for (const Root& r : roots) reach_[size_t(r.t->node)] = 1;
     check_unreleased(count);
@@ -613,13 +614,13 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
       else dst[j] = in.grad;
     }
     scratch_.reset();
+    if (!retain) nodes_[size_t(i)].released = released_any_ = true;  // (before: a failure midway has spent it too)
     backend_->backward(*this, n, grads[i], dst);
     free_->put(grads[i], align_up(n.out.nbytes()));
     grads[i] = nullptr;
   }
   detail::flush_gru_batch(*this);
   detail::clear_packed(*this);  // an optimizer step may follow
-  if (!retain) released_upto_ = std::max(released_upto_, count);
 }
 
 Tensor Tape::input(const Tensor& x) {

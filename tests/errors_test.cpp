@@ -149,6 +149,25 @@ TEST(Errors, ABackwardReachingReleasedNodesChangesNoGradient) {
   EXPECT_EQ(v.grad_tensor().to_host<float>(), (std::vector<float>{1.0f, -2.0f}));
 }
 
+// Released are the nodes a backward processed, not every node recorded
+// before its loss: an earlier loss of its own (independent of the first)
+// still runs, as PyTorch's does; one that shares a processed node does not.
+TEST(Errors, AnEarlierIndependentLossStillRunsAfterABackward) {
+  Tape tape;
+  Tensor w = tape.parameter({2}), v = tape.parameter({2});
+  const float wv[] = {0.25f, -0.5f};
+  w.from_host(std::span<const float>(wv));
+  v.from_host(std::span<const float>(wv));
+  Segment seg = tape.segment();
+  Tensor lw = sum(mul(w, w));  // recorded first
+  Tensor hv = tanh(v);
+  seg.backward(sum(hv));       // walks tanh(v) only
+  seg.backward(lw);            // refused before: every node below the first loss counted as released
+  EXPECT_EQ(w.grad_tensor().to_host<float>(), (std::vector<float>{0.5f, -1.0f}));
+  const std::string m = message_of<TapeError>([&] { seg.backward(sum(mul(hv, hv))); });
+  EXPECT_NE(m.find("second time"), std::string::npos) << m;
+}
+
 TEST(Errors, MisuseOfSegments) {
   Tape tape;
   Tensor w = tape.parameter({2});

@@ -43,6 +43,7 @@ struct Node {
   static constexpr int kMaxInputs = 6;
   OpKind op = OpKind::Input;
   uint8_t n_in = 0;
+  bool released = false;   // a non-retained backward processed it (its saved state is spent)
   uint32_t step = 0;       // tape step when recorded
   size_t bytes = 0;        // arena bytes this op allocated (output + saved)
   Tensor out;
@@ -239,7 +240,7 @@ class Tape {
   uint64_t step_ = 0;
   uint64_t seg_first_step_ = 0;  // the step at which the open segment opened
   size_t node_peak_ = 0;         // node bytes high-water of the current / last segment
-  size_t released_upto_ = 0;  // nodes [0, released_upto_) were freed by a non-retained backward
+  bool released_any_ = false;  // some node of the segment was released (Node::released)
   std::vector<uint8_t> reach_;  // backward after a release: the nodes its roots reach (check_unreleased)
   size_t last_segment_peak_ = 0;
   bool open_ = false;
