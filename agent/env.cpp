@@ -602,7 +602,7 @@ std::vector<std::string> load_env_plugin(const std::filesystem::path& file) {
   namespace fs = std::filesystem;
   static std::map<fs::path, std::vector<std::string>> loaded;  // by absolute path: what each plug-in registered
   std::error_code ec;
-  if (!fs::exists(file, ec)) throw Error(file.string() + ": no such file");
+  if (!fs::exists(file, ec)) throw Error(file.string() + (ec ? ": cannot look at it (" + ec.message() + ")" : ": no such file"));
   if (fs::is_directory(file, ec)) throw Error(file.string() + ": is a directory, not a shared library");
   // dlopen of a FIFO waits for a writer forever; a device is no library either.
   if (!fs::is_regular_file(file, ec)) throw Error(file.string() + ": not a regular file, not a shared library");

@@ -113,7 +113,9 @@ void write_text(const fs::path& given, const std::string& text) {
 // One process per run folder: an flock on DIR/.segtape.lock, held until the
 // process ends (a kill releases it too). A second process resuming (or
 // --force-ing) a run that is training deleted its temporary checkpoint.
-void lock_run_dir(const fs::path& dir, const std::string& flag) {
+// must_lock: the folder holds a header-only metrics.csv, which is also what a
+// run in its first interval has; where nothing can be locked, refused.
+void lock_run_dir(const fs::path& dir, const std::string& flag, bool must_lock = false) {
   static int fd = -1;  // (kept open: the lock lives as long as the process)
   const fs::path lock = dir / ".segtape.lock";
   fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
@@ -122,6 +124,9 @@ void lock_run_dir(const fs::path& dir, const std::string& flag) {
     const int e = errno;
     ::close(fd);
     fd = -1;
+    if ((e == ENOLCK || e == EOPNOTSUPP || e == ENOSYS) && must_lock)
+      throw Error(flag + " " + dir.string() + ": its metrics.csv holds a header alone, as a run in its first interval does, and " +
+                  lock.string() + " cannot be locked here (" + std::strerror(e) + ") to tell; pass --force to take the folder");
     if (e == ENOLCK || e == EOPNOTSUPP || e == ENOSYS) {  // a filesystem without locks (some network or FUSE mounts)
       std::fprintf(stderr, "segtape: warning: %s cannot be locked here (%s): nothing keeps a second process from this run\n",
                    lock.c_str(), std::strerror(e));
@@ -134,9 +139,10 @@ void lock_run_dir(const fs::path& dir, const std::string& flag) {
 }
 
 // fs::exists / fs::is_directory on a path a flag gave: one the system cannot
-// look at (a name too long, a component that is a file, no permission) is an
-// Error naming the flag and the path, where the throwing overloads printed
-// "filesystem error: status: ..." with neither.
+// look at (a name too long, a folder it may not search) is an Error naming
+// the flag and the path, where the throwing overloads printed "filesystem
+// error: status: ..." with neither. (A file where a folder should be is
+// "not there" to fs::exists, and an Error to is_directory_named.)
 bool exists_named(const fs::path& p, const std::string& named) {
   std::error_code ec;
   const bool e = fs::exists(p, ec);
@@ -151,17 +157,27 @@ bool is_directory_named(const fs::path& p, const std::string& named) {
   return d;
 }
 
-// Whether metrics.csv holds a logged row. A run that failed in its first
-// interval (a budget too small for a segment, say) left the header alone:
-// nothing to lose, so a new run takes the folder without --force. What is
-// not a regular file there is refused as a run's (and never opened: a FIFO).
+// Whether metrics.csv may hold a logged row. A run that failed in its first
+// interval (a budget too small for a segment, say) left this program's
+// header alone: nothing to lose, so a new run takes the folder without
+// --force. Anything else counts as rows: a file that is not regular (never
+// opened: a FIFO), that cannot be read, over 4 KiB, whose first line is not
+// such a header, or with any non-blank line after it.
 bool logged_rows(const fs::path& csv) {
   std::error_code ec;
   if (!fs::is_regular_file(csv, ec)) return true;
-  std::ifstream in(csv);
+  const uintmax_t size = fs::file_size(csv, ec);
+  if (ec || size > 4096) return true;
+  std::ifstream in(csv, std::ios::binary);
+  std::string text(size_t(size), '\0');
+  if (!in || !in.read(text.data(), std::streamsize(size))) return true;
+  std::stringstream lines(text);
   std::string line;
-  std::getline(in, line);  // the header
-  return std::getline(in, line) && !line.empty();
+  std::getline(lines, line);
+  if (line.rfind("step,loss,", 0) != 0) return true;
+  while (std::getline(lines, line))
+    if (line.find_first_not_of(" \t\r") != std::string::npos) return true;
+  return false;
 }
 
 void prepare_dir(const fs::path& dir) {
@@ -557,6 +573,7 @@ void warn_non_finite(Trainer& tr, const std::string& file) {
 int train(TrainArgs& a, CLI::App& cmd) {
   catch_sigpipe();
   fs::path out;
+  bool header_only = false;  // a new run in a folder whose metrics.csv holds a header alone (lock_run_dir)
   TrainConfig c = a.c;
   std::string plugin;  // the file of the --env-plugin that defines c.env ("" for a built-in env)
   c.budget_name = "--budget";
@@ -621,8 +638,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
     if (root && !a.force && exists_named(out / "checkpoint.safetensors", "--out " + out.string()))
       throw Error("--out " + out.string() + " already holds a run; continue it with --resume " + out.string() +
                   ", pass --force to overwrite it, or choose another --out");
-    if (root && !a.force && exists_named(out / "metrics.csv", "--out " + out.string()) &&
-        logged_rows(out / "metrics.csv"))  // a run that ended before its first checkpoint
+    header_only = root && !a.force && exists_named(out / "metrics.csv", "--out " + out.string());
+    if (header_only && logged_rows(out / "metrics.csv"))  // a run that ended before its first checkpoint
       throw Error("--out " + out.string() + " holds the metrics of a run with no checkpoint to resume; pass --force to "
                   "overwrite it, or choose another --out");
     // Flags of another algorithm or of another built-in env would be recorded
@@ -776,7 +793,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     while (!rows.empty() && rows.back().step > tr.step()) rows.pop_back();
   } else if (root) {
     prepare_dir(out);
-    lock_run_dir(out, "--out");
+    lock_run_dir(out, "--out", header_only);
     // --force: nothing of the old run may be mistaken for the new one's.
     std::error_code ec;
     for (const char* f : {"checkpoint.safetensors", "metrics.csv", "metrics.json", "plot.svg"}) fs::remove(out / f, ec);

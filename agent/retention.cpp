@@ -214,6 +214,8 @@ void record_error(Trace& tr, const Error& e, int64_t step) {
                   : dynamic_cast<const ExpiredTensorError*>(&e) ? "ExpiredTensorError"
                   : dynamic_cast<const AnomalyError*>(&e)       ? "AnomalyError"
                   : dynamic_cast<const TapeError*>(&e)          ? "TapeError"
+                  : dynamic_cast<const OutOfMemoryError*>(&e)   ? "OutOfMemoryError"
+                  : dynamic_cast<const DeviceError*>(&e)        ? "DeviceError"
                                                                 : "Error";
   tr.error = e.what();
   tr.error_step = step;

@@ -415,11 +415,15 @@ Trainer::Trainer(const TrainConfig& c, dist::Communicator* comm)
   } catch (const OutOfMemoryError& e) {
     // The segment arena is reserved whole, up front: a budget beyond the
     // machine's memory fails here, named by the flag that set it.
-    if (config_.device != "cuda" && e.pool == kSegmentArenaPool)
+    if (config_.device != "cuda" && std::string_view(e.pool) == kSegmentArenaPool)
       throw OutOfMemoryError(format_bytes(applied_budget(config_)) + " " + config_.budget_name + ": the segment arena of that size "
                              "cannot be reserved (" + e.what() + "); lower " + config_.budget_name, e.pool);
     throw;
   } catch (const DeviceError& e) {
+    // Ranks past the machine's GPUs (data parallel: the GPU of the local rank)
+    if (e.gpu_present)
+      throw DeviceError(std::string(e.what()) + "; under mpirun each rank takes the GPU numbered by its rank on its machine: start "
+                        "at most one rank per GPU on each machine, or show each rank one GPU (CUDA_VISIBLE_DEVICES)", true);
     // (a checkpoint of a GPU run, resumed or evaluated where there is none)
     throw DeviceError(std::string(e.what()) + "; this run's device is cuda: run it on the CPU with device \"cpu\" (segtape: --device cpu)");
   }

@@ -156,8 +156,8 @@ void GraphSchedule::cancel_capture() {
 size_t GraphSchedule::stage(size_t bytes) {
   const size_t at = staging_used_;
   if (at + align_up(bytes) > staging_cap_)
-    throw Error("tape.from() in a CUDA-graph segment: the segment's host inputs exceed TapeOptions::graph_staging (" +
-                format_bytes(staging_cap_) + "): raise it");
+    throw BudgetError("tape.from() in a CUDA-graph segment: the segment's host inputs exceed TapeOptions::graph_staging (" +
+                      format_bytes(staging_cap_) + "): raise it");
   staging_used_ += align_up(bytes);
   return at;
 }

@@ -357,11 +357,15 @@ Tensor Tape::persistent_alloc(const Shape& s, DType d) {
   Tensor t;
   const size_t n = size_t(s.numel()) * dtype_size(d);
   t.ptr = pool_.try_alloc(n);
-  if (!t.ptr)  // only a device pool is fixed; the host pool grows
-    throw Error("tape.parameter() / persistent(): the persistent pool on " + device_.str() + " is full (" +
-                format_bytes(pool_.used()) + " of " + format_bytes(pool_.reserved()) + " in use, asked for " +
-                format_bytes(align_up(n)) + " for " + std::string(dtype_name(d)) + s.str() +
-                "): raise TapeOptions::device_persistent");
+  if (!t.ptr && device_pools())  // a device pool is fixed
+    throw BudgetError("tape.parameter() / persistent(): the persistent pool on " + device_.str() + " is full (" +
+                      format_bytes(pool_.used()) + " of " + format_bytes(pool_.reserved()) + " in use, asked for " +
+                      format_bytes(align_up(n)) + " for " + std::string(dtype_name(d)) + s.str() +
+                      "): raise TapeOptions::device_persistent");
+  if (!t.ptr)  // the host pool grows: only a request beyond any memory gets here
+    throw OutOfMemoryError("tape.parameter() / persistent(): out of memory for " + std::string(dtype_name(d)) + s.str() + " (" +
+                               std::to_string(n) + " bytes)",
+                           pool_.what());
   fill_zero(t.ptr, n);
   t.tape = this;
   t.shape = s;
@@ -413,9 +417,9 @@ void Tape::zero_grad() {
 void* Tape::scratch(size_t bytes) {
   void* p = scratch_.try_alloc(bytes);
   if (!p && device_pools())
-    throw Error("segtape: the op workspace on " + device_.str() + " (" + format_bytes(scratch_.budget()) + ") cannot hold " +
-                format_bytes(align_up(bytes)) + " more: raise TapeOptions::device_workspace");
-  if (!p) throw OutOfMemoryError("segtape: out of memory in op workspace (" + format_bytes(bytes) + ")", "op workspace");
+    throw BudgetError("segtape: the op workspace on " + device_.str() + " (" + format_bytes(scratch_.budget()) + ") cannot hold " +
+                      format_bytes(align_up(bytes)) + " more: raise TapeOptions::device_workspace");
+  if (!p) throw OutOfMemoryError("segtape: out of memory in the op workspace (" + std::to_string(bytes) + " bytes)", scratch_.what());
   return p;
 }
 
@@ -697,9 +701,11 @@ Tensor Tape::carry(const Tensor& x) {
   Tensor c = x;
   c.ptr = carry_[seg_index_ % 2].try_alloc(x.nbytes());
   if (!c.ptr && device_pools())
-    throw Error("carry: the carry buffer on " + device_.str() + " (" + format_bytes(carry_[0].budget()) + ") cannot hold " +
-                x.describe() + " more: raise TapeOptions::device_carry");
-  if (!c.ptr) throw OutOfMemoryError("carry: out of memory for " + x.describe(), "carry buffer");
+    throw BudgetError("carry: the carry buffer on " + device_.str() + " (" + format_bytes(carry_[0].budget()) + ") cannot hold " +
+                      x.describe() + " more: raise TapeOptions::device_carry");
+  if (!c.ptr)
+    throw OutOfMemoryError("carry: out of memory for " + x.describe() + " (" + std::to_string(x.nbytes()) + " bytes)",
+                           carry_[0].what());
   backend_->copy(c.ptr, x.ptr, x.nbytes(), detail::Backend::Copy::DeviceToDevice);
   c.space = Space::Carry;
   c.gen = seg_index_;

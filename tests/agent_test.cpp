@@ -944,6 +944,14 @@ TEST(Cli, AFolderWithMetricsRowsIsKeptAHeaderAloneIsTaken) {
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("holds the metrics of a run with no checkpoint"), std::string::npos) << r.out;
   EXPECT_EQ(slurp(dir / "metrics.csv"), rows);
+  // (a blank line before the rows, a lost header: still rows to keep)
+  for (const std::string& text : {header + "\n" + "32,1.38,0.26,2846720,176234496,3595.68\n",
+                                  std::string("32,1.38,0.26,2846720,176234496,3595.68\n")}) {
+    std::ofstream(dir / "metrics.csv", std::ios::trunc) << text;
+    r = sh("train --steps 32 --batch 4 --hidden 8 --out " + dir.string());
+    EXPECT_NE(r.out.find("holds the metrics of a run with no checkpoint"), std::string::npos) << text << r.out;
+    EXPECT_EQ(slurp(dir / "metrics.csv"), text);
+  }
   std::ofstream(dir / "metrics.csv", std::ios::trunc) << header;
   r = sh("train --steps 32 --batch 4 --hidden 8 --log-every 32 --out " + dir.string());
   EXPECT_EQ(r.code, 0) << r.out;

@@ -502,7 +502,7 @@ TEST(CudaTraining, CapturableAdamInsideAGraphSegmentReplays) {
 TEST(CudaErrors, WithoutAGpuTheTapeSaysWhy) {
   if (gpu_missing().empty()) GTEST_SKIP() << (kEmulated ? "the host-emulated device is on" : "a GPU is present");
   EXPECT_NE(gpu_missing().find("no CUDA GPU found (cudaGetDeviceCount: "), std::string::npos) << gpu_missing();
-  EXPECT_THROW(Tape(Device::cuda()), Error);
+  EXPECT_THROW(Tape(Device::cuda()), DeviceError);
 }
 
 TEST(CudaErrors, HostAccessToDeviceMemorySaysUseToHost) {
@@ -529,7 +529,8 @@ TEST(CudaErrors, OutOfMemoryAtSetupNamesThePoolAndTheSize) {
   try {
     Tape tape(Device::cuda(), o);
     FAIL() << "a 1 PiB arena was reserved";
-  } catch (const Error& e) {
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_STREQ(e.pool, kSegmentArenaPool);
     const std::string m = e.what();
     EXPECT_NE(m.find("out of device memory"), std::string::npos) << m;
     EXPECT_NE(m.find("segment arena (TapeOptions::segment_budget)"), std::string::npos) << m;

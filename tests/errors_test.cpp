@@ -74,7 +74,7 @@ TEST(Errors, ABudgetBeyondMemoryIsAnOutOfMemoryErrorNamingThePool) {
     Tape tape(Device::cpu(), {.segment_budget = SIZE_MAX});
     ADD_FAILURE() << "a Tape with a budget of 2^64 - 1 bytes was made";
   } catch (const OutOfMemoryError& e) {
-    EXPECT_EQ(e.pool, kSegmentArenaPool);
+    EXPECT_STREQ(e.pool, kSegmentArenaPool);
     EXPECT_NE(std::string(e.what()).find("could not reserve an arena chunk of 18446744073709551615 bytes (segment arena"),
               std::string::npos)
         << e.what();

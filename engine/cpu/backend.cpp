@@ -25,7 +25,10 @@ std::atomic<bool> g_emulate{false};
 
 void* host_take(void*, size_t bytes, const char* what) {
   void* p = std::aligned_alloc(kAlign, align_up(bytes ? bytes : 1));
-  if (!p) throw OutOfMemoryError(std::string("host-emulated device: out of host memory reserving the ") + what, what);
+  if (!p)
+    throw OutOfMemoryError(std::string("host-emulated device: out of host memory reserving the ") + what + " (" +
+                               std::to_string(bytes) + " bytes)",
+                           what);
   return p;
 }
 void host_give(void*, void* p) { std::free(p); }

@@ -44,8 +44,9 @@ void* pinned_take(void* ctx, size_t bytes, const char* what) {
   const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocMapped);
   if (e == cudaSuccess) return p;
   (void)cudaGetLastError();
-  throw Error("Tape(" + be->device().str() + "): cannot reserve the " + what + ": cudaHostAlloc of " + format_bytes(bytes) +
-              " failed with " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+  throw OutOfMemoryError("Tape(" + be->device().str() + "): cannot reserve the " + what + ": cudaHostAlloc of " +
+                             format_bytes(bytes) + " failed with " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")",
+                         what);
 }
 
 void pinned_give(void*, void* p) {
@@ -73,7 +74,8 @@ CudaBackend::CudaBackend(const Device& device, const TapeOptions& options)
   if (count == 0) throw DeviceError("Device::cuda(): no CUDA GPU found (cudaGetDeviceCount: 0 devices)");
   if (device.index < 0 || device.index >= count)
     throw DeviceError("Device::cuda(" + std::to_string(device.index) + "): this machine has " + std::to_string(count) +
-                " CUDA GPU(s), numbered from 0");
+                          " CUDA GPU(s), numbered from 0",
+                      true);
   try {
     SEGTAPE_CHECK(cudaSetDevice(device.index));
     cudaDeviceProp prop{};
@@ -143,8 +145,8 @@ size_t CudaBackend::internal_device_bytes() const { return internal_ ? internal_
 void* CudaBackend::temp_bytes(size_t bytes) {
   const size_t at = (temp_used_ + kAlign - 1) & ~(kAlign - 1);
   if (at + bytes > temp_cap_)
-    throw Error("CUDA backend: the op temporaries need more than TapeOptions::device_workspace (" + format_bytes(temp_cap_) +
-                "): raise it");
+    throw BudgetError("CUDA backend: the op temporaries need more than TapeOptions::device_workspace (" + format_bytes(temp_cap_) +
+                      "): raise it");
   temp_used_ = at + bytes;
   return temp_base_ + at;
 }

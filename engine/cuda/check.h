@@ -1,6 +1,7 @@
 // Every CUDA runtime, cuBLAS and cuDNN call of the backend goes through
 // SEGTAPE_CHECK: a failure becomes a segtape::Error naming the call, the
-// status code and the library's description of it.
+// status code and the library's description of it (an OutOfMemoryError for
+// an allocation status, a DeviceError for no device or driver).
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>

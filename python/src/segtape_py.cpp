@@ -207,8 +207,8 @@ void register_errors(nb::module_& m) {
                             "A checkpoint file is missing, corrupt, hostile, or does not match the model.");
   e.anomaly = make_error(m, "AnomalyError", two(PyExc_FloatingPointError), "A NaN or Inf produced under anomaly mode.");
   e.out_of_memory = make_error(m, "OutOfMemoryError", two(PyExc_MemoryError),
-                               "Host or device memory for one of a tape's pools could not be reserved; the message names the "
-                               "pool (its .pool in C++) and the bytes.");
+                               "The machine's (or the GPU's) memory cannot hold one of a tape's pools; the message names it "
+                               "and the bytes, and .pool is its name (e.g. segtape.SEGMENT_ARENA_POOL).");
   e.device = make_error(m, "DeviceError", two(PyExc_RuntimeError),
                         "The device asked for is not here: no CUDA GPU, an ordinal past the count, or no CUDA backend built.");
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
@@ -241,7 +241,16 @@ void register_errors(nb::module_& m) {
     } catch (const AnomalyError& x) {
       set_error(c.anomaly, x.what());
     } catch (const OutOfMemoryError& x) {
-      set_error(c.out_of_memory, x.what());
+      // with the pool as .pool, C++'s field (callers tell pools apart by it)
+      PyObject* text = PyUnicode_DecodeUTF8(x.what(), Py_ssize_t(std::strlen(x.what())), "backslashreplace");
+      PyObject* e = text ? PyObject_CallOneArg(c.out_of_memory, text) : nullptr;
+      Py_XDECREF(text);
+      if (!e) return;  // (its own error is set)
+      PyObject* pool = PyUnicode_DecodeUTF8(x.pool, Py_ssize_t(std::strlen(x.pool)), "backslashreplace");
+      if (!pool || PyObject_SetAttrString(e, "pool", pool) != 0) PyErr_Clear();
+      Py_XDECREF(pool);
+      PyErr_SetObject(c.out_of_memory, e);
+      Py_DECREF(e);
     } catch (const DeviceError& x) {
       set_error(c.device, x.what());
     } catch (const Error& x) {
@@ -441,6 +450,7 @@ NB_MODULE(_segtape, m) {
   // Nothing leaks while the interpreter runs (the ASan run of the tests).
   nb::set_leak_warnings(false);
   register_errors(m);
+  m.attr("SEGMENT_ARENA_POOL") = kSegmentArenaPool;  // OutOfMemoryError.pool of the segment arena
   m.def("cuda_built", &Device::cuda_built, "Whether this build has the CUDA backend (a GPU is still needed).");
   m.def("parse_bytes", [](const std::string& s, const std::string& what) { return agent::parse_bytes(s, what.c_str()); },
         "text"_a, "what"_a = "segment_budget");

@@ -87,7 +87,7 @@ def test_capturable_clip_keeps_the_norm_on_the_device(emulated):
 def test_cuda_without_a_gpu_is_a_clear_error():
     try:
         tape = segtape.Tape("cuda")
-    except segtape.Error as e:
+    except segtape.DeviceError as e:  # also a RuntimeError
         assert "CUDA" in str(e) or "cuda" in str(e)
     else:  # a GPU is there: it must work
         with tape.segment():

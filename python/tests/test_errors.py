@@ -18,8 +18,11 @@ def test_hierarchy_subclasses_the_builtins_where_natural():
     assert issubclass(segtape.IndexError, IndexError) and segtape.IndexError is not IndexError
     assert issubclass(segtape.CheckpointError, OSError)
     assert issubclass(segtape.AnomalyError, FloatingPointError)
+    assert issubclass(segtape.OutOfMemoryError, MemoryError)
+    assert issubclass(segtape.DeviceError, RuntimeError)
     for cls in (segtape.ShapeError, segtape.ExpiredTensorError, segtape.BudgetError, segtape.TapeError,
-                segtape.IndexError, segtape.CheckpointError, segtape.AnomalyError):
+                segtape.IndexError, segtape.CheckpointError, segtape.AnomalyError, segtape.OutOfMemoryError,
+                segtape.DeviceError):
         assert issubclass(cls, segtape.Error)
 
 

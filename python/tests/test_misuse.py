@@ -85,6 +85,7 @@ def test_a_budget_near_2_to_the_64_is_refused_not_zero():
         segtape.Tape(segment_budget=2**64 - 1)
     # a MemoryError too, as a Python user would catch it
     assert isinstance(e.value, MemoryError) and isinstance(e.value, segtape.Error)
+    assert e.value.pool == segtape.SEGMENT_ARENA_POOL == "segment arena (TapeOptions::segment_budget)"
 
 
 def test_shape_errors_name_the_call():

@@ -58,6 +58,7 @@ class Arena {
   size_t peak() const { return peak_; }    // high-water since construction or reset_peak()
   void reset_peak() { peak_ = used_; }
   size_t reserved() const;                 // bytes held from the system
+  const char* what() const { return alloc_.what; }  // the pool's name (ChunkAllocator::what)
   size_t budget() const { return grow_ ? grow_limit_ : first_capacity_; }
   bool grows() const { return grow_; }
   bool on_device() const { return alloc_.device; }

@@ -3,7 +3,6 @@
 #pragma once
 #include <stdexcept>
 #include <string>
-#include <utility>
 
 namespace segtape {
 
@@ -15,7 +14,8 @@ struct Error : std::runtime_error {
 struct ShapeError : Error { using Error::Error; };
 // A tensor made inside a segment was used after that segment ended.
 struct ExpiredTensorError : Error { using Error::Error; };
-// The segment arena would exceed its budget (the message says what filled it).
+// The segment arena would exceed its budget (the message says what filled
+// it), or a device's fixed pool its size (TapeOptions::device_*).
 struct BudgetError : Error { using Error::Error; };
 // The tape was misused: second backward without retain, op with no open segment, ...
 struct TapeError : Error { using Error::Error; };
@@ -25,17 +25,20 @@ struct IndexError : Error { using Error::Error; };
 struct CheckpointError : Error { using Error::Error; };
 // A NaN or Inf produced under anomaly mode.
 struct AnomalyError : Error { using Error::Error; };
-// Host or device memory could not be reserved for one of a tape's pools (or
-// a workspace). `pool` names it as the message does ("segment arena
-// (TapeOptions::segment_budget)", ...): callers tell the pools apart by it,
-// not by the message's wording. A segment that outgrows its budget is a
-// BudgetError, not this.
+// The machine (host or device) has no memory for one of a tape's pools or
+// workspaces: the message names it and the bytes. `pool` is its name (a
+// string literal, kSegmentArenaPool for the segment arena): callers tell the
+// pools apart by it, not by the message's wording. A segment that outgrows
+// its budget, or a fixed device pool its size, is a BudgetError, not this.
 struct OutOfMemoryError : Error {
-  OutOfMemoryError(const std::string& message, std::string pool_name) : Error(message), pool(std::move(pool_name)) {}
-  std::string pool;
+  OutOfMemoryError(const std::string& message, const char* pool_name) : Error(message), pool(pool_name) {}
+  const char* pool;  // (not a std::string: copying the exception cannot throw)
 };
-// The device asked for is not here: no CUDA GPU, an ordinal past the
-// machine's count, or a build without the CUDA backend.
-struct DeviceError : Error { using Error::Error; };
+// The device asked for is not here: no CUDA GPU, a build without the CUDA
+// backend, or (gpu_present) an ordinal past the machine's GPU count.
+struct DeviceError : Error {
+  explicit DeviceError(const std::string& message, bool gpus_here = false) : Error(message), gpu_present(gpus_here) {}
+  bool gpu_present;
+};
 
 }  // namespace segtape
