@@ -180,6 +180,21 @@ bool logged_rows(const fs::path& csv) {
   return false;
 }
 
+// A new run's --out without --force: refused where a run's work is there (a
+// checkpoint, or a metrics.csv with rows). Returns whether a metrics.csv with
+// its header alone is there (a run in its first interval looks the same:
+// lock_run_dir's must_lock).
+bool refuse_a_run_in(const fs::path& out) {
+  if (exists_named(out / "checkpoint.safetensors", "--out " + out.string()))
+    throw Error("--out " + out.string() + " already holds a run; continue it with --resume " + out.string() +
+                ", pass --force to overwrite it, or choose another --out");
+  const bool metrics = exists_named(out / "metrics.csv", "--out " + out.string());
+  if (metrics && logged_rows(out / "metrics.csv"))  // a run that ended before its first checkpoint
+    throw Error("--out " + out.string() + " holds the metrics of a run with no checkpoint to resume; pass --force to "
+                "overwrite it, or choose another --out");
+  return metrics;
+}
+
 void prepare_dir(const fs::path& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -635,13 +650,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     } else {
       out = a.out;
     }
-    if (root && !a.force && exists_named(out / "checkpoint.safetensors", "--out " + out.string()))
-      throw Error("--out " + out.string() + " already holds a run; continue it with --resume " + out.string() +
-                  ", pass --force to overwrite it, or choose another --out");
-    header_only = root && !a.force && exists_named(out / "metrics.csv", "--out " + out.string());
-    if (header_only && logged_rows(out / "metrics.csv"))  // a run that ended before its first checkpoint
-      throw Error("--out " + out.string() + " holds the metrics of a run with no checkpoint to resume; pass --force to "
-                  "overwrite it, or choose another --out");
+    if (root && !a.force) header_only = refuse_a_run_in(out);
     // Flags of another algorithm or of another built-in env would be recorded
     // as the run's settings and do nothing: refused, as --sparse is on tmaze.
     if (c.algo != "ppo")
@@ -794,6 +803,9 @@ int train(TrainArgs& a, CLI::App& cmd) {
   } else if (root) {
     prepare_dir(out);
     lock_run_dir(out, "--out", header_only);
+    // (again, under the lock: a run may have written its rows or checkpoint
+    // while this one set up; the first check spared that set-up)
+    if (!a.force) (void)refuse_a_run_in(out);
     // --force: nothing of the old run may be mistaken for the new one's.
     std::error_code ec;
     for (const char* f : {"checkpoint.safetensors", "metrics.csv", "metrics.json", "plot.svg"}) fs::remove(out / f, ec);

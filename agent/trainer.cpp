@@ -343,7 +343,8 @@ replay::Options driver_options(const TrainConfig& c, int64_t horizon) { return {
 // user cannot size them. The persistent pool is measured: what the trainer
 // keeps there is made on a throwaway CPU tape by the code that makes the real
 // thing (make_persistent; for exact, a driver for the windows and one for the
-// run's last, shorter window, which is no larger), and the pool is the bytes
+// run's last, shorter window, which is no larger; PPO's minibatches one more,
+// for a rollout's last window and the run's last rollout's), and the pool is the bytes
 // that tape used (64-byte aligned blocks, as on the device). The carry buffer
 // holds the carried state; its default is a floor.
 void size_device_pools(TapeOptions& o, const TrainConfig& c, const EnvSpec& spec) {
@@ -421,9 +422,10 @@ Trainer::Trainer(const TrainConfig& c, dist::Communicator* comm)
     throw;
   } catch (const DeviceError& e) {
     // Ranks past the machine's GPUs (data parallel: the GPU of the local rank)
-    if (e.gpu_present)
+    if (e.gpu_present && comm_)
       throw DeviceError(std::string(e.what()) + "; under mpirun each rank takes the GPU numbered by its rank on its machine: start "
                         "at most one rank per GPU on each machine, or show each rank one GPU (CUDA_VISIBLE_DEVICES)", true);
+    if (e.gpu_present) throw;  // (a GPU is here, busy or not this one: no hint fits better than the message)
     // (a checkpoint of a GPU run, resumed or evaluated where there is none)
     throw DeviceError(std::string(e.what()) + "; this run's device is cuda: run it on the CPU with device \"cpu\" (segtape: --device cpu)");
   }

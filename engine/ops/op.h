@@ -97,9 +97,9 @@ void flush_gru_batch(Tape& tape);
 // Weights packed for cpu::packed_gemm (engine/cpu/packed.h): a GRU's W_ih and
 // W_hh are packed at their first product of a pass (under cpu::kFewRows rows,
 // their cpu::kPackAfter-th) and reused by every step after it. Cleared when a
-// segment opens, when a backward starts and ends, and by every write into a
-// persistent tensor segtape sees (an optimizer step, copy_into, from_host,
-// data<T>() ...), so a changed weight is packed again.
+// segment opens and when a backward starts and ends; a write segtape sees
+// into a weight's bytes marks its copy stale (packed_written), and the next
+// product repacks it in place.
 struct PackedWeights {
   struct Entry {
     const void* src = nullptr;

@@ -199,7 +199,7 @@ void register_errors(nb::module_& m) {
   e.expired = make_error(m, "ExpiredTensorError", two(PyExc_ReferenceError),
                          "A tensor used after its segment ended, or after its tape is gone.");
   e.budget = make_error(m, "BudgetError", two(PyExc_MemoryError),
-                        "The segment arena would exceed its budget; the message says what filled it.");
+                        "The segment arena would exceed its budget (the message says what filled it), or a GPU's fixed pool its size.");
   e.tape = make_error(m, "TapeError", two(PyExc_RuntimeError),
                       "The tape was misused: a second backward without retain_graph, an op with no open segment, ...");
   e.index = make_error(m, "IndexError", two(PyExc_IndexError), "An index (embedding row, class target) out of range.");

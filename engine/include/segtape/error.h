@@ -34,8 +34,9 @@ struct OutOfMemoryError : Error {
   OutOfMemoryError(const std::string& message, const char* pool_name) : Error(message), pool(pool_name) {}
   const char* pool;  // (not a std::string: copying the exception cannot throw)
 };
-// The device asked for is not here: no CUDA GPU, a build without the CUDA
-// backend, or (gpu_present) an ordinal past the machine's GPU count.
+// The device asked for is not here: no CUDA GPU, no driver, a build without
+// the CUDA backend, or (gpu_present: the machine has GPUs) an ordinal past
+// their count or a GPU that cannot be used (busy in exclusive-process mode).
 struct DeviceError : Error {
   explicit DeviceError(const std::string& message, bool gpus_here = false) : Error(message), gpu_present(gpus_here) {}
   bool gpu_present;
