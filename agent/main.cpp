@@ -124,10 +124,11 @@ void lock_run_dir(const fs::path& dir, const std::string& flag, bool must_lock =
     const int e = errno;
     ::close(fd);
     fd = -1;
-    if ((e == ENOLCK || e == EOPNOTSUPP || e == ENOSYS) && must_lock)
+    const bool no_locks = e == ENOLCK || e == EOPNOTSUPP || e == ENOSYS;  // a filesystem without locks (some network or FUSE mounts)
+    if (no_locks && must_lock)
       throw Error(flag + " " + dir.string() + ": its metrics.csv holds a header alone, as a run in its first interval does, and " +
                   lock.string() + " cannot be locked here (" + std::strerror(e) + ") to tell; pass --force to take the folder");
-    if (e == ENOLCK || e == EOPNOTSUPP || e == ENOSYS) {  // a filesystem without locks (some network or FUSE mounts)
+    if (no_locks) {
       std::fprintf(stderr, "segtape: warning: %s cannot be locked here (%s): nothing keeps a second process from this run\n",
                    lock.c_str(), std::strerror(e));
       return;

@@ -20,6 +20,13 @@ uint64_t system_allocations() { return g_system_allocations.load(std::memory_ord
 uint64_t device_allocations() { return g_device_allocations.load(std::memory_order_relaxed); }
 }  // namespace memory
 
+namespace {
+[[noreturn]] void no_memory_for_chunk(size_t bytes, const char* what) {
+  throw OutOfMemoryError("out of memory: could not reserve an arena chunk of " + std::to_string(bytes) + " bytes (" + what + ")",
+                         what);
+}
+}  // namespace
+
 std::byte* Arena::take_chunk(size_t cap) {
   const size_t n = align_up(cap ? cap : kAlign);
   void* p = nullptr;
@@ -27,9 +34,7 @@ std::byte* Arena::take_chunk(size_t cap) {
     p = alloc_.take(alloc_.ctx, n, alloc_.what);  // throws with the device's own message
   } else {
     p = std::aligned_alloc(kAlign, n);
-    if (!p)
-      throw OutOfMemoryError("out of memory: could not reserve an arena chunk of " + std::to_string(cap) + " bytes (" + alloc_.what + ")",
-                             alloc_.what);
+    if (!p) no_memory_for_chunk(cap, alloc_.what);
   }
   memory::g_system_allocations.fetch_add(1, std::memory_order_relaxed);
   if (alloc_.device) memory::g_device_allocations.fetch_add(1, std::memory_order_relaxed);
@@ -44,9 +49,7 @@ constexpr size_t kLargest = std::numeric_limits<size_t>::max() / 2;
 
 Arena::Arena(size_t capacity, bool grow, size_t grow_limit, ChunkAllocator alloc)
     : first_capacity_(align_up(std::min(capacity, kLargest))), grow_(grow), grow_limit_(grow_limit), alloc_(alloc) {
-  if (capacity > kLargest)
-    throw OutOfMemoryError("out of memory: could not reserve an arena chunk of " + std::to_string(capacity) + " bytes (" + alloc.what + ")",
-                           alloc.what);
+  if (capacity > kLargest) no_memory_for_chunk(capacity, alloc.what);
   chunks_.reserve(64);
   if (first_capacity_) chunks_.push_back({take_chunk(first_capacity_), first_capacity_});
 }

@@ -199,7 +199,7 @@ void tensor_from_host(const Tensor& t, DType d, const void* in, size_t count) {
   copy_bytes(t, const_cast<void*>(in), t.nbytes(), false);
 }
 
-void data_access(const Tensor& t) { detail::packed_written(*t.tape, t.ptr, t.nbytes()); }
+void tensor_written(const Tensor& t) { detail::packed_written(*t.tape, t.ptr, t.nbytes()); }
 
 void device_data_error(const Tensor& t, const char* dtype) {
   throw TapeError(std::string("data<") + dtype + ">(): tensor " + t.describe() + " lives in " + t.tape->device().str() +

@@ -130,7 +130,7 @@ void copy_into(const Tensor& dst, const Tensor& src) {
                     src.describe() + " on " + src.tape->device().str() +
                     ": copy between devices through the host (to_host / from_host)");
   if (dst.ptr == src.ptr || !src.nbytes()) return;
-  detail::packed_written(*dst.tape, dst.ptr, dst.nbytes());  // (a weight, or a view of one: by its bytes)
+  detail::tensor_written(dst);  // (a weight, or a view of one: by its bytes)
   In::backend(*dst.tape)->copy(dst.ptr, src.ptr, src.nbytes(), detail::Backend::Copy::DeviceToDevice);
 }
 

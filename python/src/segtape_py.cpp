@@ -210,13 +210,15 @@ void register_errors(nb::module_& m) {
                                "The machine's (or the GPU's) memory cannot hold one of a tape's pools; the message names it "
                                "and the bytes, and .pool is its name (e.g. segtape.SEGMENT_ARENA_POOL).");
   e.device = make_error(m, "DeviceError", two(PyExc_RuntimeError),
-                        "The device asked for is not here: no CUDA GPU, an ordinal past the count, or no CUDA backend built.");
+                        "The device asked for is not here: no CUDA GPU or driver, an ordinal past the count, a GPU that cannot be used, "
+                        "or no CUDA backend built.");
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     auto& c = errors();
     // A message may hold bytes that are not UTF-8 (a file name as the OS has
     // it): those read as \xNN, where PyErr_SetString lost the whole message.
-    const auto set_error = [](PyObject* type, const char* m) {
-      PyObject* text = PyUnicode_DecodeUTF8(m, Py_ssize_t(std::strlen(m)), "backslashreplace");
+    const auto decode = [](const char* m) { return PyUnicode_DecodeUTF8(m, Py_ssize_t(std::strlen(m)), "backslashreplace"); };
+    const auto set_error = [&](PyObject* type, const char* m) {
+      PyObject* text = decode(m);
       if (!text) return;  // (its own error is set)
       PyErr_SetObject(type, text);
       Py_DECREF(text);
@@ -242,11 +244,11 @@ void register_errors(nb::module_& m) {
       set_error(c.anomaly, x.what());
     } catch (const OutOfMemoryError& x) {
       // with the pool as .pool, C++'s field (callers tell pools apart by it)
-      PyObject* text = PyUnicode_DecodeUTF8(x.what(), Py_ssize_t(std::strlen(x.what())), "backslashreplace");
+      PyObject* text = decode(x.what());
       PyObject* e = text ? PyObject_CallOneArg(c.out_of_memory, text) : nullptr;
       Py_XDECREF(text);
       if (!e) return;  // (its own error is set)
-      PyObject* pool = PyUnicode_DecodeUTF8(x.pool, Py_ssize_t(std::strlen(x.pool)), "backslashreplace");
+      PyObject* pool = decode(x.pool);
       if (!pool || PyObject_SetAttrString(e, "pool", pool) != 0) PyErr_Clear();
       Py_XDECREF(pool);
       PyErr_SetObject(c.out_of_memory, e);

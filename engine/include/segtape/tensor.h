@@ -125,10 +125,10 @@ namespace detail {
 void tensor_to_host(const Tensor& t, DType d, void* out, size_t count);
 void tensor_from_host(const Tensor& t, DType d, const void* in, size_t count);
 [[noreturn]] void device_data_error(const Tensor& t, const char* dtype);
-// data<T>(): the caller may write through the pointer, so the tape's packed
-// copies of the weights these bytes belong to are repacked before their next
-// product (engine/cpu/packed.h).
-void data_access(const Tensor& t);
+// t's bytes were written, or handed out to be written (data<T>()): the tape's
+// packed copies of the weights they belong to are repacked before their next
+// product (engine/cpu/packed.h; detail::packed_written).
+void tensor_written(const Tensor& t);
 }  // namespace detail
 
 template <class T> T* Tensor::data() const {
@@ -136,7 +136,7 @@ template <class T> T* Tensor::data() const {
   if (dtype != dtype_of<T>())
     throw ShapeError("data<" + std::string(dtype_name(dtype_of<T>())) + ">() on a tensor of dtype " + dtype_name(dtype));
   if (on_device()) detail::device_data_error(*this, dtype_name(dtype_of<T>()));
-  detail::data_access(*this);
+  detail::tensor_written(*this);
   return static_cast<T*>(ptr);
 }
 
