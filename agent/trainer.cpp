@@ -622,8 +622,11 @@ SegmentResult Trainer::segment_of_history() {
 
 namespace {
 BackwardOptions backward_options(const TrainConfig& c) {
-  // `full` backpropagates each update's losses through the whole retained history.
-  return {.retain_graph = c.history.kind == History::Kind::Full};
+  // `full` backpropagates each update's losses through the whole retained
+  // history, whose early steps read weights the updates since have changed
+  // (PyTorch refuses that; docs/agent.md, "Note on full").
+  const bool full = c.history.kind == History::Kind::Full;
+  return {.retain_graph = full, .allow_overwritten = full};
 }
 }  // namespace
 

@@ -101,6 +101,7 @@ Tape::Tape(Device device, TapeOptions options)
   nodes_.reserve(budget ? std::min(options.node_capacity, budget / sizeof(Node)) : options.node_capacity);
   params_.reserve(256);
   leaf_grads_.reserve(16);
+  writes_.reserve(64);
   if (device_pools()) grad_table_.reserve(options.node_capacity);
 }
 
@@ -124,6 +125,7 @@ Segment Tape::segment() {
   bytes_by_op_.fill(0);
   grad_bytes_ = 0;
   released_any_ = false;
+  writes_.clear();
   detail::clear_packed(*this);
   return Segment(this);
 }
@@ -137,6 +139,7 @@ void Tape::end_segment(bool abandoned) {
   arena_.set_outside(0);
   arena_.reset();
   released_any_ = false;
+  writes_.clear();
   backend_->segment_end(abandoned);  // launches a captured / replayed CUDA graph
 }
 
@@ -180,10 +183,10 @@ void check_byte_copy(const Tensor& t, size_t bytes, const char* what) {
     throw ShapeError(std::string(what) + ": " + std::to_string(bytes) + " bytes for tensor " + t.describe() + " (" +
                      std::to_string(t.nbytes()) + " bytes)");
 }
-// The copy itself, after the checks.
-void copy_bytes(const Tensor& t, void* host, size_t bytes, bool to_host) {
+// The copy itself, after the checks; written_by: the writer's name, when the copy writes t.
+void copy_bytes(const Tensor& t, void* host, size_t bytes, bool to_host, const char* written_by = nullptr) {
   if (!bytes) return;
-  if (!to_host) detail::packed_written(*t.tape, t.ptr, bytes);  // (also a view of a weight: by its bytes)
+  if (!to_host) tensor_written(t, written_by);  // (also a view of a weight: by its bytes)
   detail::TapeInternals::backend(*t.tape)->copy(to_host ? host : t.ptr, to_host ? t.ptr : host, bytes,
                           to_host ? Backend::Copy::DeviceToHost : Backend::Copy::HostToDevice);
 }
@@ -196,10 +199,13 @@ void tensor_to_host(const Tensor& t, DType d, void* out, size_t count) {
 
 void tensor_from_host(const Tensor& t, DType d, const void* in, size_t count) {
   check_host_copy(t, d, count, "from_host()");
-  copy_bytes(t, const_cast<void*>(in), t.nbytes(), false);
+  copy_bytes(t, const_cast<void*>(in), t.nbytes(), false, "from_host");
 }
 
-void tensor_written(const Tensor& t) { detail::packed_written(*t.tape, t.ptr, t.nbytes()); }
+void tensor_written(const Tensor& t, const char* by) {
+  detail::packed_written(*t.tape, t.ptr, t.nbytes());
+  TapeInternals::note_write(*t.tape, t.ptr, t.nbytes(), by);
+}
 
 void device_data_error(const Tensor& t, const char* dtype) {
   throw TapeError(std::string("data<") + dtype + ">(): tensor " + t.describe() + " lives in " + t.tape->device().str() +
@@ -215,7 +221,7 @@ void Tensor::to_host_bytes(std::span<std::byte> out) const {
 
 void Tensor::from_host_bytes(std::span<const std::byte> in) const {
   detail::check_byte_copy(*this, in.size(), "from_host_bytes()");
-  detail::copy_bytes(*this, const_cast<std::byte*>(in.data()), in.size(), false);
+  detail::copy_bytes(*this, const_cast<std::byte*>(in.data()), in.size(), false, "from_host_bytes");
 }
 
 bool Tape::is_live(const Tensor& t) const {
@@ -502,27 +508,51 @@ struct Root {
 };
 }  // namespace
 
-// After a non-retained backward: walks what the roots (marked in reach_)
-// reach, without computing anything, and refuses before any gradient is added
-// if that is a released node (a refusal found mid-walk left the parameters'
-// gradients partly accumulated). Only then: one backward per segment pays nothing.
-void Tape::check_unreleased(size_t count) {
+void Tape::note_write(const void* p, size_t bytes, const char* by) {
+  if (!open_ || nodes_.empty() || !bytes) return;  // nothing recorded yet reads anything
+  const auto lo = reinterpret_cast<uintptr_t>(p);
+  writes_.push_back({lo, lo + bytes, nodes_.size(), by ? by : "a write"});  // (grows once, then reused)
+}
+
+// Before a backward that follows a non-retained backward or a write (only
+// then: one backward per segment pays nothing): walks what the roots (marked
+// in reach_) reach, without computing anything, and refuses before any
+// gradient is added if that is a released node, or a node whose backward
+// reads bytes written after it was recorded (PyTorch's "modified by an
+// inplace operation"). A refusal found mid-walk would have left the
+// parameters' gradients partly accumulated.
+void Tape::check_reached(size_t count, bool check_writes) {
   for (size_t i = count; i-- > 0;) {
     if (!reach_[i] || nodes_[i].op == OpKind::Input) continue;
-    if (nodes_[i].released)
+    const Node& n = nodes_[i];
+    if (n.released)
       throw TapeError("backward: trying to backward through the segment's tape a second time (node " +
-                      std::to_string(i) + ", op '" + op_name(nodes_[i].op) + "' at step " +
-                      std::to_string(nodes_[i].step) +
+                      std::to_string(i) + ", op '" + op_name(n.op) + "' at step " + std::to_string(n.step) +
                       ", was released by an earlier backward; no gradient was changed). Pass {.retain_graph = true} "
                       "to the earlier backward, or detach / carry the state so the new loss does not reach back into "
                       "released history");
-    const Node& n = nodes_[i];
+    for (const Write& w : writes_) {
+      if (!check_writes) break;
+      if (w.nodes <= i) continue;  // written before the node was recorded
+      for (int j = 0; j <= Node::kMaxInputs; ++j) {
+        if (!(n.reads & (1 << j)) || (j < Node::kMaxInputs && j >= n.n_in)) continue;
+        const Tensor& t = j < Node::kMaxInputs ? n.in[size_t(j)] : n.out;
+        const auto lo = reinterpret_cast<uintptr_t>(t.ptr);
+        if (lo >= w.hi || lo + t.nbytes() <= w.lo) continue;
+        const std::string what = j < Node::kMaxInputs ? "its input " + std::to_string(j) : std::string("its output");
+        throw TapeError("backward: op '" + std::string(op_name(n.op)) + "' (node " + std::to_string(i) + ", step " +
+                        std::to_string(n.step) + ") reads " + what + ", " + t.describe() + ", as it was when the op " +
+                        "was recorded, but " + w.by + " wrote into it after that, so its gradient would be wrong " +
+                        "(PyTorch: \"modified by an inplace operation\"); no gradient was changed. Write it after "
+                        "this backward, or record the op after the write");
+      }
+    }
     for (int j = 0; j < n.n_in; ++j)
       if (n.in[j].requires_grad && n.in[j].node >= 0) reach_[size_t(n.in[j].node)] = 1;
   }
 }
 
-void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain) {
+void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain, bool allow_overwritten) {
   std::array<Root, 16> roots_buf;
   if (seeds.size() + 1 > roots_buf.size())
     throw TapeError("backward: " + std::to_string(seeds.size()) + " seeds; at most " + std::to_string(roots_buf.size() - 1) + " per call");
@@ -564,10 +594,11 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
     last = std::max(last, root.node);
   }
   const size_t count = size_t(last) + 1;
-  if (released_any_) {
+  const bool check_writes = !writes_.empty() && !allow_overwritten;
+  if (released_any_ || check_writes) {
     reach_.assign(count, 0);
     for (const Root& r : roots) reach_[size_t(r.t->node)] = 1;
-    check_unreleased(count);
+    check_reached(count, check_writes);
   }
   void** grads;
   if (device_pools()) {  // host data: kept off the device arena
@@ -671,19 +702,19 @@ Tape& open_tape(Tape* t, const char* what) {
   return *t;
 }
 }  // namespace
-void Segment::backward(const Tensor& loss, BackwardOptions o) { open_tape(tape_, "backward").backward(&loss, {}, o.retain_graph); }
+void Segment::backward(const Tensor& loss, BackwardOptions o) { open_tape(tape_, "backward").backward(&loss, {}, o.retain_graph, o.allow_overwritten); }
 void Segment::backward(const Tensor& out, const Tensor& g, BackwardOptions o) {
   const Seed seed{out, g};
-  open_tape(tape_, "backward").backward(nullptr, std::span<const Seed>(&seed, 1), o.retain_graph);
+  open_tape(tape_, "backward").backward(nullptr, std::span<const Seed>(&seed, 1), o.retain_graph, o.allow_overwritten);
 }
 void Segment::backward(const Tensor& loss, std::initializer_list<Seed> seeds, BackwardOptions o) {
-  open_tape(tape_, "backward").backward(&loss, std::span<const Seed>(seeds.begin(), seeds.size()), o.retain_graph);
+  open_tape(tape_, "backward").backward(&loss, std::span<const Seed>(seeds.begin(), seeds.size()), o.retain_graph, o.allow_overwritten);
 }
 void Segment::backward(std::initializer_list<Seed> seeds, BackwardOptions o) {
-  open_tape(tape_, "backward").backward(nullptr, std::span<const Seed>(seeds.begin(), seeds.size()), o.retain_graph);
+  open_tape(tape_, "backward").backward(nullptr, std::span<const Seed>(seeds.begin(), seeds.size()), o.retain_graph, o.allow_overwritten);
 }
 void Segment::backward(const Tensor* loss, std::span<const Seed> seeds, BackwardOptions o) {
-  open_tape(tape_, "backward").backward(loss, seeds, o.retain_graph);
+  open_tape(tape_, "backward").backward(loss, seeds, o.retain_graph, o.allow_overwritten);
 }
 Tensor Segment::input(const Tensor& x) { return open_tape(tape_, "seg.input").input(x); }
 Tensor Segment::grad(const Tensor& leaf) { return open_tape(tape_, "seg.grad").input_grad(leaf); }

@@ -31,6 +31,7 @@ class TapeInternals {
   static PackedWeights& packed(Tape& t) { return *t.packed_; }
   static std::string expired_message(const Tape& t, const Tensor& x, const char* what) { return t.expired_message(x, what); }
   static bool is_live(const Tape& t, const Tensor& x) { return t.is_live(x); }
+  static void note_write(Tape& t, const void* p, size_t bytes, const char* by) { t.note_write(p, bytes, by); }
   // Device memory: fixed pools the host does not touch (CUDA, the host-emulated device).
   static bool device_pools(const Tape& t) { return t.device_pools(); }
 };

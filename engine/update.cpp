@@ -75,7 +75,7 @@ void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdOptio
   if (s.momentum == 0 && has_buf) throw Error("sgd_step: a momentum buffer with momentum 0 (pass an undefined buffer)");
   void* buf = has_buf ? momentum_buffer.ptr : nullptr;
   In::backend(*param.tape)->sgd_step(param.dtype, param.numel(), param.ptr, param.grad, buf, s, first);
-  detail::tensor_written(param);  // a packed copy of the old values must not be used again
+  detail::tensor_written(param, "sgd_step");  // a packed copy of the old values must not be used again
 }
 
 void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& s, bool decoupled,
@@ -84,7 +84,7 @@ void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg
   if (step < 1) throw Error("adam_step: step must be >= 1, got " + std::to_string(step));
   In::backend(*param.tape)->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled,
                                    step, nullptr);
-  detail::tensor_written(param);
+  detail::tensor_written(param, "adam_step");
 }
 
 void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& s, bool decoupled,
@@ -93,19 +93,19 @@ void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg
   check_device_scalar("adam_step", "the step count", param, step);
   In::backend(*param.tape)->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled,
                                    0, static_cast<const double*>(step.ptr));
-  detail::tensor_written(param);
+  detail::tensor_written(param, "adam_step");
 }
 
 void add_scalar(const Tensor& t, double value) {
   check_state_scalar("add_scalar", t);
   In::backend(*t.tape)->add_scalar(t.ptr, t.numel(), t.dtype, value);
-  detail::tensor_written(t);
+  detail::tensor_written(t, "add_scalar");
 }
 
 void fill_value(const Tensor& t, double value) {
   check_state_scalar("fill_value", t);
   In::backend(*t.tape)->fill(t.ptr, t.numel(), t.dtype, value);
-  detail::tensor_written(t);
+  detail::tensor_written(t, "fill_value");
 }
 
 void zero_grad(const Tensor& param) {

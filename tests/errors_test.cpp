@@ -1,9 +1,11 @@
 // Misuse gets a clear error naming what went wrong and what to do.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
+#include "segtape/update.h"
 #include "util.h"
 
 using namespace segtape;
@@ -166,6 +168,66 @@ TEST(Errors, AnEarlierIndependentLossStillRunsAfterABackward) {
   EXPECT_EQ(w.grad_tensor().to_host<float>(), (std::vector<float>{0.5f, -1.0f}));
   const std::string m = message_of<TapeError>([&] { seg.backward(sum(mul(hv, hv))); });
   EXPECT_NE(m.find("second time"), std::string::npos) << m;
+}
+
+// PyTorch's "modified by an inplace operation": an optimizer step between two
+// backwards through the same graph changes a weight a recorded product
+// reads. The second backward is refused before any gradient changes, naming
+// the op, the tensor and the writer; BackwardOptions::allow_overwritten lets
+// it through with the current weight. A step after a backward, then a new
+// forward in the same segment, is not such a write.
+TEST(Errors, AWeightStepBetweenTwoBackwardsThroughOneGraphIsRefused) {
+  Tape tape;
+  Tensor w = tape.parameter({2, 2}), x = tape.parameter({1, 2});
+  const float wv[] = {0.5f, -1.0f, 2.0f, 0.25f}, xv[] = {1.0f, 3.0f};
+  w.from_host(std::span<const float>(wv));
+  x.from_host(std::span<const float>(xv));
+  Segment seg = tape.segment();
+  const Tensor loss = sum(matmul(x, w));
+  seg.backward(loss, {.retain_graph = true});
+  const std::vector<float> gx = x.grad_tensor().to_host<float>(), gw = w.grad_tensor().to_host<float>();
+  EXPECT_EQ(gx, (std::vector<float>{-0.5f, 2.25f}));  // rows of w summed
+  sgd_step(w, Tensor{}, {.lr = 0.5}, true);
+  const std::string m = message_of<TapeError>([&] { seg.backward(loss, {.retain_graph = true}); });
+  EXPECT_NE(m.find("op 'MatMul'"), std::string::npos) << m;
+  EXPECT_NE(m.find("its input 1, f32[2,2] (persistent)"), std::string::npos) << m;
+  EXPECT_NE(m.find("sgd_step wrote into it after that"), std::string::npos) << m;
+  EXPECT_NE(m.find("no gradient was changed"), std::string::npos) << m;
+  EXPECT_EQ(x.grad_tensor().to_host<float>(), gx);
+  EXPECT_EQ(w.grad_tensor().to_host<float>(), gw);
+  // Allowed, it reads the stepped weight: w - 0.5 * dw, dw = x^T 1 = {1, 1; 3, 3},
+  // whose rows sum to {-1.5, -0.75}.
+  seg.backward(loss, {.retain_graph = true, .allow_overwritten = true});
+  EXPECT_EQ(x.grad_tensor().to_host<float>(), (std::vector<float>{-0.5f + -1.5f, 2.25f + -0.75f}));
+  // A new forward after the step reads the new weight: nothing to refuse.
+  tape.zero_grad();
+  seg.backward(sum(matmul(x, w)));
+  EXPECT_EQ(x.grad_tensor().to_host<float>(), (std::vector<float>{-1.5f, -0.75f}));
+}
+
+// What counts as a write: data<T>() hands the bytes out to be written;
+// data<const T>(), to_host() and item() read. A write into bytes no recorded
+// op's backward reads (an addend, the output of tanh's input) is not refused.
+TEST(Errors, OnlyAWriteIntoBytesABackwardReadsIsRefused) {
+  Tape tape;
+  Tensor w = tape.parameter({3}), b = tape.parameter({3});
+  const float wv[] = {0.5f, -1.0f, 2.0f};
+  w.from_host(std::span<const float>(wv));
+  Segment seg = tape.segment();
+  const Tensor y = tanh(w);          // reads its output y
+  const Tensor loss = sum(add(y, b));  // add reads neither operand
+  EXPECT_EQ(w.data<const float>()[1], -1.0f);
+  EXPECT_FLOAT_EQ(y.to_host<float>()[0], std::tanh(0.5f));
+  EXPECT_NEAR(loss.item(), std::tanh(0.5) + std::tanh(-1.0) + std::tanh(2.0), 1e-6);
+  fill_value(b, 7.0);                 // b: read by no backward
+  w.from_host(std::span<const float>(wv));  // w: tanh reads its output, not w
+  seg.backward(loss, {.retain_graph = true});
+  EXPECT_FLOAT_EQ(w.grad_tensor().to_host<float>()[0], 1.0f - std::tanh(0.5f) * std::tanh(0.5f));
+  (void)y.data<float>();  // handed out to be written: counts as a write
+  const std::string m = message_of<TapeError>([&] { seg.backward(loss); });
+  EXPECT_NE(m.find("op 'Tanh'"), std::string::npos) << m;
+  EXPECT_NE(m.find("reads its output"), std::string::npos) << m;
+  EXPECT_NE(m.find("data<T>() (non-const T: a write) wrote into it after that"), std::string::npos) << m;
 }
 
 TEST(Errors, MisuseOfSegments) {

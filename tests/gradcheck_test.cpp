@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -79,6 +80,88 @@ TEST(GradCheckMatmul, OneRowOrOneColumnInEveryTransposition) {
     }
   }
   EXPECT_EQ(matmuls, 4);
+}
+
+// A write after an op is recorded: backward refuses it exactly where the
+// write would change a gradient (PyTorch's "modified by an inplace
+// operation"), and elsewhere gives the gradients it gave without the write.
+// For each operand of a case (every input, then the output), after the
+// forward: the same new values written where segtape sees the write
+// (from_host) and where it cannot (through the pointer data<const T>()
+// hands out, as a `.data` write in PyTorch). The unseen write shows whether
+// the gradients depend on those bytes; the seen one must be refused exactly
+// then, before any gradient changes, and leave the gradients as they were
+// otherwise.
+TEST_P(GradCheck, AWriteAfterTheForwardIsRefusedExactlyWhereItChangesAGradient) {
+  const Case cs = cases()[size_t(GetParam())];
+  for (int trial = 0; trial < 2; ++trial) {
+    const unsigned seed = 4321 + 17 * unsigned(GetParam()) + unsigned(trial);
+    std::mt19937 drng(seed);
+    int64_t d[4];
+    for (auto& v : d) v = std::uniform_int_distribution<int64_t>(1, 4)(drng);
+    enum class Write { None, Seen, Unseen };
+    // The parameter gradients after: forward, the write into operand k (an
+    // input, or the output at k == number of inputs), backward. nullopt when refused.
+    auto run = [&](size_t k, Write how, size_t* operands, std::string* refusal) -> std::optional<std::vector<double>> {
+      std::mt19937 rng(seed);
+      Tape tape;
+      const std::vector<Tensor> in = cs.inputs(tape, d, rng, DType::F64);
+      Segment seg = tape.segment();
+      const Tensor out = cs.f(tape, in, d);
+      std::vector<double> w(size_t(out.numel()));
+      for (double& v : w) v = std::uniform_real_distribution<double>(-1, 1)(rng);
+      const Tensor loss = sum(mul(out, tape.from(std::span<const double>(w), out.shape)));
+      *operands = in.size() + 1;
+      if (how != Write::None) {
+        const Tensor& t = k < in.size() ? in[k] : out;
+        std::vector<double> v = values(t);
+        for (double& x : v) x = -1.7 * x + 0.31;
+        if (how == Write::Seen) t.from_host(std::span<const double>(v));
+        else std::copy(v.begin(), v.end(), const_cast<double*>(t.data<const double>()));
+      }
+      std::optional<std::vector<double>> grads;
+      try {
+        seg.backward(loss);
+        grads.emplace();
+      } catch (const TapeError& e) {
+        *refusal = e.what();
+      }
+      std::vector<double> all;
+      for (const Tensor& p : in) {
+        const std::vector<double> g = values(p.grad_tensor());
+        all.insert(all.end(), g.begin(), g.end());
+      }
+      if (!grads) {  // refused before any gradient was added
+        EXPECT_EQ(all, std::vector<double>(all.size(), 0.0)) << cs.name << ": a refused backward changed a gradient";
+        return std::nullopt;
+      }
+      *grads = all;
+      return grads;
+    };
+    size_t operands = 0;
+    std::string refusal;
+    const auto plain = run(0, Write::None, &operands, &refusal);
+    ASSERT_TRUE(plain) << cs.name << ": " << refusal;
+    for (size_t k = 0; k < operands; ++k) {
+      const std::string which = cs.name + " trial " + std::to_string(trial) + ", " +
+                                (k + 1 < operands ? "input " + std::to_string(k) : std::string("the output"));
+      std::string why;
+      const auto unseen = run(k, Write::Unseen, &operands, &why);
+      ASSERT_TRUE(unseen) << which << ": " << why;
+      const bool changes = *unseen != *plain;
+      std::string refused;
+      const auto seen = run(k, Write::Seen, &operands, &refused);
+      if (changes) {
+        EXPECT_FALSE(seen) << which << ": the write changed the gradients and backward did not refuse it";
+        EXPECT_NE(refused.find("from_host wrote into it after that"), std::string::npos) << which << ": " << refused;
+      } else {
+        EXPECT_TRUE(seen) << which << ": refused a write its gradients do not depend on: " << refused;
+        if (seen) {
+          EXPECT_EQ(*seen, *plain) << which;
+        }
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, GradCheck, ::testing::Range(0, int(cases().size())),

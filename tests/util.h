@@ -37,7 +37,7 @@ inline void fill_uniform(const Tensor& t, std::mt19937& rng, double lo = -1, dou
 inline std::vector<double> values(const Tensor& t) {
   std::vector<double> v(size_t(t.numel()));
   for (size_t i = 0; i < v.size(); ++i)
-    v[i] = t.dtype == DType::F64 ? t.data<double>()[i] : double(t.data<float>()[i]);
+    v[i] = t.dtype == DType::F64 ? t.data<const double>()[i] : double(t.data<const float>()[i]);
   return v;
 }
 

@@ -22,29 +22,34 @@ void check_broadcast(const char* op, const Tensor& a, const Tensor& b) {
   if (!row) ops::shape_error(op, "shapes do not broadcast (b must have a's shape, a's last dimension, or one element)", {&a, &b});
 }
 
+// Op is the op's formula struct (ops/elementwise.h): what its backward reads.
+template <class Op>
 Tensor unary(OpKind k, const char* op, const Tensor& a, double s = 0) {
   Tape& t = ops::check(op, {&a});
   Node n = ops::node(k, {a});
   n.fa = s;
+  n.reads = uint8_t((Op::reads_x ? 1 : 0) | (Op::reads_y ? Node::kReadsOut : 0));
   return ops::emit(t, n, a.shape, op);
 }
 
+template <class Op>
 Tensor binary(OpKind k, const char* op, const Tensor& a, const Tensor& b) {
   Tape& t = ops::check(op, {&a, &b});
   check_broadcast(op, a, b);
   Node n = ops::node(k, {a, b});
+  n.reads = uint8_t((a.requires_grad ? Op::da_reads : 0) | (b.requires_grad ? Op::db_reads : 0));
   return ops::emit(t, n, a.shape, op);
 }
 
 }  // namespace
 
 #define SEGTAPE_UNARY_FN(Kind, name, ...) \
-  Tensor name(const Tensor& a) { return unary(OpKind::Kind, #name, a); }
+  Tensor name(const Tensor& a) { return unary<ops::Kind>(OpKind::Kind, #name, a); }
 SEGTAPE_UNARY_PLAIN_OPS(SEGTAPE_UNARY_FN)
 #undef SEGTAPE_UNARY_FN
-Tensor scale(const Tensor& a, double s) { return unary(OpKind::Scale, "scale", a, s); }
+Tensor scale(const Tensor& a, double s) { return unary<ops::Scale>(OpKind::Scale, "scale", a, s); }
 #define SEGTAPE_BINARY_FN(Kind, name, ...) \
-  Tensor name(const Tensor& a, const Tensor& b) { return binary(OpKind::Kind, #name, a, b); }
+  Tensor name(const Tensor& a, const Tensor& b) { return binary<ops::Kind>(OpKind::Kind, #name, a, b); }
 SEGTAPE_BINARY_OPS(SEGTAPE_BINARY_FN)
 #undef SEGTAPE_BINARY_FN
 

@@ -178,6 +178,10 @@ Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tens
   if (b_ih.numel() != 3 * H || b_hh.numel() != 3 * H)
     ops::shape_error(op, "biases must have 3H elements", {&h, &b_ih, &b_hh});
   Node n = ops::node(OpKind::GruCell, {x, h, w_ih, w_hh, b_ih, b_hh});
+  // Backward reads h, and x, w_ih, w_hh for the gradients of w_ih, x, h; in
+  // recompute mode all six (the gates again).
+  n.reads = recompute ? uint8_t(Node::kReadsAll & ~Node::kReadsOut)
+                      : uint8_t(2 | (w_ih.requires_grad ? 1 : 0) | (x.requires_grad ? 4 : 0) | (h.requires_grad ? 8 : 0));
   // saved: r, z, n, W_hn h + b_hn per row; not kept in recompute mode.
   return ops::emit(t, n, {B, H}, op, {size_t(B * 4 * H) * dtype_size(x.dtype), !recompute});
 }
@@ -222,6 +226,9 @@ Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const
   }
   // One node; the backend allocates its weight and reserve space in the arena
   // (n.saved, counted in n.bytes) when a gradient is wanted (ia[0]).
+  // Its backward (cuDNN's) reads x, h0, the output and the weights as the
+  // forward copied them; it keeps Node::kReadsAll, so a weight written after
+  // the forward is refused as on the CPU, whose composed cells read it.
   Node n = ops::node(OpKind::GruSequence, {x, h0, w_ih, w_hh, b_ih, b_hh});
   n.ia[0] = In::wants_grad(t, std::span<const Tensor>(n.in.data(), n.n_in));
   return ops::emit(t, n, {T, B, H}, op);

@@ -22,6 +22,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction r, i
     ops::shape_error(op, "expects logits [B, C] and B targets", {&logits, &targets});
   Node n = ops::node(OpKind::CrossEntropy, {logits, targets});
   n.ia = {int64_t(r), ignore_index, 0, 0};
+  n.reads = 1 | 2;  // backward: the softmax again from the logits and the saved log-sum-exp, at the targets
   return ops::emit(t, n, {}, op, {size_t(logits.dim(0) + 1) * dtype_size(logits.dtype)});
 }
 
@@ -30,6 +31,7 @@ Tensor mse_loss(const Tensor& a, const Tensor& b, Reduction r) {
   if (!(a.shape == b.shape)) ops::shape_error("mse_loss", "shapes differ", {&a, &b});
   Node n = ops::node(OpKind::MseLoss, {a, b});
   n.ia[0] = int64_t(r);
+  n.reads = 1 | 2;  // backward: a - b
   return ops::emit(t, n, {}, "mse_loss");
 }
 

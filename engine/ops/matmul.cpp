@@ -18,6 +18,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
                          (ta ? ", a transposed" : "") + (tb ? ", b transposed" : "") + ")", {&a, &b});
   Node n = ops::node(OpKind::MatMul, {a, b});
   n.ia = {ta, tb, 0, 0};
+  n.reads = uint8_t((a.requires_grad ? 2 : 0) | (b.requires_grad ? 1 : 0));  // dA reads B, dB reads A
   return ops::emit(t, n, {M, N}, "matmul");
 }
 

@@ -29,6 +29,7 @@ Tensor reduce(OpKind k, const char* op, const Tensor& a, int axis, bool all) {
       if (i != ax) os.dims[os.rank++] = a.shape.dims[i];
   Node n = ops::node(k, {a});
   n.ia[0] = ax;
+  n.reads = 0;  // backward: the output's gradient spread over the axis
   return ops::emit(t, n, os, op);
 }
 
@@ -36,6 +37,7 @@ Tensor softmax_impl(OpKind k, const char* op, const Tensor& a) {
   Tape& t = ops::check(op, {&a});
   if (a.rank() < 1) ops::shape_error(op, "needs rank >= 1", {&a});
   Node n = ops::node(k, {a});
+  n.reads = Node::kReadsOut;  // backward: from the (log-)softmax itself
   return ops::emit(t, n, a.shape, op);
 }
 

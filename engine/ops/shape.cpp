@@ -57,6 +57,7 @@ Tensor concat(std::span<const Tensor> parts, int axis) {
   os.check_elements(op);
   Node n = ops::node(OpKind::Concat, parts);
   n.ia[0] = ax;
+  n.reads = 0;  // shape ops: backward moves the gradient only
   return ops::emit(t, n, os, op);
 }
 
@@ -71,6 +72,7 @@ Tensor slice(const Tensor& a, int axis, int64_t start, int64_t length) {
   os.dims[ax] = int32_t(length);
   Node n = ops::node(OpKind::Slice, {a});
   n.ia = {ax, start, length, 0};
+  n.reads = 0;
   return ops::emit(t, n, os, op);
 }
 
@@ -80,6 +82,7 @@ Tensor reshape(const Tensor& a, const Shape& s) {
   Tape& t = ops::check("reshape", {&a});
   if (s.numel() != a.numel()) throw ShapeError("reshape: cannot view " + a.describe() + " as " + s.str());
   Node n = ops::node(OpKind::Reshape, {a});
+  n.reads = 0;
   n.out = a;
   n.out.shape = s;
   n.out.node = -1;
@@ -104,6 +107,7 @@ Tensor transpose(const Tensor& a) {
   Tape& t = ops::check("transpose", {&a});
   if (a.rank() != 2) ops::shape_error("transpose", "expects a 2-D tensor", {&a});
   Node n = ops::node(OpKind::Transpose, {a});
+  n.reads = 0;
   return ops::emit(t, n, {a.dim(1), a.dim(0)}, "transpose");
 }
 
@@ -117,6 +121,7 @@ Tensor embedding(const Tensor& w, const Tensor& idx) {
   Shape os = idx.shape;
   os.dims[os.rank++] = w.shape.dims[1];
   Node n = ops::node(OpKind::Embedding, {w, idx});
+  n.reads = 2;  // backward: the indices
   return ops::emit(t, n, os, w.dtype, op);
 }
 
@@ -130,7 +135,7 @@ void copy_into(const Tensor& dst, const Tensor& src) {
                     src.describe() + " on " + src.tape->device().str() +
                     ": copy between devices through the host (to_host / from_host)");
   if (dst.ptr == src.ptr || !src.nbytes()) return;
-  detail::tensor_written(dst);  // (a weight, or a view of one: by its bytes)
+  detail::tensor_written(dst, "copy_into");  // (a weight, or a view of one: by its bytes)
   In::backend(*dst.tape)->copy(dst.ptr, src.ptr, src.nbytes(), detail::Backend::Copy::DeviceToDevice);
 }
 

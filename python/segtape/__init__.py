@@ -214,8 +214,9 @@ def _refuse_wrapping_uint64(values, what):
 def _copy_(self, values):
     """Overwrites the tensor's values with `values` (anything np.asarray
     takes, converted to the tensor's dtype; the same shape), with no history,
-    as torch's `with no_grad(): t.copy_(...)`. In place: a tensor a segment
-    has saved for its backward must not be overwritten before that backward."""
+    as torch's `with no_grad(): t.copy_(...)`. In place: where an op
+    recorded before it reads the tensor in its backward, that backward is
+    refused with a TapeError (PyTorch's "modified by an inplace operation")."""
     if self.dtype == "int64":
         _refuse_wrapping_uint64(values, "copy_()")
     a = _np.asarray(values, dtype=_NUMPY_DTYPES[self.dtype])

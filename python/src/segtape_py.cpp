@@ -232,9 +232,11 @@ void register_errors(nb::module_& m) {
     } catch (const BudgetError& x) {
       set_error(c.budget, x.what());
     } catch (const TapeError& x) {
-      // The engine's advice in C++ (`{.retain_graph = true}`), in Python terms.
+      // The engine's advice in C++ (`{.retain_graph = true}`), and the writer
+      // of a refused write (from_host: Tensor.copy_ here), in Python terms.
       std::string m = x.what();
       for (size_t at; (at = m.find("{.retain_graph = true}")) != std::string::npos;) m.replace(at, 22, "retain_graph=True");
+      if (size_t at = m.find(" from_host wrote into it"); at != std::string::npos) m.replace(at + 1, 9, "copy_()");
       set_error(c.tape, m.c_str());
     } catch (const IndexError& x) {
       set_error(c.index, x.what());

@@ -220,3 +220,28 @@ def test_copy_takes_any_array_like(tape):
     s = tape.parameter([])
     s.copy_(2.5)
     assert s.numpy() == 2.5
+
+
+def test_a_write_into_what_a_backward_reads_is_refused(tape):
+    """PyTorch's "modified by an inplace operation": an optimizer step, or
+    copy_(), between the forward and the backward that reads the weight."""
+    lin = nn.Linear(tape, 3, 2, rng=nn.Rng(0))
+    opt = nn.SGD(lin, lr=0.1)
+    x = tape.parameter([1, 3])
+    x.copy_([[1.0, 2.0, 3.0]])
+    with tape.segment() as seg:
+        loss = lin(x).sum()
+        seg.backward(loss, retain_graph=True)
+        before = x.grad.numpy().copy()
+        opt.step()
+        with pytest.raises(segtape.TapeError, match=r"op 'MatMul'.*sgd_step wrote into it.*no gradient was changed"):
+            seg.backward(loss)
+        assert (x.grad.numpy() == before).all()
+    with tape.segment() as seg:
+        loss = lin(x).sum()
+        lin.weight.copy_(np.zeros([2, 3]))
+        with pytest.raises(segtape.TapeError, match=r"copy_\(\) wrote into it after that"):
+            seg.backward(loss)
+        tape.zero_grad()
+        seg.backward(lin(x).sum())  # recorded after the write: nothing to refuse
+        assert (x.grad.numpy() == 0).all()

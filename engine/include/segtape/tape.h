@@ -41,9 +41,15 @@ const char* op_name(OpKind k);
 // One recorded op. Plain data: no std::function, no heap of its own.
 struct Node {
   static constexpr int kMaxInputs = 6;
+  static constexpr uint8_t kReadsOut = 1 << kMaxInputs;
+  static constexpr uint8_t kReadsAll = (1 << (kMaxInputs + 1)) - 1;
   OpKind op = OpKind::Input;
   uint8_t n_in = 0;
   bool released = false;   // a non-retained backward processed it (its saved state is spent)
+  // The operands its backward reads: bit j for in[j], kReadsOut for out. A
+  // write into those bytes after the node is recorded makes its gradient
+  // wrong, so backward refuses it (Tape::check_reached). Set by the op.
+  uint8_t reads = kReadsAll;
   uint32_t step = 0;       // tape step when recorded
   size_t bytes = 0;        // arena bytes this op allocated (output + saved)
   Tensor out;
@@ -208,8 +214,11 @@ class Tape {
   friend class NoGradGuard;
   void end_segment(bool abandoned = false);
   // loss (optional, one element) and seeds; at least one of them.
-  void backward(const Tensor* loss, std::span<const Seed> seeds, bool retain);
-  void check_unreleased(size_t count);
+  void backward(const Tensor* loss, std::span<const Seed> seeds, bool retain, bool allow_overwritten);
+  void check_reached(size_t count, bool check_writes);
+  // Bytes [p, p + bytes) were written (by: the function that wrote them):
+  // logged while the open segment has recorded nodes, for check_reached.
+  void note_write(const void* p, size_t bytes, const char* by);
   Tensor carry(const Tensor& x);
   Tensor input(const Tensor& x);
   Tensor input_grad(const Tensor& leaf);
@@ -241,7 +250,15 @@ class Tape {
   uint64_t seg_first_step_ = 0;  // the step at which the open segment opened
   size_t node_peak_ = 0;         // node bytes high-water of the current / last segment
   bool released_any_ = false;  // some node of the segment was released (Node::released)
-  std::vector<uint8_t> reach_;  // backward after a release: the nodes its roots reach (check_unreleased)
+  std::vector<uint8_t> reach_;  // backward after a release or a write: the nodes its roots reach (check_reached)
+  // Writes into segment-visible bytes since the open segment recorded its
+  // first node: [lo, hi), the node count at the time, and the writer.
+  struct Write {
+    uintptr_t lo, hi;
+    size_t nodes;
+    const char* by;
+  };
+  std::vector<Write> writes_;
   size_t last_segment_peak_ = 0;
   bool open_ = false;
   bool grad_enabled_ = true;
@@ -249,6 +266,12 @@ class Tape {
 
 struct BackwardOptions {
   bool retain_graph = false;  // allow a second backward through the same nodes
+  // Backward refuses an op whose operand (one its backward reads) was
+  // written after the op was recorded: the gradient would mix old saved
+  // values with new ones (PyTorch's "modified by an inplace operation").
+  // true: go through, reading the current values. Only for the Trainer's
+  // `--history full`, which exists to show memory growth (docs/agent.md).
+  bool allow_overwritten = false;
 };
 
 class Segment {

@@ -99,6 +99,9 @@ struct Tensor {
   // Checked access: throws ExpiredTensorError for a dead handle and
   // ShapeError for the wrong element type. Never reads freed memory.
   // Host memory only: on a CUDA tensor it raises (use to_host / from_host).
+  // data<float>() hands the bytes out to be written, and counts as a write
+  // (a recorded op that reads them makes backward refuse, as PyTorch does
+  // after an in-place change); data<const float>() is a read.
   template <class T> T* data() const;
   template <class T> std::span<T> span() const { return {data<T>(), size_t(numel())}; }
   double item() const;  // the single element of a 1-element tensor, as double (CUDA: waits for the device)
@@ -125,18 +128,21 @@ namespace detail {
 void tensor_to_host(const Tensor& t, DType d, void* out, size_t count);
 void tensor_from_host(const Tensor& t, DType d, const void* in, size_t count);
 [[noreturn]] void device_data_error(const Tensor& t, const char* dtype);
-// t's bytes were written, or handed out to be written (data<T>()): the tape's
-// packed copies of the weights they belong to are repacked before their next
-// product (engine/cpu/packed.h; detail::packed_written).
-void tensor_written(const Tensor& t);
+// t's bytes were written by `by`, or handed out to be written (data<T>()):
+// the tape's packed copies of the weights they belong to are repacked before
+// their next product (engine/cpu/packed.h; detail::packed_written), and a
+// backward through an op recorded before the write that reads those bytes is
+// refused (the write would change its gradient).
+void tensor_written(const Tensor& t, const char* by);
 }  // namespace detail
 
 template <class T> T* Tensor::data() const {
+  using V = std::remove_const_t<T>;
   check_live("data access");
-  if (dtype != dtype_of<T>())
-    throw ShapeError("data<" + std::string(dtype_name(dtype_of<T>())) + ">() on a tensor of dtype " + dtype_name(dtype));
-  if (on_device()) detail::device_data_error(*this, dtype_name(dtype_of<T>()));
-  detail::tensor_written(*this);
+  if (dtype != dtype_of<V>())
+    throw ShapeError("data<" + std::string(dtype_name(dtype_of<V>())) + ">() on a tensor of dtype " + dtype_name(dtype));
+  if (on_device()) detail::device_data_error(*this, dtype_name(dtype_of<V>()));
+  if constexpr (!std::is_const_v<T>) detail::tensor_written(*this, "data<T>() (non-const T: a write)");
   return static_cast<T*>(ptr);
 }
 
