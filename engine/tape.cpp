@@ -511,7 +511,16 @@ struct Root {
 void Tape::note_write(const void* p, size_t bytes, const char* by) {
   if (!open_ || nodes_.empty() || !bytes) return;  // nothing recorded yet reads anything
   const auto lo = reinterpret_cast<uintptr_t>(p);
-  writes_.push_back({lo, lo + bytes, nodes_.size(), by ? by : "a write"});  // (grows once, then reused)
+  const Write w{lo, lo + bytes, nodes_.size(), by ? by : "a write"};
+  // The same bytes written again: the later write stales every node the
+  // earlier one did and more, so it replaces it. The log holds one entry per
+  // range written in the segment (a few tensors), not one per write.
+  for (Write& e : writes_)
+    if (e.lo == w.lo && e.hi == w.hi) {
+      e = w;
+      return;
+    }
+  writes_.push_back(w);  // (capacity kept across segments)
 }
 
 // Before a backward that follows a non-retained backward or a write (only

@@ -76,6 +76,7 @@ void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdOptio
   void* buf = has_buf ? momentum_buffer.ptr : nullptr;
   In::backend(*param.tape)->sgd_step(param.dtype, param.numel(), param.ptr, param.grad, buf, s, first);
   detail::tensor_written(param, "sgd_step");  // a packed copy of the old values must not be used again
+  if (has_buf) detail::tensor_written(momentum_buffer, "sgd_step");  // (optimizer state an op may read too)
 }
 
 void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& s, bool decoupled,
@@ -85,6 +86,8 @@ void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg
   In::backend(*param.tape)->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled,
                                    step, nullptr);
   detail::tensor_written(param, "adam_step");
+  detail::tensor_written(exp_avg, "adam_step");
+  detail::tensor_written(exp_avg_sq, "adam_step");
 }
 
 void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& s, bool decoupled,
@@ -94,6 +97,8 @@ void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg
   In::backend(*param.tape)->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled,
                                    0, static_cast<const double*>(step.ptr));
   detail::tensor_written(param, "adam_step");
+  detail::tensor_written(exp_avg, "adam_step");
+  detail::tensor_written(exp_avg_sq, "adam_step");
 }
 
 void add_scalar(const Tensor& t, double value) {

@@ -207,7 +207,8 @@ TEST(Errors, AWeightStepBetweenTwoBackwardsThroughOneGraphIsRefused) {
 
 // What counts as a write: data<T>() hands the bytes out to be written;
 // data<const T>(), to_host() and item() read. A write into bytes no recorded
-// op's backward reads (an addend, the output of tanh's input) is not refused.
+// op's backward reads (an addend; tanh's input, since tanh reads its output)
+// is not refused.
 TEST(Errors, OnlyAWriteIntoBytesABackwardReadsIsRefused) {
   Tape tape;
   Tensor w = tape.parameter({3}), b = tape.parameter({3});

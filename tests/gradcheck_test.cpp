@@ -91,10 +91,16 @@ TEST(GradCheckMatmul, OneRowOrOneColumnInEveryTransposition) {
 // hands out, as a `.data` write in PyTorch). The unseen write shows whether
 // the gradients depend on those bytes; the seen one must be refused exactly
 // then, before any gradient changes, and leave the gradients as they were
-// otherwise.
+// otherwise. With every input a parameter, and with each input in turn a
+// tensor that wants no gradient (what an op reads can depend on which
+// gradients are wanted: matmul reads B only for dA).
 TEST_P(GradCheck, AWriteAfterTheForwardIsRefusedExactlyWhereItChangesAGradient) {
   const Case cs = cases()[size_t(GetParam())];
-  for (int trial = 0; trial < 2; ++trial) {
+  const int64_t d0[4] = {2, 2, 2, 2};
+  const size_t n_inputs = cs.shapes(d0).size();
+  for (int trial = 0; trial < 2 * int(n_inputs + 1); ++trial) {
+    const size_t frozen = size_t(trial / 2);  // this input wants no gradient (n_inputs: none)
+    if (frozen < n_inputs && n_inputs == 1) continue;  // (nothing would be recorded)
     const unsigned seed = 4321 + 17 * unsigned(GetParam()) + unsigned(trial);
     std::mt19937 drng(seed);
     int64_t d[4];
@@ -105,7 +111,13 @@ TEST_P(GradCheck, AWriteAfterTheForwardIsRefusedExactlyWhereItChangesAGradient) 
     auto run = [&](size_t k, Write how, size_t* operands, std::string* refusal) -> std::optional<std::vector<double>> {
       std::mt19937 rng(seed);
       Tape tape;
-      const std::vector<Tensor> in = cs.inputs(tape, d, rng, DType::F64);
+      std::vector<Tensor> in = cs.inputs(tape, d, rng, DType::F64);
+      if (frozen < in.size()) {
+        const Tensor c = tape.persistent(in[frozen].shape, DType::F64);
+        const std::vector<double> v = values(in[frozen]);
+        c.from_host(std::span<const double>(v));
+        in[frozen] = c;
+      }
       Segment seg = tape.segment();
       const Tensor out = cs.f(tape, in, d);
       std::vector<double> w(size_t(out.numel()));
@@ -128,6 +140,7 @@ TEST_P(GradCheck, AWriteAfterTheForwardIsRefusedExactlyWhereItChangesAGradient) 
       }
       std::vector<double> all;
       for (const Tensor& p : in) {
+        if (!p.grad) continue;  // the frozen input
         const std::vector<double> g = values(p.grad_tensor());
         all.insert(all.end(), g.begin(), g.end());
       }
@@ -143,7 +156,8 @@ TEST_P(GradCheck, AWriteAfterTheForwardIsRefusedExactlyWhereItChangesAGradient) 
     const auto plain = run(0, Write::None, &operands, &refusal);
     ASSERT_TRUE(plain) << cs.name << ": " << refusal;
     for (size_t k = 0; k < operands; ++k) {
-      const std::string which = cs.name + " trial " + std::to_string(trial) + ", " +
+      const std::string which = cs.name + " trial " + std::to_string(trial) +
+                                (frozen < n_inputs ? " (input " + std::to_string(frozen) + " frozen)" : std::string()) + ", " +
                                 (k + 1 < operands ? "input " + std::to_string(k) : std::string("the output"));
       std::string why;
       const auto unseen = run(k, Write::Unseen, &operands, &why);

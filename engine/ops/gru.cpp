@@ -226,10 +226,14 @@ Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const
   }
   // One node; the backend allocates its weight and reserve space in the arena
   // (n.saved, counted in n.bytes) when a gradient is wanted (ia[0]).
-  // Its backward (cuDNN's) reads x, h0, the output and the weights as the
-  // forward copied them; it keeps Node::kReadsAll, so a weight written after
-  // the forward is refused as on the CPU, whose composed cells read it.
   Node n = ops::node(OpKind::GruSequence, {x, h0, w_ih, w_hh, b_ih, b_hh});
+  // Its backward (CUDA's only: the CPU composes cells, above) reads h0, the
+  // output, W_hh, W_ih for dx, and x for the weights' gradients (cuDNN's for
+  // all four at once); never the biases. cuDNN reads the weights as its
+  // forward copied them, so there a W_hh write would not change the
+  // gradient; it is refused as on the fused path and the CPU, which read it.
+  const bool weights = w_ih.requires_grad || w_hh.requires_grad || b_ih.requires_grad || b_hh.requires_grad;
+  n.reads = uint8_t(2 | 8 | Node::kReadsOut | (x.requires_grad ? 4 : 0) | (weights ? 1 : 0));
   n.ia[0] = In::wants_grad(t, std::span<const Tensor>(n.in.data(), n.n_in));
   return ops::emit(t, n, {T, B, H}, op);
 }

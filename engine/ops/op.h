@@ -119,8 +119,8 @@ void clear_packed(Tape& tape);
 // their next product. The choice of kernel for each product (its place in its
 // pass) stays as it was, so a replay takes the same path. Every write segtape
 // sees calls it, most through detail::tensor_written (segtape/tensor.h):
-// copy_into, from_host(_bytes), data<T>(), fill_value, add_scalar, the
-// optimizer steps.
+// copy_into, from_host(_bytes), data<T>() with a non-const T, fill_value,
+// add_scalar, the optimizer steps.
 void packed_written(Tape& tape, const void* p, size_t bytes);
 // The persistent weight w as the packed operand B [K, N] of C [M, N] = A B
 // (B = w^T when trans), packed now if it is not yet; nullptr where the packed
