@@ -231,16 +231,11 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
                   p.mb_state.begin() + ptrdiff_t(i * H));
     if (p.driver) {
       // exact:K/T: the window's gradient by replay (segtape/replay.h), K steps in the arena at a time.
-      replay::Driver* drv = p.driver.get();
-      if (len < p.W) {
-        auto it = std::find_if(p.tails.begin(), p.tails.end(), [&](const auto& d) { return d->options().horizon == len; });
-        if (it == p.tails.end())
-          it = p.tails.insert(p.tails.end(), std::make_unique<replay::Driver>(*tape_, p.mb_h0, replay::Options{.horizon = len, .k = p.K}));
-        drv = it->get();
-      }
+      // A rollout's last, shorter window runs on the same driver (its first segments).
       p.mb_h0.from_host(std::span<const float>(p.mb_state));
-      const replay::Report rep = drv->run(
-          [&](Tape&, int64_t i, const Tensor& h, replay::Inputs& in) { return step(t0 + i, h, in.replaying()); }, p.mb_h0);
+      const replay::Report rep = p.driver->run(
+          [&](Tape&, int64_t i, const Tensor& h, replay::Inputs& in) { return step(t0 + i, h, in.replaying()); }, p.mb_h0,
+          len);
       r.segment_peak = std::max(r.segment_peak, rep.segment_peak);
       r.stored_bytes = std::max(r.stored_bytes, rep.state_bytes);
       continue;

@@ -34,12 +34,9 @@ struct Trainer::PpoBuffers {
   std::vector<uint8_t> mb_done;
   std::vector<double> step_stats;        // [T, 3]: each step's share of the reported loss, KL and clip fraction
   // exact:K/T: a minibatch window's start state (persistent) and the replay
-  // drivers of its full windows and of the shorter last ones, one per length
-  // (a rollout's, and the run's last rollout's: kept, since a driver's
-  // persistent states are never given back to the pool)
+  // driver of its windows (the shorter last ones of a rollout run on it too)
   Tensor mb_h0;
   std::unique_ptr<replay::Driver> driver;
-  std::vector<std::unique_ptr<replay::Driver>> tails;
 };
 
 }  // namespace segtape::agent

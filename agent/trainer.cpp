@@ -342,9 +342,8 @@ replay::Options driver_options(const TrainConfig& c, int64_t horizon) { return {
 // A device's pools are fixed when its tape is made, and a `segtape train`
 // user cannot size them. The persistent pool is measured: what the trainer
 // keeps there is made on a throwaway CPU tape by the code that makes the real
-// thing (make_persistent; for exact, a driver for the windows and one for the
-// run's last, shorter window, which is no larger; PPO's minibatches one more,
-// for a rollout's last window and the run's last rollout's), and the pool is the bytes
+// thing (make_persistent; for exact, the driver of the windows, which runs a
+// shorter last window on the same states), and the pool is the bytes
 // that tape used (64-byte aligned blocks, as on the device). The carry buffer
 // holds the carried state; its default is a floor.
 void size_device_pools(TapeOptions& o, const TrainConfig& c, const EnvSpec& spec) {
@@ -353,12 +352,9 @@ void size_device_pools(TapeOptions& o, const TrainConfig& c, const EnvSpec& spec
   const Persistent p = make_persistent(count, rng, c, spec);
   std::vector<std::unique_ptr<replay::Driver>> drivers;
   if (c.history.kind == History::Kind::Exact) {
-    // PPO's drivers run a minibatch's windows from a state of its own (agent/ppo.cpp)
-    // (PPO: one for its full windows and one per shorter last window: a
-    // rollout's and the run's last rollout's; each no larger than a full one)
+    // PPO's driver runs a minibatch's windows from a state of its own (agent/ppo.cpp)
     const Tensor h0 = c.algo == "ppo" ? count.persistent({c.batch / c.minibatches, c.hidden}) : p.h_home;
-    for (int i = 0; i < (c.algo == "ppo" ? 3 : 2); ++i)
-      drivers.push_back(std::make_unique<replay::Driver>(count, h0, driver_options(c, c.history.horizon)));
+    drivers.push_back(std::make_unique<replay::Driver>(count, h0, driver_options(c, c.history.horizon)));
   }
   o.device_persistent = count.stats().persistent_bytes;
   const size_t state = align_up(size_t(c.batch * c.hidden) * sizeof(float));
@@ -665,11 +661,7 @@ SegmentResult Trainer::supervised_segment(Segment& seg, int64_t n) {
 SegmentResult Trainer::exact_window(int64_t n) {
   SegmentResult r;
   if (n <= 0) return r;
-  replay::Driver* drv = exact_.get();
-  if (n < config_.history.horizon) {  // the run's last, shorter window
-    if (!exact_tail_ || exact_tail_->options().horizon != n) exact_tail_ = make_driver(n);
-    drv = exact_tail_.get();
-  }
+  replay::Driver* drv = exact_.get();  // (a run's last, shorter window too: its first segments)
   const EnvSpec& spec = env_->spec();
   const int64_t B = config_.batch, A = spec.num_actions;
   // This step's observation: taken from the env the first time, from the record on replays.
@@ -727,7 +719,7 @@ SegmentResult Trainer::exact_window(int64_t n) {
     return replay::StepResult{next, actor_critic_loss(i, lp, v, seg_returns_.data() + i * B)};
   };
   exact_window_steps_ = n;
-  const replay::Report rep = drv->run(step, h_);
+  const replay::Report rep = drv->run(step, h_, n);
   if (!spec.supervised) r.loss_steps = n;
   // As a tbptt segment: a window without a target takes no step (its
   // gradients are zero, but Adam would still move by its momentum); under

@@ -99,7 +99,8 @@ Driver::Driver(Tape& tape, const Tensor& state, const Options& options) : tape_(
   state.check_live("exact BPTT (state)");
   if (state.tape != &tape) throw TapeError("exact BPTT: the state belongs to another tape");
   if (state.dtype == DType::I64) throw ShapeError("exact BPTT: the state must be floating point, got " + state.describe());
-  units_ = (o_.horizon - 1) / o_.k + 1;  // (horizon + k - 1 overflowed for a K near 2^63)
+  units_ = units_of(o_.horizon);
+  window_ = o_.horizon, window_units_ = units_;
   int64_t snapshots = units_ - 1;  // uniform: every boundary
   if (o_.schedule == Schedule::Binomial) {
     if (o_.snapshots < 1)
@@ -148,13 +149,18 @@ int64_t Driver::split(int64_t n, int64_t c) const {
   return split_[size_t(n) * size_t(o_.snapshots + 1) + size_t(c)];
 }
 
-int64_t Driver::planned_steps() const {
+int64_t Driver::planned_steps(int64_t window) const {
+  const int64_t T = window ? window : o_.horizon;
+  if (T < 1 || T > o_.horizon)
+    throw Error("exact BPTT: a window of " + std::to_string(T) + " steps on a driver of horizon " +
+                std::to_string(o_.horizon) + ": give 1 to " + std::to_string(o_.horizon) + " steps");
+  const int64_t units = units_of(T);
   int64_t steps = 0;
   std::vector<Task> stack;
-  auto len = [&](int64_t u) { return unit(u).end - unit(u).begin; };
-  walk(units_, o_.snapshots, stack, [&](int64_t n, int64_t c) { return split(n, c); },
+  auto len = [&](int64_t u) { return std::min(T, (u + 1) * o_.k) - u * o_.k; };
+  walk(units, snapshots_for(units), stack, [&](int64_t n, int64_t c) { return split(n, c); },
        [&](int64_t u, int64_t, int64_t) { steps += len(u); },
-       [&](int64_t u, int64_t) { steps += (u == units_ - 1 ? 2 : 1) * len(u); });
+       [&](int64_t u, int64_t) { steps += (u == units - 1 ? 2 : 1) * len(u); });
   return steps;
 }
 
@@ -233,7 +239,7 @@ void Driver::reverse_unit(const StepFn& step, int64_t u, const Tensor& from, Rep
       if (s.loss.defined()) loss = loss.defined() ? add(loss, s.loss) : s.loss;
     }
     check_state(u + 1, h);
-    if (u + 1 == units_) copy_into(final_, h);
+    if (u + 1 == window_units_) copy_into(final_, h);
     if (loss.defined()) r.loss += loss.item();
     // The state leaving this segment carries dL/dh from the segment after it
     // (none after the last), where h has history to carry it back through;
@@ -254,7 +260,9 @@ void Driver::reverse_unit(const StepFn& step, int64_t u, const Tensor& from, Rep
   note_segment(r, u, true);
 }
 
-Report Driver::run(const StepFn& step, const Tensor& state) {
+Report Driver::run(const StepFn& step, const Tensor& state) { return run(step, state, o_.horizon); }
+
+Report Driver::run(const StepFn& step, const Tensor& state, int64_t steps) {
   // (from on_segment or on_forward, where no segment is open, a nested run
   // reset the outer window's records and stored states under it)
   if (running_) throw TapeError("exact BPTT: run() called while this driver runs (from its step, on_segment or on_forward)");
@@ -268,8 +276,13 @@ Report Driver::run(const StepFn& step, const Tensor& state) {
   state.check_live("exact BPTT (state)");
   if (!(state.shape == slots_[0].shape) || state.dtype != slots_[0].dtype)
     throw ShapeError("exact BPTT: state " + state.describe() + " is not shaped like the driver's " + slots_[0].describe());
+  if (steps < 1 || steps > o_.horizon)
+    throw Error("exact BPTT: a window of " + std::to_string(steps) + " steps on a driver of horizon " +
+                std::to_string(o_.horizon) + ": give 1 to " + std::to_string(o_.horizon) + " steps");
+  window_ = steps;
+  window_units_ = units_of(steps);
   Report r;
-  r.segments = units_;
+  r.segments = window_units_;
   r.stored_states = o_.snapshots + 1;
   const size_t states = slots_.size() + 2 + (work_.defined() ? 1 : 0);  // the slots, final_, dh_ and (binomial) work_
   r.state_bytes = states * align_up(state.nbytes());
@@ -280,18 +293,18 @@ Report Driver::run(const StepFn& step, const Tensor& state) {
   check_state(0, slots_[0]);
   auto held = [&](int64_t slot) -> const Tensor& { return slot < 0 ? work_ : slots_[size_t(slot)]; };
   walk(
-      units_, o_.snapshots, stack_, [&](int64_t n, int64_t c) { return split(n, c); },
+      window_units_, snapshots_for(window_units_), stack_, [&](int64_t n, int64_t c) { return split(n, c); },
       [&](int64_t u, int64_t from, int64_t into) { advance(step, u, held(from), held(into), r); },
       [&](int64_t u, int64_t from) {
         // The last segment is first run without a gradient too: every replay,
         // the first included, is then checked before its backward changes anything.
-        if (u == units_ - 1) {
+        if (u == window_units_ - 1) {
           advance(step, u, held(from), final_, r);
           if (o_.on_forward) o_.on_forward(final_);
         }
         reverse_unit(step, u, held(from), r);
       });
-  r.recompute_factor = double(r.steps_run) / double(o_.horizon);
+  r.recompute_factor = double(r.steps_run) / double(steps);
   r.input_bytes = inputs_.bytes();
   return r;
 }

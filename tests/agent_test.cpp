@@ -305,6 +305,33 @@ TEST(History, FullGrowsEverySegment) {
   EXPECT_GT(last, size_t(5 * (last / 6)));  // roughly linear, not flat
 }
 
+// exact:K/T's run's last, shorter window, and PPO's rollouts' shorter last
+// windows, run on the windows' driver: no new stored states after the first
+// update (each shorter length used to make one more driver, whose states a
+// device's fixed persistent pool, sized for two or three, had no room for
+// when a process trained again: Python's Trainer.load, a notebook's second run).
+TEST(History, ExactsShorterWindowsAddNoPersistentBytes) {
+  struct Run {
+    const char* env;
+    const char* history;
+    int64_t steps;
+    bool ppo;
+  };
+  for (const Run& run : {Run{"recall", "exact:4/16", 37, false}, Run{"tmaze", "exact:4/16", 37, false},
+                         Run{"recall", "exact:4/12", 40, true}}) {
+    SCOPED_TRACE(std::string(run.env) + " " + run.history + (run.ppo ? " ppo" : ""));
+    TrainConfig c = small(run.env, run.history, run.steps);
+    if (run.ppo) c.algo = "ppo", c.rollout = 16, c.epochs = 2, c.minibatches = 2;
+    Trainer tr(c);
+    tr.run_segment();
+    const size_t persistent = tr.tape().stats().persistent_bytes;
+    int64_t updates = 1;
+    while (!tr.done()) tr.run_segment(), ++updates;
+    EXPECT_GE(updates, 3);
+    EXPECT_EQ(tr.tape().stats().persistent_bytes, persistent);
+  }
+}
+
 TEST(History, FullStopsAtTheBudgetWithTheEnginesReport) {
   TrainConfig c = small("recall", "full", 100000);
   c.budget = 2 << 20;

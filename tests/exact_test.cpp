@@ -13,6 +13,7 @@
 #include "segtape/nn/layers.h"
 #include "segtape/ops.h"
 #include "segtape/replay.h"
+#include "util.h"
 
 using namespace segtape;
 namespace rp = segtape::replay;
@@ -261,6 +262,62 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(i.param.T) + "_K" + std::to_string(i.param.K) +
              (i.param.schedule == rp::Schedule::Binomial ? "_s" + std::to_string(i.param.snapshots) : "");
     });
+
+// A run's last, shorter window runs on the driver of the full ones: its
+// first ceil(n / K) segments, on the same stored states (no new persistent
+// bytes), with the gradients, loss, steps and final state of a driver made
+// for n steps, bit for bit, and those of full BPTT over n steps. n outside
+// [1, T] is refused before anything runs; a full window after short ones is
+// still exact.
+TEST(ExactDriver, AShorterWindowRunsOnTheSameStatesAndEqualsItsOwnDriver) {
+  for (const rp::Schedule sch : {rp::Schedule::Uniform, rp::Schedule::Binomial}) {
+    SCOPED_TRACE(sch == rp::Schedule::Uniform ? "uniform" : "binomial");
+    const rp::Options o{.horizon = 64, .k = 8, .schedule = sch, .snapshots = sch == rp::Schedule::Binomial ? 3 : 0};
+    Model m(DType::F64);
+    rp::Driver big(m.tape, m.h0, o);
+    for (const int64_t n : {1, 7, 8, 9, 37, 63, 64}) {
+      SCOPED_TRACE("n = " + std::to_string(n));
+      m.zero_grad();
+      Model::Source s1;
+      const size_t persistent = m.tape.stats().persistent_bytes;
+      const rp::Report r = big.run(m.step_fn(s1), m.h0, n);
+      const std::vector<double> got = m.grads();
+      const std::vector<double> end = big.final_state().to_host<double>();
+      EXPECT_EQ(m.tape.stats().persistent_bytes, persistent) << "a shorter window made new states";
+      EXPECT_EQ(s1.draws, n);
+      EXPECT_EQ(r.segments, (n + 7) / 8);
+      EXPECT_EQ(r.steps_run, big.planned_steps(n));
+
+      m.zero_grad();
+      rp::Options own_o = o;
+      own_o.horizon = n;
+      rp::Driver own(m.tape, m.h0, own_o);
+      Model::Source s2;
+      const rp::Report ro = own.run(m.step_fn(s2), m.h0);
+      EXPECT_EQ(got, m.grads()) << "not the gradients of a driver made for " << n << " steps";
+      EXPECT_EQ(end, own.final_state().to_host<double>());
+      EXPECT_EQ(r.loss, ro.loss);
+      EXPECT_EQ(r.steps_run, ro.steps_run);
+
+      m.zero_grad();
+      m.full_bptt(n);
+      EXPECT_LE(rel_err(got, m.grads()), 1e-10);
+    }
+    m.zero_grad();
+    Model::Source src;
+    for (const int64_t bad : {int64_t(0), int64_t(-1), int64_t(65)}) {
+      const std::string e = segtape::test::message_of<Error>([&] { big.run(m.step_fn(src), m.h0, bad); });
+      EXPECT_NE(e.find("a window of " + std::to_string(bad) + " steps on a driver of horizon 64"), std::string::npos) << e;
+    }
+    EXPECT_EQ(src.draws, 0);
+    EXPECT_EQ(m.grads(), std::vector<double>(m.grads().size(), 0.0));
+    big.run(m.step_fn(src), m.h0);  // the full window again, after the short ones
+    const std::vector<double> full_window = m.grads();
+    m.zero_grad();
+    m.full_bptt(64);
+    EXPECT_LE(rel_err(full_window, m.grads()), 1e-10);
+  }
+}
 
 // Options::on_forward: losses that need the whole window (actor-critic
 // returns need later rewards and the value of the state the window ends in).

@@ -145,19 +145,26 @@ class Driver {
   // those of one T-step segment. No segment may be open. On an error the
   // parameters are unchanged and their gradients partial (zero them).
   Report run(const StepFn& step, const Tensor& state);
+  // The same for a shorter window of `steps` in [1, T] (a run's last,
+  // partial one), on the states this driver holds: no new driver, no more
+  // memory. Its segments are the first ceil(steps / K) of the window's.
+  Report run(const StepFn& step, const Tensor& state, int64_t steps);
 
   // The state after the last window's T steps (persistent, overwritten by the next run).
   const Tensor& final_state() const { return final_; }
   const Options& options() const { return o_; }
   // Step evaluations a window costs under this schedule (T for the forward
-  // pass plus every replay), without running it.
-  int64_t planned_steps() const;
+  // pass plus every replay), without running it; of a window of `steps`
+  // (in [1, T]) when given.
+  int64_t planned_steps(int64_t steps = 0) const;
 
  private:
   struct Unit {
     int64_t begin, end;  // steps [begin, end)
   };
-  Unit unit(int64_t u) const { return {u * o_.k, std::min(o_.horizon, (u + 1) * o_.k)}; }
+  Unit unit(int64_t u) const { return {u * o_.k, std::min(window_, (u + 1) * o_.k)}; }
+  int64_t units_of(int64_t steps) const { return (steps - 1) / o_.k + 1; }  // (steps + k - 1 overflowed for a K near 2^63)
+  int64_t snapshots_for(int64_t units) const { return std::min(o_.snapshots, units - 1); }
   // Runs unit u from `from` with no gradient (one segment) and copies the
   // resulting state into `into` (a stored state, or the work state).
   void advance(const StepFn& step, int64_t u, const Tensor& from, const Tensor& into, Report& r);
@@ -171,7 +178,9 @@ class Driver {
 
   Tape& tape_;
   Options o_;
-  int64_t units_ = 0;
+  int64_t units_ = 0;                 // segments of a full window (T steps)
+  int64_t window_ = 0;                // steps of the window being run (T, or fewer)
+  int64_t window_units_ = 0;          // its segments
   std::vector<Tensor> slots_;       // stored states (persistent): the window's start and the snapshots
   Tensor final_;                    // the state after T steps (persistent)
   Tensor dh_;                       // dL/d(state) at the boundary being reversed (persistent)

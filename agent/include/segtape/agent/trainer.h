@@ -249,7 +249,7 @@ class Trainer {
   std::vector<Tensor> window_;       // window mode: last N embeddings (persistent), ring
   int64_t window_pos_ = 0;
   std::optional<Segment> full_;      // history `full`: the one segment of the whole run
-  std::unique_ptr<replay::Driver> exact_, exact_tail_;  // history `exact`: windows of T steps, and a shorter last one
+  std::unique_ptr<replay::Driver> exact_;  // history `exact`: windows of T steps (and a shorter last one)
   // per-step host buffers, sized once
   std::vector<int64_t> tokens_, targets_, actions_;
   std::vector<float> vectors_, rewards_, weights_;
