@@ -337,7 +337,7 @@ Persistent make_persistent(Tape& tape, nn::Rng& rng, const TrainConfig& c, const
 }
 
 // exact's driver over windows of `horizon` steps (it stores the window's boundary states in the persistent pool).
-replay::Options driver_options(const TrainConfig& c, int64_t horizon) { return {.horizon = horizon, .k = c.history.k}; }
+replay::Options driver_options(const TrainConfig& c) { return {.horizon = c.history.horizon, .k = c.history.k}; }
 
 // A device's pools are fixed when its tape is made, and a `segtape train`
 // user cannot size them. The persistent pool is measured: what the trainer
@@ -350,11 +350,10 @@ void size_device_pools(TapeOptions& o, const TrainConfig& c, const EnvSpec& spec
   Tape count(Device::cpu(), {.segment_budget = 0, .node_capacity = 0});
   nn::Rng rng(c.seed);  // the values do not matter, only the sizes
   const Persistent p = make_persistent(count, rng, c, spec);
-  std::vector<std::unique_ptr<replay::Driver>> drivers;
   if (c.history.kind == History::Kind::Exact) {
     // PPO's driver runs a minibatch's windows from a state of its own (agent/ppo.cpp)
     const Tensor h0 = c.algo == "ppo" ? count.persistent({c.batch / c.minibatches, c.hidden}) : p.h_home;
-    drivers.push_back(std::make_unique<replay::Driver>(count, h0, driver_options(c, c.history.horizon)));
+    const replay::Driver driver(count, h0, driver_options(c));  // (its states, on the counting tape)
   }
   o.device_persistent = count.stats().persistent_bytes;
   const size_t state = align_up(size_t(c.batch * c.hidden) * sizeof(float));
@@ -460,7 +459,7 @@ Trainer::Trainer(const TrainConfig& c, dist::Communicator* comm)
       seg_actions_.assign(T * B, 0);
       seg_returns_.assign(T * B, 0.0f);
     }
-    exact_ = make_driver(c.history.horizon);
+    exact_ = make_driver();
   }
   if (config_.algo == "ppo") ppo_ = make_ppo_buffers();
   if (comm_) avg_ = std::make_unique<dist::GradientAverager>(*comm_, *policy_);  // broadcasts rank 0's parameters
@@ -479,8 +478,8 @@ bool Trainer::stop_agreed() const { return avg_ ? stop_agreed_ : stop_requested_
 
 std::string Trainer::dist_transport() const { return avg_ ? avg_->transport() : "local"; }
 
-std::unique_ptr<replay::Driver> Trainer::make_driver(int64_t horizon) {
-  replay::Options o = driver_options(config_, horizon);
+std::unique_ptr<replay::Driver> Trainer::make_driver() {
+  replay::Options o = driver_options(config_);
   // Actor-critic: a step's loss needs the window's later rewards and the
   // value of the state it ends in, known once the forward pass is done.
   if (!env_->spec().supervised) o.on_forward = [this](const Tensor& final_state) { window_returns(final_state); };

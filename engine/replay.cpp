@@ -149,8 +149,7 @@ int64_t Driver::split(int64_t n, int64_t c) const {
   return split_[size_t(n) * size_t(o_.snapshots + 1) + size_t(c)];
 }
 
-int64_t Driver::planned_steps(int64_t window) const {
-  const int64_t T = window ? window : o_.horizon;
+int64_t Driver::planned_steps(int64_t T) const {
   if (T < 1 || T > o_.horizon)
     throw Error("exact BPTT: a window of " + std::to_string(T) + " steps on a driver of horizon " +
                 std::to_string(o_.horizon) + ": give 1 to " + std::to_string(o_.horizon) + " steps");
@@ -281,10 +280,13 @@ Report Driver::run(const StepFn& step, const Tensor& state, int64_t steps) {
                 std::to_string(o_.horizon) + ": give 1 to " + std::to_string(o_.horizon) + " steps");
   window_ = steps;
   window_units_ = units_of(steps);
+  // A longer window's records past this one's end: dropped (capacity kept), so
+  // input_bytes counts this window's.
+  for (size_t t = size_t(steps); t < inputs_.steps_.size(); ++t) inputs_.steps_[t].clear();
   Report r;
   r.segments = window_units_;
   r.stored_states = o_.snapshots + 1;
-  const size_t states = slots_.size() + 2 + (work_.defined() ? 1 : 0);  // the slots, final_, dh_ and (binomial) work_
+  const size_t states = slots_.size() + 2 + (work_.defined() ? 1 : 0);  // the slots, final_, dh_ and (binomial) work_ (all held)
   r.state_bytes = states * align_up(state.nbytes());
   copy_into(slots_[0], state);
   std::fill(known_.begin(), known_.end(), 0);

@@ -298,6 +298,8 @@ TEST(ExactDriver, AShorterWindowRunsOnTheSameStatesAndEqualsItsOwnDriver) {
       EXPECT_EQ(end, own.final_state().to_host<double>());
       EXPECT_EQ(r.loss, ro.loss);
       EXPECT_EQ(r.steps_run, ro.steps_run);
+      EXPECT_EQ(r.input_bytes, ro.input_bytes) << "the inputs of this window only";
+      EXPECT_EQ(r.state_bytes, big.run(m.step_fn(s2), m.h0).state_bytes) << "the driver's states, all held";
 
       m.zero_grad();
       m.full_bptt(n);

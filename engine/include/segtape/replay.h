@@ -46,7 +46,7 @@ struct Options {
   // advance), and the tape's stats then (last_segment_peak: its high-water).
   std::function<void(int64_t unit, bool replay, const TapeStats&)> on_segment{};
   // Called once per window, when the forward pass has computed the state
-  // after step T and before any segment's backward, with that state. No
+  // after its last step and before any segment's backward, with that state. No
   // segment is open: the hook may open its own. For losses that need the
   // whole window first: actor-critic returns depend on the window's later
   // rewards and on the value of the state it ends in. Steps then compute
@@ -117,10 +117,12 @@ using StepFn = std::function<StepResult(Tape&, int64_t, const Tensor&, Inputs&)>
 struct Report {
   double loss = 0;               // sum of the window's step losses
   int64_t steps_run = 0;         // step evaluations in all: forward passes and replays
-  double recompute_factor = 0;   // steps_run / T (full BPTT: 1; uniform: 2)
-  int64_t segments = 0;          // segments the window is cut into (ceil(T / K))
-  int64_t stored_states = 0;     // boundary states held at once, the window's start included
-  size_t state_bytes = 0;        // their bytes (persistent, aligned)
+  double recompute_factor = 0;   // steps_run / the window's steps (full BPTT: 1; uniform: 2)
+  int64_t segments = 0;          // segments the window is cut into (ceil(steps / K))
+  // The driver's, whatever the window's length: what it holds for a window of
+  // T steps (a shorter window runs on the same states, using fewer of them).
+  int64_t stored_states = 0;     // boundary states, the window's start included
+  size_t state_bytes = 0;        // the bytes of all the driver's states (persistent, aligned)
   size_t input_bytes = 0;        // the inputs recorded for the window (host)
   size_t segment_peak = 0;       // the largest arena high-water of the window's segments
   size_t node_peak = 0;          // the largest node bytes of the window's segments
@@ -150,13 +152,13 @@ class Driver {
   // memory. Its segments are the first ceil(steps / K) of the window's.
   Report run(const StepFn& step, const Tensor& state, int64_t steps);
 
-  // The state after the last window's T steps (persistent, overwritten by the next run).
+  // The state after the last window's steps (persistent, overwritten by the next run).
   const Tensor& final_state() const { return final_; }
   const Options& options() const { return o_; }
   // Step evaluations a window costs under this schedule (T for the forward
-  // pass plus every replay), without running it; of a window of `steps`
-  // (in [1, T]) when given.
-  int64_t planned_steps(int64_t steps = 0) const;
+  // pass plus every replay), without running it; of a window of `steps` in [1, T].
+  int64_t planned_steps() const { return planned_steps(o_.horizon); }
+  int64_t planned_steps(int64_t steps) const;
 
  private:
   struct Unit {

@@ -200,7 +200,7 @@ class Trainer {
   void ppo_rollout(int64_t n, SegmentResult& r);
   void ppo_advantages(int64_t n);
   void ppo_minibatch(int64_t n, std::span<const int64_t> streams, SegmentResult& r);
-  std::unique_ptr<replay::Driver> make_driver(int64_t horizon);
+  std::unique_ptr<replay::Driver> make_driver();
   // actor-critic
   void sample_actions(const Tensor& lp, std::span<int64_t> a);
   void note_rewards(SegmentResult& r);
