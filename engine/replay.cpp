@@ -100,7 +100,7 @@ Driver::Driver(Tape& tape, const Tensor& state, const Options& options) : tape_(
   if (state.tape != &tape) throw TapeError("exact BPTT: the state belongs to another tape");
   if (state.dtype == DType::I64) throw ShapeError("exact BPTT: the state must be floating point, got " + state.describe());
   units_ = units_of(o_.horizon);
-  window_ = o_.horizon, window_units_ = units_;
+  window_ = o_.horizon;
   int64_t snapshots = units_ - 1;  // uniform: every boundary
   if (o_.schedule == Schedule::Binomial) {
     if (o_.snapshots < 1)
@@ -149,14 +149,18 @@ int64_t Driver::split(int64_t n, int64_t c) const {
   return split_[size_t(n) * size_t(o_.snapshots + 1) + size_t(c)];
 }
 
-int64_t Driver::planned_steps(int64_t T) const {
-  if (T < 1 || T > o_.horizon)
-    throw Error("exact BPTT: a window of " + std::to_string(T) + " steps on a driver of horizon " +
+void Driver::check_window(int64_t steps) const {
+  if (steps < 1 || steps > o_.horizon)
+    throw Error("exact BPTT: a window of " + std::to_string(steps) + " steps on a driver of horizon " +
                 std::to_string(o_.horizon) + ": give 1 to " + std::to_string(o_.horizon) + " steps");
+}
+
+int64_t Driver::planned_steps(int64_t T) const {
+  check_window(T);
   const int64_t units = units_of(T);
   int64_t steps = 0;
   std::vector<Task> stack;
-  auto len = [&](int64_t u) { return std::min(T, (u + 1) * o_.k) - u * o_.k; };
+  auto len = [&](int64_t u) { return unit(u, T).end - unit(u, T).begin; };
   walk(units, snapshots_for(units), stack, [&](int64_t n, int64_t c) { return split(n, c); },
        [&](int64_t u, int64_t, int64_t) { steps += len(u); },
        [&](int64_t u, int64_t) { steps += (u == units - 1 ? 2 : 1) * len(u); });
@@ -238,7 +242,7 @@ void Driver::reverse_unit(const StepFn& step, int64_t u, const Tensor& from, Rep
       if (s.loss.defined()) loss = loss.defined() ? add(loss, s.loss) : s.loss;
     }
     check_state(u + 1, h);
-    if (u + 1 == window_units_) copy_into(final_, h);
+    if (u + 1 == units_of(window_)) copy_into(final_, h);
     if (loss.defined()) r.loss += loss.item();
     // The state leaving this segment carries dL/dh from the segment after it
     // (none after the last), where h has history to carry it back through;
@@ -275,16 +279,14 @@ Report Driver::run(const StepFn& step, const Tensor& state, int64_t steps) {
   state.check_live("exact BPTT (state)");
   if (!(state.shape == slots_[0].shape) || state.dtype != slots_[0].dtype)
     throw ShapeError("exact BPTT: state " + state.describe() + " is not shaped like the driver's " + slots_[0].describe());
-  if (steps < 1 || steps > o_.horizon)
-    throw Error("exact BPTT: a window of " + std::to_string(steps) + " steps on a driver of horizon " +
-                std::to_string(o_.horizon) + ": give 1 to " + std::to_string(o_.horizon) + " steps");
+  check_window(steps);
   window_ = steps;
-  window_units_ = units_of(steps);
+  const int64_t units = units_of(steps);
   // A longer window's records past this one's end: dropped (capacity kept), so
   // input_bytes counts this window's.
   for (size_t t = size_t(steps); t < inputs_.steps_.size(); ++t) inputs_.steps_[t].clear();
   Report r;
-  r.segments = window_units_;
+  r.segments = units;
   r.stored_states = o_.snapshots + 1;
   const size_t states = slots_.size() + 2 + (work_.defined() ? 1 : 0);  // the slots, final_, dh_ and (binomial) work_ (all held)
   r.state_bytes = states * align_up(state.nbytes());
@@ -295,12 +297,12 @@ Report Driver::run(const StepFn& step, const Tensor& state, int64_t steps) {
   check_state(0, slots_[0]);
   auto held = [&](int64_t slot) -> const Tensor& { return slot < 0 ? work_ : slots_[size_t(slot)]; };
   walk(
-      window_units_, snapshots_for(window_units_), stack_, [&](int64_t n, int64_t c) { return split(n, c); },
+      units, snapshots_for(units), stack_, [&](int64_t n, int64_t c) { return split(n, c); },
       [&](int64_t u, int64_t from, int64_t into) { advance(step, u, held(from), held(into), r); },
       [&](int64_t u, int64_t from) {
         // The last segment is first run without a gradient too: every replay,
         // the first included, is then checked before its backward changes anything.
-        if (u == window_units_ - 1) {
+        if (u == units - 1) {
           advance(step, u, held(from), final_, r);
           if (o_.on_forward) o_.on_forward(final_);
         }

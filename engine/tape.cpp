@@ -510,13 +510,12 @@ struct Root {
 
 void Tape::note_write(const void* p, size_t bytes, const char* by) {
   if (!open_ || nodes_.empty() || !bytes) return;  // nothing recorded yet reads anything
-  const auto lo = reinterpret_cast<uintptr_t>(p);
-  const Write w{lo, lo + bytes, nodes_.size(), by ? by : "a write"};
+  const Write w{p, bytes, nodes_.size(), by ? by : "a write"};
   // The same bytes written again: the later write stales every node the
   // earlier one did and more, so it replaces it. The log holds one entry per
   // range written in the segment (a few tensors), not one per write.
   for (Write& e : writes_)
-    if (e.lo == w.lo && e.hi == w.hi) {
+    if (e.p == w.p && e.bytes == w.bytes) {
       e = w;
       return;
     }
@@ -540,24 +539,28 @@ void Tape::check_reached(size_t count, bool check_writes) {
                       ", was released by an earlier backward; no gradient was changed). Pass {.retain_graph = true} "
                       "to the earlier backward, or detach / carry the state so the new loss does not reach back into "
                       "released history");
-    for (const Write& w : writes_) {
-      if (!check_writes) break;
-      if (w.nodes <= i) continue;  // written before the node was recorded
-      for (int j = 0; j <= Node::kMaxInputs; ++j) {
-        if (!(n.reads & (1 << j)) || (j < Node::kMaxInputs && j >= n.n_in)) continue;
-        const Tensor& t = j < Node::kMaxInputs ? n.in[size_t(j)] : n.out;
-        const auto lo = reinterpret_cast<uintptr_t>(t.ptr);
-        if (lo >= w.hi || lo + t.nbytes() <= w.lo) continue;
-        const std::string what = j < Node::kMaxInputs ? "its input " + std::to_string(j) : std::string("its output");
-        throw TapeError("backward: op '" + std::string(op_name(n.op)) + "' (node " + std::to_string(i) + ", step " +
-                        std::to_string(n.step) + ") reads " + what + ", " + t.describe() + ", as it was when the op " +
-                        "was recorded, but " + w.by + " wrote into it after that, so its gradient would be wrong " +
-                        "(PyTorch: \"modified by an inplace operation\"); no gradient was changed. Write it after "
-                        "this backward, or record the op after the write");
-      }
-    }
+    if (check_writes) refuse_overwritten(i, n);
     for (int j = 0; j < n.n_in; ++j)
       if (n.in[j].requires_grad && n.in[j].node >= 0) reach_[size_t(n.in[j].node)] = 1;
+  }
+}
+
+// Refuses node i if an operand its backward reads (Node::reads: in[j], or
+// out at bit kMaxInputs) overlaps a write logged after it was recorded.
+void Tape::refuse_overwritten(size_t i, const Node& n) const {
+  for (const Write& w : writes_) {
+    if (w.nodes <= i) continue;  // written before the node was recorded
+    for (int j = 0; j <= Node::kMaxInputs; ++j) {
+      if (!(n.reads & (1 << j)) || (j < Node::kMaxInputs && j >= n.n_in)) continue;
+      const Tensor& t = j < Node::kMaxInputs ? n.in[size_t(j)] : n.out;
+      if (!detail::bytes_overlap(t.ptr, t.nbytes(), w.p, w.bytes)) continue;
+      const std::string what = j < Node::kMaxInputs ? "its input " + std::to_string(j) : std::string("its output");
+      throw TapeError("backward: op '" + std::string(op_name(n.op)) + "' (node " + std::to_string(i) + ", step " +
+                      std::to_string(n.step) + ") reads " + what + ", " + t.describe() + ", as it was when the op " +
+                      "was recorded, but " + w.by + " wrote into it after that, so its gradient would be wrong " +
+                      "(PyTorch: \"modified by an inplace operation\"); no gradient was changed. Write it after "
+                      "this backward, or record the op after the write");
+    }
   }
 }
 

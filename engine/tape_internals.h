@@ -10,6 +10,13 @@
 
 namespace segtape::detail {
 
+// Whether bytes [a, a + an) and [b, b + bn) share one (the packed copies'
+// staleness, backward's refusal of a write into what it reads).
+inline bool bytes_overlap(const void* a, size_t an, const void* b, size_t bn) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + bn && y < x + an;
+}
+
 class TapeInternals {
  public:
   // Segment arena bytes for op `op` (kind: whose bytes they are in the budget report).

@@ -2,6 +2,7 @@
 // per-element arithmetic on every device).
 #include "segtape/update.h"
 
+#include <initializer_list>
 #include <string>
 
 #include "backend.h"
@@ -65,6 +66,11 @@ void check_state_scalar(const char* op, const Tensor& t) {
   if (t.dtype == DType::I64) throw ShapeError(std::string(op) + ": " + t.describe() + " is an integer tensor");
 }
 
+// What an Adam step wrote: the parameter and its two moments (detail::tensor_written).
+void adam_written(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq) {
+  for (const Tensor* t : {&param, &exp_avg, &exp_avg_sq}) detail::tensor_written(*t, "adam_step");
+}
+
 }  // namespace
 
 void sgd_step(const Tensor& param, const Tensor& momentum_buffer, const SgdOptions& s, bool first) {
@@ -85,9 +91,7 @@ void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg
   if (step < 1) throw Error("adam_step: step must be >= 1, got " + std::to_string(step));
   In::backend(*param.tape)->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled,
                                    step, nullptr);
-  detail::tensor_written(param, "adam_step");
-  detail::tensor_written(exp_avg, "adam_step");
-  detail::tensor_written(exp_avg_sq, "adam_step");
+  adam_written(param, exp_avg, exp_avg_sq);
 }
 
 void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamOptions& s, bool decoupled,
@@ -96,9 +100,7 @@ void adam_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg
   check_device_scalar("adam_step", "the step count", param, step);
   In::backend(*param.tape)->adam_step(param.dtype, param.numel(), param.ptr, param.grad, exp_avg.ptr, exp_avg_sq.ptr, s, decoupled,
                                    0, static_cast<const double*>(step.ptr));
-  detail::tensor_written(param, "adam_step");
-  detail::tensor_written(exp_avg, "adam_step");
-  detail::tensor_written(exp_avg_sq, "adam_step");
+  adam_written(param, exp_avg, exp_avg_sq);
 }
 
 void add_scalar(const Tensor& t, double value) {

@@ -316,11 +316,9 @@ void clear_packed(Tape& tape) {
 
 void packed_written(Tape& tape, const void* p, size_t bytes) {
   PackedWeights& pw = In::packed(tape);
-  const auto lo = reinterpret_cast<uintptr_t>(p);
   for (int i = 0; i < pw.count; ++i) {
     PackedWeights::Entry& e = pw.entries[size_t(i)];
-    const auto src = reinterpret_cast<uintptr_t>(e.src);
-    if (e.data && lo < src + size_t(e.K * e.N) * sizeof(float) && src < lo + bytes) e.stale = true;
+    if (e.data && bytes_overlap(p, bytes, e.src, size_t(e.K * e.N) * sizeof(float))) e.stale = true;
   }
 }
 

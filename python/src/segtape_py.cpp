@@ -29,6 +29,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <typeinfo>
 #include <unordered_map>
 #include <utility>
@@ -236,7 +237,8 @@ void register_errors(nb::module_& m) {
       // of a refused write (from_host: Tensor.copy_ here), in Python terms.
       std::string m = x.what();
       for (size_t at; (at = m.find("{.retain_graph = true}")) != std::string::npos;) m.replace(at, 22, "retain_graph=True");
-      if (size_t at = m.find(" from_host wrote into it"); at != std::string::npos) m.replace(at + 1, 9, "copy_()");
+      constexpr std::string_view from_host = "from_host";
+      if (size_t at = m.find(" from_host wrote into it"); at != std::string::npos) m.replace(at + 1, from_host.size(), "copy_()");
       set_error(c.tape, m.c_str());
     } catch (const IndexError& x) {
       set_error(c.index, x.what());

@@ -164,8 +164,10 @@ class Driver {
   struct Unit {
     int64_t begin, end;  // steps [begin, end)
   };
-  Unit unit(int64_t u) const { return {u * o_.k, std::min(window_, (u + 1) * o_.k)}; }
+  Unit unit(int64_t u) const { return unit(u, window_); }
+  Unit unit(int64_t u, int64_t steps) const { return {u * o_.k, std::min(steps, (u + 1) * o_.k)}; }  // of a window of `steps`
   int64_t units_of(int64_t steps) const { return (steps - 1) / o_.k + 1; }  // (steps + k - 1 overflowed for a K near 2^63)
+  void check_window(int64_t steps) const;  // 1 <= steps <= T, else an Error
   int64_t snapshots_for(int64_t units) const { return std::min(o_.snapshots, units - 1); }
   // Runs unit u from `from` with no gradient (one segment) and copies the
   // resulting state into `into` (a stored state, or the work state).
@@ -182,7 +184,6 @@ class Driver {
   Options o_;
   int64_t units_ = 0;                 // segments of a full window (T steps)
   int64_t window_ = 0;                // steps of the window being run (T, or fewer)
-  int64_t window_units_ = 0;          // its segments
   std::vector<Tensor> slots_;       // stored states (persistent): the window's start and the snapshots
   Tensor final_;                    // the state after T steps (persistent)
   Tensor dh_;                       // dL/d(state) at the boundary being reversed (persistent)

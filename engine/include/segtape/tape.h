@@ -216,6 +216,7 @@ class Tape {
   // loss (optional, one element) and seeds; at least one of them.
   void backward(const Tensor* loss, std::span<const Seed> seeds, bool retain, bool allow_overwritten);
   void check_reached(size_t count, bool check_writes);
+  void refuse_overwritten(size_t i, const Node& n) const;  // check_reached's write check of node i
   // Bytes [p, p + bytes) were written (by: the function that wrote them):
   // logged while the open segment has recorded nodes, for check_reached.
   void note_write(const void* p, size_t bytes, const char* by);
@@ -252,9 +253,10 @@ class Tape {
   bool released_any_ = false;  // some node of the segment was released (Node::released)
   std::vector<uint8_t> reach_;  // backward after a release or a write: the nodes its roots reach (check_reached)
   // Writes into segment-visible bytes since the open segment recorded its
-  // first node: [lo, hi), the node count at the time, and the writer.
+  // first node: [p, p + bytes), the node count at the time, and the writer.
   struct Write {
-    uintptr_t lo, hi;
+    const void* p;
+    size_t bytes;
     size_t nodes;
     const char* by;
   };
