@@ -35,6 +35,9 @@ class Backend {
   // Whether forward computes OpKind::GruSequence as one node (cuDNN); where
   // not, gru_sequence() composes gru_cell steps.
   virtual bool has_gru_sequence() const { return false; }
+  // Whether the gru_sequence node takes per-stream resets (`keep`) for a
+  // [B, H] state of dtype d; where not, the op composes gru_cell steps.
+  virtual bool gru_sequence_keeps(int64_t /*B*/, int64_t /*H*/, DType /*d*/) { return false; }
 
   // Chunk allocator for one of the tape's pools (`what` names the pool and
   // the option that sizes it, for the out-of-memory message).

@@ -267,6 +267,34 @@ TEST(Errors, AnomalyModeNamesTheFirstNonFiniteOp) {
 // Found by attacking the C++ API (2026-12-03): a batch of no rows through
 // the GRU's backward divided by zero (SIGFPE), and an unbounded node
 // reserve ended in vector::reserve's length_error, naming nothing.
+// gru_sequence's per-stream resets: keep must be [T, B] of x's dtype on x's
+// tape, and is data (no gradient); each refusal names the op and the shapes,
+// before anything is recorded.
+TEST(Errors, AGruSequenceKeepOfTheWrongShapeDtypeOrWithAGradientIsRefused) {
+  const int64_t T = 3, B = 2, I = 4, H = 5;
+  Tape tape, other;
+  Tensor x = tape.parameter({T, B, I}), h0 = tape.parameter({B, H}), w_ih = tape.parameter({3 * H, I}),
+         w_hh = tape.parameter({3 * H, H}), b_ih = tape.parameter({3 * H}), b_hh = tape.parameter({3 * H});
+  Tensor wrong = tape.persistent({B, T}), grad = tape.parameter({T, B}), f64 = tape.persistent({T, B}, DType::F64),
+         elsewhere = other.persistent({T, B});
+  Segment seg = tape.segment();
+  const size_t nodes = tape.nodes().size();
+  std::string m = message_of<ShapeError>([&] { (void)gru_sequence(x, h0, w_ih, w_hh, b_ih, b_hh, wrong); });
+  EXPECT_NE(m.find("gru_sequence: keep must be [T, B]"), std::string::npos) << m;
+  EXPECT_NE(m.find("[2,3]"), std::string::npos) << m;
+  EXPECT_NE(m.find("[3,2,4]"), std::string::npos) << m;
+  m = message_of<Error>([&] { (void)gru_sequence(x, h0, w_ih, w_hh, b_ih, b_hh, grad); });
+  EXPECT_NE(m.find("keep f32[3,2]"), std::string::npos) << m;
+  EXPECT_NE(m.find("requires a gradient"), std::string::npos) << m;
+  m = message_of<ShapeError>([&] { (void)gru_sequence(x, h0, w_ih, w_hh, b_ih, b_hh, f64); });
+  EXPECT_NE(m.find("gru_sequence: dtypes differ"), std::string::npos) << m;
+  m = message_of<TapeError>([&] { (void)gru_sequence(x, h0, w_ih, w_hh, b_ih, b_hh, elsewhere); });
+  EXPECT_NE(m.find("different tapes"), std::string::npos) << m;
+  EXPECT_EQ(tape.nodes().size(), nodes);
+  // detached, the same values are accepted
+  EXPECT_NO_THROW((void)gru_sequence(x, h0, w_ih, w_hh, b_ih, b_hh, detach(grad)));
+}
+
 TEST(Errors, AGruBatchOfNoRowsAndAHugeNodeReserve) {
   Tape t;
   Tensor w_ih = t.parameter({12, 3}), w_hh = t.parameter({12, 4}), b_ih = t.parameter({12}), b_hh = t.parameter({12});

@@ -3,7 +3,8 @@
 // output and their butterfly sums, the cluster barriers between the phases,
 // through the same per-thread functions the CUDA kernels call. Forward and
 // backward must give the CPU's gru_sequence in float64 (values and every
-// gradient), for cluster sizes 1 to 8, full and partial lane groups. And the
+// gradient), for cluster sizes 1 to 8, full and partial lane groups, with and
+// without per-stream resets (keep). And the
 // plan: which shapes run fused, and why the others do not. In every build
 // (label `emulated`); the kernels themselves run only on a GPU (cuda_test).
 #include <gtest/gtest.h>
@@ -38,6 +39,7 @@ double butterfly(std::vector<double> v, int S) {
 struct Problem {
   int64_t T, B, I, H;
   std::vector<double> x, h0, w_ih, w_hh, b_ih, b_hh, gout;
+  std::vector<double> keep;  // [T, B] per-stream resets, or empty
 };
 
 Problem draw(int64_t T, int64_t B, int64_t I, int64_t H, unsigned seed) {
@@ -50,7 +52,7 @@ Problem draw(int64_t T, int64_t B, int64_t I, int64_t H, unsigned seed) {
     return v;
   };
   return {T, B, I, H, fill(T * B * I, 1), fill(B * H, 1), fill(3 * H * I, k), fill(3 * H * H, k),
-          fill(3 * H, k), fill(3 * H, k), fill(T * B * H, 1)};
+          fill(3 * H, k), fill(3 * H, k), fill(T * B * H, 1), {}};
 }
 
 struct Result {
@@ -69,8 +71,13 @@ Result cpu_reference(const Problem& p) {
          wh = param({3 * p.H, p.H}, p.w_hh), bi = param({3 * p.H}, p.b_ih), bh = param({3 * p.H}, p.b_hh);
   Tensor go = tape.persistent({p.T, p.B, p.H}, DType::F64);
   go.from_host(std::span<const double>(p.gout));
+  Tensor keep;
+  if (!p.keep.empty()) {
+    keep = tape.persistent({p.T, p.B}, DType::F64);
+    keep.from_host(std::span<const double>(p.keep));
+  }
   Segment seg = tape.segment();
-  Tensor y = gru_sequence(x, h0, wi, wh, bi, bh);
+  Tensor y = gru_sequence(x, h0, wi, wh, bi, bh, keep);
   Result r;
   r.y = y.to_host<double>();
   seg.backward(sum(mul(y, go)));
@@ -92,6 +99,7 @@ Result simulate(const Problem& p, const fz::Plan& plan) {
   a.steps = T, a.B = B, a.H = H, a.Hs = plan.Hs, a.S = plan.S;
   a.gi = gi.data(), a.w_hh = p.w_hh.data(), a.b_ih = p.b_ih.data(), a.b_hh = p.b_hh.data(), a.h0 = p.h0.data();
   a.y = y.data(), a.saved = saved.data();
+  a.keep = p.keep.empty() ? nullptr : p.keep.data();
   const int C = plan.C, S = plan.S;
   const int64_t outs = B * plan.Hs;  // outputs per block
   std::vector<std::vector<double>> sm(static_cast<size_t>(C));
@@ -122,16 +130,17 @@ Result simulate(const Problem& p, const fz::Plan& plan) {
   for (int c = 0; c < C; ++c) fwd_compute(c, 0, 0);
   for (int64_t t = 0; t < T; ++t) {
     const int buf = int(t % 2);
-    fz::fwd_gather(a, sm[0].data(), 0, 1, buf, remote);
+    fz::fwd_gather(a, sm[0].data(), t, 0, 1, buf, remote);
     if (t + 1 < T) fwd_compute(0, t + 1, buf ^ 1);
-    for (int c = 1; c < C; ++c) fz::fwd_gather(a, sm[size_t(c)].data(), 0, 1, buf, remote);
+    for (int c = 1; c < C; ++c) fz::fwd_gather(a, sm[size_t(c)].data(), t, 0, 1, buf, remote);
     for (int c = 1; c < C; ++c)
       if (t + 1 < T) fwd_compute(c, t + 1, buf ^ 1);
   }
 
   // backward
-  std::vector<double> dgi(size_t(T * B * R)), dgh(size_t(T * B * R)), dh0(size_t(B * H));
+  std::vector<double> dgi(size_t(T * B * R)), dgh(size_t(T * B * R)), dh0(size_t(B * H)), hk(size_t(T * B * H), NAN);
   a.gout = p.gout.data(), a.dgi = dgi.data(), a.dgh = dgh.data(), a.dh0 = dh0.data();
+  a.hk = a.keep ? hk.data() : nullptr;
   for (int c = 0; c < C; ++c) {  // NaN first: a read before backward's own write shows
     std::fill(sm[size_t(c)].begin(), sm[size_t(c)].end(), NAN);
     fz::bwd_load(a, sm[size_t(c)].data(), c, 0, 1);
@@ -141,20 +150,20 @@ Result simulate(const Problem& p, const fz::Plan& plan) {
     for (int64_t o = 0; o < outs; ++o)
       direct[size_t(c * outs + o)] = fz::bwd_gates(a, sm[size_t(c)].data(), who(c, o, 0), t, carry[size_t(c * outs + o)], buf);
   };
-  auto bwd_after = [&](int c, int buf) {  // after it: gather, then the carried dh
+  auto bwd_after = [&](int c, int64_t t, int buf) {  // after it: gather, then the carried dh
     fz::bwd_gather(a, sm[size_t(c)].data(), 0, 1, buf, remote);
     for (int64_t o = 0; o < outs; ++o) {
       std::vector<double> part;
       for (int lane = 0; lane < S; ++lane) part.push_back(fz::bwd_partial(a, sm[size_t(c)].data(), who(c, o, lane)));
-      carry[size_t(c * outs + o)] = direct[size_t(c * outs + o)] + butterfly(part, S);
+      carry[size_t(c * outs + o)] = fz::bwd_carry(a, who(c, o, 0), t, direct[size_t(c * outs + o)], butterfly(part, S));
     }
   };
   for (int c = 0; c < C; ++c) bwd_before(c, T - 1, 0);
   for (int64_t t = T - 1, k = 0; t >= 0; --t, ++k) {  // block 0 runs ahead again
     const int buf = int(k % 2);
-    bwd_after(0, buf);
+    bwd_after(0, t, buf);
     if (t > 0) bwd_before(0, t - 1, buf ^ 1);
-    for (int c = 1; c < C; ++c) bwd_after(c, buf);
+    for (int c = 1; c < C; ++c) bwd_after(c, t, buf);
     for (int c = 1; c < C; ++c)
       if (t > 0) bwd_before(c, t - 1, buf ^ 1);
   }
@@ -169,8 +178,8 @@ Result simulate(const Problem& p, const fz::Plan& plan) {
   r.y = y, r.dh0 = dh0;
   r.dx.assign(size_t(T * B * I), 0), r.dw_ih.assign(size_t(R * I), 0), r.dw_hh.assign(size_t(R * H), 0);
   r.db_ih.assign(size_t(R), 0), r.db_hh.assign(size_t(R), 0);
-  for (int64_t row = 0; row < T * B; ++row) {
-    const double* hp = row < B ? &p.h0[size_t(row * H)] : &y[size_t((row - B) * H)];
+  for (int64_t row = 0; row < T * B; ++row) {  // with keep, dW_hh's rows are the masked states the kernel wrote
+    const double* hp = a.hk ? &hk[size_t(row * H)] : row < B ? &p.h0[size_t(row * H)] : &y[size_t((row - B) * H)];
     for (int64_t q = 0; q < R; ++q) {
       const double di = dgi[size_t(row * R + q)], dh = dgh[size_t(row * R + q)];
       for (int64_t i = 0; i < I; ++i) {
@@ -191,6 +200,17 @@ double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
     den = std::max(den, std::fabs(b[i]));
   }
   return num / std::max(den, 1e-300);
+}
+
+// The simulation against the CPU in float64: values to 1e-12, every gradient to 1e-10.
+void expect_same(const Result& got, const Result& want) {
+  EXPECT_LE(rel_diff(got.y, want.y), 1e-12) << "y";
+  EXPECT_LE(rel_diff(got.dx, want.dx), 1e-10) << "dx";
+  EXPECT_LE(rel_diff(got.dh0, want.dh0), 1e-10) << "dh0";
+  EXPECT_LE(rel_diff(got.dw_ih, want.dw_ih), 1e-10) << "dW_ih";
+  EXPECT_LE(rel_diff(got.dw_hh, want.dw_hh), 1e-10) << "dW_hh";
+  EXPECT_LE(rel_diff(got.db_ih, want.db_ih), 1e-10) << "db_ih";
+  EXPECT_LE(rel_diff(got.db_hh, want.db_hh), 1e-10) << "db_hh";
 }
 
 TEST(FusedGru, SimulatedClusterEqualsTheCpuInFloat64) {
@@ -216,13 +236,43 @@ TEST(FusedGru, SimulatedClusterEqualsTheCpuInFloat64) {
     EXPECT_EQ(plan.S, k.S);
     const Problem p = draw(k.T, k.B, k.I, k.H, unsigned(k.T * 1000 + k.H));
     const Result want = cpu_reference(p), got = simulate(p, plan);
-    EXPECT_LE(rel_diff(got.y, want.y), 1e-12) << "y";
-    EXPECT_LE(rel_diff(got.dx, want.dx), 1e-10) << "dx";
-    EXPECT_LE(rel_diff(got.dh0, want.dh0), 1e-10) << "dh0";
-    EXPECT_LE(rel_diff(got.dw_ih, want.dw_ih), 1e-10) << "dW_ih";
-    EXPECT_LE(rel_diff(got.dw_hh, want.dw_hh), 1e-10) << "dW_hh";
-    EXPECT_LE(rel_diff(got.db_ih, want.db_ih), 1e-10) << "db_ih";
-    EXPECT_LE(rel_diff(got.db_hh, want.db_hh), 1e-10) << "db_hh";
+    expect_same(got, want);
+  }
+}
+
+// Per-stream resets inside the launch (gru_sequence's keep): the simulated
+// cluster against the CPU's gru_sequence with the same keep (gru_cell steps
+// with the state masked), in float64. keep holds zeros (episode ends, also
+// at step 0 and in the last step), ones, and factors in between (the op
+// takes any factor); a reset must cut the gradient too, which a dh0 of zero
+// for streams reset at step 0 shows.
+TEST(FusedGru, SimulatedClusterWithResetsEqualsTheCpuInFloat64) {
+  struct Case {
+    int64_t T, B, I, H;
+  };
+  const Case cases[] = {{9, 1, 5, 128}, {6, 32, 7, 128}, {5, 11, 4, 6}, {7, 3, 6, 40}, {1, 4, 3, 8}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE("T " + std::to_string(k.T) + ", B " + std::to_string(k.B) + ", I " + std::to_string(k.I) + ", H " +
+                 std::to_string(k.H));
+    const fz::Plan plan = fz::plan(k.B, k.H, sizeof(double), kH200);
+    ASSERT_TRUE(plan.use) << plan.why_not;
+    Problem p = draw(k.T, k.B, k.I, k.H, unsigned(k.T * 77 + k.B));
+    std::mt19937 g(unsigned(k.H));
+    p.keep.resize(size_t(k.T * k.B));
+    for (int64_t t = 0; t < k.T; ++t)
+      for (int64_t b = 0; b < k.B; ++b) {
+        const unsigned u = g() % 8;
+        p.keep[size_t(t * k.B + b)] = u < 2 ? 0.0 : u == 2 ? 0.5 : 1.0;
+      }
+    p.keep[0] = 0;                                 // stream 0 starts from zero: h0 reaches nothing of it
+    p.keep[size_t((k.T - 1) * k.B + k.B - 1)] = 0;  // a reset in the last step
+    const Result want = cpu_reference(p), got = simulate(p, plan);
+    expect_same(got, want);
+    for (int64_t j = 0; j < k.H; ++j) EXPECT_EQ(got.dh0[size_t(j)], 0.0) << "dh0 of the stream reset at step 0, unit " << j;
+    // and the resets matter: without them the same problem gives other values
+    Problem plain = p;
+    plain.keep.clear();
+    EXPECT_GT(rel_diff(simulate(plain, plan).y, want.y), 1e-3);
   }
 }
 

@@ -238,6 +238,33 @@ inline std::vector<OpCase> op_cases() {
     // torch::gru(input, hx [layers, B, H], params, has_biases, layers, dropout, train, bidirectional, batch_first)
     return std::get<0>(torch::gru(in[0], in[1].unsqueeze(0), {in[2], in[3], in[4], in[5]}, true, 1, 0.0, true, false, false));
   });
+  // The same with per-stream resets (keep [T, B], no gradient): the state
+  // entering step t is keep[t, b] h_{t-1}. A third of the entries are 0 (an
+  // episode ends), stream 0 is reset at step 0; the fused kernels on CUDA
+  // take it in their launch, the CPU and cuDNN's shapes compose masked cells.
+  c.push_back(c[c.size() - 1]);
+  c.back().name = "gru_sequence_keep";
+  c.back().f = [](Tape& t, const std::vector<Tensor>& in, const int64_t*) {
+    const int64_t T = in[0].dim(0), B = in[0].dim(1);
+    std::vector<double> k(size_t(T * B));
+    for (size_t i = 0; i < k.size(); ++i) k[i] = i == 0 || i % 3 == 1 ? 0.0 : 1.0;
+    if (in[0].dtype == DType::F64) return gru_sequence(in[0], in[1], in[2], in[3], in[4], in[5], t.from(std::span<const double>(k), {T, B}));
+    const std::vector<float> kf(k.begin(), k.end());
+    return gru_sequence(in[0], in[1], in[2], in[3], in[4], in[5], t.from(std::span<const float>(kf), {T, B}));
+  };
+  c.back().torch = SEGTAPE_TORCH([](W in, const int64_t*) {
+    const int64_t T = in[0].size(0), B = in[0].size(1);
+    torch::Tensor h = in[1];
+    std::vector<torch::Tensor> ys;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> k(static_cast<size_t>(B));
+      for (int64_t b = 0; b < B; ++b) k[size_t(b)] = t * B + b == 0 || (t * B + b) % 3 == 1 ? 0.0 : 1.0;
+      const torch::Tensor keep = torch::tensor(k, in[0].options().requires_grad(false)).unsqueeze(1);
+      h = torch::gru_cell(in[0][t], h * keep, in[2], in[3], in[4], in[5]);
+      ys.push_back(h);
+    }
+    return torch::stack(ys);
+  });
   // Composed graphs.
   c.push_back({"mlp_cross_entropy", [](const int64_t* d) { return S{{d[0], d[1]}, {d[1], d[2]}, {d[2]}, {d[2], 3}}; },
                [](Tape& t, const std::vector<Tensor>& in, const int64_t* d) {

@@ -49,6 +49,7 @@ class CudaBackend final : public detail::Backend {
   // ---- detail::Backend
   ChunkAllocator allocator(const char* what) override;
   bool has_gru_sequence() const override { return true; }  // cuDNN's (gru_sequence.cpp)
+  bool gru_sequence_keeps(int64_t B, int64_t H, DType d) override;  // where the fused kernels run (gru_sequence.cpp)
   void forward(Tape& tape, Node& n) override;
   void backward(Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst) override;
   void copy(void* dst, const void* src, size_t bytes, Copy kind) override;

@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(1024) fused_gru_forward_kernel(fused::Args<T> 
     for (int g = 0; g < 3; ++g) acc[g] = group_sum(acc[g], a.S);
     if (th.active && th.w.lane == 0) fused::fwd_finish(a, th.sm, th.w, t, acc, buf);
     th.cl.sync();  // every block's h' published
-    fused::fwd_gather(a, th.sm, th.tid, th.n, buf, remote);
+    fused::fwd_gather(a, th.sm, t, th.tid, th.n, buf, remote);
     __syncthreads();
     buf ^= 1;
   }
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(1024) fused_gru_backward_kernel(fused::Args<T>
     fused::bwd_gather(a, th.sm, th.tid, th.n, buf, remote);
     __syncthreads();
     const T p = group_sum(th.active ? fused::bwd_partial(a, th.sm, th.w) : T(0), a.S);
-    carry = direct + p;
+    carry = th.active ? fused::bwd_carry(a, th.w, t, direct, p) : T(0);  // (an inactive thread's b is past B)
     buf ^= 1;
   }
   if (th.active && th.w.lane == 0) a.dh0[th.w.b * a.H + th.w.j] = carry;

@@ -19,6 +19,14 @@
 //                         gathered; carried dh = dh z + dgh W_hh for its units
 //                         (W_hh's columns of its units, held transposed).
 //
+// Per-stream resets (gru_sequence's `keep`, [T, B]): the state entering step
+// t is keep[t, b] h_{t-1} (h0 at t = 0): 1 carries it, 0 starts an episode
+// from zero, inside the launch and without cutting the segment. Forward
+// scales each row of h as it is loaded (h0) or gathered (h_t, for step t + 1);
+// backward takes that masked state as the step's h_{t-1} (its z term, and the
+// rows of the dW_hh GEMM, written to `hk`), and scales the carried dL/dh by
+// keep[t, b] as it leaves step t for step t - 1 (and dh0).
+//
 // The per-thread work below is written once, for the host (a host simulation
 // of the whole cluster, tests/fused_gru_test.cpp, in every build) and for the
 // kernels (fused_gru.cu). Compiled by g++ (C++20) and nvcc (C++17).
@@ -129,7 +137,16 @@ struct Args {
   T* dgi;         // [T, B, 3H] pre-activation gradients of x W_ih^T + b_ih
   T* dgh;         // [T, B, 3H] ... of h W_hh^T + b_hh
   T* dh0;         // [B, H] dL/dh0 (written)
+  // resets (nullptr: none)
+  const T* keep;  // [T, B]: the state entering step t is keep[t, b] h_{t-1}
+  T* hk;          // [T, B, H] backward, with keep: the masked state entering each step (dW_hh's rows)
 };
+
+// The factor on row b of the state entering step t.
+template <class T>
+SEGTAPE_HD T keep_at(const Args<T>& a, int64_t t, int64_t b) {
+  return a.keep ? a.keep[t * a.B + b] : T(1);
+}
 
 // Thread tid of block c: its output o = tid / S -> (row b, unit j), lane tid % S.
 struct Who {
@@ -158,7 +175,7 @@ SEGTAPE_HD void fwd_load(const Args<T>& a, T* sm, int c, int tid, int n) {
     const int64_t g = row / a.Hs, jl = row % a.Hs;
     sm[L.w + row * L.Hp + k] = a.w_hh[(g * a.H + int64_t(c) * a.Hs + jl) * a.H + k];
   }
-  for (int64_t i = tid; i < a.B * a.H; i += n) sm[L.h + (i / a.H) * L.Hp + i % a.H] = a.h0[i];
+  for (int64_t i = tid; i < a.B * a.H; i += n) sm[L.h + (i / a.H) * L.Hp + i % a.H] = a.h0[i] * keep_at(a, 0, i / a.H);
 }
 
 // Lane's partial sums of gate g's row of its unit against its row's h.
@@ -195,15 +212,17 @@ SEGTAPE_HD void fwd_finish(const Args<T>& a, T* sm, const Who& w, int64_t t, con
   sm[L.pub + (buf * a.B + w.b) * a.Hs + w.jl] = h1;
 }
 
-// After the cluster barrier: block c gathers h' of every unit; remote(rank)
-// is block rank's shared memory (the cluster's distributed shared memory).
+// After step t's cluster barrier: block c gathers h' of every unit, masked as
+// it enters step t + 1; remote(rank) is block rank's shared memory (the
+// cluster's distributed shared memory).
 template <class T, class Remote>
-SEGTAPE_HD void fwd_gather(const Args<T>& a, T* sm, int tid, int n, int buf, Remote remote) {
+SEGTAPE_HD void fwd_gather(const Args<T>& a, T* sm, int64_t t, int tid, int n, int buf, Remote remote) {
   const FwdSmem L(a.B, a.H, a.Hs, a.S);
   for (int64_t i = tid; i < a.B * a.H; i += n) {
     const int64_t b = i / a.H, k = i % a.H;
     const T* src = remote(int(k / a.Hs));
-    sm[L.h + b * L.Hp + k] = src[L.pub + (buf * a.B + b) * a.Hs + k % a.Hs];
+    const T v = src[L.pub + (buf * a.B + b) * a.Hs + k % a.Hs];
+    sm[L.h + b * L.Hp + k] = t + 1 < a.steps ? v * keep_at(a, t + 1, b) : v;
   }
 }
 
@@ -228,7 +247,8 @@ SEGTAPE_HD T bwd_gates(const Args<T>& a, T* sm, const Who& w, int64_t t, T carry
   const int64_t H = a.H, j = w.j, row = t * a.B + w.b;
   const T* S = a.saved + row * 4 * H;
   const T r = S[j], z = S[H + j], n = S[2 * H + j], hn = S[3 * H + j];
-  const T hp = t > 0 ? a.y[(row - a.B) * H + j] : a.h0[w.b * H + j];
+  const T hp = (t > 0 ? a.y[(row - a.B) * H + j] : a.h0[w.b * H + j]) * keep_at(a, t, w.b);
+  if (a.hk) a.hk[row * H + j] = hp;
   const T g = a.gout[row * H + j] + carry;
   const T dn = g * (T(1) - z) * (T(1) - n * n);
   const T dz = g * (hp - n) * z * (T(1) - z);
@@ -251,6 +271,13 @@ SEGTAPE_HD void bwd_gather(const Args<T>& a, T* sm, int tid, int n, int buf, Rem
     const T* src = remote(int(k / a.Hs));
     sm[L.dg + b * L.Rp + r] = src[L.pub + ((buf * a.B + b) * 3 + g) * a.Hs + k % a.Hs];
   }
+}
+
+// dL/dh_{t-1} of (b, j) as it leaves step t: the direct term g z and the
+// summed dgh W_hh, scaled by the factor the state entered step t with.
+template <class T>
+SEGTAPE_HD T bwd_carry(const Args<T>& a, const Who& w, int64_t t, T direct, T partial) {
+  return (direct + partial) * keep_at(a, t, w.b);
 }
 
 // Lane's partial of dgh W_hh for its (b, j).

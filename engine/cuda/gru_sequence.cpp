@@ -23,7 +23,8 @@
 // instead: x W_ih^T for all steps in one GEMM, the recurrence in one
 // persistent launch, and in backward the recurrence in one launch in reverse
 // followed by the GEMMs of dx and the weight gradients over all steps.
-// n.ia[3] says which path the forward took.
+// n.ia[3] says which path the forward took (0 cuDNN, 1 fused, 2 fused with
+// per-stream resets: only the fused kernels take gru_sequence's `keep`).
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -132,20 +133,41 @@ fused::Args<T> fused_args(const Node& n, int64_t Hs, int S) {
   return a;
 }
 
-// n.saved = the gates [T, B, 4H] when a gradient is wanted; gi [T, B, 3H] in the arena too.
+// The copy of gru_sequence's keep [T, B] that the fused forward made: after
+// the gates in n.saved (n.ia[3] == 2), or nullptr.
+template <class T>
+const T* saved_keep(const Node& n) {
+  const int64_t T_ = n.in[0].dim(0), B = n.in[0].dim(1), H = n.in[1].dim(1);
+  if (n.ia[3] != 2 || !n.saved) return nullptr;
+  return reinterpret_cast<const T*>(static_cast<const char*>(n.saved) + arena_bytes(T_ * B * 4 * H, n.in[0].dtype));
+}
+
+// On entry n.saved is gru_sequence's keep [T, B] (the op's, engine/ops/gru.cpp)
+// or nullptr. After: n.saved = the gates [T, B, 4H] when a gradient is wanted,
+// followed by a copy of keep when given (backward reads the copy: the caller's
+// keep may change after the op; n.ia[3] = 2 says it is there); gi [T, B, 3H]
+// in the arena too (and keep's copy in inference mode).
 void fused_forward(CudaBackend& be, Tape& tape, Node& n, const fused::Plan& p) {
   const Tensor& x = n.in[0];
   const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = n.in[1].dim(1);
+  const void* keep_src = n.saved;
   const bool training = n.ia[0] != 0;
   const size_t gi_bytes = arena_bytes(T * B * 3 * H, x.dtype), saved_bytes = training ? arena_bytes(T * B * 4 * H, x.dtype) : 0;
+  const size_t keep_bytes = keep_src ? arena_bytes(T * B, x.dtype) : 0;
   void* gi = In::alloc(tape, gi_bytes, OpKind::GruSequence, "gru_sequence");
-  n.saved = training ? In::alloc(tape, saved_bytes, OpKind::GruSequence, "gru_sequence") : nullptr;
-  n.ia = {training, p.C, p.S, 1};  // the plan's cluster and lanes, for backward
-  n.bytes += gi_bytes + saved_bytes;
+  n.saved = training ? In::alloc(tape, saved_bytes + keep_bytes, OpKind::GruSequence, "gru_sequence") : nullptr;
+  void* keep = !keep_src ? nullptr
+               : training ? static_cast<char*>(n.saved) + saved_bytes
+                          : In::alloc(tape, keep_bytes, OpKind::GruSequence, "gru_sequence");
+  n.ia = {training, p.C, p.S, keep ? 2 : 1};  // the plan's cluster and lanes, for backward; 2: keep's copy follows the gates
+  n.bytes += gi_bytes + saved_bytes + keep_bytes;
+  // (a signed call of its own: a graph replay checks the source's address)
+  if (keep) be.copy(keep, keep_src, size_t(T * B) * dtype_size(x.dtype), detail::Backend::Copy::DeviceToDevice);
   if (!be.issue(detail::op_signature(n, nullptr, nullptr), "gru_sequence")) return;
   detail::dispatch(x.dtype, [&]<class E>() {
     fused::Args<E> a = fused_args<E>(n, p.Hs, p.S);
     a.gi = static_cast<const E*>(gi);
+    a.keep = static_cast<const E*>(keep);
     be.gemm(false, true, T * B, 3 * H, I, E(1), static_cast<const E*>(x.ptr), I, static_cast<const E*>(n.in[2].ptr), I, E(0),
             static_cast<E*>(gi), 3 * H);
     fused_gru_forward<E>(be.stream(), p, a);
@@ -162,12 +184,15 @@ void fused_backward(CudaBackend& be, Tape& tape, const Node& n, const void* gout
   void* dgi = In::alloc(tape, arena_bytes(T * B * 3 * H, x.dtype), GradBuffers{}, "backward");
   void* dgh = In::alloc(tape, arena_bytes(T * B * 3 * H, x.dtype), GradBuffers{}, "backward");
   void* dh0 = In::alloc(tape, h0.nbytes(), GradBuffers{}, "backward");
+  const bool keeps = n.ia[3] == 2;  // the state entering each step masked by keep: dW_hh's rows, written by the kernel
+  void* hk = keeps && dst[3] ? In::alloc(tape, arena_bytes(T * B * H, x.dtype), GradBuffers{}, "backward") : nullptr;
   if (!be.issue(detail::op_signature(n, gout, &dst), "gru_sequence backward")) return;
   const cudaStream_t s = be.stream();
   detail::dispatch(x.dtype, [&]<class E>() {
     fused::Args<E> a = fused_args<E>(n, p.Hs, p.S);
     a.gout = static_cast<const E*>(gout);
     a.dgi = static_cast<E*>(dgi), a.dgh = static_cast<E*>(dgh), a.dh0 = static_cast<E*>(dh0);
+    a.keep = saved_keep<E>(n), a.hk = static_cast<E*>(hk);
     fused_gru_backward<E>(s, p, a);
     const E* gI = a.dgi;
     const E* gH = a.dgh;
@@ -176,8 +201,12 @@ void fused_backward(CudaBackend& be, Tape& tape, const Node& n, const void* gout
     if (E* d = static_cast<E*>(dst[1])) accumulate<E>(s, d, a.dh0, B * H);
     if (E* d = static_cast<E*>(dst[2])) be.gemm(true, false, 3 * H, I, T * B, E(1), gI, 3 * H, xs, I, E(1), d, I);
     if (E* d = static_cast<E*>(dst[3])) {  // sum over t of dgh[t]^T h_{t-1}: h0, then y[0 .. T-2]
-      be.gemm(true, false, 3 * H, H, B, E(1), gH, 3 * H, a.h0, H, E(1), d, H);
-      if (T > 1) be.gemm(true, false, 3 * H, H, (T - 1) * B, E(1), gH + B * 3 * H, 3 * H, a.y, H, E(1), d, H);
+      if (a.hk) {  // ... as the steps took them, masked by keep
+        be.gemm(true, false, 3 * H, H, T * B, E(1), gH, 3 * H, a.hk, H, E(1), d, H);
+      } else {
+        be.gemm(true, false, 3 * H, H, B, E(1), gH, 3 * H, a.h0, H, E(1), d, H);
+        if (T > 1) be.gemm(true, false, 3 * H, H, (T - 1) * B, E(1), gH + B * 3 * H, 3 * H, a.y, H, E(1), d, H);
+      }
     }
     if (E* d = static_cast<E*>(dst[4])) column_sums<E>(s, gI, d, T * B, 3 * H, be.partials<E>());
     if (E* d = static_cast<E*>(dst[5])) column_sums<E>(s, gH, d, T * B, 3 * H, be.partials<E>());
@@ -202,6 +231,8 @@ fused::Plan fused::device_plan(int64_t B, int64_t H, size_t elem) {
   }
   return p;
 }
+
+bool CudaBackend::gru_sequence_keeps(int64_t B, int64_t H, DType d) { return fused_gru_plan(B, H, d).use; }
 
 fused::Plan CudaBackend::fused_gru_plan(int64_t B, int64_t H, DType d, bool honour_env) {
   if (honour_env && fused::off_by_env()) {
@@ -274,6 +305,8 @@ void gru_sequence_forward(CudaBackend& be, Tape& tape, Node& n) {
   const Tensor &x = n.in[0], &h0 = n.in[1];
   const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = h0.dim(1);
   if (const fused::Plan fp = be.fused_gru_plan(B, H, x.dtype); fp.use) return fused_forward(be, tape, n, fp);
+  if (n.saved)  // a keep: the op composes cells where the fused kernels do not run (gru_sequence_keeps)
+    throw TapeError("gru_sequence: per-stream resets (keep) reached cuDNN's GRU, which has none");
   GruPlan& p = be.gru_plan(T, B, I, H, x.dtype);
   const bool training = n.ia[0] != 0;
   const size_t wbytes = dnn_align(p.weight_bytes), rbytes = training ? dnn_align(p.reserve_bytes) : 0;
@@ -300,7 +333,7 @@ void gru_sequence_forward(CudaBackend& be, Tape& tape, Node& n) {
 
 void gru_sequence_backward(CudaBackend& be, Tape& tape, const Node& n, const void* gout,
                            const std::array<void*, Node::kMaxInputs>& dst) {
-  if (n.ia[3] == 1 && n.saved) return fused_backward(be, tape, n, gout, dst);
+  if (n.ia[3] != 0 && n.saved) return fused_backward(be, tape, n, gout, dst);
   const Tensor &x = n.in[0], &h0 = n.in[1];
   const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = h0.dim(1);
   if (!n.ia[0] || !n.saved)  // recorded only when a gradient is wanted, i.e. after a training-mode forward

@@ -191,19 +191,24 @@ namespace {
 // last step's), their states stacked along axis 0 exactly as concat() of the
 // steps would stack them (runs of at most Node::kMaxInputs, a balanced tree)
 // but with no list of steps: no heap.
+// With keep (expanded to e [T B, H]: row t B + b holds keep[t, b]), the
+// state entering step s is h * e's rows of step s.
 Tensor gru_steps(const Tensor& x, Tensor& h, int64_t s0, int64_t len, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
-                 const Tensor& b_hh) {
+                 const Tensor& b_hh, const Tensor& e) {
   constexpr int64_t G = Node::kMaxInputs;
   const int64_t B = x.dim(1), I = x.dim(2);
   std::array<Tensor, G> parts;
-  if (len == 1) return h = gru_cell(reshape(slice(x, 0, s0, 1), {B, I}), h, w_ih, w_hh, b_ih, b_hh);
+  if (len == 1) {
+    const Tensor in = e.defined() ? mul(h, slice(e, 0, s0 * B, B)) : h;
+    return h = gru_cell(reshape(slice(x, 0, s0, 1), {B, I}), in, w_ih, w_hh, b_ih, b_hh);
+  }
   if (len <= G) {
-    for (int64_t s = 0; s < len; ++s) parts[size_t(s)] = gru_steps(x, h, s0 + s, 1, w_ih, w_hh, b_ih, b_hh);
+    for (int64_t s = 0; s < len; ++s) parts[size_t(s)] = gru_steps(x, h, s0 + s, 1, w_ih, w_hh, b_ih, b_hh, e);
     return concat(std::span<const Tensor>(parts.data(), size_t(len)), 0);
   }
   for (int64_t r = 0, at = s0; r < G; ++r) {
     const int64_t n = len / G + (r < len % G ? 1 : 0);
-    parts[size_t(r)] = gru_steps(x, h, at, n, w_ih, w_hh, b_ih, b_hh);
+    parts[size_t(r)] = gru_steps(x, h, at, n, w_ih, w_hh, b_ih, b_hh, e);
     at += n;
   }
   return concat(std::span<const Tensor>(parts.data(), size_t(G)), 0);
@@ -211,22 +216,37 @@ Tensor gru_steps(const Tensor& x, Tensor& h, int64_t s0, int64_t len, const Tens
 }  // namespace
 
 Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
-                    const Tensor& b_hh) {
+                    const Tensor& b_hh, const Tensor& keep) {
   const char* op = "gru_sequence";
-  Tape& t = ops::check(op, {&x, &h0, &w_ih, &w_hh, &b_ih, &b_hh});
+  Tape& t = keep.defined() ? ops::check(op, {&x, &h0, &w_ih, &w_hh, &b_ih, &b_hh, &keep})
+                           : ops::check(op, {&x, &h0, &w_ih, &w_hh, &b_ih, &b_hh});
   if (x.rank() != 3 || h0.rank() != 2 || w_ih.rank() != 2 || w_hh.rank() != 2 || x.dim(0) < 1 || x.dim(1) != h0.dim(0))
     ops::shape_error(op, "expects x [T, B, I] with T >= 1, h0 [B, H], w_ih [3H, I], w_hh [3H, H]", {&x, &h0, &w_ih, &w_hh});
   const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = h0.dim(1);
   if (w_ih.dim(0) != 3 * H || w_ih.dim(1) != I || w_hh.dim(0) != 3 * H || w_hh.dim(1) != H)
     ops::shape_error(op, "weights must be w_ih [3H, I] and w_hh [3H, H] for x [T, B, I], h0 [B, H]", {&x, &h0, &w_ih, &w_hh});
   if (b_ih.numel() != 3 * H || b_hh.numel() != 3 * H) ops::shape_error(op, "biases must have 3H elements", {&h0, &b_ih, &b_hh});
-  if (!In::backend(t)->has_gru_sequence()) {
+  if (keep.defined()) {
+    if (keep.rank() != 2 || keep.dim(0) != T || keep.dim(1) != B)
+      ops::shape_error(op, "keep must be [T, B] for x [T, B, I] (the factor on each stream's state as it enters each step: 1 "
+                       "carries it, 0 starts the stream from zero)", {&x, &keep});
+    if (keep.requires_grad)
+      throw Error("gru_sequence: keep " + keep.describe() + " requires a gradient; it is a mask of data (done flags) and gets "
+                  "none: pass detach(keep)");
+  }
+  detail::Backend* be = In::backend(t);
+  if (!be->has_gru_sequence() || (keep.defined() && !be->gru_sequence_keeps(B, H, x.dtype))) {
+    // keep, expanded to the state's width: e [T B, H] = keep as a column times a row of ones
+    const Tensor e = keep.defined() ? matmul(reshape(keep, {T * B, 1}), exp(t.zeros({1, H}, x.dtype))) : Tensor{};
     Tensor h = h0;
-    return reshape(gru_steps(x, h, 0, T, w_ih, w_hh, b_ih, b_hh), {T, B, H});
+    return reshape(gru_steps(x, h, 0, T, w_ih, w_hh, b_ih, b_hh, e), {T, B, H});
   }
   // One node; the backend allocates its weight and reserve space in the arena
   // (n.saved, counted in n.bytes) when a gradient is wanted (ia[0]).
   Node n = ops::node(OpKind::GruSequence, {x, h0, w_ih, w_hh, b_ih, b_hh});
+  // keep travels to the backend in n.saved (its own buffers replace it there:
+  // the fused forward copies keep into the arena, gru_sequence.cpp).
+  n.saved = keep.defined() ? keep.ptr : nullptr;
   // Its backward (CUDA's only: the CPU composes cells, above) reads h0, the
   // output, W_hh, W_ih for dx, and x for the weights' gradients (cuDNN's for
   // all four at once); never the biases. cuDNN reads the weights as its

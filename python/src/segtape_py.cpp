@@ -593,9 +593,10 @@ NB_MODULE(_segtape, m) {
     return wrap(gru_cell(x.get(), h.get(), wih.get(), whh.get(), bih.get(), bhh.get(), recompute), x.box);
   }, "x"_a, "h"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a, "recompute"_a = false);
   m.def("gru_sequence", [](const PyTensor& x, const PyTensor& h, const PyTensor& wih, const PyTensor& whh,
-                           const PyTensor& bih, const PyTensor& bhh) {
-    return apply(segtape::gru_sequence, x, h, wih, whh, bih, bhh);
-  }, "x"_a, "h0"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a);
+                           const PyTensor& bih, const PyTensor& bhh, const std::optional<PyTensor>& keep) {
+    return wrap(segtape::gru_sequence(x.get(), h.get(), wih.get(), whh.get(), bih.get(), bhh.get(), keep ? keep->get() : Tensor{}),
+                x.box);
+  }, "x"_a, "h0"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a, "keep"_a = nb::none());
 
   // ------------------------------------------------------------ Tape
   nb::class_<PyTape>(m, "_Tape")

@@ -84,3 +84,41 @@ def test_torch_state_dict_names_are_segtape_names():
     tape = segtape.Tape()
     net = Net(tape, nn.Rng(0))
     assert [n for n, _ in net.named_parameters()] == list(TorchNet().state_dict().keys())
+
+
+def test_gru_sequence_with_per_stream_resets_equals_torch_masking_the_state():
+    """keep [T, B]: the state entering step t is keep[t] * h (PyTorch: h * (1 - done))."""
+    tape = segtape.Tape()
+    net = Net(tape, nn.Rng(7))
+    ref = TorchNet()
+    copy_weights(net, ref)
+    p = dict(net.named_parameters())
+    gen = np.random.default_rng(1)
+    T, B = 6, 3
+    xs = gen.standard_normal((T, B, 6)).astype(np.float32)
+    done = np.zeros((T, B), dtype=np.float32)
+    done[0, 0] = done[2, 1] = done[3, 1] = done[5, 2] = 1  # episode ends before these steps
+    w = gen.standard_normal((T, B, 8)).astype(np.float32)
+    with tape.segment() as seg:
+        h0 = tape.zeros([B, 8])
+        ys = segtape.gru_sequence(tape.tensor(xs), h0, p["gru.weight_ih"], p["gru.weight_hh"], p["gru.bias_ih"],
+                                  p["gru.bias_hh"], keep=tape.tensor(1 - done))
+        loss = (ys * tape.tensor(w)).sum()
+        seg.backward(loss)
+        got = ys.numpy()
+    th = torch.zeros(B, 8)
+    outs = []
+    for t in range(T):
+        th = ref.gru(torch.from_numpy(xs[t]), th * (1 - torch.from_numpy(done[t])).unsqueeze(1))
+        outs.append(th)
+    want = torch.stack(outs)
+    (want * torch.from_numpy(w)).sum().backward()
+    assert np.abs(got - want.detach().numpy()).max() <= 1e-5
+    for name, tp in ref.gru.named_parameters():
+        g, wg = p["gru." + name].grad.numpy(), tp.grad.numpy()
+        assert np.abs(g - wg).max() <= 1e-5 * max(1.0, np.abs(wg).max()), name
+    # without keep the same inputs give other states: the resets took effect
+    with tape.segment():
+        plain = segtape.gru_sequence(tape.tensor(xs), tape.zeros([B, 8]), p["gru.weight_ih"], p["gru.weight_hh"],
+                                     p["gru.bias_ih"], p["gru.bias_hh"]).numpy()
+    assert np.abs(plain - got).max() > 1e-3

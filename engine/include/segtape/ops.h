@@ -62,8 +62,14 @@ Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tens
 // [T, B, H] (the last row is h_T). On CUDA one node runs cuDNN's GRU
 // (cudnnRNNForward / BackwardData / BackwardWeights); on the CPU it is
 // composed of T fused gru_cell steps (same values, a node per step).
+// keep (optional, [T, B], x's dtype, no gradient): per-stream resets inside
+// the sequence. The state entering step t is keep[t, b] * h_{t-1} (h0 at
+// t = 0): 1 carries it, 0 starts stream b's next episode from zero at step t
+// (PyTorch: h = h * (1 - done) before each step). On CUDA the fused kernels
+// take it inside their launch; where they do not run, the op composes
+// gru_cell steps with the mask (cuDNN's GRU has no resets).
 Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
-                    const Tensor& b_hh);
+                    const Tensor& b_hh, const Tensor& keep = Tensor{});
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
