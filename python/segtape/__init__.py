@@ -183,20 +183,25 @@ class Tape(_C._Tape):
         return self._to_dot(pairs, first_step, _UINT32_MAX if last_step is None else last_step, max_nodes)
 
 
-def _backward(self, loss=None, seeds=(), *, grad_output=None, retain_graph=False):
+def _backward(self, loss=None, seeds=(), *, grad_output=None, retain_graph=False, allow_overwritten=False):
     """Accumulates d(objective)/d(parameters) into the parameters' gradients.
 
     loss: a one-element tensor (the objective), or, with grad_output, any
     tensor of the segment whose gradient grad_output is. seeds: a list of
     (tensor, gradient) pairs added to the objective, e.g. the state leaving
-    the segment with dL/dh from the segment after it (exact BPTT)."""
+    the segment with dL/dh from the segment after it (exact BPTT).
+    allow_overwritten: let the backward through where a tensor one of its ops
+    reads was written after the op was recorded (an optimizer step, copy_()),
+    which raises TapeError otherwise; it then reads the values as they are
+    now, not the ones the forward used (teaching: retained history across
+    updates)."""
     if grad_output is not None:
         if seeds:
             raise TapeError("backward: give seeds or grad_output, not both")
-        return self._backward_grad(loss, grad_output, retain_graph)
+        return self._backward_grad(loss, grad_output, retain_graph, allow_overwritten)
     if loss is None and not seeds:
         raise TapeError("backward: nothing to differentiate (give a loss, seeds, or both)")
-    return self._backward(loss, list(seeds), retain_graph)
+    return self._backward(loss, list(seeds), retain_graph, allow_overwritten)
 
 
 Segment.backward = _backward

@@ -697,16 +697,17 @@ NB_MODULE(_segtape, m) {
       .def_prop_ro("index", [](const PySegment& s) { return s.index; })
       .def_prop_ro("open", [](const PySegment& s) { return bool(s.box->open) && s.box->open_index == s.index; })
       .def("_backward", [](PySegment& s, std::optional<PyTensor> loss, const std::vector<std::pair<PyTensor, PyTensor>>& seeds,
-                           bool retain) {
+                           bool retain, bool allow_overwritten) {
         Segment& seg = s.get();
         std::vector<Seed> v;
         v.reserve(seeds.size());
         for (const auto& [out, grad] : seeds) v.push_back({out.get(), grad.get()});
         Tensor l = loss ? loss->get() : Tensor{};
-        seg.backward(loss ? &l : nullptr, std::span<const Seed>(v), BackwardOptions{.retain_graph = retain});
-      }, "loss"_a.none(), "seeds"_a, "retain_graph"_a)
-      .def("_backward_grad", [](PySegment& s, const PyTensor& out, const PyTensor& grad, bool retain) {
-        s.get().backward(out.get(), grad.get(), BackwardOptions{.retain_graph = retain});
+        seg.backward(loss ? &l : nullptr, std::span<const Seed>(v),
+                     BackwardOptions{.retain_graph = retain, .allow_overwritten = allow_overwritten});
+      }, "loss"_a.none(), "seeds"_a, "retain_graph"_a, "allow_overwritten"_a)
+      .def("_backward_grad", [](PySegment& s, const PyTensor& out, const PyTensor& grad, bool retain, bool allow_overwritten) {
+        s.get().backward(out.get(), grad.get(), BackwardOptions{.retain_graph = retain, .allow_overwritten = allow_overwritten});
       })
       .def("carry", [](PySegment& s, const PyTensor& x) { return wrap(s.get().carry(x.get()), s.box); },
            "The value kept, history cut: valid through the next segment.")

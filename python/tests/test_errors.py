@@ -243,5 +243,11 @@ def test_a_write_into_what_a_backward_reads_is_refused(tape):
         with pytest.raises(segtape.TapeError, match=r"copy_\(\) wrote into it after that"):
             seg.backward(loss)
         tape.zero_grad()
+        # let through: the backward reads the weight as it is now (zero), not as the forward used it
+        assert (lin.weight.numpy() == 0).all() and (x.numpy() != 0).all()
+        seg.backward(loss, allow_overwritten=True)
+        assert (x.grad.numpy() == 0).all()
+        assert (lin.weight.grad.numpy() == [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]).all()
+        tape.zero_grad()
         seg.backward(lin(x).sum())  # recorded after the write: nothing to refuse
         assert (x.grad.numpy() == 0).all()
