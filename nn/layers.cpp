@@ -127,7 +127,7 @@ GRU::GRU(Tape& tape, Rng& rng, int64_t input, int64_t hidden, int64_t layers, bo
   last_.resize(size_t(layers));
 }
 
-GRU::Output GRU::forward(const Tensor& x, const Tensor& h0) {
+GRU::Output GRU::forward(const Tensor& x, const Tensor& h0, const Tensor& keep) {
   // Built only on the error path: a forward allocates nothing.
   auto me = [&] {
     return "nn::GRU(" + std::to_string(input_size) + ", " + std::to_string(hidden_size) + ", " +
@@ -145,7 +145,7 @@ GRU::Output GRU::forward(const Tensor& x, const Tensor& h0) {
   for (int64_t l = 0; l < num_layers; ++l) {
     const Layer& L = layers_[size_t(l)];
     const Tensor h = h0.defined() ? reshape(slice(h0, 0, l, 1), {B, H}) : zeros;
-    seq = gru_sequence(seq, h, L.weight_ih, L.weight_hh, L.bias_ih, L.bias_hh);  // [T, B, H]
+    seq = gru_sequence(seq, h, L.weight_ih, L.weight_hh, L.bias_ih, L.bias_hh, keep);  // [T, B, H]
     last_[size_t(l)] = reshape(slice(seq, 0, T - 1, 1), {B, H});
   }
   return {seq, reshape(concat(std::span<const Tensor>(last_.data(), size_t(num_layers)), 0), {num_layers, B, H})};

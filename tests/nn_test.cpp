@@ -166,6 +166,41 @@ TEST(Modules, ForwardShapesAndErrors) {
   EXPECT_THROW(gru(tape.zeros({2, 2, 5})), ShapeError);
 }
 
+// nn::GRU's per-stream resets: every layer's state entering step t is
+// multiplied by keep[t, b]: the same values (bit for bit on the CPU) as the
+// layers' cells stepped by hand with the states masked, and not those of no
+// keep.
+TEST(Modules, GruWithResetsEqualsItsLayersSteppedByHandWithTheStatesMasked) {
+  Tape tape;
+  nn::Rng rng(3);
+  const int64_t T = 5, B = 3, I = 3, H = 4, L = 2;
+  nn::GRU gru(tape, rng, I, H, L);
+  Segment seg = tape.segment();
+  std::vector<float> xv(size_t(T * B * I)), kv(size_t(T * B), 1.0f);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = float(std::sin(double(i)));
+  kv[0] = kv[4] = kv[5] = kv[13] = 0;  // (t, b) = (0, 0), (1, 1), (1, 2), (4, 1)
+  Tensor x = tape.from(xv, {T, B, I}), keep = tape.from(kv, {T, B});
+  auto [out, hn] = gru(x, Tensor{}, keep);
+  Tensor seq = x;
+  for (int64_t l = 0; l < L; ++l) {
+    const nn::GRU::Layer& p = gru.layers()[size_t(l)];
+    Tensor h = tape.zeros({B, H});
+    std::vector<Tensor> steps;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<float> m(size_t(B * H));
+      for (int64_t b = 0; b < B; ++b) std::fill_n(m.begin() + b * H, H, kv[size_t(t * B + b)]);
+      h = gru_cell(reshape(slice(seq, 0, t, 1), {B, seq.dim(2)}), mul(h, tape.from(m, {B, H})), p.weight_ih, p.weight_hh,
+                   p.bias_ih, p.bias_hh);
+      steps.push_back(reshape(h, {1, B, H}));
+    }
+    seq = concat(std::span<const Tensor>(steps), 0);
+  }
+  EXPECT_EQ(values(out), values(seq));
+  EXPECT_EQ(values(slice(hn, 0, 1, 1)), values(slice(seq, 0, T - 1, 1)));
+  EXPECT_NE(values(out), values(gru(x).output));
+  EXPECT_THROW(gru(x, Tensor{}, tape.from(kv, {B, T})), ShapeError);
+}
+
 // ------------------------------------------------------------ rng and init
 
 TEST(Init, RngIsSplitmix64AndPortable) {

@@ -80,7 +80,10 @@ class GRUCell(_N.GRUCell):
 
 
 class GRU(_N.GRU):
-    """torch.nn.GRU (sequence-first): forward(x [T, B, I], h0) -> (output, h_n)."""
+    """torch.nn.GRU (sequence-first): forward(x [T, B, I], h0, keep=None) -> (output, h_n).
+
+    keep [T, B] (segtape's, not torch's): per-stream resets, every layer's
+    state entering step t multiplied by keep[t, b] (0 starts an episode)."""
 
     def __init__(self, tape, input_size, hidden_size, num_layers=1, bias=True, *, rng=None):
         super().__init__(tape, input_size, hidden_size, num_layers, bias, _rng(rng))

@@ -792,16 +792,16 @@ NB_MODULE(_segtape, m) {
         return wrap(g.bias_hh);
       });
 
-  auto gru_forward = [](nn::GRU& g, const PyTensor& x, std::optional<PyTensor> h) {
-    auto out = g(x.get(), h ? h->get() : Tensor{});
+  auto gru_forward = [](nn::GRU& g, const PyTensor& x, std::optional<PyTensor> h, std::optional<PyTensor> keep) {
+    auto out = g(x.get(), h ? h->get() : Tensor{}, keep ? keep->get() : Tensor{});
     return std::make_pair(wrap(out.output, x.box), wrap(out.h_n, x.box));
   };
   nb::class_<nn::GRU, nn::Module>(nnm, "GRU")
       .def("__init__", [](nn::GRU* self, PyTape& t, int64_t in, int64_t hidden, int64_t layers, bool bias, nn::Rng& rng) {
         new (self) nn::GRU(t.tape(), rng, in, hidden, layers, bias);
       }, "tape"_a, "input_size"_a, "hidden_size"_a, "num_layers"_a = 1, "bias"_a = true, "rng"_a, nb::keep_alive<1, 2>())
-      .def("forward", gru_forward, "input"_a, "hx"_a = nb::none())
-      .def("__call__", gru_forward, "input"_a, "hx"_a = nb::none())
+      .def("forward", gru_forward, "input"_a, "hx"_a = nb::none(), "keep"_a = nb::none())
+      .def("__call__", gru_forward, "input"_a, "hx"_a = nb::none(), "keep"_a = nb::none())
       .def_ro("input_size", &nn::GRU::input_size)
       .def_ro("hidden_size", &nn::GRU::hidden_size)
       .def_ro("num_layers", &nn::GRU::num_layers);

@@ -122,3 +122,20 @@ def test_gru_sequence_with_per_stream_resets_equals_torch_masking_the_state():
         plain = segtape.gru_sequence(tape.tensor(xs), tape.zeros([B, 8]), p["gru.weight_ih"], p["gru.weight_hh"],
                                      p["gru.bias_ih"], p["gru.bias_hh"]).numpy()
     assert np.abs(plain - got).max() > 1e-3
+
+
+def test_nn_gru_passes_keep_to_its_layers():
+    tape = segtape.Tape()
+    gru = nn.GRU(tape, 4, 5, num_layers=1, rng=nn.Rng(2))
+    p = dict(gru.named_parameters())
+    gen = np.random.default_rng(3)
+    xs = gen.standard_normal((4, 2, 4)).astype(np.float32)
+    keep = np.ones((4, 2), dtype=np.float32)
+    keep[1, 0] = keep[3, 1] = 0
+    with tape.segment():
+        x = tape.tensor(xs)
+        out, h_n = gru(x, None, keep=tape.tensor(keep))
+        want = segtape.gru_sequence(x, tape.zeros([2, 5]), p["weight_ih_l0"], p["weight_hh_l0"], p["bias_ih_l0"],
+                                    p["bias_hh_l0"], keep=tape.tensor(keep))
+        assert np.array_equal(out.numpy(), want.numpy())
+        assert not np.array_equal(out.numpy(), gru(x)[0].numpy())

@@ -70,11 +70,13 @@ class GRU : public Module {
     Tensor output;  // [T, B, H]: the last layer's state at every step
     Tensor h_n;     // [num_layers, B, H]: every layer's last state
   };
-  // x [T, B, I]; h0 [num_layers, B, H] or undefined (zeros).
+  // x [T, B, I]; h0 [num_layers, B, H] or undefined (zeros); keep [T, B]
+  // or undefined: per-stream resets, every layer's state entering step t
+  // multiplied by keep[t, b] (gru_sequence's keep; 0 starts an episode).
   // Not const: reuses a member buffer of step handles, so after the first
   // call a forward makes no heap allocation.
-  Output forward(const Tensor& x, const Tensor& h0 = {});
-  Output operator()(const Tensor& x, const Tensor& h0 = {}) { return forward(x, h0); }
+  Output forward(const Tensor& x, const Tensor& h0 = {}, const Tensor& keep = {});
+  Output operator()(const Tensor& x, const Tensor& h0 = {}, const Tensor& keep = {}) { return forward(x, h0, keep); }
 
   struct Layer {
     Tensor weight_ih, weight_hh, bias_ih, bias_hh;
