@@ -45,7 +45,9 @@ class Backend {
 
   // ---- the op table. n.out is allocated; n.in, n.ia, n.fa, n.saved as recorded.
   // forward may allocate in the segment arena (tape.alloc) and then sets
-  // n.saved and adds the bytes to n.bytes (GruSequence's cuDNN buffers).
+  // n.saved and adds the bytes to n.bytes (GruSequence's cuDNN buffers; a
+  // GruSequence node enters forward with n.saved = its keep's bytes or null,
+  // engine/ops/gru.cpp, and leaves with its own buffers there).
   virtual void forward(Tape& tape, Node& n) = 0;
   virtual void backward(Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst) = 0;
 

@@ -330,6 +330,88 @@ TEST(CudaGru, FusedCellSteppedMatchesCpu) {
   }
 }
 
+// gru_sequence with per-stream resets (keep) on the device against the CPU in
+// float64: the fused kernels where their plan fits (an sm_90 GPU), else (the
+// emulated device, SEGTAPE_FUSED_GRU=0) masked cells. Values and every
+// gradient; inference mode; keep overwritten between the forward and the
+// backward (the forward's copy, or its expansion, is what backward reads:
+// the gradients stay those of the keep the forward used); and graph replay
+// with keep's values changed at the same address before each segment (the
+// replayed copy must read them).
+TEST(CudaGru, SequenceWithResetsMatchesTheCpuFusedComposedInferenceAndReplayed) {
+  REQUIRE_GPU();
+  const int64_t K = 12, B = 4, I = 8, H = 32;
+  std::mt19937 rng(11);
+  const double bound = 1 / std::sqrt(double(H));
+  const std::vector<Shape> shapes = {{K, B, I}, {B, H}, {3 * H, I}, {3 * H, H}, {3 * H}, {3 * H}};
+  std::vector<std::vector<double>> vals;
+  for (size_t k = 0; k < shapes.size(); ++k) vals.push_back(uniform(rng, shapes[k].numel(), k < 2 ? -1 : -bound, k < 2 ? 1 : bound));
+  const std::vector<double> w = uniform(rng, K * B * H);
+  const auto keep_of = [&](size_t s) {  // a fifth of the entries 0, in a pattern that moves with s
+    std::vector<double> k(static_cast<size_t>(K * B));
+    for (size_t i = 0; i < k.size(); ++i) k[i] = (i * 7 + s) % 5 == 0 ? 0.0 : 1.0;
+    return k;
+  };
+  // y and (grad) the gradients of sum(y * w); `later`: keep's values written after the forward.
+  const auto run = [&](Tape& tape, DType dt, const std::vector<double>& kv, bool grad, const std::vector<double>* later) {
+    std::vector<Tensor> p;
+    for (size_t k = 0; k < shapes.size(); ++k) p.push_back(param(tape, shapes[k], dt, vals[k]));
+    Tensor keep = tape.persistent({K, B}, dt);
+    set(keep, kv);
+    GruRun r;
+    Segment seg = tape.segment();
+    std::optional<NoGradGuard> inference;
+    if (!grad) inference.emplace(tape);
+    const Tensor y = gru_sequence(p[0], p[1], p[2], p[3], p[4], p[5], keep);
+    r.out = get(y);
+    r.h_last = get(slice(y, 0, K - 1, 1));
+    if (later) set(keep, *later);
+    if (grad) {
+      seg.backward(sum(mul(y, constant(tape, y.shape, dt, w))));
+      for (const Tensor& t : p) r.grads.push_back(get(t.grad_tensor()));
+    }
+    return r;
+  };
+  Tape cpu;
+  const std::vector<double> k0 = keep_of(0), k1 = keep_of(1);
+  const GruRun ref = run(cpu, DType::F64, k0, true, nullptr);
+  Tape cpu_other;
+  EXPECT_GT(rel_error(run(cpu_other, DType::F64, k1, true, nullptr).out, ref.out), 1e-3);  // the keeps differ in effect
+  for (const bool fused : {true, false}) {
+    if (fused) unsetenv("SEGTAPE_FUSED_GRU");
+    else setenv("SEGTAPE_FUSED_GRU", "0", 1);
+    for (DType dt : {DType::F32, DType::F64}) {
+      const bool fits = fused && fused_fits(B, H, dt);
+      const std::string what = std::string(fits ? "fused" : "composed") + " GRU with resets " + dtype_name(dt);
+      const double tol = dt == DType::F32 ? 5e-5 : 1e-11;
+      Tape a(Device::cuda(), cuda_options()), b(Device::cuda(), cuda_options()), c(Device::cuda(), cuda_options());
+      expect_gru_close(run(a, dt, k0, true, nullptr), ref, tol, what);
+      expect_gru_close(run(b, dt, k0, true, &k1), ref, tol, what + ", keep overwritten after the forward");
+      EXPECT_LE(rel_error(run(c, dt, k0, false, nullptr).out, ref.out), tol) << what << " (inference)";
+    }
+  }
+  unsetenv("SEGTAPE_FUSED_GRU");
+  // Graph replay (float64): segment 1 eager, 2 and 3 captured, then replayed,
+  // keep's values new before each; each segment's y against the CPU's.
+  TapeOptions o = cuda_options();
+  o.graph_replay = true;
+  Tape g(Device::cuda(), o);
+  std::vector<Tensor> p;
+  for (size_t k = 0; k < shapes.size(); ++k) p.push_back(param(g, shapes[k], DType::F64, vals[k]));
+  Tensor keep = g.persistent({K, B}, DType::F64), out = g.persistent({K, B, H}, DType::F64);
+  for (size_t s = 0; s < 6; ++s) {
+    const std::vector<double> ks = keep_of(s);
+    set(keep, ks);
+    {
+      Segment seg = g.segment();
+      NoGradGuard ng(g);
+      copy_into(out, gru_sequence(p[0], p[1], p[2], p[3], p[4], p[5], keep));
+    }
+    Tape cs;
+    EXPECT_LE(rel_error(get(out), run(cs, DType::F64, ks, false, nullptr).out), 1e-11) << "graph segment " << s;
+  }
+}
+
 // ------------------------------------------------------------------ TBPTT training
 
 constexpr int64_t kB = 8, kI = 12, kH = 32, kC = 5, kK = 8;

@@ -264,9 +264,6 @@ TEST(Errors, AnomalyModeNamesTheFirstNonFiniteOp) {
   EXPECT_NE(m.find("NaN"), std::string::npos) << m;
 }
 
-// Found by attacking the C++ API (2026-12-03): a batch of no rows through
-// the GRU's backward divided by zero (SIGFPE), and an unbounded node
-// reserve ended in vector::reserve's length_error, naming nothing.
 // gru_sequence's per-stream resets: keep must be [T, B] of x's dtype on x's
 // tape, and is data (no gradient); each refusal names the op and the shapes,
 // before anything is recorded.
@@ -291,10 +288,15 @@ TEST(Errors, AGruSequenceKeepOfTheWrongShapeDtypeOrWithAGradientIsRefused) {
   m = message_of<TapeError>([&] { (void)gru_sequence(x, h0, w_ih, w_hh, b_ih, b_hh, elsewhere); });
   EXPECT_NE(m.find("different tapes"), std::string::npos) << m;
   EXPECT_EQ(tape.nodes().size(), nodes);
-  // detached, the same values are accepted
+  // detached, the same values are accepted; so is keep itself where no gradient is recorded
   EXPECT_NO_THROW((void)gru_sequence(x, h0, w_ih, w_hh, b_ih, b_hh, detach(grad)));
+  NoGradGuard ng(tape);
+  EXPECT_NO_THROW((void)gru_sequence(x, h0, w_ih, w_hh, b_ih, b_hh, grad));
 }
 
+// Found by attacking the C++ API (2026-12-03): a batch of no rows through
+// the GRU's backward divided by zero (SIGFPE), and an unbounded node
+// reserve ended in vector::reserve's length_error, naming nothing.
 TEST(Errors, AGruBatchOfNoRowsAndAHugeNodeReserve) {
   Tape t;
   Tensor w_ih = t.parameter({12, 3}), w_hh = t.parameter({12, 4}), b_ih = t.parameter({12}), b_hh = t.parameter({12});

@@ -230,14 +230,15 @@ Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const
     if (keep.rank() != 2 || keep.dim(0) != T || keep.dim(1) != B)
       ops::shape_error(op, "keep must be [T, B] for x [T, B, I] (the factor on each stream's state as it enters each step: 1 "
                        "carries it, 0 starts the stream from zero)", {&x, &keep});
-    if (keep.requires_grad)
+    if (keep.requires_grad && t.grad_enabled())
       throw Error("gru_sequence: keep " + keep.describe() + " requires a gradient; it is a mask of data (done flags) and gets "
                   "none: pass detach(keep)");
   }
   detail::Backend* be = In::backend(t);
   if (!be->has_gru_sequence() || (keep.defined() && !be->gru_sequence_keeps(B, H, x.dtype))) {
-    // keep, expanded to the state's width: e [T B, H] = keep as a column times a row of ones
-    const Tensor e = keep.defined() ? matmul(reshape(keep, {T * B, 1}), exp(t.zeros({1, H}, x.dtype))) : Tensor{};
+    // keep, expanded to the state's width: e [T B, H], row t B + b all keep[t, b] (keep added to
+    // each row of zeros [H, T B], transposed: exact, no product that TF32 could round)
+    const Tensor e = keep.defined() ? transpose(add(t.zeros({H, T * B}, x.dtype), reshape(detach(keep), {T * B}))) : Tensor{};
     Tensor h = h0;
     return reshape(gru_steps(x, h, 0, T, w_ih, w_hh, b_ih, b_hh, e), {T, B, H});
   }

@@ -54,7 +54,7 @@ struct Node {
   size_t bytes = 0;        // arena bytes this op allocated (output + saved)
   Tensor out;
   std::array<Tensor, kMaxInputs> in;
-  void* saved = nullptr;   // extra buffer backward needs (e.g. GRU gates)
+  void* saved = nullptr;   // extra buffer backward needs (e.g. GRU gates; gru_sequence's keep until the backend's forward)
   std::array<int64_t, 4> ia{};  // integer attributes (axis, flags, ...)
   double fa = 0;                // float attribute (scale factor, ...)
 };
