@@ -31,7 +31,7 @@ for path in sorted(glob.glob(os.path.join(here, "run-*.md"))):
 sizes = ["1, 128", "32, 128", "32, 512", "64, 1024", "inference 1, 128"]
 names = [n for n, _ in runs]
 for threads in ("1", "2"):
-    print(f"segtape µs/step, median (min–max) of the run's 15 repetitions, and segtape / per-step floor, {threads} thread{'s' if threads != '1' else ''}:")
+    print(f"segtape µs/step, median (min–max) of the run's repetitions (15 at --rounds 5, 9 at --rounds 3), and segtape / per-step floor, {threads} thread{'s' if threads != '1' else ''}:")
     print()
     print("| B, H | " + " | ".join(names) + " |")
     print("|---" * (len(names) + 1) + "|")
