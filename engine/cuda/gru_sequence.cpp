@@ -133,13 +133,16 @@ fused::Args<T> fused_args(const Node& n, int64_t Hs, int S) {
   return a;
 }
 
+// The arena bytes of the fused forward's saved gates [T, B, 4H]: n.saved's
+// first part, which keep's copy follows (the layout both passes use).
+size_t gates_bytes(const Node& n) { return arena_bytes(n.in[0].dim(0) * n.in[0].dim(1) * 4 * n.in[1].dim(1), n.in[0].dtype); }
+
 // The copy of gru_sequence's keep [T, B] that the fused forward made: after
 // the gates in n.saved (n.ia[3] == 2), or nullptr.
 template <class T>
 const T* saved_keep(const Node& n) {
-  const int64_t T_ = n.in[0].dim(0), B = n.in[0].dim(1), H = n.in[1].dim(1);
   if (n.ia[3] != 2 || !n.saved) return nullptr;
-  return reinterpret_cast<const T*>(static_cast<const char*>(n.saved) + arena_bytes(T_ * B * 4 * H, n.in[0].dtype));
+  return reinterpret_cast<const T*>(static_cast<const char*>(n.saved) + gates_bytes(n));
 }
 
 // On entry n.saved is gru_sequence's keep [T, B] (the op's, engine/ops/gru.cpp)
@@ -152,7 +155,7 @@ void fused_forward(CudaBackend& be, Tape& tape, Node& n, const fused::Plan& p) {
   const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = n.in[1].dim(1);
   const void* keep_src = n.saved;
   const bool training = n.ia[0] != 0;
-  const size_t gi_bytes = arena_bytes(T * B * 3 * H, x.dtype), saved_bytes = training ? arena_bytes(T * B * 4 * H, x.dtype) : 0;
+  const size_t gi_bytes = arena_bytes(T * B * 3 * H, x.dtype), saved_bytes = training ? gates_bytes(n) : 0;
   const size_t keep_bytes = keep_src ? arena_bytes(T * B, x.dtype) : 0;
   void* gi = In::alloc(tape, gi_bytes, OpKind::GruSequence, "gru_sequence");
   n.saved = training ? In::alloc(tape, saved_bytes + keep_bytes, OpKind::GruSequence, "gru_sequence") : nullptr;
