@@ -47,7 +47,7 @@ class Recall final : public Env {
   Recall(int64_t B, uint64_t seed, const EnvOptions& o) : Env(B, seed), L_(o.lag), V_(o.vocab), sparse_(o.sparse) {
     if (L_ < 0 || V_ < 2) throw Error("recall: needs lag >= 0 and vocab >= 2");
     if (sparse_ && L_ < 1) throw Error("recall: sparse needs lag >= 1 (a token every lag steps)");
-    spec_ = {"recall", sparse_ ? V_ + 1 : V_, 0, V_, true, "accuracy"};
+    spec_ = {"recall", sparse_ ? V_ + 1 : V_, 0, V_, true, "accuracy", true};
     s_.assign(size_t(B * (1 + L_ + 1)), 0);  // per stream: t, ring[L + 1]
     for (int64_t b = 0; b < B; ++b) ring(b)[0] = draw(V_);
   }
@@ -154,7 +154,7 @@ class Dialogue final : public Env {
       : Env(B, seed), T_(o.turns), C_(o.cities), D_(o.embed_dim) {
     if (T_ < 2 || C_ < 1 || D_ < 1) throw Error("dialogue: needs turns >= 2, cities >= 1, embed_dim >= 1");
     if (o.sparse) throw Error("dialogue: sparse is recall's option (a token every lag steps); dialogue has no sparse form");
-    spec_ = {"dialogue", 0, D_, 1 + kRequests * C_, true, "accuracy"};
+    spec_ = {"dialogue", 0, D_, 1 + kRequests * C_, true, "accuracy", true};
     // The frozen message table: fixed, independent of the env's seed.
     nn::Rng table_rng(0x5e97a9e);
     table_.resize(size_t(messages() * D_));
@@ -394,7 +394,7 @@ class CheckedEnv final : public Env {
   void check_spec(const char* call) const {
     const EnvSpec& now = guarded("spec", [&]() -> const EnvSpec& { return env_->spec(); });
     if (now.vocab == spec_.vocab && now.obs_dim == spec_.obs_dim && now.num_actions == spec_.num_actions &&
-        now.supervised == spec_.supervised && now.measure == spec_.measure) [[likely]]
+        now.supervised == spec_.supervised && now.measure == spec_.measure && now.open_loop == spec_.open_loop) [[likely]]
       return;
     std::string changed;
     auto field = [&](const char* name, const std::string& was, const std::string& is) {
@@ -405,6 +405,7 @@ class CheckedEnv final : public Env {
     field("num_actions", std::to_string(spec_.num_actions), std::to_string(now.num_actions));
     field("supervised", spec_.supervised ? "true" : "false", now.supervised ? "true" : "false");
     field("measure", "'" + spec_.measure + "'", "'" + now.measure + "'");
+    field("open_loop", spec_.open_loop ? "true" : "false", now.open_loop ? "true" : "false");
     fail("spec() changed before " + std::string(call) + "(): " + changed + "; the spec must stay the same for the env's whole life");
   }
   [[noreturn]] void fail_at_make(const std::string& what) const {

@@ -557,6 +557,7 @@ const CLI::Validator kNonEmpty(
 struct TrainArgs {
   TrainConfig c;
   std::string history = "tbptt:32", budget, out, resume, log_dir;
+  std::string graphs = "auto";  // --cuda-graphs (TrainConfig::graph_replay; not in the checkpoint)
   std::vector<std::string> env_plugins;  // loaded before parsing (plugin_args); here for CLI11
   int64_t log_every = 0, checkpoint_every = 0, eval_steps = 500;
   double dist_timeout = 300;
@@ -728,6 +729,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   // the step's action alone, so future rewards are noise in its return.
   if (!resume && !cmd.count("--gamma") && c.algo == "ppo" && make_env(c.env, c.batch, c.seed, c.env_options)->spec().supervised)
     c.gamma = 0;
+  c.graph_replay = a.graphs == "auto";  // (also on --resume: how the run executes, not what it computes)
   Trainer tr(c, comm);  // before the directory: a device that cannot be used, or a model too large, leaves nothing behind
   tr.set_interrupt([] { return g_stop_signal != 0; });  // an evaluation stops at its next segment on SIGINT / SIGTERM
   const EnvSpec& spec = tr.env().spec();
@@ -1007,6 +1009,9 @@ int train(TrainArgs& a, CLI::App& cmd) {
     j["stored_state_bytes"] = stored_bytes;
   }  // tape nodes of the largest segment (counted in the budget too)
   j["persistent_bytes"] = st.persistent_bytes;
+  if (c.device == "cuda")  // (this process's segments)
+    j["cuda_graphs"] = {{"on", tr.graph_segments()}, {"captured", st.graph_captures}, {"replayed", st.graph_replays},
+                        {"segments", st.segment_index}};
   j["parameters"] = tr.policy().parameter_count();
   j["rss_bytes"] = resident_bytes();
   j["wall_seconds"] = wall;
@@ -1069,6 +1074,11 @@ int train(TrainArgs& a, CLI::App& cmd) {
               c.batch);
   std::printf("  segment peak         %s%s\n", format_bytes(run_peak).c_str(), full ? " (one growing segment)" : " (fixed per segment)");
   std::printf("  persistent memory    %s (%ld parameters)\n", format_bytes(st.persistent_bytes).c_str(), tr.policy().parameter_count());
+  if (c.device == "cuda")
+    std::printf("  cuda graphs          %s\n", tr.graph_segments() ? (std::to_string(st.graph_replays) + " of " + std::to_string(st.segment_index) +
+                                                                        " segments replayed a graph (" + std::to_string(st.graph_captures) +
+                                                                        " captured; evaluation segments included)").c_str()
+                                                                   : "off (--cuda-graphs off, or the run does not allow them: docs/agent.md)");
   if (j.contains("dist"))
     std::printf("  data parallel        %d ranks; all-reduce %.3f ms and %s per update (rank 0)\n", tr.ranks(),
                 1e3 * j["dist"]["allreduce_seconds_per_update"].get<double>(),
@@ -1329,6 +1339,11 @@ int run_cli(int argc, char** argv) {
   tr->add_option("--seed", ta.c.seed, "Seed for the model, the env and sampling")->capture_default_str()->check(seed_check);
   tr->add_option("--device", ta.c.device, "cpu, or cuda (a build with the CUDA backend and a GPU; docs/cuda.md)")
       ->capture_default_str();
+  tr->add_option("--cuda-graphs", ta.graphs,
+                 "cuda: auto runs each training segment as a CUDA graph where the run allows it (a supervised open-loop env, "
+                 "tbptt or detach, a2c, one process; docs/agent.md), off runs every segment eagerly")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "off"}));
   tr->add_option("--out", ta.out, "Output directory (default runs/<env>-<time>)");
   tr->add_option("--resume", ta.resume, "Continue the run in this directory from its checkpoint");
   tr->add_flag("--force", ta.force, "Overwrite a run already in --out")->multi_option_policy(kOnce);

@@ -315,25 +315,51 @@ void check_sizes(const TrainConfig& c, const SizeEstimate& e) {
                 (e.rollout_bytes ? " or the rollout shorter (--rollout, --batch)" : ""));
 }
 
+// Whether the trainer runs its segments as CUDA graphs (TrainConfig::graph_replay):
+// a segment's steps must be known before it runs (an open-loop supervised env),
+// repeat from segment to segment (K steps), and read nothing on the host.
+bool graph_applies(const TrainConfig& c, const EnvSpec& spec, bool distributed) {
+  return c.graph_replay && c.device == "cuda" && spec.supervised && spec.open_loop && c.algo == "a2c" && !distributed &&
+         (c.history.kind == History::Kind::Tbptt || c.history.kind == History::Kind::Detach);
+}
+
 // What the trainer keeps in its tape's persistent pool, made in one place:
 // by the constructor on its own tape, and on a throwaway CPU tape that
 // measures a device's pool (size_device_pools).
 struct Persistent {
   std::unique_ptr<Policy> policy;    // parameters and their gradients
-  std::unique_ptr<nn::Adam> optim;   // Adam's two moments
+  std::unique_ptr<nn::Adam> optim;   // Adam's two moments (and, capturable, its device step count)
   Tensor h_home, eval_h;             // the state's home [B, hidden] and evaluate's
   std::vector<Tensor> window;        // window mode: the ring of the last N - 1 embeddings [B, embed]
+  // graph segments: each step's logits [B, A] and loss, the clip's squared norm (float64 [1])
+  std::vector<Tensor> logits, losses;
+  Tensor clip_sq;
 };
 
-Persistent make_persistent(Tape& tape, nn::Rng& rng, const TrainConfig& c, const EnvSpec& spec) {
+Persistent make_persistent(Tape& tape, nn::Rng& rng, const TrainConfig& c, const EnvSpec& spec, bool graph) {
   const PolicyShape shape = policy_shape(c, spec);
   Persistent p;
   p.policy = std::make_unique<Policy>(tape, rng, spec, shape);
-  p.optim = std::make_unique<nn::Adam>(*p.policy, nn::AdamOptions{.lr = c.lr});
+  p.optim = std::make_unique<nn::Adam>(*p.policy, nn::AdamOptions{.lr = c.lr, .capturable = graph});
   p.h_home = tape.persistent({c.batch, c.hidden});
   p.eval_h = tape.persistent({c.batch, c.hidden});
   for (int64_t i = 0; i + 1 < shape.window; ++i) p.window.push_back(tape.persistent({c.batch, c.embed}));
+  if (graph) {
+    for (int64_t i = 0; i < c.history.k; ++i) {
+      p.logits.push_back(tape.persistent({c.batch, spec.num_actions}));
+      p.losses.push_back(tape.persistent(Shape{}));
+    }
+    p.clip_sq = tape.persistent({1}, DType::F64);
+  }
   return p;
+}
+
+// The host inputs one graph segment stages (tape.from: observations,
+// targets, reset masks), at most: TapeOptions::graph_staging.
+size_t graph_staging(const TrainConfig& c, const EnvSpec& spec) {
+  const size_t B = size_t(c.batch);
+  const size_t obs = spec.obs_dim > 0 ? B * size_t(spec.obs_dim) * sizeof(float) : B * sizeof(int64_t);
+  return size_t(c.history.k) * (align_up(obs) + align_up(B * sizeof(int64_t)) + align_up(B * size_t(c.hidden) * sizeof(float)));
 }
 
 // exact's driver over windows of `horizon` steps (it stores the window's boundary states in the persistent pool).
@@ -346,10 +372,10 @@ replay::Options driver_options(const TrainConfig& c) { return {.horizon = c.hist
 // shorter last window on the same states), and the pool is the bytes
 // that tape used (64-byte aligned blocks, as on the device). The carry buffer
 // holds the carried state; its default is a floor.
-void size_device_pools(TapeOptions& o, const TrainConfig& c, const EnvSpec& spec) {
+void size_device_pools(TapeOptions& o, const TrainConfig& c, const EnvSpec& spec, bool graph) {
   Tape count(Device::cpu(), {.segment_budget = 0, .node_capacity = 0});
   nn::Rng rng(c.seed);  // the values do not matter, only the sizes
-  const Persistent p = make_persistent(count, rng, c, spec);
+  const Persistent p = make_persistent(count, rng, c, spec, graph);
   if (c.history.kind == History::Kind::Exact) {
     // PPO's driver runs a minibatch's windows from a state of its own (agent/ppo.cpp)
     const Tensor h0 = c.algo == "ppo" ? count.persistent({c.batch / c.minibatches, c.hidden}) : p.h_home;
@@ -399,7 +425,12 @@ Trainer::Trainer(const TrainConfig& c, dist::Communicator* comm)
   const EnvSpec& spec = env_->spec();
   check_sizes(config_, estimate_sizes(config_, spec));  // before anything is allocated
   TapeOptions options = tape_options(config_);
-  if (config_.device == "cuda") size_device_pools(options, config_, spec);
+  graph_ = graph_applies(config_, spec, comm_ != nullptr);
+  if (graph_) {
+    options.graph_replay = true;
+    options.graph_staging = std::max(options.graph_staging, graph_staging(config_, spec));
+  }
+  if (config_.device == "cuda") size_device_pools(options, config_, spec, graph_);
   // Data parallel on GPUs: one GPU per rank, the rank's place on its
   // machine; device 0 where CUDA_VISIBLE_DEVICES shows the rank one GPU (a
   // scheduler's --gpus-per-task=1).
@@ -424,12 +455,23 @@ Trainer::Trainer(const TrainConfig& c, dist::Communicator* comm)
     // (a checkpoint of a GPU run, resumed or evaluated where there is none)
     throw DeviceError(std::string(e.what()) + "; this run's device is cuda: run it on the CPU with device \"cpu\" (segtape: --device cpu)");
   }
-  Persistent p = make_persistent(*tape_, init_rng_, config_, spec);
+  Persistent p = make_persistent(*tape_, init_rng_, config_, spec, graph_);
   policy_ = std::move(p.policy);
   optim_ = std::move(p.optim);
   h_ = h_home_ = p.h_home;
   eval_h_ = p.eval_h;
   window_ = std::move(p.window);
+  graph_logits_ = std::move(p.logits);
+  graph_losses_ = std::move(p.losses);
+  clip_sq_ = p.clip_sq;
+  if (graph_) {  // the env's copy, stepped ahead of the model (its state is loaded from env_ each segment)
+    ahead_ = make_env_shards(c.env, c.batch, seeds, c.env_options);
+    const size_t KB = size_t(c.history.k * c.batch);
+    ahead_tokens_.assign(KB, 0);
+    ahead_targets_.assign(KB, kNoTarget);
+    ahead_vectors_.assign(KB * size_t(std::max<int64_t>(spec.obs_dim, 1)), 0.0f);
+    ahead_done_.assign(KB, 0);
+  }
   const size_t B = size_t(c.batch);
   tokens_.assign(B, 0);
   targets_.assign(B, kNoTarget);
@@ -547,7 +589,10 @@ void Trainer::update(bool has_loss) {
       return;
     }
   }
-  if (config_.clip > 0) nn::clip_grad_norm(*policy_, config_.clip);
+  if (config_.clip > 0) {
+    if (graph_) nn::clip_grad_norm(*policy_, config_.clip, clip_sq_);  // (the norm stays on the device)
+    else nn::clip_grad_norm(*policy_, config_.clip);
+  }
   optim_->step();
   optim_->zero_grad();
   if (avg_ && ++updates_ % kReplicaCheckEvery == 0)
@@ -609,6 +654,7 @@ SegmentResult Trainer::segment_of_history() {
     }
     return r;
   }
+  if (graph_) return graph_segment(n);
   Segment seg = tape_->segment();
   SegmentResult r = env_->spec().supervised ? supervised_segment(seg, n) : actor_critic_segment(seg, n);
   if (config_.history.kind != History::Kind::Window) h_ = seg.carry(h_);  // the TBPTT boundary
@@ -650,6 +696,88 @@ SegmentResult Trainer::supervised_segment(Segment& seg, int64_t n) {
   // Data parallel: every rank joins the update's all-reduce, also one whose
   // streams had no target this segment (its gradients are zero).
   if (loss.defined() || avg_) update(loss.defined());
+  return r;
+}
+
+// supervised_segment's work as one CUDA graph (graph_, TrainConfig::graph_replay).
+// A graph segment reads nothing on the host, so the inputs come first: the
+// env's copy (ahead_), given env_'s state, takes the segment's n steps with
+// placeholder actions (an open-loop env's observations, targets and done
+// flags do not depend on them). The segment records the same ops as
+// supervised_segment, copies each step's logits and loss into persistent
+// tensors, and updates (the capturable clip and Adam). After it has run,
+// env_ takes the n steps with the model's greedy actions (its score counts
+// them), and must show what its copy showed.
+SegmentResult Trainer::graph_segment(int64_t n) {
+  SegmentResult r;
+  if (n <= 0) return r;
+  const EnvSpec& spec = env_->spec();
+  const int64_t B = config_.batch, A = spec.num_actions, D = std::max<int64_t>(spec.obs_dim, 1);
+  const auto slice = [](auto& v, int64_t i, int64_t len) { return std::span(v.data() + i * len, size_t(len)); };
+  const auto has_target = [&](int64_t i) {
+    const auto tg = slice(ahead_targets_, i, B);
+    return std::any_of(tg.begin(), tg.end(), [](int64_t y) { return y != kNoTarget; });
+  };
+  std::fill(actions_.begin(), actions_.end(), 0);
+  ahead_->load_state(env_->save_state());
+  // The steps' pattern: which have a target (a loss), which reset a stream.
+  uint64_t key = 0xcbf29ce484222325ull ^ uint64_t(n);
+  for (int64_t i = 0; i < n; ++i) {
+    ahead_->observe(slice(ahead_tokens_, i, B), slice(ahead_vectors_, i, B * D));
+    ahead_->targets(slice(ahead_targets_, i, B));
+    ahead_->step(actions_, rewards_, slice(ahead_done_, i, B));
+    const auto dn = slice(ahead_done_, i, B);
+    const bool target = has_target(i);
+    const bool reset = std::any_of(dn.begin(), dn.end(), [](uint8_t d) { return d != 0; });
+    key = (key ^ (uint64_t(target) | uint64_t(reset) << 1)) * 0x100000001b3ull;
+  }
+  key |= 1;  // (0: none)
+  // A pattern the graphs do not hold runs eagerly; one that repeats (the
+  // same as the last segment's) replaces them.
+  if (key != graph_key_ && key == last_key_) {
+    if (graph_key_) tape_->discard_graph();
+    graph_key_ = key;
+  }
+  last_key_ = key;
+  const bool graph = key == graph_key_;
+  {
+    Segment seg = graph ? tape_->segment() : tape_->eager_segment();
+    Tensor loss;
+    for (int64_t i = 0; i < n; ++i, ++step_, tape_->next_step()) {
+      const Tensor x = spec.vocab > 0 ? tape_->from(std::span<const int64_t>(slice(ahead_tokens_, i, B)), {B})
+                                      : tape_->from(std::span<const float>(slice(ahead_vectors_, i, B * D)), {B, spec.obs_dim});
+      const Tensor logits = policy_->logits(feature(policy_->encode(x)));
+      if (has_target(i)) {
+        Tensor l = cross_entropy(logits, tape_->from(std::span<const int64_t>(slice(ahead_targets_, i, B)), {B}), Reduction::Mean, kNoTarget);
+        copy_into(graph_losses_[size_t(i)], l);
+        ++r.loss_steps;
+        loss = loss.defined() ? add(loss, l) : l;
+      }
+      copy_into(graph_logits_[size_t(i)], logits);
+      h_ = reset_finished(h_, slice(ahead_done_, i, B), reset_mask_);
+    }
+    r.steps = n;
+    if (loss.defined()) seg.backward(loss, backward_options(config_));
+    if (loss.defined()) update(true);
+    h_ = seg.carry(h_);  // the TBPTT boundary
+  }  // (the graph runs here)
+  // The env takes the steps with the model's actions; what it shows must be what its copy showed.
+  for (int64_t i = 0; i < n; ++i) {
+    env_->observe(tokens_, vectors_);
+    env_->targets(targets_);
+    graph_logits_[size_t(i)].to_host(std::span<float>(host_rows_));
+    for (int64_t b = 0; b < B; ++b) actions_[size_t(b)] = argmax_row(host_rows_.data() + b * A, A);
+    env_->step(actions_, rewards_, done_);
+    const bool same = (spec.vocab > 0 ? std::ranges::equal(tokens_, slice(ahead_tokens_, i, B))
+                                      : std::ranges::equal(std::span(vectors_.data(), size_t(B * D)), slice(ahead_vectors_, i, B * D))) &&
+                      std::ranges::equal(targets_, slice(ahead_targets_, i, B)) && std::ranges::equal(done_, slice(ahead_done_, i, B));
+    if (!same)
+      throw EnvContractError("env '" + spec.name + "' says its spec is open_loop, but at step " + std::to_string(step_ - n + i + 1) +
+                             " of this segment it showed other observations, targets or done flags after the model's actions "
+                             "than after the placeholder actions its copy took (the Env contract: segtape/agent/env.h); the "
+                             "segment's update used its copy's; set open_loop = false");
+    if (has_target(i)) r.loss_sum += graph_losses_[size_t(i)].item();
+  }
   return r;
 }
 
@@ -893,7 +1021,7 @@ double Trainer::evaluate(int64_t steps, uint64_t seed) {
         interrupted = true;
         break;
       }
-      Segment seg = tape_->segment();
+      Segment seg = tape_->eager_segment();  // (under graph replay: not captured, the graphs kept)
       NoGradGuard ng(*tape_);
       for (int64_t i = 0; i < K && done_steps < steps; ++i, ++done_steps) {
         Tensor logits = policy_->logits(feature(policy_->encode(observe_tensor())));
@@ -1221,6 +1349,10 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
   h_ = h_home_;
   step_ = c.counters[0];
   optim_->set_step_count(c.counters[1]);
+  if (graph_) {  // (the count reaches the device at the next step, a call no graph holds: capture anew)
+    tape_->discard_graph();
+    graph_key_ = last_key_ = 0;
+  }
   window_pos_ = c.counters[2];
   init_rng_.set_state({uint64_t(c.rngs[0]), uint64_t(c.rngs[1])});
   act_rng_.set_state({uint64_t(c.rngs[2]), uint64_t(c.rngs[3])});

@@ -16,7 +16,8 @@
 #   4. when python3's torch has CUDA: a second build against it
 #      (-DCMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path) of cuda_bench_torch,
 #      the same workload in LibTorch, eager and CUDA-graph captured
-#   5. the agent on the GPU: `segtape train --device cuda` (recall, 6000 steps)
+#   5. the agent on the GPU: `segtape train --device cuda` (recall, 6000 steps), with
+#      its segments as CUDA graphs (the default) and with --cuda-graphs off
 #      and `segtape retention --device cuda --no-libtorch` (100 steps)
 #   6. $OUT/results.md: the test summary, the benchmark table, the agent's summary
 #
@@ -149,6 +150,8 @@ fi
 # ---- 5. the agent and the retention lab on the GPU (after the benchmarks: they matter less)
 if ((built)); then
   step agent-train 120 "$BUILD/agent/segtape" train --device cuda --steps 6000 --out "$OUT/agent-run" --force || status=1
+  # the same run with every segment eager: what the trainer's CUDA graphs buy (docs/agent.md)
+  step agent-train-eager 120 "$BUILD/agent/segtape" train --device cuda --cuda-graphs off --steps 6000 --out "$OUT/agent-run-eager" --force || status=1
   step retention 90 "$BUILD/agent/segtape" retention --device cuda --no-libtorch --steps 100 --out "$OUT/retention" || status=1
 fi
 
@@ -178,9 +181,11 @@ fi
   echo "engine reserved: segtape's fixed pools (arena, persistent, carry, workspaces) / LibTorch's reserved peak."
   echo "device footprint: drop of cudaMemGetInfo's free bytes from before the model to after the run (handles included)."
   echo
-  echo "## The agent on the GPU (segtape train --device cuda --steps 6000)"
+  echo "## The agent on the GPU (segtape train --device cuda --steps 6000; then with --cuda-graphs off)"
   echo
-  tail -n 8 "$OUT/agent-train.log" 2>/dev/null | sed 's/^/    /'
+  tail -n 9 "$OUT/agent-train.log" 2>/dev/null | sed 's/^/    /'
+  echo
+  tail -n 9 "$OUT/agent-train-eager.log" 2>/dev/null | sed 's/^/    /'
   echo
   echo "## The retention lab, segtape on the GPU (--steps 100)"
   echo

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "segtape/tape.h"
 #include "segtape/update.h"
@@ -80,12 +81,15 @@ class Backend {
   virtual void clip_scale(void* x, int64_t n, DType d, const double* sum_sq, double max_norm) = 0;
 
   // ---- segment boundaries: CUDA-graph capture and replay (TapeOptions::graph_replay).
-  virtual void segment_begin(uint32_t index) = 0;
+  // graph = false: tape.eager_segment() (runs eagerly, the graphs kept).
+  virtual void segment_begin(uint32_t index, bool graph) = 0;
   // Must not throw (it runs from ~Segment); an error is kept and raised by
   // the next segment_begin() or synchronize(). abandoned: the segment is
   // ending because an exception is unwinding through it.
   virtual void segment_end(bool abandoned) noexcept = 0;
   virtual void discard_graph() = 0;
+  // Segments captured and replayed so far (0, 0 without graph replay).
+  virtual std::pair<uint64_t, uint64_t> graph_counts() const = 0;
 
   // Bytes this tape holds on the device besides its arenas (cuBLAS workspace,
   // the backend's own op workspace), and a one-line description of the device.

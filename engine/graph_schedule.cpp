@@ -81,11 +81,12 @@ void check_graph_options(const Device& device, const TapeOptions& options) {
                 "segment cannot do: turn off TapeOptions::anomaly or graph_replay");
 }
 
-GraphSchedule::Mode GraphSchedule::begin(uint32_t index) {
+GraphSchedule::Mode GraphSchedule::begin(uint32_t index, bool graph) {
   segment_ = index;
   mode_ = Mode::Eager;
   staging_used_ = 0;
-  if (!on_) return mode_;
+  eager_asked_ = !graph;
+  if (!on_ || !graph) return mode_;
   Graph& g = graphs_[index % 2];
   if (g.ready) {
     graph_ = &g;
@@ -124,7 +125,7 @@ GraphSchedule::End GraphSchedule::end(bool abandoned, std::string& pending) {
   mode_ = Mode::Eager;
   switch (m) {
     case Mode::Eager:
-      if (on_ && !abandoned) warm_ = true;
+      if (on_ && !abandoned && !eager_asked_) warm_ = true;
       return End::Nothing;
     case Mode::Capturing:
       if (abandoned) {
@@ -143,6 +144,7 @@ GraphSchedule::End GraphSchedule::end(bool abandoned, std::string& pending) {
                   "shape, or turn TapeOptions::graph_replay off";
         return End::Nothing;
       }
+      ++replays_;
       return End::Launch;
   }
   return End::Nothing;
@@ -180,7 +182,9 @@ void GraphSchedule::check_norm() const {
 }
 
 void GraphSchedule::captured() {
-  if (graph_) graph_->ready = true;
+  if (!graph_) return;
+  graph_->ready = true;
+  ++captures_;
 }
 
 void GraphSchedule::forget() {

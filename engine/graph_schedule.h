@@ -66,8 +66,10 @@ class GraphSchedule {
   Mode mode() const { return mode_; }
   bool in_graph_segment() const { return mode_ != Mode::Eager; }
 
-  // Segment `index` opens: the mode it runs in (Capturing: the device starts capturing).
-  Mode begin(uint32_t index);
+  // Segment `index` opens: the mode it runs in (Capturing: the device starts
+  // capturing). graph = false (tape.eager_segment()): Eager, and the segment
+  // leaves the graphs and the warm-up as they are.
+  Mode begin(uint32_t index, bool graph = true);
   // Before a device call (after its arena allocations): true = issue the work
   // (eager, or being captured); false = the replayed graph holds it (the call
   // matched the capture). A call that does not match raises TapeError.
@@ -82,6 +84,9 @@ class GraphSchedule {
   void forget();
   void discard();
   bool has_graph(uint32_t index) const { return graphs_[index % 2].ready; }
+  // Segments captured (their graph made) and replayed (their graph launched) so far (TapeStats).
+  uint64_t captures() const { return captures_; }
+  uint64_t replays() const { return replays_; }
   // The begin of a capture failed on the device: the segment runs eagerly.
   void cancel_capture();
 
@@ -102,6 +107,8 @@ class GraphSchedule {
   bool on_;
   Mode mode_ = Mode::Eager;
   bool warm_ = false;  // an eager segment has run: lazy initialisations are done
+  bool eager_asked_ = false;  // this segment is an eager_segment(): it does not warm the schedule
+  uint64_t captures_ = 0, replays_ = 0;
   std::array<Graph, 2> graphs_;
   Graph* graph_ = nullptr;  // the one being captured or replayed
   uint32_t segment_ = 0;

@@ -107,11 +107,14 @@ Tape::Tape(Device device, TapeOptions options)
 
 Tape::~Tape() = default;
 
-Segment Tape::segment() {
+Segment Tape::segment() { return open_segment(true); }
+Segment Tape::eager_segment() { return open_segment(false); }
+
+Segment Tape::open_segment(bool graph) {
   if (open_)
     throw TapeError("tape.segment(): segment " + std::to_string(seg_index_) +
                     " is still open; end it (let its Segment go out of scope, or call end()) before opening the next");
-  backend_->segment_begin(seg_index_ + 1);  // may raise what the last segment left behind
+  backend_->segment_begin(seg_index_ + 1, graph);  // may raise what the last segment left behind
   ++seg_index_;
   open_ = true;
   arena_.reset();
@@ -494,6 +497,7 @@ TapeStats Tape::stats() const {
     s.device_bytes = arena_.reserved() + pool_.reserved() + carry_[0].reserved() + carry_[1].reserved() +
                      scratch_.reserved() + backend_->internal_device_bytes();
   s.device_allocations = memory::device_allocations();
+  std::tie(s.graph_captures, s.graph_replays) = backend_->graph_counts();
   return s;
 }
 

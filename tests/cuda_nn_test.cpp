@@ -233,6 +233,134 @@ TEST(CudaAgent, TrainerMatchesTheCpuWithFixedDeviceMemory) {
   fs::remove_all(f.parent_path());
 }
 
+// The trainer's segments as CUDA graphs (TrainConfig::graph_replay, on by
+// default where a run allows it): supervised open-loop envs with tbptt. Each
+// run goes eager on the device, as graphs on the device, and on the CPU, with
+// an evaluation and a checkpoint load in the middle (both between graph
+// segments): the same losses, scores and parameters (bit for bit on the
+// emulated device, whose ops are the CPU's; within float rounding on a GPU),
+// the same arena high-water as eager, no device allocation after the first
+// segment, and graphs that really replay (TapeStats: the captures and
+// replays counted below follow from the schedule). Dense recall repeats one
+// pattern from its second segment on (the first has no target before step
+// lag); sparse recall (a target every 4th step) too; dialogue with 4 turns
+// resets every stream at steps 3 and 7 of every segment (the reset masks
+// inside the graphs); with 5 turns the resets move through the segments, so
+// no pattern repeats and every segment runs eagerly; a run's shorter last
+// segment as well. A pattern is adopted when two segments in a row have it:
+// eager, then the warm-up, two captures and replays; the load at segment 9
+// discards the graphs (Adam's count, set on the host, reaches the device in a
+// call no graph holds).
+TEST(CudaAgent, TrainerSegmentsReplayAsGraphsWithTheEagerResults) {
+  REQUIRE_GPU();
+  const double tol = kEmulated ? 0.0 : 1e-4;
+  const fs::path f = scratch("graph.safetensors");
+  struct Case {
+    const char* env;
+    bool sparse;
+    int64_t steps, turns;
+    uint64_t captures, replays;
+  };
+  for (const Case& k : {Case{"recall", false, 124, 5, 4, 6}, Case{"recall", true, 128, 5, 4, 7}, Case{"dialogue", false, 128, 4, 4, 8},
+                        Case{"dialogue", false, 128, 5, 0, 0}}) {
+    SCOPED_TRACE(k.env + std::string(k.sparse ? " sparse" : "") + " turns " + std::to_string(k.turns));
+    auto config = [&](const char* device, bool graph) {
+      agent::TrainConfig c = recall_config(device);
+      c.env = k.env;
+      c.env_options.sparse = k.sparse;
+      c.env_options.lag = k.sparse ? 4 : 3;
+      c.env_options.turns = k.turns;
+      c.env_options.embed_dim = 6;
+      c.steps = k.steps;
+      c.graph_replay = graph;
+      return c;
+    };
+    agent::Trainer cpu(config("cpu", true)), eager(config("cuda", false)), graph(config("cuda", true));
+    EXPECT_FALSE(cpu.graph_segments());
+    EXPECT_FALSE(eager.graph_segments());
+    ASSERT_TRUE(graph.graph_segments());
+    uint64_t allocs = 0;
+    for (int s = 0; !graph.done(); ++s) {
+      if (s == 9) {  // mid-run: an evaluation and a checkpoint's load, between graph segments
+        const double e = cpu.evaluate(24, 5);
+        EXPECT_NEAR(graph.evaluate(24, 5), e, tol);
+        EXPECT_NEAR(eager.evaluate(24, 5), e, tol);
+        cpu.save(f);
+        for (agent::Trainer* t : {&cpu, &eager, &graph}) t->load(f);
+      }
+      const agent::SegmentResult rc = cpu.run_segment(), re = eager.run_segment(), rg = graph.run_segment();
+      ASSERT_EQ(rg.steps, rc.steps);
+      ASSERT_EQ(rg.loss_steps, rc.loss_steps) << "segment " << s;
+      EXPECT_EQ(rg.loss_sum, re.loss_sum) << "segment " << s;  // (the same device work, eager or in a graph)
+      EXPECT_NEAR(rg.loss_sum, rc.loss_sum, tol * std::max(1.0, std::fabs(rc.loss_sum))) << "segment " << s;
+      EXPECT_EQ(graph.env().score_counts(), eager.env().score_counts()) << "segment " << s;
+      EXPECT_EQ(graph.tape().stats().last_segment_peak, eager.tape().stats().last_segment_peak) << "segment " << s;
+      if (s == 0) allocs = memory::device_allocations();
+      EXPECT_EQ(memory::device_allocations(), allocs) << "device allocation in segment " << s;
+      EXPECT_EQ(graph.state().to_host<float>(), eager.state().to_host<float>()) << "segment " << s;
+    }
+    EXPECT_EQ(graph.env().score_counts(), cpu.env().score_counts());
+    const TapeStats st = graph.tape().stats();
+    EXPECT_EQ(st.graph_captures, k.captures);
+    EXPECT_EQ(st.graph_replays, k.replays);
+    EXPECT_EQ(eager.tape().stats().graph_replays + eager.tape().stats().graph_captures, 0u);
+    const auto a = cpu.policy().named_parameters(), b = graph.policy().named_parameters(), c = eager.policy().named_parameters();
+    for (size_t i = 0; i < a.size(); ++i) {
+      const std::vector<float> x = a[i].second.to_host<float>(), y = b[i].second.to_host<float>(), z = c[i].second.to_host<float>();
+      EXPECT_EQ(y, z) << a[i].first << ": graph and eager on the device";
+      for (size_t j = 0; j < x.size(); ++j) ASSERT_NEAR(y[j], x[j], tol * std::max(1.0f, std::fabs(x[j]))) << a[i].first;
+    }
+  }
+  fs::remove_all(f.parent_path());
+}
+
+// An env that says open_loop but shows the actions it was given: the trainer
+// takes a graph segment's steps ahead on a copy with placeholder actions, so
+// the real env, stepped with the model's, shows something else; refused with
+// EnvContractError naming the env and open_loop.
+class ShowsTheAction final : public agent::Env {
+ public:
+  ShowsTheAction(int64_t batch, uint64_t seed) : Env(batch, seed) {
+    spec_ = {"shows-the-action", 3, 0, 3, true, "accuracy", true};
+    s_.assign(size_t(batch), 0);
+  }
+  const agent::EnvSpec& spec() const override { return spec_; }
+  void observe(std::span<int64_t> tokens, std::span<float>) const override { std::copy(s_.begin(), s_.end(), tokens.begin()); }
+  void targets(std::span<int64_t> y) const override { std::fill(y.begin(), y.end(), 1); }
+  void step(std::span<const int64_t> a, std::span<float> reward, std::span<uint8_t> done) override {
+    std::copy(a.begin(), a.begin() + batch_, s_.begin());
+    std::fill(reward.begin(), reward.end(), 0.0f);
+    std::fill(done.begin(), done.end(), uint8_t(0));
+  }
+
+ private:
+  std::vector<int64_t>& state_ints() override { return s_; }
+  bool valid_state(std::span<const int64_t> v) const override {
+    return std::all_of(v.begin(), v.end(), [](int64_t x) { return x >= 0 && x < 3; });
+  }
+  agent::EnvSpec spec_;
+  std::vector<int64_t> s_;
+};
+
+TEST(CudaAgent, AnEnvThatIsNotOpenLoopIsRefusedInGraphSegments) {
+  REQUIRE_GPU();
+  if (!agent::env_registered("shows-the-action"))
+    agent::register_env("shows-the-action", [](int64_t batch, uint64_t seed, const agent::EnvOptions&) -> std::unique_ptr<agent::Env> {
+      return std::make_unique<ShowsTheAction>(batch, seed);
+    });
+  agent::TrainConfig c = recall_config("cuda");
+  c.env = "shows-the-action";
+  agent::Trainer t(c);
+  ASSERT_TRUE(t.graph_segments());
+  try {
+    for (int s = 0; s < 4; ++s) t.run_segment();
+    FAIL() << "an env whose observations follow the actions passed as open_loop";
+  } catch (const agent::EnvContractError& e) {
+    EXPECT_NE(std::string(e.what()).find("env 'shows-the-action' says its spec is open_loop, but at step "), std::string::npos)
+        << e.what();
+  }
+}
+
 // Recurrent PPO (agent/ppo.cpp) on the device: the same iterations as the
 // CPU (losses, the approximate KL, parameters after the run), no device
 // allocation after the first iteration, and for exact:K/T its minibatch

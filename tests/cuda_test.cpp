@@ -677,6 +677,50 @@ TEST(CudaErrors, GraphReplayOfADifferentSegmentIsRefused) {
   tape.synchronize();
 }
 
+// tape.eager_segment() between graph segments: it runs eagerly (host reads
+// allowed, other ops and shapes), the captured graphs stay and the next
+// segment() replays them; it does not count as the warm-up after a discard.
+// TapeStats counts the captures and replays.
+TEST(CudaGraphs, AnEagerSegmentBetweenGraphSegmentsLeavesTheGraphsAlone) {
+  REQUIRE_GPU();
+  TapeOptions o = cuda_options();
+  o.graph_replay = true;
+  Tape tape(Device::cuda(), o);
+  Tensor a = tape.parameter({4});
+  a.from_host(std::span<const float>(std::vector<float>{1, 2, 3, 4}));
+  Tensor out = tape.persistent({4});
+  auto run = [&] {
+    Segment seg = tape.segment();
+    copy_into(out, scale(a, 2.0));
+  };
+  auto counts = [&] { return std::pair(tape.stats().graph_captures, tape.stats().graph_replays); };
+  for (int s = 0; s < 4; ++s) run();  // eager, captured x2, replayed
+  EXPECT_EQ(counts(), std::pair(uint64_t(2), uint64_t(1)));
+  {
+    Segment seg = tape.eager_segment();  // another op, another shape, a host read: all eager
+    const Tensor y = scale(tape.from(std::span<const float>(std::vector<float>{5, 6}), {2}), 3.0);
+    EXPECT_EQ(y.to_host<float>(), (std::vector<float>{15, 18}));
+  }
+  EXPECT_EQ(counts(), std::pair(uint64_t(2), uint64_t(1)));
+  out.from_host(std::span<const float>(std::vector<float>(4, 0.0f)));
+  run();  // replays the graph of its parity
+  run();
+  EXPECT_EQ(counts(), std::pair(uint64_t(2), uint64_t(3)));
+  EXPECT_EQ(out.to_host<float>(), (std::vector<float>{2, 4, 6, 8}));
+  tape.discard_graph();
+  { Segment seg = tape.eager_segment(); }
+  run();  // the warm-up (the eager segment was not)
+  EXPECT_EQ(counts(), std::pair(uint64_t(2), uint64_t(3)));
+  run();  // captured
+  EXPECT_EQ(counts(), std::pair(uint64_t(3), uint64_t(3)));
+  // Without graph replay eager_segment() is segment(), and nothing is counted.
+  Tape plain(Device::cuda(), cuda_options());
+  { Segment seg = plain.eager_segment(); }
+  { Segment seg = plain.segment(); }
+  EXPECT_EQ(plain.stats().segment_index, 2u);
+  EXPECT_EQ(plain.stats().graph_captures + plain.stats().graph_replays, 0u);
+}
+
 // What a graph segment cannot do, refused with its reason, on a GPU and on the
 // emulated device (which keeps the CUDA backend's schedule and checks): host
 // reads, synchronize, clip_grad_norm's norm, a replay that issues fewer calls

@@ -229,15 +229,16 @@ class CpuBackend final : public detail::Backend {
 
   // Graph replay emulated: no graph is made or launched (every call ran when
   // it was issued); the schedule, captures and checks are the CUDA backend's.
-  void segment_begin(uint32_t index) override {
+  void segment_begin(uint32_t index, bool graph) override {
     raise_pending();
-    if (schedule_.on()) schedule_.begin(index);
+    if (schedule_.on()) schedule_.begin(index, graph);
   }
   void segment_end(bool abandoned) noexcept override {
     if (!schedule_.on()) return;
     if (schedule_.end(abandoned, pending_) == detail::GraphSchedule::End::Instantiate) schedule_.captured();
   }
   void discard_graph() override { schedule_.discard(); }
+  std::pair<uint64_t, uint64_t> graph_counts() const override { return {schedule_.captures(), schedule_.replays()}; }
   size_t internal_device_bytes() const override { return 0; }
   std::string describe() const override {
     return emulated_ ? device_.str() + ": host-emulated (segtape::emulation)" : device_.str();

@@ -384,7 +384,7 @@ void CudaBackend::raise_pending() {
 
 bool CudaBackend::issue(uint64_t sig, const char* what) { return schedule_.issue(sig, what); }
 
-void CudaBackend::segment_begin(uint32_t index) {
+void CudaBackend::segment_begin(uint32_t index, bool graph) {
   raise_pending();
   segment_ = index;
   if (!options_.graph_replay) return;
@@ -392,7 +392,7 @@ void CudaBackend::segment_begin(uint32_t index) {
   // host refills it; this is also where device-found errors surface.
   SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
   raise_device_errors();
-  if (schedule_.begin(index) != detail::GraphSchedule::Mode::Capturing) return;
+  if (schedule_.begin(index, graph) != detail::GraphSchedule::Mode::Capturing) return;
   const cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
   if (e != cudaSuccess) {
     schedule_.cancel_capture();

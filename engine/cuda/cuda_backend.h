@@ -65,9 +65,10 @@ class CudaBackend final : public detail::Backend {
   double sum_squares(const void* x, int64_t n, DType d) override;
   void add_sum_squares(const void* x, int64_t n, DType d, double* acc, bool first) override;
   void clip_scale(void* x, int64_t n, DType d, const double* sum_sq, double max_norm) override;
-  void segment_begin(uint32_t index) override;
+  void segment_begin(uint32_t index, bool graph) override;
   void segment_end(bool abandoned) noexcept override;
   void discard_graph() override;
+  std::pair<uint64_t, uint64_t> graph_counts() const override { return {schedule_.captures(), schedule_.replays()}; }
   size_t internal_device_bytes() const override;
   std::string describe() const override;
   void* native_stream() const override { return stream_; }

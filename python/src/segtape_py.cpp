@@ -995,6 +995,7 @@ NB_MODULE(_segtape, m) {
       .def_rw("gae_lambda", &agent::TrainConfig::gae_lambda)
       .def_rw("lr_schedule", &agent::TrainConfig::lr_schedule)
       .def_rw("env_shards", &agent::TrainConfig::env_shards)
+      .def_rw("graph_replay", &agent::TrainConfig::graph_replay)
       .def("validate", &agent::TrainConfig::validate);
   nb::class_<agent::Trainer>(ag, "Trainer")
       .def(nb::init<const agent::TrainConfig&, dist::Communicator*>(), "config"_a, "comm"_a.none() = nullptr,

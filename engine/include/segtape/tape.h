@@ -125,6 +125,8 @@ struct TapeStats {
   std::array<size_t, kOpKinds> bytes_by_op{};  // arena bytes of the current segment by op kind
   size_t device_bytes = 0;           // CUDA: bytes this tape holds on the device (all pools, fixed at setup)
   uint64_t device_allocations = 0;   // device chunks taken, process-wide (memory::device_allocations())
+  uint64_t graph_captures = 0;       // graph replay: segments captured as CUDA graphs so far
+  uint64_t graph_replays = 0;        // graph replay: segments that replayed a captured graph so far
 };
 
 class Segment;
@@ -158,6 +160,13 @@ class Tape {
 
   // Opens a segment. Only one may be open at a time.
   Segment segment();
+  // Opens a segment that runs eagerly under TapeOptions::graph_replay: it is
+  // neither captured nor replayed, and the captured graphs and the schedule
+  // stay as they were (the next segment() replays or captures as if this one
+  // had not run; it does not count as the warm-up). For work of another shape
+  // between graph segments: an evaluation, a shorter last segment, host reads.
+  // Without graph replay (and on the CPU) the same as segment().
+  Segment eager_segment();
 
   // Persistent tensors (valid as long as the tape). Zero-filled.
   Tensor parameter(const Shape& s, DType d = DType::F32);   // requires grad; gradient buffer zeroed
@@ -196,7 +205,8 @@ class Tape {
 
  private:
   friend class Segment;
-  friend class detail::TapeInternals;  // engine/tape_internals.h: what the ops and backends use
+  friend class detail::TapeInternals;
+  Segment open_segment(bool graph);  // engine/tape_internals.h: what the ops and backends use
   void* alloc(size_t bytes, OpKind kind, const char* op);
   void* alloc(size_t bytes, GradBuffers, const char* op);
   // Both allocs: arena bytes, counted in `counted` (kind names them in a budget report).

@@ -18,7 +18,9 @@
 //   spec()     vocab > 0 (token observations) or obs_dim > 0 (vectors), not
 //              both; num_actions >= 1; measure not empty, without a comma,
 //              quote or line break (a metrics.csv column); the same for the
-//              env's whole life. batch() is the B it was made with.
+//              env's whole life. batch() is the B it was made with. With
+//              open_loop, the observations, targets and done flags must not
+//              depend on the actions.
 //   observe()  fills tokens[0, B) with values in [0, vocab) (token envs) or
 //              vectors[0, B * obs_dim) with finite values, row b = stream b
 //              (vector envs); writes nothing else, changes nothing.
@@ -61,6 +63,13 @@ struct EnvSpec {
   int64_t num_actions = 0;  // classes (supervised) or actions (RL)
   bool supervised = true;
   std::string measure;      // what score() means, e.g. "accuracy" or "success"
+  // Open loop: the observations, targets and done flags do not depend on the
+  // actions (the actions are only scored), so the env's next K steps can be
+  // taken ahead of the model, from a copy of its state. A supervised env that
+  // says so lets the trainer run each segment as a CUDA graph on a GPU
+  // (docs/agent.md, "CUDA graphs"). The trainer checks it: the real env,
+  // stepped with the model's actions afterwards, must show what the copy showed.
+  bool open_loop = false;
 };
 
 struct EnvOptions {

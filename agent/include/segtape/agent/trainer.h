@@ -69,6 +69,12 @@ struct TrainConfig {
   // ranks of a data-parallel run seed theirs: one process with env_shards N
   // and batch N B runs the streams of N ranks of batch B (docs/distributed.md).
   int64_t env_shards = 1;
+  // --device cuda: run each training segment as a CUDA graph where the run
+  // allows it (a supervised env whose spec is open_loop, --history tbptt:K
+  // or detach, --algo a2c, one process; docs/agent.md, "CUDA graphs"); false
+  // runs every segment eagerly. How the run executes, not what it computes:
+  // not in the checkpoint.
+  bool graph_replay = true;
 
   std::map<std::string, std::string> to_metadata() const;
   static TrainConfig from_metadata(const std::map<std::string, std::string>& m);
@@ -184,6 +190,9 @@ class Trainer {
   Policy& policy() { return *policy_; }
   Env& env() { return *env_; }
   const TrainConfig& config() const { return config_; }
+  // Whether this trainer runs its segments as CUDA graphs (TrainConfig::graph_replay
+  // and the run allows it); TapeStats counts the captured and replayed ones.
+  bool graph_segments() const { return graph_; }
 
  private:
   Tensor observe_tensor();
@@ -192,6 +201,10 @@ class Trainer {
   void reset_finished_streams();
   SegmentResult segment_of_history();  // run_segment's work, by --algo and --history
   SegmentResult supervised_segment(Segment& seg, int64_t n);
+  // graph_: the env's n steps taken ahead on a copy, the segment (a CUDA graph
+  // where its steps repeat the graphs' pattern), then the env stepped with the
+  // model's actions.
+  SegmentResult graph_segment(int64_t n);
   SegmentResult actor_critic_segment(Segment& seg, int64_t n);
   SegmentResult exact_window(int64_t n);
   SegmentResult ppo_iteration(int64_t n);
@@ -264,6 +277,19 @@ class Trainer {
   std::vector<float> reset_mask_;               // episode resets: the [B, hidden] mask (reset_finished)
   std::vector<float> host_rows_, host_values_;  // device -> host copies of [B, A] rows and [B] values
   std::vector<float> episode_return_;           // RL: each stream's return so far in its episode
+  // graph_segment: the env copy stepped ahead; its observations, targets and
+  // done flags [K, B] (vectors [K, B, obs_dim]); each step's logits [B, A] and
+  // loss in persistent tensors, read once the segment's graph has run; the
+  // capturable clip's squared norm; the steps' pattern (which have targets,
+  // which reset) the graphs hold (graph_key_) and the last segment's.
+  bool graph_ = false;
+  std::unique_ptr<Env> ahead_;
+  std::vector<int64_t> ahead_tokens_, ahead_targets_;
+  std::vector<float> ahead_vectors_;
+  std::vector<uint8_t> ahead_done_;
+  std::vector<Tensor> graph_logits_, graph_losses_;
+  Tensor clip_sq_;
+  uint64_t graph_key_ = 0, last_key_ = 0;
   // PPO: the rollout [steps, B] (the observation, action, its log-probability
   // and value, reward, done, advantage, return), the state at each window's
   // start [windows, B, hidden], and a minibatch's gathered rows (agent/ppo.h)
