@@ -471,6 +471,15 @@ Trainer::Trainer(const TrainConfig& c, dist::Communicator* comm)
     ahead_targets_.assign(KB, kNoTarget);
     ahead_vectors_.assign(KB * size_t(std::max<int64_t>(spec.obs_dim, 1)), 0.0f);
     ahead_done_.assign(KB, 0);
+    ahead_keep_.assign(KB, 1.0f);
+    ahead_encoded_.resize(size_t(c.history.k));
+    // The recurrence as one gru_sequence where it runs fused (on a GPU whose
+    // plan fits B and hidden); composed of cells it would only cost memory
+    // (keep expanded to [K B, hidden], the outputs stacked): the cells, as
+    // eagerly. SEGTAPE_GRAPH_SEQUENCE=1 takes the sequence anyway (a test
+    // seam: the emulated device never fuses).
+    const char* force = std::getenv("SEGTAPE_GRAPH_SEQUENCE");
+    graph_sequence_ = gru_sequence_fused(*tape_, c.batch, c.hidden, DType::F32) || (force && std::string_view(force) == "1");
   }
   const size_t B = size_t(c.batch);
   tokens_.assign(B, 0);
@@ -713,9 +722,9 @@ SegmentResult Trainer::graph_segment(int64_t n) {
   if (n <= 0) return r;
   const EnvSpec& spec = env_->spec();
   const int64_t B = config_.batch, A = spec.num_actions, D = std::max<int64_t>(spec.obs_dim, 1);
-  const auto slice = [](auto& v, int64_t i, int64_t len) { return std::span(v.data() + i * len, size_t(len)); };
+  const auto row = [](auto& v, int64_t i, int64_t len) { return std::span(v.data() + i * len, size_t(len)); };
   const auto has_target = [&](int64_t i) {
-    const auto tg = slice(ahead_targets_, i, B);
+    const auto tg = row(ahead_targets_, i, B);
     return std::any_of(tg.begin(), tg.end(), [](int64_t y) { return y != kNoTarget; });
   };
   std::fill(actions_.begin(), actions_.end(), 0);
@@ -723,12 +732,14 @@ SegmentResult Trainer::graph_segment(int64_t n) {
   // The steps' pattern: which have a target (a loss), which reset a stream.
   uint64_t key = 0xcbf29ce484222325ull ^ uint64_t(n);
   for (int64_t i = 0; i < n; ++i) {
-    ahead_->observe(slice(ahead_tokens_, i, B), slice(ahead_vectors_, i, B * D));
-    ahead_->targets(slice(ahead_targets_, i, B));
-    ahead_->step(actions_, rewards_, slice(ahead_done_, i, B));
-    const auto dn = slice(ahead_done_, i, B);
+    ahead_->observe(row(ahead_tokens_, i, B), row(ahead_vectors_, i, B * D));
+    ahead_->targets(row(ahead_targets_, i, B));
+    ahead_->step(actions_, rewards_, row(ahead_done_, i, B));
+    const auto dn = row(ahead_done_, i, B);
+    for (int64_t b = 0; b < B && i + 1 < n; ++b) ahead_keep_[size_t((i + 1) * B + b)] = dn[size_t(b)] ? 0.0f : 1.0f;
     const bool target = has_target(i);
-    const bool reset = std::any_of(dn.begin(), dn.end(), [](uint8_t d) { return d != 0; });
+    // (in a sequence the resets before the last step are keep's values, not ops)
+    const bool reset = (!graph_sequence_ || i == n - 1) && std::any_of(dn.begin(), dn.end(), [](uint8_t d) { return d != 0; });
     key = (key ^ (uint64_t(target) | uint64_t(reset) << 1)) * 0x100000001b3ull;
   }
   key |= 1;  // (0: none)
@@ -742,19 +753,32 @@ SegmentResult Trainer::graph_segment(int64_t n) {
   const bool graph = key == graph_key_;
   {
     Segment seg = graph ? tape_->segment() : tape_->eager_segment();
+    const auto encoded = [&](int64_t i) {
+      return policy_->encode(spec.vocab > 0 ? tape_->from(std::span<const int64_t>(row(ahead_tokens_, i, B)), {B})
+                                            : tape_->from(std::span<const float>(row(ahead_vectors_, i, B * D)), {B, spec.obs_dim}));
+    };
+    // graph_sequence_: the recurrence of the n steps as one gru_sequence (the
+    // fused kernel), the resets inside it (keep); the encoder and the head
+    // step by step, as eagerly. Otherwise the eager segment's ops, step by step.
+    Tensor states;
+    if (graph_sequence_) {
+      for (int64_t i = 0; i < n; ++i) ahead_encoded_[size_t(i)] = encoded(i);
+      const Tensor e = concat(std::span<const Tensor>(ahead_encoded_.data(), size_t(n)), 0);
+      states = policy_->recur_sequence(reshape(e, {n, B, e.dim(1)}), h_,
+                                       tape_->from(std::span<const float>(row(ahead_keep_, 0, n * B)), {n, B}));
+    }
     Tensor loss;
     for (int64_t i = 0; i < n; ++i, ++step_, tape_->next_step()) {
-      const Tensor x = spec.vocab > 0 ? tape_->from(std::span<const int64_t>(slice(ahead_tokens_, i, B)), {B})
-                                      : tape_->from(std::span<const float>(slice(ahead_vectors_, i, B * D)), {B, spec.obs_dim});
-      const Tensor logits = policy_->logits(feature(policy_->encode(x)));
+      h_ = graph_sequence_ ? reshape(slice(states, 0, i, 1), {B, config_.hidden}) : feature(encoded(i));
+      const Tensor logits = policy_->logits(h_);
       if (has_target(i)) {
-        Tensor l = cross_entropy(logits, tape_->from(std::span<const int64_t>(slice(ahead_targets_, i, B)), {B}), Reduction::Mean, kNoTarget);
+        Tensor l = cross_entropy(logits, tape_->from(std::span<const int64_t>(row(ahead_targets_, i, B)), {B}), Reduction::Mean, kNoTarget);
         copy_into(graph_losses_[size_t(i)], l);
         ++r.loss_steps;
         loss = loss.defined() ? add(loss, l) : l;
       }
       copy_into(graph_logits_[size_t(i)], logits);
-      h_ = reset_finished(h_, slice(ahead_done_, i, B), reset_mask_);
+      if (!graph_sequence_ || i == n - 1) h_ = reset_finished(h_, row(ahead_done_, i, B), reset_mask_);
     }
     r.steps = n;
     if (loss.defined()) seg.backward(loss, backward_options(config_));
@@ -768,9 +792,9 @@ SegmentResult Trainer::graph_segment(int64_t n) {
     graph_logits_[size_t(i)].to_host(std::span<float>(host_rows_));
     for (int64_t b = 0; b < B; ++b) actions_[size_t(b)] = argmax_row(host_rows_.data() + b * A, A);
     env_->step(actions_, rewards_, done_);
-    const bool same = (spec.vocab > 0 ? std::ranges::equal(tokens_, slice(ahead_tokens_, i, B))
-                                      : std::ranges::equal(std::span(vectors_.data(), size_t(B * D)), slice(ahead_vectors_, i, B * D))) &&
-                      std::ranges::equal(targets_, slice(ahead_targets_, i, B)) && std::ranges::equal(done_, slice(ahead_done_, i, B));
+    const bool same = (spec.vocab > 0 ? std::ranges::equal(tokens_, row(ahead_tokens_, i, B))
+                                      : std::ranges::equal(std::span(vectors_.data(), size_t(B * D)), row(ahead_vectors_, i, B * D))) &&
+                      std::ranges::equal(targets_, row(ahead_targets_, i, B)) && std::ranges::equal(done_, row(ahead_done_, i, B));
     if (!same)
       throw EnvContractError("env '" + spec.name + "' says its spec is open_loop, but at step " + std::to_string(step_ - n + i + 1) +
                              " of this segment it showed other observations, targets or done flags after the model's actions "

@@ -215,6 +215,11 @@ Tensor gru_steps(const Tensor& x, Tensor& h, int64_t s0, int64_t len, const Tens
 }
 }  // namespace
 
+bool gru_sequence_fused(Tape& tape, int64_t B, int64_t H, DType d) {
+  detail::Backend* be = In::backend(tape);
+  return be->has_gru_sequence() && be->gru_sequence_keeps(B, H, d);
+}
+
 Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
                     const Tensor& b_hh, const Tensor& keep) {
   const char* op = "gru_sequence";

@@ -70,6 +70,10 @@ Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tens
 // gru_cell steps with the mask (cuDNN's GRU has no resets).
 Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
                     const Tensor& b_hh, const Tensor& keep = Tensor{});
+// Whether gru_sequence with a keep on this tape, for a state [B, H] of dtype
+// d, runs as one fused node (the CUDA backend's fused kernels, where their
+// plan fits the device and the shape) rather than composed of gru_cell steps.
+bool gru_sequence_fused(Tape& tape, int64_t B, int64_t H, DType d);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }

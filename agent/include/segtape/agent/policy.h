@@ -41,6 +41,11 @@ class Policy : public nn::Module {
   Tensor encode(const Tensor& obs) const;
   // The GRU step: [B, embed], [B, hidden] -> [B, hidden]
   Tensor recur(const Tensor& e, const Tensor& h) const { return (*gru_)(e, h); }
+  // recur over T steps at once: e [T, B, embed] -> the states [T, B, hidden],
+  // the state entering step t multiplied by keep[t, b] (gru_sequence).
+  Tensor recur_sequence(const Tensor& e, const Tensor& h0, const Tensor& keep) const {
+    return gru_sequence(e, h0, gru_->weight_ih, gru_->weight_hh, gru_->bias_ih, gru_->bias_hh, keep);
+  }
   // Window mode: the last N embeddings, oldest first -> [B, hidden]
   Tensor compress(std::span<const Tensor> window) const;
   Tensor logits(const Tensor& feature) const { return (*head_)(feature); }

@@ -278,15 +278,19 @@ class Trainer {
   std::vector<float> host_rows_, host_values_;  // device -> host copies of [B, A] rows and [B] values
   std::vector<float> episode_return_;           // RL: each stream's return so far in its episode
   // graph_segment: the env copy stepped ahead; its observations, targets and
-  // done flags [K, B] (vectors [K, B, obs_dim]); each step's logits [B, A] and
+  // done flags [K, B] (vectors [K, B, obs_dim]), the keep factors of the
+  // segment's gru_sequence and its encoded steps; each step's logits [B, A] and
   // loss in persistent tensors, read once the segment's graph has run; the
   // capturable clip's squared norm; the steps' pattern (which have targets,
   // which reset) the graphs hold (graph_key_) and the last segment's.
   bool graph_ = false;
+  bool graph_sequence_ = false;  // graph_segment's recurrence as one gru_sequence (where it fuses)
   std::unique_ptr<Env> ahead_;
   std::vector<int64_t> ahead_tokens_, ahead_targets_;
   std::vector<float> ahead_vectors_;
   std::vector<uint8_t> ahead_done_;
+  std::vector<float> ahead_keep_;      // [K, B]: 0 where the stream's episode ended the step before
+  std::vector<Tensor> ahead_encoded_;  // a segment's encoded observations, [B, embed] each
   std::vector<Tensor> graph_logits_, graph_losses_;
   Tensor clip_sq_;
   uint64_t graph_key_ = 0, last_key_ = 0;
