@@ -599,6 +599,7 @@ AnomalyCost anomaly_cost(const LabConfig& cfg, int64_t steps, const std::functio
   tc.steps = steps, tc.batch = cfg.batch, tc.hidden = cfg.hidden, tc.embed = cfg.embed, tc.seed = cfg.seed;
   tc.device = cfg.device;
   tc.env_options.lag = cfg.lag, tc.env_options.vocab = cfg.vocab;
+  tc.graph_replay = false;  // anomaly mode reads every op's output on the host: eager segments, both alike
   // Two identical trainers, one with anomaly mode, run segment by segment in
   // turn: whatever else the machine does hits both alike, and the median
   // segment time ignores the bursts.

@@ -638,9 +638,15 @@ SegmentResult Trainer::run_segment() {
   if (h_.ptr != h_home_.ptr) copy_into(h_home_, h_);
   h_ = h_home_;
   const int64_t step0 = step_;
+  committed_ = false;
   try {
     return segment_of_history();
   } catch (...) {
+    if (committed_) {  // (graph_segment, after its update: the segment stands)
+      copy_into(h_home_, h_);
+      h_ = h_home_;
+      throw;
+    }
     step_ = step0;
     h_ = h_home_;
     optim_->zero_grad();  // (a throw after backward, in the update, left them accumulated)
@@ -751,7 +757,18 @@ SegmentResult Trainer::graph_segment(int64_t n) {
   }
   last_key_ = key;
   const bool graph = key == graph_key_;
-  {
+  // A graph segment whose graph does not run (a replay whose calls differ
+  // from its capture: an error inside the segment, or one raised by the
+  // synchronize below) changed nothing on the device, but Adam's host count
+  // moved: put it back, and forget the graphs (the next segments capture anew).
+  const int64_t count0 = optim_->step_count();
+  const auto forget = [&] {
+    if (!graph) return;
+    tape_->discard_graph();
+    graph_key_ = last_key_ = 0;
+    optim_->set_step_count(count0);
+  };
+  try {
     Segment seg = graph ? tape_->segment() : tape_->eager_segment();
     const auto encoded = [&](int64_t i) {
       return policy_->encode(spec.vocab > 0 ? tape_->from(std::span<const int64_t>(row(ahead_tokens_, i, B)), {B})
@@ -784,7 +801,13 @@ SegmentResult Trainer::graph_segment(int64_t n) {
     if (loss.defined()) seg.backward(loss, backward_options(config_));
     if (loss.defined()) update(true);
     h_ = seg.carry(h_);  // the TBPTT boundary
-  }  // (the graph runs here)
+    seg.end();  // (the graph runs here)
+    tape_->synchronize();  // (raises what the graph left: a replay that issued fewer calls than its capture)
+  } catch (...) {
+    forget();
+    throw;
+  }
+  committed_ = true;
   // The env takes the steps with the model's actions; what it shows must be what its copy showed.
   for (int64_t i = 0; i < n; ++i) {
     env_->observe(tokens_, vectors_);
@@ -797,9 +820,9 @@ SegmentResult Trainer::graph_segment(int64_t n) {
                       std::ranges::equal(targets_, row(ahead_targets_, i, B)) && std::ranges::equal(done_, row(ahead_done_, i, B));
     if (!same)
       throw EnvContractError("env '" + spec.name + "' says its spec is open_loop, but at step " + std::to_string(step_ - n + i + 1) +
-                             " of this segment it showed other observations, targets or done flags after the model's actions "
-                             "than after the placeholder actions its copy took (the Env contract: segtape/agent/env.h); the "
-                             "segment's update used its copy's; set open_loop = false");
+                             " (step " + std::to_string(i + 1) + " of the segment) it showed other observations, targets or done "
+                             "flags after the model's actions than after the placeholder actions its copy took (the Env contract: "
+                             "segtape/agent/env.h); the segment's update, which used its copy's, stands; set open_loop = false");
     if (has_target(i)) r.loss_sum += graph_losses_[size_t(i)].item();
   }
   return r;

@@ -337,21 +337,31 @@ TEST(CudaAgent, TrainerSegmentsReplayAsGraphsWithTheEagerResults) {
   fs::remove_all(f.parent_path());
 }
 
-// An env that says open_loop but shows the actions it was given: the trainer
-// takes a graph segment's steps ahead on a copy with placeholder actions, so
-// the real env, stepped with the model's, shows something else; refused with
-// EnvContractError naming the env and open_loop.
+// An env that says open_loop but, from step 48 on, shows the action it was
+// given: the trainer takes a graph segment's steps ahead on a copy with
+// placeholder actions, so the real env, stepped with the model's, shows
+// something else. Refused with EnvContractError naming the env and
+// open_loop, in a replayed segment (its pattern, a target every step, is
+// adopted at segment 1: segments 2 and 3 captured, 4 on replayed); the
+// segment's update stands: the step is its end, the parameters changed, and
+// the trainer runs on (an honest env would go on from there).
 class ShowsTheAction final : public agent::Env {
  public:
   ShowsTheAction(int64_t batch, uint64_t seed) : Env(batch, seed) {
     spec_ = {"shows-the-action", 3, 0, 3, true, "accuracy", true};
-    s_.assign(size_t(batch), 0);
+    s_.assign(size_t(2 * batch), 0);  // per stream: step, the token shown
   }
   const agent::EnvSpec& spec() const override { return spec_; }
-  void observe(std::span<int64_t> tokens, std::span<float>) const override { std::copy(s_.begin(), s_.end(), tokens.begin()); }
+  void observe(std::span<int64_t> tokens, std::span<float>) const override {
+    for (int64_t b = 0; b < batch_; ++b) tokens[size_t(b)] = s_[size_t(2 * b + 1)];
+  }
   void targets(std::span<int64_t> y) const override { std::fill(y.begin(), y.end(), 1); }
   void step(std::span<const int64_t> a, std::span<float> reward, std::span<uint8_t> done) override {
-    std::copy(a.begin(), a.begin() + batch_, s_.begin());
+    for (int64_t b = 0; b < batch_; ++b) {
+      ++score_den_, score_num_ += a[size_t(b)] == 1;
+      const int64_t t = ++s_[size_t(2 * b)];
+      s_[size_t(2 * b + 1)] = t >= 48 ? a[size_t(b)] : t % 3;
+    }
     std::fill(reward.begin(), reward.end(), 0.0f);
     std::fill(done.begin(), done.end(), uint8_t(0));
   }
@@ -359,7 +369,7 @@ class ShowsTheAction final : public agent::Env {
  private:
   std::vector<int64_t>& state_ints() override { return s_; }
   bool valid_state(std::span<const int64_t> v) const override {
-    return std::all_of(v.begin(), v.end(), [](int64_t x) { return x >= 0 && x < 3; });
+    return std::all_of(v.begin(), v.end(), [](int64_t x) { return x >= 0; });
   }
   agent::EnvSpec spec_;
   std::vector<int64_t> s_;
@@ -375,13 +385,21 @@ TEST(CudaAgent, AnEnvThatIsNotOpenLoopIsRefusedInGraphSegments) {
   c.env = "shows-the-action";
   agent::Trainer t(c);
   ASSERT_TRUE(t.graph_segments());
+  for (int s = 0; s < 6; ++s) t.run_segment();  // steps 0 to 47: honest
+  const uint64_t replays = t.tape().stats().graph_replays;
+  EXPECT_EQ(replays, 2u);
+  const std::vector<std::vector<float>> before = host_params(t.policy());
   try {
-    for (int s = 0; s < 4; ++s) t.run_segment();
+    t.run_segment();
     FAIL() << "an env whose observations follow the actions passed as open_loop";
   } catch (const agent::EnvContractError& e) {
     EXPECT_NE(std::string(e.what()).find("env 'shows-the-action' says its spec is open_loop, but at step "), std::string::npos)
         << e.what();
   }
+  EXPECT_EQ(t.tape().stats().graph_replays, replays + 1);  // (the lie came out in a replayed segment)
+  EXPECT_EQ(t.step(), 56);                                 // the segment stands
+  EXPECT_NE(host_params(t.policy()), before);
+  EXPECT_TRUE(std::isfinite(t.evaluate(8, 1)));            // still usable
 }
 
 // Recurrent PPO (agent/ppo.cpp) on the device: the same iterations as the
@@ -486,6 +504,10 @@ TEST(CudaAgent, RetentionLabPitfallGrowsAndFixIsFlatOnCuda) {
   ASSERT_GE(fix.segment_peaks.size(), size_t(3));
   // From the second segment on (the first ends before the first target: no backward).
   for (size_t i = 1; i < fix.segment_peaks.size(); ++i) EXPECT_EQ(fix.segment_peaks[i], fix.segment_peaks[1]) << "segment " << i;
+  // The lab's anomaly-mode cost on the device (its trainers run eager segments: anomaly mode reads every output).
+  const agent::retention::AnomalyCost cost = agent::retention::anomaly_cost(cfg, 64);
+  EXPECT_GT(cost.us_off, 0.0);
+  EXPECT_GT(cost.us_on, 0.0);
 }
 
 // ------------------------------------------------------------------ the emulation itself

@@ -205,8 +205,8 @@ class Tape {
 
  private:
   friend class Segment;
-  friend class detail::TapeInternals;
-  Segment open_segment(bool graph);  // engine/tape_internals.h: what the ops and backends use
+  friend class detail::TapeInternals;  // engine/tape_internals.h: what the ops and backends use
+  Segment open_segment(bool graph);  // segment() and eager_segment()
   void* alloc(size_t bytes, OpKind kind, const char* op);
   void* alloc(size_t bytes, GradBuffers, const char* op);
   // Both allocs: arena bytes, counted in `counted` (kind names them in a budget report).

@@ -129,7 +129,12 @@ class Trainer {
   // gradients zeroed; the env keeps the steps it took. The recurrent state
   // is as before with --history tbptt, detach and exact; window:N's ring
   // keeps the embeddings the failed steps wrote, and --algo ppo the state
-  // of the rollout's last K-step boundary before the throw. (Not for
+  // of the rollout's last K-step boundary before the throw. With CUDA-graph
+  // segments (graph_segments()) the env is stepped with the model's actions
+  // after the segment's update: a throw there (the env, or its open_loop
+  // check) leaves the update in place, the step at the segment's end and
+  // the state the segment carried; a segment whose graph did not run (a
+  // replay that did not match) changes nothing and forgets the graphs. (Not for
   // --history full, whose one segment spans the run.)
   SegmentResult run_segment();
   bool done() const { return step_ >= config_.steps; }
@@ -294,6 +299,7 @@ class Trainer {
   std::vector<Tensor> graph_logits_, graph_losses_;
   Tensor clip_sq_;
   uint64_t graph_key_ = 0, last_key_ = 0;
+  bool committed_ = false;  // graph_segment: its update is done, a throw after it keeps it (run_segment)
   // PPO: the rollout [steps, B] (the observation, action, its log-probability
   // and value, reward, done, advantage, return), the state at each window's
   // start [windows, B, hidden], and a minibatch's gathered rows (agent/ppo.h)
