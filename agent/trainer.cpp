@@ -355,11 +355,12 @@ Persistent make_persistent(Tape& tape, nn::Rng& rng, const TrainConfig& c, const
 }
 
 // The host inputs one graph segment stages (tape.from: observations,
-// targets, reset masks), at most: TapeOptions::graph_staging.
+// targets, reset masks; a sequence's keep [K, B]), at most: TapeOptions::graph_staging.
 size_t graph_staging(const TrainConfig& c, const EnvSpec& spec) {
-  const size_t B = size_t(c.batch);
+  const size_t B = size_t(c.batch), K = size_t(c.history.k);
   const size_t obs = spec.obs_dim > 0 ? B * size_t(spec.obs_dim) * sizeof(float) : B * sizeof(int64_t);
-  return size_t(c.history.k) * (align_up(obs) + align_up(B * sizeof(int64_t)) + align_up(B * size_t(c.hidden) * sizeof(float)));
+  return K * (align_up(obs) + align_up(B * sizeof(int64_t)) + align_up(B * size_t(c.hidden) * sizeof(float))) +
+         align_up(K * B * sizeof(float));
 }
 
 // exact's driver over windows of `horizon` steps (it stores the window's boundary states in the persistent pool).
@@ -478,8 +479,10 @@ Trainer::Trainer(const TrainConfig& c, dist::Communicator* comm)
     // (keep expanded to [K B, hidden], the outputs stacked): the cells, as
     // eagerly. SEGTAPE_GRAPH_SEQUENCE=1 takes the sequence anyway (a test
     // seam: the emulated device never fuses).
+    // (tbptt:K with K > 1 only: detach's one-step segments gain nothing from it)
     const char* force = std::getenv("SEGTAPE_GRAPH_SEQUENCE");
-    graph_sequence_ = gru_sequence_fused(*tape_, c.batch, c.hidden, DType::F32) || (force && std::string_view(force) == "1");
+    graph_sequence_ = c.history.kind == History::Kind::Tbptt && c.history.k > 1 &&
+                      (gru_sequence_fused(*tape_, c.batch, c.hidden, DType::F32) || (force && std::string_view(force) == "1"));
   }
   const size_t B = size_t(c.batch);
   tokens_.assign(B, 0);
@@ -762,6 +765,7 @@ SegmentResult Trainer::graph_segment(int64_t n) {
   // synchronize below) changed nothing on the device, but Adam's host count
   // moved: put it back, and forget the graphs (the next segments capture anew).
   const int64_t count0 = optim_->step_count();
+  const TapeStats before = tape_->stats();
   const auto forget = [&] {
     if (!graph) return;
     tape_->discard_graph();
@@ -802,12 +806,15 @@ SegmentResult Trainer::graph_segment(int64_t n) {
     if (loss.defined()) update(true);
     h_ = seg.carry(h_);  // the TBPTT boundary
     seg.end();  // (the graph runs here)
-    tape_->synchronize();  // (raises what the graph left: a replay that issued fewer calls than its capture)
+    const TapeStats after = tape_->stats();
+    if (graph && after.graph_captures + after.graph_replays == before.graph_captures + before.graph_replays)
+      tape_->synchronize();  // (its graph did not run: raises why, a replay that issued fewer calls than its capture)
   } catch (...) {
     forget();
     throw;
   }
-  committed_ = true;
+  committed_ = true;  // (the segment ran: errors from here on, the device's included, leave its update in place)
+  tape_->synchronize();
   // The env takes the steps with the model's actions; what it shows must be what its copy showed.
   for (int64_t i = 0; i < n; ++i) {
     env_->observe(tokens_, vectors_);

@@ -132,9 +132,12 @@ class Trainer {
   // of the rollout's last K-step boundary before the throw. With CUDA-graph
   // segments (graph_segments()) the env is stepped with the model's actions
   // after the segment's update: a throw there (the env, or its open_loop
-  // check) leaves the update in place, the step at the segment's end and
-  // the state the segment carried; a segment whose graph did not run (a
-  // replay that did not match) changes nothing and forgets the graphs. (Not for
+  // check, or an error the device reports) leaves the update in place, the
+  // step at the segment's end and the state the segment carried, while the
+  // env has taken only the steps before the throw; a graph segment whose
+  // graph did not run (a replay that did not match) changes nothing on a
+  // GPU (on the emulated device, whose calls run as they are issued, the
+  // calls before the difference have run) and forgets the graphs. (Not for
   // --history full, whose one segment spans the run.)
   SegmentResult run_segment();
   bool done() const { return step_ >= config_.steps; }
@@ -198,6 +201,8 @@ class Trainer {
   // Whether this trainer runs its segments as CUDA graphs (TrainConfig::graph_replay
   // and the run allows it); TapeStats counts the captured and replayed ones.
   bool graph_segments() const { return graph_; }
+  // Whether those segments run their recurrence as one gru_sequence (docs/agent.md).
+  bool graph_sequence() const { return graph_sequence_; }
 
  private:
   Tensor observe_tensor();
