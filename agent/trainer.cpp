@@ -553,11 +553,15 @@ size_t Trainer::budget() const { return applied_budget(config_); }
 
 double Trainer::lr() const { return optim_->options().lr; }
 
-Tensor Trainer::observe_tensor() {
+Tensor Trainer::observation(std::span<const int64_t> tokens, std::span<const float> vectors) {
   const EnvSpec& spec = env_->spec();
+  if (spec.vocab > 0) return tape_->from(tokens, {config_.batch});
+  return tape_->from(vectors, {config_.batch, spec.obs_dim});
+}
+
+Tensor Trainer::observe_tensor() {
   env_->observe(tokens_, vectors_);
-  if (spec.vocab > 0) return tape_->from(std::span<const int64_t>(tokens_), {config_.batch});
-  return tape_->from(std::span<const float>(vectors_), {config_.batch, spec.obs_dim});
+  return observation(tokens_, vectors_);
 }
 
 Tensor Trainer::feature(const Tensor& e) {
@@ -774,10 +778,7 @@ SegmentResult Trainer::graph_segment(int64_t n) {
   };
   try {
     Segment seg = graph ? tape_->segment() : tape_->eager_segment();
-    const auto encoded = [&](int64_t i) {
-      return policy_->encode(spec.vocab > 0 ? tape_->from(std::span<const int64_t>(row(ahead_tokens_, i, B)), {B})
-                                            : tape_->from(std::span<const float>(row(ahead_vectors_, i, B * D)), {B, spec.obs_dim}));
-    };
+    const auto encoded = [&](int64_t i) { return policy_->encode(observation(row(ahead_tokens_, i, B), row(ahead_vectors_, i, B * D))); };
     // graph_sequence_: the recurrence of the n steps as one gru_sequence (the
     // fused kernel), the resets inside it (keep); the encoder and the head
     // step by step, as eagerly. Otherwise the eager segment's ops, step by step.

@@ -205,7 +205,9 @@ class Trainer {
   bool graph_sequence() const { return graph_sequence_; }
 
  private:
-  Tensor observe_tensor();
+  Tensor observe_tensor();  // the env's observation now, on the tape (observation())
+  // A step's observation on the tape from host rows: tokens [B] (token envs) or vectors [B, obs_dim].
+  Tensor observation(std::span<const int64_t> tokens, std::span<const float> vectors);
   Tensor feature(const Tensor& e);  // history strategy: the [B, hidden] feature of this step
   void update(bool has_loss = true);
   void reset_finished_streams();
