@@ -28,11 +28,8 @@ git worktree prune
 [[ -d "$wt" ]] || git worktree add -q --detach "$wt" "$rev"
 # The base may predate loop_bench's --infer: the working tree's loop_bench source is used for both.
 cp bench/loop_bench.cpp "$wt/bench/loop_bench.cpp"
-flags=(-DCMAKE_BUILD_TYPE=Release -DSEGTAPE_WITH_CUDA=OFF -DSEGTAPE_WITH_TORCH=OFF -DSEGTAPE_BUILD_TESTS=OFF)
-for dir in "$wt" "$PWD"; do
-  [[ -f "$dir/build-ba/CMakeCache.txt" ]] || cmake -S "$dir" -B "$dir/build-ba" "${flags[@]}" >/dev/null
-  cmake --build "$dir/build-ba" -j2 --target loop_bench >/dev/null
-done
+source docs/figures/build-ba.sh
+for dir in "$wt" "$PWD"; do build_ba "$dir" loop_bench; done
 cases=()
 IFS=, read -r -a list <<<"$sizes"
 for s in "${list[@]}"; do

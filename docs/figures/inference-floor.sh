@@ -17,9 +17,8 @@ while [[ $# -gt 0 ]]; do
     *) echo "inference-floor.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-flags=(-DCMAKE_BUILD_TYPE=Release -DSEGTAPE_WITH_CUDA=OFF -DSEGTAPE_WITH_TORCH=OFF -DSEGTAPE_BUILD_TESTS=OFF)
-[[ -f build-ba/CMakeCache.txt ]] || cmake -S . -B build-ba "${flags[@]}" >/dev/null
-cmake --build build-ba -j2 --target loop_bench read_floor >/dev/null
+source docs/figures/build-ba.sh
+build_ba . loop_bench read_floor
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 out=$(mktemp)
 for ((r = 1; r <= rounds; r++)); do

@@ -16,9 +16,8 @@ while [[ $# -gt 0 ]]; do
     *) echo "threads.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-flags=(-DCMAKE_BUILD_TYPE=Release -DSEGTAPE_WITH_CUDA=OFF -DSEGTAPE_WITH_TORCH=OFF -DSEGTAPE_BUILD_TESTS=OFF)
-[[ -f build-ba/CMakeCache.txt ]] || cmake -S . -B build-ba "${flags[@]}" >/dev/null
-cmake --build build-ba -j2 --target loop_bench >/dev/null
+source docs/figures/build-ba.sh
+build_ba . loop_bench
 # B H inference segments
 cases=("1 128 0 200" "1 128 1 200" "32 128 0 40")
 out=$(mktemp)
