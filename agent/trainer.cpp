@@ -814,8 +814,7 @@ SegmentResult Trainer::graph_segment(int64_t n) {
     forget();
     throw;
   }
-  committed_ = true;  // (the segment ran: errors from here on, the device's included, leave its update in place)
-  tape_->synchronize();
+  committed_ = true;  // (the segment ran: errors from here on, the device's at the first to_host included, leave its update in place)
   // The env takes the steps with the model's actions; what it shows must be what its copy showed.
   for (int64_t i = 0; i < n; ++i) {
     env_->observe(tokens_, vectors_);
