@@ -51,12 +51,20 @@ std::unique_ptr<Trainer::PpoBuffers> Trainer::make_ppo_buffers() const {
   p->mb_values.assign(Bm, 0.0f);
   p->mb_done.assign(Bm, 0);
   p->step_stats.assign(size_t(p->T) * 3, 0.0);
+  p->sequence = recurrence_as_sequence(*tape_, config_, int64_t(Bm));
+  if (p->sequence) {
+    const auto W = size_t(p->W);
+    p->seq_encoded.resize(W), p->seq_lp.resize(W), p->seq_v.resize(W);
+    p->seq_rows.assign(W * Bm * size_t(p->A), 0.0f), p->seq_values.assign(W * Bm, 0.0f), p->seq_keep.assign(W * Bm, 1.0f);
+  }
   if (config_.history.kind == History::Kind::Exact) {  // the window's boundary states live in the persistent pool
     p->mb_h0 = tape_->persistent({int64_t(Bm), p->H});
     p->driver = std::make_unique<replay::Driver>(*tape_, p->mb_h0, replay::Options{.horizon = p->W, .k = p->K});
   }
   return p;
 }
+
+bool Trainer::ppo_sequence() const { return ppo_ && ppo_->sequence; }
 
 SegmentResult Trainer::ppo_iteration(int64_t n) {
   SegmentResult r;
@@ -169,29 +177,25 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
   const double std_dev = normalise ? std::sqrt(sq / (count - 1)) : 1.0;
   const double inv_n = 1.0 / count, eps = config_.clip_range;
 
-  // Rollout step t of the minibatch from the state h: the state after it
-  // (reset where the stream's episode ended) and, when `with_loss`, its loss.
-  // Its host figures go to slot t of step_stats, overwritten when a replay
-  // runs the step again (the same values), so each step counts once.
-  const auto step = [&](int64_t t, const Tensor& h, bool with_loss) {
+  // Step t's observation rows of the minibatch, on the tape.
+  const auto input = [&](int64_t t) {
     const size_t row = size_t(t) * B;
-    Tensor x;
     if (spec.vocab > 0) {
       for (size_t i = 0; i < Bm; ++i) p.mb_tokens[i] = p.tokens[row + size_t(streams[i])];
-      x = tape_->from(std::span<const int64_t>(p.mb_tokens), {mb});
-    } else {
-      const auto D = size_t(p.obs_dim);
-      for (size_t i = 0; i < Bm; ++i)
-        std::copy_n(p.vectors.begin() + ptrdiff_t((row + size_t(streams[i])) * D), D, p.mb_vectors.begin() + ptrdiff_t(i * D));
-      x = tape_->from(std::span<const float>(p.mb_vectors), {mb, p.obs_dim});
+      return tape_->from(std::span<const int64_t>(p.mb_tokens), {mb});
     }
-    Tensor f = policy_->recur(policy_->encode(x), h);
-    for (size_t i = 0; i < Bm; ++i) p.mb_done[i] = p.done[row + size_t(streams[i])];
-    if (!with_loss) return replay::StepResult{reset_finished(f, p.mb_done, reset_mask_), Tensor{}};
-    Tensor lp = log_softmax(policy_->logits(f));  // [Bm, A]
-    Tensor v = policy_->value(f);                 // [Bm, 1]
-    lp.to_host(std::span<float>(p.mb_rows));
-    v.to_host(std::span<float>(p.mb_values));
+    const auto D = size_t(p.obs_dim);
+    for (size_t i = 0; i < Bm; ++i)
+      std::copy_n(p.vectors.begin() + ptrdiff_t((row + size_t(streams[i])) * D), D, p.mb_vectors.begin() + ptrdiff_t(i * D));
+    return tape_->from(std::span<const float>(p.mb_vectors), {mb, p.obs_dim});
+  };
+  // Step t's loss from its log-probabilities lp [Bm, A] and values v [Bm, 1],
+  // whose host copies are rows and values: the surrogate's weights and the
+  // returns go on the tape as constants. Its host figures go to slot t of
+  // step_stats, overwritten when a replay runs the step again (the same
+  // values), so each step counts once.
+  const auto step_loss = [&](int64_t t, const Tensor& lp, const Tensor& v, const float* rows, const float* values) {
+    const size_t row = size_t(t) * B;
     std::fill(p.mb_weights.begin(), p.mb_weights.end(), 0.0f);
     double reported = 0, kl = 0, clipped_terms = 0;
     for (size_t i = 0; i < Bm; ++i) {
@@ -199,7 +203,7 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
       const double adv = normalise ? (p.advantages[k] - mean) / (std_dev + 1e-8) : p.advantages[k];
       const auto a = size_t(p.actions[k]);
       // log ratio, bounded so that exp() stays finite (a ratio of e^80 is clipped either way)
-      const double d = std::min(double(p.mb_rows[i * A + a]) - double(p.logp[k]), 80.0);
+      const double d = std::min(double(rows[i * A + a]) - double(p.logp[k]), 80.0);
       const double ratio = std::exp(d);
       const double clipped = std::clamp(ratio, 1.0 - eps, 1.0 + eps);
       reported -= std::min(ratio * adv, clipped * adv) * inv_n;
@@ -209,10 +213,10 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
       const bool bounded = (adv > 0 && ratio > 1.0 + eps) || (adv < 0 && ratio < 1.0 - eps);
       if (!bounded) p.mb_weights[i * A + a] = float(-adv * ratio * inv_n);
       p.mb_returns[i] = p.returns[k];
-      const double dv = double(p.mb_values[i]) - double(p.returns[k]);
+      const double dv = double(values[i]) - double(p.returns[k]);
       reported += 0.5 * config_.value_coef * dv * dv * inv_n;
       for (size_t j = 0; j < A; ++j) {
-        const double l = p.mb_rows[i * A + j];
+        const double l = rows[i * A + j];
         reported += config_.entropy * std::exp(l) * l * inv_n;  // -entropy bonus
       }
     }
@@ -221,7 +225,21 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
     Tensor vl = scale(mse_loss(v, tape_->from(std::span<const float>(p.mb_returns), {mb, 1}), Reduction::Sum),
                       0.5 * config_.value_coef * inv_n);
     Tensor neg_entropy = scale(sum(mul(exp(lp), lp)), config_.entropy * inv_n);
-    return replay::StepResult{reset_finished(f, p.mb_done, reset_mask_), add(add(pg, vl), neg_entropy)};
+    return add(add(pg, vl), neg_entropy);
+  };
+  // Rollout step t of the minibatch from the state h: the state after it
+  // (reset where the stream's episode ended) and, when `with_loss`, its loss.
+  const auto step = [&](int64_t t, const Tensor& h, bool with_loss) {
+    const size_t row = size_t(t) * B;
+    Tensor f = policy_->recur(policy_->encode(input(t)), h);
+    for (size_t i = 0; i < Bm; ++i) p.mb_done[i] = p.done[row + size_t(streams[i])];
+    if (!with_loss) return replay::StepResult{reset_finished(f, p.mb_done, reset_mask_), Tensor{}};
+    Tensor lp = log_softmax(policy_->logits(f));  // [Bm, A]
+    Tensor v = policy_->value(f);                 // [Bm, 1]
+    lp.to_host(std::span<float>(p.mb_rows));
+    v.to_host(std::span<float>(p.mb_values));
+    Tensor loss = step_loss(t, lp, v, p.mb_rows.data(), p.mb_values.data());
+    return replay::StepResult{reset_finished(f, p.mb_done, reset_mask_), loss};
   };
 
   for (int64_t w = 0; w * p.W < n; ++w) {
@@ -238,6 +256,45 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
           len);
       r.segment_peak = std::max(r.segment_peak, rep.segment_peak);
       r.stored_bytes = std::max(r.stored_bytes, rep.state_bytes);
+      continue;
+    }
+    if (p.sequence) {
+      // tbptt:K where gru_sequence fuses: the window is one segment from its
+      // stored state, its recurrence one gru_sequence with the episode ends
+      // as resets (keep), the heads step by step as below, and the host reads
+      // of the log-probabilities and values one each for the window (not one
+      // per step, each a wait for the device).
+      {
+      Segment seg = tape_->segment();
+      const Tensor h0 = tape_->from(std::span<const float>(p.mb_state), {mb, p.H});
+      for (int64_t i = 0; i < len; ++i) {
+        p.seq_encoded[size_t(i)] = policy_->encode(input(t0 + i));
+        for (size_t j = 0; j < Bm; ++j)  // the state entering step i is reset where step i - 1 ended an episode
+          p.seq_keep[size_t(i) * Bm + j] = i > 0 && p.done[size_t(t0 + i - 1) * B + size_t(streams[j])] ? 0.0f : 1.0f;
+      }
+      const Tensor e = concat(std::span<const Tensor>(p.seq_encoded.data(), size_t(len)), 0);
+      const Tensor states = policy_->recur_sequence(reshape(e, {len, mb, e.dim(1)}), h0,
+                                                    tape_->from(std::span<const float>(p.seq_keep.data(), size_t(len) * Bm), {len, mb}));
+      for (int64_t i = 0; i < len; ++i, tape_->next_step()) {
+        const Tensor f = reshape(slice(states, 0, i, 1), {mb, p.H});
+        p.seq_lp[size_t(i)] = log_softmax(policy_->logits(f));
+        p.seq_v[size_t(i)] = policy_->value(f);
+      }
+      {
+        NoGradGuard ng(*tape_);
+        concat(std::span<const Tensor>(p.seq_lp.data(), size_t(len)), 0).to_host(std::span<float>(p.seq_rows).first(size_t(len) * Bm * A));
+        concat(std::span<const Tensor>(p.seq_v.data(), size_t(len)), 0).to_host(std::span<float>(p.seq_values).first(size_t(len) * Bm));
+      }
+      Tensor loss;
+      for (int64_t i = 0; i < len; ++i) {
+        const Tensor l = step_loss(t0 + i, p.seq_lp[size_t(i)], p.seq_v[size_t(i)], p.seq_rows.data() + size_t(i) * Bm * A,
+                                   p.seq_values.data() + size_t(i) * Bm);
+        loss = loss.defined() ? add(loss, l) : l;
+      }
+      seg.backward(loss);
+      for (size_t i = 0; i < size_t(len); ++i) p.seq_encoded[i] = p.seq_lp[i] = p.seq_v[i] = Tensor{};
+      }
+      r.segment_peak = std::max(r.segment_peak, tape_->stats().last_segment_peak);
       continue;
     }
     // tbptt:K (and detach): the window is one segment from its stored state.

@@ -3,10 +3,13 @@
 // iteration allocates nothing on the heap.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "segtape/agent/trainer.h"
+#include "segtape/ops.h"
 #include "segtape/replay.h"
 
 namespace segtape::agent {
@@ -15,6 +18,20 @@ namespace segtape::agent {
 // minibatch's gradient reaches back that far, computed in K-step segments).
 inline int64_t ppo_window(const TrainConfig& c) {
   return c.history.kind == History::Kind::Exact ? c.history.horizon : c.history.k;
+}
+
+// Whether the recurrence of steps known before they run (a CUDA-graph
+// segment's, a PPO update window's) is one gru_sequence with the episode ends
+// in its keep: under tbptt:K with K > 1 (a window longer than one step),
+// where the sequence runs fused (on a GPU whose plan fits B and hidden).
+// Composed of cells, as on the CPU, it would only cost memory (keep expanded
+// to [K B, hidden], the outputs stacked): the cells, as eagerly.
+// SEGTAPE_GRU_SEQUENCE=1 takes the sequence anyway (a test seam: the emulated
+// device never fuses).
+inline bool recurrence_as_sequence(Tape& tape, const TrainConfig& c, int64_t B) {
+  const char* force = std::getenv("SEGTAPE_GRU_SEQUENCE");
+  return c.history.kind == History::Kind::Tbptt && c.history.k > 1 &&
+         (gru_sequence_fused(tape, B, c.hidden, DType::F32) || (force && std::string_view(force) == "1"));
 }
 
 struct Trainer::PpoBuffers {
@@ -33,6 +50,13 @@ struct Trainer::PpoBuffers {
   std::vector<float> mb_vectors, mb_state, mb_returns, mb_weights, mb_rows, mb_values;
   std::vector<uint8_t> mb_done;
   std::vector<double> step_stats;        // [T, 3]: each step's share of the reported loss, KL and clip fraction
+  // tbptt:K where gru_sequence fuses (sequence): a window's recurrence as one
+  // gru_sequence. Its steps' encodings, log-probabilities [Bm, A] and values
+  // [Bm, 1] on the tape, and their host copies [W, Bm, A] and [W, Bm]; the
+  // state's factor entering each step [W, Bm] (0 after an episode's end).
+  bool sequence = false;
+  std::vector<Tensor> seq_encoded, seq_lp, seq_v;
+  std::vector<float> seq_rows, seq_values, seq_keep;
   // exact:K/T: a minibatch window's start state (persistent) and the replay
   // driver of its windows (the shorter last ones of a rollout run on it too)
   Tensor mb_h0;

@@ -474,15 +474,7 @@ Trainer::Trainer(const TrainConfig& c, dist::Communicator* comm)
     ahead_done_.assign(KB, 0);
     ahead_keep_.assign(KB, 1.0f);
     ahead_encoded_.resize(size_t(c.history.k));
-    // The recurrence as one gru_sequence where it runs fused (on a GPU whose
-    // plan fits B and hidden); composed of cells it would only cost memory
-    // (keep expanded to [K B, hidden], the outputs stacked): the cells, as
-    // eagerly. SEGTAPE_GRAPH_SEQUENCE=1 takes the sequence anyway (a test
-    // seam: the emulated device never fuses).
-    // (tbptt:K with K > 1 only: detach's one-step segments gain nothing from it)
-    const char* force = std::getenv("SEGTAPE_GRAPH_SEQUENCE");
-    graph_sequence_ = c.history.kind == History::Kind::Tbptt && c.history.k > 1 &&
-                      (gru_sequence_fused(*tape_, c.batch, c.hidden, DType::F32) || (force && std::string_view(force) == "1"));
+    graph_sequence_ = recurrence_as_sequence(*tape_, c, c.batch);  // (ppo.h)
   }
   const size_t B = size_t(c.batch);
   tokens_.assign(B, 0);

@@ -17,8 +17,10 @@
 #      (-DCMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path) of cuda_bench_torch,
 #      the same workload in LibTorch, eager and CUDA-graph captured
 #   5. the agent on the GPU: `segtape train --device cuda` (recall, 6000 steps), with
-#      its segments as CUDA graphs (the default) and with --cuda-graphs off
-#      and `segtape retention --device cuda --no-libtorch` (100 steps)
+#      its segments as CUDA graphs (the default) and with --cuda-graphs off;
+#      `segtape train --device cuda --algo ppo` (recall, 1024 steps), its update
+#      windows as fused sequences where they fit and with SEGTAPE_FUSED_GRU=0
+#      (step by step); `segtape retention --device cuda --no-libtorch` (100 steps)
 #   6. $OUT/results.md: the test summary, the benchmark table, the agent's summary
 #
 # Every step has a time limit under one overall deadline (7 min by default,
@@ -152,6 +154,9 @@ if ((built)); then
   step agent-train 120 "$BUILD/agent/segtape" train --device cuda --steps 6000 --out "$OUT/agent-run" --force || status=1
   # the same run with every segment eager: what the trainer's CUDA graphs buy (docs/agent.md)
   step agent-train-eager 120 "$BUILD/agent/segtape" train --device cuda --cuda-graphs off --steps 6000 --out "$OUT/agent-run-eager" --force || status=1
+  # PPO: the update windows as one fused gru_sequence each, then step by step (docs/agent.md, "Recurrent PPO")
+  step agent-ppo 90 "$BUILD/agent/segtape" train --device cuda --algo ppo --steps 1024 --out "$OUT/agent-ppo" --force || status=1
+  step agent-ppo-steps 90 env SEGTAPE_FUSED_GRU=0 "$BUILD/agent/segtape" train --device cuda --algo ppo --steps 1024 --out "$OUT/agent-ppo-steps" --force || status=1
   step retention 90 "$BUILD/agent/segtape" retention --device cuda --no-libtorch --steps 100 --out "$OUT/retention" || status=1
 fi
 
@@ -186,6 +191,12 @@ fi
   tail -n 9 "$OUT/agent-train.log" 2>/dev/null | sed 's/^/    /'
   echo
   tail -n 9 "$OUT/agent-train-eager.log" 2>/dev/null | sed 's/^/    /'
+  echo
+  echo "## PPO on the GPU (segtape train --device cuda --algo ppo --steps 1024; then with SEGTAPE_FUSED_GRU=0)"
+  echo
+  tail -n 9 "$OUT/agent-ppo.log" 2>/dev/null | sed 's/^/    /'
+  echo
+  tail -n 9 "$OUT/agent-ppo-steps.log" 2>/dev/null | sed 's/^/    /'
   echo
   echo "## The retention lab, segtape on the GPU (--steps 100)"
   echo

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -24,6 +25,7 @@
 #include "segtape/nn/safetensors.h"
 
 #include "process.h"
+#include "seam.h"
 
 using namespace segtape;
 using namespace segtape::agent;
@@ -858,6 +860,66 @@ TEST(Ppo, ExactWindowsEqualTbpttWindowsAtTheMemoryOfK) {
     EXPECT_NE(params_of(truncated), b) << "tbptt:4 truncates: a different update";
     EXPECT_LE(exact_peak, truncated_peak + 4096) << env << ": a replayed 4-step segment holds what a tbptt:4 segment holds";
   }
+}
+
+// PPO's update windows with their recurrence as one gru_sequence (where it
+// fuses on a GPU; SEGTAPE_GRU_SEQUENCE=1 takes it here, where it is composed
+// of the same masked cells): the episode ends of the rollout as the
+// sequence's keep, the heads step by step, one host read of the window's
+// log-probabilities and values. tmaze and dialogue end episodes inside the
+// windows (a keep of 0 mid-sequence); the run's last rollout is shorter.
+// The forward values are the step-by-step ones bit for bit: a first
+// iteration of one epoch and one minibatch (no update before its losses)
+// reports the same loss and KL. Each state's gradient sums the same three
+// terms (the policy head's, the value head's, the next step's) in another
+// order, so the runs' parameters agree to float rounding, not bit for bit.
+TEST(Ppo, UpdateWindowsAsOneSequenceEqualStepByStep) {
+  for (const char* env : {"recall", "tmaze", "dialogue"})
+    for (const char* history : {"tbptt:4", "tbptt:16", "detach", "exact:4/16"}) {
+      SCOPED_TRACE(std::string(env) + " " + history);
+      for (const bool first_only : {true, false}) {
+        TrainConfig c = small_ppo(env, 16 * 3 + 6);
+        c.history = History::parse(history);
+        if (first_only) c.epochs = 1, c.minibatches = 1;
+        std::optional<Trainer> steps, sequence;
+        {
+          const test::GruSequenceSeam off(false);
+          steps.emplace(c);
+        }
+        {
+          const test::GruSequenceSeam on(true);
+          sequence.emplace(c);
+        }
+        EXPECT_FALSE(steps->ppo_sequence());
+        // (detach's one-step windows and exact's replayed segments stay step by step)
+        ASSERT_EQ(sequence->ppo_sequence(), std::string(history).starts_with("tbptt"));
+        if (first_only) {
+          const SegmentResult a = steps->run_segment(), b = sequence->run_segment();
+          EXPECT_EQ(a.loss_sum, b.loss_sum);
+          EXPECT_EQ(a.approx_kl, b.approx_kl);
+          EXPECT_EQ(a.clip_fraction, b.clip_fraction);
+          continue;
+        }
+        int64_t episodes = 0;
+        while (!steps->done()) {
+          const SegmentResult a = steps->run_segment(), b = sequence->run_segment();
+          ASSERT_EQ(a.steps, b.steps);
+          EXPECT_NEAR(a.loss_sum, b.loss_sum, 1e-5 * std::max(1.0, std::abs(a.loss_sum)));
+          EXPECT_NEAR(a.approx_kl, b.approx_kl, 1e-7);
+          EXPECT_EQ(a.episodes, b.episodes);
+          episodes += a.episodes;
+        }
+        EXPECT_TRUE(sequence->done());
+        const std::vector<float> x = params_of(*steps), y = params_of(*sequence);
+        ASSERT_EQ(x.size(), y.size());
+        double diff = 0, norm = 0;
+        for (size_t i = 0; i < x.size(); ++i) diff += std::pow(double(x[i]) - y[i], 2), norm += double(x[i]) * x[i];
+        EXPECT_LT(std::sqrt(diff / norm), 1e-6);
+        if (std::string(env) != "recall") {
+          EXPECT_GT(episodes, 4) << "episodes end inside the windows";
+        }
+      }
+    }
 }
 
 TEST(Ppo, ResumeContinuesBitIdentically) {

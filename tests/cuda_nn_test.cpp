@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -40,6 +41,7 @@
 #include "segtape/emulation.h"
 
 #include "gpu.h"
+#include "seam.h"
 
 using namespace segtape;
 namespace fs = std::filesystem;
@@ -244,7 +246,7 @@ TEST(CudaAgent, TrainerMatchesTheCpuWithFixedDeviceMemory) {
 // replay (TapeStats: the captures and replays counted below follow from the
 // schedule). Twice: with the graph segments' recurrence step by step (the
 // eager ops: the same arena high-water as eager) and as one gru_sequence
-// with keep (SEGTAPE_GRAPH_SEQUENCE=1 here; where it fuses on a GPU, by
+// with keep (SEGTAPE_GRU_SEQUENCE=1 here; where it fuses on a GPU, by
 // itself): one high-water in every replayed segment. Dense recall repeats one pattern from its second segment
 // on (the first has no target before step lag); sparse recall (a target
 // every 4th step) too; dialogue with 4 turns resets every stream at steps 3
@@ -270,15 +272,8 @@ TEST(CudaAgent, TrainerSegmentsReplayAsGraphsWithTheEagerResults) {
   for (const Case& k : {Case{"recall", false, 124, 5, {4, 6}, {4, 6}}, Case{"recall", true, 128, 5, {4, 7}, {4, 7}},
                         Case{"dialogue", false, 128, 4, {4, 8}, {4, 8}}, Case{"dialogue", false, 128, 5, {0, 0}, {4, 5}}}) {
     SCOPED_TRACE(k.env + std::string(k.sparse ? " sparse" : "") + (k.env == std::string("dialogue") ? " turns " + std::to_string(k.turns) : "") +
-                 (force_sequence ? ", SEGTAPE_GRAPH_SEQUENCE=1" : ""));
-    // SEGTAPE_GRAPH_SEQUENCE=1 while the trainers are made (they read it then), whatever they throw
-    struct Seam {
-      explicit Seam(bool on) { on ? (void)::setenv("SEGTAPE_GRAPH_SEQUENCE", "1", 1) : (void)::unsetenv("SEGTAPE_GRAPH_SEQUENCE"); }
-      ~Seam() { ::unsetenv("SEGTAPE_GRAPH_SEQUENCE"); }
-      Seam(const Seam&) = delete;
-      Seam& operator=(const Seam&) = delete;
-    };
-    auto seam = std::make_unique<Seam>(force_sequence);
+                 (force_sequence ? ", SEGTAPE_GRU_SEQUENCE=1" : ""));
+    auto seam = std::make_unique<test::GruSequenceSeam>(force_sequence);
     auto config = [&](const char* device, bool graph) {
       agent::TrainConfig c = recall_config(device);
       c.env = k.env;
@@ -417,12 +412,17 @@ TEST(CudaAgent, AnEnvThatIsNotOpenLoopIsRefusedInGraphSegments) {
 // allocation after the first iteration, and for exact:K/T its minibatch
 // window state and replay drivers inside the measured persistent pool (a
 // pool too small would throw when they are made). On the host-emulated
-// device (CI) this runs the device code paths of PPO's host logic.
+// device (CI) this runs the device code paths of PPO's host logic. Twice
+// under tbptt: the update windows' recurrence step by step, and as one
+// gru_sequence with the episode ends in keep (SEGTAPE_GRU_SEQUENCE=1 here;
+// where it fuses on a GPU, by itself).
 TEST(CudaAgent, PpoMatchesTheCpuWithFixedDeviceMemory) {
   REQUIRE_GPU();
+  for (const bool force_sequence : {false, true})
   for (const char* env : {"recall", "tmaze"})
     for (const char* history : {"tbptt:8", "exact:4/16"}) {
-      SCOPED_TRACE(std::string(env) + " " + history);
+      if (force_sequence && std::string_view(history) != "tbptt:8") continue;
+      SCOPED_TRACE(std::string(env) + " " + history + (force_sequence ? ", SEGTAPE_GRU_SEQUENCE=1" : ""));
       auto config = [&](const char* device) {
         agent::TrainConfig c = recall_config(device);
         c.env = env;
@@ -438,7 +438,17 @@ TEST(CudaAgent, PpoMatchesTheCpuWithFixedDeviceMemory) {
         c.steps = 24 * 3 + 20;
         return c;
       };
-      agent::Trainer cpu(config("cpu")), gpu(config("cuda"));
+      agent::Trainer cpu(config("cpu"));
+      std::optional<agent::Trainer> made;
+      {
+        const test::GruSequenceSeam seam(force_sequence);
+        made.emplace(config("cuda"));
+      }
+      agent::Trainer& gpu = *made;
+      EXPECT_FALSE(cpu.ppo_sequence());
+      if (force_sequence) {
+        EXPECT_TRUE(gpu.ppo_sequence());
+      }
       uint64_t allocs = 0;
       for (int s = 0; !gpu.done(); ++s) {
         const agent::SegmentResult rc = cpu.run_segment(), rg = gpu.run_segment();

@@ -203,6 +203,9 @@ class Trainer {
   bool graph_segments() const { return graph_; }
   // Whether those segments run their recurrence as one gru_sequence (docs/agent.md).
   bool graph_sequence() const { return graph_sequence_; }
+  // Whether PPO's update windows run their recurrence as one gru_sequence
+  // (docs/agent.md, "Recurrent PPO"); false for other algorithms.
+  bool ppo_sequence() const;
 
  private:
   Tensor observe_tensor();  // the env's observation now, on the tape (observation())
