@@ -161,6 +161,16 @@ if ((built)); then
 fi
 
 # ---- 6. the table
+# A section of results.md: its title, then the last lines of each run's log.
+runs() {
+  echo "## $1"
+  echo
+  shift
+  for name in "$@"; do
+    tail -n 9 "$OUT/$name.log" 2>/dev/null | sed 's/^/    /'
+    echo
+  done
+}
 {
   echo "# segtape CUDA device check"
   echo
@@ -186,18 +196,8 @@ fi
   echo "engine reserved: segtape's fixed pools (arena, persistent, carry, workspaces) / LibTorch's reserved peak."
   echo "device footprint: drop of cudaMemGetInfo's free bytes from before the model to after the run (handles included)."
   echo
-  echo "## The agent on the GPU (segtape train --device cuda --steps 6000; then with --cuda-graphs off)"
-  echo
-  tail -n 9 "$OUT/agent-train.log" 2>/dev/null | sed 's/^/    /'
-  echo
-  tail -n 9 "$OUT/agent-train-eager.log" 2>/dev/null | sed 's/^/    /'
-  echo
-  echo "## PPO on the GPU (segtape train --device cuda --algo ppo --steps 1024; then with SEGTAPE_FUSED_GRU=0)"
-  echo
-  tail -n 9 "$OUT/agent-ppo.log" 2>/dev/null | sed 's/^/    /'
-  echo
-  tail -n 9 "$OUT/agent-ppo-steps.log" 2>/dev/null | sed 's/^/    /'
-  echo
+  runs "The agent on the GPU (segtape train --device cuda --steps 6000; then with --cuda-graphs off)" agent-train agent-train-eager
+  runs "PPO on the GPU (segtape train --device cuda --algo ppo --steps 1024; then with SEGTAPE_FUSED_GRU=0)" agent-ppo agent-ppo-steps
   echo "## The retention lab, segtape on the GPU (--steps 100)"
   echo
   tail -n 20 "$OUT/retention.log" 2>/dev/null | sed 's/^/    /'
