@@ -54,8 +54,9 @@ std::unique_ptr<Trainer::PpoBuffers> Trainer::make_ppo_buffers() const {
   p->sequence = recurrence_as_sequence(*tape_, config_, int64_t(Bm));
   if (p->sequence) {
     const auto W = size_t(p->W);
-    p->seq_encoded.resize(W), p->seq_lp.resize(W), p->seq_v.resize(W);
-    p->seq_rows.assign(W * Bm * size_t(p->A), 0.0f), p->seq_values.assign(W * Bm, 0.0f), p->seq_keep.assign(W * Bm, 1.0f);
+    p->seq_encoded.resize(W);
+    p->seq_rows.assign(W * Bm * size_t(p->A), 0.0f), p->seq_weights.assign(W * Bm * size_t(p->A), 0.0f);
+    p->seq_values.assign(W * Bm, 0.0f), p->seq_returns.assign(W * Bm, 0.0f), p->seq_keep.assign(W * Bm, 1.0f);
   }
   if (config_.history.kind == History::Kind::Exact) {  // the window's boundary states live in the persistent pool
     p->mb_h0 = tape_->persistent({int64_t(Bm), p->H});
@@ -189,14 +190,14 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
       std::copy_n(p.vectors.begin() + ptrdiff_t((row + size_t(streams[i])) * D), D, p.mb_vectors.begin() + ptrdiff_t(i * D));
     return tape_->from(std::span<const float>(p.mb_vectors), {mb, p.obs_dim});
   };
-  // Step t's loss from its log-probabilities lp [Bm, A] and values v [Bm, 1],
-  // whose host copies are rows and values: the surrogate's weights and the
-  // returns go on the tape as constants. Its host figures go to slot t of
-  // step_stats, overwritten when a replay runs the step again (the same
-  // values), so each step counts once.
-  const auto step_loss = [&](int64_t t, const Tensor& lp, const Tensor& v, const float* rows, const float* values) {
+  // Step t's host terms from the host copies of its log-probabilities (rows
+  // [Bm, A]) and values [Bm]: the surrogate's weights into weights [Bm, A]
+  // and the returns into returns [Bm], constants of the loss. Its host
+  // figures go to slot t of step_stats, overwritten when a replay runs the
+  // step again (the same values), so each step counts once.
+  const auto host_terms = [&](int64_t t, const float* rows, const float* values, float* weights, float* returns) {
     const size_t row = size_t(t) * B;
-    std::fill(p.mb_weights.begin(), p.mb_weights.end(), 0.0f);
+    std::fill_n(weights, Bm * A, 0.0f);
     double reported = 0, kl = 0, clipped_terms = 0;
     for (size_t i = 0; i < Bm; ++i) {
       const size_t k = row + size_t(streams[i]);
@@ -211,8 +212,8 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
       clipped_terms += clipped != ratio ? inv_n : 0.0;
       // The clip bounds the objective where it is the smaller of the two: no gradient there.
       const bool bounded = (adv > 0 && ratio > 1.0 + eps) || (adv < 0 && ratio < 1.0 - eps);
-      if (!bounded) p.mb_weights[i * A + a] = float(-adv * ratio * inv_n);
-      p.mb_returns[i] = p.returns[k];
+      if (!bounded) weights[i * A + a] = float(-adv * ratio * inv_n);
+      returns[i] = p.returns[k];
       const double dv = double(values[i]) - double(p.returns[k]);
       reported += 0.5 * config_.value_coef * dv * dv * inv_n;
       for (size_t j = 0; j < A; ++j) {
@@ -221,9 +222,13 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
       }
     }
     p.step_stats[size_t(t) * 3 + 0] = reported, p.step_stats[size_t(t) * 3 + 1] = kl, p.step_stats[size_t(t) * 3 + 2] = clipped_terms;
-    Tensor pg = sum(mul(lp, tape_->from(std::span<const float>(p.mb_weights), {mb, p.A})));
-    Tensor vl = scale(mse_loss(v, tape_->from(std::span<const float>(p.mb_returns), {mb, 1}), Reduction::Sum),
-                      0.5 * config_.value_coef * inv_n);
+  };
+  // The loss of rows (steps x streams) of log-probabilities lp [rows, A] and
+  // values v [rows, 1], with host_terms' weights and returns of those rows.
+  const auto loss_of = [&](const Tensor& lp, const Tensor& v, std::span<const float> weights, std::span<const float> returns) {
+    const int64_t rows = lp.dim(0);
+    Tensor pg = sum(mul(lp, tape_->from(weights, {rows, p.A})));
+    Tensor vl = scale(mse_loss(v, tape_->from(returns, {rows, 1}), Reduction::Sum), 0.5 * config_.value_coef * inv_n);
     Tensor neg_entropy = scale(sum(mul(exp(lp), lp)), config_.entropy * inv_n);
     return add(add(pg, vl), neg_entropy);
   };
@@ -238,7 +243,8 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
     Tensor v = policy_->value(f);                 // [Bm, 1]
     lp.to_host(std::span<float>(p.mb_rows));
     v.to_host(std::span<float>(p.mb_values));
-    Tensor loss = step_loss(t, lp, v, p.mb_rows.data(), p.mb_values.data());
+    host_terms(t, p.mb_rows.data(), p.mb_values.data(), p.mb_weights.data(), p.mb_returns.data());
+    Tensor loss = loss_of(lp, v, p.mb_weights, p.mb_returns);
     return replay::StepResult{reset_finished(f, p.mb_done, reset_mask_), loss};
   };
 
@@ -261,38 +267,34 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
     if (p.sequence) {
       // tbptt:K where gru_sequence fuses: the window is one segment from its
       // stored state, its recurrence one gru_sequence with the episode ends
-      // as resets (keep), the heads step by step as below, and the host reads
-      // of the log-probabilities and values one each for the window (not one
-      // per step, each a wait for the device).
+      // as resets (keep), and the heads and the loss over all its steps at
+      // once: one product each of [len Bm, hidden] rows, whose
+      // log-probabilities and values reach the host in one read each (step by
+      // step, each step's read waits for the device).
       {
-      Segment seg = tape_->segment();
-      const Tensor h0 = tape_->from(std::span<const float>(p.mb_state), {mb, p.H});
-      for (int64_t i = 0; i < len; ++i) {
-        p.seq_encoded[size_t(i)] = policy_->encode(input(t0 + i));
-        for (size_t j = 0; j < Bm; ++j)  // the state entering step i is reset where step i - 1 ended an episode
-          p.seq_keep[size_t(i) * Bm + j] = i > 0 && p.done[size_t(t0 + i - 1) * B + size_t(streams[j])] ? 0.0f : 1.0f;
-      }
-      const Tensor e = concat(std::span<const Tensor>(p.seq_encoded.data(), size_t(len)), 0);
-      const Tensor states = policy_->recur_sequence(reshape(e, {len, mb, e.dim(1)}), h0,
-                                                    tape_->from(std::span<const float>(p.seq_keep.data(), size_t(len) * Bm), {len, mb}));
-      for (int64_t i = 0; i < len; ++i, tape_->next_step()) {
-        const Tensor f = reshape(slice(states, 0, i, 1), {mb, p.H});
-        p.seq_lp[size_t(i)] = log_softmax(policy_->logits(f));
-        p.seq_v[size_t(i)] = policy_->value(f);
-      }
-      {
-        NoGradGuard ng(*tape_);
-        concat(std::span<const Tensor>(p.seq_lp.data(), size_t(len)), 0).to_host(std::span<float>(p.seq_rows).first(size_t(len) * Bm * A));
-        concat(std::span<const Tensor>(p.seq_v.data(), size_t(len)), 0).to_host(std::span<float>(p.seq_values).first(size_t(len) * Bm));
-      }
-      Tensor loss;
-      for (int64_t i = 0; i < len; ++i) {
-        const Tensor l = step_loss(t0 + i, p.seq_lp[size_t(i)], p.seq_v[size_t(i)], p.seq_rows.data() + size_t(i) * Bm * A,
-                                   p.seq_values.data() + size_t(i) * Bm);
-        loss = loss.defined() ? add(loss, l) : l;
-      }
-      seg.backward(loss);
-      for (size_t i = 0; i < size_t(len); ++i) p.seq_encoded[i] = p.seq_lp[i] = p.seq_v[i] = Tensor{};
+        Segment seg = tape_->segment();
+        const Tensor h0 = tape_->from(std::span<const float>(p.mb_state), {mb, p.H});
+        for (int64_t i = 0; i < len; ++i) {
+          p.seq_encoded[size_t(i)] = policy_->encode(input(t0 + i));
+          for (size_t j = 0; j < Bm; ++j)  // the state entering step i is reset where step i - 1 ended an episode
+            p.seq_keep[size_t(i) * Bm + j] = i > 0 && p.done[size_t(t0 + i - 1) * B + size_t(streams[j])] ? 0.0f : 1.0f;
+          tape_->next_step();
+        }
+        const Tensor e = concat(std::span<const Tensor>(p.seq_encoded.data(), size_t(len)), 0);
+        const Tensor states = policy_->recur_sequence(reshape(e, {len, mb, e.dim(1)}), h0,
+                                                      tape_->from(std::span<const float>(p.seq_keep.data(), size_t(len) * Bm), {len, mb}));
+        const Tensor f = reshape(states, {len * mb, p.H});
+        const Tensor lp = log_softmax(policy_->logits(f));  // [len Bm, A]
+        const Tensor v = policy_->value(f);                 // [len Bm, 1]
+        const size_t rows = size_t(len) * Bm;
+        lp.to_host(std::span<float>(p.seq_rows).first(rows * A));
+        v.to_host(std::span<float>(p.seq_values).first(rows));
+        for (int64_t i = 0; i < len; ++i) {
+          const size_t at = size_t(i) * Bm;
+          host_terms(t0 + i, p.seq_rows.data() + at * A, p.seq_values.data() + at, p.seq_weights.data() + at * A, p.seq_returns.data() + at);
+        }
+        seg.backward(loss_of(lp, v, std::span<const float>(p.seq_weights).first(rows * A), std::span<const float>(p.seq_returns).first(rows)));
+        for (size_t i = 0; i < size_t(len); ++i) p.seq_encoded[i] = Tensor{};
       }
       r.segment_peak = std::max(r.segment_peak, tape_->stats().last_segment_peak);
       continue;

@@ -51,12 +51,13 @@ struct Trainer::PpoBuffers {
   std::vector<uint8_t> mb_done;
   std::vector<double> step_stats;        // [T, 3]: each step's share of the reported loss, KL and clip fraction
   // tbptt:K where gru_sequence fuses (sequence): a window's recurrence as one
-  // gru_sequence. Its steps' encodings, log-probabilities [Bm, A] and values
-  // [Bm, 1] on the tape, and their host copies [W, Bm, A] and [W, Bm]; the
-  // state's factor entering each step [W, Bm] (0 after an episode's end).
+  // gru_sequence. Its steps' encodings on the tape; the host copies of its
+  // log-probabilities [W, Bm, A] and values [W, Bm], the loss's weights
+  // [W, Bm, A] and returns [W, Bm]; the state's factor entering each step
+  // [W, Bm] (0 after an episode's end).
   bool sequence = false;
-  std::vector<Tensor> seq_encoded, seq_lp, seq_v;
-  std::vector<float> seq_rows, seq_values, seq_keep;
+  std::vector<Tensor> seq_encoded;
+  std::vector<float> seq_rows, seq_values, seq_weights, seq_returns, seq_keep;
   // exact:K/T: a minibatch window's start state (persistent) and the replay
   // driver of its windows (the shorter last ones of a rollout run on it too)
   Tensor mb_h0;

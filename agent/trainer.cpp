@@ -331,9 +331,10 @@ struct Persistent {
   std::unique_ptr<nn::Adam> optim;   // Adam's two moments (and, capturable, its device step count)
   Tensor h_home, eval_h;             // the state's home [B, hidden] and evaluate's
   std::vector<Tensor> window;        // window mode: the ring of the last N - 1 embeddings [B, embed]
-  // graph segments: each step's logits [B, A] and loss, the clip's squared norm (float64 [1])
+  // graph segments: each step's logits [B, A] and loss, the clip's squared norm (float64 [1]);
+  // in one gru_sequence, the segment's logits [K B, A] from one head
   std::vector<Tensor> logits, losses;
-  Tensor clip_sq;
+  Tensor clip_sq, all_logits;
 };
 
 Persistent make_persistent(Tape& tape, nn::Rng& rng, const TrainConfig& c, const EnvSpec& spec, bool graph) {
@@ -350,17 +351,19 @@ Persistent make_persistent(Tape& tape, nn::Rng& rng, const TrainConfig& c, const
       p.losses.push_back(tape.persistent(Shape{}));
     }
     p.clip_sq = tape.persistent({1}, DType::F64);
+    p.all_logits = tape.persistent({c.history.k * c.batch, spec.num_actions});
   }
   return p;
 }
 
 // The host inputs one graph segment stages (tape.from: observations,
-// targets, reset masks; a sequence's keep [K, B]), at most: TapeOptions::graph_staging.
+// targets, reset masks; a sequence's keep [K, B] and its loss weights [K B, A]),
+// at most: TapeOptions::graph_staging.
 size_t graph_staging(const TrainConfig& c, const EnvSpec& spec) {
   const size_t B = size_t(c.batch), K = size_t(c.history.k);
   const size_t obs = spec.obs_dim > 0 ? B * size_t(spec.obs_dim) * sizeof(float) : B * sizeof(int64_t);
   return K * (align_up(obs) + align_up(B * sizeof(int64_t)) + align_up(B * size_t(c.hidden) * sizeof(float))) +
-         align_up(K * B * sizeof(float));
+         align_up(K * B * sizeof(float)) + align_up(K * B * size_t(spec.num_actions) * sizeof(float));
 }
 
 // exact's driver over windows of `horizon` steps (it stores the window's boundary states in the persistent pool).
@@ -464,6 +467,7 @@ Trainer::Trainer(const TrainConfig& c, dist::Communicator* comm)
   window_ = std::move(p.window);
   graph_logits_ = std::move(p.logits);
   graph_losses_ = std::move(p.losses);
+  graph_all_logits_ = p.all_logits;
   clip_sq_ = p.clip_sq;
   if (graph_) {  // the env's copy, stepped ahead of the model (its state is loaded from env_ each segment)
     ahead_ = make_env_shards(c.env, c.batch, seeds, c.env_options);
@@ -474,6 +478,8 @@ Trainer::Trainer(const TrainConfig& c, dist::Communicator* comm)
     ahead_done_.assign(KB, 0);
     ahead_keep_.assign(KB, 1.0f);
     ahead_encoded_.resize(size_t(c.history.k));
+    ahead_weights_.assign(KB * size_t(spec.num_actions), 0.0f);
+    host_all_.assign(KB * size_t(spec.num_actions), 0.0f);
     graph_sequence_ = recurrence_as_sequence(*tape_, c, c.batch);  // (ppo.h)
   }
   const size_t B = size_t(c.batch);
@@ -719,7 +725,9 @@ SegmentResult Trainer::supervised_segment(Segment& seg, int64_t n) {
 // placeholder actions (an open-loop env's observations, targets and done
 // flags do not depend on them). The segment records the same ops as
 // supervised_segment, copies each step's logits and loss into persistent
-// tensors, and updates (the capturable clip and Adam). After it has run,
+// tensors (in one gru_sequence: the recurrence, then the head and the loss
+// over all the steps' rows at once, their logits in one tensor), and
+// updates (the capturable clip and Adam). After it has run,
 // env_ takes the n steps with the model's greedy actions (its score counts
 // them), and must show what its copy showed.
 SegmentResult Trainer::graph_segment(int64_t n) {
@@ -735,7 +743,14 @@ SegmentResult Trainer::graph_segment(int64_t n) {
   std::fill(actions_.begin(), actions_.end(), 0);
   ahead_->load_state(env_->save_state());
   // The steps' pattern: which have a target (a loss), which reset a stream.
+  // In one gru_sequence only whether any step has one, and whether the last
+  // step resets, are ops: the resets before it are keep's values, and the
+  // targets the loss's weights (ahead_weights_: 1 / the step's count of
+  // targets at each target's class, so the loss is the sum over the steps of
+  // their mean cross-entropy, as step by step).
   uint64_t key = 0xcbf29ce484222325ull ^ uint64_t(n);
+  int64_t target_steps = 0;
+  if (graph_sequence_) std::fill_n(ahead_weights_.begin(), n * B * A, 0.0f);
   for (int64_t i = 0; i < n; ++i) {
     ahead_->observe(row(ahead_tokens_, i, B), row(ahead_vectors_, i, B * D));
     ahead_->targets(row(ahead_targets_, i, B));
@@ -743,10 +758,19 @@ SegmentResult Trainer::graph_segment(int64_t n) {
     const auto dn = row(ahead_done_, i, B);
     for (int64_t b = 0; b < B && i + 1 < n; ++b) ahead_keep_[size_t((i + 1) * B + b)] = dn[size_t(b)] ? 0.0f : 1.0f;
     const bool target = has_target(i);
-    // (in a sequence the resets before the last step are keep's values, not ops)
+    target_steps += target;
     const bool reset = (!graph_sequence_ || i == n - 1) && std::any_of(dn.begin(), dn.end(), [](uint8_t d) { return d != 0; });
-    key = (key ^ (uint64_t(target) | uint64_t(reset) << 1)) * 0x100000001b3ull;
+    if (graph_sequence_) {
+      const auto tg = row(ahead_targets_, i, B);
+      const auto count = std::count_if(tg.begin(), tg.end(), [](int64_t y) { return y != kNoTarget; });
+      for (int64_t b = 0; b < B; ++b)
+        if (tg[size_t(b)] != kNoTarget) ahead_weights_[size_t((i * B + b) * A + tg[size_t(b)])] = 1.0f / float(count);
+      key = (key ^ uint64_t(reset) << 1) * 0x100000001b3ull;
+    } else {
+      key = (key ^ (uint64_t(target) | uint64_t(reset) << 1)) * 0x100000001b3ull;
+    }
   }
+  if (graph_sequence_) key = (key ^ uint64_t(target_steps > 0) << 2) * 0x100000001b3ull;
   key |= 1;  // (0: none)
   // A pattern the graphs do not hold runs eagerly; one that repeats (the
   // same as the last segment's) replaces them.
@@ -755,7 +779,7 @@ SegmentResult Trainer::graph_segment(int64_t n) {
     graph_key_ = key;
   }
   last_key_ = key;
-  const bool graph = key == graph_key_;
+  const bool graph = key == graph_key_ && n == config_.history.k;  // (a shorter segment is the run's last)
   // A graph segment whose graph does not run (a replay whose calls differ
   // from its capture: an error inside the segment, or one raised by the
   // synchronize below) changed nothing on the device, but Adam's host count
@@ -772,18 +796,29 @@ SegmentResult Trainer::graph_segment(int64_t n) {
     Segment seg = graph ? tape_->segment() : tape_->eager_segment();
     const auto encoded = [&](int64_t i) { return policy_->encode(observation(row(ahead_tokens_, i, B), row(ahead_vectors_, i, B * D))); };
     // graph_sequence_: the recurrence of the n steps as one gru_sequence (the
-    // fused kernel), the resets inside it (keep); the encoder and the head
-    // step by step, as eagerly. Otherwise the eager segment's ops, step by step.
-    Tensor states;
+    // fused kernel), the resets inside it (keep), the encoder step by step,
+    // and the head and the loss over all n steps at once: one product of
+    // [n B, hidden] rows, whose logits reach the host in one copy, and the
+    // steps' mean cross-entropies as one weighted sum of log-probabilities.
+    // Otherwise the eager segment's ops, step by step.
+    Tensor loss;
     if (graph_sequence_) {
       for (int64_t i = 0; i < n; ++i) ahead_encoded_[size_t(i)] = encoded(i);
       const Tensor e = concat(std::span<const Tensor>(ahead_encoded_.data(), size_t(n)), 0);
-      states = policy_->recur_sequence(reshape(e, {n, B, e.dim(1)}), h_,
-                                       tape_->from(std::span<const float>(row(ahead_keep_, 0, n * B)), {n, B}));
+      const Tensor states = policy_->recur_sequence(reshape(e, {n, B, e.dim(1)}), h_,
+                                                    tape_->from(std::span<const float>(row(ahead_keep_, 0, n * B)), {n, B}));
+      const Tensor logits = policy_->logits(reshape(states, {n * B, config_.hidden}));  // [n B, A]
+      if (target_steps > 0)
+        loss = neg(sum(mul(log_softmax(logits), tape_->from(std::span<const float>(row(ahead_weights_, 0, n * B * A)), {n * B, A}))));
+      r.loss_steps = target_steps;
+      if (graph) copy_into(graph_all_logits_, logits);
+      else logits.to_host(std::span<float>(host_all_).first(size_t(n * B * A)));  // (an eager segment may read)
+      h_ = reset_finished(reshape(slice(states, 0, n - 1, 1), {B, config_.hidden}), row(ahead_done_, n - 1, B), reset_mask_);
+      step_ += n;
+      for (int64_t i = 0; i < n; ++i) tape_->next_step();
     }
-    Tensor loss;
-    for (int64_t i = 0; i < n; ++i, ++step_, tape_->next_step()) {
-      h_ = graph_sequence_ ? reshape(slice(states, 0, i, 1), {B, config_.hidden}) : feature(encoded(i));
+    for (int64_t i = 0; i < n && !graph_sequence_; ++i, ++step_, tape_->next_step()) {
+      h_ = feature(encoded(i));
       const Tensor logits = policy_->logits(h_);
       if (has_target(i)) {
         Tensor l = cross_entropy(logits, tape_->from(std::span<const int64_t>(row(ahead_targets_, i, B)), {B}), Reduction::Mean, kNoTarget);
@@ -792,7 +827,7 @@ SegmentResult Trainer::graph_segment(int64_t n) {
         loss = loss.defined() ? add(loss, l) : l;
       }
       copy_into(graph_logits_[size_t(i)], logits);
-      if (!graph_sequence_ || i == n - 1) h_ = reset_finished(h_, row(ahead_done_, i, B), reset_mask_);
+      h_ = reset_finished(h_, row(ahead_done_, i, B), reset_mask_);
     }
     r.steps = n;
     if (loss.defined()) seg.backward(loss, backward_options(config_));
@@ -808,11 +843,14 @@ SegmentResult Trainer::graph_segment(int64_t n) {
   }
   committed_ = true;  // (the segment ran: errors from here on, the device's at the first to_host included, leave its update in place)
   // The env takes the steps with the model's actions; what it shows must be what its copy showed.
+  if (graph_sequence_ && graph) graph_all_logits_.to_host(std::span<float>(host_all_));
   for (int64_t i = 0; i < n; ++i) {
     env_->observe(tokens_, vectors_);
     env_->targets(targets_);
-    graph_logits_[size_t(i)].to_host(std::span<float>(host_rows_));
-    for (int64_t b = 0; b < B; ++b) actions_[size_t(b)] = argmax_row(host_rows_.data() + b * A, A);
+    const float* rows = host_rows_.data();
+    if (graph_sequence_) rows = host_all_.data() + i * B * A;
+    else graph_logits_[size_t(i)].to_host(std::span<float>(host_rows_));
+    for (int64_t b = 0; b < B; ++b) actions_[size_t(b)] = argmax_row(rows + b * A, A);
     env_->step(actions_, rewards_, done_);
     const bool same = (spec.vocab > 0 ? std::ranges::equal(tokens_, row(ahead_tokens_, i, B))
                                       : std::ranges::equal(std::span(vectors_.data(), size_t(B * D)), row(ahead_vectors_, i, B * D))) &&
@@ -822,7 +860,25 @@ SegmentResult Trainer::graph_segment(int64_t n) {
                              " (step " + std::to_string(i + 1) + " of the segment) it showed other observations, targets or done "
                              "flags after the model's actions than after the placeholder actions its copy took (the Env contract: "
                              "segtape/agent/env.h); the segment's update, which used its copy's, stands; set open_loop = false");
-    if (has_target(i)) r.loss_sum += graph_losses_[size_t(i)].item();
+    if (!has_target(i)) continue;
+    if (!graph_sequence_) {
+      r.loss_sum += graph_losses_[size_t(i)].item();
+      continue;
+    }
+    // The step's mean cross-entropy, from its logits on the host (the loss was one sum over the steps)
+    double step_loss = 0;
+    int64_t count = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t y = targets_[size_t(b)];
+      if (y == kNoTarget) continue;
+      const float* l = rows + b * A;
+      const double top = *std::max_element(l, l + A);
+      double z = 0;
+      for (int64_t a = 0; a < A; ++a) z += std::exp(double(l[a]) - top);
+      step_loss += top + std::log(z) - double(l[y]);
+      ++count;
+    }
+    r.loss_sum += step_loss / double(count);
   }
   return r;
 }

@@ -247,9 +247,13 @@ TEST(CudaAgent, TrainerMatchesTheCpuWithFixedDeviceMemory) {
 // schedule). Twice: with the graph segments' recurrence step by step (the
 // eager ops: the same arena high-water as eager) and as one gru_sequence
 // with keep (SEGTAPE_GRU_SEQUENCE=1 here; where it fuses on a GPU, by
-// itself): one high-water in every replayed segment. Dense recall repeats one pattern from its second segment
-// on (the first has no target before step lag); sparse recall (a target
-// every 4th step) too; dialogue with 4 turns resets every stream at steps 3
+// itself), the head and the loss then over all the segment's rows at once
+// (within float rounding of eager: 1e-5 on the emulated device): one
+// high-water in every replayed segment. Dense recall repeats one pattern
+// from its second segment on (the first has no target before step lag);
+// sparse recall (a target every 4th step) too; in a sequence only whether a
+// segment has a target is an op, so both repeat from the first segment on
+// (one replay more); dialogue with 4 turns resets every stream at steps 3
 // and 7 of every segment (the resets inside the graphs); with 5 turns the
 // resets move through the segments, so step by step no pattern repeats and
 // every segment runs eagerly, while in a sequence only a reset at the last
@@ -260,7 +264,7 @@ TEST(CudaAgent, TrainerMatchesTheCpuWithFixedDeviceMemory) {
 // a call no graph holds).
 TEST(CudaAgent, TrainerSegmentsReplayAsGraphsWithTheEagerResults) {
   REQUIRE_GPU();
-  const double tol = kEmulated ? 0.0 : 1e-4;
+  const double cpu_tol = kEmulated ? 0.0 : 1e-4;
   const fs::path f = scratch("graph.safetensors");
   struct Case {
     const char* env;
@@ -269,7 +273,7 @@ TEST(CudaAgent, TrainerSegmentsReplayAsGraphsWithTheEagerResults) {
     std::pair<uint64_t, uint64_t> steps_graphs, sequence_graphs;  // {captures, replays}
   };
   for (const bool force_sequence : {false, true})
-  for (const Case& k : {Case{"recall", false, 124, 5, {4, 6}, {4, 6}}, Case{"recall", true, 128, 5, {4, 7}, {4, 7}},
+  for (const Case& k : {Case{"recall", false, 124, 5, {4, 6}, {4, 7}}, Case{"recall", true, 128, 5, {4, 7}, {4, 8}},
                         Case{"dialogue", false, 128, 4, {4, 8}, {4, 8}}, Case{"dialogue", false, 128, 5, {0, 0}, {4, 5}}}) {
     SCOPED_TRACE(k.env + std::string(k.sparse ? " sparse" : "") + (k.env == std::string("dialogue") ? " turns " + std::to_string(k.turns) : "") +
                  (force_sequence ? ", SEGTAPE_GRU_SEQUENCE=1" : ""));
@@ -294,8 +298,10 @@ TEST(CudaAgent, TrainerSegmentsReplayAsGraphsWithTheEagerResults) {
     if (force_sequence) {
       ASSERT_TRUE(sequence);
     }
-    // Graph and eager on the device: bit for bit, except a fused sequence's against cuBLAS's cells on a GPU.
-    const double dev_tol = kEmulated || !sequence ? 0.0 : 1e-4;
+    // Graph and eager on the device: bit for bit step by step; in one sequence
+    // the head's one product over the segment's rows, the loss's one weighted
+    // sum (and on a GPU the fused recurrence) round differently.
+    const double seq_tol = kEmulated ? 1e-5 : 1e-4, dev_tol = sequence ? seq_tol : 0.0, tol = sequence ? seq_tol : cpu_tol;
     uint64_t allocs = 0, replays = 0;
     size_t replayed_peak = 0;
     for (int s = 0; !graph.done(); ++s) {
