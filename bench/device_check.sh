@@ -2,20 +2,27 @@
 # GPU verification of the CUDA backend, for a machine with a GPU (written for
 # the lent H200 with a CUDA PyTorch; docs/cuda.md lists what is pending):
 #
-#   1. configure and build with CUDA (no LibTorch in this build: its CUDA
-#      runtime and segtape's never share a process), CMAKE_CUDA_ARCHITECTURES 90
-#   2. ctest -L cuda (must pass with nothing skipped: a skip means no GPU was
-#      found), then the CPU engine suites in the same build; CudaDist.* again
-#      on its own: data parallelism's gradient averaging on the device, by
-#      NCCL on the tape's stream with one rank when the build found NCCL
-#      (configure.log says "NCCL found")
+#   1. the programs: with SEGTAPE_DEVICE_PACK=DIR, the ones bench/device_pack.sh
+#      built and packed on another machine (the lent H200 has no OpenBLAS,
+#      GoogleTest, CLI11, ... to build segtape with; they run with DIR/lib and
+#      the machine's CUDA libraries: CUDA 13's runtime and cuBLAS, torch's
+#      cuDNN and NCCL wheels); otherwise configure and build here with CUDA (no
+#      LibTorch in this build: its CUDA runtime and segtape's never share a
+#      process), CMAKE_CUDA_ARCHITECTURES 90
+#   2. the cuda tests (cuda_test, cuda_nn_test; they must pass with nothing
+#      skipped: a skip means no GPU was found), then the CPU engine suites of
+#      the same build; CudaDist.* again on its own: data parallelism's gradient
+#      averaging on the device, by NCCL on the tape's stream with one rank when
+#      the build found NCCL; cuda_test under compute-sanitizer's memcheck
+#      (without the deliberate out-of-memory test) where it is installed
 #   3. cuda_bench: segtape's training step on the GPU at issue 19's five sizes,
 #      stepped (eager, graph-replayed) and as one gru_sequence per segment (the
 #      fused kernels where they fit); the sequence modes again at (1, 128) and
 #      (32, 128) with SEGTAPE_FUSED_GRU=0 (cuDNN's GRU)
-#   4. when python3's torch has CUDA: a second build against it
-#      (-DCMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path) of cuda_bench_torch,
-#      the same workload in LibTorch, eager and CUDA-graph captured
+#   4. when python3's torch has CUDA: bench/torch_cuda (a project of its own,
+#      -DCMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path) builds
+#      cuda_bench_torch, the same workload in LibTorch: eager, CUDA-graph
+#      captured, and torch::nn::GRU (cuDNN) over the segment
 #   5. the agent on the GPU: `segtape train --device cuda` (recall, 6000 steps), with
 #      its segments as CUDA graphs (the default) and with --cuda-graphs off;
 #      `segtape train --device cuda --algo ppo` (recall, 1024 steps), its update
@@ -28,6 +35,8 @@
 # whatever hangs; logs of every step are in $OUT.
 #
 #   OUT=/tmp/out bash bench/device_check.sh        (OUT defaults to ./device-check-out)
+#   SEGTAPE_DEVICE_PACK=.device-pack OUT=/tmp/dc bash bench/device_check.sh   (the lent H200:
+#   bench/device_pack.sh, run beforehand elsewhere, says how to call it there)
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,6 +46,14 @@ JOBS=$(nproc 2>/dev/null || echo 4)
 DEADLINE=$((SECONDS + ${SEGTAPE_DEVICE_DEADLINE:-420}))
 BUILD=${SEGTAPE_DEVICE_BUILD:-$ROOT/build-device}
 BUILD_TORCH=${SEGTAPE_DEVICE_BUILD_TORCH:-$ROOT/build-device-torch}
+# A pack: bench/device_pack.sh's folder (its segtape-pack.tgz is unpacked into
+# $TMPDIR/segtape-pack, outside $OUT) or an unpacked one
+PACK=${SEGTAPE_DEVICE_PACK:-}
+if [[ -n "$PACK" && -f "$PACK/segtape-pack.tgz" && ! -d "$PACK/bin" ]]; then
+  unpacked=${TMPDIR:-/tmp}/segtape-pack
+  rm -rf "$unpacked" && mkdir -p "$unpacked" && tar xzf "$PACK/segtape-pack.tgz" -C "$unpacked" && PACK=$unpacked
+fi
+[[ -n "$PACK" ]] && PACK=$(cd "$PACK" 2>/dev/null && pwd || echo "$PACK")
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 status=0
@@ -77,57 +94,104 @@ step() {
 } >"$OUT/machine.txt" 2>&1
 log "machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo 'nvidia-smi failed')"
 
-# ---- 1. build with CUDA
-if step configure 90 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DSEGTAPE_WITH_TORCH=OFF -DSEGTAPE_WITH_CUDA=ON; then
-  if ! grep -q "CUDA backend on" "$OUT/configure.log"; then
-    log "FAILED: the build has no CUDA backend (nvcc or cuDNN 9 not found): see configure.log"
-    status=1
-  fi
-else
-  log "configure failed: missing packages? (segtape needs OpenBLAS, nlohmann-json, CLI11, fmt, GoogleTest, Google Benchmark; see configure.log)"
-  status=1
-fi
-
 # builder DIR: the command that builds several targets of DIR in one parallel
 # run (cmake --build --target a b builds them one after the other).
 builder() {
   if [[ -f "$1/build.ninja" ]]; then echo ninja -C "$1" -j "$JOBS"; else echo make -C "$1" -j "$JOBS"; fi
 }
 
+# ---- 1. the programs: packed elsewhere (SEGTAPE_DEVICE_PACK), or built here with CUDA
+# prog NAME: where program NAME is (tests/cuda_test, bench/cuda_bench, agent/segtape, ...)
 built=0
-# shellcheck disable=SC2046 # builder's words are meant to split
-if ((status == 0)) && step build 240 $(builder "$BUILD") cuda_test cuda_nn_test cuda_bench segtape gradcheck_test packed_test segment_test memory_test errors_test; then
-  built=1
-  # nvcc's code generation: sm_90 SASS and compute_90 PTX.
-  echo "   kernels: $(grep -o -- '--generate-code=[^ ]*' "$BUILD/engine/CMakeFiles/segtape_cuda_kernels.dir/flags.make" 2>/dev/null)" |
-    tee -a "$SUMMARY"
+if [[ -n "$PACK" ]]; then
+  prog() { echo "$PACK/bin/$(basename "$1")"; }
+  if [[ -x "$PACK/bin/cuda_test" ]]; then
+    built=1
+    # The pack's own libraries, then CUDA 13's runtime and cuBLAS, then torch's cuDNN and NCCL wheels.
+    site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null || true)
+    libs="$PACK/lib"
+    for d in /usr/local/cuda/lib64 /usr/local/cuda-13.0/targets/x86_64-linux/lib /usr/local/cuda/targets/x86_64-linux/lib \
+      "$site"/nvidia/cudnn/lib "$site"/nvidia/nccl/lib "$site"/nvidia/*/lib; do
+      [[ -d "$d" ]] && libs="$libs:$d"
+    done
+    export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    log "programs from the pack $PACK ($(head -1 "$PACK/MANIFEST" 2>/dev/null)); LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    for p in "$PACK"/bin/*; do
+      missing=$(ldd "$p" 2>&1 | grep "not found" | tr -s ' \t' ' ' | tr '\n' ';')
+      [[ -n "$missing" ]] && log "   $(basename "$p"): libraries not found: $missing"
+    done
+  else
+    log "FAILED: no pack at '$PACK' (bench/device_pack.sh makes one; carry it)"
+    status=1
+  fi
 else
-  status=1
+  prog() { echo "$BUILD/$1"; }
+  if step configure 90 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DSEGTAPE_WITH_TORCH=OFF -DSEGTAPE_WITH_CUDA=ON; then
+    if ! grep -q "CUDA backend on" "$OUT/configure.log"; then
+      log "FAILED: the build has no CUDA backend (nvcc or cuDNN 9 not found): see configure.log"
+      status=1
+    fi
+  else
+    log "configure failed: missing packages? (segtape needs OpenBLAS, nlohmann-json, CLI11, fmt, GoogleTest, Google Benchmark; see configure.log; without them, bring a pack: bench/device_pack.sh)"
+    status=1
+  fi
+  # shellcheck disable=SC2046 # builder's words are meant to split
+  if ((status == 0)) && step build 240 $(builder "$BUILD") cuda_test cuda_nn_test cuda_bench segtape gradcheck_test packed_test \
+    formula_test segment_test memory_test errors_test safetensors_test; then
+    built=1
+    # nvcc's code generation: sm_90 SASS and compute_90 PTX.
+    echo "   kernels: $(grep -o -- '--generate-code=[^ ]*' "$BUILD/engine/CMakeFiles/segtape_cuda_kernels.dir/flags.make" 2>/dev/null)" |
+      tee -a "$SUMMARY"
+  else
+    status=1
+  fi
 fi
 
 # ---- 2. tests
 if ((built)); then
-  step cuda-tests 180 ctest --test-dir "$BUILD" -L cuda --output-on-failure -j 8 --output-junit "$OUT/cuda-tests.xml" || status=1
-  skipped=$(grep -c '(Skipped)' "$OUT/cuda-tests.log" 2>/dev/null || true)
+  if [[ -n "$PACK" ]]; then  # the test programs themselves (the pack has no ctest files)
+    step cuda-test 150 "$(prog tests/cuda_test)" || status=1
+    step cuda-nn-test 150 "$(prog tests/cuda_nn_test)" || status=1
+    skipped=$(cat "$OUT/cuda-test.log" "$OUT/cuda-nn-test.log" 2>/dev/null | grep -oE '^\[  SKIPPED \] [0-9]+' | awk '{ s += $NF } END { print s + 0 }')
+  else
+    step cuda-tests 180 ctest --test-dir "$BUILD" -L cuda --output-on-failure -j 8 --output-junit "$OUT/cuda-tests.xml" || status=1
+    skipped=$(grep -c '(Skipped)' "$OUT/cuda-tests.log" 2>/dev/null || true)
+  fi
   if [[ "${skipped:-0}" != "0" ]]; then
     log "FAILED: $skipped cuda tests skipped: the GPU was not found by the tests (see cuda-tests.log)"
     status=1
   fi
-  grep -q "NCCL found" "$OUT/configure.log" && log "   NCCL: built in" || log "   NCCL: not found by configure (CudaDist averages through host memory)"
-  step nccl 60 "$BUILD/tests/cuda_nn_test" --gtest_filter='CudaDist.*' || status=1
-  step cpu-tests 90 env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ctest --test-dir "$BUILD" -L 'gradcheck|segment|memory|errors' -j "$JOBS" --output-on-failure || status=1
+  if [[ -n "$PACK" ]]; then
+    grep -q "NCCL found" "$PACK/MANIFEST" 2>/dev/null && log "   NCCL: built in" || log "   NCCL: see the pack's MANIFEST"
+  else
+    grep -q "NCCL found" "$OUT/configure.log" && log "   NCCL: built in" || log "   NCCL: not found by configure (CudaDist averages through host memory)"
+  fi
+  step nccl 60 "$(prog tests/cuda_nn_test)" --gtest_filter='CudaDist.*' || status=1
+  if [[ -n "$PACK" ]]; then
+    for t in gradcheck_test packed_test segment_test memory_test errors_test; do
+      step "cpu-$t" 60 env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$(prog "tests/$t")" || status=1
+    done
+  else
+    step cpu-tests 90 env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ctest --test-dir "$BUILD" -L 'gradcheck|segment|memory|errors' -j "$JOBS" --output-on-failure || status=1
+  fi
+  # compute-sanitizer: no invalid device access in cuda_test (the out-of-memory test reports its deliberate failures)
+  if command -v compute-sanitizer >/dev/null 2>&1; then
+    step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$(prog tests/cuda_test)" --gtest_filter='-*OutOfMemory*' || status=1
+  else
+    log "compute-sanitizer not found: memcheck skipped"
+  fi
   # The training test prints its loss curve summary and arena high-water.
-  grep -h "loss: CPU" "$OUT/cuda-tests.log" "$BUILD/Testing/Temporary/LastTest.log" 2>/dev/null | head -1 >>"$SUMMARY" || true
+  grep -h "loss: CPU" "$OUT/cuda-tests.log" "$OUT/cuda-test.log" "$BUILD/Testing/Temporary/LastTest.log" 2>/dev/null | head -1 >>"$SUMMARY" || true
   cp "$BUILD/Testing/Temporary/LastTest.log" "$OUT/ctest-last.log" 2>/dev/null || true
 fi
 
 # ---- 3. segtape on the GPU
 if ((built)); then
-  step bench-segtape 90 "$BUILD/bench/cuda_bench" --segments 50 || status=1
+  step bench-segtape 90 "$(prog bench/cuda_bench)" --segments 50 || status=1
   grep -E '^(engine|segtape),' "$OUT/bench-segtape.log" >"$OUT/bench-segtape.csv" || true
   # the sequence modes again on cuDNN's GRU where the fused kernels ran above
-  step bench-segtape-cudnn 60 env SEGTAPE_FUSED_GRU=0 "$BUILD/bench/cuda_bench" --segments 50 --sizes 1x128,32x128 \
+  step bench-segtape-cudnn 60 env SEGTAPE_FUSED_GRU=0 "$(prog bench/cuda_bench)" --segments 50 --sizes 1x128,32x128 \
     --modes sequence,sequence-graph || status=1
   grep -E '^segtape,' "$OUT/bench-segtape-cudnn.log" >"$OUT/bench-segtape-cudnn.csv" || true
 fi
@@ -137,10 +201,12 @@ torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2
 torch_cuda=$(python3 -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
 if [[ -n "$torch_prefix" && "$torch_cuda" == "1" ]]; then
   # shellcheck disable=SC2046 # builder's words are meant to split
-  if step configure-torch 90 cmake -S "$ROOT" -B "$BUILD_TORCH" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$torch_prefix" -DSEGTAPE_WITH_TORCH=ON -DSEGTAPE_BENCH_TORCH_CUDA=ON &&
+  # bench/torch_cuda: the one program, against torch alone (no OpenBLAS or GoogleTest needed)
+  # shellcheck disable=SC2046 # builder's words are meant to split
+  if step configure-torch 90 cmake -S "$ROOT/bench/torch_cuda" -B "$BUILD_TORCH" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$torch_prefix" &&
     step build-torch 180 $(builder "$BUILD_TORCH") cuda_bench_torch &&
-    step bench-libtorch 90 "$BUILD_TORCH/bench/cuda_bench_torch" --segments 50; then
+    step bench-libtorch 90 "$BUILD_TORCH/cuda_bench_torch" --segments 50; then
     grep -E '^libtorch,' "$OUT/bench-libtorch.log" >"$OUT/bench-libtorch.csv" || true
   else
     log "LibTorch comparison not available (see the logs above); segtape's numbers stand alone"
@@ -151,13 +217,13 @@ fi
 
 # ---- 5. the agent and the retention lab on the GPU (after the benchmarks: they matter less)
 if ((built)); then
-  step agent-train 120 "$BUILD/agent/segtape" train --device cuda --steps 6000 --out "$OUT/agent-run" --force || status=1
+  step agent-train 120 "$(prog agent/segtape)" train --device cuda --steps 6000 --out "$OUT/agent-run" --force || status=1
   # the same run with every segment eager: what the trainer's CUDA graphs buy (docs/agent.md)
-  step agent-train-eager 120 "$BUILD/agent/segtape" train --device cuda --cuda-graphs off --steps 6000 --out "$OUT/agent-run-eager" --force || status=1
+  step agent-train-eager 120 "$(prog agent/segtape)" train --device cuda --cuda-graphs off --steps 6000 --out "$OUT/agent-run-eager" --force || status=1
   # PPO: the update windows as one fused gru_sequence each, then step by step (docs/agent.md, "Recurrent PPO")
-  step agent-ppo 90 "$BUILD/agent/segtape" train --device cuda --algo ppo --steps 1024 --out "$OUT/agent-ppo" --force || status=1
-  step agent-ppo-steps 90 env SEGTAPE_FUSED_GRU=0 "$BUILD/agent/segtape" train --device cuda --algo ppo --steps 1024 --out "$OUT/agent-ppo-steps" --force || status=1
-  step retention 90 "$BUILD/agent/segtape" retention --device cuda --no-libtorch --steps 100 --out "$OUT/retention" || status=1
+  step agent-ppo 90 "$(prog agent/segtape)" train --device cuda --algo ppo --steps 1024 --out "$OUT/agent-ppo" --force || status=1
+  step agent-ppo-steps 90 env SEGTAPE_FUSED_GRU=0 "$(prog agent/segtape)" train --device cuda --algo ppo --steps 1024 --out "$OUT/agent-ppo-steps" --force || status=1
+  step retention 90 "$(prog agent/segtape)" retention --device cuda --no-libtorch --steps 100 --out "$OUT/retention" || status=1
 fi
 
 # ---- 6. the table
@@ -179,8 +245,10 @@ runs() {
   echo
   echo "## Tests"
   echo
-  for f in cuda-tests cpu-tests; do
-    [[ -f "$OUT/$f.log" ]] && echo "- $f: $(grep -E 'tests passed|tests failed' "$OUT/$f.log" | tail -1)"
+  # ctest's summary line (a build here), or each test program's gtest totals (a pack)
+  for f in "$OUT"/cuda-tests.log "$OUT"/cpu-tests.log "$OUT"/cuda-test.log "$OUT"/cuda-nn-test.log "$OUT"/cpu-*_test.log "$OUT"/memcheck.log; do
+    [[ -f "$f" ]] || continue
+    echo "- $(basename "$f" .log): $(grep -hE 'tests passed|tests failed|^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test|ERROR SUMMARY' "$f" | tr '\n' ' ')"
   done
   echo
   echo "## Training step (GRUCell(32, H) -> Linear(H, 16) -> cross-entropy, K = 32, SGD), per step"
