@@ -357,13 +357,13 @@ Persistent make_persistent(Tape& tape, nn::Rng& rng, const TrainConfig& c, const
 }
 
 // The host inputs one graph segment stages (tape.from: observations,
-// targets, reset masks; a sequence's keep [K, B] and its loss weights [K B, A]),
-// at most: TapeOptions::graph_staging.
+// targets, reset masks; a sequence's keep [K, B]), at most: TapeOptions::graph_staging.
+// (A sequence's targets of all K steps at once [K B] take at most the K steps' places.)
 size_t graph_staging(const TrainConfig& c, const EnvSpec& spec) {
   const size_t B = size_t(c.batch), K = size_t(c.history.k);
   const size_t obs = spec.obs_dim > 0 ? B * size_t(spec.obs_dim) * sizeof(float) : B * sizeof(int64_t);
   return K * (align_up(obs) + align_up(B * sizeof(int64_t)) + align_up(B * size_t(c.hidden) * sizeof(float))) +
-         align_up(K * B * sizeof(float)) + align_up(K * B * size_t(spec.num_actions) * sizeof(float));
+         align_up(K * B * sizeof(float));
 }
 
 // exact's driver over windows of `horizon` steps (it stores the window's boundary states in the persistent pool).
@@ -478,7 +478,6 @@ Trainer::Trainer(const TrainConfig& c, dist::Communicator* comm)
     ahead_done_.assign(KB, 0);
     ahead_keep_.assign(KB, 1.0f);
     ahead_encoded_.resize(size_t(c.history.k));
-    ahead_weights_.assign(KB * size_t(spec.num_actions), 0.0f);
     host_all_.assign(KB * size_t(spec.num_actions), 0.0f);
     graph_sequence_ = recurrence_as_sequence(*tape_, c, c.batch);  // (ppo.h)
   }
@@ -743,14 +742,13 @@ SegmentResult Trainer::graph_segment(int64_t n) {
   std::fill(actions_.begin(), actions_.end(), 0);
   ahead_->load_state(env_->save_state());
   // The steps' pattern: which have a target (a loss), which reset a stream.
-  // In one gru_sequence only whether any step has one, and whether the last
-  // step resets, are ops: the resets before it are keep's values, and the
-  // targets the loss's weights (ahead_weights_: 1 / the step's count of
-  // targets at each target's class, so the loss is the sum over the steps of
-  // their mean cross-entropy, as step by step).
+  // In one gru_sequence the resets before the last step are keep's values,
+  // not ops; and where every step with a target has the same count c of
+  // them (recall: all B), the loss is one cross-entropy summed over the
+  // segment's rows, scaled by 1/c (the sum over the steps of their means,
+  // as step by step), so only c, not which steps have targets, is an op.
   uint64_t key = 0xcbf29ce484222325ull ^ uint64_t(n);
-  int64_t target_steps = 0;
-  if (graph_sequence_) std::fill_n(ahead_weights_.begin(), n * B * A, 0.0f);
+  int64_t target_steps = 0, count = -1;  // count: c, or 0 where the steps' counts differ
   for (int64_t i = 0; i < n; ++i) {
     ahead_->observe(row(ahead_tokens_, i, B), row(ahead_vectors_, i, B * D));
     ahead_->targets(row(ahead_targets_, i, B));
@@ -758,19 +756,23 @@ SegmentResult Trainer::graph_segment(int64_t n) {
     const auto dn = row(ahead_done_, i, B);
     for (int64_t b = 0; b < B && i + 1 < n; ++b) ahead_keep_[size_t((i + 1) * B + b)] = dn[size_t(b)] ? 0.0f : 1.0f;
     const bool target = has_target(i);
-    target_steps += target;
-    const bool reset = (!graph_sequence_ || i == n - 1) && std::any_of(dn.begin(), dn.end(), [](uint8_t d) { return d != 0; });
-    if (graph_sequence_) {
+    if (target) {
       const auto tg = row(ahead_targets_, i, B);
-      const auto count = std::count_if(tg.begin(), tg.end(), [](int64_t y) { return y != kNoTarget; });
-      for (int64_t b = 0; b < B; ++b)
-        if (tg[size_t(b)] != kNoTarget) ahead_weights_[size_t((i * B + b) * A + tg[size_t(b)])] = 1.0f / float(count);
-      key = (key ^ uint64_t(reset) << 1) * 0x100000001b3ull;
-    } else {
-      key = (key ^ (uint64_t(target) | uint64_t(reset) << 1)) * 0x100000001b3ull;
+      const int64_t c = std::count_if(tg.begin(), tg.end(), [](int64_t y) { return y != kNoTarget; });
+      count = count < 0 || count == c ? c : 0;
+      ++target_steps;
+    }
+    const bool reset = (!graph_sequence_ || i == n - 1) && std::any_of(dn.begin(), dn.end(), [](uint8_t d) { return d != 0; });
+    key = (key ^ (uint64_t(target) | uint64_t(reset) << 1)) * 0x100000001b3ull;
+  }
+  const bool one_loss = graph_sequence_ && count > 0;  // (the loss as one cross-entropy)
+  if (one_loss) {  // the pattern again, without the target steps: the resets and c
+    key = 0xcbf29ce484222325ull ^ uint64_t(n) ^ uint64_t(count) << 32;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto dn = row(ahead_done_, i, B);
+      key = (key ^ uint64_t(i == n - 1 && std::any_of(dn.begin(), dn.end(), [](uint8_t d) { return d != 0; })) << 1) * 0x100000001b3ull;
     }
   }
-  if (graph_sequence_) key = (key ^ uint64_t(target_steps > 0) << 2) * 0x100000001b3ull;
   key |= 1;  // (0: none)
   // A pattern the graphs do not hold runs eagerly; one that repeats (the
   // same as the last segment's) replaces them.
@@ -808,8 +810,18 @@ SegmentResult Trainer::graph_segment(int64_t n) {
       const Tensor states = policy_->recur_sequence(reshape(e, {n, B, e.dim(1)}), h_,
                                                     tape_->from(std::span<const float>(row(ahead_keep_, 0, n * B)), {n, B}));
       const Tensor logits = policy_->logits(reshape(states, {n * B, config_.hidden}));  // [n B, A]
-      if (target_steps > 0)
-        loss = neg(sum(mul(log_softmax(logits), tape_->from(std::span<const float>(row(ahead_weights_, 0, n * B * A)), {n * B, A}))));
+      if (one_loss) {
+        loss = scale(cross_entropy(logits, tape_->from(std::span<const int64_t>(row(ahead_targets_, 0, n * B)), {n * B}), Reduction::Sum,
+                                   kNoTarget),
+                     1.0 / double(count));
+      } else {  // the counts differ: each step's mean on its rows
+        for (int64_t i = 0; i < n; ++i) {
+          if (!has_target(i)) continue;
+          const Tensor l = cross_entropy(slice(logits, 0, i * B, B), tape_->from(std::span<const int64_t>(row(ahead_targets_, i, B)), {B}),
+                                         Reduction::Mean, kNoTarget);
+          loss = loss.defined() ? add(loss, l) : l;
+        }
+      }
       r.loss_steps = target_steps;
       if (graph) copy_into(graph_all_logits_, logits);
       else logits.to_host(std::span<float>(host_all_).first(size_t(n * B * A)));  // (an eager segment may read)

@@ -236,6 +236,43 @@ TEST(CudaAgent, TrainerMatchesTheCpuWithFixedDeviceMemory) {
   fs::remove_all(f.parent_path());
 }
 
+// An open-loop env whose steps differ in how many streams have a target:
+// at step t stream b has one (the token it shows, t + b mod 3) where
+// t mod 24 < 16 and (t + b) mod 3 != 0, so with 8 streams a step has 5 or 6
+// targets, and steps 16 to 23 of every 24 have none (with K = 8, every
+// third segment has no loss and takes no update).
+class SomeTargets final : public agent::Env {
+ public:
+  SomeTargets(int64_t batch, uint64_t seed) : Env(batch, seed) {
+    spec_ = {"some-targets", 3, 0, 3, true, "accuracy", true};
+    s_.assign(1, 0);  // the step
+  }
+  const agent::EnvSpec& spec() const override { return spec_; }
+  void observe(std::span<int64_t> tokens, std::span<float>) const override {
+    for (int64_t b = 0; b < batch_; ++b) tokens[size_t(b)] = (s_[0] + b) % 3;
+  }
+  void targets(std::span<int64_t> y) const override {
+    for (int64_t b = 0; b < batch_; ++b) y[size_t(b)] = target(b);
+  }
+  void step(std::span<const int64_t> a, std::span<float> reward, std::span<uint8_t> done) override {
+    for (int64_t b = 0; b < batch_; ++b)
+      if (target(b) != agent::kNoTarget) ++score_den_, score_num_ += a[size_t(b)] == target(b);
+    ++s_[0];
+    std::fill(reward.begin(), reward.end(), 0.0f);
+    std::fill(done.begin(), done.end(), uint8_t(0));
+  }
+
+ private:
+  int64_t target(int64_t b) const {
+    const int64_t t = s_[0];
+    return t % 24 < 16 && (t + b) % 3 != 0 ? (t + b) % 3 : agent::kNoTarget;
+  }
+  std::vector<int64_t>& state_ints() override { return s_; }
+  bool valid_state(std::span<const int64_t> v) const override { return v.size() == 1 && v[0] >= 0; }
+  agent::EnvSpec spec_;
+  std::vector<int64_t> s_;
+};
+
 // The trainer's segments as CUDA graphs (TrainConfig::graph_replay, on by
 // default where a run allows it): supervised open-loop envs with tbptt. Each
 // run goes eager on the device, as graphs on the device, and on the CPU, with
@@ -245,23 +282,28 @@ TEST(CudaAgent, TrainerMatchesTheCpuWithFixedDeviceMemory) {
 // no device allocation after the first segment, and graphs that really
 // replay (TapeStats: the captures and replays counted below follow from the
 // schedule). Twice: with the graph segments' recurrence step by step (the
-// eager ops: the same arena high-water as eager) and as one gru_sequence
-// with keep (SEGTAPE_GRU_SEQUENCE=1 here; where it fuses on a GPU, by
-// itself), the head and the loss then over all the segment's rows at once
-// (within float rounding of eager: 1e-5 on the emulated device): one
-// high-water in every replayed segment. Dense recall repeats one pattern
-// from its second segment on (the first has no target before step lag);
-// sparse recall (a target every 4th step) too; in a sequence only whether a
-// segment has a target is an op, so both repeat from the first segment on
-// (one replay more); dialogue with 4 turns resets every stream at steps 3
-// and 7 of every segment (the resets inside the graphs); with 5 turns the
-// resets move through the segments, so step by step no pattern repeats and
-// every segment runs eagerly, while in a sequence only a reset at the last
-// step is an op (segments 4, 9 and 14 differ); a run's shorter last segment
-// runs eagerly. A pattern is adopted when two segments in a row have it:
-// eager, then the warm-up, two captures and replays; the load at segment 9
-// discards the graphs (Adam's count, set on the host, reaches the device in
-// a call no graph holds).
+// eager ops: the same arena high-water as eager; the seam off,
+// SEGTAPE_FUSED_GRU=0, also on a GPU) and as one gru_sequence with keep
+// (SEGTAPE_GRU_SEQUENCE=1; on a GPU, fused), the head then over all the
+// segment's rows at once and the loss as one cross-entropy where every step
+// with a target has as many (within float rounding of eager: 1e-5 on the
+// emulated device): one high-water in every replayed segment. Dense recall
+// repeats one pattern from its second segment on (the first has no target
+// before step lag); sparse recall (a target every 4th step) too; in a
+// sequence only the count of targets per target step is an op, so both
+// repeat from the first segment on (one replay more); dialogue with 4 turns
+// resets every stream at steps 3 and 7 of every segment (the resets inside
+// the graphs); with 5 turns the resets move through the segments, so step
+// by step no pattern repeats and every segment runs eagerly, while in a
+// sequence only a reset at the last step is an op (segments 4, 9 and 14
+// differ); some-targets (above) has 5 or 6 targets per step, so a sequence
+// takes each step's mean on its rows, and every third segment has no
+// target: that pattern runs eagerly between the graphs (captures at 3 and
+// 4, replays at 6 and 7; after the load, at 12 and 13, a replay at 15); a
+// run's shorter last segment runs eagerly. A pattern is adopted when two
+// segments in a row have it: eager, then the warm-up, two captures and
+// replays; the load at segment 9 discards the graphs (Adam's count, set on
+// the host, reaches the device in a call no graph holds).
 TEST(CudaAgent, TrainerSegmentsReplayAsGraphsWithTheEagerResults) {
   REQUIRE_GPU();
   const double cpu_tol = kEmulated ? 0.0 : 1e-4;
@@ -272,9 +314,14 @@ TEST(CudaAgent, TrainerSegmentsReplayAsGraphsWithTheEagerResults) {
     int64_t steps, turns;
     std::pair<uint64_t, uint64_t> steps_graphs, sequence_graphs;  // {captures, replays}
   };
+  if (!agent::env_registered("some-targets"))
+    agent::register_env("some-targets", [](int64_t batch, uint64_t seed, const agent::EnvOptions&) -> std::unique_ptr<agent::Env> {
+      return std::make_unique<SomeTargets>(batch, seed);
+    });
   for (const bool force_sequence : {false, true})
   for (const Case& k : {Case{"recall", false, 124, 5, {4, 6}, {4, 7}}, Case{"recall", true, 128, 5, {4, 7}, {4, 8}},
-                        Case{"dialogue", false, 128, 4, {4, 8}, {4, 8}}, Case{"dialogue", false, 128, 5, {0, 0}, {4, 5}}}) {
+                        Case{"dialogue", false, 128, 4, {4, 8}, {4, 8}}, Case{"dialogue", false, 128, 5, {0, 0}, {4, 5}},
+                        Case{"some-targets", false, 128, 5, {4, 3}, {4, 3}}}) {
     SCOPED_TRACE(k.env + std::string(k.sparse ? " sparse" : "") + (k.env == std::string("dialogue") ? " turns " + std::to_string(k.turns) : "") +
                  (force_sequence ? ", SEGTAPE_GRU_SEQUENCE=1" : ""));
     auto seam = std::make_unique<test::GruSequenceSeam>(force_sequence);
@@ -295,9 +342,7 @@ TEST(CudaAgent, TrainerSegmentsReplayAsGraphsWithTheEagerResults) {
     EXPECT_FALSE(eager.graph_segments());
     ASSERT_TRUE(graph.graph_segments());
     const bool sequence = graph.graph_sequence();
-    if (force_sequence) {
-      ASSERT_TRUE(sequence);
-    }
+    ASSERT_EQ(sequence, force_sequence);
     // Graph and eager on the device: bit for bit step by step; in one sequence
     // the head's one product over the segment's rows, the loss's one weighted
     // sum (and on a GPU the fused recurrence) round differently.
@@ -419,9 +464,9 @@ TEST(CudaAgent, AnEnvThatIsNotOpenLoopIsRefusedInGraphSegments) {
 // window state and replay drivers inside the measured persistent pool (a
 // pool too small would throw when they are made). On the host-emulated
 // device (CI) this runs the device code paths of PPO's host logic. Twice
-// under tbptt: the update windows' recurrence step by step, and as one
-// gru_sequence with the episode ends in keep (SEGTAPE_GRU_SEQUENCE=1 here;
-// where it fuses on a GPU, by itself).
+// under tbptt: the update windows' recurrence step by step (the seam off:
+// SEGTAPE_FUSED_GRU=0, also on a GPU), and as one gru_sequence with the
+// episode ends in keep (SEGTAPE_GRU_SEQUENCE=1; on a GPU, fused).
 TEST(CudaAgent, PpoMatchesTheCpuWithFixedDeviceMemory) {
   REQUIRE_GPU();
   for (const bool force_sequence : {false, true})
@@ -452,9 +497,7 @@ TEST(CudaAgent, PpoMatchesTheCpuWithFixedDeviceMemory) {
       }
       agent::Trainer& gpu = *made;
       EXPECT_FALSE(cpu.ppo_sequence());
-      if (force_sequence) {
-        EXPECT_TRUE(gpu.ppo_sequence());
-      }
+      EXPECT_EQ(gpu.ppo_sequence(), force_sequence);
       uint64_t allocs = 0;
       for (int s = 0; !gpu.done(); ++s) {
         const agent::SegmentResult rc = cpu.run_segment(), rg = gpu.run_segment();

@@ -1,17 +1,45 @@
-// SEGTAPE_GRU_SEQUENCE=1 (agent/ppo.h, recurrence_as_sequence) while a scope
-// lasts, or unset, and unset when it ends, whatever the scope throws: the
-// test seam that makes the Trainer take gru_sequence where it would not fuse
-// (the CPU, the host-emulated device). Trainers read it when they are made.
+// The Trainer's choice of gru_sequence for steps known ahead (agent/ppo.h,
+// recurrence_as_sequence), made one way while a scope lasts: on, with
+// SEGTAPE_GRU_SEQUENCE=1 (the test seam: the sequence also where it would
+// not fuse, on the CPU and the host-emulated device); off, with
+// SEGTAPE_FUSED_GRU=0 (no fused kernels, so no sequence either, also on a
+// GPU where they would run). Both variables are put back as they were when
+// the scope ends, whatever it throws. Trainers read them when they are made.
 #pragma once
 #include <stdlib.h>
 
+#include <optional>
+#include <string>
+
 namespace segtape::test {
 
-struct GruSequenceSeam {
-  explicit GruSequenceSeam(bool on) { on ? (void)::setenv("SEGTAPE_GRU_SEQUENCE", "1", 1) : (void)::unsetenv("SEGTAPE_GRU_SEQUENCE"); }
-  ~GruSequenceSeam() { ::unsetenv("SEGTAPE_GRU_SEQUENCE"); }
+class GruSequenceSeam {
+ public:
+  explicit GruSequenceSeam(bool on) : seq_(get("SEGTAPE_GRU_SEQUENCE")), fused_(get("SEGTAPE_FUSED_GRU")) {
+    if (on) {
+      ::setenv("SEGTAPE_GRU_SEQUENCE", "1", 1);
+    } else {
+      ::unsetenv("SEGTAPE_GRU_SEQUENCE");
+      ::setenv("SEGTAPE_FUSED_GRU", "0", 1);
+    }
+  }
+  ~GruSequenceSeam() {
+    put("SEGTAPE_GRU_SEQUENCE", seq_);
+    put("SEGTAPE_FUSED_GRU", fused_);
+  }
   GruSequenceSeam(const GruSequenceSeam&) = delete;
   GruSequenceSeam& operator=(const GruSequenceSeam&) = delete;
+
+ private:
+  static std::optional<std::string> get(const char* name) {
+    const char* v = ::getenv(name);
+    return v ? std::optional<std::string>(v) : std::nullopt;
+  }
+  static void put(const char* name, const std::optional<std::string>& v) {
+    if (v) ::setenv(name, v->c_str(), 1);
+    else ::unsetenv(name);
+  }
+  std::optional<std::string> seq_, fused_;
 };
 
 }  // namespace segtape::test

@@ -308,10 +308,9 @@ class Trainer {
   std::vector<Tensor> ahead_encoded_;  // a segment's encoded observations, [B, embed] each
   std::vector<Tensor> graph_logits_, graph_losses_;
   // in one gru_sequence: the head over all the segment's steps at once, its
-  // logits [K B, A] (persistent) and their host copy; the loss's weights [K B,
-  // A] (1 / the step's targets at each target's class)
+  // logits [K B, A] (persistent) and their host copy
   Tensor graph_all_logits_;
-  std::vector<float> host_all_, ahead_weights_;
+  std::vector<float> host_all_;
   Tensor clip_sq_;
   uint64_t graph_key_ = 0, last_key_ = 0;
   bool committed_ = false;  // graph_segment: its update is done, a throw after it keeps it (run_segment)
