@@ -104,22 +104,28 @@ builder() {
 # prog NAME: where program NAME is (tests/cuda_test, bench/cuda_bench, agent/segtape, ...)
 built=0
 if [[ -n "$PACK" ]]; then
-  prog() { echo "$PACK/bin/$(basename "$1")"; }
+  # Each program runs through a wrapper that gives it, and it alone, the pack's
+  # libraries, then CUDA 13's runtime and cuBLAS, then torch's cuDNN and NCCL
+  # wheels: the pack's C++ runtime (Debian 12's) must not reach python3,
+  # cmake or the compiler of this machine (step 4).
+  prog() { echo "$PACK/run/$(basename "$1")"; }
   if [[ -x "$PACK/bin/cuda_test" ]]; then
     built=1
-    # The pack's own libraries, then CUDA 13's runtime and cuBLAS, then torch's cuDNN and NCCL wheels.
     site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null || true)
     libs="$PACK/lib"
     for d in /usr/local/cuda/lib64 /usr/local/cuda-13.0/targets/x86_64-linux/lib /usr/local/cuda/targets/x86_64-linux/lib \
       "$site"/nvidia/cudnn/lib "$site"/nvidia/nccl/lib "$site"/nvidia/*/lib; do
       [[ -d "$d" ]] && libs="$libs:$d"
     done
-    export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    log "programs from the pack $PACK ($(head -1 "$PACK/MANIFEST" 2>/dev/null)); LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    libs="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    mkdir -p "$PACK/run"
     for p in "$PACK"/bin/*; do
-      missing=$(ldd "$p" 2>&1 | grep "not found" | tr -s ' \t' ' ' | tr '\n' ';')
+      printf '#!/usr/bin/env bash\nLD_LIBRARY_PATH=%q exec %q "$@"\n' "$libs" "$p" >"$PACK/run/$(basename "$p")"
+      chmod +x "$PACK/run/$(basename "$p")"
+      missing=$(LD_LIBRARY_PATH=$libs ldd "$p" 2>&1 | grep "not found" | tr -s ' \t' ' ' | tr '\n' ';')
       [[ -n "$missing" ]] && log "   $(basename "$p"): libraries not found: $missing"
     done
+    log "programs from the pack $PACK ($(head -1 "$PACK/MANIFEST" 2>/dev/null)); their LD_LIBRARY_PATH=$libs"
   else
     log "FAILED: no pack at '$PACK' (bench/device_pack.sh makes one; carry it)"
     status=1
