@@ -9,10 +9,11 @@
 #      (that machine's CPU is another) and without LibTorch:
 #      $SEGTAPE_PACK_BUILD (build-pack); cmake's own output in its pack.log
 #   2. stage the programs device_check.sh runs in bin/, and in lib/ every
-#      shared library they load here that is neither the C library's nor
-#      CUDA's (OpenBLAS, gfortran, quadmath, fmt, Open MPI, protobuf, the C++
-#      runtime): the CUDA libraries come from that machine (device_check.sh's
-#      LD_LIBRARY_PATH); a MANIFEST says what was built from which commit
+#      shared library they load here that is neither the C library's, the C++
+#      runtime's nor CUDA's (OpenBLAS, gfortran, quadmath, fmt, protobuf):
+#      the others come from that machine (device_check.sh's LD_LIBRARY_PATH);
+#      a MANIFEST says what was built from which commit, sources.sha256 from
+#      which files
 #   3. archive them as $SEGTAPE_PACK/segtape-pack.tgz (.device-pack, ignored by
 #      git), and refuse one over 56 MiB (the device tool carries 64 MiB with
 #      the working tree)
@@ -34,7 +35,9 @@ PROGRAMS=(tests/cuda_test tests/cuda_nn_test tests/gradcheck_test tests/packed_t
 
 mkdir -p "$BUILD"
 echo "device_pack: configuring $BUILD (Release, sm_90, no -march=native, no LibTorch)"
-cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSEGTAPE_NATIVE=OFF -DSEGTAPE_WITH_TORCH=OFF \
+# (no MPI: the check runs one process, and Open MPI's libraries would travel
+# with libevent, hwloc and udev, built against this machine's glibc)
+cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSEGTAPE_NATIVE=OFF -DSEGTAPE_WITH_TORCH=OFF -DSEGTAPE_WITH_MPI=OFF \
   -DSEGTAPE_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >"$BUILD/pack.log" 2>&1 ||
   { tail -n 20 "$BUILD/pack.log"; echo "device_pack: configure failed ($BUILD/pack.log)" >&2; exit 1; }
 grep -q "CUDA backend on" "$BUILD/pack.log" ||
@@ -50,9 +53,11 @@ rm -rf "$STAGE"
 mkdir -p "$STAGE/bin" "$STAGE/lib"
 for p in "${PROGRAMS[@]}"; do cp "$BUILD/$p" "$STAGE/bin/"; done
 # The libraries each program loads here, but for the C library's (libc, libm,
-# libpthread, libdl, librt, the loader) and CUDA's (found there).
+# libpthread, libdl, librt, the loader), the C++ runtime's (that machine's,
+# newer, serves these programs; Debian 12's needs glibc 2.36) and CUDA's
+# (found there).
 cuda='^(libcuda\.so|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink|libcufft|libcurand)'
-skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so)'
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s)'
 for p in "$STAGE"/bin/*; do
   ldd "$p" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }'
 done | sort -u | while read -r name path; do
@@ -67,6 +72,10 @@ done
   echo "CUDA libraries the programs load from that machine:"
   for p in "$STAGE"/bin/*; do ldd "$p" | awk '{ print $1 }'; done | sort -u | grep -E "$cuda" | sed 's/^/  /'
 } >"$STAGE/MANIFEST"
+# The sources the programs were built from: device_check.sh refuses a pack
+# that another tree's sources built (a stale pack tests old code).
+(cd "$ROOT" && git ls-files -- engine nn agent tests bench cmake CMakeLists.txt | grep -vE '\.(md|sh|py)$' |
+  xargs sha256sum) >"$STAGE/sources.sha256"
 # One gzip archive (OpenBLAS alone is 35 MiB unpacked): tar and gzip are on every machine.
 rm -rf "$PACK"
 mkdir -p "$PACK"
