@@ -799,9 +799,10 @@ SegmentResult Trainer::graph_segment(int64_t n) {
     const auto encoded = [&](int64_t i) { return policy_->encode(observation(row(ahead_tokens_, i, B), row(ahead_vectors_, i, B * D))); };
     // graph_sequence_: the recurrence of the n steps as one gru_sequence (the
     // fused kernel), the resets inside it (keep), the encoder step by step,
-    // and the head and the loss over all n steps at once: one product of
-    // [n B, hidden] rows, whose logits reach the host in one copy, and the
-    // steps' mean cross-entropies as one weighted sum of log-probabilities.
+    // and the head over all n steps at once: one product of [n B, hidden]
+    // rows, whose logits reach the host in one copy; the loss, the sum of
+    // the steps' mean cross-entropies, one cross-entropy over the rows where
+    // the target steps' counts agree (one_loss), else each step's on its rows.
     // Otherwise the eager segment's ops, step by step.
     Tensor loss;
     if (graph_sequence_) {
