@@ -278,7 +278,7 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
           p.seq_encoded[size_t(i)] = policy_->encode(input(t0 + i));
           for (size_t j = 0; j < Bm; ++j)  // the state entering step i is reset where step i - 1 ended an episode
             p.seq_keep[size_t(i) * Bm + j] = i > 0 && p.done[size_t(t0 + i - 1) * B + size_t(streams[j])] ? 0.0f : 1.0f;
-          tape_->next_step();
+          if (i + 1 < len) tape_->next_step();  // (the sequence and what follows it: the last step)
         }
         const Tensor e = concat(std::span<const Tensor>(p.seq_encoded.data(), size_t(len)), 0);
         const Tensor states = policy_->recur_sequence(reshape(e, {len, mb, e.dim(1)}), h0,
@@ -294,6 +294,7 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
           host_terms(t0 + i, p.seq_rows.data() + at * A, p.seq_values.data() + at, p.seq_weights.data() + at * A, p.seq_returns.data() + at);
         }
         seg.backward(loss_of(lp, v, std::span<const float>(p.seq_weights).first(rows * A), std::span<const float>(p.seq_returns).first(rows)));
+        tape_->next_step();
         for (size_t i = 0; i < size_t(len); ++i) p.seq_encoded[i] = Tensor{};
       }
       r.segment_peak = std::max(r.segment_peak, tape_->stats().last_segment_peak);

@@ -806,7 +806,11 @@ SegmentResult Trainer::graph_segment(int64_t n) {
     // Otherwise the eager segment's ops, step by step.
     Tensor loss;
     if (graph_sequence_) {
-      for (int64_t i = 0; i < n; ++i) ahead_encoded_[size_t(i)] = encoded(i);
+      // (tape steps label the encoders step by step, the sequence and what follows it the last step)
+      for (int64_t i = 0; i < n; ++i) {
+        ahead_encoded_[size_t(i)] = encoded(i);
+        if (i + 1 < n) tape_->next_step();
+      }
       const Tensor e = concat(std::span<const Tensor>(ahead_encoded_.data(), size_t(n)), 0);
       const Tensor states = policy_->recur_sequence(reshape(e, {n, B, e.dim(1)}), h_,
                                                     tape_->from(std::span<const float>(row(ahead_keep_, 0, n * B)), {n, B}));
@@ -828,7 +832,7 @@ SegmentResult Trainer::graph_segment(int64_t n) {
       else logits.to_host(std::span<float>(host_all_).first(size_t(n * B * A)));  // (an eager segment may read)
       h_ = reset_finished(reshape(slice(states, 0, n - 1, 1), {B, config_.hidden}), row(ahead_done_, n - 1, B), reset_mask_);
       step_ += n;
-      for (int64_t i = 0; i < n; ++i) tape_->next_step();
+      tape_->next_step();
     }
     for (int64_t i = 0; i < n && !graph_sequence_; ++i, ++step_, tape_->next_step()) {
       h_ = feature(encoded(i));
