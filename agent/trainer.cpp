@@ -749,6 +749,7 @@ SegmentResult Trainer::graph_segment(int64_t n) {
   // as step by step), so only c, not which steps have targets, is an op.
   uint64_t key = 0xcbf29ce484222325ull ^ uint64_t(n);
   int64_t target_steps = 0, count = -1;  // count: c, or 0 where the steps' counts differ
+  bool reset = false;                    // (the step's: after the loop, the last step's)
   for (int64_t i = 0; i < n; ++i) {
     ahead_->observe(row(ahead_tokens_, i, B), row(ahead_vectors_, i, B * D));
     ahead_->targets(row(ahead_targets_, i, B));
@@ -762,17 +763,12 @@ SegmentResult Trainer::graph_segment(int64_t n) {
       count = count < 0 || count == c ? c : 0;
       ++target_steps;
     }
-    const bool reset = (!graph_sequence_ || i == n - 1) && std::any_of(dn.begin(), dn.end(), [](uint8_t d) { return d != 0; });
+    reset = (!graph_sequence_ || i == n - 1) && std::any_of(dn.begin(), dn.end(), [](uint8_t d) { return d != 0; });
     key = (key ^ (uint64_t(target) | uint64_t(reset) << 1)) * 0x100000001b3ull;
   }
   const bool one_loss = graph_sequence_ && count > 0;  // (the loss as one cross-entropy)
-  if (one_loss) {  // the pattern again, without the target steps: the resets and c
-    key = 0xcbf29ce484222325ull ^ uint64_t(n) ^ uint64_t(count) << 32;
-    for (int64_t i = 0; i < n; ++i) {
-      const auto dn = row(ahead_done_, i, B);
-      key = (key ^ uint64_t(i == n - 1 && std::any_of(dn.begin(), dn.end(), [](uint8_t d) { return d != 0; })) << 1) * 0x100000001b3ull;
-    }
-  }
+  if (one_loss)  // the pattern without the target steps: n, c and whether the last step resets
+    key = (0xcbf29ce484222325ull ^ uint64_t(n) ^ uint64_t(count) << 32 ^ uint64_t(reset) << 31) * 0x100000001b3ull;
   key |= 1;  // (0: none)
   // A pattern the graphs do not hold runs eagerly; one that repeats (the
   // same as the last segment's) replaces them.
@@ -884,7 +880,7 @@ SegmentResult Trainer::graph_segment(int64_t n) {
     }
     // The step's mean cross-entropy, from its logits on the host (the loss was one sum over the steps)
     double step_loss = 0;
-    int64_t count = 0;
+    int64_t targets = 0;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t y = targets_[size_t(b)];
       if (y == kNoTarget) continue;
@@ -893,9 +889,9 @@ SegmentResult Trainer::graph_segment(int64_t n) {
       double z = 0;
       for (int64_t a = 0; a < A; ++a) z += std::exp(double(l[a]) - top);
       step_loss += top + std::log(z) - double(l[y]);
-      ++count;
+      ++targets;
     }
-    r.loss_sum += step_loss / double(count);
+    r.loss_sum += step_loss / double(targets);
   }
   return r;
 }
