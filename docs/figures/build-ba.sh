@@ -10,3 +10,18 @@ build_ba() {
   [[ -f "$dir/build-ba/CMakeCache.txt" ]] || cmake -S "$dir" -B "$dir/build-ba" "${flags[@]}" >/dev/null
   cmake --build "$dir/build-ba" -j2 --target "$@" >/dev/null
 }
+
+# The one option of threads.sh and inference-floor.sh:
+#   parse_rounds NAME DEFAULT "$@"   sets rounds from --rounds N (DEFAULT
+#   without it); any other argument ends the script with an error naming NAME
+parse_rounds() {
+  local name="$1"
+  rounds="$2"
+  shift 2
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --rounds) rounds="$2"; shift 2 ;;
+      *) echo "$name: unknown argument $1" >&2; exit 2 ;;
+    esac
+  done
+}

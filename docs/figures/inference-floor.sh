@@ -10,14 +10,8 @@
 # LibTorch, no tests), as docs/figures/before-after.sh makes it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-rounds=9
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --rounds) rounds="$2"; shift 2 ;;
-    *) echo "inference-floor.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
 source docs/figures/build-ba.sh
+parse_rounds inference-floor.sh 9 "$@"
 build_ba . loop_bench read_floor
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 out=$(mktemp)

@@ -9,14 +9,8 @@
 # LibTorch, no tests), as docs/figures/before-after.sh makes it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-rounds=7
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --rounds) rounds="$2"; shift 2 ;;
-    *) echo "threads.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
 source docs/figures/build-ba.sh
+parse_rounds threads.sh 7 "$@"
 build_ba . loop_bench
 # B H inference segments
 cases=("1 128 0 200" "1 128 1 200" "32 128 0 40")
