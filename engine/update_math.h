@@ -42,13 +42,30 @@ struct AdamScalars {
   bool decoupled, coupled;
 };
 
-// Double-precision pow and sqrt on the host (std::) and on the device (CUDA's).
-SEGTAPE_HD double update_pow(double a, double b) {
+// The bias corrections' double arithmetic, rounded the same way on the host
+// and on the device, so that the capturable adam_step (its scalars computed
+// by every thread from the step tensor) equals the one given the count from
+// the host bit for bit: each product rounded on its own (nvcc, and g++ where
+// the target has FMA, would otherwise fuse a product into the subtraction
+// that follows it), and beta^t by squaring, the same multiplications in both
+// places (CUDA's pow and the C library's may differ in the last bit).
+SEGTAPE_HD double update_mul(double a, double b) {
 #if defined(__CUDA_ARCH__)
-  return ::pow(a, b);
+  return __dmul_rn(a, b);
 #else
-  return std::pow(a, b);
+  volatile double r = a * b;  // (stored: not fused into what follows)
+  return r;
 #endif
+}
+// a^t for a whole t >= 0 (a step count), by squaring: within a few units in
+// the last place of the correctly rounded power for any count a run reaches.
+SEGTAPE_HD double update_pow(double a, double t) {
+  double r = 1, base = a;
+  for (uint64_t n = uint64_t(t); n; n >>= 1) {
+    if (n & 1) r = update_mul(r, base);
+    if (n > 1) base = update_mul(base, base);
+  }
+  return r;
 }
 SEGTAPE_HD double update_sqrt_d(double x) {
 #if defined(__CUDA_ARCH__)
@@ -65,7 +82,7 @@ template <class T>
 SEGTAPE_HD AdamScalars<T> adam_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
                                        bool decoupled, double t) {
   const double bc1 = 1 - update_pow(beta1, t), bc2 = 1 - update_pow(beta2, t);
-  return {T(1 - lr * weight_decay), T(weight_decay), T(beta1), T(beta2), T(1 - beta1), T(1 - beta2),
+  return {T(1 - update_mul(lr, weight_decay)), T(weight_decay), T(beta1), T(beta2), T(1 - beta1), T(1 - beta2),
           T(update_sqrt_d(bc2)),    T(eps),          T(-(lr / bc1)),
           decoupled,                !decoupled && weight_decay != 0};
 }

@@ -555,6 +555,10 @@ TEST(CudaTraining, CapturableAdamInsideAGraphSegmentReplays) {
   EXPECT_EQ(train(Device::cpu(), false, Optim::AdamCapturable).loss, train(Device::cpu(), false, Optim::AdamHostCount).loss);
   REQUIRE_GPU();
   const Curve eager = train(Device::cuda(), false, Optim::AdamCapturable, true);
+  // On the device too: the kernel's scalars from the count on the device are
+  // the host's (update_math.h computes both with the same roundings, no pow).
+  EXPECT_EQ(eager.loss, train(Device::cuda(), false, Optim::AdamHostCount, true).loss)
+      << "the capturable clip and Adam equal the host count's on the device, bit for bit";
   for (int s = 0; s < kSegments; ++s)
     EXPECT_NEAR(eager.loss[size_t(s)], host.loss[size_t(s)], 1e-4 * std::max(1.0, std::fabs(host.loss[size_t(s)])))
         << "segment " << s;

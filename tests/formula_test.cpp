@@ -4,13 +4,16 @@
 // (the host-emulated device computes with the CPU's math, so it cannot see one).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 
 #include "cpu/vmath.h"
 #include "ops/device_math.h"
 #include "ops/elementwise.h"
+#include "update_math.h"
 
 namespace segtape {
 namespace {
@@ -106,6 +109,31 @@ TEST(Formulas, DeviceSigmoidIsTheLogisticFunction) {
   EXPECT_DOUBLE_EQ(ops::DeviceMath::sigmoid(0.0), 0.5);
   EXPECT_NEAR(ops::DeviceMath::sigmoid(2.0), 1.0 / (1.0 + std::exp(-2.0)), 1e-15);
   EXPECT_NEAR(ops::DeviceMath::sigmoid(-2.0f), 1.0f / (1.0f + std::exp(2.0f)), 1e-7f);
+}
+
+
+// Adam's bias corrections take beta^t by squaring (update_math.h), the same
+// multiplications on the host and in the capturable kernel. Squaring carries
+// beta's rounding into beta^t t times over (relative error about t 2^-53),
+// but the bias correction 1 - beta^t, the number Adam uses, stays within
+// 2^-53 / (1 - beta) of the C library's relative to itself (x e^-x / (1 - e^-x)
+// <= 1 at x = t (1 - beta)): 1.1e-12 at beta 0.9999, nine orders of magnitude
+// below float32's resolution. Measured here as a multiple of that bound.
+TEST(Formulas, AdamBiasCorrectionBySquaringIsTheLibrarysWithinItsBound) {
+  constexpr double u = 0x1p-53;
+  double worst = 0;
+  for (const double beta : {0.9, 0.999, 0.99, 0.95, 0.5, 0.9999}) {
+    EXPECT_EQ(detail::update_pow(beta, 0), 1.0);
+    EXPECT_EQ(detail::update_pow(beta, 1), beta);
+    for (double t = 1; t <= 1e7; t = t < 5000 ? t + 1 : std::floor(t * 1.37)) {
+      const double got = 1 - detail::update_pow(beta, t), want = 1 - std::pow(beta, t);
+      const double k = std::fabs(got - want) / want / (u / (1 - beta));
+      worst = std::max(worst, k);
+      ASSERT_LE(k, 2.0) << "1 - " << beta << "^" << t << ": " << got << " against " << want;
+    }
+  }
+  std::printf("1 - beta^t by squaring: within %.3f x 2^-53 / (1 - beta) of the C library's\n", worst);
+  EXPECT_EQ(detail::update_mul(0.1, 3.0), 0.1 * 3.0);
 }
 
 }  // namespace
