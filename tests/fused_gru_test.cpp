@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "cuda/fused_gru.h"
@@ -23,8 +24,9 @@ namespace fz = segtape::cuda::fused;
 
 namespace {
 
-// An H200's limits: 227 KiB of opt-in shared memory per block, clusters of 8.
-const fz::Limits kH200{232448, 8, true};
+// An H200's limits: 227 KiB of opt-in shared memory per block, clusters of
+// 8, 132 multiprocessors.
+const fz::Limits kH200{232448, 8, true, 132};
 
 // Lane 0's value after the kernels' butterfly (lane l adds lane l ^ o's value).
 double butterfly(std::vector<double> v, int S) {
@@ -91,87 +93,94 @@ Result cpu_reference(const Problem& p) {
 // kernels simulated block by block and the GEMMs around them written out.
 Result simulate(const Problem& p, const fz::Plan& plan) {
   const int64_t T = p.T, B = p.B, I = p.I, H = p.H, R = 3 * H;
+  EXPECT_EQ(plan.G * plan.Bg, B) << "the clusters' rows are the batch";
   std::vector<double> gi(size_t(T * B * R), 0), y(size_t(T * B * H)), saved(size_t(T * B * 4 * H));
   for (int64_t row = 0; row < T * B; ++row)  // gi = x W_ih^T over all steps (one GEMM)
     for (int64_t r = 0; r < R; ++r)
       for (int64_t i = 0; i < I; ++i) gi[size_t(row * R + r)] += p.x[size_t(row * I + i)] * p.w_ih[size_t(r * I + i)];
-  fz::Args<double> a{};
-  a.steps = T, a.B = B, a.H = H, a.Hs = plan.Hs, a.S = plan.S;
-  a.gi = gi.data(), a.w_hh = p.w_hh.data(), a.b_ih = p.b_ih.data(), a.b_hh = p.b_hh.data(), a.h0 = p.h0.data();
-  a.y = y.data(), a.saved = saved.data();
-  a.keep = p.keep.empty() ? nullptr : p.keep.data();
+  std::vector<double> dgi(size_t(T * B * R), NAN), dgh(size_t(T * B * R), NAN), dh0(size_t(B * H), NAN), hk(size_t(T * B * H), NAN);
+  std::fill(y.begin(), y.end(), NAN);
+  fz::Args<double> all{};  // the whole batch's, as gru_sequence.cpp passes them
+  all.steps = T, all.B = plan.Bg, all.ld = B, all.H = H, all.Hs = plan.Hs, all.S = plan.S;
+  all.gi = gi.data(), all.w_hh = p.w_hh.data(), all.b_ih = p.b_ih.data(), all.b_hh = p.b_hh.data(), all.h0 = p.h0.data();
+  all.y = y.data(), all.saved = saved.data();
+  all.keep = p.keep.empty() ? nullptr : p.keep.data();
+  all.gout = p.gout.data(), all.dgi = dgi.data(), all.dgh = dgh.data(), all.dh0 = dh0.data();
+  all.hk = all.keep ? hk.data() : nullptr;
   const int C = plan.C, S = plan.S;
-  const int64_t outs = B * plan.Hs;  // outputs per block
-  std::vector<std::vector<double>> sm(static_cast<size_t>(C));
-  auto remote = [&](int rank) -> const double* { return sm[size_t(rank)].data(); };
-  auto who = [&](int c, int64_t o, int lane) { return fz::who(a, c, int(o * S + lane)); };
+  const int64_t outs = plan.Bg * plan.Hs;  // outputs per block
+  // The clusters one after the other (they share nothing: any order is theirs)
+  for (int g = plan.G - 1; g >= 0; --g) {
+    fz::Args<double> a = fz::group_args(all, g);
+    std::vector<std::vector<double>> sm(static_cast<size_t>(C));
+    auto remote = [&](int rank) -> const double* { return sm[size_t(rank)].data(); };
+    auto who = [&](int c, int64_t o, int lane) { return fz::who(a, c, int(o * S + lane)); };
 
-  // forward
-  for (int c = 0; c < C; ++c) {
-    sm[size_t(c)].assign(size_t(std::max(fz::FwdSmem(B, H, plan.Hs, S).total, fz::BwdSmem(B, H, plan.Hs, S).total)), NAN);
-    fz::fwd_load(a, sm[size_t(c)].data(), c, 0, 1);
-  }
-  // Block c's work of step t before the step's barrier (publishes into slot `buf`).
-  auto fwd_compute = [&](int c, int64_t t, int buf) {
-    for (int64_t o = 0; o < outs; ++o) {
-      std::vector<double> part[3];
-      for (int lane = 0; lane < S; ++lane) {
-        double acc[3];
-        fz::fwd_partial(a, sm[size_t(c)].data(), who(c, o, lane), acc);
-        for (int g = 0; g < 3; ++g) part[g].push_back(acc[g]);
+    // forward
+    for (int c = 0; c < C; ++c) {
+      sm[size_t(c)].assign(size_t(std::max(fz::FwdSmem(a.B, H, plan.Hs, S).total, fz::BwdSmem(a.B, H, plan.Hs, S).total)), NAN);
+      fz::fwd_load(a, sm[size_t(c)].data(), c, 0, 1);
+    }
+    // Block c's work of step t before the step's barrier (publishes into slot `buf`).
+    auto fwd_compute = [&](int c, int64_t t, int buf) {
+      for (int64_t o = 0; o < outs; ++o) {
+        std::vector<double> part[3];
+        for (int lane = 0; lane < S; ++lane) {
+          double acc[3];
+          fz::fwd_partial(a, sm[size_t(c)].data(), who(c, o, lane), acc);
+          for (int k = 0; k < 3; ++k) part[k].push_back(acc[k]);
+        }
+        const double gh[3] = {butterfly(part[0], S), butterfly(part[1], S), butterfly(part[2], S)};
+        fz::fwd_finish(a, sm[size_t(c)].data(), who(c, o, 0), t, gh, buf);
       }
-      const double gh[3] = {butterfly(part[0], S), butterfly(part[1], S), butterfly(part[2], S)};
-      fz::fwd_finish(a, sm[size_t(c)].data(), who(c, o, 0), t, gh, buf);
+    };
+    // The barriers allow a block to run ahead: after step t's barrier, block 0
+    // gathers and computes step t + 1 (up to its next barrier) before any other
+    // block gathers step t; a slot or a barrier too few would show here.
+    for (int c = 0; c < C; ++c) fwd_compute(c, 0, 0);
+    for (int64_t t = 0; t < T; ++t) {
+      const int buf = int(t % 2);
+      fz::fwd_gather(a, sm[0].data(), t, 0, 1, buf, remote);
+      if (t + 1 < T) fwd_compute(0, t + 1, buf ^ 1);
+      for (int c = 1; c < C; ++c) fz::fwd_gather(a, sm[size_t(c)].data(), t, 0, 1, buf, remote);
+      for (int c = 1; c < C; ++c)
+        if (t + 1 < T) fwd_compute(c, t + 1, buf ^ 1);
     }
-  };
-  // The barriers allow a block to run ahead: after step t's barrier, block 0
-  // gathers and computes step t + 1 (up to its next barrier) before any other
-  // block gathers step t; a slot or a barrier too few would show here.
-  for (int c = 0; c < C; ++c) fwd_compute(c, 0, 0);
-  for (int64_t t = 0; t < T; ++t) {
-    const int buf = int(t % 2);
-    fz::fwd_gather(a, sm[0].data(), t, 0, 1, buf, remote);
-    if (t + 1 < T) fwd_compute(0, t + 1, buf ^ 1);
-    for (int c = 1; c < C; ++c) fz::fwd_gather(a, sm[size_t(c)].data(), t, 0, 1, buf, remote);
-    for (int c = 1; c < C; ++c)
-      if (t + 1 < T) fwd_compute(c, t + 1, buf ^ 1);
-  }
 
-  // backward
-  std::vector<double> dgi(size_t(T * B * R)), dgh(size_t(T * B * R)), dh0(size_t(B * H)), hk(size_t(T * B * H), NAN);
-  a.gout = p.gout.data(), a.dgi = dgi.data(), a.dgh = dgh.data(), a.dh0 = dh0.data();
-  a.hk = a.keep ? hk.data() : nullptr;
-  for (int c = 0; c < C; ++c) {  // NaN first: a read before backward's own write shows
-    std::fill(sm[size_t(c)].begin(), sm[size_t(c)].end(), NAN);
-    fz::bwd_load(a, sm[size_t(c)].data(), c, 0, 1);
-  }
-  std::vector<double> carry(size_t(C * outs), 0), direct(size_t(C * outs));
-  auto bwd_before = [&](int c, int64_t t, int buf) {  // before step t's barrier
-    for (int64_t o = 0; o < outs; ++o)
-      direct[size_t(c * outs + o)] = fz::bwd_gates(a, sm[size_t(c)].data(), who(c, o, 0), t, carry[size_t(c * outs + o)], buf);
-  };
-  auto bwd_after = [&](int c, int64_t t, int buf) {  // after it: gather, then the carried dh
-    fz::bwd_gather(a, sm[size_t(c)].data(), 0, 1, buf, remote);
-    for (int64_t o = 0; o < outs; ++o) {
-      std::vector<double> part;
-      for (int lane = 0; lane < S; ++lane) part.push_back(fz::bwd_partial(a, sm[size_t(c)].data(), who(c, o, lane)));
-      carry[size_t(c * outs + o)] = fz::bwd_carry(a, who(c, o, 0), t, direct[size_t(c * outs + o)], butterfly(part, S));
+    // backward
+    for (int c = 0; c < C; ++c) {  // NaN first: a read before backward's own write shows
+      std::fill(sm[size_t(c)].begin(), sm[size_t(c)].end(), NAN);
+      fz::bwd_load(a, sm[size_t(c)].data(), c, 0, 1);
     }
-  };
-  for (int c = 0; c < C; ++c) bwd_before(c, T - 1, 0);
-  for (int64_t t = T - 1, k = 0; t >= 0; --t, ++k) {  // block 0 runs ahead again
-    const int buf = int(k % 2);
-    bwd_after(0, t, buf);
-    if (t > 0) bwd_before(0, t - 1, buf ^ 1);
-    for (int c = 1; c < C; ++c) bwd_after(c, t, buf);
-    for (int c = 1; c < C; ++c)
-      if (t > 0) bwd_before(c, t - 1, buf ^ 1);
-  }
-  for (int c = 0; c < C; ++c)
-    for (int64_t o = 0; o < outs; ++o) {
-      const fz::Who w = who(c, o, 0);
-      dh0[size_t(w.b * H + w.j)] = carry[size_t(c * outs + o)];
+    std::vector<double> carry(size_t(C * outs), 0), direct(size_t(C * outs));
+    auto bwd_before = [&](int c, int64_t t, int buf) {  // before step t's barrier
+      for (int64_t o = 0; o < outs; ++o)
+        direct[size_t(c * outs + o)] = fz::bwd_gates(a, sm[size_t(c)].data(), who(c, o, 0), t, carry[size_t(c * outs + o)], buf);
+    };
+    auto bwd_after = [&](int c, int64_t t, int buf) {  // after it: gather, then the carried dh
+      fz::bwd_gather(a, sm[size_t(c)].data(), 0, 1, buf, remote);
+      for (int64_t o = 0; o < outs; ++o) {
+        std::vector<double> part;
+        for (int lane = 0; lane < S; ++lane) part.push_back(fz::bwd_partial(a, sm[size_t(c)].data(), who(c, o, lane)));
+        carry[size_t(c * outs + o)] = fz::bwd_carry(a, who(c, o, 0), t, direct[size_t(c * outs + o)], butterfly(part, S));
+      }
+    };
+    for (int c = 0; c < C; ++c) bwd_before(c, T - 1, 0);
+    for (int64_t t = T - 1, k = 0; t >= 0; --t, ++k) {  // block 0 runs ahead again
+      const int buf = int(k % 2);
+      bwd_after(0, t, buf);
+      if (t > 0) bwd_before(0, t - 1, buf ^ 1);
+      for (int c = 1; c < C; ++c) bwd_after(c, t, buf);
+      for (int c = 1; c < C; ++c)
+        if (t > 0) bwd_before(c, t - 1, buf ^ 1);
     }
+    for (int c = 0; c < C; ++c)  // as the kernel writes dh0: through the cluster's pointer
+      for (int64_t o = 0; o < outs; ++o) {
+        const fz::Who w = who(c, o, 0);
+        a.dh0[w.b * H + w.j] = carry[size_t(c * outs + o)];
+      }
+  }
+  const fz::Args<double>& a = all;
 
   // the GEMMs and column sums after the backward launch
   Result r;
@@ -213,31 +222,47 @@ void expect_same(const Result& got, const Result& want) {
   EXPECT_LE(rel_diff(got.db_hh, want.db_hh), 1e-10) << "db_hh";
 }
 
+// The clusters of an H200's plans (one per row where the multiprocessors
+// allow), and the same shapes as one cluster (a device of one multiprocessor:
+// every row in each block) and on 8 multiprocessors (rows and units split).
 TEST(FusedGru, SimulatedClusterEqualsTheCpuInFloat64) {
   struct Case {
     int64_t T, B, I, H;
-    int C, S;  // the plan expected for an H200
+    int C, S, G;  // the plan expected for an H200
   };
   const Case cases[] = {
-      {1, 1, 3, 8, 1, 32},     // one step, one block
-      {9, 1, 5, 128, 4, 32},   // the agent's (1, 128): 4 blocks of 32 units, a warp per output
-      {6, 32, 7, 128, 8, 2},   // (32, 128): 8 blocks, 2 lanes per output
-      {5, 11, 4, 3, 1, 16},    // 33 outputs of 16 lanes: 528 threads, rounded to whole warps on a GPU
-      {5, 11, 4, 6, 2, 16},    // 2 blocks of 3 units, 33 outputs each
-      {7, 3, 6, 40, 4, 32},    // 4 blocks of 10 units (8 would not give more lanes)
-      {4, 6, 5, 64, 8, 16},
+      {1, 1, 3, 8, 1, 32, 1},      // one step, one block
+      {9, 1, 5, 128, 4, 32, 1},    // the agent's (1, 128): 4 blocks of 32 units, a warp per output
+      {6, 32, 7, 128, 4, 32, 32},  // (32, 128): a cluster of 4 blocks per row
+      {5, 11, 4, 3, 1, 32, 11},    // 3 outputs of 32 lanes per cluster
+      {5, 11, 4, 6, 1, 32, 11},
+      {7, 3, 6, 40, 1, 16, 3},     // 40 outputs of 16 lanes: 640 threads
+      {4, 6, 5, 64, 1, 16, 6},
+      {4, 6, 5, 128, 4, 32, 6},
   };
-  for (const Case& k : cases) {
-    SCOPED_TRACE("T " + std::to_string(k.T) + ", B " + std::to_string(k.B) + ", I " + std::to_string(k.I) + ", H " +
-                 std::to_string(k.H));
-    const fz::Plan plan = fz::plan(k.B, k.H, sizeof(double), kH200);
-    ASSERT_TRUE(plan.use) << plan.why_not;
-    EXPECT_EQ(plan.C, k.C);
-    EXPECT_EQ(plan.S, k.S);
-    const Problem p = draw(k.T, k.B, k.I, k.H, unsigned(k.T * 1000 + k.H));
-    const Result want = cpu_reference(p), got = simulate(p, plan);
-    expect_same(got, want);
-  }
+  const fz::Limits one_cluster{kH200.smem, 8, true, 1}, eight{kH200.smem, 8, true, 8};
+  int split_both = 0;  // plans with several clusters of several blocks, each of several rows
+  for (const Case& k : cases)
+    for (const fz::Limits& lim : {kH200, one_cluster, eight}) {
+      SCOPED_TRACE("T " + std::to_string(k.T) + ", B " + std::to_string(k.B) + ", I " + std::to_string(k.I) + ", H " +
+                   std::to_string(k.H) + ", " + std::to_string(lim.sms) + " multiprocessors");
+      const fz::Plan plan = fz::plan(k.B, k.H, sizeof(double), lim);
+      ASSERT_TRUE(plan.use) << plan.why_not;
+      if (&lim == &kH200) {
+        EXPECT_EQ(plan.C, k.C);
+        EXPECT_EQ(plan.S, k.S);
+        EXPECT_EQ(plan.G, k.G);
+      }
+      if (lim.sms == 1) {
+        EXPECT_EQ(plan.G, 1);
+      }
+      EXPECT_LE(plan.G * plan.C, std::max(lim.sms, plan.C));
+      split_both += plan.G > 1 && plan.C > 1 && plan.Bg > 1;
+      const Problem p = draw(k.T, k.B, k.I, k.H, unsigned(k.T * 1000 + k.H));
+      const Result want = cpu_reference(p), got = simulate(p, plan);
+      expect_same(got, want);
+    }
+  EXPECT_GE(split_both, 1);
 }
 
 // Per-stream resets inside the launch (gru_sequence's keep): the simulated
@@ -254,25 +279,28 @@ TEST(FusedGru, SimulatedClusterWithResetsEqualsTheCpuInFloat64) {
   for (const Case& k : cases) {
     SCOPED_TRACE("T " + std::to_string(k.T) + ", B " + std::to_string(k.B) + ", I " + std::to_string(k.I) + ", H " +
                  std::to_string(k.H));
-    const fz::Plan plan = fz::plan(k.B, k.H, sizeof(double), kH200);
-    ASSERT_TRUE(plan.use) << plan.why_not;
-    Problem p = draw(k.T, k.B, k.I, k.H, unsigned(k.T * 77 + k.B));
-    std::mt19937 g(unsigned(k.H));
-    p.keep.resize(size_t(k.T * k.B));
-    for (int64_t t = 0; t < k.T; ++t)
-      for (int64_t b = 0; b < k.B; ++b) {
-        const unsigned u = g() % 8;
-        p.keep[size_t(t * k.B + b)] = u < 2 ? 0.0 : u == 2 ? 0.5 : 1.0;
-      }
-    p.keep[0] = 0;                                 // stream 0 starts from zero: h0 reaches nothing of it
-    p.keep[size_t((k.T - 1) * k.B + k.B - 1)] = 0;  // a reset in the last step
-    const Result want = cpu_reference(p), got = simulate(p, plan);
-    expect_same(got, want);
-    for (int64_t j = 0; j < k.H; ++j) EXPECT_EQ(got.dh0[size_t(j)], 0.0) << "dh0 of the stream reset at step 0, unit " << j;
-    // and the resets matter: without them the same problem gives other values
-    Problem plain = p;
-    plain.keep.clear();
-    EXPECT_GT(rel_diff(simulate(plain, plan).y, want.y), 1e-3);
+    for (const int sms : {kH200.sms, 1}) {
+      SCOPED_TRACE(std::to_string(sms) + " multiprocessors");
+      const fz::Plan plan = fz::plan(k.B, k.H, sizeof(double), {kH200.smem, 8, true, sms});
+      ASSERT_TRUE(plan.use) << plan.why_not;
+      Problem p = draw(k.T, k.B, k.I, k.H, unsigned(k.T * 77 + k.B));
+      std::mt19937 g(unsigned(k.H));
+      p.keep.resize(size_t(k.T * k.B));
+      for (int64_t t = 0; t < k.T; ++t)
+        for (int64_t b = 0; b < k.B; ++b) {
+          const unsigned u = g() % 8;
+          p.keep[size_t(t * k.B + b)] = u < 2 ? 0.0 : u == 2 ? 0.5 : 1.0;
+        }
+      p.keep[0] = 0;                                 // stream 0 starts from zero: h0 reaches nothing of it
+      p.keep[size_t((k.T - 1) * k.B + k.B - 1)] = 0;  // a reset in the last step
+      const Result want = cpu_reference(p), got = simulate(p, plan);
+      expect_same(got, want);
+      for (int64_t j = 0; j < k.H; ++j) EXPECT_EQ(got.dh0[size_t(j)], 0.0) << "dh0 of the stream reset at step 0, unit " << j;
+      // and the resets matter: without them the same problem gives other values
+      Problem plain = p;
+      plain.keep.clear();
+      EXPECT_GT(rel_diff(simulate(plain, plan).y, want.y), 1e-3);
+    }
   }
 }
 
@@ -280,19 +308,21 @@ TEST(FusedGru, PlanRunsFusedWhereTheWeightsFitAndSaysWhyNotElsewhere) {
   // issue 19's sizes in float32 on an H200
   const fz::Plan a = fz::plan(1, 128, 4, kH200), b = fz::plan(32, 128, 4, kH200);
   ASSERT_TRUE(a.use && b.use);
-  EXPECT_EQ(a.C, 4);
-  EXPECT_EQ(a.threads, 1024);
-  EXPECT_EQ(b.C, 8);
-  EXPECT_EQ(b.threads, 1024);
+  EXPECT_EQ(std::tuple(a.G, a.C, a.threads), std::tuple(1, 4, 1024));
+  EXPECT_EQ(std::tuple(b.G, b.Bg, b.C, b.threads), std::tuple(32, int64_t(1), 4, 1024));  // 128 of 132 multiprocessors
   EXPECT_LE(b.bwd_smem, kH200.smem);
+  const fz::Plan one = fz::plan(32, 128, 4, {kH200.smem, 8, true, 1});  // one cluster: every row in each block
+  EXPECT_EQ(std::tuple(one.G, one.Bg, one.C, one.S), std::tuple(1, int64_t(32), 8, 2));
   EXPECT_FALSE(fz::plan(64, 1024, 4, kH200).use);  // cuDNN's path
   EXPECT_FALSE(fz::plan(32, 512, 4, kH200).use);
   const fz::Plan big = fz::plan(1, 512, 4, kH200);  // W_hh 3 MiB: 384 KiB a block at 8
   EXPECT_FALSE(big.use);
   EXPECT_NE(big.why_not.find("W_hh (3145728 bytes)"), std::string::npos) << big.why_not;
-  const fz::Plan wide = fz::plan(1024, 64, 4, kH200);  // 1024 rows x 8 units per block > 1024 threads
+  const fz::Plan wide = fz::plan(1024, 64, 4, {kH200.smem, 8, true, 1});  // one cluster: 1024 rows x 8 units per block > 1024 threads
   EXPECT_FALSE(wide.use);
   EXPECT_NE(wide.why_not.find("1024 threads"), std::string::npos) << wide.why_not;
+  const fz::Plan rows = fz::plan(1024, 64, 4, kH200);  // 128 clusters of 8 rows
+  EXPECT_EQ(std::tuple(rows.use, rows.G, rows.Bg, rows.C), std::tuple(true, 128, int64_t(8), 1));
   const fz::Plan old = fz::plan(1, 128, 4, {232448, 8, false});
   EXPECT_FALSE(old.use);
   EXPECT_NE(old.why_not.find("compute capability 9.0"), std::string::npos) << old.why_not;
@@ -306,6 +336,8 @@ TEST(FusedGru, PlanRunsFusedWhereTheWeightsFitAndSaysWhyNotElsewhere) {
         const fz::Plan p = fz::plan(B, H, e, kH200);
         if (!p.use) continue;
         EXPECT_EQ(H % p.C, 0);
+        EXPECT_EQ(p.G * p.Bg, B);
+        EXPECT_LE(p.G * p.C, std::max(kH200.sms, p.C));
         EXPECT_EQ(p.S & (p.S - 1), 0);
         EXPECT_LE(p.threads, 1024);
         EXPECT_LE(std::max(p.fwd_smem, p.bwd_smem), kH200.smem);

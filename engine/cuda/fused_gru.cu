@@ -1,7 +1,8 @@
 // The fused GRU sequence's two persistent kernels (fused_gru.h has the
-// design and the per-thread work, shared with the host simulation). One
-// thread-block cluster; the blocks exchange h' (forward) and dgh (backward)
-// each step through distributed shared memory, one cluster barrier per step.
+// design and the per-thread work, shared with the host simulation). G
+// thread-block clusters, one per group of rows, independent of each other;
+// within one the blocks exchange h' (forward) and dgh (backward) each step
+// through distributed shared memory, one cluster barrier per step.
 // Thread-block clusters need sm_90: built for an older architecture the
 // kernels are empty, and plan() (Limits::sm90) never chooses them there.
 #include <cooperative_groups.h>
@@ -43,9 +44,16 @@ struct Thread {
 };
 #endif
 
+// This block's cluster's arguments: its group of rows (fused::group_args).
 template <class T>
-__global__ void __launch_bounds__(1024) fused_gru_forward_kernel(fused::Args<T> a) {
+__device__ fused::Args<T> cluster_args(const fused::Args<T>& all) {
+  return fused::group_args(all, int64_t(blockIdx.x / cg::this_cluster().num_blocks()));
+}
+
+template <class T>
+__global__ void __launch_bounds__(1024) fused_gru_forward_kernel(fused::Args<T> all) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const fused::Args<T> a = cluster_args(all);
   Thread<T> th(a);
   auto remote = [&](int rank) { return th.remote(rank); };
   fused::fwd_load(a, th.sm, th.c, th.tid, th.n);
@@ -68,8 +76,9 @@ __global__ void __launch_bounds__(1024) fused_gru_forward_kernel(fused::Args<T> 
 }
 
 template <class T>
-__global__ void __launch_bounds__(1024) fused_gru_backward_kernel(fused::Args<T> a) {
+__global__ void __launch_bounds__(1024) fused_gru_backward_kernel(fused::Args<T> all) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const fused::Args<T> a = cluster_args(all);
   Thread<T> th(a);
   auto remote = [&](int rank) { return th.remote(rank); };
   fused::bwd_load(a, th.sm, th.c, th.tid, th.n);
@@ -116,12 +125,12 @@ void allow_smem(Kernel<T> k, bool backward, size_t smem) {
   if (now) now->store(smem);
 }
 
-// The launch of one cluster of p.C blocks (blocks rounded up to whole warps).
+// The launch of p.G clusters of p.C blocks (blocks rounded up to whole warps).
 struct Launch {
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr[1]{};
   Launch(const fused::Plan& p, size_t smem, cudaStream_t s) {
-    cfg.gridDim = dim3(unsigned(p.C));
+    cfg.gridDim = dim3(unsigned(p.G * p.C));
     cfg.blockDim = dim3(unsigned((p.threads + 31) / 32 * 32));
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;

@@ -2,8 +2,11 @@
 // shapes fit): the recurrence of a whole segment in one persistent launch
 // forward and one in reverse, W_hh held in shared memory across the steps.
 //
-// Layout. One thread-block cluster of C blocks (C in 1, 2, 4, 8); block c owns
-// hidden units [c Hs, (c + 1) Hs), Hs = H / C. Each (row b, unit j) is one
+// Layout. G thread-block clusters of C blocks each (C in 1, 2, 4, 8). The
+// rows are independent until the weight gradients (GEMMs after the launch),
+// so cluster g takes the Bg rows [g Bg, (g + 1) Bg) of the B, B = G Bg, with
+// no exchange between clusters; within a cluster block c owns hidden units
+// [c Hs, (c + 1) Hs), Hs = H / C. Each (row b, unit j) is one
 // output, computed by a group of S lanes (S a power of two <= 32) that split
 // the dot product's terms (lane l takes the terms l, l + S, ...) and sum them
 // by a butterfly (lane l adds lane l ^ o's partial, o = S/2 .. 1).
@@ -31,6 +34,7 @@
 // of the whole cluster, tests/fused_gru_test.cpp, in every build) and for the
 // kernels (fused_gru.cu). Compiled by g++ (C++20) and nvcc (C++17).
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -44,21 +48,25 @@ namespace segtape::cuda::fused {
 // Where the fused kernels run, and why not elsewhere.
 struct Plan {
   bool use = false;
-  int C = 0;              // blocks in the cluster
+  int C = 0;              // blocks in a cluster
   int64_t Hs = 0;         // hidden units per block
   int S = 0;              // lanes per output
-  int threads = 0;        // per block: B Hs S
+  int threads = 0;        // per block: Bg Hs S
   size_t fwd_smem = 0;    // dynamic shared memory per block (bytes)
   size_t bwd_smem = 0;
+  int G = 1;              // clusters, one per group of rows
+  int64_t Bg = 0;         // rows per cluster (B = G Bg)
   std::string why_not;    // when !use: the first limit that failed
 };
 
 // Limits of the device: `smem` the opt-in shared memory per block, `cluster`
-// the largest cluster (8 is portable), `sm90`: compute capability >= 9.0.
+// the largest cluster (8 is portable), `sm90`: compute capability >= 9.0,
+// `sms` its multiprocessors (G C blocks at most, one wave; 1: one cluster).
 struct Limits {
   size_t smem = 0;
   int cluster = 8;
   bool sm90 = false;
+  int sms = 1;
 };
 
 // Padded row lengths: with S < 32 lanes per output, the rows of one warp's
@@ -89,9 +97,19 @@ inline bool off_by_env() {
   return v && v[0] == '0' && v[1] == '\0';
 }
 
-// The cluster size, lanes and shared memory for [B, H] in elements of `elem`
-// bytes. Chooses the C (dividing H) that gives the most lanes per output,
-// the smallest such C on a tie.
+// A block's step below which the plan splits the units over no more blocks:
+// Bg Hs outputs of 3H terms each, every term two reads of shared memory.
+// Rows split over clusters for free (they never meet), units over the
+// blocks of a cluster at a barrier and a gather per step. 32 outputs of 384
+// terms, the (1, 128) plan on the H200 (9.8 us a training step there); a
+// choice, not a measured crossover.
+constexpr int64_t kBlockTerms = 32 * 384;
+
+// The clusters, their size, lanes and shared memory for [B, H] in elements
+// of `elem` bytes: as many clusters as there are rows, G C <= sms blocks
+// allowing (Bg the smallest divisor of B that does); then the smallest C
+// (dividing H) that brings a block's step to kBlockTerms, or the one with
+// the fewest terms; its lanes the most that Bg Hs S <= 1024 threads allow.
 inline Plan plan(int64_t B, int64_t H, size_t elem, const Limits& lim) {
   Plan best;
   best.why_not = "no CUDA device of compute capability 9.0 or later (thread-block clusters)";
@@ -101,16 +119,21 @@ inline Plan plan(int64_t B, int64_t H, size_t elem, const Limits& lim) {
   for (int C = 1; C <= 8 && C <= lim.cluster; C *= 2) {
     if (H % C) continue;
     const int64_t Hs = H / C;
-    if (B * Hs > 1024) continue;
-    int S = 32;
-    while (S > 1 && B * Hs * S > 1024) S /= 2;
-    const size_t f = size_t(FwdSmem(B, H, Hs, S).total) * elem, b = size_t(BwdSmem(B, H, Hs, S).total) * elem;
-    if (f > lim.smem || b > lim.smem) {
-      smem_failed = true;
-      continue;
+    for (int64_t Bg = 1; Bg <= B; ++Bg) {  // the fewest rows per cluster the device's blocks allow
+      const int64_t G = B / Bg;
+      if (B % Bg || (G > 1 && G * C > lim.sms)) continue;
+      if (Bg * Hs > 1024) break;
+      int S = 32;
+      while (S > 1 && Bg * Hs * S > 1024) S /= 2;
+      const size_t f = size_t(FwdSmem(Bg, H, Hs, S).total) * elem, b = size_t(BwdSmem(Bg, H, Hs, S).total) * elem;
+      if (f > lim.smem || b > lim.smem) {
+        smem_failed = true;
+        break;
+      }
+      const auto terms = [&](int64_t bg, int64_t hs) { return std::max(bg * hs * 3 * H, kBlockTerms); };
+      if (!best.use || terms(Bg, Hs) < terms(best.Bg, best.Hs)) best = Plan{true, C, Hs, S, int(Bg * Hs * S), f, b, int(G), Bg, {}};
+      break;
     }
-    if (best.use && S <= best.S) continue;
-    best = Plan{true, C, Hs, S, int(B * Hs * S), f, b, {}};
   }
   if (!best.use && smem_failed)
     best.why_not = "W_hh (" + std::to_string(3 * H * H * int64_t(elem)) + " bytes) with the state does not fit the shared memory of " +
@@ -119,10 +142,13 @@ inline Plan plan(int64_t B, int64_t H, size_t elem, const Limits& lim) {
 }
 
 // What the kernels read and write. Device pointers (host pointers in the
-// simulation). Row-major: x-side tensors [T, B, *].
+// simulation). Row-major: x-side tensors [T, B, *]. One cluster's: B its
+// rows (the plan's Bg), ld the rows of each step in the tensors (the whole
+// batch), the pointers at its first row (group_args).
 template <class T>
 struct Args {
   int64_t steps, B, H;
+  int64_t ld;
   int64_t Hs;
   int S;
   const T* gi;    // [T, B, 3H] x W_ih^T (no bias)
@@ -142,10 +168,26 @@ struct Args {
   T* hk;          // [T, B, H] backward, with keep: the masked state entering each step (dW_hh's rows)
 };
 
+// Cluster g's arguments: the whole batch's (B = the rows of one cluster,
+// ld = all of them) moved to its first row, g B.
+template <class T>
+SEGTAPE_HD Args<T> group_args(Args<T> a, int64_t g) {
+  const int64_t b0 = g * a.B, H = a.H;
+  a.gi += b0 * 3 * H, a.h0 += b0 * H, a.y += b0 * H;
+  if (a.saved) a.saved += b0 * 4 * H;
+  if (a.gout) a.gout += b0 * H;
+  if (a.dgi) a.dgi += b0 * 3 * H;
+  if (a.dgh) a.dgh += b0 * 3 * H;
+  if (a.dh0) a.dh0 += b0 * H;
+  if (a.keep) a.keep += b0;
+  if (a.hk) a.hk += b0 * H;
+  return a;
+}
+
 // The factor on row b of the state entering step t.
 template <class T>
 SEGTAPE_HD T keep_at(const Args<T>& a, int64_t t, int64_t b) {
-  return a.keep ? a.keep[t * a.B + b] : T(1);
+  return a.keep ? a.keep[t * a.ld + b] : T(1);
 }
 
 // Thread tid of block c: its output o = tid / S -> (row b, unit j), lane tid % S.
@@ -196,7 +238,7 @@ SEGTAPE_HD void fwd_partial(const Args<T>& a, const T* sm, const Who& w, T acc[3
 template <class T>
 SEGTAPE_HD void fwd_finish(const Args<T>& a, T* sm, const Who& w, int64_t t, const T gh[3], int buf) {
   const FwdSmem L(a.B, a.H, a.Hs, a.S);
-  const int64_t H = a.H, j = w.j, row = t * a.B + w.b;
+  const int64_t H = a.H, j = w.j, row = t * a.ld + w.b;
   const T* gir = a.gi + row * 3 * H;
   const T r = sigmoid<T>(gir[j] + a.b_ih[j] + gh[0] + a.b_hh[j]);
   const T z = sigmoid<T>(gir[H + j] + a.b_ih[H + j] + gh[1] + a.b_hh[H + j]);
@@ -244,10 +286,10 @@ SEGTAPE_HD void bwd_load(const Args<T>& a, T* sm, int c, int tid, int n) {
 template <class T>
 SEGTAPE_HD T bwd_gates(const Args<T>& a, T* sm, const Who& w, int64_t t, T carry, int buf) {
   const BwdSmem L(a.B, a.H, a.Hs, a.S);
-  const int64_t H = a.H, j = w.j, row = t * a.B + w.b;
+  const int64_t H = a.H, j = w.j, row = t * a.ld + w.b;
   const T* S = a.saved + row * 4 * H;
   const T r = S[j], z = S[H + j], n = S[2 * H + j], hn = S[3 * H + j];
-  const T hp = (t > 0 ? a.y[(row - a.B) * H + j] : a.h0[w.b * H + j]) * keep_at(a, t, w.b);
+  const T hp = (t > 0 ? a.y[(row - a.ld) * H + j] : a.h0[w.b * H + j]) * keep_at(a, t, w.b);
   if (a.hk) a.hk[row * H + j] = hp;
   const T g = a.gout[row * H + j] + carry;
   const T dn = g * (T(1) - z) * (T(1) - n * n);

@@ -119,11 +119,12 @@ Blocks blocks(const GruPlan& p, const Node& nd) {
 // ---- the fused path
 size_t arena_bytes(int64_t n, DType d) { return align_up(size_t(n) * dtype_size(d)); }
 
+// The whole batch's arguments, B the plan's rows per cluster (fused_gru.h).
 template <class T>
-fused::Args<T> fused_args(const Node& n, int64_t Hs, int S) {
+fused::Args<T> fused_args(const Node& n, const fused::Plan& p) {
   const Tensor &x = n.in[0], &h0 = n.in[1];
   fused::Args<T> a{};
-  a.steps = x.dim(0), a.B = x.dim(1), a.H = h0.dim(1), a.Hs = Hs, a.S = S;
+  a.steps = x.dim(0), a.B = p.Bg, a.ld = x.dim(1), a.H = h0.dim(1), a.Hs = p.Hs, a.S = p.S;
   a.w_hh = static_cast<const T*>(n.in[3].ptr);
   a.b_ih = static_cast<const T*>(n.in[4].ptr);
   a.b_hh = static_cast<const T*>(n.in[5].ptr);
@@ -168,7 +169,7 @@ void fused_forward(CudaBackend& be, Tape& tape, Node& n, const fused::Plan& p) {
   if (keep) be.copy(keep, keep_src, size_t(T * B) * dtype_size(x.dtype), detail::Backend::Copy::DeviceToDevice);
   if (!be.issue(detail::op_signature(n, nullptr, nullptr), "gru_sequence")) return;
   detail::dispatch(x.dtype, [&]<class E>() {
-    fused::Args<E> a = fused_args<E>(n, p.Hs, p.S);
+    fused::Args<E> a = fused_args<E>(n, p);
     a.gi = static_cast<const E*>(gi);
     a.keep = static_cast<const E*>(keep);
     be.gemm(false, true, T * B, 3 * H, I, E(1), static_cast<const E*>(x.ptr), I, static_cast<const E*>(n.in[2].ptr), I, E(0),
@@ -192,7 +193,7 @@ void fused_backward(CudaBackend& be, Tape& tape, const Node& n, const void* gout
   if (!be.issue(detail::op_signature(n, gout, &dst), "gru_sequence backward")) return;
   const cudaStream_t s = be.stream();
   detail::dispatch(x.dtype, [&]<class E>() {
-    fused::Args<E> a = fused_args<E>(n, p.Hs, p.S);
+    fused::Args<E> a = fused_args<E>(n, p);
     a.gout = static_cast<const E*>(gout);
     a.dgi = static_cast<E*>(dgi), a.dgh = static_cast<E*>(dgh), a.dh0 = static_cast<E*>(dh0);
     a.keep = saved_keep<E>(n), a.hk = static_cast<E*>(hk);
@@ -219,18 +220,22 @@ void fused_backward(CudaBackend& be, Tape& tape, const Node& n, const void* gout
 }  // namespace
 
 fused::Plan fused::device_plan(int64_t B, int64_t H, size_t elem) {
-  int dev = 0, major = 0, smem = 0;
+  int dev = 0, major = 0, smem = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
     (void)cudaGetLastError();  // not sticky: clear it
     Plan none;
     none.why_not = "the CUDA device cannot be queried";
     return none;
   }
-  Plan p = plan(B, H, elem, {size_t(smem), 8, major >= 9});
+  Plan p = plan(B, H, elem, {size_t(smem), 8, major >= 9, sms});
   if (p.use) {  // fits the limits: can this build's kernels run it here?
     std::string why = fused_gru_unusable(p, elem);
-    if (!why.empty()) p = Plan{false, 0, 0, 0, 0, 0, 0, std::move(why)};
+    if (!why.empty()) {
+      p = Plan{};
+      p.why_not = std::move(why);
+    }
   }
   return p;
 }
