@@ -14,7 +14,8 @@
 //                      graph); and torch::nn::GRU over the segment's K steps,
 //                      cuDNN's GRU, eager (cudnn-gru): PyTorch's fastest
 //                      way to train this model when a segment's inputs are
-//                      known up front
+//                      known up front, with cuDNN's TF32 default; and the
+//                      same with TF32 off (cudnn-gru-fp32), segtape's precision
 // The sequence modes compute the same loss (the sum over the K steps of
 // each step's mean cross-entropy, as K times the mean over all K B rows).
 // Each prints one CSV row per (mode, B, H):
@@ -35,6 +36,7 @@
 // times are not a benchmark of anything.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -81,7 +83,7 @@ size_t free_device_bytes() {
 using Clock = std::chrono::steady_clock;
 bool g_cpu = false;  // --device cpu
 
-enum class Mode { Eager, Graph, Sequence, SequenceGraph };
+enum class Mode { Eager, Graph, Sequence, SequenceGraph, SequenceFp32 };
 
 void row(const char* engine, const char* mode, int64_t B, int64_t H, double us, double peak, double reserved, double footprint,
          double loss) {
@@ -100,10 +102,10 @@ struct Model {
   Tensor h, loss;         // persistent: the carried state's start, the last segment's loss
   const Data& data;
   int64_t H;
-  Model(int64_t H_, const Data& d, bool graph)
+  Model(int64_t H_, const Data& d, bool graph, size_t budget)
       : tape(g_cpu ? Device::cpu() : Device::cuda(), [&] {
           TapeOptions o;
-          o.segment_budget = size_t(512) << 20;
+          o.segment_budget = budget;
           o.device_persistent = size_t(64) << 20;
           o.device_carry = size_t(4) << 20;
           o.device_workspace = size_t(32) << 20;
@@ -179,7 +181,11 @@ void run(int64_t B, int64_t H, int segments, Mode mode, const char* mode_label) 
   const size_t free_before = free_device_bytes();
   const bool graph = mode == Mode::Graph || mode == Mode::SequenceGraph;
   const bool sequence = mode == Mode::Sequence || mode == Mode::SequenceGraph;
-  Model m(H, data, graph);
+  // The segment's arena: 512 MiB, or for one gru_sequence 24 times its K B H
+  // outputs' bytes (at B 512, H 1024 its forward alone, cuDNN's reserve space
+  // and workspace, asked for 679 MiB, 10.6 times: 512 MiB was too little).
+  const size_t outputs = size_t(kK * B * H) * sizeof(float);
+  Model m(H, data, graph, std::max(size_t(512) << 20, sequence ? 24 * outputs : 0));
   const auto one = [&] { sequence ? m.sequence_segment() : m.segment(); };
   for (int s = 0; s < 4; ++s) one();  // warm-up (and, with graphs, the two captures)
   m.tape.synchronize();
@@ -248,8 +254,12 @@ struct Model {
   }
 };
 
+// cudnn-gru as PyTorch runs it by default (torch.backends.cudnn.allow_tf32:
+// TF32 tensor cores inside cuDNN's GRU), and with TF32 off: float32 FMA
+// math, the precision of every other row here (segtape's cuDNN calls ask
+// for CUDNN_FMA_MATH unless TapeOptions::allow_tf32).
 const std::vector<std::pair<Mode, const char*>> kModes = {
-    {Mode::Eager, "eager"}, {Mode::Graph, "graph"}, {Mode::Sequence, "cudnn-gru"}};
+    {Mode::Eager, "eager"}, {Mode::Graph, "graph"}, {Mode::Sequence, "cudnn-gru"}, {Mode::SequenceFp32, "cudnn-gru-fp32"}};
 
 void run(int64_t B, int64_t H, int segments, Mode mode, const char* name) {
   const bool graph = mode == Mode::Graph;
@@ -260,7 +270,13 @@ void run(int64_t B, int64_t H, int segments, Mode mode, const char* name) {
   c10::cuda::CUDACachingAllocator::emptyCache();
   const size_t free_before = free_device_bytes();
   c10::cuda::CUDACachingAllocator::resetPeakStats(0);
-  Model m(B, H, data, mode == Mode::Sequence);
+  const bool tf32 = at::globalContext().allowTF32CuDNN();
+  at::globalContext().setAllowTF32CuDNN(mode != Mode::SequenceFp32 && tf32);
+  struct Restore {
+    bool v;
+    ~Restore() { at::globalContext().setAllowTF32CuDNN(v); }
+  } restore{tf32};
+  Model m(B, H, data, mode == Mode::Sequence || mode == Mode::SequenceFp32);
   // A side stream, as graph capture requires (eager uses it too, for the same conditions).
   c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
   c10::cuda::CUDAStreamGuard guard(stream);
