@@ -19,11 +19,13 @@
 #   3. cuda_bench: segtape's training step on the GPU at issue 19's five sizes,
 #      stepped (eager, graph-replayed) and as one gru_sequence per segment (the
 #      fused kernels where they fit); the sequence modes again at (1, 128) and
-#      (32, 128) with SEGTAPE_FUSED_GRU=0 (cuDNN's GRU)
+#      (32, 128) with SEGTAPE_FUSED_GRU=0 (cuDNN's GRU), one run
 #   4. when python3's torch has CUDA: bench/torch_cuda (a project of its own,
 #      -DCMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path) builds
 #      cuda_bench_torch, the same workload in LibTorch: eager, CUDA-graph
-#      captured, and torch::nn::GRU (cuDNN) over the segment
+#      captured, and torch::nn::GRU (cuDNN) over the segment, with TF32 (its
+#      default) and without; steps 3 and 4 in SEGTAPE_DEVICE_ROUNDS (3)
+#      interleaved rounds, segtape then LibTorch, the table their medians
 #   5. the agent on the GPU: `segtape train --device cuda` (recall, 6000 steps), with
 #      its segments as CUDA graphs (the default) and with --cuda-graphs off;
 #      `segtape train --device cuda --algo ppo` (recall, 1024 steps), its update
@@ -222,29 +224,34 @@ if ((built)); then
   cp "$BUILD/Testing/Temporary/LastTest.log" "$OUT/ctest-last.log" 2>/dev/null || true
 fi
 
-# ---- 3. segtape on the GPU
-if ((built)); then
-  step bench-segtape 90 "$(prog bench/cuda_bench)" --segments 50 || status=1
-  grep -E '^(engine|segtape),' "$OUT/bench-segtape.log" >"$OUT/bench-segtape.csv" || true
-  # the sequence modes again on cuDNN's GRU where the fused kernels ran above
-  step bench-segtape-cudnn 60 env SEGTAPE_FUSED_GRU=0 "$(prog bench/cuda_bench)" --segments 50 --sizes 1x128,32x128 \
-    --modes sequence,sequence-graph || status=1
-  grep -E '^segtape,' "$OUT/bench-segtape-cudnn.log" >"$OUT/bench-segtape-cudnn.csv" || true
-fi
-
-# ---- 4. LibTorch on the GPU (optional: needs python3's torch with CUDA), built in the background above
+# ---- 3 and 4. segtape, then LibTorch (optional: needs python3's torch with
+# CUDA; built in the background above), in interleaved rounds
+torch_ok=0
 if [[ -n "$torch_job" ]]; then
   if wait "$torch_job"; then
     log "LibTorch's program built ($((SECONDS)) s into the run)"
-    if step bench-libtorch 90 "$BUILD_TORCH/cuda_bench_torch" --segments 50; then
-      grep -E '^libtorch,' "$OUT/bench-libtorch.log" >"$OUT/bench-libtorch.csv" || true
-    fi
+    torch_ok=1
   else
     log "LibTorch comparison not available (its build failed or ran out of time; last lines below); segtape's numbers stand alone"
     tail -n 15 "$OUT/configure-torch.log" "$OUT/build-torch.log" 2>/dev/null | sed 's/^/   | /' | tee -a "$SUMMARY"
   fi
 else
   log "no CUDA torch ($PY: prefix '${torch_prefix}', cuda ${torch_cuda}) or no nvcc: LibTorch comparison skipped"
+fi
+ROUNDS=${SEGTAPE_DEVICE_ROUNDS:-3}
+if ((built)); then
+  for ((r = 1; r <= ROUNDS; ++r)); do
+    step "bench-segtape-$r" 90 "$(prog bench/cuda_bench)" --segments 50 || status=1
+    grep -E '^segtape,' "$OUT/bench-segtape-$r.log" >"$OUT/bench-segtape-$r.csv" || true
+    if ((torch_ok)); then
+      step "bench-libtorch-$r" 90 "$BUILD_TORCH/cuda_bench_torch" --segments 50 &&
+        grep -E '^libtorch,' "$OUT/bench-libtorch-$r.log" >"$OUT/bench-libtorch-$r.csv" || true
+    fi
+  done
+  # the sequence modes again on cuDNN's GRU where the fused kernels ran above
+  step bench-segtape-cudnn 60 env SEGTAPE_FUSED_GRU=0 "$(prog bench/cuda_bench)" --segments 50 --sizes 1x128,32x128 \
+    --modes sequence,sequence-graph || status=1
+  grep -E '^segtape,' "$OUT/bench-segtape-cudnn.log" >"$OUT/bench-segtape-cudnn.csv" || true
 fi
 
 # ---- 5. the agent and the retention lab on the GPU (after the benchmarks: they matter less)
@@ -291,13 +298,24 @@ runs() {
   echo
   echo "## Training step (GRUCell(32, H) -> Linear(H, 16) -> cross-entropy, K = 32, SGD), per step"
   echo
-  echo "| engine | mode | B, H | µs / step | engine peak | engine reserved | device footprint | loss after run |"
-  echo "|---|---|---|---|---|---|---|---|"
-  cat "$OUT"/bench-*.csv 2>/dev/null | grep -v '^engine,' | sort -t, -k3,3n -k4,4n -k1,1 -k2,2 |
+  echo "| engine | mode | B, H | µs / step, median | min–max (runs) | engine peak | engine reserved | device footprint | loss after run |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  # one row per engine, mode and size: the median of its runs (rounds), their
+  # range; memory and loss from its first run (the same in every round)
+  cat "$OUT"/bench-*.csv 2>/dev/null | grep -v '^engine,' | sort -t, -k3,3n -k4,4n -k1,1 -k2,2 -k5,5n |
     awk -F, '
       function mib(b) { return sprintf("%.1f MiB", b / 1048576) }
-      { printf "| %s | %s | %s, %s | %.1f | %s | %s | %s | %.4f |\n", $1, $2, $3, $4, $5, mib($6), mib($7), mib($8), $9 }'
+      function flush() {
+        if (key == "") return
+        med = n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+        printf "| %s | %s | %s, %s | %.1f | %.1f–%.1f (%d) | %s | %s | %s | %.4f |\n", e, m, b, h, med, v[1], v[n], n, mib(pk), mib(rs), mib(fp), ls
+      }
+      { k = $1 "," $2 "," $3 "," $4
+        if (k != key) { flush(); key = k; n = 0; e = $1; m = $2; b = $3; h = $4; pk = $6; rs = $7; fp = $8; ls = $9 }
+        v[++n] = $5 }
+      END { flush() }'
   echo
+  echo "Each run: 50 segments of K = 32 steps after 4 warm-up segments; runs of different modes and engines interleaved round by round (segtape's sequence modes on cuDNN's GRU: one run)."
   echo "engine peak: segtape's segment-arena high-water / LibTorch's allocator peak (allocated bytes)."
   echo "engine reserved: segtape's fixed pools (arena, persistent, carry, workspaces) / LibTorch's reserved peak."
   echo "device footprint: drop of cudaMemGetInfo's free bytes from before the model to after the run (handles included)."
