@@ -412,6 +412,39 @@ TEST(CudaGru, SequenceWithResetsMatchesTheCpuFusedComposedInferenceAndReplayed) 
   }
 }
 
+// ------------------------------------------------------------------ embedding
+
+// Embedding's backward with repeated indices: up to 256 indices the device
+// sums each row's gradients in index order, the CPU's order, so dW is the
+// CPU's bit for bit, run after run; beyond 256 (atomicAdd, any order) it is
+// within float32 rounding of it.
+TEST(CudaEmbedding, BackwardWithRepeatedIndicesIsTheCpusInItsOrder) {
+  REQUIRE_GPU();
+  std::mt19937 rng(7);
+  constexpr int64_t N = 4, D = 6;
+  for (const int64_t count : {8, 200, 256, 300}) {
+    SCOPED_TRACE(std::to_string(count) + " indices");
+    std::vector<int64_t> ix(static_cast<size_t>(count));
+    for (int64_t& v : ix) v = int64_t(rng() % N);
+    const std::vector<double> w0 = uniform(rng, N * D), g = uniform(rng, count * D);
+    const auto grad = [&](Tape& tape) {
+      Tensor w = param(tape, {N, D}, DType::F32, w0);
+      Segment seg = tape.segment();
+      const Tensor e = embedding(w, tape.from(std::span<const int64_t>(ix), {count}));
+      seg.backward(sum(mul(e, constant(tape, {count, D}, DType::F32, g))));  // dL/de = g, exactly
+      return w.grad_tensor().to_host<float>();
+    };
+    Tape cpu, gpu_a(Device::cuda(), cuda_options()), gpu_b(Device::cuda(), cuda_options());
+    const std::vector<float> want = grad(cpu), a = grad(gpu_a), b = grad(gpu_b);
+    if (count <= 256) {
+      EXPECT_EQ(a, want) << "the CPU's sums, bit for bit";
+      EXPECT_EQ(b, a);
+    } else {
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(a[i], want[i], 1e-5 * std::max(1.0f, std::fabs(want[i])));
+    }
+  }
+}
+
 // ------------------------------------------------------------------ TBPTT training
 
 constexpr int64_t kB = 8, kI = 12, kH = 32, kC = 5, kK = 8;

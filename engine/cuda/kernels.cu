@@ -375,8 +375,28 @@ void embedding_forward(cudaStream_t s, const T* w, const int64_t* idx, T* out, i
   }, "embedding_forward");
 }
 
+// Up to kEmbeddingOrdered indices, deterministic and the CPU's order: the
+// first occurrence of each index sums its rows' gradients in index order
+// onto dW's row (count^2 D comparisons); beyond, atomicAdd (repeated indices
+// accumulate in whatever order the hardware takes them: run to run, results
+// may differ in the last bits).
+constexpr int64_t kEmbeddingOrdered = 256;
+
 template <class T>
 void embedding_backward(cudaStream_t s, const T* g, const int64_t* idx, T* dw, int64_t count, int64_t N, int64_t D) {
+  if (count <= kEmbeddingOrdered) {
+    each(s, count * D, [=] __device__(int64_t k) {
+      const int64_t i = k / D, j = k % D, v = idx[i];
+      if (v < 0 || v >= N) return;
+      for (int64_t e = 0; e < i; ++e)
+        if (idx[e] == v) return;  // an earlier occurrence sums this one
+      T acc = dw[v * D + j] + g[k];
+      for (int64_t e = i + 1; e < count; ++e)
+        if (idx[e] == v) acc = acc + g[e * D + j];
+      dw[v * D + j] = acc;
+    }, "embedding_backward");
+    return;
+  }
   each(s, count * D, [=] __device__(int64_t k) {
     const int64_t i = k / D, j = k % D, v = idx[i];
     if (v >= 0 && v < N) atomicAdd(dw + v * D + j, g[k]);  // repeated indices accumulate

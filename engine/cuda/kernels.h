@@ -6,7 +6,8 @@
 //
 // Reductions are deterministic (a fixed assignment of elements to threads
 // and a fixed tree): the same inputs give the same bits, eager or replayed.
-// The one atomicAdd is embedding_backward's scatter (repeated indices).
+// The one atomicAdd is embedding_backward's scatter of more than 256
+// indices (repeated indices); up to 256 it sums in the CPU's order.
 #pragma once
 #include <cuda_runtime_api.h>
 
