@@ -8,7 +8,8 @@
 // its own CUDA runtime, cuBLAS and cuDNN):
 //   cuda_bench         segtape: eager, and with CUDA-graph replay (modes
 //                      eager, graph); and the segment's K steps as one
-//                      gru_sequence op (sequence, sequence-graph)
+//                      gru_sequence op (sequence, sequence-graph; and
+//                      sequence-graph-tf32, TapeOptions::allow_tf32)
 //   cuda_bench_torch   LibTorch on CUDA (-DSEGTAPE_BENCH_TORCH_CUDA): eager,
 //                      and the whole segment captured as a CUDA graph (eager,
 //                      graph); and torch::nn::GRU over the segment's K steps,
@@ -83,7 +84,7 @@ size_t free_device_bytes() {
 using Clock = std::chrono::steady_clock;
 bool g_cpu = false;  // --device cpu
 
-enum class Mode { Eager, Graph, Sequence, SequenceGraph, SequenceFp32 };
+enum class Mode { Eager, Graph, Sequence, SequenceGraph, SequenceGraphTf32, SequenceFp32 };
 
 void row(const char* engine, const char* mode, int64_t B, int64_t H, double us, double peak, double reserved, double footprint,
          double loss) {
@@ -102,7 +103,7 @@ struct Model {
   Tensor h, loss;         // persistent: the carried state's start, the last segment's loss
   const Data& data;
   int64_t H;
-  Model(int64_t H_, const Data& d, bool graph, size_t budget)
+  Model(int64_t H_, const Data& d, bool graph, size_t budget, bool tf32)
       : tape(g_cpu ? Device::cpu() : Device::cuda(), [&] {
           TapeOptions o;
           o.segment_budget = budget;
@@ -110,6 +111,7 @@ struct Model {
           o.device_carry = size_t(4) << 20;
           o.device_workspace = size_t(32) << 20;
           o.graph_replay = graph;
+          o.allow_tf32 = tf32;
           return o;
         }()),
         data(d),
@@ -163,13 +165,19 @@ struct Model {
   }
 };
 
-const std::vector<std::pair<Mode, const char*>> kModes = {
-    {Mode::Eager, "eager"}, {Mode::Graph, "graph"}, {Mode::Sequence, "sequence"}, {Mode::SequenceGraph, "sequence-graph"}};
+// sequence-graph-tf32: sequence-graph with TapeOptions::allow_tf32 (cuBLAS
+// and cuDNN may use TF32 tensor cores, PyTorch's cuDNN default; the fused
+// kernels compute in float32 either way), beside LibTorch's cudnn-gru.
+const std::vector<std::pair<Mode, const char*>> kModes = {{Mode::Eager, "eager"},
+                                                          {Mode::Graph, "graph"},
+                                                          {Mode::Sequence, "sequence"},
+                                                          {Mode::SequenceGraph, "sequence-graph"},
+                                                          {Mode::SequenceGraphTf32, "sequence-graph-tf32"}};
 
 // The sequence modes name the GRU they ran: the fused kernels where their
 // plan fits this GPU (engine/cuda/fused_gru.h) and SEGTAPE_FUSED_GRU is not 0, else cuDNN's.
 std::string mode_name(Mode mode, const char* name, int64_t B, int64_t H) {
-  if (g_cpu || (mode != Mode::Sequence && mode != Mode::SequenceGraph)) return name;
+  if (g_cpu || (mode != Mode::Sequence && mode != Mode::SequenceGraph && mode != Mode::SequenceGraphTf32)) return name;
   const bool fused = !cuda::fused::off_by_env() && cuda::fused::device_plan(B, H, sizeof(float)).use;
   return std::string(name) + (fused ? " (fused)" : " (cuDNN)");
 }
@@ -179,13 +187,13 @@ void run(int64_t B, int64_t H, int segments, Mode mode, const char* mode_label) 
   const char* name = label.c_str();
   const Data data(B);
   const size_t free_before = free_device_bytes();
-  const bool graph = mode == Mode::Graph || mode == Mode::SequenceGraph;
-  const bool sequence = mode == Mode::Sequence || mode == Mode::SequenceGraph;
+  const bool graph = mode == Mode::Graph || mode == Mode::SequenceGraph || mode == Mode::SequenceGraphTf32;
+  const bool sequence = mode == Mode::Sequence || mode == Mode::SequenceGraph || mode == Mode::SequenceGraphTf32;
   // The segment's arena: 512 MiB, or for one gru_sequence 24 times its K B H
   // outputs' bytes (at B 512, H 1024 its forward alone, cuDNN's reserve space
   // and workspace, asked for 679 MiB, 10.6 times: 512 MiB was too little).
   const size_t outputs = size_t(kK * B * H) * sizeof(float);
-  Model m(H, data, graph, std::max(size_t(512) << 20, sequence ? 24 * outputs : 0));
+  Model m(H, data, graph, std::max(size_t(512) << 20, sequence ? 24 * outputs : 0), mode == Mode::SequenceGraphTf32);
   const auto one = [&] { sequence ? m.sequence_segment() : m.segment(); };
   for (int s = 0; s < 4; ++s) one();  // warm-up (and, with graphs, the two captures)
   m.tape.synchronize();

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ctest cuda_bench_modes_agree: cuda_bench's modes (eager, graph, sequence,
-# sequence-graph) on the CPU (--device cpu: no GPU needed, graph replay is
+# sequence-graph, sequence-graph-tf32) on the CPU (--device cpu: no GPU needed, graph replay is
 # ignored there) must compute the same training: each mode's final loss
 # within 1e-5 relative of eager's at every size. Not a benchmark: the times
 # it prints mean nothing.
@@ -15,6 +15,6 @@ echo "$out" | awk -F, '
   !(key in ref) { print "no eager row before " $2 " at B,H = " key; bad = 1; next }
   { d = $9 - ref[key]; if (d < 0) d = -d
     if (d > 1e-5 * ref[key]) { print $2 " at B,H = " key ": final loss " $9 ", eager " ref[key]; bad = 1 } }
-  END { if (n != 8) { print "expected 8 rows (4 modes x 2 sizes), got " n; bad = 1 }
+  END { if (n != 10) { print "expected 10 rows (5 modes x 2 sizes), got " n; bad = 1 }
         if (!bad) print "all modes agree"
         exit bad }'
