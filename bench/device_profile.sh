@@ -11,7 +11,8 @@
 #
 # Writes $OUT/profile-BxH.csv (ncu's raw rows) and $OUT/profile.md (per
 # size: each kernel's launches and microseconds per segment, largest
-# first, and their sum). ncu serializes the kernels and takes the clocks as
+# first, and their sum; bench/ncu_summary.py, which also runs on the CSVs
+# where they were fetched to). ncu serializes the kernels and takes the clocks as
 # they are (--clock-control none): the sum is the kernels' own time, without
 # the gaps between them that a graph replay shortens; the 4 warm-up
 # segments are counted with the timed ones (6 segments in all).
@@ -38,25 +39,7 @@ for size in ${SIZES//,/ }; do
     status=1
     continue
   fi
-  "$PY" - "$csv" "$size" $((segments + 4)) >>"$OUT/profile.md" <<'EOF'
-import csv, sys, collections
-path, size, segments = sys.argv[1], sys.argv[2], int(sys.argv[3])
-rows = [r for r in csv.reader(l for l in open(path) if l.startswith('"'))]
-head, rows = rows[0], rows[1:]
-name, unit, value = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
-scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
-total, count = collections.Counter(), collections.Counter()
-for r in rows:
-    k = r[name][:90]
-    total[k] += float(r[value].replace(",", "")) * scale.get(r[unit], float("nan"))
-    count[k] += 1
-print(f"## {size}: kernels of one segment (sequence mode; sum over {segments} segments / {segments})\n")
-print("| kernel | launches | µs |")
-print("|---|---|---|")
-for k, us in total.most_common():
-    print(f"| `{k}` | {count[k] / segments:.1f} | {us / segments:.1f} |")
-print(f"| all | {sum(count.values()) / segments:.1f} | {sum(total.values()) / segments:.1f} |\n")
-EOF
+  "$PY" "$(dirname "${BASH_SOURCE[0]}")/ncu_summary.py" "$csv" "$size" $((segments + 4)) >>"$OUT/profile.md" || status=1
 done
 cat "$OUT/profile.md"
 exit $status
