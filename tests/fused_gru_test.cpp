@@ -131,8 +131,10 @@ Result simulate(const Problem& p, const fz::Plan& plan) {
           for (int k = 0; k < 3; ++k) part[k].push_back(acc[k]);
         }
         const double gh[3] = {butterfly(part[0], S), butterfly(part[1], S), butterfly(part[2], S)};
-        fz::fwd_finish(a, sm[size_t(c)].data(), who(c, o, 0), t, gh, buf);
+        const fz::Who w = who(c, o, 0);
+        fz::fwd_finish(a, sm[size_t(c)].data(), w, t, gh, buf, fz::fwd_inputs(a, w, t), fz::fwd_bias(a, w));
       }
+      fz::fwd_stage_keep(a, sm[size_t(c)].data(), t, 0, 1);
     };
     // The barriers allow a block to run ahead: after step t's barrier, block 0
     // gathers and computes step t + 1 (up to its next barrier) before any other
@@ -140,9 +142,9 @@ Result simulate(const Problem& p, const fz::Plan& plan) {
     for (int c = 0; c < C; ++c) fwd_compute(c, 0, 0);
     for (int64_t t = 0; t < T; ++t) {
       const int buf = int(t % 2);
-      fz::fwd_gather(a, sm[0].data(), t, 0, 1, buf, remote);
+      fz::fwd_gather(a, sm[0].data(), 0, 1, buf, remote);
       if (t + 1 < T) fwd_compute(0, t + 1, buf ^ 1);
-      for (int c = 1; c < C; ++c) fz::fwd_gather(a, sm[size_t(c)].data(), t, 0, 1, buf, remote);
+      for (int c = 1; c < C; ++c) fz::fwd_gather(a, sm[size_t(c)].data(), 0, 1, buf, remote);
       for (int c = 1; c < C; ++c)
         if (t + 1 < T) fwd_compute(c, t + 1, buf ^ 1);
     }
@@ -152,25 +154,28 @@ Result simulate(const Problem& p, const fz::Plan& plan) {
       std::fill(sm[size_t(c)].begin(), sm[size_t(c)].end(), NAN);
       fz::bwd_load(a, sm[size_t(c)].data(), c, 0, 1);
     }
-    std::vector<double> carry(size_t(C * outs), 0), direct(size_t(C * outs));
+    std::vector<double> carry(size_t(C * outs), 0), direct(size_t(C * outs)), factor(size_t(C * outs));
     auto bwd_before = [&](int c, int64_t t, int buf) {  // before step t's barrier
-      for (int64_t o = 0; o < outs; ++o)
-        direct[size_t(c * outs + o)] = fz::bwd_gates(a, sm[size_t(c)].data(), who(c, o, 0), t, carry[size_t(c * outs + o)], buf);
+      for (int64_t o = 0; o < outs; ++o) {
+        const fz::BwdIn<double> in = fz::bwd_inputs(a, who(c, o, 0), t);
+        direct[size_t(c * outs + o)] = fz::bwd_gates(a, sm[size_t(c)].data(), who(c, o, 0), t, carry[size_t(c * outs + o)], buf, in);
+        factor[size_t(c * outs + o)] = in.k;
+      }
     };
-    auto bwd_after = [&](int c, int64_t t, int buf) {  // after it: gather, then the carried dh
+    auto bwd_after = [&](int c, int buf) {  // after it: gather, then the carried dh
       fz::bwd_gather(a, sm[size_t(c)].data(), 0, 1, buf, remote);
       for (int64_t o = 0; o < outs; ++o) {
         std::vector<double> part;
         for (int lane = 0; lane < S; ++lane) part.push_back(fz::bwd_partial(a, sm[size_t(c)].data(), who(c, o, lane)));
-        carry[size_t(c * outs + o)] = fz::bwd_carry(a, who(c, o, 0), t, direct[size_t(c * outs + o)], butterfly(part, S));
+        carry[size_t(c * outs + o)] = fz::bwd_carry(direct[size_t(c * outs + o)], butterfly(part, S), factor[size_t(c * outs + o)]);
       }
     };
     for (int c = 0; c < C; ++c) bwd_before(c, T - 1, 0);
     for (int64_t t = T - 1, k = 0; t >= 0; --t, ++k) {  // block 0 runs ahead again
       const int buf = int(k % 2);
-      bwd_after(0, t, buf);
+      bwd_after(0, buf);
       if (t > 0) bwd_before(0, t - 1, buf ^ 1);
-      for (int c = 1; c < C; ++c) bwd_after(c, t, buf);
+      for (int c = 1; c < C; ++c) bwd_after(c, buf);
       for (int c = 1; c < C; ++c)
         if (t > 0) bwd_before(c, t - 1, buf ^ 1);
     }

@@ -19,11 +19,20 @@ namespace cg = cooperative_groups;
 namespace {
 
 // Lane 0 of each S-lane group gets the group's sum (every lane does): the
-// butterfly of fused_gru.h, in its order.
+// butterfly of fused_gru.h, in its order; three at once, interleaved (each
+// in its own order: the same sums), so their shuffles' latencies overlap.
 template <class T>
 __device__ __forceinline__ T group_sum(T v, int S) {
   for (int o = S / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+template <class T>
+__device__ __forceinline__ void group_sum3(T v[3], int S) {
+  for (int o = S / 2; o > 0; o >>= 1) {
+    const T a = __shfl_xor_sync(0xffffffffu, v[0], o), b = __shfl_xor_sync(0xffffffffu, v[1], o),
+            c = __shfl_xor_sync(0xffffffffu, v[2], o);
+    v[0] += a, v[1] += b, v[2] += c;
+  }
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -57,15 +66,22 @@ __global__ void __launch_bounds__(1024) fused_gru_forward_kernel(fused::Args<T> 
   Thread<T> th(a);
   auto remote = [&](int rank) { return th.remote(rank); };
   fused::fwd_load(a, th.sm, th.c, th.tid, th.n);
+  const bool first = th.active && th.w.lane == 0;  // (the lane that finishes its output)
+  fused::FwdIn<T> in{}, bias{};
+  if (first) in = fused::fwd_inputs(a, th.w, 0), bias = fused::fwd_bias(a, th.w);
   __syncthreads();
   int buf = 0;
   for (int64_t t = 0; t < a.steps; ++t) {
     T acc[3] = {T(0), T(0), T(0)};
     if (th.active) fused::fwd_partial(a, th.sm, th.w, acc);
-    for (int g = 0; g < 3; ++g) acc[g] = group_sum(acc[g], a.S);
-    if (th.active && th.w.lane == 0) fused::fwd_finish(a, th.sm, th.w, t, acc, buf);
+    group_sum3(acc, a.S);
+    if (first) {
+      fused::fwd_finish(a, th.sm, th.w, t, acc, buf, in, bias);
+      if (t + 1 < a.steps) in = fused::fwd_inputs(a, th.w, t + 1);  // read while the barrier and the gather run
+    }
+    fused::fwd_stage_keep(a, th.sm, t, th.tid, th.n);
     th.cl.sync();  // every block's h' published
-    fused::fwd_gather(a, th.sm, t, th.tid, th.n, buf, remote);
+    fused::fwd_gather(a, th.sm, th.tid, th.n, buf, remote);
     __syncthreads();
     buf ^= 1;
   }
@@ -82,17 +98,24 @@ __global__ void __launch_bounds__(1024) fused_gru_backward_kernel(fused::Args<T>
   Thread<T> th(a);
   auto remote = [&](int rank) { return th.remote(rank); };
   fused::bwd_load(a, th.sm, th.c, th.tid, th.n);
+  const bool first = th.active && th.w.lane == 0;
+  fused::BwdIn<T> in{};
+  if (first) in = fused::bwd_inputs(a, th.w, a.steps - 1);
   __syncthreads();
   T carry = 0;  // dL/dh of (b, j) from the steps after t
   int buf = 0;
   for (int64_t t = a.steps - 1; t >= 0; --t) {
-    T direct = 0;
-    if (th.active && th.w.lane == 0) direct = fused::bwd_gates(a, th.sm, th.w, t, carry, buf);
+    T direct = 0, k = 0;
+    if (first) {
+      direct = fused::bwd_gates(a, th.sm, th.w, t, carry, buf, in);
+      k = in.k;
+      if (t > 0) in = fused::bwd_inputs(a, th.w, t - 1);  // read while the barrier, the gather and the sums run
+    }
     th.cl.sync();  // every block's dgh published
     fused::bwd_gather(a, th.sm, th.tid, th.n, buf, remote);
     __syncthreads();
     const T p = group_sum(th.active ? fused::bwd_partial(a, th.sm, th.w) : T(0), a.S);
-    carry = th.active ? fused::bwd_carry(a, th.w, t, direct, p) : T(0);  // (an inactive thread's b is past B)
+    carry = first ? fused::bwd_carry(direct, p, k) : T(0);  // (only lane 0's carry is read)
     buf ^= 1;
   }
   if (th.active && th.w.lane == 0) a.dh0[th.w.b * a.H + th.w.j] = carry;

@@ -74,10 +74,10 @@ struct Limits {
 SEGTAPE_HD int64_t pad(int64_t n, int S) { return n + (S < 32 ? S : 0); }
 
 // Shared memory of one block, in elements.
-struct FwdSmem {  // W [3 Hs][Hp] (rows r, z, n of its units), h [B][Hp], published h' [2][B][Hs]
-  int64_t Hp, w, h, pub, total;
+struct FwdSmem {  // W [3 Hs][Hp] (rows r, z, n of its units), h [B][Hp], published h' [2][B][Hs], keep [B]
+  int64_t Hp, w, h, pub, kp, total;
   SEGTAPE_HD FwdSmem(int64_t B, int64_t H, int64_t Hs, int S)
-      : Hp(pad(H, S)), w(0), h(3 * Hs * Hp), pub(h + B * Hp), total(pub + 2 * B * Hs) {}
+      : Hp(pad(H, S)), w(0), h(3 * Hs * Hp), pub(h + B * Hp), kp(pub + 2 * B * Hs), total(kp + B) {}
 };
 struct BwdSmem {  // W^T [Hs][Rp] (W_hh's columns of its units), dgh [B][Rp], published dgh [2][B][3][Hs]
   int64_t Rp, w, dg, pub, total;
@@ -207,6 +207,13 @@ SEGTAPE_HD T sigmoid(T x) {
 }
 
 // ---- forward
+//
+// Per step, each thread's work is on the critical path of the recurrence,
+// so what does not depend on the step's h is read ahead: lane 0 reads step
+// t + 1's inputs (fwd_inputs) while step t's barrier and gather run, the
+// biases b_hh once (fwd_bias), and the keep factors of the next step's rows
+// are staged in shared memory before the barrier (fwd_stage_keep). Index
+// arithmetic inside the step loop is 32-bit (a block's sizes are small).
 
 // Loads block c's rows of W_hh and h0 into its shared memory (thread tid of n).
 template <class T>
@@ -220,30 +227,49 @@ SEGTAPE_HD void fwd_load(const Args<T>& a, T* sm, int c, int tid, int n) {
   for (int64_t i = tid; i < a.B * a.H; i += n) sm[L.h + (i / a.H) * L.Hp + i % a.H] = a.h0[i] * keep_at(a, 0, i / a.H);
 }
 
+// Lane 0's inputs of step t: x W_ih^T + b_ih of its (b, j) per gate r, z, n.
+template <class T>
+struct FwdIn {
+  T r, z, n;
+};
+template <class T>
+SEGTAPE_HD FwdIn<T> fwd_inputs(const Args<T>& a, const Who& w, int64_t t) {
+  const int64_t H = a.H, j = w.j;
+  const T* gir = a.gi + (t * a.ld + w.b) * 3 * H;
+  return {gir[j] + a.b_ih[j], gir[H + j] + a.b_ih[H + j], gir[2 * H + j] + a.b_ih[2 * H + j]};
+}
+// ... and b_hh of its unit per gate (the same every step).
+template <class T>
+SEGTAPE_HD FwdIn<T> fwd_bias(const Args<T>& a, const Who& w) {
+  return {a.b_hh[w.j], a.b_hh[a.H + w.j], a.b_hh[2 * a.H + w.j]};
+}
+
 // Lane's partial sums of gate g's row of its unit against its row's h.
 template <class T>
 SEGTAPE_HD void fwd_partial(const Args<T>& a, const T* sm, const Who& w, T acc[3]) {
   const FwdSmem L(a.B, a.H, a.Hs, a.S);
   const T* h = sm + L.h + w.b * L.Hp;
+  const int H = int(a.H), S = a.S;
   for (int g = 0; g < 3; ++g) {
     const T* wr = sm + L.w + (g * a.Hs + w.jl) * L.Hp;
     T s = 0;
-    for (int64_t k = w.lane; k < a.H; k += a.S) s += wr[k] * h[k];
+    for (int k = w.lane; k < H; k += S) s += wr[k] * h[k];
     acc[g] = s;
   }
 }
 
-// Lane 0, with the summed gh (no bias): the gates at step t, h' to y and to
-// the block's published slot `buf`, the gates saved for backward.
+// Lane 0, with the summed gh (no bias) and its inputs: the gates at step t,
+// h' to y and to the block's published slot `buf`, the gates saved for
+// backward. (The sums in the order of x W_ih^T + b_ih + h W_hh^T + b_hh.)
 template <class T>
-SEGTAPE_HD void fwd_finish(const Args<T>& a, T* sm, const Who& w, int64_t t, const T gh[3], int buf) {
+SEGTAPE_HD void fwd_finish(const Args<T>& a, T* sm, const Who& w, int64_t t, const T gh[3], int buf, const FwdIn<T>& in,
+                           const FwdIn<T>& bias) {
   const FwdSmem L(a.B, a.H, a.Hs, a.S);
   const int64_t H = a.H, j = w.j, row = t * a.ld + w.b;
-  const T* gir = a.gi + row * 3 * H;
-  const T r = sigmoid<T>(gir[j] + a.b_ih[j] + gh[0] + a.b_hh[j]);
-  const T z = sigmoid<T>(gir[H + j] + a.b_ih[H + j] + gh[1] + a.b_hh[H + j]);
-  const T hn = gh[2] + a.b_hh[2 * H + j];
-  const T n = ops::DeviceMath::tanh(gir[2 * H + j] + a.b_ih[2 * H + j] + r * hn);
+  const T r = sigmoid<T>(in.r + gh[0] + bias.r);
+  const T z = sigmoid<T>(in.z + gh[1] + bias.z);
+  const T hn = gh[2] + bias.n;
+  const T n = ops::DeviceMath::tanh(in.n + r * hn);
   const T hp = sm[L.h + w.b * L.Hp + j];
   const T h1 = (T(1) - z) * n + z * hp;
   if (a.saved) {
@@ -254,21 +280,33 @@ SEGTAPE_HD void fwd_finish(const Args<T>& a, T* sm, const Who& w, int64_t t, con
   sm[L.pub + (buf * a.B + w.b) * a.Hs + w.jl] = h1;
 }
 
-// After step t's cluster barrier: block c gathers h' of every unit, masked as
-// it enters step t + 1; remote(rank) is block rank's shared memory (the
-// cluster's distributed shared memory).
-template <class T, class Remote>
-SEGTAPE_HD void fwd_gather(const Args<T>& a, T* sm, int64_t t, int tid, int n, int buf, Remote remote) {
+// Before step t's barrier: the factors of the state entering step t + 1,
+// row by row, into the block's shared memory for its gather (1 after the last step).
+template <class T>
+SEGTAPE_HD void fwd_stage_keep(const Args<T>& a, T* sm, int64_t t, int tid, int n) {
   const FwdSmem L(a.B, a.H, a.Hs, a.S);
-  for (int64_t i = tid; i < a.B * a.H; i += n) {
-    const int64_t b = i / a.H, k = i % a.H;
-    const T* src = remote(int(k / a.Hs));
-    const T v = src[L.pub + (buf * a.B + b) * a.Hs + k % a.Hs];
-    sm[L.h + b * L.Hp + k] = t + 1 < a.steps ? v * keep_at(a, t + 1, b) : v;
+  for (int b = tid; b < int(a.B); b += n) sm[L.kp + b] = t + 1 < a.steps ? keep_at(a, t + 1, b) : T(1);
+}
+
+// After step t's cluster barrier: block c gathers h' of every unit, masked as
+// it enters step t + 1 (the staged factors); remote(rank) is block rank's
+// shared memory (the cluster's distributed shared memory).
+template <class T, class Remote>
+SEGTAPE_HD void fwd_gather(const Args<T>& a, T* sm, int tid, int n, int buf, Remote remote) {
+  const FwdSmem L(a.B, a.H, a.Hs, a.S);
+  const int H = int(a.H), Hs = int(a.Hs), BH = int(a.B) * H;
+  for (int i = tid; i < BH; i += n) {
+    const int b = i / H, k = i - b * H, c = k / Hs;
+    const T* src = remote(c);
+    sm[L.h + b * L.Hp + k] = src[L.pub + (buf * a.B + b) * Hs + (k - c * Hs)] * sm[L.kp + b];
   }
 }
 
 // ---- backward
+//
+// Lane 0 reads step t - 1's inputs (bwd_inputs: the saved gates, the state
+// entering the step with its keep factor, the output's gradient) while step
+// t's barrier, gather and sums run.
 
 // Block c's columns of W_hh, transposed: row jl holds W_hh[r][c Hs + jl] for r < 3H.
 template <class T>
@@ -280,18 +318,32 @@ SEGTAPE_HD void bwd_load(const Args<T>& a, T* sm, int c, int tid, int n) {
   }
 }
 
-// Lane 0 at step t with the carried dh of its (b, j): the gate gradients
-// (dgi, dgh to global memory, dgh to the published slot `buf`); returns the
-// direct term of dL/dh_{t-1}, g z.
+// Lane 0's inputs of step t for its (b, j): the gates r, z, n and W_hn h + b_hn
+// saved by forward, the state entering the step (masked by keep, the factor
+// k), and dL/dy of the step.
 template <class T>
-SEGTAPE_HD T bwd_gates(const Args<T>& a, T* sm, const Who& w, int64_t t, T carry, int buf) {
-  const BwdSmem L(a.B, a.H, a.Hs, a.S);
+struct BwdIn {
+  T r, z, n, hn, hp, k, gout;
+};
+template <class T>
+SEGTAPE_HD BwdIn<T> bwd_inputs(const Args<T>& a, const Who& w, int64_t t) {
   const int64_t H = a.H, j = w.j, row = t * a.ld + w.b;
   const T* S = a.saved + row * 4 * H;
-  const T r = S[j], z = S[H + j], n = S[2 * H + j], hn = S[3 * H + j];
-  const T hp = (t > 0 ? a.y[(row - a.ld) * H + j] : a.h0[w.b * H + j]) * keep_at(a, t, w.b);
+  const T k = keep_at(a, t, w.b);
+  const T h = t > 0 ? a.y[(row - a.ld) * H + j] : a.h0[w.b * H + j];
+  return {S[j], S[H + j], S[2 * H + j], S[3 * H + j], h * k, k, a.gout[row * H + j]};
+}
+
+// Lane 0 at step t with the carried dh of its (b, j) and its inputs: the gate
+// gradients (dgi, dgh to global memory, dgh to the published slot `buf`);
+// returns the direct term of dL/dh_{t-1}, g z.
+template <class T>
+SEGTAPE_HD T bwd_gates(const Args<T>& a, T* sm, const Who& w, int64_t t, T carry, int buf, const BwdIn<T>& in) {
+  const BwdSmem L(a.B, a.H, a.Hs, a.S);
+  const int64_t H = a.H, j = w.j, row = t * a.ld + w.b;
+  const T r = in.r, z = in.z, n = in.n, hn = in.hn, hp = in.hp;
   if (a.hk) a.hk[row * H + j] = hp;
-  const T g = a.gout[row * H + j] + carry;
+  const T g = in.gout + carry;
   const T dn = g * (T(1) - z) * (T(1) - n * n);
   const T dz = g * (hp - n) * z * (T(1) - z);
   const T dr = dn * hn * r * (T(1) - r);
@@ -307,19 +359,20 @@ SEGTAPE_HD T bwd_gates(const Args<T>& a, T* sm, const Who& w, int64_t t, T carry
 template <class T, class Remote>
 SEGTAPE_HD void bwd_gather(const Args<T>& a, T* sm, int tid, int n, int buf, Remote remote) {
   const BwdSmem L(a.B, a.H, a.Hs, a.S);
-  for (int64_t i = tid; i < a.B * 3 * a.H; i += n) {
-    const int64_t b = i / (3 * a.H), r = i % (3 * a.H);  // r = g H + k
-    const int64_t g = r / a.H, k = r % a.H;
-    const T* src = remote(int(k / a.Hs));
-    sm[L.dg + b * L.Rp + r] = src[L.pub + ((buf * a.B + b) * 3 + g) * a.Hs + k % a.Hs];
+  const int H = int(a.H), Hs = int(a.Hs), R = 3 * H, BR = int(a.B) * R;
+  for (int i = tid; i < BR; i += n) {
+    const int b = i / R, r = i - b * R;  // r = g H + k
+    const int g = r / H, k = r - g * H, c = k / Hs;
+    const T* src = remote(c);
+    sm[L.dg + b * L.Rp + r] = src[L.pub + ((buf * a.B + b) * 3 + g) * Hs + (k - c * Hs)];
   }
 }
 
 // dL/dh_{t-1} of (b, j) as it leaves step t: the direct term g z and the
-// summed dgh W_hh, scaled by the factor the state entered step t with.
+// summed dgh W_hh, scaled by the factor k the state entered step t with.
 template <class T>
-SEGTAPE_HD T bwd_carry(const Args<T>& a, const Who& w, int64_t t, T direct, T partial) {
-  return (direct + partial) * keep_at(a, t, w.b);
+SEGTAPE_HD T bwd_carry(T direct, T partial, T k) {
+  return (direct + partial) * k;
 }
 
 // Lane's partial of dgh W_hh for its (b, j).
@@ -328,8 +381,9 @@ SEGTAPE_HD T bwd_partial(const Args<T>& a, const T* sm, const Who& w) {
   const BwdSmem L(a.B, a.H, a.Hs, a.S);
   const T* wr = sm + L.w + w.jl * L.Rp;
   const T* dg = sm + L.dg + w.b * L.Rp;
+  const int R = 3 * int(a.H), S = a.S;
   T s = 0;
-  for (int64_t r = w.lane; r < 3 * a.H; r += a.S) s += wr[r] * dg[r];
+  for (int r = w.lane; r < R; r += S) s += wr[r] * dg[r];
   return s;
 }
 
