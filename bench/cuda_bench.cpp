@@ -178,7 +178,11 @@ const std::vector<std::pair<Mode, const char*>> kModes = {{Mode::Eager, "eager"}
 // plan fits this GPU (engine/cuda/fused_gru.h) and SEGTAPE_FUSED_GRU is not 0, else cuDNN's.
 std::string mode_name(Mode mode, const char* name, int64_t B, int64_t H) {
   if (g_cpu || (mode != Mode::Sequence && mode != Mode::SequenceGraph && mode != Mode::SequenceGraphTf32)) return name;
-  const bool fused = !cuda::fused::off_by_env() && cuda::fused::device_plan(B, H, sizeof(float)).use;
+  const cuda::fused::Plan p = cuda::fused::device_plan(B, H, sizeof(float));
+  const bool fused = !cuda::fused::off_by_env() && p.use;
+  if (fused)  // (stderr: the plan, beside the CSV)
+    std::fprintf(stderr, "B=%lld H=%lld %s: fused plan %d clusters of %d blocks, %lld rows each, %d lanes per output; %d clusters resident at once\n",
+                 (long long)B, (long long)H, name, p.G, p.C, (long long)p.Bg, p.S, p.resident);
   return std::string(name) + (fused ? " (fused)" : " (cuDNN)");
 }
 

@@ -7,6 +7,7 @@
 // kernels are empty, and plan() (Limits::sm90) never chooses them there.
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 
@@ -205,6 +206,27 @@ std::string fused_gru_unusable(const fused::Plan& p, size_t elem) {
     return {};
   };
   return elem == sizeof(double) ? check(double{}) : check(float{});
+}
+
+int fused_gru_resident_clusters(const fused::Plan& p, size_t elem) {
+  auto count = [&](auto tag) {
+    using T = decltype(tag);
+    int fewest = 0;
+    for (const bool backward : {false, true}) {
+      const Kernel<T> k = kernel<T>(backward);
+      const size_t smem = backward ? p.bwd_smem : p.fwd_smem;
+      allow_smem<T>(k, backward, smem);
+      Launch l(p, smem, nullptr);
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, k, &l.cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+      }
+      fewest = backward ? std::min(fewest, clusters) : clusters;
+    }
+    return fewest;
+  };
+  return elem == sizeof(double) ? count(double{}) : count(float{});
 }
 
 template void fused_gru_forward<float>(cudaStream_t, const fused::Plan&, const fused::Args<float>&);

@@ -56,6 +56,7 @@ struct Plan {
   size_t bwd_smem = 0;
   int G = 1;              // clusters, one per group of rows
   int64_t Bg = 0;         // rows per cluster (B = G Bg)
+  int resident = 0;       // device_plan: how many such clusters the device holds at once (0: not asked)
   std::string why_not;    // when !use: the first limit that failed
 };
 
@@ -131,7 +132,7 @@ inline Plan plan(int64_t B, int64_t H, size_t elem, const Limits& lim) {
         break;
       }
       const auto terms = [&](int64_t bg, int64_t hs) { return std::max(bg * hs * 3 * H, kBlockTerms); };
-      if (!best.use || terms(Bg, Hs) < terms(best.Bg, best.Hs)) best = Plan{true, C, Hs, S, int(Bg * Hs * S), f, b, int(G), Bg, {}};
+      if (!best.use || terms(Bg, Hs) < terms(best.Bg, best.Hs)) best = Plan{true, C, Hs, S, int(Bg * Hs * S), f, b, int(G), Bg, 0, {}};
       break;
     }
   }

@@ -229,13 +229,25 @@ fused::Plan fused::device_plan(int64_t B, int64_t H, size_t elem) {
     none.why_not = "the CUDA device cannot be queried";
     return none;
   }
-  Plan p = plan(B, H, elem, {size_t(smem), 8, major >= 9, sms});
+  Limits lim{size_t(smem), 8, major >= 9, sms};
+  Plan p = plan(B, H, elem, lim);
   if (p.use) {  // fits the limits: can this build's kernels run it here?
     std::string why = fused_gru_unusable(p, elem);
     if (!why.empty()) {
       p = Plan{};
       p.why_not = std::move(why);
     }
+  }
+  // One wave: a cluster's blocks share a GPC, so fewer clusters than
+  // multiprocessors / C may fit at once; plan again for as many as do.
+  for (int k = 0; k < 4 && p.use && p.G > 1; ++k) {
+    const int fit = fused_gru_resident_clusters(p, elem);
+    p.resident = fit;
+    if (fit <= 0 || fit >= p.G) break;
+    lim.sms = fit * p.C;
+    const Plan q = plan(B, H, elem, lim);
+    if (!q.use) break;
+    p = q;
   }
   return p;
 }

@@ -129,7 +129,7 @@ void gru_gates_forward(cudaStream_t s, int64_t B, int64_t H, const T* gi, const 
 template <class T>
 void gru_gates_backward(cudaStream_t s, int64_t B, int64_t H, const T* g, const T* h, const T* S, T* dgi, T* dgh, T* dh);
 
-// ---- the fused GRU sequence (fused_gru.cu, fused_gru.h): one cluster launch per pass.
+// ---- the fused GRU sequence (fused_gru.cu, fused_gru.h): one launch of p.G clusters per pass.
 // forward: y (and saved, when non-null) from gi, W_hh, the biases and h0.
 // backward: dgi, dgh [T, B, 3H] and dh0 (written) from gout, saved, y and h0.
 template <class T> void fused_gru_forward(cudaStream_t s, const fused::Plan& p, const fused::Args<T>& a);
@@ -138,5 +138,8 @@ template <class T> void fused_gru_backward(cudaStream_t s, const fused::Plan& p,
 // (no sm_90 code in this build; the cluster cannot be resident, e.g. on a MIG
 // slice); empty when it can. Elements of `elem` bytes.
 std::string fused_gru_unusable(const fused::Plan& p, size_t elem);
+// How many of plan p's clusters the current device holds at once, both
+// kernels (cudaOccupancyMaxActiveClusters; 0 when it cannot say).
+int fused_gru_resident_clusters(const fused::Plan& p, size_t elem);
 
 }  // namespace segtape::cuda
