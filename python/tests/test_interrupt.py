@@ -4,6 +4,9 @@
 # in a child process that says when it enters the call; the test sends SIGINT
 # a moment later and the child must raise KeyboardInterrupt long before the
 # call could have finished by itself (minutes to hours), within a minute.
+# The child first puts Python's own SIGINT handler in place: started from a
+# shell's background job (`cmd &`, nohup), SIGINT comes ignored and Python
+# then installs none (a background `.ci/run` failed here so).
 import os
 import signal
 import subprocess
@@ -14,6 +17,8 @@ import time
 import pytest
 
 EVALUATE = """
+    import signal
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from segtape import gym
     c = gym._A.TrainConfig()
     c.env, c.steps, c.batch = "recall", 1000, 4
@@ -29,6 +34,8 @@ EVALUATE = """
 """
 
 LAB = """
+    import signal
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import segtape.retention as R
     print("ready", flush=True)
     try:
