@@ -120,7 +120,7 @@ struct Model {
     const std::vector<Shape> shapes = {{3 * H, kI}, {3 * H, H}, {3 * H}, {3 * H}, {kC, H}, {kC}};
     for (size_t k = 0; k < shapes.size(); ++k) {
       p.push_back(tape.parameter(shapes[k]));
-      const std::vector<float> v = init(rng, shapes[k].numel(), k < 4 ? H : H);
+      const std::vector<float> v = init(rng, shapes[k].numel(), H);  // (the GRU's and the head's fan-in alike)
       p.back().from_host(std::span<const float>(v));
     }
     h = tape.persistent({d.B, H});

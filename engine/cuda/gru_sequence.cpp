@@ -248,6 +248,10 @@ fused::Plan fused::device_plan(int64_t B, int64_t H, size_t elem) {
     const Plan q = plan(B, H, elem, lim);
     if (!q.use) break;
     p = q;
+    if (std::string why = fused_gru_unusable(p, elem); !why.empty()) {  // (a plan of other blocks: checked as the first)
+      p = Plan{};
+      p.why_not = std::move(why);
+    }
   }
   return p;
 }
