@@ -264,16 +264,16 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
       r.stored_bytes = std::max(r.stored_bytes, rep.state_bytes);
       continue;
     }
-    if (p.sequence) {
-      // tbptt:K where gru_sequence fuses: the window is one segment from its
-      // stored state, its recurrence one gru_sequence with the episode ends
-      // as resets (keep), and the heads and the loss over all its steps at
-      // once: one product each of [len Bm, hidden] rows, whose
-      // log-probabilities and values reach the host in one read each (step by
-      // step, each step's read waits for the device).
-      {
-        Segment seg = tape_->segment();
-        const Tensor h0 = tape_->from(std::span<const float>(p.mb_state), {mb, p.H});
+    // tbptt:K (and detach): the window is one segment from its stored state.
+    {
+      Segment seg = tape_->segment();
+      const Tensor h0 = tape_->from(std::span<const float>(p.mb_state), {mb, p.H});
+      if (p.sequence) {
+        // Where gru_sequence fuses: its recurrence one gru_sequence with the
+        // episode ends as resets (keep), and the heads and the loss over all
+        // its steps at once: one product each of [len Bm, hidden] rows, whose
+        // log-probabilities and values reach the host in one read each (step
+        // by step, each step's read waits for the device).
         for (int64_t i = 0; i < len; ++i) {
           p.seq_encoded[size_t(i)] = policy_->encode(input(t0 + i));
           for (size_t j = 0; j < Bm; ++j)  // the state entering step i is reset where step i - 1 ended an episode
@@ -296,21 +296,15 @@ void Trainer::ppo_minibatch(int64_t n, std::span<const int64_t> streams, Segment
         seg.backward(loss_of(lp, v, std::span<const float>(p.seq_weights).first(rows * A), std::span<const float>(p.seq_returns).first(rows)));
         tape_->next_step();
         for (size_t i = 0; i < size_t(len); ++i) p.seq_encoded[i] = Tensor{};
+      } else {
+        Tensor h = h0, loss;
+        for (int64_t t = t0; t < t0 + len; ++t, tape_->next_step()) {
+          const replay::StepResult sr = step(t, h, true);
+          loss = loss.defined() ? add(loss, sr.loss) : sr.loss;
+          h = sr.state;
+        }
+        seg.backward(loss);
       }
-      r.segment_peak = std::max(r.segment_peak, tape_->stats().last_segment_peak);
-      continue;
-    }
-    // tbptt:K (and detach): the window is one segment from its stored state.
-    {
-      Segment seg = tape_->segment();
-      Tensor h = tape_->from(std::span<const float>(p.mb_state), {mb, p.H});
-      Tensor loss;
-      for (int64_t t = t0; t < t0 + len; ++t, tape_->next_step()) {
-        const replay::StepResult sr = step(t, h, true);
-        loss = loss.defined() ? add(loss, sr.loss) : sr.loss;
-        h = sr.state;
-      }
-      seg.backward(loss);
     }
     r.segment_peak = std::max(r.segment_peak, tape_->stats().last_segment_peak);
   }
