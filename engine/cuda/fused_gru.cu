@@ -149,13 +149,16 @@ void allow_smem(Kernel<T> k, bool backward, size_t smem) {
   if (now) now->store(smem);
 }
 
-// The launch of p.G clusters of p.C blocks (blocks rounded up to whole warps).
+// A block's threads: the plan's, rounded up to whole warps.
+unsigned block_threads(const fused::Plan& p) { return unsigned((p.threads + 31) / 32 * 32); }
+
+// The launch of p.G clusters of p.C blocks.
 struct Launch {
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr[1]{};
   Launch(const fused::Plan& p, size_t smem, cudaStream_t s) {
     cfg.gridDim = dim3(unsigned(p.G * p.C));
-    cfg.blockDim = dim3(unsigned((p.threads + 31) / 32 * 32));
+    cfg.blockDim = dim3(block_threads(p));
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -177,6 +180,22 @@ void launch(cudaStream_t s, const fused::Plan& p, const fused::Args<T>& a, bool 
   check_launch(backward ? "fused_gru_backward" : "fused_gru_forward");
 }
 
+// How many clusters of plan p the current device holds at once for one
+// kernel (cudaOccupancyMaxActiveClusters), or -1 when it cannot say.
+template <class T>
+int active_clusters(const fused::Plan& p, bool backward) {
+  const Kernel<T> k = kernel<T>(backward);
+  const size_t smem = backward ? p.bwd_smem : p.fwd_smem;
+  allow_smem<T>(k, backward, smem);
+  Launch l(p, smem, nullptr);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, k, &l.cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return clusters;
+}
+
 }  // namespace
 
 template <class T> void fused_gru_forward(cudaStream_t s, const fused::Plan& p, const fused::Args<T>& a) { launch(s, p, a, false); }
@@ -186,22 +205,15 @@ std::string fused_gru_unusable(const fused::Plan& p, size_t elem) {
   auto check = [&](auto tag) -> std::string {
     using T = decltype(tag);
     for (const bool backward : {false, true}) {
-      const Kernel<T> k = kernel<T>(backward);
       // Built without sm_90 code (CMAKE_CUDA_ARCHITECTURES below 90), the kernels are empty.
       cudaFuncAttributes fa{};
-      if (cudaFuncGetAttributes(&fa, k) != cudaSuccess || fa.binaryVersion < 90) {
+      if (cudaFuncGetAttributes(&fa, kernel<T>(backward)) != cudaSuccess || fa.binaryVersion < 90) {
         (void)cudaGetLastError();
         return "this build has no sm_90 code for the fused kernels (CMAKE_CUDA_ARCHITECTURES)";
       }
-      const size_t smem = backward ? p.bwd_smem : p.fwd_smem;
-      allow_smem<T>(k, backward, smem);
-      Launch l(p, smem, nullptr);
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, k, &l.cfg) != cudaSuccess || clusters < 1) {
-        (void)cudaGetLastError();
-        return "a cluster of " + std::to_string(p.C) + " blocks of " + std::to_string(l.cfg.blockDim.x) + " threads and " +
-               std::to_string(smem) + " bytes of shared memory cannot be resident on this device";
-      }
+      if (active_clusters<T>(p, backward) < 1)
+        return "a cluster of " + std::to_string(p.C) + " blocks of " + std::to_string(block_threads(p)) + " threads and " +
+               std::to_string(backward ? p.bwd_smem : p.fwd_smem) + " bytes of shared memory cannot be resident on this device";
     }
     return {};
   };
@@ -211,20 +223,7 @@ std::string fused_gru_unusable(const fused::Plan& p, size_t elem) {
 int fused_gru_resident_clusters(const fused::Plan& p, size_t elem) {
   auto count = [&](auto tag) {
     using T = decltype(tag);
-    int fewest = 0;
-    for (const bool backward : {false, true}) {
-      const Kernel<T> k = kernel<T>(backward);
-      const size_t smem = backward ? p.bwd_smem : p.fwd_smem;
-      allow_smem<T>(k, backward, smem);
-      Launch l(p, smem, nullptr);
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, k, &l.cfg) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-      }
-      fewest = backward ? std::min(fewest, clusters) : clusters;
-    }
-    return fewest;
+    return std::max(0, std::min(active_clusters<T>(p, false), active_clusters<T>(p, true)));
   };
   return elem == sizeof(double) ? count(double{}) : count(float{});
 }

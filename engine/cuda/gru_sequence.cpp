@@ -229,15 +229,17 @@ fused::Plan fused::device_plan(int64_t B, int64_t H, size_t elem) {
     none.why_not = "the CUDA device cannot be queried";
     return none;
   }
+  // A plan that fits the limits: can this build's kernels run it here?
+  const auto usable = [&](Plan q) {
+    if (!q.use) return q;
+    std::string why = fused_gru_unusable(q, elem);
+    if (why.empty()) return q;
+    Plan none;
+    none.why_not = std::move(why);
+    return none;
+  };
   Limits lim{size_t(smem), 8, major >= 9, sms};
-  Plan p = plan(B, H, elem, lim);
-  if (p.use) {  // fits the limits: can this build's kernels run it here?
-    std::string why = fused_gru_unusable(p, elem);
-    if (!why.empty()) {
-      p = Plan{};
-      p.why_not = std::move(why);
-    }
-  }
+  Plan p = usable(plan(B, H, elem, lim));
   // One wave: a cluster's blocks share a GPC, so fewer clusters than
   // multiprocessors / C may fit at once; plan again for as many as do.
   for (int k = 0; k < 4 && p.use && p.G > 1; ++k) {
@@ -247,11 +249,7 @@ fused::Plan fused::device_plan(int64_t B, int64_t H, size_t elem) {
     lim.sms = fit * p.C;
     const Plan q = plan(B, H, elem, lim);
     if (!q.use) break;
-    p = q;
-    if (std::string why = fused_gru_unusable(p, elem); !why.empty()) {  // (a plan of other blocks: checked as the first)
-      p = Plan{};
-      p.why_not = std::move(why);
-    }
+    p = usable(q);
   }
   return p;
 }
