@@ -41,6 +41,11 @@ using namespace segtape::agent;
 
 namespace {
 
+// The most steps any step-count flag takes (--steps', TrainConfig::validate): a
+// cadence or an evaluation longer than a run could be is refused, and sums of
+// them stay far from int64's end.
+constexpr int64_t kMaxSteps = 1'000'000'000;
+
 // One metrics row: a log interval's means.
 struct Row {
   int64_t step = 0;
@@ -78,6 +83,21 @@ fs::path text_target(const fs::path& p, const std::string& what) {
     throw Error(what + ": " + (target == p ? p.string() : p.string() + " (a link to " + target.string() + ")") +
                 " is not a regular file (a directory, FIFO, socket or device); give a file name");
   return target;
+}
+
+// Whether a file name in a run's folder is one of the temporary files its
+// writes leave when killed: ".<file>.tmp" (write_text) for the run's text
+// files, ".checkpoint.safetensors.tmp.<pid>.<n>" (safetensors::save). Only
+// these: a user's own hidden files there (".tmp_notes") are not ours to delete.
+bool is_run_temp_file(const std::string& name) {
+  for (const char* f : {"metrics.csv", "metrics.json", "plot.svg"})
+    if (name == "." + std::string(f) + ".tmp") return true;
+  const std::string ck = ".checkpoint.safetensors.tmp.";
+  if (name.rfind(ck, 0) != 0) return false;
+  const std::string rest = name.substr(ck.size());  // <pid>.<n>
+  const size_t dot = rest.find('.');
+  auto digits = [](const std::string& d) { return !d.empty() && d.find_first_not_of("0123456789") == std::string::npos; };
+  return dot != std::string::npos && digits(rest.substr(0, dot)) && digits(rest.substr(dot + 1));
 }
 
 // Atomic text write: temp file, then rename, so a crash never leaves half a
@@ -247,12 +267,21 @@ class MetricsCsv {
   // The rows of an existing file of this run (columns found by name).
   // A cell that is not what this program writes (a hand-edited or damaged
   // file) is refused, naming the file, the line and the column.
-  static std::vector<Row> read(const fs::path& p) {
+  // `header`: line 1 as found ("" without a file), for check_header once the
+  // env's measure is known.
+  static std::vector<Row> read(const fs::path& p, std::string& header) {
     std::vector<Row> rows;
+    header.clear();
     (void)text_target(p, "--resume");  // (a FIFO there: the open below waited forever)
+    std::error_code ec;
+    if (!fs::exists(p, ec) && !ec) return rows;  // (no file: the checkpoint does not need it)
     std::ifstream in(p);
+    if (!in)  // (an unreadable file was taken for none, and the run's rows were written over)
+      throw Error(fmt::format("--resume: cannot read {} ({}); make it readable, or delete it (the checkpoint does not need it)",
+                              p.string(), std::strerror(errno)));
     std::string line;
     if (!std::getline(in, line)) return rows;
+    header = line;
     std::vector<std::string> cols;
     std::stringstream hs(line);
     for (std::string c; std::getline(hs, c, ',');) cols.push_back(c);
@@ -302,13 +331,24 @@ class MetricsCsv {
       }
       rows.push_back(r);
     }
+    if (in.bad()) throw Error(fmt::format("--resume: cannot read {} ({})", p.string(), std::strerror(errno)));
     return rows;
+  }
+  // A header read by read() that is this run's (its env's measure, and
+  // episode_return for RL), or none: another one was taken for this run's
+  // and written over.
+  static void check_header(const fs::path& p, const std::string& found, const std::string& measure, bool rl) {
+    const std::string want = header_of(measure, rl);
+    if (!found.empty() && found + '\n' != want)
+      throw Error(fmt::format("{} line 1: the header is '{}', not '{}' as this run writes it; fix the line or delete the file "
+                              "(the checkpoint does not need it)", p.string(), found, want.substr(0, want.size() - 1)));
   }
 
  private:
-  std::string header() const {
-    return "step,loss," + measure_ + (rl_ ? ",episode_return" : "") + ",segment_peak_bytes,rss_bytes,steps_per_s\n";
+  static std::string header_of(const std::string& measure, bool rl) {
+    return "step,loss," + measure + (rl ? ",episode_return" : "") + ",segment_peak_bytes,rss_bytes,steps_per_s\n";
   }
+  std::string header() const { return header_of(measure_, rl_); }
   // An interval with no loss (no target asked yet) or nothing scored (no
   // target, no finished episode) leaves that cell empty, as episode_return.
   static std::string cell(double v) { return std::isnan(v) ? std::string() : fmt::format("{:.6g}", v); }
@@ -412,7 +452,7 @@ std::string env_settings(const TrainConfig& c) {
 // and a count of no more than --lag, which would score nothing, is refused
 // before any work.
 int64_t eval_steps_for(const TrainConfig& c, int64_t steps, bool given, const char* flag) {
-  if (steps < 1 || steps > 1'000'000'000) throw Error(fmt::format("{} {}: must be in [1, 1e9]", flag, steps));
+  if (steps < 1 || steps > kMaxSteps) throw Error(fmt::format("{} {}: must be in [1, 1e9]", flag, steps));
   if (c.env != "recall") return steps;
   const int64_t lag = c.env_options.lag;
   if (!given) steps = std::max(steps, 2 * lag);
@@ -453,8 +493,13 @@ std::vector<std::string> plugin_args(int argc, char** argv) {
   return files;
 }
 
-// Whether metrics.json is a finished run's at `step`: complete, not interrupted.
-bool finished_metrics(const fs::path& file, int64_t step) {
+// Whether the run in `dir` wrote its end at `step`: metrics.json complete, not
+// interrupted, and plot.svg there (written before metrics.json; a write of it
+// that failed, a full disk, left the run to finish).
+bool finished_metrics(const fs::path& dir, int64_t step) {
+  const fs::path file = dir / "metrics.json";
+  std::error_code ec;
+  if (!fs::exists(dir / "plot.svg", ec)) return false;
   (void)text_target(file, "--resume");  // (a directory there threw "basic_filebuf::underflow")
   std::ifstream in(file);
   if (!in) return false;
@@ -603,6 +648,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   std::map<std::string, std::string> stored_flags;
   std::map<std::string, std::string> ck_meta;  // rank 0: the resumed checkpoint's metadata
   std::vector<Row> resumed_rows;  // rank 0: metrics.csv of a resumed run
+  std::string resumed_header;     // and its line 1
   // Started by mpirun: one rank of a data-parallel run (docs/distributed.md).
   // Rank 0 alone reads and writes files and prints; every rank trains.
   // (The communicator lives as long as the process: main's error handling uses it.)
@@ -621,7 +667,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   try {
   for (const auto& [opt, v] : {std::pair{"--log-every", a.log_every}, std::pair{"--checkpoint-every", a.checkpoint_every},
                                 std::pair{"--eval-steps", a.eval_steps}})
-    if (cmd.count(opt) && v < 1) throw Error(std::string(opt) + " " + std::to_string(v) + ": must be >= 1");
+    if (cmd.count(opt) && (v < 1 || v > kMaxSteps)) throw Error(std::string(opt) + " " + std::to_string(v) + ": must be in [1, 1e9]");
   if (comm && c.env_shards != 1) throw Error("--env-shards " + std::to_string(c.env_shards) + ": under mpirun each rank is one shard (leave --env-shards at 1)");
   if (resume) {
     out = a.resume;
@@ -633,7 +679,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       ck_meta = safetensors::load(ck).metadata;
       for (const auto& [k, v] : ck_meta)
         if (k.rfind("run.flags.", 0) == 0) stored_flags[k] = v;
-      resumed_rows = MetricsCsv::read(out / "metrics.csv");  // (refused here, before any collective, when damaged)
+      resumed_rows = MetricsCsv::read(out / "metrics.csv", resumed_header);  // (refused here, before any collective, when damaged)
     }
     c.budget_name = "--budget";
     for (const char* opt : {"--env", "--history", "--batch", "--hidden", "--embed", "--update-bias", "--lag", "--sparse", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget",
@@ -703,7 +749,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       const std::string& text = it->second;
       int64_t n = 0;
       const auto r = std::from_chars(text.data(), text.data() + text.size(), n);
-      if (r.ec != std::errc() || r.ptr != text.data() + text.size() || n < 1)  // (as the flags: >= 1; --eval-steps' range below)
+      if (r.ec != std::errc() || r.ptr != text.data() + text.size() || n < 1 || n > kMaxSteps)  // (as the flags)
         throw Error(fmt::format("--resume {}: checkpoint metadata {} is malformed ('{}')", out.string(), key, text));
       *v = n;
       if (v == &a.eval_steps) eval_given = true;
@@ -781,13 +827,14 @@ int train(TrainArgs& a, CLI::App& cmd) {
       throw Error(fmt::format("--steps {}: the checkpoint in {} is at step {}; pass --steps N with N > {} to train further, "
                               "or leave --steps out to finish the run as it was given", c.steps, out.string(), tr.step(), tr.step()));
     if (tr.done()) {
-      finishing = root && !finished_metrics(out / "metrics.json", tr.step());
+      finishing = root && !finished_metrics(out, tr.step());
       if (!finishing) {  // nothing to do: every file stays as it is
         if (root) std::printf("%s: already complete (step %ld of %ld); nothing to do. To train further, pass --steps N with N > %ld.\n",
                     out.c_str(), tr.step(), c.steps, tr.step());
         return 0;
       }
     }
+    if (root) MetricsCsv::check_header(out / "metrics.csv", resumed_header, measure, !spec.supervised);
     // A run killed while writing leaves its temporary files (".<file>.tmp",
     // ".checkpoint.safetensors.tmp.<pid>.<n>"); the files themselves are intact.
     // (Locked first: they may be a running process's. Not before here: a
@@ -798,7 +845,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     if (root) {
       for (const auto& e : fs::directory_iterator(out, ec)) {
         const std::string name = e.path().filename().string();
-        if (name.rfind('.', 0) == 0 && name.find(".tmp") != std::string::npos) fs::remove(e.path(), ec);
+        if (is_run_temp_file(name)) fs::remove(e.path(), ec);
       }
       rows = std::move(resumed_rows);
     }
@@ -809,12 +856,30 @@ int train(TrainArgs& a, CLI::App& cmd) {
     // (again, under the lock: a run may have written its rows or checkpoint
     // while this one set up; the first check spared that set-up)
     if (!a.force) (void)refuse_a_run_in(out);
-    // --force: nothing of the old run may be mistaken for the new one's.
-    std::error_code ec;
-    for (const char* f : {"checkpoint.safetensors", "metrics.csv", "metrics.json", "plot.svg"}) fs::remove(out / f, ec);
   }
+  // --force takes the folder when this run first writes there (a metrics row
+  // or a checkpoint): the old run's files stay whole until this run has
+  // trained a step to replace them with, so a run that fails at its first
+  // segment (a budget too small, an env plug-in's error) or is killed before
+  // it writes leaves the old run as it was. Then nothing of the old run may
+  // be mistaken for the new one's: its four files go.
   std::optional<MetricsCsv> csv;
-  if (root) csv.emplace(out / "metrics.csv", measure, !spec.supervised), csv->start(rows);
+  if (root) csv.emplace(out / "metrics.csv", measure, !spec.supervised);
+  bool claimed = false;
+  const auto claim = [&] {
+    if (!root || claimed) return;
+    claimed = true;
+    if (a.force && !resume) {
+      std::error_code ec;
+      for (const char* f : {"checkpoint.safetensors", "metrics.csv", "metrics.json", "plot.svg"}) fs::remove(out / f, ec);
+    }
+    csv->start(rows);
+  };
+  if (!(a.force && !resume)) claim();
+  const auto save_checkpoint = [&](const std::map<std::string, std::string>& meta) {
+    claim();
+    tr.save(out / "checkpoint.safetensors", meta);
+  };
 
   const std::string settings = env_settings(c);
   if (root) std::printf("segtape %s: training %s (%s, %s) with history %s for %ld steps, batch %ld, hidden %ld, budget %s%s%s%s -> %s\n",
@@ -824,7 +889,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
               settings.empty() ? "" : "; ", settings.c_str(), out.c_str());
   if (root && !plugin.empty()) std::printf("env %s from the plug-in %s\n", c.env.c_str(), plugin.c_str());
   if (finishing)
-    std::printf("training was complete at step %ld, but its end was not written (%s/metrics.json is missing or not final): "
+    std::printf("training was complete at step %ld, but its end was not written (%s/metrics.json is missing or not final, or plot.svg is missing): "
                 "running the final evaluation and writing metrics.json and plot.svg\n", tr.step(), out.c_str());
   if (comm && root)
     std::printf("data parallel: %d ranks (%s) x %ld streams, gradients averaged every update; rank 0 writes the files\n",
@@ -877,7 +942,8 @@ int train(TrainArgs& a, CLI::App& cmd) {
       };
       next(loss_sum, false), next(loss_n, false), next(return_sum, false), next(episodes, false), next(interval_steps, false),
           next(last_loss, true);
-      if (!ok || loss_n < 0 || episodes < 0 || interval_steps < 0)
+      constexpr int64_t most = int64_t(1) << 53;  // (counts a run could reach; more would overflow the sums they go on into)
+      if (!ok || loss_n < 0 || episodes < 0 || interval_steps < 0 || loss_n > most || episodes > most || interval_steps > most)
         throw Error("--resume " + out.string() + ": checkpoint metadata run.interval is malformed ('" + v + "')");
     }
     if (auto it = ck_meta.find(kIntervalPeakKey); it != ck_meta.end()) {  // (absent from checkpoints before it: 0)
@@ -895,6 +961,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     Row row{tr.step(), loss_n ? last_loss : nothing, tr.env().score_counts().second > 0 ? tr.env().score() : nothing,
             loss_n > 0, episodes ? return_sum / double(episodes) : nothing, interval_peak,
             resident_bytes(), secs > 0 ? double(timed_steps) / secs : 0};
+    claim();  // (before the row joins `rows`: a claim writes the rows so far)
     rows.push_back(row);
     if (csv) csv->append(row);
     if (tb) {
@@ -960,7 +1027,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       next_log += log_every;
     }
     if (!full && (tr.step() >= next_ck || tr.done())) {
-      tr.save(out / "checkpoint.safetensors", interval_meta());
+      save_checkpoint(interval_meta());
       next_ck += ck_every;
       // (evaluate puts the training state back: the run continues as without it)
       if (tb && !tr.done()) {
@@ -977,9 +1044,9 @@ int train(TrainArgs& a, CLI::App& cmd) {
   const bool budget_stop = full && !stopped.empty() && !is_stop_signal(stopped);
   const bool signal_stop = !stopped.empty() && !budget_stop;
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!full && signal_stop) tr.save(out / "checkpoint.safetensors", interval_meta());  // the segment boundary it stopped at
+  if (!full && signal_stop) save_checkpoint(interval_meta());  // the segment boundary it stopped at
   if (full && !stopped.empty() && interval_steps) log_row(std::chrono::steady_clock::now());
-  if (full && stopped.empty() && !finishing) tr.save(out / "checkpoint.safetensors", run_meta);
+  if (full && stopped.empty() && !finishing) save_checkpoint(run_meta);
   if (!root) return signal_stop ? stop_exit_code(stopped) : budget_stop ? 2 : 0;  // rank 0 writes the rest
   size_t run_peak = interval_peak;  // (segments since the last row, before a stop or on a resume's checkpoint)
   for (const Row& r : rows) run_peak = std::max(run_peak, r.segment_peak);  // (a resumed run's earlier rows too)
@@ -1030,8 +1097,10 @@ int train(TrainArgs& a, CLI::App& cmd) {
   if (signal_stop) j["interrupted"] = stopped;
   if (!eval_stopped.empty()) j["interrupted"] = eval_stopped + " during the final evaluation";
   if (budget_stop) j["stopped_by_budget"] = stopped;
-  write_text(out / "metrics.json", j.dump(2) + "\n");
+  claim();
+  // plot.svg first: metrics.json's "complete" marks the end as written (finished_metrics)
   write_text(out / "plot.svg", plot(rows, c, spec, eval));
+  write_text(out / "metrics.json", j.dump(2) + "\n");
   if (!tb_error.empty() && (signal_stop || !eval_stopped.empty() || budget_stop))  // (the stop's own status is the exit status)
     std::fprintf(stderr, "segtape: error: %s\n", tb_error.c_str());
   if (signal_stop) {
@@ -1154,6 +1223,15 @@ retention::TorchRunner load_torch_lab(std::string& note) {
 }
 #endif
 
+// An error is one line on stderr: a checkpoint's list of problems
+// ("<file>: cannot load ...: 2 problems (nothing was loaded):\n  a\n  b")
+// becomes "...: 2 problems (nothing was loaded): a; b".
+std::string one_line(std::string m) {
+  for (size_t at; (at = m.find("\n  ")) != std::string::npos;) m.replace(at, 3, at > 0 && m[at - 1] == ':' ? " " : "; ");
+  std::replace(m.begin(), m.end(), '\n', ' ');
+  return m;
+}
+
 int retention_lab(RetentionArgs& a) {
   namespace rt = retention;
   // N copies of the lab would time each other and write the same files.
@@ -1203,6 +1281,7 @@ int retention_lab(RetentionArgs& a) {
     small.segment_budget = small.device_persistent = small.device_carry = small.device_workspace = size_t(1) << 20;
     Tape probe(Device::cuda(), small);
   }
+  rt::check_lab_memory(c, which);  // (before its folder is made)
   prepare_dir(out);
   rt::TorchRunner torch = nullptr;
 #ifdef SEGTAPE_WITH_LIBTORCH
@@ -1245,20 +1324,11 @@ int retention_lab(RetentionArgs& a) {
   if (!explained.empty()) std::printf("%s", explained.c_str());
   std::printf("%s", rt::table(rep).c_str());
   std::printf("%.1f s; files: %s/{retention.csv, retention.json, retention.svg}\n", wall, out.c_str());
-  if (!rep.checks_passed()) {
-    std::fprintf(stderr, "segtape: error: exact-replay's gradients differ from pitfall 1's beyond the tolerance (see the table)\n");
+  if (const std::string why = rep.check_failure(); !why.empty()) {
+    std::fprintf(stderr, "segtape: error: %s (see the table)\n", one_line(why).c_str());
     return 1;
   }
   return 0;
-}
-
-// An error is one line on stderr: a checkpoint's list of problems
-// ("<file>: cannot load ...: 2 problems (nothing was loaded):\n  a\n  b")
-// becomes "...: 2 problems (nothing was loaded): a; b".
-std::string one_line(std::string m) {
-  for (size_t at; (at = m.find("\n  ")) != std::string::npos;) m.replace(at, 3, at > 0 && m[at - 1] == ':' ? " " : "; ");
-  std::replace(m.begin(), m.end(), '\n', ' ');
-  return m;
 }
 
 int rank_error(const std::exception& e) {
@@ -1387,7 +1457,7 @@ int run_cli(int argc, char** argv) {
   int64_t eval_steps = 1000;
   uint64_t eval_seed = 12345;
   CLI::App* ev = app.add_subcommand("eval", "Evaluate a checkpoint on fresh seeded episodes");
-  ev->add_option("--checkpoint", ck, "checkpoint.safetensors written by train")->required();
+  ev->add_option("--checkpoint", ck, "checkpoint.safetensors written by train")->required()->check(kNonEmpty);
   ev->add_option("--steps", eval_steps, "Steps to evaluate (recall: more than its --lag; default: at least 2 x --lag)")->capture_default_str();
   ev->add_option("--seed", eval_seed, "Seed of the fresh episodes")->capture_default_str()->check(seed_check);
   std::string eval_device;
@@ -1435,6 +1505,11 @@ int run_cli(int argc, char** argv) {
     std::fprintf(stderr, "segtape: error: no command '%s' (commands: train, eval, retention)\n", which.c_str());
     return 2;
   }
+  if (first.rfind('-', 0) == 0 && first != "-h" && first != "--help" && first != "--version") {  // (CLI11 said "A subcommand is required")
+    std::fprintf(stderr, "segtape: error: '%s' before a command: the options follow the command (segtape train|eval|retention "
+                 "[options]; see segtape help)\n", first.c_str());
+    return 2;
+  }
   if (first.rfind('-', 0) != 0 && std::find(commands.begin(), commands.end(), first) == commands.end()) {
     std::fprintf(stderr, "segtape: error: unknown command '%s' (commands: train, eval, retention; see segtape help)\n", first.c_str());
     return 2;
@@ -1457,6 +1532,12 @@ int run_cli(int argc, char** argv) {
     if (*tr) return train(ta, *tr);
     if (*ev) return eval(ck, eval_steps, ev->count("--steps") > 0, eval_seed, eval_device);
     if (*rl) return retention_lab(ra);
+  } catch (const std::bad_alloc&) {  // (what() is "std::bad_alloc", which names nothing)
+    const Error e("out of memory in segtape " + first + " (std::bad_alloc): the run needs more memory than this process may "
+                  "take (the machine's, or ulimit -v); make it smaller (--hidden, --batch, --steps) or allow more");
+    if (g_comm) return rank_error(e);
+    std::fprintf(stderr, "segtape: error: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     if (g_comm) return rank_error(e);
     std::fprintf(stderr, "segtape: error: %s\n", one_line(e.what()).c_str());
@@ -1487,7 +1568,20 @@ static void restart_with_recognised_blas_kernels(char** argv) {
   unsetenv("OPENBLAS_CORETYPE");  // exec failed: carry on with the generic kernels
 }
 
+// A standard descriptor closed by the caller (`segtape train ... >&-`) is
+// /dev/null here: else the next file opened took descriptor 1, and the
+// progress lines went into it (a TensorBoard event file, the run's lock).
+// (open returns the lowest free descriptor: 0, 1, 2 in turn.)
+static void keep_standard_descriptors() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int n = ::open("/dev/null", O_RDWR);
+    if (n >= 0 && n != fd) ::dup2(n, fd), ::close(n);
+  }
+}
+
 int main(int argc, char** argv) {
+  keep_standard_descriptors();
   restart_with_recognised_blas_kernels(argv);
   try {  // setting up the parser could throw too (out of memory): never terminate()
     return run_cli(argc, argv);

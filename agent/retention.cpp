@@ -632,7 +632,8 @@ GradCheck compare_gradients(const Trace& got, const Trace& want, double toleranc
   g.tolerance = tolerance;
   for (const Trace* t : {&got, &want})
     if (t->grads.empty()) {
-      g.problem = t->engine + " " + info(t->id).name + " has no gradients" + (t->error.empty() ? "" : " (it stopped: " + t->error_type + ")");
+      g.problem = t->engine + " " + info(t->id).name + " has no gradients" +
+                  (t->error.empty() ? "" : " (it stopped: " + t->error_type + ": " + t->error + ")");
       return g;
     }
   g.run = true;
@@ -656,19 +657,53 @@ GradCheck compare_gradients(const Trace& got, const Trace& want, double toleranc
   return g;
 }
 
-bool LabReport::checks_passed() const {
+std::string LabReport::check_failure() const {
   for (const CaseResult& r : results) {
     if (r.id != Case::ExactReplay) continue;
-    if (!r.grad_check.passed()) return false;
-    for (const GradCheck* g : {&r.libtorch_grad_check, &r.cross_engine_check})
-      if (g->run && !g->passed()) return false;
+    const std::pair<const GradCheck*, const char*> checks[] = {
+        {&r.grad_check, "segtape"}, {&r.libtorch_grad_check, "LibTorch"}, {&r.cross_engine_check, "segtape against LibTorch"}};
+    for (const auto& [g, which] : checks) {
+      if (g != &r.grad_check && !g->run) continue;  // (LibTorch's: where it ran)
+      const std::string check = std::string("exact-replay's gradient check (") + which + ")";
+      if (!g->run) return check + " could not be made: " + g->problem;
+      if (!g->problem.empty()) return check + ": " + g->problem;
+      if (!g->passed()) {
+        char b[160];
+        std::snprintf(b, sizeof b, "%.3g relative in %s, more than %.3g", g->max_rel_error, g->worst.c_str(), g->tolerance);
+        return "exact-replay's gradients differ from pitfall 1's beyond the tolerance (" + std::string(which) + ": " + b + ")";
+      }
+    }
   }
-  return true;
+  return "";
+}
+
+bool LabReport::checks_passed() const { return check_failure().empty(); }
+
+// Refuses a lab whose least memory is more than the process may take, before
+// anything is allocated (a bare std::bad_alloc named nothing): every case's
+// episode (tokens and targets, int64 a step and stream), and where a pitfall
+// runs on the CPU (exact-replay's check runs pitfall 1) its one segment,
+// whose arena holds every step's observation, embedding, GRU output and
+// logits at least (the gates too, but for pitfall 7's recomputation).
+void check_lab_memory(const LabConfig& cfg, const std::vector<Case>& which) {
+  const bool pitfall = std::any_of(which.begin(), which.end(), [](Case c) { return info(c).pitfall || c == Case::ExactReplay; });
+  const double episode = 16.0 * double(cfg.steps) * double(cfg.batch);
+  const double step = double(cfg.batch) * (8.0 + 4.0 * double(cfg.embed) + 4.0 * double(cfg.vocab) + 4.0 * double(cfg.hidden));
+  const double segment = pitfall && cfg.device == "cpu" ? step * double(cfg.steps) : 0;
+  std::string has;
+  const size_t limit = memory_limit(&has);
+  if (limit && episode + segment > double(limit))
+    throw Error("retention: --steps " + std::to_string(cfg.steps) + ", --batch " + std::to_string(cfg.batch) + ", --hidden " +
+                std::to_string(cfg.hidden) + " need at least " + format_bytes(size_t(episode + segment)) + " (the episode " +
+                format_bytes(size_t(episode)) + (segment > 0 ? ", and a pitfall's segment, which keeps all " +
+                std::to_string(cfg.steps) + " steps, " + format_bytes(size_t(segment)) : std::string()) + ") but " + has + " " +
+                format_bytes(limit) + ": lower --steps, --batch or --hidden");
 }
 
 LabReport run_lab(const LabConfig& cfg, const std::vector<Case>& which, TorchRunner torch,
                   const LabHooks& hooks) {
   cfg.validate();
+  check_lab_memory(cfg, which);
   LabReport rep;
   rep.config = cfg;
   rep.libtorch_built = torch != nullptr;

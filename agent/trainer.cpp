@@ -2,6 +2,7 @@
 
 #include "ppo.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,14 +27,9 @@ namespace segtape::agent {
 
 History History::parse(const std::string& s) {
   auto number = [&](const std::string& v, const char* what) {
-    size_t used = 0;
-    long long n = 0;
-    try {
-      n = std::stoll(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != v.size() || n < 1 || n > 1'000'000)
+    int64_t n = 0;  // digits only: no sign, no spaces ("tbptt: 32" was read as 32)
+    const auto r = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (v.empty() || v[0] == '-' || r.ec != std::errc() || r.ptr != v.data() + v.size() || n < 1 || n > 1'000'000)
       throw Error("--history " + s + ": " + what + " must be an integer in [1, 1000000]");
     return int64_t(n);
   };
@@ -50,6 +46,10 @@ History History::parse(const std::string& s) {
     h.kind = Kind::Exact;
     h.k = number(spec.substr(0, slash), "K");
     h.horizon = slash == std::string::npos ? 8 * h.k : number(spec.substr(slash + 1), "T");
+    // (the default T = 8K within T's range too: a checkpoint's exact:K/8K is read back through it)
+    if (h.horizon > 1'000'000)
+      throw Error("--history " + s + ": its window T = 8K = " + std::to_string(h.horizon) +
+                  " is more than 1000000 steps; give T in [1, 1000000] as exact:K/T");
   } else
     throw Error("unknown --history '" + s + "' (choose tbptt:K, detach, full, window:N, nograd-history, exact:K or exact:K/T)");
   return h;
@@ -232,6 +232,21 @@ void check_device_flag(const std::string& device) {
                 "use --device cpu, or rebuild where the CUDA toolkit is installed (docs/cuda.md)");
 }
 
+size_t memory_limit(std::string* what) {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  size_t limit = pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
+  if (what) *what = "this machine has";
+  for (const auto& [resource, name] : {std::pair{RLIMIT_AS, "ulimit -v allows"}, std::pair{RLIMIT_DATA, "ulimit -d allows"}}) {
+    rlimit r{};
+    if (::getrlimit(resource, &r) != 0 || r.rlim_cur == RLIM_INFINITY) continue;
+    if (limit == 0 || size_t(r.rlim_cur) < limit) {
+      limit = size_t(r.rlim_cur);
+      if (what) *what = name;
+    }
+  }
+  return limit;
+}
+
 // ---------------------------------------------------------------- trainer
 
 namespace {
@@ -260,11 +275,6 @@ TapeOptions tape_options(const TrainConfig& c) {
 PolicyShape policy_shape(const TrainConfig& c, const EnvSpec& spec) {
   return {c.embed, c.hidden, c.history.kind == History::Kind::Window ? c.history.window : 0, !spec.supervised || c.algo == "ppo",
           c.update_bias};
-}
-
-size_t physical_memory() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
 }
 
 // A lower bound of what one step keeps in the arena: its observation (the
@@ -305,13 +315,14 @@ void check_sizes(const TrainConfig& c, const SizeEstimate& e) {
                       " (" + format_bytes(e.step_bytes) + " per step " + sizes + "), more than the " + budget +
                       ": shorten the segment (--history tbptt:K with a smaller K), make the step smaller (batch, hidden "
                       "size, the env's observation) or raise " + c.budget_name);
-  const size_t machine = physical_memory();
+  std::string has;
+  const size_t machine = memory_limit(&has);
   const size_t need = e.parameter_bytes + std::min(e.segment_bytes, e.budget) + e.rollout_bytes;
   if (machine && need > machine)
     throw Error("the model needs at least " + format_bytes(need) + " (parameters, gradients and Adam's moments " +
                 format_bytes(e.parameter_bytes) + ", plus a segment of " + format_bytes(std::min(e.segment_bytes, e.budget)) +
                 (e.rollout_bytes ? ", plus PPO's rollout of " + format_bytes(e.rollout_bytes) : std::string()) +
-                ") but this machine has " + format_bytes(machine) + " of memory: make the model smaller (--hidden, --embed)" +
+                ") but " + has + " " + format_bytes(machine) + " of memory: make the model smaller (--hidden, --embed)" +
                 (e.rollout_bytes ? " or the rollout shorter (--rollout, --batch)" : ""));
 }
 

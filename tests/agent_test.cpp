@@ -1111,6 +1111,17 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
       {"train --resume " + d + "/" + std::string(300, 'n'), "--resume " + d + "/nnnn"},
       {"retention --out " + d + "/" + std::string(300, 'n'), "--out " + d + "/nnnn"},
       {"retention --dot " + d + "/metrics.csv/tape.dot --out " + d + "x", "--dot " + d + "/metrics.csv/tape.dot: cannot look at"},
+      // (a second review's: a run that could not be resumed or evaluated, an
+      // overflow, a message that named nothing)
+      {"train --history exact:125001 --out " + d + "x", "its window T = 8K = 1000008 is more than 1000000 steps"},
+      {"train --history 'tbptt: 32' --out " + d + "x", "K must be an integer in [1, 1000000]"},
+      {"train --history tbptt:+32 --out " + d + "x", "K must be an integer in [1, 1000000]"},
+      {"train --log-every 9223372036854775807 --out " + d + "x", "--log-every 9223372036854775807: must be in [1, 1e9]"},
+      {"train --checkpoint-every 2000000000 --out " + d + "x", "--checkpoint-every 2000000000: must be in [1, 1e9]"},
+      {"eval --checkpoint ''", "--checkpoint: needs a path"},
+      {"--bogus", "'--bogus' before a command"},
+      {"retention --no-libtorch --cases 1 --steps 100000 --batch 4096 --hidden 8192 --out " + d + "x",
+       "retention: --steps 100000, --batch 4096, --hidden 8192 need at least"},
   };
   for (const Bad& b : cases) {
     CmdResult r = sh(b.args);
@@ -1361,6 +1372,83 @@ TEST(Cli, ResumeFinishesAKilledEndAndKeepsTheRunsCadence) {
   ASSERT_EQ(resumed.code, 0) << resumed.out;
   const std::string kept = slurp(fs::path(b) / "metrics.csv");
   EXPECT_EQ(kept.rfind("step,loss,accuracy,segment_peak_bytes,rss_bytes,steps_per_s\n64,inf,0.5,100,100,1\n704,", 0), 0u) << kept;
+  fs::remove_all(dir);
+}
+
+// A second review's findings on the files of a run (docs/agent.md):
+// --resume deletes its own temporary files only, refuses a metrics.csv of
+// another measure, finishes a run whose plot.svg was not written; --force
+// takes the folder only when the new run writes (a run that fails at its
+// first segment leaves the old one whole); a closed stdout is not a file.
+TEST(Cli, ARunsFolderKeepsWhatIsNotItsToChange) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_keeps_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path b = dir / "run";
+  CmdResult first = sh("train --steps 64 --batch 2 --hidden 8 --log-every 32 --checkpoint-every 32 --eval-steps 20 --out " + b.string());
+  ASSERT_EQ(first.code, 0) << first.out;
+  const std::string ck = slurp(b / "checkpoint.safetensors"), csv = slurp(b / "metrics.csv");
+
+  // --force with a budget its first segment cannot hold (above the size
+  // check's lower bound): refused there, the old run as it was.
+  CmdResult forced = sh("train --steps 64 --batch 2 --hidden 8 --budget 25KiB --force --out " + b.string());
+  EXPECT_EQ(forced.code, 2) << forced.out;
+  EXPECT_NE(forced.out.find("segment budget exceeded"), std::string::npos) << forced.out;
+  EXPECT_EQ(slurp(b / "checkpoint.safetensors"), ck);
+  EXPECT_EQ(slurp(b / "metrics.csv"), csv);
+  for (const char* f : {"metrics.json", "plot.svg"}) EXPECT_TRUE(fs::exists(b / f)) << f;
+
+  // The measure column renamed: refused, the file kept.
+  std::string renamed = csv;
+  renamed.replace(renamed.find("accuracy"), 8, "banana");
+  std::ofstream(b / "metrics.csv", std::ios::trunc) << renamed;
+  CmdResult r = sh("train --resume " + b.string() + " --steps 128");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("the header is 'step,loss,banana,"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("as this run writes it"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp(b / "metrics.csv"), renamed);
+  std::ofstream(b / "metrics.csv", std::ios::trunc) << csv;
+
+  // Hidden files of the user's with ".tmp" in their names stay; the run's
+  // own temporary files go.
+  for (const char* f : {".tmp_notes", ".backup.tmpl", ".metrics.csv.tmp", ".checkpoint.safetensors.tmp.123.4"})
+    std::ofstream(b / f) << "x";
+  r = sh("train --resume " + b.string() + " --steps 128");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(b / ".tmp_notes"));
+  EXPECT_TRUE(fs::exists(b / ".backup.tmpl"));
+  EXPECT_FALSE(fs::exists(b / ".metrics.csv.tmp"));
+  EXPECT_FALSE(fs::exists(b / ".checkpoint.safetensors.tmp.123.4"));
+
+  // plot.svg not written (a full disk) after a complete metrics.json: the
+  // run is not complete, and --resume writes its end.
+  fs::remove(b / "plot.svg");
+  r = sh("train --resume " + b.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("but its end was not written"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(b / "plot.svg"));
+
+  // stdout closed: the progress lines go nowhere, not into the event file
+  // opened next (it took descriptor 1).
+  const fs::path c = dir / "closed", logs = dir / "logs";
+  const test::Process closed = test::run_shell(std::string(SEGTAPE_BIN) + " train --steps 64 --batch 2 --hidden 8 --log-every 32 --out " +
+                                               c.string() + " --log-dir " + logs.string() + " 2>&1 >&-");
+  ASSERT_EQ(closed.code, 0) << closed.output;
+  for (const auto& e : fs::directory_iterator(logs)) EXPECT_EQ(slurp(e.path()).find("segtape"), std::string::npos) << e.path();
+  EXPECT_EQ(slurp(c / ".segtape.lock"), "");
+  fs::remove_all(dir);
+}
+
+// The lab's gradient check names why it could not be made (a budget too small
+// for exact-replay's segment), not "the gradients differ".
+TEST(Cli, RetentionLabNamesWhyItsCheckCouldNotBeMade) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_lab_budget_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  CmdResult r = sh("retention --no-libtorch --steps 20 --batch 2 --hidden 8 --budget 4KiB --cases exact-replay --out " + dir.string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("exact-replay's gradient check (segtape) could not be made"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("BudgetError: segment budget exceeded"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("differ from pitfall 1's"), std::string::npos) << r.out;
   fs::remove_all(dir);
 }
 

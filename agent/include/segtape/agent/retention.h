@@ -238,6 +238,11 @@ struct GradCheck {
 };
 GradCheck compare_gradients(const Trace& got, const Trace& want, double tolerance = kGradTolerance);
 
+// Throws Error when the lab's least memory (its episode; a pitfall's
+// one segment of every step, on the CPU) is more than the process may take
+// (memory_limit), naming --steps, --batch and --hidden. run_lab calls it.
+void check_lab_memory(const LabConfig& cfg, const std::vector<Case>& which);
+
 // The whole lab.
 struct CaseResult {
   Case id{};
@@ -259,6 +264,9 @@ struct LabReport {
   std::string libtorch_note = "LibTorch not built (configure with libtorch-dev installed to run it)";
   // false when exact-replay's gradient check failed or could not run (the table and the JSON say FAILED)
   bool checks_passed() const;
+  // Why not ("" when they did): the check, and the run that stopped (a
+  // BudgetError), the parameter or the error that failed it.
+  std::string check_failure() const;
 };
 struct LabHooks {
   std::function<void(const std::string&)> progress;  // a line before each run

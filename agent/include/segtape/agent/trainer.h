@@ -107,6 +107,12 @@ struct SizeEstimate {
   size_t rollout_bytes = 0;    // ppo: the rollout kept on the host (agent/ppo.h)
 };
 
+// The memory this process may take, to refuse a size that cannot fit before
+// anything is allocated: the machine's physical memory, or less where the
+// process's address-space or data limit (ulimit -v, -d) is lower. `what`,
+// when given, says which ("this machine has", "ulimit -v allows"). 0: unknown.
+size_t memory_limit(std::string* what = nullptr);
+
 class Trainer {
  public:
   // With a communicator of several ranks (dist::mpi() under mpirun), the
