@@ -38,20 +38,16 @@ void Module::add_child(const std::string& name, Module& child) {
 }
 
 bool Module::contains(const Module* m) const {
-  if (m == this) return true;
-  for (const auto& [n, c] : children_)
-    if (c->contains(m)) return true;
-  return false;
-}
-
-void Module::collect(const std::string& prefix, std::vector<NamedTensor>& out) const {
-  for (const auto& [n, p] : params_) out.emplace_back(prefix + n, p);
-  for (const auto& [n, c] : children_) c->collect(prefix + n + ".", out);
+  bool found = false;
+  walk([&](const Module& x, const std::string&) { found = found || &x == m; }, false);
+  return found;
 }
 
 std::vector<NamedTensor> Module::named_parameters() const {
   std::vector<NamedTensor> out;
-  collect("", out);
+  walk([&](const Module& x, const std::string& prefix) {
+    for (const auto& [n, p] : x.params_) out.emplace_back(prefix + n, p);
+  });
   return out;
 }
 
@@ -63,14 +59,16 @@ std::vector<Tensor> Module::parameters() const {
 
 int64_t Module::parameter_count() const {
   int64_t n = 0;
-  for (const auto& [name, p] : params_) n += p.numel();
-  for (const auto& [name, c] : children_) n += c->parameter_count();
+  walk([&](const Module& x, const std::string&) {
+    for (const auto& [name, p] : x.params_) n += p.numel();
+  }, false);
   return n;
 }
 
 void Module::zero_grad() {
-  for (const auto& [n, p] : params_) segtape::zero_grad(p);
-  for (const auto& [n, c] : children_) c->zero_grad();
+  walk([](const Module& x, const std::string&) {
+    for (const auto& [n, p] : x.params_) segtape::zero_grad(p);
+  }, false);
 }
 
 }  // namespace segtape::nn

@@ -138,8 +138,9 @@ void check_param(const Tensor& p) {
 // Visits a module's parameters without building a list (no allocation).
 template <class F>
 void for_each_param(const Module& m, F&& f) {
-  for (const auto& [n, p] : m.own_parameters()) f(p);
-  for (const auto& [n, c] : m.children()) for_each_param(*c, f);
+  m.walk([&](const Module& x, const std::string&) {
+    for (const auto& [n, p] : x.own_parameters()) f(p);
+  }, false);
 }
 
 // clip_coef = max_norm / (total + 1e-6), clamped to 1. PyTorch multiplies

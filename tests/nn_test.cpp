@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <random>
 
 #include "../bench/workload.h"  // the benchmark workload (bench/compare.cpp)
@@ -139,6 +140,33 @@ TEST(Modules, RegistrationErrors) {
   EXPECT_THROW(m.register_parameter("x.y", {2}), Error);
   EXPECT_THROW(m.register_module("b", b), Error);  // another tape
   EXPECT_THROW(nn::Linear(tape, rng, 0, 3), ShapeError);
+}
+
+// A chain of modules deeper than the stack holds a recursive walk's frames
+// (Python's named_parameters() overflowed it at about 45,000 levels): every
+// walk over the modules is a loop.
+TEST(Modules, AChainDeeperThanTheStackWalks) {
+  Tape tape;
+  constexpr int kDepth = 200000;
+  std::vector<std::unique_ptr<nn::Module>> chain;
+  chain.push_back(std::make_unique<nn::Module>(tape));
+  for (int i = 1; i < kDepth; ++i) {
+    chain.push_back(std::make_unique<nn::Module>(tape));
+    chain[size_t(i) - 1]->register_module("c", *chain.back());
+  }
+  chain.back()->register_parameter("w", {3});
+  chain[kDepth / 2]->register_parameter("v", {2});
+  const nn::Module& root = *chain.front();
+  const std::vector<nn::NamedTensor> named = root.named_parameters();
+  ASSERT_EQ(named.size(), 2u);
+  std::string path;
+  for (int i = 0; i < kDepth / 2; ++i) path += "c.";
+  EXPECT_EQ(named[0].first, path + "v");  // (a module's own parameters before its children's)
+  EXPECT_EQ(named[1].first.size(), size_t(2 * (kDepth - 1) + 1));
+  EXPECT_EQ(root.parameter_count(), 5);
+  chain.front()->zero_grad();
+  EXPECT_NO_THROW(nn::clip_grad_norm(root, 1.0));
+  EXPECT_THROW(chain.back()->register_module("loop", *chain.front()), Error);  // (the cycle check walks it too)
 }
 
 TEST(Modules, ForwardShapesAndErrors) {
