@@ -624,9 +624,10 @@ void Trainer::update(bool has_loss) {
 }
 
 namespace {
-// save and load between segments only: from an env's callback inside
-// run_segment or evaluate, the step, the state and the parameters are the
-// segment's half-done ones (a load there was accepted and then overwritten).
+// save, load, run_segment and evaluate between segments only: from an env's
+// callback inside run_segment or evaluate, the step, the state and the
+// parameters are the segment's half-done ones (a load there was accepted and
+// then overwritten; a nested evaluate wrote the outer segment's state).
 // (busy: inside run_segment or evaluate, also between evaluate's segments,
 // where its interrupt check runs Python's signal handlers)
 void refuse_inside_a_segment(bool busy, const char* what) {
@@ -645,7 +646,10 @@ struct Busy {
 };
 }  // namespace
 
+void Trainer::refuse_while_running(const char* what) const { refuse_inside_a_segment(busy_ > 0, what); }
+
 SegmentResult Trainer::run_segment() {
+  refuse_while_running("run_segment");  // (an env's callback: the outer segment's state, half-done)
   const Busy busy(busy_);
   if (config_.history.kind == History::Kind::Full) return segment_of_history();
   // The state entering the segment in its persistent home (a carried value
@@ -1110,6 +1114,7 @@ SegmentResult Trainer::actor_critic_segment(Segment& seg, int64_t n) {
 }
 
 double Trainer::evaluate(int64_t steps, uint64_t seed) {
+  refuse_while_running("evaluate");  // (before its env and state are swapped for the evaluation's)
   if (steps < 1) throw Error("evaluate: steps must be >= 1, got " + std::to_string(steps));
   const Busy busy(busy_);
   // A fresh env and fresh history, greedy actions, nothing recorded; the

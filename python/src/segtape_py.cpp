@@ -1019,8 +1019,12 @@ NB_MODULE(_segtape, m) {
       .def("done", &agent::Trainer::done)
       .def_prop_ro("step", &agent::Trainer::step)
       .def("score", [](agent::Trainer& t) { return t.env().score(); })
-      .def("reset_score", [](agent::Trainer& t) { t.env().reset_score(); })
+      .def("reset_score", [](agent::Trainer& t) {
+        t.refuse_while_running("reset_score");
+        t.env().reset_score();
+      })
       .def("evaluate", [](agent::Trainer& t, int64_t steps, uint64_t seed) {
+        t.refuse_while_running("evaluate");  // (before the interrupt check of a running evaluate is replaced below)
         // Ctrl-C stops it at its next segment (Python's signal handlers run
         // there) and raises their exception (KeyboardInterrupt).
         std::optional<nb::python_error> stopped;

@@ -230,3 +230,51 @@ def test_a_signal_handler_cannot_save_inside_evaluate(tmp_path):
         signal.signal(signal.SIGALRM, old)
     assert not (tmp_path / "from-handler.safetensors").exists()
     tr.save(str(tmp_path / "after.safetensors"))  # between segments: as before
+
+
+def test_a_trainer_refuses_run_segment_and_evaluate_from_inside_a_segment():
+    # A run_segment or evaluate from an env's step() got "segment 2 is still
+    # open", after it had written the trainer's persistent state: the outer
+    # segment then failed in its backward ("copy_into wrote into it").
+    import segtape.gym as sg
+    A = segtape._segtape.agent
+    box = {}
+
+    class Env:
+        def __init__(self, b, s):
+            self.b = b
+
+        def observe(self):
+            return np.zeros((self.b, 3), np.float32)
+
+        def step(self, a):
+            if "call" in box:
+                call = box.pop("call")
+                try:
+                    call()
+                except segtape.Error as e:
+                    box["refused"] = str(e)
+            return np.ones(self.b, np.float32), np.zeros(self.b, np.uint8), np.zeros(self.b, np.uint8)
+
+    sg._factories["misuse.reentrant_run"] = Env
+    A.register_python_env("misuse.reentrant_run", 3, 0, 4)
+    c = A.TrainConfig()
+    c.env, c.batch, c.hidden, c.embed, c.steps, c.history = "misuse.reentrant_run", 4, 8, 4, 10**6, "tbptt:8"
+    tr = A.Trainer(c)
+    tr.run_segment()
+    calls = (("run_segment", tr.run_segment), ("evaluate", lambda: tr.evaluate(8, 1)), ("reset_score", tr.reset_score))
+    for name, call in calls:
+        box["call"] = call
+        step = tr.step
+        assert tr.run_segment()["steps"] == 8  # the outer segment completes
+        assert tr.step == step + 8
+        assert box.pop("refused", "").startswith(name + ": called while a segment runs"), name
+    # from the evaluation's env: refused too, and the outer evaluate completes
+    score = tr.evaluate(64, 2)
+    for name, call in calls:
+        box["call"] = call
+        again = tr.evaluate(64, 2)
+        assert again == score or (again != again and score != score), name
+        assert box.pop("refused", "").startswith(name + ": called while a segment runs"), name
+    tr.run_segment()  # between segments: as before
+    assert tr.step == 8 * 5

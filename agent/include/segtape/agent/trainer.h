@@ -178,6 +178,13 @@ class Trainer {
   // program reads the flag its SIGINT / SIGTERM handler sets; Python's binding
   // runs Python's signal handlers (Ctrl-C raises KeyboardInterrupt). Empty: none.
   void set_interrupt(std::function<bool()> check) { interrupt_ = std::move(check); }
+  // Refuses (segtape::Error naming `what`) a call made while a segment runs:
+  // from inside run_segment or evaluate (an env's callback, or a signal
+  // handler evaluate's interrupt check runs), before the call changes
+  // anything. run_segment and evaluate begin with it (save and load with
+  // the same refusal), and so does a binding that changes the trainer before
+  // it calls one of them (Python's evaluate sets the interrupt check first).
+  void refuse_while_running(const char* what) const;
 
   // Everything to continue bit-identically: parameters, optimizer moments,
   // step, env state, carried history, rngs, config. Atomic write.
@@ -261,8 +268,9 @@ class Trainer {
   std::vector<std::string> load_as_rank0_of(
       const std::filesystem::path& file, int64_t n, bool check_ranks,
       const std::function<void(const std::vector<std::string>&, std::vector<std::string>&)>& check = {});
-  // Busy in run_segment or evaluate (save and load are refused there, also
-  // from a signal handler evaluate's interrupt check runs between segments).
+  // Busy in run_segment or evaluate (run_segment, evaluate, save and load are
+  // refused there, also from a signal handler evaluate's interrupt check runs
+  // between segments).
   int busy_ = 0;
 
   dist::Communicator* comm_ = nullptr;
