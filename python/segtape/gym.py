@@ -245,6 +245,9 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     _A.register_python_env(name, obs_dim, vocab, actions, "success")
     c = _A.TrainConfig()
     c.env, c.history, c.steps, c.batch, c.hidden, c.embed = name, history, int(steps), int(batch), int(hidden), int(embed)
+    if eval_every and c.history == "full":
+        raise Error("segtape.gym.train: eval_every needs a history other than 'full': history 'full' keeps its whole run in "
+                    "one open segment, so it evaluates only once the run has ended (result.evaluate() after train())")
     c.lr, c.gamma, c.entropy, c.value_coef, c.clip, c.seed = lr, gamma, entropy, value_coef, clip, int(seed)
     c.algo, c.rollout, c.epochs, c.minibatches = algo, int(rollout), int(epochs), int(minibatches)
     c.clip_range, c.gae_lambda, c.lr_schedule = clip_range, gae_lambda, lr_schedule

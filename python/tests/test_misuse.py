@@ -278,3 +278,34 @@ def test_a_trainer_refuses_run_segment_and_evaluate_from_inside_a_segment():
         assert box.pop("refused", "").startswith(name + ": called while a segment runs"), name
     tr.run_segment()  # between segments: as before
     assert tr.step == 8 * 5
+
+
+def test_history_full_refuses_evaluate_by_name_until_the_run_ends():
+    # It was "tape.segment(): segment 1 is still open; end it (let its
+    # Segment go out of scope, or call end())", advice no caller can follow.
+    A = segtape._segtape.agent
+    c = A.TrainConfig()
+    c.env, c.batch, c.hidden, c.embed, c.steps, c.history = "recall", 4, 8, 4, 64, "full"
+    t = A.Trainer(c)
+    t.run_segment()
+    with pytest.raises(segtape.Error, match=r"^evaluate: history 'full' keeps its whole run in one open segment; "
+                                            r"it evaluates only once the run has ended"):
+        t.evaluate(16, 1)
+    while not t.done():
+        t.run_segment()  # the refusal changed nothing
+    assert t.step == 64
+    t.evaluate(16, 1)  # the run has ended: its segment with it
+
+
+def test_gym_train_refuses_eval_every_with_history_full_before_training():
+    pytest.importorskip("gymnasium")
+    import segtape.gym as sg
+    sg.register_gymnasium_envs()
+    rows = []
+    with pytest.raises(segtape.Error, match=r"^segtape\.gym\.train: eval_every .*history 'full' keeps its whole run in one "
+                                            r"open segment"):
+        sg.train("segtape/TMaze-v0", steps=64, batch=2, hidden=8, history="full", eval_every=32, eval_episodes=2,
+                 log_every=8, callback=rows.append)
+    assert rows == []  # refused before any training
+    res = sg.train("segtape/TMaze-v0", steps=64, batch=2, hidden=8, history="full")
+    assert res.evaluate(episodes=2)["episodes"] == 2  # once the run has ended
