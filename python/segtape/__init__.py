@@ -13,6 +13,7 @@ segment ends, so memory per segment is fixed by construction::
 docs/python.md documents the API; the C++ library it wraps is documented in
 docs/design.md.
 """
+import atexit as _atexit
 import re as _re
 
 import numpy as _np
@@ -73,6 +74,29 @@ def _warn_if_generic_blas():
 
 
 _warn_if_generic_blas()
+
+# The longest the interpreter's exit waits for segtape calls still running in
+# daemon threads (docs/python.md, "Threads and the interpreter's exit").
+_EXIT_WAIT_SECONDS = 5.0
+
+
+def _at_exit():
+    """Runs before the interpreter finalizes, while daemon threads still run:
+    from here on the calls that release the GIL or run Python code from C++
+    (Trainer(), run_segment, evaluate, retention.run, make_env, the dist
+    collectives) raise RuntimeError, running ones stop at their next boundary,
+    and this waits for them. A daemon thread that finalization ends inside
+    such a call ends the process with std::terminate (CPython ends it with
+    pthread_exit, whose unwinding no nanobind call lets through)."""
+    left = _C._at_exit(_EXIT_WAIT_SECONDS)
+    if left:
+        import sys
+
+        print(f"segtape: {left} call(s) in daemon threads still running {_EXIT_WAIT_SECONDS:g} s after the interpreter "
+              "began to exit; the process may end with std::terminate", file=sys.stderr)
+
+
+_atexit.register(_at_exit)
 
 _UINT32_MAX = 2**32 - 1
 

@@ -22,12 +22,16 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <typeinfo>
@@ -56,6 +60,77 @@ namespace {
 std::mutex& dist_calls() {
   static std::mutex m;
   return m;
+}
+
+// ---------------------------------------------------------------- interpreter exit
+//
+// When the interpreter finalizes, CPython 3.11 ends a daemon thread that
+// takes the GIL again with pthread_exit. Its forced unwind cannot pass a
+// nanobind call (the dispatcher and the ndarray export are noexcept): a
+// daemon thread inside a call that releases the GIL (retention.run, the dist
+// collectives) or runs Python code (a Python env's callbacks in
+// Trainer.run_segment) ended the process with std::terminate or a segfault.
+// So no such call may be running when finalization begins: the atexit
+// handler segtape registers at import (_at_exit) runs before it, while
+// daemon threads still run. It sets `exiting`, which refuses new calls and
+// stops running ones at their next boundary (a Python env's next callback,
+// evaluate's next segment, the lab's next 64 steps), and waits, at most its
+// timeout, for `in_flight` to reach 0.
+struct ExitGate {
+  std::atomic<bool> exiting{false};
+  std::atomic<int64_t> in_flight{0};
+  std::mutex m;  // (for cv: the waiter checks in_flight under it)
+  std::condition_variable cv;
+};
+ExitGate& exit_gate() {
+  static ExitGate g;
+  return g;
+}
+bool interpreter_exiting() { return exit_gate().exiting.load(); }
+
+// A running call stopped by the interpreter's exit; Python's RuntimeError
+// (nanobind translates std::runtime_error; not a segtape::Error, so that
+// segtape's own handlers do not take it for a bad argument).
+struct InterpreterExiting : std::runtime_error {
+  explicit InterpreterExiting(const std::string& what)
+      : std::runtime_error("segtape: the interpreter is exiting; " + what) {}
+};
+
+// Counts a call in flight for the scope (made and ended with the GIL held),
+// or refuses it once the interpreter exits.
+class ExitGuard {
+ public:
+  explicit ExitGuard(const char* call) {
+    ExitGate& g = exit_gate();
+    g.in_flight.fetch_add(1);  // (then exiting: _at_exit sets it, then reads in_flight)
+    if (g.exiting.load()) {
+      leave();
+      throw InterpreterExiting(std::string(call) + " refused");
+    }
+  }
+  ~ExitGuard() { leave(); }
+  ExitGuard(const ExitGuard&) = delete;
+  ExitGuard& operator=(const ExitGuard&) = delete;
+
+ private:
+  static void leave() {
+    ExitGate& g = exit_gate();
+    if (g.in_flight.fetch_sub(1) == 1 && g.exiting.load()) {
+      const std::lock_guard<std::mutex> lock(g.m);
+      g.cv.notify_all();
+    }
+  }
+};
+
+// _at_exit: refuses every guarded call from now on and waits (the GIL
+// released) until none runs, or timeout_s; returns how many still run.
+int64_t at_exit(double timeout_s) {
+  ExitGate& g = exit_gate();
+  g.exiting.store(true);
+  nb::gil_scoped_release release;
+  std::unique_lock<std::mutex> lock(g.m);
+  g.cv.wait_for(lock, std::chrono::duration<double>(std::max(timeout_s, 0.0)), [&] { return g.in_flight.load() == 0; });
+  return g.in_flight.load();
 }
 }  // namespace
 
@@ -396,6 +471,7 @@ class PyEnv final : public agent::Env {
       : Env(batch, seed), py_(std::move(py)), spec_(std::move(spec)) {}
   const agent::EnvSpec& spec() const override { return spec_; }
   void observe(std::span<int64_t> tokens, std::span<float> vectors) const override {
+    refuse_at_exit("observe");
     nb::gil_scoped_acquire gil;
     nb::object o = py_.attr("observe")();
     if (spec_.vocab > 0) {
@@ -407,6 +483,7 @@ class PyEnv final : public agent::Env {
     }
   }
   void step(std::span<const int64_t> actions, std::span<float> reward, std::span<uint8_t> done) override {
+    refuse_at_exit("step");
     nb::gil_scoped_acquire gil;
     size_t shape[1] = {actions.size()};
     nb::ndarray<nb::numpy, const int64_t> acts(actions.data(), 1, shape, nb::handle());
@@ -425,6 +502,12 @@ class PyEnv final : public agent::Env {
   bool valid_state(std::span<const int64_t> ints) const override { return ints.empty(); }
 
  private:
+  // A running Trainer call stops at the env's next callback once the
+  // interpreter exits (ExitGate).
+  void refuse_at_exit(const char* call) const {
+    if (interpreter_exiting())
+      throw InterpreterExiting("env '" + spec_.name + "': " + call + "() not called; the call stepping it stops");
+  }
   // What a callback returned, as T, or an error naming the env and what it should have been.
   template <class T>
   T as(nb::handle o, const char* what, const char* expected) const {
@@ -456,6 +539,10 @@ NB_MODULE(_segtape, m) {
   // Nothing leaks while the interpreter runs (the ASan run of the tests).
   nb::set_leak_warnings(false);
   register_errors(m);
+  m.def("_at_exit", &at_exit, "timeout_s"_a,
+        "segtape's atexit handler (registered at import): refuses the calls that release the GIL or run Python code "
+        "from now on, stops running ones at their next boundary and waits up to timeout_s for them; returns how many "
+        "still run.");
   m.attr("SEGMENT_ARENA_POOL") = kSegmentArenaPool;  // OutOfMemoryError.pool of the segment arena
   m.def("cuda_built", &Device::cuda_built, "Whether this build has the CUDA backend (a GPU is still needed).");
   m.def("parse_bytes", [](const std::string& s, const std::string& what) { return agent::parse_bytes(s, what.c_str()); },
@@ -894,8 +981,11 @@ NB_MODULE(_segtape, m) {
     // Ctrl-C: the lab runs without the GIL, so Python's signal handlers run
     // only here, between its steps; their exception (KeyboardInterrupt) is
     // kept and raised once the lab has unwound.
+    const ExitGuard running("retention.run");
     std::optional<nb::python_error> stopped;
-    hooks.interrupted = [&stopped] {
+    bool exiting = false;
+    hooks.interrupted = [&stopped, &exiting] {
+      if (interpreter_exiting()) return exiting = true;  // (asked without the GIL)
       nb::gil_scoped_acquire gil;
       if (PyErr_CheckSignals() == 0) return false;
       stopped.emplace();  // takes the exception, leaving none set
@@ -907,6 +997,7 @@ NB_MODULE(_segtape, m) {
       r = rt::run_lab(cfg, cases, nullptr, hooks);
     } catch (const rt::Interrupted&) {
       if (stopped) throw *stopped;
+      if (exiting) throw InterpreterExiting("retention.run stopped");
       throw;
     }
     return dict_of({{"json", nb::cast(rt::to_json(r))}, {"csv", nb::cast(rt::to_csv(r))}, {"svg", nb::cast(rt::to_svg(r))}, {"table", nb::cast(rt::table(r))}});
@@ -940,6 +1031,7 @@ NB_MODULE(_segtape, m) {
       .def_prop_ro("supervised", [](const agent::Env& e) { return e.spec().supervised; })
       .def_prop_ro("batch", &agent::Env::batch)
       .def("observe", [](const agent::Env& e) {
+        const ExitGuard running("Env.observe");  // (a Python env's: Python code)
         const auto& sp = e.spec();
         std::vector<int64_t> tokens(size_t(e.batch()));
         std::vector<float> vectors(size_t(e.batch() * std::max<int64_t>(sp.obs_dim, 0)));
@@ -947,6 +1039,7 @@ NB_MODULE(_segtape, m) {
         return std::make_pair(tokens, vectors);
       })
       .def("step", [](agent::Env& e, const std::vector<int64_t>& actions) {
+        const ExitGuard running("Env.step");
         std::vector<float> reward(size_t(e.batch()));
         std::vector<uint8_t> done(size_t(e.batch()));
         if (actions.size() != size_t(e.batch()))
@@ -957,6 +1050,7 @@ NB_MODULE(_segtape, m) {
       .def("score", &agent::Env::score);
   ag.def("make_env", [](const std::string& name, int64_t batch, uint64_t seed, int64_t lag, int64_t vocab, int64_t corridor,
                         bool sparse) {
+    const ExitGuard running("make_env");  // (a Python env's factory)
     agent::EnvOptions o;
     o.lag = lag, o.vocab = vocab, o.corridor = corridor, o.sparse = sparse;
     return agent::make_env(name, batch, seed, o);
@@ -998,8 +1092,11 @@ NB_MODULE(_segtape, m) {
       .def_rw("graph_replay", &agent::TrainConfig::graph_replay)
       .def("validate", &agent::TrainConfig::validate);
   nb::class_<agent::Trainer>(ag, "Trainer")
-      .def(nb::init<const agent::TrainConfig&, dist::Communicator*>(), "config"_a, "comm"_a.none() = nullptr,
-           nb::keep_alive<1, 3>(), "With a communicator of several ranks: one rank of a data-parallel run (docs/distributed.md).")
+      .def("__init__", [](agent::Trainer* self, const agent::TrainConfig& c, dist::Communicator* comm) {
+        const ExitGuard running("Trainer()");  // (a Python env's factory)
+        new (self) agent::Trainer(c, comm);
+      }, "config"_a, "comm"_a.none() = nullptr, nb::keep_alive<1, 3>(),
+           "With a communicator of several ranks: one rank of a data-parallel run (docs/distributed.md).")
       .def_prop_ro("rank", &agent::Trainer::rank)
       .def_prop_ro("ranks", &agent::Trainer::ranks)
       .def("load", [](agent::Trainer& t, const std::filesystem::path& path) { t.load(path); })
@@ -1009,6 +1106,7 @@ NB_MODULE(_segtape, m) {
         return l;
       }, "Copies of the policy's parameters (NumPy arrays), in order.")
       .def("run_segment", [](agent::Trainer& t) {
+        const ExitGuard running("Trainer.run_segment");
         const agent::SegmentResult r = t.run_segment();
         return dict_of({{"steps", nb::cast(r.steps)}, {"loss_sum", nb::cast(r.loss_sum)}, {"loss_steps", nb::cast(r.loss_steps)},
                         {"return_sum", nb::cast(r.return_sum)}, {"episodes", nb::cast(r.episodes)},
@@ -1024,15 +1122,19 @@ NB_MODULE(_segtape, m) {
         t.env().reset_score();
       })
       .def("evaluate", [](agent::Trainer& t, int64_t steps, uint64_t seed) {
+        const ExitGuard running("Trainer.evaluate");
         t.refuse_while_running("evaluate");  // (before the interrupt check of a running evaluate is replaced below)
         // (the C++ side's own refusal, "segment 1 is still open", gave advice no Python caller can follow)
         if (t.config().history.kind == agent::History::Kind::Full && t.tape().segment_open())
           throw Error("evaluate: history 'full' keeps its whole run in one open segment; it evaluates only once the run has "
                       "ended (done())");
         // Ctrl-C stops it at its next segment (Python's signal handlers run
-        // there) and raises their exception (KeyboardInterrupt).
+        // there) and raises their exception (KeyboardInterrupt); so does the
+        // interpreter's exit, with a RuntimeError.
         std::optional<nb::python_error> stopped;
-        t.set_interrupt([&stopped] {
+        bool exiting = false;
+        t.set_interrupt([&stopped, &exiting] {
+          if (interpreter_exiting()) return exiting = true;
           if (PyErr_CheckSignals() == 0) return false;
           stopped.emplace();  // takes the exception, leaving none set while the env is put back
           return true;
@@ -1046,6 +1148,7 @@ NB_MODULE(_segtape, m) {
         }
         t.set_interrupt({});
         if (stopped) throw *stopped;
+        if (exiting) throw InterpreterExiting("Trainer.evaluate stopped");
         return score;
       }, "steps"_a, "seed"_a,
            "Greedy evaluation over `steps` fresh steps of a new env seeded `seed`: its score, or NaN where nothing was scored "
@@ -1067,6 +1170,7 @@ NB_MODULE(_segtape, m) {
       .def("allreduce_sum", [](dist::Communicator& c, nb::ndarray<float, nb::c_contig, nb::device::cpu> a) {
         float* data = a.data();
         const size_t n = a.size();
+        const ExitGuard running("Communicator.allreduce_sum");
         nb::gil_scoped_release release;
         const std::lock_guard<std::mutex> one(dist_calls());
         dist::check_same(c, {{"call", "allreduce_sum"}, {"elements", std::to_string(n)}}, "segtape.dist's collective call");
@@ -1087,6 +1191,7 @@ NB_MODULE(_segtape, m) {
                               " (make one with np.array(x, dtype=np.float32, order='C'), a writable copy, sum it, and use it)").c_str());
       }, "array"_a.none())
       .def("allgather", [](dist::Communicator& c, nb::bytes b) {
+        const ExitGuard running("Communicator.allgather");
         std::vector<std::string> all;
         {
           std::string mine(b.c_str(), b.size());
@@ -1107,6 +1212,7 @@ NB_MODULE(_segtape, m) {
   dm.def("launched_by_mpirun", &dist::launched_by_mpirun);
   dm.def("local_rank", &dist::local_rank);
   dm.def("check_same", [](dist::Communicator& c, const std::map<std::string, std::string>& s, const std::string& what) {
+    const ExitGuard running("dist.check_same");
     nb::gil_scoped_release release;
     const std::lock_guard<std::mutex> one(dist_calls());
     dist::check_same(c, s, what);
@@ -1119,6 +1225,7 @@ NB_MODULE(_segtape, m) {
       .def(nb::init<dist::Communicator&, const nn::Module&, size_t>(), "comm"_a, "module"_a, "bucket_bytes"_a = size_t(4) << 20,
            nb::keep_alive<1, 2>(), nb::keep_alive<1, 3>())
       .def("average", [](dist::GradientAverager& avg, float count) {
+        const ExitGuard running("GradientAverager.average");
         nb::gil_scoped_release release;
         const std::lock_guard<std::mutex> one(dist_calls());
         return avg.average(count);
