@@ -485,12 +485,19 @@ class PyEnv final : public agent::Env {
   void step(std::span<const int64_t> actions, std::span<float> reward, std::span<uint8_t> done) override {
     refuse_at_exit("step");
     nb::gil_scoped_acquire gil;
+    ++steps_;
     size_t shape[1] = {actions.size()};
     nb::ndarray<nb::numpy, const int64_t> acts(actions.data(), 1, shape, nb::handle());
     nb::tuple r = as<nb::tuple>(py_.attr("step")(acts), "step()", "a tuple (reward, done, success)");
     if (r.size() != 3) throw agent::EnvContractError("env '" + spec_.name + "': step() must return (reward, done, success)");
     copy_exact(as<HostArray<float>>(r[0], "step()'s reward", "a float32 array [batch]"), reward, "step() reward");
     copy_exact(as<HostArray<uint8_t>>(r[1], "step()'s done", "a uint8 array [batch]"), done, "step() done");
+    // 255 is the contract check's mark of a done left unwritten (agent/env.cpp),
+    // which a Python env cannot leave: it wrote 255, refused as done == 2 is.
+    for (size_t b = 0; b < done.size(); ++b)
+      if (done[b] == 0xff)
+        throw agent::EnvContractError("env '" + spec_.name + "', step " + std::to_string(steps_) + ": step() set done of stream " +
+                                      std::to_string(b) + " to 255; done is 0 or 1 (the Env contract: segtape/agent/env.h, docs/agent.md)");
     auto success = as<HostArray<uint8_t>>(r[2], "step()'s success", "a uint8 array [batch]");
     if (success.size() != done.size()) throw agent::EnvContractError("env '" + spec_.name + "': step() success has the wrong size");
     for (size_t b = 0; b < done.size(); ++b)
@@ -528,6 +535,7 @@ class PyEnv final : public agent::Env {
   nb::object py_;
   agent::EnvSpec spec_;
   std::vector<int64_t> none_;
+  int64_t steps_ = 0;  // step() calls (the contract check's step number, where each passed it)
 };
 
 }  // namespace

@@ -309,3 +309,34 @@ def test_gym_train_refuses_eval_every_with_history_full_before_training():
     assert rows == []  # refused before any training
     res = sg.train("segtape/TMaze-v0", steps=64, batch=2, hidden=8, history="full")
     assert res.evaluate(episodes=2)["episodes"] == 2  # once the run has ended
+
+
+def test_a_python_env_that_sets_done_to_255_is_told_so():
+    # 255 is the contract check's mark of a value left unwritten: the env was
+    # told it "left done of stream 0 unwritten".
+    import segtape.gym as sg
+    A = segtape._segtape.agent
+
+    class Env:
+        done = 255
+
+        def __init__(self, b, s):
+            self.b = b
+
+        def observe(self):
+            return np.zeros((self.b, 3), np.float32)
+
+        def step(self, a):
+            done = np.zeros(self.b, np.uint8)
+            done[1] = Env.done
+            return np.ones(self.b, np.float32), done, np.zeros(self.b, np.uint8)
+
+    sg._factories["misuse.done255"] = Env
+    A.register_python_env("misuse.done255", 3, 0, 4)
+    c = A.TrainConfig()
+    c.env, c.batch, c.hidden, c.embed, c.steps, c.history = "misuse.done255", 4, 8, 4, 64, "tbptt:4"
+    for done in (255, 2):
+        Env.done = done
+        with pytest.raises(segtape.Error, match=rf"^env 'misuse\.done255', step 1: step\(\) set done of stream 1 to {done}; "
+                                                r"done is 0 or 1 \(the Env contract"):
+            A.Trainer(c).run_segment()
