@@ -58,28 +58,47 @@ def _rng(rng):
     return _default[0] if rng is None else rng
 
 
-class Linear(_N.Linear):
+def _call_forward(self, *args, **kwargs):
+    return self.forward(*args, **kwargs)
+
+
+class _Layer:
+    """The C++ layers' Python classes (Linear, Embedding, GRUCell, GRU) call
+    their C++ forward straight from __call__; a subclass whose forward is
+    another is called through it, as torch.nn.Module.__call__ calls
+    self.forward (m(x) skipped an overriding forward)."""
+
+    __slots__ = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cpp = next(b for b in cls.__mro__ if b.__module__ == _N.__name__)  # (the bound class: _N.Linear, ...)
+        if cls.forward is not cpp.forward and cls.__call__ is cpp.__call__:
+            cls.__call__ = _call_forward
+
+
+class Linear(_Layer, _N.Linear):
     """y = x W^T + b (torch.nn.Linear)."""
 
     def __init__(self, tape, in_features, out_features, bias=True, *, rng=None):
         super().__init__(tape, in_features, out_features, bias, _rng(rng))
 
 
-class Embedding(_N.Embedding):
+class Embedding(_Layer, _N.Embedding):
     """A lookup table [num_embeddings, embedding_dim] (torch.nn.Embedding)."""
 
     def __init__(self, tape, num_embeddings, embedding_dim, *, rng=None):
         super().__init__(tape, num_embeddings, embedding_dim, _rng(rng))
 
 
-class GRUCell(_N.GRUCell):
+class GRUCell(_Layer, _N.GRUCell):
     """torch.nn.GRUCell: forward(x [B, I], h [B, H] or None) -> h' [B, H]."""
 
     def __init__(self, tape, input_size, hidden_size, bias=True, *, rng=None):
         super().__init__(tape, input_size, hidden_size, bias, _rng(rng))
 
 
-class GRU(_N.GRU):
+class GRU(_Layer, _N.GRU):
     """torch.nn.GRU (sequence-first): forward(x [T, B, I], h0, keep=None) -> (output, h_n).
 
     keep [T, B] (segtape's, not torch's): per-stream resets, every layer's

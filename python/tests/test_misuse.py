@@ -340,3 +340,45 @@ def test_a_python_env_that_sets_done_to_255_is_told_so():
         with pytest.raises(segtape.Error, match=rf"^env 'misuse\.done255', step 1: step\(\) set done of stream 1 to {done}; "
                                                 r"done is 0 or 1 \(the Env contract"):
             A.Trainer(c).run_segment()
+
+
+def test_a_subclass_forward_is_what_calling_the_layer_runs():
+    # m(x) called the C++ layer straight, skipping an overriding forward
+    # (torch.nn.Module.__call__ calls self.forward).
+    tape = segtape.Tape()
+
+    class ReluLinear(nn.Linear):
+        def forward(self, x):
+            return super().forward(x).relu()
+
+    class Deeper(ReluLinear):  # inherits the override
+        pass
+
+    class Silent(nn.GRUCell):
+        def forward(self, x, hx=None):
+            return super().forward(x, hx) * 0.0
+
+    class Twice(nn.Embedding):
+        def forward(self, i):
+            return super().forward(i) * 2.0
+
+    class LastOnly(nn.GRU):
+        def forward(self, x, hx=None, keep=None):
+            return super().forward(x, hx, keep)[1]
+
+    with tape.segment():
+        x = tape.tensor(np.array([[1.0, -2.0, 3.0]], np.float32))
+        for cls in (ReluLinear, Deeper):
+            m = cls(tape, 3, 4, rng=nn.Rng(1))
+            plain = nn.Linear(tape, 3, 4, rng=nn.Rng(1))(x).numpy()
+            assert (plain < 0).any()  # (so the relu shows)
+            assert np.array_equal(m(x).numpy(), np.maximum(plain, 0)), cls
+            assert np.array_equal(m(x).numpy(), m.forward(x).numpy())
+        assert not Silent(tape, 3, 5)(x).numpy().any()
+        i = tape.tensor(np.array([1, 2]))
+        e = Twice(tape, 4, 3, rng=nn.Rng(2))
+        assert np.array_equal(e(i).numpy(), 2 * nn.Embedding(tape, 4, 3, rng=nn.Rng(2))(i).numpy())
+        seq = tape.tensor(np.ones((2, 1, 3), np.float32))
+        assert tuple(LastOnly(tape, 3, 5)(seq).shape) == (1, 1, 5)
+        # the layers themselves: __call__ is still the C++ one
+        assert nn.Linear.__call__ is segtape._segtape.nn.Linear.__call__
