@@ -99,6 +99,61 @@ def _at_exit():
 _atexit.register(_at_exit)
 
 _UINT32_MAX = 2**32 - 1
+# The ranges of the C++ fields' types an int argument goes into (nanobind
+# refuses a value beyond them with a TypeError that names neither the call
+# nor the argument).
+_INT64 = (-2**63, 2**63 - 1)
+_UINT64 = (0, 2**64 - 1)  # also size_t
+
+
+def _bound(n):
+    """An end of a C++ type's range as people write it (2^64 - 1)."""
+    for p in (64, 63):
+        if n == 2**p - 1:
+            return f"2^{p} - 1"
+        if n == -2**p:
+            return f"-2^{p}"
+    return str(n)
+
+
+def _out_of_range(call, name, value, lo, hi):
+    return Error(f"{call}: {name} must be in [{_bound(lo)}, {_bound(hi)}], got {value}")
+
+
+def _set_ints(config, ints, call, named):
+    """config.<name> = value for each (name, value, (lo, hi)) of ints, where
+    [lo, hi] is the C++ field's type, then config.validate(), whose error
+    `named` names as the caller takes its arguments. A value beyond its
+    type is refused naming the call and the argument: with validate()'s
+    message for the type's end nearest to it (e.g. "batch must be in [1,
+    65536]") where that message is the same one value further in (it does
+    not print the value, which is not the caller's), else with the type's
+    range."""
+    beyond = []
+    for name, value, (lo, hi) in ints:
+        if lo <= value <= hi:
+            setattr(config, name, value)
+        else:
+            beyond.append((name, value, lo, hi))
+
+    def validated(inward):
+        for name, value, lo, hi in beyond:
+            setattr(config, name, hi - inward if value > hi else lo + inward)
+        try:
+            config.validate()
+        except Error as e:
+            return e
+        return None
+
+    if beyond:
+        at_end, further_in = validated(0), validated(1)
+        if at_end is not None and further_in is not None and str(at_end) == str(further_in):
+            raise named(at_end)
+        name, value, lo, hi = beyond[0]
+        raise _out_of_range(call, name, value, lo, hi)
+    error = validated(0)
+    if error is not None:
+        raise named(error)
 
 
 def _bytes(value, what):
@@ -108,6 +163,8 @@ def _bytes(value, what):
     if isinstance(value, int):
         if value <= 0:
             raise Error(f"{what} {value}: must be a positive size, such as 64MiB")
+        if value > _UINT64[1]:
+            raise Error(f"{what} {value}: must be a size in [1, 2^64 - 1] bytes, such as 64MiB")
         return value
     if isinstance(value, str):
         return _C.parse_bytes(value, what)
@@ -152,13 +209,16 @@ class Tape(_C._Tape):
     def __init__(self, device="cpu", segment_budget="64MiB", *, grow=False, grow_limit=None, anomaly=False,
                  node_capacity=None, allow_tf32=False):
         options = _C.TapeOptions()
-        options.segment_budget = _bytes(segment_budget, "segment_budget")
+        options.segment_budget = _bytes(segment_budget, "segtape.Tape: segment_budget")
         options.grow = bool(grow)
         if grow_limit is not None:
-            options.grow_limit = _bytes(grow_limit, "grow_limit")
+            options.grow_limit = _bytes(grow_limit, "segtape.Tape: grow_limit")
         options.anomaly = bool(anomaly)
         if node_capacity is not None:
-            options.node_capacity = int(node_capacity)
+            node_capacity = int(node_capacity)
+            if not _UINT64[0] <= node_capacity <= _UINT64[1]:
+                raise _out_of_range("segtape.Tape", "node_capacity", node_capacity, *_UINT64)
+            options.node_capacity = node_capacity
         options.allow_tf32 = bool(allow_tf32)
         super().__init__(_device(device), options)
 

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from . import Error, _argument_names, _bytes
+from . import _INT64, _UINT64, Error, _argument_names, _bytes, _set_ints
 from . import _segtape
 
 _A = _segtape.agent
@@ -244,13 +244,12 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     _factories[name] = lambda b, s: _Streams(name, make, b, s, succeed, tokens, norm, obs_start, act_start, obs_dim)
     _A.register_python_env(name, obs_dim, vocab, actions, "success")
     c = _A.TrainConfig()
-    c.env, c.history, c.steps, c.batch, c.hidden, c.embed = name, history, int(steps), int(batch), int(hidden), int(embed)
+    c.env, c.history = name, history
     if eval_every and c.history == "full":
         raise Error("segtape.gym.train: eval_every needs a history other than 'full': history 'full' keeps its whole run in "
                     "one open segment, so it evaluates only once the run has ended (result.evaluate() after train())")
-    c.lr, c.gamma, c.entropy, c.value_coef, c.clip, c.seed = lr, gamma, entropy, value_coef, clip, int(seed)
-    c.algo, c.rollout, c.epochs, c.minibatches = algo, int(rollout), int(epochs), int(minibatches)
-    c.clip_range, c.gae_lambda, c.lr_schedule = clip_range, gae_lambda, lr_schedule
+    c.lr, c.gamma, c.entropy, c.value_coef, c.clip = lr, gamma, entropy, value_coef, clip
+    c.algo, c.clip_range, c.gae_lambda, c.lr_schedule = algo, clip_range, gae_lambda, lr_schedule
     c.update_bias = float(update_bias)
     if budget is not None:  # (None: the Trainer's default, 64 MiB, or 1 GiB of growth for history "full")
         c.budget = _bytes(budget, "segtape.gym.train: budget")
@@ -258,8 +257,11 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     def named(e):  # the checks name the segtape program's flags: here, train()'s arguments (the error's class kept)
         text = _argument_names(str(e)).replace("TrainConfig::budget", "budget")
         return type(e)("segtape.gym.train: " + text)
+    ints = (("steps", steps, _INT64), ("batch", batch, _INT64), ("hidden", hidden, _INT64), ("embed", embed, _INT64),
+            ("seed", seed, _UINT64), ("rollout", rollout, _INT64), ("epochs", epochs, _INT64),
+            ("minibatches", minibatches, _INT64))
+    _set_ints(c, [(k, int(v), kind) for k, v, kind in ints], "segtape.gym.train", named)
     try:
-        c.validate()
         trainer = _A.Trainer(c)
     except Error as e:
         raise named(e) from None

@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from . import _argument_names, _bytes
+from . import _INT64, _UINT64, _argument_names, _bytes, _set_ints
 from . import _segtape as _C
 from ._segtape import Error
 
@@ -55,26 +55,26 @@ def _config(config):
     if unknown:
         raise TypeError(f"retention.run(): unknown setting {', '.join(unknown)} (valid: {', '.join(_CONFIG_KEYS)})")
     cfg = _lab.LabConfig()
+    ints = []
     for key, value in config.items():
         if key in _INT_FIELDS:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"retention.run({key}=...): expected an int, got {value!r}")
             if value < 0:
                 raise Error(f"retention.run({key}={value}): must not be negative")
-            setattr(cfg, key, value)
+            ints.append((key, value, _UINT64 if key == "seed" else (0, _INT64[1])))
         elif key in _FLOAT_FIELDS:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"retention.run({key}=...): expected a number, got {value!r}")
             setattr(cfg, key, float(value))
         elif key == "budget":
-            cfg.budget = _bytes(value, "budget")
+            cfg.budget = _bytes(value, "retention.run(): budget")
         else:
             cfg.device = str(value)
-    try:
-        cfg.validate()
-    except Error as e:  # the lab's checks name the program's flags: named here as run() takes them
-        message = re.sub(r"^retention: ", "", str(e))
-        raise Error("retention.run(): " + _argument_names(message)) from None
+
+    def named(e):  # the lab's checks name the program's flags: named here as run() takes them
+        return Error("retention.run(): " + _argument_names(re.sub(r"^retention: ", "", str(e))))
+    _set_ints(cfg, ints, "retention.run()", named)
     return cfg
 
 

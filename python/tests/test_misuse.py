@@ -382,3 +382,34 @@ def test_a_subclass_forward_is_what_calling_the_layer_runs():
         assert tuple(LastOnly(tape, 3, 5)(seq).shape) == (1, 1, 5)
         # the layers themselves: __call__ is still the C++ one
         assert nn.Linear.__call__ is segtape._segtape.nn.Linear.__call__
+
+
+def test_out_of_range_ints_name_the_call_and_the_argument():
+    # Each was nanobind's "TypeError: (): incompatible function arguments",
+    # naming neither the call nor the argument.
+    from segtape import retention
+    for kwargs, message in (({"segment_budget": 2**64}, r"segtape\.Tape: segment_budget 18446744073709551616: must be a size "
+                                                          r"in \[1, 2\^64 - 1\] bytes"),
+                            ({"grow": True, "grow_limit": 2**64}, r"segtape\.Tape: grow_limit .* \[1, 2\^64 - 1\] bytes"),
+                            ({"node_capacity": -1}, r"segtape\.Tape: node_capacity must be in \[0, 2\^64 - 1\], got -1")):
+        with pytest.raises(segtape.Error, match="^" + message):
+            segtape.Tape(**kwargs)
+    for kwargs, message in (({"steps": 2**64}, r"steps must be in \[2, 100000\]"),  # the lab's own range where it has one
+                            ({"seed": 2**64}, r"seed must be in \[0, 2\^64 - 1\], got 18446744073709551616"),
+                            ({"k": 2**63}, r"k must be in \[0, 2\^63 - 1\], got 9223372036854775808"),
+                            ({"budget": 2**64}, r"budget 18446744073709551616: must be a size in \[1, 2\^64 - 1\] bytes")):
+        with pytest.raises(segtape.Error, match=r"^retention\.run\(\): " + message):
+            retention.run(["tbptt"], **kwargs)
+    pytest.importorskip("gymnasium")
+    import segtape.gym as sg
+    sg.register_gymnasium_envs()
+    for kwargs, message in (({"seed": -1}, r"seed must be in \[0, 2\^64 - 1\], got -1"),
+                            ({"batch": 2**63}, r"batch must be in \[1, 65536\]$"),
+                            ({"steps": 2**64}, r"steps must be in \[1, 1e9\]$"),
+                            ({"hidden": -2**63 - 1}, r"hidden must be in \[1, 16384\]$"),
+                            ({"budget": 2**64}, r"budget 18446744073709551616: must be a size in \[1, 2\^64 - 1\] bytes"),
+                            # the check's message would print the nearest int64, not the value given: the type's range
+                            ({"algo": "ppo", "minibatches": 2**63}, r"minibatches must be in \[-2\^63, 2\^63 - 1\], "
+                                                                    r"got 9223372036854775808")):
+        with pytest.raises(segtape.Error, match=r"^segtape\.gym\.train: " + message):
+            sg.train("segtape/TMaze-v0", **{"steps": 64, "batch": 2, **kwargs})
