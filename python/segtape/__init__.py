@@ -224,9 +224,10 @@ class Tape(_C._Tape):
 
     def tensor(self, values, dtype=None):
         """A tensor of the open segment holding a copy of `values` (a NumPy
-        array or anything np.asarray takes). NumPy arrays keep their dtype
-        (float32, float64; integers and bools become int64); Python floats
-        become float32 and Python ints int64, as torch.tensor does."""
+        array or anything np.asarray takes). Values that carry a dtype (NumPy
+        arrays and scalars, segtape and torch tensors) keep it (float32,
+        float64; integers and bools become int64); Python floats and lists
+        of them become float32 and Python ints int64, as torch.tensor does."""
         if dtype is not None:
             if _np.dtype(dtype) == _np.int64:
                 _refuse_wrapping_uint64(values, "tape.tensor")
@@ -235,7 +236,8 @@ class Tape(_C._Tape):
             a = values
         else:
             a = _np.asarray(values)
-            if a.dtype == _np.float64:
+            # (np.float64 is a subclass of float: its dtype says it is not a Python float)
+            if a.dtype == _np.float64 and not hasattr(values, "dtype"):
                 a = a.astype(_np.float32)
         _refuse_wrapping_uint64(a, "tape.tensor")
         if a.dtype.kind in "iub":

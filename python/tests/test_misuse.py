@@ -413,3 +413,29 @@ def test_out_of_range_ints_name_the_call_and_the_argument():
                                                                     r"got 9223372036854775808")):
         with pytest.raises(segtape.Error, match=r"^segtape\.gym\.train: " + message):
             sg.train("segtape/TMaze-v0", **{"steps": 64, "batch": 2, **kwargs})
+
+
+def test_tensor_keeps_float64_of_anything_that_has_that_dtype():
+    # A float64 segtape tensor, torch tensor or NumPy scalar became float32
+    # (0.3333333333333333 -> 0.33333334); a float64 ndarray kept float64.
+    tape = segtape.Tape()
+    third = 1 / 3
+    with tape.segment():
+        a = tape.tensor(np.array([third]))
+        given = [a, np.float64(third), np.array(third)]
+        torch = None
+        try:
+            import torch
+        except ImportError:
+            pass
+        if torch is not None:
+            given.append(torch.tensor([third], dtype=torch.float64))
+        for values in given:
+            t = tape.tensor(values)
+            assert t.dtype == "float64", type(values)
+            assert t.numpy().reshape(-1)[0] == third, type(values)
+        # without a dtype: Python floats (and lists of them) become float32, as documented
+        assert tape.tensor(third).dtype == "float32" and tape.tensor([third, 0.5]).dtype == "float32"
+        assert tape.tensor(np.float32(third)).dtype == "float32"
+        if torch is not None:
+            assert tape.tensor(torch.tensor([third])).dtype == "float32"
