@@ -348,6 +348,13 @@ def torch_memory(step_fn, steps, device="cpu"):
 
     dev = torch.device(device)
     if dev.type == "cuda":
+        # (without CUDA, torch.cuda.memory_allocated() is 0: a curve of zeros that looks like a measurement)
+        if not torch.cuda.is_available():
+            raise Error(f"torch_memory: device '{device}': this torch has no CUDA (torch.cuda.is_available() is False); "
+                        "measure on device='cpu'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise Error(f"torch_memory: device '{device}': torch sees {torch.cuda.device_count()} CUDA device(s)")
+
         def live():
             return int(torch.cuda.memory_allocated(dev))
     elif dev.type == "cpu":

@@ -439,3 +439,14 @@ def test_tensor_keeps_float64_of_anything_that_has_that_dtype():
         assert tape.tensor(np.float32(third)).dtype == "float32"
         if torch is not None:
             assert tape.tensor(torch.tensor([third])).dtype == "float32"
+
+
+def test_torch_memory_refuses_cuda_where_torch_has_none():
+    # It returned [0, 0, 0]: a measurement that looks valid and is empty.
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this torch has CUDA")
+    from segtape import retention
+    for device in ("cuda", "cuda:0"):
+        with pytest.raises(segtape.Error, match=rf"^torch_memory: device '{device}': this torch has no CUDA"):
+            retention.torch_memory(lambda t: torch.ones(1000), 3, device=device)
