@@ -346,7 +346,7 @@ class CheckedEnv final : public Env {
         const std::string s = " of stream " + std::to_string(b);
         if (std::bit_cast<uint32_t>(reward[b]) == kUnwrittenBits) fail("step() left the reward" + s + " unwritten");
         if (!std::isfinite(reward[b])) fail("step() gave the reward " + std::to_string(reward[b]) + " to stream " + std::to_string(b) + "; rewards must be finite");
-        if (done[b] == 0xff) fail("step() left done" + s + " unwritten");
+        if (done[b] == 0xff) fail("step() left done" + s + " unwritten (or set it to 255, the mark of an unwritten one); done is 0 or 1");
         if (done[b] > 1) fail("step() set done" + s + " to " + std::to_string(done[b]) + "; done is 0 or 1");
       }
     ++steps_;

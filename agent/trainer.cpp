@@ -1115,6 +1115,10 @@ SegmentResult Trainer::actor_critic_segment(Segment& seg, int64_t n) {
 
 double Trainer::evaluate(int64_t steps, uint64_t seed) {
   refuse_while_running("evaluate");  // (before its env and state are swapped for the evaluation's)
+  // (the tape's own refusal, "segment 1 is still open; end it", gave advice no caller can follow)
+  if (full_)
+    throw Error("evaluate: history 'full' keeps its whole run in one open segment; it evaluates only once the run has "
+                "ended (done())");
   if (steps < 1) throw Error("evaluate: steps must be >= 1, got " + std::to_string(steps));
   const Busy busy(busy_);
   // A fresh env and fresh history, greedy actions, nothing recorded; the

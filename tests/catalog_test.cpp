@@ -589,6 +589,8 @@ TEST(Catalog, TrainerConfigsAndCheckpoints) {
       {"load of a state_dict", Kind::Checkpoint, "lacks", [&] { trainer.load(dir / "state_dict.safetensors"); }},
       {"save under /proc", Kind::Checkpoint, "cannot create temporary file", [&] { trainer.save("/proc/segtape-ck.safetensors"); }},
       {"save of history full mid-run", Kind::Error, "history 'full'", [&] { full_trainer.save(dir / "full.safetensors"); }},
+      {"evaluate of history full mid-run", Kind::Error, "evaluate: history 'full' keeps its whole run in one open segment",
+       [&] { (void)full_trainer.evaluate(16, 1); }},
   };
   for (const auto& [what, bytes] : damaged(good_bytes)) {
     const fs::path p = dir / ("damaged-" + std::to_string(rows.size()) + ".safetensors");

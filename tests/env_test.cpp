@@ -332,7 +332,7 @@ TEST(EnvContract, ANonFiniteRewardIsRefused) {
 
 TEST(EnvContract, DoneOtherThanZeroOrOneIsRefused) {
   expect_refused("bad-done", Fault::DoneTwo, "set done of stream 1 to 2; done is 0 or 1");
-  expect_refused("bad-done-unwritten", Fault::DoneUnwritten, "step() left done of stream 1 unwritten");
+  expect_refused("bad-done-unwritten", Fault::DoneUnwritten, "step() left done of stream 1 unwritten (or set it to 255, the mark of an unwritten one); done is 0 or 1");
 }
 
 TEST(EnvContract, ATargetOutOfRangeIsRefused) {

@@ -1132,10 +1132,6 @@ NB_MODULE(_segtape, m) {
       .def("evaluate", [](agent::Trainer& t, int64_t steps, uint64_t seed) {
         const ExitGuard running("Trainer.evaluate");
         t.refuse_while_running("evaluate");  // (before the interrupt check of a running evaluate is replaced below)
-        // (the C++ side's own refusal, "segment 1 is still open", gave advice no Python caller can follow)
-        if (t.config().history.kind == agent::History::Kind::Full && t.tape().segment_open())
-          throw Error("evaluate: history 'full' keeps its whole run in one open segment; it evaluates only once the run has "
-                      "ended (done())");
         // Ctrl-C stops it at its next segment (Python's signal handlers run
         // there) and raises their exception (KeyboardInterrupt); so does the
         // interpreter's exit, with a RuntimeError.
