@@ -245,6 +245,21 @@ void check_output_file(const std::string& given, const char* flag) {
 
 // metrics.csv: one row per log interval, each on disk as soon as it is
 // logged (appended and flushed), so a run that stops loses no row.
+// Text quoted in an error line, its control characters written out: a CRLF
+// file's header read as the expected one with an invisible \r, and a binary
+// file's bytes went to the terminal.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (const char ch : text) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (ch == '\r') out += "\\r";
+    else if (ch == '\t') out += "\\t";
+    else if (u < 0x20 || u == 0x7f) out += fmt::format("\\x{:02x}", u);
+    else out += ch;
+  }
+  return out;
+}
+
 class MetricsCsv {
  public:
   MetricsCsv(const fs::path& path, const std::string& measure, bool rl) : path_(path), measure_(measure), rl_(rl) {}
@@ -293,7 +308,7 @@ class MetricsCsv {
         (rl && cols[3] != "episode_return") || !std::equal(tail.begin(), tail.end(), cols.end() - 3))
       throw Error(fmt::format("{} line 1: the header is '{}', not step,loss,<measure>[,episode_return],segment_peak_bytes,"
                               "rss_bytes,steps_per_s as this program writes it; fix the line or delete the file (the "
-                              "checkpoint does not need it)", p.string(), line));
+                              "checkpoint does not need it)", p.string(), printable(line)));
     for (int64_t n = 2; std::getline(in, line); ++n) {
       if (in.eof()) break;  // a last line with no newline: cut short by a kill or a full disk, dropped unread
       std::stringstream ls(line);
@@ -310,7 +325,7 @@ class MetricsCsv {
         const std::string& v = cells[i];
         auto bad = [&](const char* what) {
           return Error(fmt::format("{} line {}: {} '{}' is {}; fix the line or delete the file (the checkpoint does not need it)",
-                                   p.string(), n, c, v, what));
+                                   p.string(), n, printable(c), printable(v), what));
         };
         if (c == "step" || c == "segment_peak_bytes" || c == "rss_bytes") {  // whole numbers >= 0
           int64_t x = 0;
@@ -341,7 +356,7 @@ class MetricsCsv {
     const std::string want = header_of(measure, rl);
     if (!found.empty() && found + '\n' != want)
       throw Error(fmt::format("{} line 1: the header is '{}', not '{}' as this run writes it; fix the line or delete the file "
-                              "(the checkpoint does not need it)", p.string(), found, want.substr(0, want.size() - 1)));
+                              "(the checkpoint does not need it)", p.string(), printable(found), want.substr(0, want.size() - 1)));
   }
 
  private:

@@ -78,7 +78,7 @@ EventWriter::EventWriter(const std::filesystem::path& dir, const std::string& fl
   file_ = dir / ("events.out.tfevents." + std::to_string(int64_t(unix_seconds())) + "." + host + "." +
                  std::to_string(getpid()) + "." + std::to_string(files++));
   out_.open(file_, std::ios::binary | std::ios::trunc);
-  if (!out_) throw Error(flag + " " + dir.string() + ": cannot create " + file_.filename().string());
+  if (!out_) throw Error(flag + " " + dir.string() + ": cannot create " + file_.filename().string() + " (" + std::strerror(errno) + ")");
   Event e;
   e.set_wall_time(unix_seconds());
   e.set_file_version("brain.Event:2");

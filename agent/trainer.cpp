@@ -1420,7 +1420,9 @@ void Trainer::load_dist(const std::filesystem::path& file) {
 
 void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry> extra, bool check_ranks,
                         const std::function<void(std::vector<std::string>&)>& check_others) {
-  if (config_.history.kind == History::Kind::Full) throw CheckpointError("a --history full run's checkpoint cannot be resumed or evaluated: its history lives in one segment, which no checkpoint holds");
+  if (config_.history.kind == History::Kind::Full)
+    throw CheckpointError(file.string() + ": a --history full run's checkpoint cannot be resumed or evaluated: its history lives "
+                          "in one segment, which no checkpoint holds");
   Checkpoint c;
   checkpoint_entries(c, h_home_);
   for (nn::Entry& e : extra) c.entries.push_back(std::move(e));
@@ -1516,8 +1518,10 @@ size_t parse_bytes(const std::string& s, const char* flag) {
                : unit == "MiB" || unit == "M" ? 1048576.0
                : unit == "GiB" || unit == "G" ? 1073741824.0
                                               : -1;
-  if (used == 0 || mul < 0 || !(v >= 0) || v * mul > 1e13)
-    throw Error(std::string(flag) + " '" + s + "': expected a size such as 64MiB, 512KiB, 2GiB or a byte count");
+  if (used == 0 || mul < 0 || !(v >= 0))
+    throw Error(std::string(flag) + " '" + s + "': expected a size such as 64MiB, 512KiB, 2GiB or a byte count (units B, "
+                "KiB, MiB, GiB; K, M, G alike)");
+  if (v * mul > 1e13) throw Error(std::string(flag) + " '" + s + "': at most 1e13 bytes (9.09 TiB)");
   if (v * mul < 1) throw Error(std::string(flag) + " '" + s + "': must be a positive size, such as 64MiB");
   return size_t(v * mul);
 }

@@ -1119,6 +1119,8 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
       {"train --log-every 9223372036854775807 --out " + d + "x", "--log-every 9223372036854775807: must be in [1, 1e9]"},
       {"train --checkpoint-every 2000000000 --out " + d + "x", "--checkpoint-every 2000000000: must be in [1, 1e9]"},
       {"eval --checkpoint ''", "--checkpoint: needs a path"},
+      {"train --budget 10000000000001 --out " + d + "x", "--budget '10000000000001': at most 1e13 bytes"},
+      {"train --budget 16TiB --out " + d + "x", "(units B, KiB, MiB, GiB; K, M, G alike)"},
       {"--bogus", "'--bogus' before a command"},
       {"retention --no-libtorch --cases 1 --steps 100000 --batch 4096 --hidden 8192 --out " + d + "x",
        "retention: --steps 100000, --batch 4096, --hidden 8192 need at least"},
@@ -1407,6 +1409,13 @@ TEST(Cli, ARunsFolderKeepsWhatIsNotItsToChange) {
   EXPECT_NE(r.out.find("the header is 'step,loss,banana,"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("as this run writes it"), std::string::npos) << r.out;
   EXPECT_EQ(slurp(b / "metrics.csv"), renamed);
+  // A CRLF file: the \r is shown (the header quoted looked like the expected one).
+  std::string crlf;
+  for (const char ch : csv) crlf += ch == '\n' ? std::string("\r\n") : std::string(1, ch);
+  std::ofstream(b / "metrics.csv", std::ios::trunc | std::ios::binary) << crlf;
+  r = sh("train --resume " + b.string() + " --steps 128");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("steps_per_s\\r'"), std::string::npos) << r.out;
   std::ofstream(b / "metrics.csv", std::ios::trunc) << csv;
 
   // Hidden files of the user's with ".tmp" in their names stay; the run's

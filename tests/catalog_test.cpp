@@ -855,6 +855,11 @@ TEST(Catalog, FormerGaps) {
   Scratch dir("gaps");
   const Exit r = run("train --history full --steps 64 --batch 2 --hidden 8 --eval-steps 16 --out " + (dir / "full").string());
   EXPECT_TRUE(r.exited && r.code == 0) << r.err;
+  // (its checkpoint cannot be evaluated: the refusal names the file, which it did not)
+  const std::string ck = (dir / "full" / "checkpoint.safetensors").string();
+  const Exit e = run("eval --checkpoint " + ck);
+  EXPECT_TRUE(e.exited && e.code == 2) << e.err;
+  EXPECT_NE(e.err.find(ck + ": a --history full run's checkpoint cannot be resumed or evaluated"), std::string::npos) << e.err;
 }
 
 }  // namespace
