@@ -141,12 +141,12 @@ def test_retention_run_names_its_own_arguments():
         retention.run(b"tbptt")
 
 
-def test_a_trainer_refuses_save_and_load_from_inside_a_segment(tmp_path):
-    # A load from an env's step(), inside run_segment, was accepted and then
-    # overwritten by the segment's own update.
+def _trainer_whose_env_calls(name):
+    """A Trainer (tbptt:8) on a Python env registered as `name` whose step()
+    runs box["call"] once when it is set, keeping the message of a refusal
+    (segtape.Error) in box["refused"]; one segment already run."""
     import segtape.gym as sg
     A = segtape._segtape.agent
-    ck = str(tmp_path / "trainer.safetensors")
     box = {}
 
     class Env:
@@ -165,12 +165,20 @@ def test_a_trainer_refuses_save_and_load_from_inside_a_segment(tmp_path):
                     box["refused"] = str(e)
             return np.ones(self.b, np.float32), np.zeros(self.b, np.uint8), np.zeros(self.b, np.uint8)
 
-    sg._factories["misuse.reentrant"] = Env
-    A.register_python_env("misuse.reentrant", 3, 0, 4)
+    sg._factories[name] = Env
+    A.register_python_env(name, 3, 0, 4)
     c = A.TrainConfig()
-    c.env, c.batch, c.hidden, c.embed, c.steps, c.history = "misuse.reentrant", 4, 8, 4, 10**6, "tbptt:8"
+    c.env, c.batch, c.hidden, c.embed, c.steps, c.history = name, 4, 8, 4, 10**6, "tbptt:8"
     tr = A.Trainer(c)
     tr.run_segment()
+    return tr, box
+
+
+def test_a_trainer_refuses_save_and_load_from_inside_a_segment(tmp_path):
+    # A load from an env's step(), inside run_segment, was accepted and then
+    # overwritten by the segment's own update.
+    ck = str(tmp_path / "trainer.safetensors")
+    tr, box = _trainer_whose_env_calls("misuse.reentrant")
     tr.save(ck)
     for name, call in (("load", lambda: tr.load(ck)), ("save", lambda: tr.save(ck))):
         box["call"] = call
@@ -236,32 +244,7 @@ def test_a_trainer_refuses_run_segment_and_evaluate_from_inside_a_segment():
     # A run_segment or evaluate from an env's step() got "segment 2 is still
     # open", after it had written the trainer's persistent state: the outer
     # segment then failed in its backward ("copy_into wrote into it").
-    import segtape.gym as sg
-    A = segtape._segtape.agent
-    box = {}
-
-    class Env:
-        def __init__(self, b, s):
-            self.b = b
-
-        def observe(self):
-            return np.zeros((self.b, 3), np.float32)
-
-        def step(self, a):
-            if "call" in box:
-                call = box.pop("call")
-                try:
-                    call()
-                except segtape.Error as e:
-                    box["refused"] = str(e)
-            return np.ones(self.b, np.float32), np.zeros(self.b, np.uint8), np.zeros(self.b, np.uint8)
-
-    sg._factories["misuse.reentrant_run"] = Env
-    A.register_python_env("misuse.reentrant_run", 3, 0, 4)
-    c = A.TrainConfig()
-    c.env, c.batch, c.hidden, c.embed, c.steps, c.history = "misuse.reentrant_run", 4, 8, 4, 10**6, "tbptt:8"
-    tr = A.Trainer(c)
-    tr.run_segment()
+    tr, box = _trainer_whose_env_calls("misuse.reentrant_run")
     calls = (("run_segment", tr.run_segment), ("evaluate", lambda: tr.evaluate(8, 1)), ("reset_score", tr.reset_score))
     for name, call in calls:
         box["call"] = call
