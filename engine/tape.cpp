@@ -363,6 +363,7 @@ Tensor Tape::make(const Shape& s, DType d, OpKind kind, const char* op) {
 }
 
 Tensor Tape::persistent_alloc(const Shape& s, DType d) {
+  s.check("tape.parameter() / persistent()");
   Tensor t;
   const size_t n = size_t(s.numel()) * dtype_size(d);
   t.ptr = pool_.try_alloc(n);
@@ -394,9 +395,13 @@ Tensor Tape::parameter(const Shape& s, DType d) {
 
 Tensor Tape::persistent(const Shape& s, DType d) { return persistent_alloc(s, d); }
 
-Tensor Tape::empty(const Shape& s, DType d) { return make(s, d, OpKind::Input, "tape.empty()"); }
+Tensor Tape::empty(const Shape& s, DType d) {
+  s.check("tape.empty()");
+  return make(s, d, OpKind::Input, "tape.empty()");
+}
 
 Tensor Tape::zeros(const Shape& s, DType d) {
+  s.check("tape.zeros()");
   Tensor t = make(s, d, OpKind::Input, "tape.zeros()");
   fill_zero(t.ptr, t.nbytes());
   return t;
@@ -405,6 +410,7 @@ Tensor Tape::zeros(const Shape& s, DType d) {
 namespace {
 template <class T>
 Tensor from_impl(Tape& tape, std::span<const T> v, const Shape& s) {
+  s.check("tape.from()");
   if (int64_t(v.size()) != s.numel())
     throw ShapeError("tape.from(): " + std::to_string(v.size()) + " values for shape " + s.str() + " (" +
                      std::to_string(s.numel()) + " elements)");

@@ -59,6 +59,16 @@ void Shape::check_elements(const char* op) const {
     throw ShapeError((op ? std::string(op) + ": the result " : std::string("shape ")) + str() + " has more than 2^60 elements");
 }
 
+void Shape::check(const char* op) const {
+  const std::string at = std::string(op) + ": ";
+  if (rank < 0 || rank > kMaxRank)
+    throw ShapeError(at + "a shape of rank " + std::to_string(rank) + ": segtape tensors have rank 0 to 4 (were Shape's fields "
+                     "written by hand? Shape{...} and Shape::of check them)");
+  for (int i = 0; i < rank; ++i)
+    if (dims[i] < 0) throw ShapeError(at + "shape " + str() + ": dimension " + std::to_string(dims[i]) + " is negative");
+  check_elements(op);
+}
+
 bool Shape::operator==(const Shape& o) const {
   if (rank != o.rank) return false;
   for (int i = 0; i < rank; ++i)

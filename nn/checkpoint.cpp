@@ -15,17 +15,28 @@ st::DType file_dtype(DType d) { return d == DType::F32 ? st::DType::F32 : d == D
 
 std::vector<int64_t> dims_of(const Tensor& t) { return {t.shape.dims.begin(), t.shape.dims.begin() + t.rank()}; }
 
+// The elements of a host entry's shape; a negative dimension or a product
+// past int64 is an error naming the entry (the product overflowed).
+int64_t elements_of(const std::string& name, const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) {
+      std::string dims;
+      for (int64_t x : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(x);
+      throw Error("nn::entry('" + name + "'): shape [" + dims + "] " +
+                  (d < 0 ? "has a negative dimension" : "has more elements than int64 counts"));
+    }
+  return n;
+}
+
 size_t entry_bytes(const Entry& e) {
   if (e.tensor.defined()) return e.tensor.nbytes();
-  int64_t n = 1;
-  for (int64_t d : e.shape) n *= d;
-  return size_t(n) * dtype_size(e.dtype);
+  return size_t(elements_of(e.name, e.shape)) * dtype_size(e.dtype);
 }
 
 template <class T>
 Entry host_entry(std::string name, std::span<T> values, std::vector<int64_t> shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  const int64_t n = elements_of(name, shape);
   if (n != int64_t(values.size()))
     throw Error("nn::entry('" + name + "'): " + std::to_string(values.size()) + " values for a shape of " +
                 std::to_string(n) + " elements");
@@ -148,6 +159,8 @@ struct TrainingEntries {
   int64_t rng[2] = {0, 0};
 
   TrainingEntries(const Module& m, std::span<const Optimizer* const> optimizers) : entries(param_entries(m)) {
+    for (size_t k = 0; k < optimizers.size(); ++k)
+      if (!optimizers[k]) throw Error("nn training state: optimizer " + std::to_string(k) + " of the list is null");
     optim_steps.resize(optimizers.size());  // before taking pointers into it
     for (size_t k = 0; k < optimizers.size(); ++k) {
       const std::string pre = optim_prefix(k) + ".";
@@ -260,8 +273,9 @@ TrainingState load_training_state(const std::filesystem::path& path, Module& m, 
   // Step counters are validated before any tensor is copied.
   const auto about_values = [&](const Metadata&, std::vector<std::string>& problems) {
     for (size_t k = 0; k < optimizers.size(); ++k)
-      if (te.optim_steps[k] < 0)
-        problems.push_back("'" + optim_prefix(k) + ".step' is negative (" + std::to_string(te.optim_steps[k]) + ")");
+      if (te.optim_steps[k] < 0 || te.optim_steps[k] > Optimizer::kMaxSteps)
+        problems.push_back("'" + optim_prefix(k) + ".step' is " + std::to_string(te.optim_steps[k]) +
+                           ", outside [0, 2^53] (an optimizer's step count)");
   };
   const Metadata metadata = load_entries(path, te.entries, "the training state", about_file, about_values);
   for (size_t k = 0; k < optimizers.size(); ++k) optimizers[k]->set_step_count(te.optim_steps[k]);

@@ -35,6 +35,7 @@ void Module::add_child(const std::string& name, Module& child) {
     throw Error("nn::Module::register_module: '" + name + "' contains this module already (a cycle of modules)");
   children_.emplace_back(name, &child);
   names_.insert(name);
+  ++child.parents_;
 }
 
 bool Module::contains(const Module* m) const {

@@ -36,7 +36,7 @@ void Optimizer::zero_grad() {
 }
 
 void Optimizer::set_step_count(int64_t n) {
-  if (n < 0) throw Error("nn optimizer: step count must be >= 0, got " + std::to_string(n));
+  if (n < 0 || n > kMaxSteps) throw Error("nn optimizer: step count must be in [0, 2^53], got " + std::to_string(n));
   steps_ = n;
   steps_set_ = true;
 }

@@ -570,18 +570,30 @@ void save_atomic(const fs::path& path, std::span<const TensorRef> tensors,
   if (src.find('\0') != std::string::npos) fail(printable_path(src), "the path contains a NUL byte");
   const std::vector<std::byte> bytes = serialize_impl(tensors, metadata, src);
   if (!path.has_filename()) fail(src, "not a file path");
+  // A symbolic link is written through, as open() would (and as torch.save
+  // does): its target is replaced and the link kept. (The rename below
+  // replaced the link itself with a file: a `latest` link to the
+  // checkpoints' folder became a file.)
+  fs::path target = path;
+  std::error_code lec;
+  if (fs::is_symlink(fs::symlink_status(path, lec))) {
+    std::error_code cec;
+    if (fs::path real = fs::weakly_canonical(path, cec); !cec) target = real;
+  }
   // The rename below would replace a device, FIFO or socket at the path:
-  // refused instead (over a directory the rename itself fails).
+  // refused instead, as a directory is.
   struct stat existing {};
-  if (::stat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode) && !S_ISDIR(existing.st_mode))
+  if (::stat(target.c_str(), &existing) == 0 && S_ISDIR(existing.st_mode))
+    fail(src, std::string(target == path ? "" : "(a link to " + target.string() + ") ") + "is a directory; give a file name in it");
+  if (::stat(target.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode))
     fail(src, "exists and is not a regular file (a device, FIFO or socket); it is not replaced");
-  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
 
   // Same directory, so the rename cannot cross filesystems; pid + counter keep
   // concurrent writers (threads or processes) from sharing a temp file.
   static std::atomic<unsigned long> counter{0};
   TempFile tmp;
-  tmp.path = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
+  tmp.path = dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
                     std::to_string(counter++));
   const std::string tmp_name = tmp.path.string();
   tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
@@ -611,7 +623,7 @@ void save_atomic(const fs::path& path, std::span<const TensorRef> tensors,
   }
   if (hook) hook(tmp.path);
 
-  if (::rename(tmp.path.c_str(), path.c_str()) != 0)
+  if (::rename(tmp.path.c_str(), target.c_str()) != 0)
     fail(src, "cannot rename " + tmp_name + " over it: " + errno_text(errno));
   tmp.committed = true;
 

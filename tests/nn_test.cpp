@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <random>
 
@@ -167,6 +168,60 @@ TEST(Modules, AChainDeeperThanTheStackWalks) {
   chain.front()->zero_grad();
   EXPECT_NO_THROW(nn::clip_grad_norm(root, 1.0));
   EXPECT_THROW(chain.back()->register_module("loop", *chain.front()), Error);  // (the cycle check walks it too)
+}
+
+// A module registered in two places (a tied layer) is one set of
+// parameters, as in PyTorch: listed, counted, clipped and stepped once (it
+// was clipped twice and refused by every optimizer as "given twice").
+TEST(Modules, ASharedModuleIsOneSetOfParameters) {
+  Tape tape;
+  nn::Rng rng(1);
+  nn::Module root(tape);
+  nn::Linear lin(tape, rng, 1, 1, /*bias=*/false);
+  root.register_module("a", lin);
+  root.register_module("b", lin);
+  const auto named = root.named_parameters();
+  ASSERT_EQ(named.size(), 1u);
+  EXPECT_EQ(named[0].first, "a.weight");  // (its first place)
+  EXPECT_EQ(root.parameter_count(), 1);
+  fill_value(lin.weight, 1);
+  {
+    Segment s = tape.segment();
+    const std::vector<float> x{3};
+    s.backward(sum(lin(tape.from(x, {1, 1}))));
+  }
+  EXPECT_EQ(lin.weight.grad_tensor().to_host<float>()[0], 3.0f);
+  EXPECT_NEAR(nn::clip_grad_norm(root, 1.0), 3.0, 1e-6);  // PyTorch: 3 (it was 4.24: the gradient counted twice)
+  EXPECT_NEAR(lin.weight.grad_tensor().to_host<float>()[0], 3.0 / (3.0 + 1e-6), 1e-6);
+  nn::SGD sgd(root, {.lr = 0.5});
+  sgd.step();
+  EXPECT_NEAR(lin.weight.to_host<float>()[0], 1.0 - 0.5 * 3.0 / (3.0 + 1e-6), 1e-6);  // stepped once
+}
+
+// A Shape's public fields written by hand are checked where a tensor is made
+// of them (rank 9 read past dims[4]; a negative dimension was a BudgetError
+// "asked for 0 B more").
+TEST(Modules, AHandWrittenShapeIsChecked) {
+  Tape tape;
+  Segment s = tape.segment();
+  Shape bad;
+  bad.rank = 9;
+  EXPECT_THROW(
+      try { (void)tape.zeros(bad); } catch (const ShapeError& e) {
+        EXPECT_NE(std::string(e.what()).find("tape.zeros(): a shape of rank 9"), std::string::npos) << e.what();
+        throw;
+      },
+      ShapeError);
+  Shape negative;
+  negative.rank = 2, negative.dims = {-5, 3, 0, 0};
+  EXPECT_THROW(
+      try { (void)tape.zeros(negative); } catch (const ShapeError& e) {
+        EXPECT_NE(std::string(e.what()).find("dimension -5 is negative"), std::string::npos) << e.what();
+        throw;
+      },
+      ShapeError);
+  EXPECT_THROW((void)tape.persistent(negative), ShapeError);
+  EXPECT_THROW((void)reshape(tape.zeros({2}), bad), ShapeError);
 }
 
 TEST(Modules, ForwardShapesAndErrors) {
@@ -790,6 +845,46 @@ TEST_F(TempDir, TrainingStateResumeIsBitIdentical) {
   // Reserved metadata keys.
   EXPECT_THROW(nn::save_training_state(dir / "x.safetensors", wrong.p, wrong.adam, wrong.data, 0, {{"segtape.kind", "x"}}),
                CheckpointError);
+  // A null optimizer in the list: an error naming it (it was dereferenced).
+  const std::array<const nn::Optimizer*, 2> with_null{&wrong.adam, nullptr};
+  EXPECT_THROW(
+      try { nn::save_training_state(dir / "y.safetensors", wrong.p, with_null, wrong.data, 0); } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("optimizer 1 of the list is null"), std::string::npos) << e.what();
+        throw;
+      },
+      Error);
+  EXPECT_FALSE(fs::exists(dir / "y.safetensors"));
+  // A step count past 2^53 in a file (INT64_MAX overflowed at the next
+  // step): refused on load, nothing changed; and by set_step_count.
+  {
+    st::File g = st::load(path);
+    std::vector<st::TensorRef> refs;
+    std::vector<std::byte> big(8);
+    const int64_t huge = std::numeric_limits<int64_t>::max();
+    std::memcpy(big.data(), &huge, 8);
+    for (const st::TensorInfo& t : g.tensors)
+      refs.push_back({t.name, t.dtype, t.shape, t.name == "optim.step" ? std::span<const std::byte>(big) : g.data(t)});
+    st::save_atomic(dir / "huge.safetensors", refs, g.metadata);
+  }
+  std::array<nn::Optimizer*, 2> right{&wrong.adam, &wrong.sgd};
+  const auto kept = snapshot(wrong.everything());
+  try {
+    nn::load_training_state(dir / "huge.safetensors", wrong.p, right, wrong.data);
+    ADD_FAILURE();
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("'optim.step' is 9223372036854775807, outside [0, 2^53]"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(snapshot(wrong.everything()), kept);
+  EXPECT_THROW(wrong.adam.set_step_count(nn::Optimizer::kMaxSteps + 1), Error);
+  // A host entry whose shape's product overflows int64: named, not UB.
+  std::vector<int64_t> none;
+  EXPECT_THROW(
+      try { (void)nn::entry("x", std::span<int64_t>(none), {int64_t(1) << 40, int64_t(1) << 40, 0}); } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("nn::entry('x'): shape [1099511627776, 1099511627776, 0] has more elements"),
+                  std::string::npos) << e.what();
+        throw;
+      },
+      Error);
   // A plain module checkpoint is not a training state; a training state loads into a module non-strictly.
   nn::save(wrong.p, dir / "plain.safetensors");
   EXPECT_THROW(nn::load_training_state(dir / "plain.safetensors", wrong.p, swapped, wrong.data), CheckpointError);

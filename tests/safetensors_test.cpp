@@ -635,21 +635,55 @@ TEST_F(TempDir, UnwritableDirectory) {
 }
 
 TEST_F(TempDir, RenameFailureKeepsTargetAndRemovesTemp) {
-  // The target is a non-empty directory: everything up to the rename works,
-  // the rename fails, and nothing may be left behind or lost.
+  // A non-empty directory appears at the target after the checks (made by the
+  // hook just before the rename): everything up to the rename works, the
+  // rename fails, and nothing may be left behind or lost.
   const std::vector<float> a{1, 2, 3};
   const std::vector<st::TensorRef> ra{{"x", st::DType::F32, {3}, as_bytes(a)}};
   const fs::path p = dir / "ckpt.safetensors";
-  fs::create_directory(p);
-  std::ofstream(p / "keep") << "precious";
+  st::set_before_rename_hook([&](const fs::path&) {
+    fs::create_directory(p);
+    std::ofstream(p / "keep") << "precious";
+  });
   try {
     st::save_atomic(p, ra, {});
     ADD_FAILURE();
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find(p.string() + ": cannot rename"), std::string::npos) << e.what();
   }
+  st::set_before_rename_hook({});
   EXPECT_TRUE(fs::exists(p / "keep"));
   EXPECT_EQ(listing(), std::vector<std::string>{"ckpt.safetensors"});
+}
+
+TEST_F(TempDir, ADirectoryIsRefusedAndALinkIsWrittenThrough) {
+  const std::vector<float> a{1, 2, 3};
+  const std::vector<st::TensorRef> ra{{"x", st::DType::F32, {3}, as_bytes(a)}};
+  // A directory, or a link to one, is refused before anything is written
+  // (the rename replaced a link to a folder with a file).
+  const fs::path folder = dir / "ckpts";
+  fs::create_directory(folder);
+  fs::create_directory_symlink(folder, dir / "latest");
+  for (const fs::path& p : {folder, dir / "latest"}) {
+    try {
+      st::save_atomic(p, ra, {});
+      ADD_FAILURE() << p;
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("is a directory; give a file name in it"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(fs::is_symlink(dir / "latest"));
+  // A link to a checkpoint: the checkpoint is replaced, the link kept.
+  const fs::path real = folder / "a.safetensors", link = dir / "best.safetensors";
+  st::save_atomic(real, ra, {});
+  fs::create_symlink(real, link);
+  const std::vector<float> b{4, 5, 6};
+  st::save_atomic(link, std::vector<st::TensorRef>{{"x", st::DType::F32, {3}, as_bytes(b)}}, {});
+  EXPECT_TRUE(fs::is_symlink(link));
+  const st::File f = st::load(real);
+  const auto got = f.data(*f.find("x"));
+  EXPECT_EQ(std::memcmp(got.data(), b.data(), sizeof(float) * 3), 0);
+  EXPECT_EQ(listing(), (std::vector<std::string>{"best.safetensors", "ckpts", "latest"}));
 }
 
 // A file too large to read into memory (here a sparse 1 TiB one) is a

@@ -80,6 +80,7 @@ Tensor slice(const Tensor& a, int axis, int64_t start, int64_t length) {
 // gradient flows back to a's node; nothing to compute.
 Tensor reshape(const Tensor& a, const Shape& s) {
   Tape& t = ops::check("reshape", {&a});
+  s.check("reshape");
   if (s.numel() != a.numel()) throw ShapeError("reshape: cannot view " + a.describe() + " as " + s.str());
   Node n = ops::node(OpKind::Reshape, {a});
   n.reads = 0;

@@ -54,6 +54,10 @@ struct Shape {
   // product, counted without overflow, exceeds kMaxElements: every byte count
   // of such a tensor fits an int64.
   void check_elements(const char* op = nullptr) const;
+  // Throws ShapeError (starting with `op`) unless rank is in [0, kMaxRank],
+  // each used dimension >= 0, and check_elements() holds: a Shape whose
+  // public fields were written by hand (of() and the constructor check).
+  void check(const char* op) const;
   int64_t operator[](int i) const { return dims[i]; }
   int64_t numel() const {
     int64_t n = 1;

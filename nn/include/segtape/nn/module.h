@@ -13,6 +13,7 @@
 // attached). Children are registered by name and point at members, so a
 // module can be neither copied nor moved.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <unordered_set>
@@ -43,7 +44,10 @@ class Module {
   }
 
   // PyTorch's order: own parameters in registration order, then each child's
-  // (recursively) in registration order, named "child.param".
+  // (recursively) in registration order, named "child.param". A module
+  // registered in more than one place (shared, as tied layers are) is listed
+  // once, under its first name, as PyTorch's named_parameters() does: counted
+  // once, clipped once, and stepped once by an optimizer.
   std::vector<NamedTensor> named_parameters() const;
   std::vector<Tensor> parameters() const;
   int64_t parameter_count() const;  // elements, like sum(p.numel())
@@ -55,12 +59,13 @@ class Module {
   const std::vector<std::pair<std::string, Module*>>& children() const { return children_; }
 
   // f(module, prefix) for this module and every module below it, in
-  // named_parameters()' order; prefix: what the module's parameters are
+  // named_parameters()' order, a shared module once (its first place);
+  // prefix: what the module's parameters are
   // named under ("" here, "gru." for a child gru), built only with
   // want_prefix (else ""). Without recursion: a chain of modules as deep as
   // memory allows (recursion overflowed the stack at about 45,000 levels).
-  // Up to 32 levels and with short names nothing is allocated (clip_grad_norm
-  // walks every update).
+  // Up to 32 levels, with short names and no shared module nothing is
+  // allocated (clip_grad_norm walks every update).
   template <class F>
   void walk(F&& f, bool want_prefix = true) const;
 
@@ -76,6 +81,7 @@ class Module {
   // Each name in params_ or children_ (which of the two: check_name looks),
   // so registering n names is not O(n^2): nn::GRU's 4 per layer.
   std::unordered_set<std::string> names_;
+  int parents_ = 0;  // the places it is registered in (more than one: walk() visits it once)
 };
 
 template <class F>
@@ -87,6 +93,7 @@ void Module::walk(F&& f, bool want_prefix) const {
   constexpr size_t kInline = 32;
   Frame inline_frames[kInline];
   std::vector<Frame> deeper;  // frames past kInline
+  std::vector<const Module*> shared;  // the shared modules visited (parents_ > 1: few)
   size_t depth = 0;
   auto at = [&](size_t i) -> Frame& { return i < kInline ? inline_frames[i] : deeper[i - kInline]; };
   auto push = [&](const Frame& fr) {
@@ -105,6 +112,10 @@ void Module::walk(F&& f, bool want_prefix) const {
       continue;
     }
     const auto& [name, child] = top.m->children_[top.next++];
+    if (child->parents_ > 1) {
+      if (std::find(shared.begin(), shared.end(), child) != shared.end()) continue;
+      shared.push_back(child);
+    }
     if (want_prefix) prefix.resize(top.len), prefix += name, prefix += '.';
     f(*child, prefix);
     push({child, 0, prefix.size()});  // (top is not used past here: push may move the frames)

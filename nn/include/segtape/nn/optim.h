@@ -30,6 +30,9 @@ class Optimizer {
   // Steps taken (PyTorch's per-parameter state["step"]; all parameters step together here).
   int64_t step_count() const { return steps_; }
   void set_step_count(int64_t n);
+  // The most steps a count may hold (a loaded one too): doubles count them
+  // exactly (Adam's bias corrections), and ++ never reaches int64's end.
+  static constexpr int64_t kMaxSteps = int64_t(1) << 53;
 
  protected:
   // Parameters must be distinct parameters (persistent, with a gradient) of one tape.
