@@ -1346,6 +1346,27 @@ int retention_lab(RetentionArgs& a) {
   return 0;
 }
 
+// "segtape: error", with "(rank R of N)" for a rank mpirun started when MPI
+// is not running yet (a flag that does not parse, a plug-in that does not
+// load, a check before the communicator): that rank alone exits 2, mpirun
+// ends the job, and the line says which rank's command line it was (from
+// Open MPI's or PMI's environment). Once MPI runs, rank_error says it.
+std::string error_head() {
+  if (g_comm || !dist::launched_by_mpirun()) return "segtape: error";
+  auto number = [](std::initializer_list<const char*> vars) -> long {
+    for (const char* v : vars)
+      if (const char* x = std::getenv(v)) {
+        char* end = nullptr;
+        const long n = std::strtol(x, &end, 10);
+        if (end != x && *end == '\0' && n >= 0) return n;
+      }
+    return -1;
+  };
+  const long rank = number({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}), size = number({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"});
+  if (rank < 0 || size < 2) return "segtape: error";
+  return fmt::format("segtape: error (rank {} of {})", rank, size);
+}
+
 int rank_error(const std::exception& e) {
   const bool collective = dynamic_cast<const dist::CollectiveError*>(&e) != nullptr;
   if (collective && g_comm->rank() != 0) return 2;  // rank 0 says it
@@ -1367,7 +1388,7 @@ int run_cli(int argc, char** argv) {
     try {
       load_plugin(file);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "segtape: error: --env-plugin %s\n", e.what());
+      std::fprintf(stderr, "%s: --env-plugin %s\n", error_head().c_str(), e.what());
       return 2;
     }
   }
@@ -1508,7 +1529,7 @@ int run_cli(int argc, char** argv) {
   const std::vector<std::string> commands = {"train", "eval", "retention"};
   if (argc < 2) {
     std::printf("%s", app.help().c_str());
-    std::fprintf(stderr, "segtape: error: a command is required: train, eval or retention (segtape help <command> for its options)\n");
+    std::fprintf(stderr, "%s: a command is required: train, eval or retention (segtape help <command> for its options)\n", error_head().c_str());
     return 2;
   }
   const std::string first = argv[1];
@@ -1517,16 +1538,16 @@ int run_cli(int argc, char** argv) {
     const std::string which = argv[2];
     if (std::find(commands.begin(), commands.end(), which) != commands.end())
       return std::printf("%s", app.get_subcommand(which)->help("segtape").c_str()), 0;  // (Usage: segtape train, as --help)
-    std::fprintf(stderr, "segtape: error: no command '%s' (commands: train, eval, retention)\n", which.c_str());
+    std::fprintf(stderr, "%s: no command '%s' (commands: train, eval, retention)\n", error_head().c_str(), which.c_str());
     return 2;
   }
   if (first.rfind('-', 0) == 0 && first != "-h" && first != "--help" && first != "--version") {  // (CLI11 said "A subcommand is required")
-    std::fprintf(stderr, "segtape: error: '%s' before a command: the options follow the command (segtape train|eval|retention "
-                 "[options]; see segtape help)\n", first.c_str());
+    std::fprintf(stderr, "%s: '%s' before a command: the options follow the command (segtape train|eval|retention "
+                 "[options]; see segtape help)\n", error_head().c_str(), first.c_str());
     return 2;
   }
   if (first.rfind('-', 0) != 0 && std::find(commands.begin(), commands.end(), first) == commands.end()) {
-    std::fprintf(stderr, "segtape: error: unknown command '%s' (commands: train, eval, retention; see segtape help)\n", first.c_str());
+    std::fprintf(stderr, "%s: unknown command '%s' (commands: train, eval, retention; see segtape help)\n", error_head().c_str(), first.c_str());
     return 2;
   }
   try {
@@ -1540,7 +1561,7 @@ int run_cli(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // One line, like every other error: what was wrong and where to look.
     const bool sub = std::find(commands.begin(), commands.end(), first) != commands.end();
-    std::fprintf(stderr, "segtape: error: %s (see segtape %s--help)\n", e.what(), sub ? (first + " ").c_str() : "");
+    std::fprintf(stderr, "%s: %s (see segtape %s--help)\n", error_head().c_str(), e.what(), sub ? (first + " ").c_str() : "");
     return 2;  // a usage error, as every other bad argument (CLI11's own codes were 105-114)
   }
   try {
@@ -1551,16 +1572,16 @@ int run_cli(int argc, char** argv) {
     const Error e("out of memory in segtape " + first + " (std::bad_alloc): the run needs more memory than this process may "
                   "take (the machine's, or ulimit -v); make it smaller (--hidden, --batch, --steps) or allow more");
     if (g_comm) return rank_error(e);
-    std::fprintf(stderr, "segtape: error: %s\n", e.what());
+    std::fprintf(stderr, "%s: %s\n", error_head().c_str(), e.what());
     return 2;
   } catch (const std::exception& e) {
     if (g_comm) return rank_error(e);
-    std::fprintf(stderr, "segtape: error: %s\n", one_line(e.what()).c_str());
+    std::fprintf(stderr, "%s: %s\n", error_head().c_str(), one_line(e.what()).c_str());
     return 2;
   } catch (...) {  // thrown by code of the user's (a plug-in) that bypassed the env's checks: never terminate()
     const Error e("an exception that is not a std::exception (from an env plug-in's code?)");
     if (g_comm) return rank_error(e);
-    std::fprintf(stderr, "segtape: error: %s\n", e.what());
+    std::fprintf(stderr, "%s: %s\n", error_head().c_str(), e.what());
     return 2;
   }
   return 0;

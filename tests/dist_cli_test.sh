@@ -150,6 +150,14 @@ set -e
 [ "$rc" = 2 ] || { cat "$W/mismatch.log"; fail "mismatched ranks: exit code $rc, not 2"; }
 grep -q "hidden is '32' on rank 0, but rank 1 has '24'" "$W/mismatch.log" || { cat "$W/mismatch.log"; fail "the mismatch is not named"; }
 [ ! -e "$W/mismatch" ] || fail "a refused run left $W/mismatch behind"
+# A flag that does not parse on one rank (before MPI starts): that rank's
+# line names it; the job ends, nothing written.
+set +e
+"$MPI" -np 1 --oversubscribe "$S" train "${mm[@]}" --hidden 32 : -np 1 "$S" train "${mm[@]}" --hidden abc > "$W/unparsed.log" 2>&1; rc=$?
+set -e
+[ "$rc" != 0 ] && grep -q "segtape: error (rank 1 of 2): Could not convert: --hidden = abc" "$W/unparsed.log" ||
+  { cat "$W/unparsed.log"; fail "a flag that does not parse on rank 1: exit code $rc, or the rank not named"; }
+[ ! -e "$W/mismatch" ] || fail "a refused run left $W/mismatch behind"
 # A mismatch found only after the command lines are read (--checkpoint-every)
 # is still refused before --out is touched: --force over a finished run must
 # not have removed it. And --resume on one rank with --out on the other is
