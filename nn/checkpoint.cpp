@@ -21,10 +21,10 @@ int64_t elements_of(const std::string& name, const std::vector<int64_t>& shape) 
   int64_t n = 1;
   for (int64_t d : shape)
     if (d < 0 || __builtin_mul_overflow(n, d, &n)) {
-      std::string dims;
-      for (int64_t x : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(x);
-      throw Error("nn::entry('" + name + "'): shape [" + dims + "] " +
-                  (d < 0 ? "has a negative dimension" : "has more elements than int64 counts"));
+      std::string m = "nn::entry('" + name + "'): shape [";
+      for (size_t i = 0; i < shape.size(); ++i) m += (i ? ", " : "") + std::to_string(shape[i]);
+      m += d < 0 ? "] has a negative dimension" : "] has more elements than int64 counts";
+      throw Error(m);
     }
   return n;
 }
