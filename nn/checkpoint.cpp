@@ -212,8 +212,20 @@ Metadata load_entries(const std::filesystem::path& path, std::span<const Entry> 
   return load_checked(path, entries, what, true, report, about_file, about_values);
 }
 
+namespace {
+// The caller's metadata for a file save() or save_training_state() writes:
+// keys starting with "segtape." are segtape's own (a training state's kind
+// and optimizers; load_training_state drops them from what it returns).
+const Metadata& callers_metadata(const std::filesystem::path& path, const Metadata& metadata) {
+  for (const auto& [k, v] : metadata)
+    if (std::string_view(k).starts_with(kReserved))
+      throw CheckpointError(path.string() + ": metadata key '" + k + "' is reserved (keys starting with 'segtape.' are segtape's own)");
+  return metadata;
+}
+}  // namespace
+
 void save(const Module& m, const std::filesystem::path& path, const Metadata& metadata) {
-  save_entries(path, param_entries(m), metadata);
+  save_entries(path, param_entries(m), callers_metadata(path, metadata));
 }
 
 LoadReport load(Module& m, const std::filesystem::path& path, bool strict) {
@@ -225,12 +237,8 @@ LoadReport load(Module& m, const std::filesystem::path& path, bool strict) {
 void save_training_state(const std::filesystem::path& path, const Module& m,
                          std::span<const Optimizer* const> optimizers, const Rng& rng, int64_t step,
                          const Metadata& metadata) {
-  Metadata meta;
-  for (const auto& [k, v] : metadata) {
-    if (std::string_view(k).starts_with(kReserved))
-      throw CheckpointError(path.string() + ": metadata key '" + k + "' is reserved (keys starting with 'segtape.' are segtape's own)");
-    meta[k] = v;
-  }
+  Metadata meta = callers_metadata(path, metadata);
+  if (step < 0) throw CheckpointError(path.string() + ": the training step must be >= 0, got " + std::to_string(step));
   meta[kKindKey] = kTrainingState;
   TrainingEntries te(m, optimizers);
   for (size_t k = 0; k < optimizers.size(); ++k) {

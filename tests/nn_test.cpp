@@ -139,6 +139,9 @@ TEST(Modules, RegistrationErrors) {
   EXPECT_THROW(m.register_module("a", a), Error);
   EXPECT_THROW(m.register_parameter("a", {2}), Error);
   EXPECT_THROW(m.register_parameter("x.y", {2}), Error);
+  EXPECT_THROW(m.register_parameter("bad\xff", {2}), Error);  // not UTF-8: nn::save failed on it, naming nothing
+  EXPECT_THROW(m.register_parameter("\xc0\xaf", {2}), Error);   // an overlong '/'
+  EXPECT_NO_THROW(m.register_parameter("gewicht_\xc3\xa4", {2}));
   EXPECT_THROW(m.register_module("b", b), Error);  // another tape
   EXPECT_THROW(nn::Linear(tape, rng, 0, 3), ShapeError);
 }
@@ -842,9 +845,12 @@ TEST_F(TempDir, TrainingStateResumeIsBitIdentical) {
   }
   EXPECT_EQ(snapshot(wrong.everything()), before);
   EXPECT_EQ(wrong.data.state(), nn::Rng(105).state());
-  // Reserved metadata keys.
+  // Reserved metadata keys, in a training state and in a module's file; a negative step.
   EXPECT_THROW(nn::save_training_state(dir / "x.safetensors", wrong.p, wrong.adam, wrong.data, 0, {{"segtape.kind", "x"}}),
                CheckpointError);
+  EXPECT_THROW(nn::save(wrong.p, dir / "x.safetensors", {{"segtape.kind", "x"}}), CheckpointError);
+  EXPECT_THROW(nn::save_training_state(dir / "x.safetensors", wrong.p, wrong.adam, wrong.data, -1), CheckpointError);
+  EXPECT_FALSE(fs::exists(dir / "x.safetensors"));
   // A null optimizer in the list: an error naming it (it was dereferenced).
   const std::array<const nn::Optimizer*, 2> with_null{&wrong.adam, nullptr};
   EXPECT_THROW(
