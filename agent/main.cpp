@@ -669,8 +669,9 @@ int train(TrainArgs& a, CLI::App& cmd) {
   // (The communicator lives as long as the process: main's error handling uses it.)
   static std::unique_ptr<dist::Communicator> owner;
   dist::Communicator* comm = nullptr;
-  if (cmd.count("--dist-timeout") && !(a.dist_timeout > 0 && std::isfinite(a.dist_timeout)))
-    throw Error(fmt::format("--dist-timeout {}: must be a finite number of seconds > 0", a.dist_timeout));
+  if (cmd.count("--dist-timeout") && !(a.dist_timeout >= 1 && std::isfinite(a.dist_timeout)))  // (1e-9 failed a healthy job)
+    throw Error(fmt::format("--dist-timeout {}: must be a finite number of seconds >= 1 (healthy ranks reach a collective "
+                            "that far apart: rank 0 writes the checkpoints while the others wait)", a.dist_timeout));
   if (dist::launched_by_mpirun()) {
     owner = dist::mpi({.timeout_s = a.dist_timeout});
     if (owner->size() > 1) comm = g_comm = owner.get();

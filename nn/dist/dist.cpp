@@ -255,8 +255,9 @@ bool launched_by_mpirun() {
 
 std::unique_ptr<Communicator> mpi([[maybe_unused]] const Options& o) {
 #ifdef SEGTAPE_HAVE_MPI
-  if (!(o.timeout_s > 0) || !std::isfinite(o.timeout_s))
-    throw Error("dist: the collective timeout must be a finite number of seconds > 0 (--dist-timeout)");
+  if (!(o.timeout_s >= 1) || !std::isfinite(o.timeout_s))  // (1e-9 failed a healthy job, "another rank died or hangs")
+    throw Error("dist: the collective timeout must be a finite number of seconds >= 1 (--dist-timeout; healthy ranks reach "
+                "a collective that far apart)");
   return std::make_unique<Mpi>(o);
 #else
   throw Error("dist: this build of segtape has no MPI (Open MPI was not found when it was configured; install "
