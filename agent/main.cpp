@@ -85,26 +85,24 @@ fs::path text_target(const fs::path& p, const std::string& what) {
   return target;
 }
 
+// write_text's temporary file for p: ".<name>.tmp" beside it.
+fs::path text_temp_of(const fs::path& p) { return p.parent_path() / ("." + p.filename().string() + ".tmp"); }
+
 // Whether a file name in a run's folder is one of the temporary files its
-// writes leave when killed: ".<file>.tmp" (write_text) for the run's text
-// files, ".checkpoint.safetensors.tmp.<pid>.<n>" (safetensors::save). Only
-// these: a user's own hidden files there (".tmp_notes") are not ours to delete.
+// writes leave when killed: write_text's for the run's text files, and
+// safetensors::save_atomic's for its checkpoint. Only these: a user's own
+// hidden files there (".tmp_notes") are not ours to delete.
 bool is_run_temp_file(const std::string& name) {
   for (const char* f : {"metrics.csv", "metrics.json", "plot.svg"})
-    if (name == "." + std::string(f) + ".tmp") return true;
-  const std::string ck = ".checkpoint.safetensors.tmp.";
-  if (name.rfind(ck, 0) != 0) return false;
-  const std::string rest = name.substr(ck.size());  // <pid>.<n>
-  const size_t dot = rest.find('.');
-  auto digits = [](const std::string& d) { return !d.empty() && d.find_first_not_of("0123456789") == std::string::npos; };
-  return dot != std::string::npos && digits(rest.substr(0, dot)) && digits(rest.substr(dot + 1));
+    if (name == text_temp_of(f).string()) return true;
+  return safetensors::is_temporary_of(name, "checkpoint.safetensors");
 }
 
 // Atomic text write: temp file, then rename, so a crash never leaves half a
 // file. Errors name the file asked for (not the temporary one).
 void write_text(const fs::path& given, const std::string& text) {
   const fs::path p = text_target(given, "cannot write " + given.string());
-  const fs::path tmp = p.parent_path() / ("." + p.filename().string() + ".tmp");
+  const fs::path tmp = text_temp_of(p);
   std::error_code tec;  // the temporary name: nothing but a stale file of ours (a link there would be written through)
   if (const fs::file_type t = fs::symlink_status(tmp, tec).type(); t != fs::file_type::regular && t != fs::file_type::not_found && t != fs::file_type::none)
     throw Error("cannot write " + given.string() + ": " + tmp.string() + " exists and is not a regular file (a link, "

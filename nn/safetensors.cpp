@@ -114,39 +114,6 @@ bool parse_hex8(const std::string& s, std::uint32_t& out) {
 
 bool is_checksum_key(std::string_view k) { return k.starts_with(kChecksumKeyPrefix); }
 
-// Offset of the first byte that is not part of well-formed UTF-8 (no
-// overlongs, no surrogates, nothing above U+10FFFF), or npos. nlohmann checks
-// strings too, but this gives one clear message for the whole header.
-std::size_t utf8_error(const unsigned char* p, std::size_t n) {
-  std::size_t i = 0;
-  while (i < n) {
-    const unsigned c = p[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t len = 0;
-    unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;  // overlong
-      if (c == 0xED) hi = 0x9F;  // surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;  // overlong
-      if (c == 0xF4) hi = 0x8F;  // > U+10FFFF
-    } else {
-      return i;
-    }
-    if (n - i < len || p[i + 1] < lo || p[i + 1] > hi) return i;
-    for (std::size_t k = 2; k < len; ++k)
-      if ((p[i + k] & 0xC0) != 0x80) return i;
-    i += len;
-  }
-  return std::string::npos;
-}
 
 // First pass over the header. nlohmann's DOM parser silently keeps the last of
 // duplicate keys and has no depth limit, so this SAX pass rejects both (and
@@ -350,6 +317,56 @@ std::vector<std::byte> serialize_impl(std::span<const TensorRef> tensors,
 
 }  // namespace
 
+// (nlohmann checks strings too, but this gives one clear message for the
+// whole header)
+namespace {
+// ".<target>.tmp.": what save_atomic's temporary files for `target` are
+// named with, before "<pid>.<n>" (is_temporary_of recognises them).
+std::string temporary_prefix(std::string_view target) { return "." + std::string(target) + ".tmp."; }
+}  // namespace
+
+bool is_temporary_of(std::string_view name, std::string_view target) {
+  const std::string prefix = temporary_prefix(target);
+  if (!name.starts_with(prefix)) return false;
+  const std::string_view rest = name.substr(prefix.size());  // <pid>.<n>
+  const size_t dot = rest.find('.');
+  auto digits = [](std::string_view d) { return !d.empty() && d.find_first_not_of("0123456789") == std::string_view::npos; };
+  return dot != std::string_view::npos && digits(rest.substr(0, dot)) && digits(rest.substr(dot + 1));
+}
+
+std::size_t utf8_error(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const std::size_t n = s.size();
+  std::size_t i = 0;
+  while (i < n) {
+    const unsigned c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t len = 0;
+    unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;  // overlong
+      if (c == 0xED) hi = 0x9F;  // surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;  // overlong
+      if (c == 0xF4) hi = 0x8F;  // > U+10FFFF
+    } else {
+      return i;
+    }
+    if (n - i < len || p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (std::size_t k = 2; k < len; ++k)
+      if ((p[i + k] & 0xC0) != 0x80) return i;
+    i += len;
+  }
+  return std::string::npos;
+}
+
 std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t crc) {
   crc = ~crc;
   const std::byte* p = bytes.data();
@@ -422,7 +439,7 @@ File parse(std::vector<std::byte> bytes, std::string source) {
                   " bytes after the length prefix" + (opens_with_brace ? " (is the file truncated?)" : ""));
 
   const char* last = first + n;
-  if (std::size_t bad = utf8_error(reinterpret_cast<const unsigned char*>(first), n); bad != std::string::npos)
+  if (std::size_t bad = utf8_error(std::string_view(first, n)); bad != std::string::npos)
     fail(src, lead + "header is not valid UTF-8 (byte " + std::to_string(bad) + " of the header)");
   // nlohmann's lexer takes a NUL byte for the end of input and would ignore
   // whatever follows it; raw NUL is never valid JSON, so reject it here.
@@ -582,19 +599,18 @@ void save_atomic(const fs::path& path, std::span<const TensorRef> tensors,
   }
   // The rename below would replace a device, FIFO or socket at the path:
   // refused instead, as a directory is.
-  struct stat existing {};
-  if (::stat(target.c_str(), &existing) == 0 && S_ISDIR(existing.st_mode))
-    fail(src, std::string(target == path ? "" : "(a link to " + target.string() + ") ") + "is a directory; give a file name in it");
-  if (::stat(target.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode))
-    fail(src, "exists and is not a regular file (a device, FIFO or socket); it is not replaced");
+  if (struct stat existing {}; ::stat(target.c_str(), &existing) == 0) {
+    if (S_ISDIR(existing.st_mode))
+      fail(src, std::string(target == path ? "" : "(a link to " + target.string() + ") ") + "is a directory; give a file name in it");
+    if (!S_ISREG(existing.st_mode)) fail(src, "exists and is not a regular file (a device, FIFO or socket); it is not replaced");
+  }
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
 
   // Same directory, so the rename cannot cross filesystems; pid + counter keep
   // concurrent writers (threads or processes) from sharing a temp file.
   static std::atomic<unsigned long> counter{0};
   TempFile tmp;
-  tmp.path = dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
-                    std::to_string(counter++));
+  tmp.path = dir / (temporary_prefix(target.filename().string()) + std::to_string(::getpid()) + "." + std::to_string(counter++));
   const std::string tmp_name = tmp.path.string();
   tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (tmp.fd < 0) {

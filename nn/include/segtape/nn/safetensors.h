@@ -121,6 +121,16 @@ std::vector<std::byte> serialize(std::span<const TensorRef> tensors,
 void save_atomic(const std::filesystem::path& path, std::span<const TensorRef> tensors,
                  const std::map<std::string, std::string>& metadata = {});
 
+// Whether `name` (a file name, no folder) is the name of a temporary file
+// save_atomic makes for a file named `target`: ".<target>.tmp.<pid>.<n>",
+// left behind when the process was killed mid-write.
+bool is_temporary_of(std::string_view name, std::string_view target);
+
+// Offset of the first byte of s that is not part of well-formed UTF-8 (no
+// overlongs, no surrogates, nothing above U+10FFFF), or npos: what a header
+// (JSON) may hold.
+std::size_t utf8_error(std::string_view s);
+
 // Test hook: called by save_atomic after the temp file is written, synced and
 // closed, just before the rename. A hook that throws simulates a crash there.
 // Pass an empty function to clear it.
