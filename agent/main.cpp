@@ -41,11 +41,6 @@ using namespace segtape::agent;
 
 namespace {
 
-// The most steps any step-count flag takes (--steps', TrainConfig::validate): a
-// cadence or an evaluation longer than a run could be is refused, and sums of
-// them stay far from int64's end.
-constexpr int64_t kMaxSteps = 1'000'000'000;
-
 // One metrics row: a log interval's means.
 struct Row {
   int64_t step = 0;
@@ -465,7 +460,7 @@ std::string env_settings(const TrainConfig& c) {
 // and a count of no more than --lag, which would score nothing, is refused
 // before any work.
 int64_t eval_steps_for(const TrainConfig& c, int64_t steps, bool given, const char* flag) {
-  if (steps < 1 || steps > kMaxSteps) throw Error(fmt::format("{} {}: must be in [1, 1e9]", flag, steps));
+  if (steps < 1 || steps > TrainConfig::kMaxSteps) throw Error(fmt::format("{} {}: must be in [1, 1e9]", flag, steps));
   if (c.env != "recall") return steps;
   const int64_t lag = c.env_options.lag;
   if (!given) steps = std::max(steps, 2 * lag);
@@ -681,7 +676,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   try {
   for (const auto& [opt, v] : {std::pair{"--log-every", a.log_every}, std::pair{"--checkpoint-every", a.checkpoint_every},
                                 std::pair{"--eval-steps", a.eval_steps}})
-    if (cmd.count(opt) && (v < 1 || v > kMaxSteps)) throw Error(std::string(opt) + " " + std::to_string(v) + ": must be in [1, 1e9]");
+    if (cmd.count(opt) && (v < 1 || v > TrainConfig::kMaxSteps)) throw Error(std::string(opt) + " " + std::to_string(v) + ": must be in [1, 1e9]");
   if (comm && c.env_shards != 1) throw Error("--env-shards " + std::to_string(c.env_shards) + ": under mpirun each rank is one shard (leave --env-shards at 1)");
   if (resume) {
     out = a.resume;
@@ -763,7 +758,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       const std::string& text = it->second;
       int64_t n = 0;
       const auto r = std::from_chars(text.data(), text.data() + text.size(), n);
-      if (r.ec != std::errc() || r.ptr != text.data() + text.size() || n < 1 || n > kMaxSteps)  // (as the flags)
+      if (r.ec != std::errc() || r.ptr != text.data() + text.size() || n < 1 || n > TrainConfig::kMaxSteps)  // (as the flags)
         throw Error(fmt::format("--resume {}: checkpoint metadata {} is malformed ('{}')", out.string(), key, text));
       *v = n;
       if (v == &a.eval_steps) eval_given = true;
@@ -879,17 +874,18 @@ int train(TrainArgs& a, CLI::App& cmd) {
   // be mistaken for the new one's: its four files go.
   std::optional<MetricsCsv> csv;
   if (root) csv.emplace(out / "metrics.csv", measure, !spec.supervised);
+  const bool take_over = a.force && !resume;
   bool claimed = false;
   const auto claim = [&] {
     if (!root || claimed) return;
     claimed = true;
-    if (a.force && !resume) {
+    if (take_over) {
       std::error_code ec;
       for (const char* f : {"checkpoint.safetensors", "metrics.csv", "metrics.json", "plot.svg"}) fs::remove(out / f, ec);
     }
     csv->start(rows);
   };
-  if (!(a.force && !resume)) claim();
+  if (!take_over) claim();
   const auto save_checkpoint = [&](const std::map<std::string, std::string>& meta) {
     claim();
     tr.save(out / "checkpoint.safetensors", meta);

@@ -180,7 +180,7 @@ void TrainConfig::validate() const {
     for (const std::string& n : env_names()) names += (names.empty() ? "" : ", ") + n;
     throw Error("unknown --env '" + env + "' (registered: " + names + ")");
   }
-  need(steps >= 1 && steps <= 1'000'000'000, "--steps must be in [1, 1e9]");
+  need(steps >= 1 && steps <= kMaxSteps, "--steps must be in [1, 1e9]");
   need(batch >= 1 && batch <= 65536, "--batch must be in [1, 65536]");
   need(hidden >= 1 && hidden <= 16384, "--hidden must be in [1, 16384]");
   need(embed >= 1 && embed <= 16384, "--embed must be in [1, 16384]");
@@ -1465,7 +1465,7 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
     const int64_t* n = c.counters;
     // (steps: --steps' bound; optimizer steps: where Adam's bias correction,
     // a power of the step count in double, still sees every step)
-    if (n[0] < 0 || n[0] > 1'000'000'000 || n[1] < 0 || n[1] > (int64_t(1) << 53) || n[2] < 0 || n[2] >= ring) {
+    if (n[0] < 0 || n[0] > TrainConfig::kMaxSteps || n[1] < 0 || n[1] > nn::Optimizer::kMaxSteps || n[2] < 0 || n[2] >= ring) {
       problems.push_back("train.counters out of range (step " + std::to_string(n[0]) + ", optimizer steps " +
                          std::to_string(n[1]) + ", window position " + std::to_string(n[2]) + " of " +
                          std::to_string(ring) + "): a damaged checkpoint?");

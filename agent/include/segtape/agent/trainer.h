@@ -32,6 +32,9 @@ struct History {
 };
 
 struct TrainConfig {
+  // The most steps any step count takes (--steps, and the cadences and
+  // evaluations the command line takes): sums of them stay far from int64's end.
+  static constexpr int64_t kMaxSteps = 1'000'000'000;
   std::string env = "recall";
   History history;
   int64_t steps = 24000;   // env steps (each over the whole batch)
