@@ -1348,16 +1348,7 @@ int retention_lab(RetentionArgs& a) {
 // Open MPI's or PMI's environment). Once MPI runs, rank_error says it.
 std::string error_head() {
   if (g_comm || !dist::launched_by_mpirun()) return "segtape: error";
-  auto number = [](std::initializer_list<const char*> vars) -> long {
-    for (const char* v : vars)
-      if (const char* x = std::getenv(v)) {
-        char* end = nullptr;
-        const long n = std::strtol(x, &end, 10);
-        if (end != x && *end == '\0' && n >= 0) return n;
-      }
-    return -1;
-  };
-  const long rank = number({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}), size = number({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"});
+  const auto [rank, size] = dist::launched_rank();
   if (rank < 0 || size < 2) return "segtape: error";
   return fmt::format("segtape: error (rank {} of {})", rank, size);
 }

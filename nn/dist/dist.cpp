@@ -6,6 +6,7 @@
 #include "segtape/nn/dist.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -251,6 +252,19 @@ bool launched_by_mpirun() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
     if (std::getenv(v)) return true;
   return false;
+}
+
+std::pair<int64_t, int64_t> launched_rank() {
+  auto number = [](std::initializer_list<const char*> vars) -> int64_t {
+    for (const char* v : vars)
+      if (const char* x = std::getenv(v)) {
+        int64_t n = -1;
+        const char* end = x + std::strlen(x);
+        if (const auto r = std::from_chars(x, end, n); r.ec == std::errc() && r.ptr == end && n >= 0) return n;
+      }
+    return -1;
+  };
+  return {number({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}), number({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})};
 }
 
 std::unique_ptr<Communicator> mpi([[maybe_unused]] const Options& o) {

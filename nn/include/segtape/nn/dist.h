@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "segtape/error.h"
@@ -73,6 +74,10 @@ bool mpi_built();
 bool nccl_built();
 // Whether this process was started by mpirun (Open MPI's, or a PMI/PMIx launcher's environment).
 bool launched_by_mpirun();
+// The rank and the number of ranks mpirun gave this process, read from Open
+// MPI's or PMI's environment before MPI starts; -1 for one not there (an
+// error before the communicator exists can still name its rank).
+std::pair<int64_t, int64_t> launched_rank();
 // MPI_COMM_WORLD. Initialises MPI on the first call (MPI_Finalize runs at
 // exit). Throws Error when this build has no MPI.
 std::unique_ptr<Communicator> mpi(const Options& o = {});
