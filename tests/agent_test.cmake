@@ -25,3 +25,9 @@ foreach(i 1 2 3 4)
   add_dependencies(env_test env_test_plugin_${i})
 endforeach()
 target_compile_definitions(env_test PRIVATE SEGTAPE_ENV_TEST_PLUGINS)
+
+# Behaviour kept: every algorithm x history pair's checkpoint and reports
+# against the recorded figures (tests/golden/checkpoints.txt).
+segtape_test(golden_test SOURCES golden_test.cpp LABELS agent LIBS segtape_agent)
+target_compile_definitions(golden_test PRIVATE SEGTAPE_BIN="$<TARGET_FILE:segtape>")
+add_dependencies(golden_test segtape)
