@@ -710,9 +710,9 @@ int train(TrainArgs& a, CLI::App& cmd) {
     if (root && !a.force) header_only = refuse_a_run_in(out);
     // Flags of another algorithm or of another built-in env would be recorded
     // as the run's settings and do nothing: refused, as --sparse is on tmaze.
-    if (c.algo != "ppo")
+    if (c.algo != Algo::Ppo)
       for (const char* opt : {"--rollout", "--epochs", "--minibatches", "--clip-range", "--gae-lambda", "--lr-schedule"})
-        if (cmd.count(opt)) throw Error(std::string(opt) + " is --algo ppo's; this run is --algo " + c.algo);
+        if (cmd.count(opt)) throw Error(std::string(opt) + " is --algo ppo's; this run is --algo " + algo_name(c.algo));
     const std::map<std::string, std::vector<const char*>> env_flags = {
         {"recall", {"--lag", "--vocab", "--sparse"}}, {"tmaze", {"--corridor"}}, {"dialogue", {"--turns", "--cities"}}};
     if (env_flags.count(c.env))
@@ -782,7 +782,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   check();
   // PPO on a supervised env: the reward (1 for the target class) depends on
   // the step's action alone, so future rewards are noise in its return.
-  if (!resume && !cmd.count("--gamma") && c.algo == "ppo" && make_env(c.env, c.batch, c.seed, c.env_options)->spec().supervised)
+  if (!resume && !cmd.count("--gamma") && c.algo == Algo::Ppo && make_env(c.env, c.batch, c.seed, c.env_options)->spec().supervised)
     c.gamma = 0;
   c.graph_replay = a.graphs == "auto";  // (also on --resume: how the run executes, not what it computes)
   Trainer tr(c, comm);  // before the directory: a device that cannot be used, or a model too large, leaves nothing behind
@@ -790,7 +790,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   const EnvSpec& spec = tr.env().spec();
   // a2c on a supervised env is cross-entropy on its targets: no return, no
   // policy entropy. The flags would be recorded and do nothing.
-  if (!resume && spec.supervised && c.algo != "ppo")
+  if (!resume && spec.supervised && c.algo != Algo::Ppo)
     for (const char* opt : {"--gamma", "--entropy"})
       if (cmd.count(opt))
         throw Error(std::string(opt) + " is for RL: --env " + c.env + " is supervised, and --algo a2c trains it with "
@@ -893,7 +893,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
 
   const std::string settings = env_settings(c);
   if (root) std::printf("segtape %s: training %s (%s, %s) with history %s for %ld steps, batch %ld, hidden %ld, budget %s%s%s%s -> %s\n",
-              SEGTAPE_VERSION, c.env.c_str(), c.algo == "ppo" ? "recurrent PPO" : spec.supervised ? "supervised" : "actor-critic", measure.c_str(),
+              SEGTAPE_VERSION, c.env.c_str(), c.algo == Algo::Ppo ? "recurrent PPO" : spec.supervised ? "supervised" : "actor-critic", measure.c_str(),
               c.history.str().c_str(), c.steps, c.batch, c.hidden, format_bytes(tr.budget()).c_str(),
               full ? (c.budget ? " (growth limit)" : " (growth limit, the default for full; set it with --budget)") : "",
               settings.empty() ? "" : "; ", settings.c_str(), out.c_str());
@@ -1004,7 +1004,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     // Data parallel: the request travels with this segment's update, and
     // every rank stops after it (the same step on every rank).
     if (g_stop_signal && comm) tr.request_stop();
-    SegmentResult r;
+    UpdateResult r;
     try {
       r = tr.run_segment();
     } catch (const BudgetError& e) {
@@ -1022,7 +1022,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     loss_n += r.loss_steps;
     return_sum += r.return_sum;
     episodes += r.episodes;
-    if (r.loss_steps && c.algo == "ppo") ppo_kl = r.approx_kl, ppo_clip = r.clip_fraction, ppo_ran = true;
+    if (r.loss_steps && c.algo == Algo::Ppo) ppo_kl = r.metrics[0].value, ppo_clip = r.metrics[1].value, ppo_ran = true;
     peak = full ? tr.tape().stats().peak_bytes : tr.tape().stats().last_segment_peak;
     if (r.segment_peak) peak = r.segment_peak;  // exact, ppo: the largest segment of the window or iteration
     interval_peak = std::max(interval_peak, peak);
@@ -1450,10 +1450,10 @@ int run_cli(int argc, char** argv) {
   tr->add_option("--cities", ta.c.env_options.cities, "dialogue: cities a user can name")->capture_default_str();
   tr->add_option("--gamma", ta.c.gamma, "RL (tmaze, --algo ppo): discount (default 0.9; 0 for --algo ppo on a supervised env)");
   tr->add_option("--entropy", ta.c.entropy, "RL: entropy bonus")->capture_default_str();
-  tr->add_option("--algo", ta.c.algo,
+  tr->add_option_function<std::string>("--algo", [&ta](const std::string& v) { ta.c.algo = parse_algo(v); },
                  "RL algorithm: a2c (an update per segment) or ppo (recurrent PPO: rollouts, GAE, clipped surrogate, "
                  "minibatches of whole streams replayed from their stored states; on a supervised env the reward is 1 "
-                 "for the target class)")->capture_default_str();
+                 "for the target class)")->default_str("a2c");
   tr->add_option("--rollout", ta.c.rollout, "ppo: steps per stream per rollout")->capture_default_str();
   tr->add_option("--epochs", ta.c.epochs, "ppo: passes over each rollout")->capture_default_str();
   tr->add_option("--minibatches", ta.c.minibatches, "ppo: minibatches of whole streams per pass (divides --batch)")->capture_default_str();

@@ -608,7 +608,7 @@ AnomalyCost anomaly_cost(const LabConfig& cfg, int64_t steps, const std::functio
   std::vector<double> t_off, t_on;
   auto timed = [](Trainer& tr) {
     const auto start = Clock::now();
-    const SegmentResult r = tr.run_segment();
+    const UpdateResult r = tr.run_segment();
     return 1e6 * std::chrono::duration<double>(Clock::now() - start).count() / double(std::max<int64_t>(r.steps, 1));
   };
   while (!off.done()) {

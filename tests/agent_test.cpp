@@ -323,7 +323,7 @@ TEST(History, ExactsShorterWindowsAddNoPersistentBytes) {
                          Run{"recall", "exact:4/12", 40, true}}) {
     SCOPED_TRACE(std::string(run.env) + " " + run.history + (run.ppo ? " ppo" : ""));
     TrainConfig c = small(run.env, run.history, run.steps);
-    if (run.ppo) c.algo = "ppo", c.rollout = 16, c.epochs = 2, c.minibatches = 2;
+    if (run.ppo) c.algo = Algo::Ppo, c.rollout = 16, c.epochs = 2, c.minibatches = 2;
     Trainer tr(c);
     tr.run_segment();
     const size_t persistent = tr.tape().stats().persistent_bytes;
@@ -422,8 +422,8 @@ TEST(Evaluate, MidRunLeavesTrainingUnchangedAndMemoryFlat) {
       for (int i = 0; i < 4; ++i) (void)paused.evaluate(40, uint64_t(i));
       EXPECT_EQ(paused.tape().stats().persistent_bytes, persistent);
       while (!straight.done()) {
-        const SegmentResult a = straight.run_segment();
-        const SegmentResult b = paused.run_segment();
+        const UpdateResult a = straight.run_segment();
+        const UpdateResult b = paused.run_segment();
         EXPECT_EQ(a.loss_sum, b.loss_sum);
       }
       EXPECT_EQ(params_of(straight), params_of(paused));
@@ -600,7 +600,7 @@ TEST(Learning, RecallBeatsChanceClearly) {
 
 // A run trained to its end: greedy eval accuracy (`eval_steps` fresh steps,
 // seed 99) and the largest segment high-water of the run. exact:K reports
-// its replays' high-water in each SegmentResult; the other histories' one
+// its replays' high-water in each UpdateResult; the other histories' one
 // segment per run_segment is the tape's last.
 struct Trained {
   double accuracy;
@@ -789,7 +789,7 @@ TEST(Learning, ExactLearnsSparseRecallAtLags32And64WhereTruncationCannot) {
 
 TrainConfig small_ppo(const std::string& env, int64_t steps) {
   TrainConfig c = small(env, "tbptt:4", steps);
-  c.algo = "ppo";
+  c.algo = Algo::Ppo;
   c.rollout = 16;  // four segments per rollout
   c.epochs = 2;
   c.minibatches = 2;
@@ -810,11 +810,11 @@ TEST(Ppo, TheReplayFromStoredStatesReproducesTheRollout) {
     Trainer tr(c);
     int64_t episodes = 0;
     while (!tr.done()) {
-      const SegmentResult r = tr.run_segment();
+      const UpdateResult r = tr.run_segment();
       EXPECT_EQ(r.steps, 16);
       EXPECT_EQ(r.loss_steps, 1);
-      EXPECT_LT(r.approx_kl, 1e-9) << env;
-      EXPECT_EQ(r.clip_fraction, 0.0) << env;
+      EXPECT_LT(r.metric("approx_kl"), 1e-9) << env;
+      EXPECT_EQ(r.metric("clip_fraction"), 0.0) << env;
       episodes += r.episodes;
     }
     if (std::string(env) == "tmaze") {
@@ -825,9 +825,9 @@ TEST(Ppo, TheReplayFromStoredStatesReproducesTheRollout) {
   TrainConfig c = small_ppo("tmaze", 16);
   c.lr = 1e-2;
   Trainer tr(c);
-  const SegmentResult r = tr.run_segment();
+  const UpdateResult r = tr.run_segment();
   EXPECT_EQ(r.loss_steps, 4);
-  EXPECT_GT(r.approx_kl, 1e-9);
+  EXPECT_GT(r.metric("approx_kl"), 1e-9);
 }
 
 // exact:K/T under PPO: each minibatch's gradient through T-step windows from
@@ -846,7 +846,7 @@ TEST(Ppo, ExactWindowsEqualTbpttWindowsAtTheMemoryOfK) {
     size_t exact_peak = 0, truncated_peak = 0;
     double exact_loss = 0, whole_loss = 0;
     while (!exact.done()) {
-      const SegmentResult e = exact.run_segment(), w = whole.run_segment(), t = truncated.run_segment();
+      const UpdateResult e = exact.run_segment(), w = whole.run_segment(), t = truncated.run_segment();
       exact_peak = std::max(exact_peak, e.segment_peak), truncated_peak = std::max(truncated_peak, t.segment_peak);
       exact_loss += e.loss_sum, whole_loss += w.loss_sum;
       EXPECT_GT(e.stored_bytes, 0u);
@@ -863,7 +863,7 @@ TEST(Ppo, ExactWindowsEqualTbpttWindowsAtTheMemoryOfK) {
 }
 
 // PPO's update windows with their recurrence as one gru_sequence (where it
-// fuses on a GPU; SEGTAPE_GRU_SEQUENCE=1 takes it here, where it is composed
+// fuses on a GPU; TrainConfig::force_sequence takes it here, where it is composed
 // of the same masked cells): the episode ends of the rollout as the
 // sequence's keep, the heads and the loss over all the window's rows at
 // once, one host read of its log-probabilities and values. tmaze and
@@ -885,29 +885,27 @@ TEST(Ppo, UpdateWindowsAsOneSequenceEqualStepByStep) {
         if (first_only) c.epochs = 1, c.minibatches = 1;
         std::optional<Trainer> steps, sequence;
         {
-          const test::GruSequenceSeam off(false);
+          const test::NoFusedGru off;
           steps.emplace(c);
         }
-        {
-          const test::GruSequenceSeam on(true);
-          sequence.emplace(c);
-        }
+        c.force_sequence = true;
+        sequence.emplace(c);
         EXPECT_FALSE(steps->ppo_sequence());
         // (detach's one-step windows and exact's replayed segments stay step by step)
         ASSERT_EQ(sequence->ppo_sequence(), std::string(history).starts_with("tbptt"));
         if (first_only) {
-          const SegmentResult a = steps->run_segment(), b = sequence->run_segment();
+          const UpdateResult a = steps->run_segment(), b = sequence->run_segment();
           EXPECT_NEAR(a.loss_sum, b.loss_sum, 1e-6 * std::max(1.0, std::abs(a.loss_sum)));
-          EXPECT_LT(b.approx_kl, 1e-9);
-          EXPECT_EQ(b.clip_fraction, 0.0);
+          EXPECT_LT(b.metric("approx_kl"), 1e-9);
+          EXPECT_EQ(b.metric("clip_fraction"), 0.0);
           continue;
         }
         int64_t episodes = 0;
         while (!steps->done()) {
-          const SegmentResult a = steps->run_segment(), b = sequence->run_segment();
+          const UpdateResult a = steps->run_segment(), b = sequence->run_segment();
           ASSERT_EQ(a.steps, b.steps);
           EXPECT_NEAR(a.loss_sum, b.loss_sum, 1e-5 * std::max(1.0, std::abs(a.loss_sum)));
-          EXPECT_NEAR(a.approx_kl, b.approx_kl, 1e-7);
+          EXPECT_NEAR(a.metric("approx_kl"), b.metric("approx_kl"), 1e-7);
           EXPECT_EQ(a.episodes, b.episodes);
           episodes += a.episodes;
         }
@@ -936,7 +934,7 @@ TEST(Ppo, ResumeContinuesBitIdentically) {
     for (int i = 0; i < 3; ++i) first.run_segment();
     first.save(dir / "ck.safetensors");
     const TrainConfig back = Trainer::read_config(dir / "ck.safetensors");
-    EXPECT_EQ(back.algo, "ppo");
+    EXPECT_EQ(back.algo, Algo::Ppo);
     EXPECT_EQ(back.rollout, 16);
     Trainer second(back);
     second.load(dir / "ck.safetensors");
@@ -945,7 +943,7 @@ TEST(Ppo, ResumeContinuesBitIdentically) {
     EXPECT_EQ(params_of(straight), params_of(second)) << env << " " << history;
     // A checkpoint of another algorithm is refused, naming it.
     TrainConfig a2c = c;
-    a2c.algo = "a2c";
+    a2c.algo = Algo::A2c;
     Trainer other(a2c);
     try {
       other.load(dir / "ck.safetensors");
@@ -994,8 +992,12 @@ TEST(Ppo, BadConfigurationsAreRefusedNamingTheFlag) {
     }
   };
   TrainConfig c = small_ppo("tmaze", 64);
-  c.algo = "sac";
-  refused(c, "--algo 'sac'");
+  try {
+    (void)parse_algo("sac");
+    ADD_FAILURE() << "--algo sac was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--algo 'sac': choose a2c or ppo"), std::string::npos) << e.what();
+  }
   c = small_ppo("tmaze", 64), c.history = History::parse("window:2");
   refused(c, "--history window:2 is not built for it");
   c = small_ppo("tmaze", 64), c.minibatches = 3;

@@ -212,7 +212,7 @@ TEST(CudaAgent, TrainerMatchesTheCpuWithFixedDeviceMemory) {
   size_t peak = 0;
   uint64_t allocs = 0;
   for (int s = 0; !gpu.done(); ++s) {
-    const agent::SegmentResult rc = cpu.run_segment(), rg = gpu.run_segment();
+    const agent::UpdateResult rc = cpu.run_segment(), rg = gpu.run_segment();
     ASSERT_EQ(rg.steps, rc.steps);
     EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 1e-3 * std::max(1.0, std::fabs(rc.loss_sum))) << "segment " << s;
     // Segment 0 has fewer losses (no target before step lag): from segment 1
@@ -284,7 +284,7 @@ class SomeTargets final : public agent::Env {
 // schedule). Twice: with the graph segments' recurrence step by step (the
 // eager ops: the same arena high-water as eager; the seam off,
 // SEGTAPE_FUSED_GRU=0, also on a GPU) and as one gru_sequence with keep
-// (SEGTAPE_GRU_SEQUENCE=1; on a GPU, fused), the head then over all the
+// (TrainConfig::force_sequence; on a GPU, fused), the head then over all the
 // segment's rows at once and the loss as one cross-entropy where every step
 // with a target has as many (within float rounding of eager: 1e-5 on the
 // emulated device): one high-water in every replayed segment. Dense recall
@@ -323,8 +323,9 @@ TEST(CudaAgent, TrainerSegmentsReplayAsGraphsWithTheEagerResults) {
                         Case{"dialogue", false, 128, 4, {4, 8}, {4, 8}}, Case{"dialogue", false, 128, 5, {0, 0}, {4, 5}},
                         Case{"some-targets", false, 128, 5, {4, 3}, {4, 3}}}) {
     SCOPED_TRACE(k.env + std::string(k.sparse ? " sparse" : "") + (k.env == std::string("dialogue") ? " turns " + std::to_string(k.turns) : "") +
-                 (force_sequence ? ", SEGTAPE_GRU_SEQUENCE=1" : ""));
-    auto seam = std::make_unique<test::GruSequenceSeam>(force_sequence);
+                 (force_sequence ? ", force_sequence" : ""));
+    std::optional<test::NoFusedGru> seam;
+    if (!force_sequence) seam.emplace();
     auto config = [&](const char* device, bool graph) {
       agent::TrainConfig c = recall_config(device);
       c.env = k.env;
@@ -334,6 +335,7 @@ TEST(CudaAgent, TrainerSegmentsReplayAsGraphsWithTheEagerResults) {
       c.env_options.embed_dim = 6;
       c.steps = k.steps;
       c.graph_replay = graph;
+      c.force_sequence = force_sequence;
       return c;
     };
     agent::Trainer cpu(config("cpu", true)), eager(config("cuda", false)), graph(config("cuda", true));
@@ -357,7 +359,7 @@ TEST(CudaAgent, TrainerSegmentsReplayAsGraphsWithTheEagerResults) {
         cpu.save(f);
         for (agent::Trainer* t : {&cpu, &eager, &graph}) t->load(f);
       }
-      const agent::SegmentResult rc = cpu.run_segment(), re = eager.run_segment(), rg = graph.run_segment();
+      const agent::UpdateResult rc = cpu.run_segment(), re = eager.run_segment(), rg = graph.run_segment();
       ASSERT_EQ(rg.steps, rc.steps);
       ASSERT_EQ(rg.loss_steps, rc.loss_steps) << "segment " << s;
       EXPECT_NEAR(rg.loss_sum, re.loss_sum, dev_tol * std::max(1.0, std::fabs(re.loss_sum))) << "segment " << s;
@@ -466,20 +468,20 @@ TEST(CudaAgent, AnEnvThatIsNotOpenLoopIsRefusedInGraphSegments) {
 // device (CI) this runs the device code paths of PPO's host logic. Twice
 // under tbptt: the update windows' recurrence step by step (the seam off:
 // SEGTAPE_FUSED_GRU=0, also on a GPU), and as one gru_sequence with the
-// episode ends in keep (SEGTAPE_GRU_SEQUENCE=1; on a GPU, fused).
+// episode ends in keep (TrainConfig::force_sequence; on a GPU, fused).
 TEST(CudaAgent, PpoMatchesTheCpuWithFixedDeviceMemory) {
   REQUIRE_GPU();
   for (const bool force_sequence : {false, true})
   for (const char* env : {"recall", "tmaze"})
     for (const char* history : {"tbptt:8", "exact:4/16"}) {
       if (force_sequence && std::string_view(history) != "tbptt:8") continue;
-      SCOPED_TRACE(std::string(env) + " " + history + (force_sequence ? ", SEGTAPE_GRU_SEQUENCE=1" : ""));
+      SCOPED_TRACE(std::string(env) + " " + history + (force_sequence ? ", force_sequence" : ""));
       auto config = [&](const char* device) {
         agent::TrainConfig c = recall_config(device);
         c.env = env;
         c.env_options.corridor = 4;
         c.history = agent::History::parse(history);
-        c.algo = "ppo";
+        c.algo = agent::Algo::Ppo;
         c.rollout = 24;
         c.epochs = 2;
         c.minibatches = 2;
@@ -492,18 +494,21 @@ TEST(CudaAgent, PpoMatchesTheCpuWithFixedDeviceMemory) {
       agent::Trainer cpu(config("cpu"));
       std::optional<agent::Trainer> made;
       {
-        const test::GruSequenceSeam seam(force_sequence);
-        made.emplace(config("cuda"));
+        std::optional<test::NoFusedGru> seam;
+        if (!force_sequence) seam.emplace();
+        agent::TrainConfig g = config("cuda");
+        g.force_sequence = force_sequence;
+        made.emplace(g);
       }
       agent::Trainer& gpu = *made;
       EXPECT_FALSE(cpu.ppo_sequence());
       EXPECT_EQ(gpu.ppo_sequence(), force_sequence);
       uint64_t allocs = 0;
       for (int s = 0; !gpu.done(); ++s) {
-        const agent::SegmentResult rc = cpu.run_segment(), rg = gpu.run_segment();
+        const agent::UpdateResult rc = cpu.run_segment(), rg = gpu.run_segment();
         ASSERT_EQ(rg.steps, rc.steps);
         EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 1e-4 * std::max(1.0, std::fabs(rc.loss_sum))) << "iteration " << s;
-        EXPECT_NEAR(rg.approx_kl, rc.approx_kl, 1e-5) << "iteration " << s;
+        EXPECT_NEAR(rg.metric("approx_kl"), rc.metric("approx_kl"), 1e-5) << "iteration " << s;
         if (s == 0) allocs = memory::device_allocations();
         if (s >= 1 && s < 3) {
           EXPECT_EQ(memory::device_allocations(), allocs) << "device allocation in iteration " << s;

@@ -261,7 +261,7 @@ TEST(Dist, ReplicasThatDivergeAreFound) {
 TEST(Dist, AStopRequestedByOneRankIsAgreedByAll) {
   for (const char* algo : {"a2c", "ppo"}) {
     TrainConfig c = small(4);
-    if (std::string(algo) == "ppo") c.env = "tmaze", c.algo = "ppo", c.rollout = 16, c.epochs = 2, c.minibatches = 2;
+    if (std::string(algo) == "ppo") c.env = "tmaze", c.algo = Algo::Ppo, c.rollout = 16, c.epochs = 2, c.minibatches = 2;
     Trainer t(c, &comm());
     t.run_segment();
     EXPECT_FALSE(t.stop_agreed()) << algo;
@@ -385,7 +385,7 @@ TEST(Dist, ExactA2cAndPpoRanksStayOneModel) {
     TrainConfig c = small(4);
     if (std::string(kind) == "exact") c.history = History::parse("exact:4/16");
     if (std::string(kind) != "exact") c.env = "tmaze", c.env_options.corridor = 4;
-    if (std::string(kind) == "ppo") c.algo = "ppo", c.rollout = 16, c.epochs = 2, c.minibatches = 2;
+    if (std::string(kind) == "ppo") c.algo = Algo::Ppo, c.rollout = 16, c.epochs = 2, c.minibatches = 2;
     Trainer t(c, &comm());
     const std::vector<float> before = params_of(t);
     for (int i = 0; i < 3; ++i) t.run_segment();

@@ -41,7 +41,7 @@ struct Case {
   std::string name;
   bool emulated = false;  // on the host-emulated device (--device cuda)
   std::function<void(TrainConfig&)> set;
-  bool sequence = false;  // the recurrence of known steps as one gru_sequence (SEGTAPE_GRU_SEQUENCE=1)
+  bool sequence = false;  // the recurrence of known steps as one gru_sequence (TrainConfig::force_sequence)
 };
 
 TrainConfig base(const std::string& env, const std::string& history) {
@@ -82,19 +82,19 @@ std::vector<Case> cases() {
       const std::string id = hs.substr(0, hs.find(':'));
       v.push_back({dev + "ppo_" + id, emulated, [hs](TrainConfig& c) {
                      c = base("tmaze", hs);
-                     c.algo = "ppo";
+                     c.algo = Algo::Ppo;
                      c.rollout = 32, c.epochs = 2, c.minibatches = 2, c.steps = 128;
                    }});
     }
     v.push_back({dev + "ppo_recall_tbptt", emulated, [](TrainConfig& c) {
                    c = base("recall", "tbptt:8");
-                   c.algo = "ppo", c.gamma = 0;
+                   c.algo = Algo::Ppo, c.gamma = 0;
                    c.rollout = 32, c.epochs = 2, c.minibatches = 4, c.steps = 128;
                  }});
     v.push_back({dev + "ppo_tbptt_sequence", emulated,
                  [](TrainConfig& c) {
                    c = base("tmaze", "tbptt:8");
-                   c.algo = "ppo";
+                   c.algo = Algo::Ppo;
                    c.rollout = 32, c.epochs = 2, c.minibatches = 2, c.steps = 128;
                  },
                  true});
@@ -156,8 +156,7 @@ std::string run_case(const Case& k) {
   k.set(c);
   if (k.emulated) c.device = "cuda";
   emulation::emulate_cuda_on_host(k.emulated);
-  if (k.sequence) setenv("SEGTAPE_GRU_SEQUENCE", "1", 1);
-  else unsetenv("SEGTAPE_GRU_SEQUENCE");
+  c.force_sequence = k.sequence;
   const fs::path dir = fs::temp_directory_path() / ("segtape_golden_" + std::to_string(getpid()));
   fs::create_directories(dir);
   std::string results;
@@ -165,9 +164,9 @@ std::string run_case(const Case& k) {
     Trainer tr(c);
     char line[256];
     while (!tr.done()) {
-      const SegmentResult r = tr.run_segment();
+      const UpdateResult r = tr.run_segment();
       std::snprintf(line, sizeof line, "%ld %a %ld %a %ld %a %a\n", long(r.steps), r.loss_sum, long(r.loss_steps), r.return_sum,
-                    long(r.episodes), r.approx_kl, r.clip_fraction);
+                    long(r.episodes), r.metric("approx_kl"), r.metric("clip_fraction"));
       results += line;
     }
     // (which paths ran: the device's graph segments, the recurrence as one gru_sequence)
@@ -179,7 +178,6 @@ std::string run_case(const Case& k) {
     results += line;
   }
   emulation::emulate_cuda_on_host(false);
-  unsetenv("SEGTAPE_GRU_SEQUENCE");
   std::ofstream(dir / "results.txt") << results;
   const std::string out = sha256(dir / "ck.safetensors") + " " + sha256(dir / "results.txt");
   fs::remove_all(dir);

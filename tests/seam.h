@@ -1,10 +1,9 @@
-// The Trainer's choice of gru_sequence for steps known ahead (agent/ppo.h,
-// recurrence_as_sequence), made one way while a scope lasts: on, with
-// SEGTAPE_GRU_SEQUENCE=1 (the test seam: the sequence also where it would
-// not fuse, on the CPU and the host-emulated device); off, with
-// SEGTAPE_FUSED_GRU=0 (no fused kernels, so no sequence either, also on a
-// GPU where they would run). Both variables are put back as they were when
-// the scope ends, whatever it throws. Trainers read them when they are made.
+// No fused GRU kernels while a scope lasts (SEGTAPE_FUSED_GRU=0): a
+// trainer made then runs the recurrence of steps known ahead step by step,
+// also on a GPU where the fused sequence would run (with
+// TrainConfig::force_sequence it runs one gru_sequence anyway, composed of
+// cells). The variable is put back as it was when the scope ends, whatever
+// it throws. Trainers read it when they are made.
 #pragma once
 #include <stdlib.h>
 
@@ -13,22 +12,12 @@
 
 namespace segtape::test {
 
-class GruSequenceSeam {
+class NoFusedGru {
  public:
-  explicit GruSequenceSeam(bool on) : seq_(get("SEGTAPE_GRU_SEQUENCE")), fused_(get("SEGTAPE_FUSED_GRU")) {
-    if (on) {
-      ::setenv("SEGTAPE_GRU_SEQUENCE", "1", 1);
-    } else {
-      ::unsetenv("SEGTAPE_GRU_SEQUENCE");
-      ::setenv("SEGTAPE_FUSED_GRU", "0", 1);
-    }
-  }
-  ~GruSequenceSeam() {
-    put("SEGTAPE_GRU_SEQUENCE", seq_);
-    put("SEGTAPE_FUSED_GRU", fused_);
-  }
-  GruSequenceSeam(const GruSequenceSeam&) = delete;
-  GruSequenceSeam& operator=(const GruSequenceSeam&) = delete;
+  NoFusedGru() : fused_(get("SEGTAPE_FUSED_GRU")) { ::setenv("SEGTAPE_FUSED_GRU", "0", 1); }
+  ~NoFusedGru() { put("SEGTAPE_FUSED_GRU", fused_); }
+  NoFusedGru(const NoFusedGru&) = delete;
+  NoFusedGru& operator=(const NoFusedGru&) = delete;
 
  private:
   static std::optional<std::string> get(const char* name) {
@@ -39,7 +28,7 @@ class GruSequenceSeam {
     if (v) ::setenv(name, v->c_str(), 1);
     else ::unsetenv(name);
   }
-  std::optional<std::string> seq_, fused_;
+  std::optional<std::string> fused_;
 };
 
 }  // namespace segtape::test

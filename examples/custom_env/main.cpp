@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
     const double chance = 1.0 / double(tr.env().spec().num_actions);
     int64_t next_log = 0;
     while (!tr.done()) {
-      const SegmentResult r = tr.run_segment();
+      const UpdateResult r = tr.run_segment();
       if (tr.step() >= next_log || tr.done()) {
         std::printf("step %5ld  loss %.4f  accuracy %5.1f%%\n", long(tr.step()), r.loss_sum / double(r.loss_steps),
                     100 * tr.env().score());

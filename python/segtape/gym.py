@@ -249,7 +249,7 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
         raise Error("segtape.gym.train: eval_every needs a history other than 'full': history 'full' keeps its whole run in "
                     "one open segment, so it evaluates only once the run has ended (result.evaluate() after train())")
     c.lr, c.gamma, c.entropy, c.value_coef, c.clip = lr, gamma, entropy, value_coef, clip
-    c.algo, c.clip_range, c.gae_lambda, c.lr_schedule = algo, clip_range, gae_lambda, lr_schedule
+    c.clip_range, c.gae_lambda, c.lr_schedule = clip_range, gae_lambda, lr_schedule
     c.update_bias = float(update_bias)
     if budget is not None:  # (None: the Trainer's default, 64 MiB, or 1 GiB of growth for history "full")
         c.budget = _bytes(budget, "segtape.gym.train: budget")
@@ -262,6 +262,7 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
             ("minibatches", minibatches, _INT64))
     _set_ints(c, [(k, int(v), kind) for k, v, kind in ints], "segtape.gym.train", named)
     try:
+        c.algo = algo
         trainer = _A.Trainer(c)
     except Error as e:
         raise named(e) from None

@@ -1089,7 +1089,8 @@ NB_MODULE(_segtape, m) {
       .def_rw("gamma", &agent::TrainConfig::gamma)
       .def_rw("entropy", &agent::TrainConfig::entropy)
       .def_rw("value_coef", &agent::TrainConfig::value_coef)
-      .def_rw("algo", &agent::TrainConfig::algo)
+      .def_prop_rw("algo", [](const agent::TrainConfig& c) { return std::string(agent::algo_name(c.algo)); },
+                   [](agent::TrainConfig& c, const std::string& a) { c.algo = agent::parse_algo(a); })
       .def_rw("rollout", &agent::TrainConfig::rollout)
       .def_rw("epochs", &agent::TrainConfig::epochs)
       .def_rw("minibatches", &agent::TrainConfig::minibatches)
@@ -1115,10 +1116,10 @@ NB_MODULE(_segtape, m) {
       }, "Copies of the policy's parameters (NumPy arrays), in order.")
       .def("run_segment", [](agent::Trainer& t) {
         const ExitGuard running("Trainer.run_segment");
-        const agent::SegmentResult r = t.run_segment();
+        const agent::UpdateResult r = t.run_segment();
         return dict_of({{"steps", nb::cast(r.steps)}, {"loss_sum", nb::cast(r.loss_sum)}, {"loss_steps", nb::cast(r.loss_steps)},
                         {"return_sum", nb::cast(r.return_sum)}, {"episodes", nb::cast(r.episodes)},
-                        {"approx_kl", nb::cast(r.approx_kl)}, {"clip_fraction", nb::cast(r.clip_fraction)},
+                        {"approx_kl", nb::cast(r.metric("approx_kl"))}, {"clip_fraction", nb::cast(r.metric("clip_fraction"))},
                         // exact and ppo report their windows' or iterations' largest segment
                         {"segment_peak", nb::cast(r.segment_peak ? r.segment_peak : t.tape().stats().last_segment_peak)}});
       })

@@ -18,6 +18,7 @@
 //   opt.step(); opt.zero_grad();                 // the gradients are the whole window's
 //   h0 = bptt.final_state();                     // the state after T steps
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -60,6 +61,14 @@ struct Options {
 // step must take() the same counts in the same order every time it runs.
 class Inputs {
  public:
+  // Inputs of steps that run once, with no replay after them (a history that
+  // records each step where it runs, agent/history/): take() hands out what
+  // produce fills and keeps nothing, and every step's loss is wanted.
+  static Inputs live() {
+    Inputs in;
+    in.live_ = true;
+    return in;
+  }
   // n values for this step: the first time the step runs, produce(span)
   // fills them and they are stored; on a replay the stored values come back
   // and produce is not called. The span lives until the next take().
@@ -67,6 +76,12 @@ class Inputs {
   std::span<const T> take(size_t n, const std::function<void(std::span<T>)>& produce) {
     if (n > (size_t(1) << 40) / sizeof(T)) too_many(n, sizeof(T));  // (n * sizeof(T) wrapped: a buffer too short for n)
     const size_t bytes = n * sizeof(T);
+    if (live_) {
+      scratch_.resize(std::max(scratch_.size(), (n + 1) * sizeof(T)));
+      T* v = reinterpret_cast<T*>(scratch_.data());
+      produce(std::span<T>(v, n));
+      return {v, n};
+    }
     std::vector<std::byte>& rec = steps_[size_t(step_)];
     if (recording_) {
       const size_t at = rec.size();
@@ -87,6 +102,10 @@ class Inputs {
   }
   // true while a step runs again (its inputs come from the record).
   bool replaying() const { return !recording_; }
+  // Whether this pass uses the step's loss: a live step's, and a replayed
+  // one's (the driver's forward pass ignores losses: a step may leave its
+  // loss out there and save the work).
+  bool loss_wanted() const { return live_ || !recording_; }
   size_t bytes() const;  // stored bytes of this window
 
  private:
@@ -100,6 +119,7 @@ class Inputs {
   int64_t step_ = 0;
   size_t cursor_ = 0;
   bool recording_ = true;
+  bool live_ = false;
 };
 
 // One step: the state leaving it, and its loss (one element; undefined for a

@@ -9,8 +9,10 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "segtape/agent/config.h"
 #include "segtape/agent/env.h"
 #include "segtape/agent/policy.h"
 #include "segtape/nn/checkpoint.h"
@@ -20,84 +22,28 @@
 
 namespace segtape::agent {
 
-struct History {
-  enum class Kind { Tbptt, Detach, Full, Window, NoGradHistory, Exact };
-  Kind kind = Kind::Tbptt;
-  int64_t k = 32;       // steps per segment (per update for full)
-  int64_t window = 0;   // window:N
-  int64_t horizon = 0;  // exact:K/T: steps per window (the gradient's reach); default 8 K
-  // "tbptt:K", "detach", "full", "window:N", "nograd-history", "exact:K" or "exact:K/T"
-  static History parse(const std::string& s);
-  std::string str() const;
+// What one update did. The common figures; the algorithm's own are its
+// metrics (PPO: approx_kl, clip_fraction).
+struct Metric {
+  const char* name;  // e.g. "approx_kl" (TensorBoard: "<algo>/<name>")
+  double value;
 };
-
-struct TrainConfig {
-  // The most steps any step count takes (--steps, and the cadences and
-  // evaluations the command line takes): sums of them stay far from int64's end.
-  static constexpr int64_t kMaxSteps = 1'000'000'000;
-  std::string env = "recall";
-  History history;
-  int64_t steps = 24000;   // env steps (each over the whole batch)
-  int64_t batch = 32;
-  int64_t hidden = 128;
-  int64_t embed = 32;
-  double update_bias = 0;  // added to the GRU's update-gate bias at init (PolicyShape::update_bias)
-  double lr = 3e-3;
-  double clip = 1.0;       // gradient norm clip (0 = off)
-  uint64_t seed = 1;
-  std::string device = "cpu";
-  size_t budget = 0;       // segment arena bytes; 0 = 64 MiB (for `full`: the growth limit, 0 = 1 GiB)
-  // How budget errors name the budget (the segtape command: "--budget").
-  const char* budget_name = "TrainConfig::budget";
-  EnvOptions env_options;
-  // reinforcement learning (tmaze, your own env; any env with --algo ppo)
-  double gamma = 0.9;
-  double entropy = 0.01;
-  double value_coef = 0.5;
-  // "a2c": an update per segment from its n-step returns (the default);
-  // "ppo": recurrent PPO (docs/agent.md): rollouts of `rollout` steps over the
-  // B streams, GAE(lambda), `epochs` passes over `minibatches` minibatches of
-  // whole streams, each minibatch's segments replayed from the state stored at
-  // rollout time. On a supervised env PPO's reward is 1 for the target class.
-  std::string algo = "a2c";
-  int64_t rollout = 128;
-  int64_t epochs = 10;
-  int64_t minibatches = 4;
-  double clip_range = 0.2;
-  double gae_lambda = 0.95;
-  // ppo: "linear" anneals Adam's lr from `lr` to 0 over the run (CleanRL's
-  // default), "constant" keeps it (SB3's)
-  std::string lr_schedule = "linear";
-  // The B streams as env_shards envs of B / env_shards streams, seeded as the
-  // ranks of a data-parallel run seed theirs: one process with env_shards N
-  // and batch N B runs the streams of N ranks of batch B (docs/distributed.md).
-  int64_t env_shards = 1;
-  // --device cuda: run each training segment as a CUDA graph where the run
-  // allows it (a supervised env whose spec is open_loop, --history tbptt:K
-  // or detach, --algo a2c, one process; docs/agent.md, "CUDA graphs"); false
-  // runs every segment eagerly. How the run executes, not what it computes:
-  // not in the checkpoint.
-  bool graph_replay = true;
-
-  std::map<std::string, std::string> to_metadata() const;
-  static TrainConfig from_metadata(const std::map<std::string, std::string>& m);
-  // Throws with a one-line message naming the argument when impossible.
-  void validate() const;
-};
-
-struct SegmentResult {
-  int64_t steps = 0;        // env steps this segment ran
+struct UpdateResult {
+  int64_t steps = 0;        // env steps this update ran
   double loss_sum = 0;      // sum of per-step losses
   int64_t loss_steps = 0;   // steps that had a loss
+  double return_sum = 0;    // RL: sum of the (undiscounted) returns of episodes that ended
+  int64_t episodes = 0;     // RL: episodes that ended in this update
   int64_t steps_run = 0;    // exact: step evaluations (forward pass and replays)
   size_t segment_peak = 0;  // exact, ppo: the largest arena high-water of the window's (iteration's) segments
   size_t stored_bytes = 0;  // exact: the boundary states it keeps
-  double return_sum = 0;    // RL: sum of the (undiscounted) returns of episodes that ended
-  int64_t episodes = 0;     // RL: episodes that ended in this segment
-  // ppo, means over the iteration's minibatch updates: E[(ratio - 1) - log ratio]
-  // (the KL estimate SB3 and CleanRL log), and the fraction of terms whose
-  // ratio left [1 - clip_range, 1 + clip_range]
-  double approx_kl = 0, clip_fraction = 0;
+  std::span<const Metric> metrics;  // the algorithm's own, valid until its next update
+  // The algorithm's figure `name` (0 where it reports none).
+  double metric(std::string_view name) const {
+    for (const Metric& m : metrics)
+      if (name == m.name) return m.value;
+    return 0;
+  }
 };
 
 // What a configuration will need, known before anything is allocated.
@@ -116,6 +62,16 @@ struct SizeEstimate {
 // when given, says which ("this machine has", "ulimit -v allows"). 0: unknown.
 size_t memory_limit(std::string* what = nullptr);
 
+struct Context;
+class HistoryRunner;
+class Algorithm;
+class Step;
+
+// A trainer is a history (how a segment's steps are run and cut,
+// agent/history/) and an algorithm (what is learned from them, agent/algo/)
+// over an env's B streams, on one tape. This class puts them together and
+// keeps what a run needs between updates: checkpoints, evaluation, data
+// parallelism.
 class Trainer {
  public:
   // With a communicator of several ranks (dist::mpi() under mpirun), the
@@ -131,7 +87,9 @@ class Trainer {
   ~Trainer();
   static constexpr int64_t kReplicaCheckEvery = 100;
 
-  // Runs one segment (K steps, fewer at the end), updates the parameters.
+  // Runs one update: a segment (K steps, fewer at the end), an exact window
+  // (T steps) or a PPO iteration (a rollout and its epochs), and updates the
+  // parameters.
   // When it throws (an env of Python's raising, say), the trainer stays
   // usable (it can run, evaluate or save again): its step is as before, its
   // parameters unchanged (they change only at the segment's end) and their
@@ -148,8 +106,8 @@ class Trainer {
   // GPU (on the emulated device, whose calls run as they are issued, the
   // calls before the difference have run) and forgets the graphs. (Not for
   // --history full, whose one segment spans the run.)
-  SegmentResult run_segment();
-  bool done() const { return step_ >= config_.steps; }
+  UpdateResult run_segment();
+  bool done() const;
   // Data parallelism: this rank's stop request travels with the next update's
   // gradients, and every rank sees any rank's after it (stop_agreed), so all
   // stop at the same step. Without a communicator the request is agreed at once.
@@ -167,7 +125,7 @@ class Trainer {
   static uint64_t shard_seed(uint64_t seed, int64_t shard);
   // Adam's learning rate now (--lr, or where --lr-schedule has taken it).
   double lr() const;
-  int64_t step() const { return step_; }
+  int64_t step() const;
 
   // Greedy evaluation over `steps` fresh steps of a new env seeded `seed` (no
   // gradients): the env's score over them, or NaN where they scored nothing
@@ -209,55 +167,24 @@ class Trainer {
 
   // The carried GRU state [B, hidden] after the last step (zero rows for
   // streams whose episode just ended).
-  const Tensor& state() const { return h_; }
-  Tape& tape() { return *tape_; }
-  Policy& policy() { return *policy_; }
-  Env& env() { return *env_; }
-  const TrainConfig& config() const { return config_; }
+  const Tensor& state() const;
+  Tape& tape();
+  Policy& policy();
+  Env& env();
+  const TrainConfig& config() const;
   // Whether this trainer runs its segments as CUDA graphs (TrainConfig::graph_replay
   // and the run allows it); TapeStats counts the captured and replayed ones.
-  bool graph_segments() const { return graph_; }
+  bool graph_segments() const;
   // Whether those segments run their recurrence as one gru_sequence (docs/agent.md).
-  bool graph_sequence() const { return graph_sequence_; }
+  bool graph_sequence() const;
   // Whether PPO's update windows run their recurrence as one gru_sequence
   // (docs/agent.md, "Recurrent PPO"); false for other algorithms.
   bool ppo_sequence() const;
 
  private:
-  Tensor observe_tensor();  // the env's observation now, on the tape (observation())
-  // A step's observation on the tape from host rows: tokens [B] (token envs) or vectors [B, obs_dim].
-  Tensor observation(std::span<const int64_t> tokens, std::span<const float> vectors);
-  Tensor feature(const Tensor& e);  // history strategy: the [B, hidden] feature of this step
-  void update(bool has_loss = true);
-  void reset_finished_streams();
-  SegmentResult segment_of_history();  // run_segment's work, by --algo and --history
-  SegmentResult supervised_segment(Segment& seg, int64_t n);
-  // graph_: the env's n steps taken ahead on a copy, the segment (a CUDA graph
-  // where its steps repeat the graphs' pattern), then the env stepped with the
-  // model's actions.
-  SegmentResult graph_segment(int64_t n);
-  SegmentResult actor_critic_segment(Segment& seg, int64_t n);
-  SegmentResult exact_window(int64_t n);
-  SegmentResult ppo_iteration(int64_t n);
-  struct PpoBuffers;
-  std::unique_ptr<PpoBuffers> make_ppo_buffers() const;
-  void ppo_rollout(int64_t n, SegmentResult& r);
-  void ppo_advantages(int64_t n);
-  void ppo_minibatch(int64_t n, std::span<const int64_t> streams, SegmentResult& r);
-  std::unique_ptr<replay::Driver> make_driver();
-  // actor-critic
-  void sample_actions(const Tensor& lp, std::span<int64_t> a);
-  void note_rewards(SegmentResult& r);
-  void returns_over(int64_t n, std::span<float> ret, float* returns) const;
-  void bootstrap_value(const Tensor& h, std::span<float> out);
-  void window_returns(const Tensor& final_state);
-  Tensor actor_critic_loss(int64_t i, const Tensor& lp, const Tensor& v, const float* returns);
-  // checkpoints: the entries of save() and load(); the GRU state's entry is `state`
-  struct Checkpoint;
-  void checkpoint_entries(Checkpoint& c, const Tensor& state) const;
   // This rank's streams (env state, sampling rng, carried state, episode
-  // returns, window ring) as bytes, and back: what a data-parallel
-  // checkpoint keeps of each rank besides rank 0.
+  // returns, the history's carried tensors) as bytes, and back: what a
+  // data-parallel checkpoint keeps of each rank besides rank 0.
   std::string stream_state() const;
   void set_stream_state(const std::string& bytes);
   void load_dist(const std::filesystem::path& file);
@@ -271,81 +198,20 @@ class Trainer {
   std::vector<std::string> load_as_rank0_of(
       const std::filesystem::path& file, int64_t n, bool check_ranks,
       const std::function<void(const std::vector<std::string>&, std::vector<std::string>&)>& check = {});
+  bool grows() const;  // the history keeps the run in one segment (full)
   // Busy in run_segment or evaluate (run_segment, evaluate, save and load are
   // refused there, also from a signal handler evaluate's interrupt check runs
   // between segments).
   int busy_ = 0;
-
-  dist::Communicator* comm_ = nullptr;
-  std::unique_ptr<dist::GradientAverager> avg_;
-  int64_t updates_ = 0;
-  bool stop_requested_ = false, stop_agreed_ = false;
   std::function<bool()> interrupt_;
-
-  TrainConfig config_;
-  std::unique_ptr<Tape> tape_;
-  nn::Rng init_rng_, act_rng_;
-  std::unique_ptr<Env> env_;
-  std::unique_ptr<Policy> policy_;
-  std::unique_ptr<nn::Adam> optim_;
-  int64_t step_ = 0;
-  Tensor h_;                         // the GRU state [B, hidden]: carried between segments, or h_home_
-  Tensor h_home_, eval_h_;           // persistent homes of the training state (evaluate, load) and of evaluate's
-  std::vector<Tensor> window_;       // window mode: last N embeddings (persistent), ring
-  int64_t window_pos_ = 0;
-  std::optional<Segment> full_;      // history `full`: the one segment of the whole run
-  std::unique_ptr<replay::Driver> exact_;  // history `exact`: windows of T steps (and a shorter last one)
-  // per-step host buffers, sized once
-  std::vector<int64_t> tokens_, targets_, actions_;
-  std::vector<float> vectors_, rewards_, weights_;
-  std::vector<uint8_t> done_;
-  std::vector<Tensor> logp_, values_;  // actor-critic: per step of the segment
-  std::vector<float> seg_rewards_;
-  std::vector<uint8_t> seg_done_;
-  std::vector<int64_t> seg_actions_;
-  std::vector<float> returns_, window_keep_;
-  std::vector<float> seg_returns_;              // actor-critic: each step's return [steps of the segment or window, B]
-  int64_t exact_window_steps_ = 0;              // exact: steps of the window being run
-  std::vector<float> reset_mask_;               // episode resets: the [B, hidden] mask (reset_finished)
-  std::vector<float> host_rows_, host_values_;  // device -> host copies of [B, A] rows and [B] values
-  std::vector<float> episode_return_;           // RL: each stream's return so far in its episode
-  // graph_segment: the env copy stepped ahead; its observations, targets and
-  // done flags [K, B] (vectors [K, B, obs_dim]), the keep factors of the
-  // segment's gru_sequence and its encoded steps; each step's logits [B, A] and
-  // loss in persistent tensors, read once the segment's graph has run; the
-  // capturable clip's squared norm; the steps' pattern (which have targets,
-  // which reset) the graphs hold (graph_key_) and the last segment's.
-  bool graph_ = false;
-  bool graph_sequence_ = false;  // graph_segment's recurrence as one gru_sequence (where it fuses)
-  std::unique_ptr<Env> ahead_;
-  std::vector<int64_t> ahead_tokens_, ahead_targets_;
-  std::vector<float> ahead_vectors_;
-  std::vector<uint8_t> ahead_done_;
-  std::vector<float> ahead_keep_;      // [K, B]: 0 where the stream's episode ended the step before
-  std::vector<Tensor> ahead_encoded_;  // a segment's encoded observations, [B, embed] each
-  std::vector<Tensor> graph_logits_, graph_losses_;
-  // in one gru_sequence: the head over all the segment's steps at once, its
-  // logits [K B, A] (persistent) and their host copy
-  Tensor graph_all_logits_;
-  std::vector<float> host_all_;
-  Tensor clip_sq_;
-  uint64_t graph_key_ = 0, last_key_ = 0;
-  bool committed_ = false;  // graph_segment: its update is done, a throw after it keeps it (run_segment)
-  // PPO: the rollout [steps, B] (the observation, action, its log-probability
-  // and value, reward, done, advantage, return), the state at each window's
-  // start [windows, B, hidden], and a minibatch's gathered rows (agent/ppo.h)
-  std::unique_ptr<PpoBuffers> ppo_;
+  std::unique_ptr<Context> c_;
+  std::unique_ptr<Env> env_;  // the B streams (Context::env)
+  std::unique_ptr<HistoryRunner> history_;
+  std::unique_ptr<Step> step_;
+  std::unique_ptr<Algorithm> algo_;
 };
-
-// Throws, naming the flag, when `--device` names a device this build cannot
-// use ("cuda" in a build without the CUDA backend, or anything but cpu/cuda).
-void check_device_flag(const std::string& device);
 
 // Resident set size of this process, bytes (from /proc/self/statm).
 size_t resident_bytes();
-
-// A size such as 64MiB, 512KiB, 2GiB or a byte count, > 0 (the CLI's --budget,
-// Python's segment_budget). Throws Error naming `flag` and the text.
-size_t parse_bytes(const std::string& s, const char* flag = "--budget");
 
 }  // namespace segtape::agent

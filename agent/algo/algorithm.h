@@ -1,0 +1,61 @@
+// What is learned from the steps (--algo): one interface, one file per
+// algorithm in this folder (private to the agent library).
+//
+// An update runs the algorithm's steps through the history (history.h) and
+// reports what it did: the common figures of UpdateResult, and its own
+// (Metric: PPO's KL estimate and clip fraction).
+//
+// A new algorithm: a file here that defines `const AlgorithmDef <Kind>Algorithm`
+// and one line in SEGTAPE_ALGORITHMS (segtape/agent/config.h).
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "../history/history.h"
+#include "segtape/agent/trainer.h"
+
+namespace segtape::agent {
+
+class Algorithm {
+ public:
+  Algorithm(Context& c, HistoryRunner& h, Step& s) : c_(c), history_(h), step_(s) {}
+  virtual ~Algorithm() = default;
+  Algorithm(const Algorithm&) = delete;
+  Algorithm& operator=(const Algorithm&) = delete;
+  // One update over the next steps of the run (at most `remaining` of them).
+  virtual UpdateResult update(int64_t remaining) = 0;
+  // Whether the update runs its recurrence as one gru_sequence (the device's
+  // fused kernel) where it can (Trainer::graph_sequence, ppo_sequence).
+  virtual bool sequence() const { return false; }
+  // A checkpoint was loaded (what was captured from the old state is forgotten).
+  virtual void loaded() {}
+
+ protected:
+  Context& c_;
+  HistoryRunner& history_;
+  Step& step_;
+};
+
+// The figures an update shares with the history that ran its steps: the
+// steps, their loss as the history read it, and its memory.
+inline UpdateResult result_of(int64_t steps, const Ran& ran) {
+  UpdateResult r;
+  r.steps = steps;
+  r.loss_sum = ran.loss;
+  r.steps_run = ran.steps_run;
+  r.segment_peak = ran.segment_peak;
+  r.stored_bytes = ran.stored_bytes;
+  return r;
+}
+
+struct AlgorithmDef {
+  Algo kind;
+  const char* name;
+  bool supervised_env;  // learns from an env's targets (a supervised env): a2c on such an env is this
+  bool value_head;      // the policy has a value head
+  std::unique_ptr<Algorithm> (*make)(Context& c, HistoryRunner& h, Step& s);
+};
+
+const AlgorithmDef& algorithm_def(Algo kind);
+
+}  // namespace segtape::agent

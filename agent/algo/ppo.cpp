@@ -1,0 +1,319 @@
+// Recurrent PPO (`segtape train --algo ppo`, docs/agent.md "Recurrent PPO").
+//
+// One update = a rollout of T steps over the B streams, then `epochs` passes
+// over `minibatches` minibatches of whole streams, each an optimizer step.
+// The rollout runs without a gradient in segments of K steps and stores the
+// state every W steps (the history's span: K, or exact's T); a minibatch's
+// update replays each W-step window from its stored state through the history
+// (as Stable-Baselines3's RecurrentPPO starts its sequences from stored
+// states), one K-step segment in the arena at a time, the gradients
+// accumulating until the step. Episode ends inside a segment reset the
+// stream's state by masking (reset_finished), in the rollout and in the
+// replay alike.
+//
+// The clipped surrogate's gradient is -A * ratio * grad log pi(a) where the
+// ratio is inside [1 - eps, 1 + eps] or on the side that the clip does not
+// bound, and 0 elsewhere. The forward pass gives the ratio before the
+// backward, so the loss recorded is sum(log pi * W) with that weight W held
+// constant: exactly the surrogate's gradient, without exp() of a possibly
+// large -log pi_old. The loss reported is the surrogate itself, computed on
+// the host from the same values.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <numeric>
+
+#include "algorithm.h"
+#include "rollout_buffer.h"
+#include "segtape/ops.h"
+
+namespace segtape::agent {
+namespace {
+
+class Ppo : public Algorithm {
+ public:
+  Ppo(Context& c, HistoryRunner& h, Step& s);
+  UpdateResult update(int64_t remaining) override;
+  bool sequence() const override { return sequence_; }
+
+ private:
+  void rollout(int64_t n, UpdateResult& r);
+  void minibatch(int64_t n, std::span<const int64_t> streams, UpdateResult& r);
+  Tensor input(int64_t t);
+  void host_terms(int64_t t, const float* rows, const float* values, float* weights, float* returns);
+  Tensor loss_of(const Tensor& lp, const Tensor& v, std::span<const float> weights, std::span<const float> returns);
+  replay::StepResult step(int64_t t, const Tensor& h, bool with_loss);
+  Tensor window_at_once(const Tensor& h0, int64_t t0, int64_t len);
+
+  RolloutBuffer buf_;
+  int64_t Bm_, A_;
+  std::vector<int64_t> streams_;  // the streams, shuffled each epoch
+  // One minibatch: its streams, the normalisation of its advantages, its
+  // gathered rows [Bm, ...]
+  std::span<const int64_t> mb_;
+  double mean_ = 0, std_dev_ = 1, inv_n_ = 1;
+  bool normalise_ = false;
+  std::vector<int64_t> mb_tokens_;
+  std::vector<float> mb_vectors_, mb_state_, mb_returns_, mb_weights_, mb_rows_, mb_values_;
+  std::vector<uint8_t> mb_done_;
+  std::vector<double> step_stats_;  // [T, 3]: each step's share of the reported loss, KL and clip fraction
+  // Where the history runs a window's recurrence as one gru_sequence
+  // (sequence_): its steps' encodings on the tape; the host copies of its
+  // log-probabilities [W, Bm, A] and values [W, Bm], the loss's weights
+  // [W, Bm, A] and returns [W, Bm]; the state's factor entering each step
+  // [W, Bm] (0 after an episode's end).
+  bool sequence_ = false;
+  std::vector<Tensor> seq_encoded_;
+  std::vector<float> seq_rows_, seq_values_, seq_weights_, seq_returns_, seq_keep_;
+  std::array<Metric, 2> metrics_{Metric{"approx_kl", 0}, Metric{"clip_fraction", 0}};
+};
+
+Ppo::Ppo(Context& c, HistoryRunner& h, Step& s)
+    : Algorithm(c, h, s), buf_(c.config, c.env->spec()), Bm_(c.config.batch / c.config.minibatches), A_(s.num_actions()) {
+  const auto Bm = size_t(Bm_), H = size_t(c.config.hidden), A = size_t(A_);
+  if (c.env->spec().vocab > 0) mb_tokens_.assign(Bm, 0);
+  else mb_vectors_.assign(Bm * size_t(buf_.obs_dim), 0.0f);
+  streams_.resize(size_t(c.config.batch));
+  mb_state_.assign(Bm * H, 0.0f);
+  mb_returns_.assign(Bm, 0.0f);
+  mb_weights_.assign(Bm * A, 0.0f);
+  mb_rows_.assign(Bm * A, 0.0f);
+  mb_values_.assign(Bm, 0.0f);
+  mb_done_.assign(Bm, 0);
+  step_stats_.assign(size_t(buf_.T) * 3, 0.0);
+  sequence_ = history_.sequence(Bm_);
+  if (sequence_) {
+    const auto W = size_t(buf_.W);
+    seq_encoded_.resize(W);
+    seq_rows_.assign(W * Bm * A, 0.0f), seq_weights_.assign(W * Bm * A, 0.0f);
+    seq_values_.assign(W * Bm, 0.0f), seq_returns_.assign(W * Bm, 0.0f), seq_keep_.assign(W * Bm, 1.0f);
+  }
+  // a history that replays stores a minibatch window's boundary states like its start state (persistent)
+  if (history_.replays()) history_.prepare(c.tape->persistent({Bm_, c.config.hidden}));
+}
+
+UpdateResult Ppo::update(int64_t remaining) {
+  UpdateResult r;
+  const int64_t n = std::min(c_.config.rollout, remaining);
+  if (n <= 0) return r;
+  // The learning rate of this iteration's updates: a function of the step, so a resumed run has it too.
+  if (c_.config.lr_schedule == "linear") c_.optim->options().lr = c_.config.lr * (1.0 - double(c_.step) / double(c_.config.steps));
+  rollout(n, r);
+  buf_.compute_advantages(n, c_.config.gamma, c_.config.gae_lambda);
+  // The order starts afresh each iteration, so that it is a function of act_rng alone (which checkpoints keep).
+  std::iota(streams_.begin(), streams_.end(), int64_t(0));
+  double kl = 0, clipped = 0;
+  for (int64_t e = 0; e < c_.config.epochs; ++e) {
+    for (size_t i = streams_.size(); i > 1; --i)  // Fisher-Yates, from act_rng (checkpointed)
+      std::swap(streams_[i - 1], streams_[size_t(c_.act_rng.next_u64() % i)]);
+    for (int64_t m = 0; m < c_.config.minibatches; ++m) {
+      minibatch(n, std::span<const int64_t>(streams_).subspan(size_t(m * Bm_), size_t(Bm_)), r);
+      for (int64_t t = 0; t < n; ++t)
+        r.loss_sum += step_stats_[size_t(t) * 3], kl += step_stats_[size_t(t) * 3 + 1], clipped += step_stats_[size_t(t) * 3 + 2];
+      ++r.loss_steps;
+      c_.update(true);
+    }
+  }
+  metrics_[0].value = kl / double(r.loss_steps);
+  metrics_[1].value = clipped / double(r.loss_steps);
+  r.metrics = metrics_;
+  r.steps = n;
+  return r;
+}
+
+// n steps over the B streams, sampled actions, no gradient; the state goes
+// from segment to segment and into the next iteration in its persistent home.
+void Ppo::rollout(int64_t n, UpdateResult& r) {
+  const EnvSpec& spec = c_.env->spec();
+  const auto B = size_t(buf_.B), A = size_t(A_), H = size_t(buf_.H);
+  const int64_t K = c_.config.history.k, W = buf_.W;
+  for (int64_t t0 = 0; t0 < n; r.segment_peak = std::max(r.segment_peak, c_.tape->stats().last_segment_peak)) {
+    // Segments of at most K steps, cut where a window starts too (its state is stored there).
+    const int64_t end = std::min({n, (t0 / K + 1) * K, (t0 / W + 1) * W});
+    Segment seg = c_.tape->segment();
+    NoGradGuard ng(*c_.tape);
+    if (t0 % W == 0) c_.h.to_host(std::span<float>(buf_.start_state).subspan(size_t(t0 / W) * B * H, B * H));
+    for (int64_t t = t0; t < end; ++t, ++c_.step, c_.tape->next_step()) {
+      const size_t row = size_t(t) * B;
+      const Tensor x = step_.observe();
+      if (spec.vocab > 0) std::copy(step_.tokens.begin(), step_.tokens.end(), buf_.tokens.begin() + ptrdiff_t(row));
+      else std::copy(step_.vectors.begin(), step_.vectors.end(), buf_.vectors.begin() + ptrdiff_t(row * size_t(buf_.obs_dim)));
+      if (spec.supervised) c_.env->targets(step_.targets);
+      const Recurred f = step_.feature(x, c_.h);
+      const Tensor lp = step_.log_probs(f.feature);  // [B, A]
+      step_.value(f.feature).to_host(std::span<float>(buf_.values).subspan(row, B));
+      step_.sample(lp, step_.actions);  // leaves lp in step_.rows
+      step_.act(step_.actions);
+      // A supervised env as a task to act in: reward 1 for its target class.
+      if (spec.supervised)
+        for (size_t b = 0; b < B; ++b)
+          step_.rewards[b] += step_.targets[b] != kNoTarget && step_.actions[b] == step_.targets[b] ? 1.0f : 0.0f;
+      c_.h = step_.reset(f.state, step_.done);
+      step_.note_rewards(r.return_sum, r.episodes);
+      for (size_t b = 0; b < B; ++b) {
+        buf_.actions[row + b] = step_.actions[b];
+        buf_.logp[row + b] = step_.rows[b * A + size_t(step_.actions[b])];
+        buf_.rewards[row + b] = step_.rewards[b];
+        buf_.done[row + b] = step_.done[b];
+      }
+    }
+    copy_into(c_.h_home, c_.h);  // the state lives in its home between segments and iterations
+    c_.h = c_.h_home;
+    t0 = end;
+  }
+  const Segment seg = c_.tape->segment();
+  NoGradGuard ng(*c_.tape);
+  step_.value(step_.feature(step_.observe(), c_.h, false).feature).to_host(std::span<float>(buf_.bootstrap));
+}
+
+// Step t's observation rows of the minibatch, on the tape.
+Tensor Ppo::input(int64_t t) {
+  const auto row = size_t(t) * size_t(buf_.B), Bm = mb_.size();
+  if (c_.env->spec().vocab > 0) {
+    for (size_t i = 0; i < Bm; ++i) mb_tokens_[i] = buf_.tokens[row + size_t(mb_[i])];
+    return step_.observation(mb_tokens_, {}, Bm_);
+  }
+  const auto D = size_t(buf_.obs_dim);
+  for (size_t i = 0; i < Bm; ++i)
+    std::copy_n(buf_.vectors.begin() + ptrdiff_t((row + size_t(mb_[i])) * D), D, mb_vectors_.begin() + ptrdiff_t(i * D));
+  return step_.observation({}, mb_vectors_, Bm_);
+}
+
+// Step t's host terms from the host copies of its log-probabilities (rows
+// [Bm, A]) and values [Bm]: the surrogate's weights into weights [Bm, A]
+// and the returns into returns [Bm], constants of the loss. Its host
+// figures go to slot t of step_stats_, overwritten when a replay runs the
+// step again (the same values), so each step counts once.
+void Ppo::host_terms(int64_t t, const float* rows, const float* values, float* weights, float* returns) {
+  const auto row = size_t(t) * size_t(buf_.B), Bm = mb_.size(), A = size_t(A_);
+  const double eps = c_.config.clip_range;
+  std::fill_n(weights, Bm * A, 0.0f);
+  double reported = 0, kl = 0, clipped_terms = 0;
+  for (size_t i = 0; i < Bm; ++i) {
+    const size_t k = row + size_t(mb_[i]);
+    const double adv = normalise_ ? (buf_.advantages[k] - mean_) / (std_dev_ + 1e-8) : buf_.advantages[k];
+    const auto a = size_t(buf_.actions[k]);
+    // log ratio, bounded so that exp() stays finite (a ratio of e^80 is clipped either way)
+    const double d = std::min(double(rows[i * A + a]) - double(buf_.logp[k]), 80.0);
+    const double ratio = std::exp(d);
+    const double clipped = std::clamp(ratio, 1.0 - eps, 1.0 + eps);
+    reported -= std::min(ratio * adv, clipped * adv) * inv_n_;
+    kl += (std::expm1(d) - d) * inv_n_;
+    clipped_terms += clipped != ratio ? inv_n_ : 0.0;
+    // The clip bounds the objective where it is the smaller of the two: no gradient there.
+    const bool bounded = (adv > 0 && ratio > 1.0 + eps) || (adv < 0 && ratio < 1.0 - eps);
+    if (!bounded) weights[i * A + a] = float(-adv * ratio * inv_n_);
+    returns[i] = buf_.returns[k];
+    const double dv = double(values[i]) - double(buf_.returns[k]);
+    reported += 0.5 * c_.config.value_coef * dv * dv * inv_n_;
+    for (size_t j = 0; j < A; ++j) {
+      const double l = rows[i * A + j];
+      reported += c_.config.entropy * std::exp(l) * l * inv_n_;  // -entropy bonus
+    }
+  }
+  step_stats_[size_t(t) * 3 + 0] = reported, step_stats_[size_t(t) * 3 + 1] = kl, step_stats_[size_t(t) * 3 + 2] = clipped_terms;
+}
+
+// The loss of rows (steps x streams) of log-probabilities lp [rows, A] and
+// values v [rows, 1], with host_terms' weights and returns of those rows.
+Tensor Ppo::loss_of(const Tensor& lp, const Tensor& v, std::span<const float> weights, std::span<const float> returns) {
+  const int64_t rows = lp.dim(0);
+  Tensor pg = sum(mul(lp, c_.tape->from(weights, {rows, A_})));
+  Tensor vl = scale(mse_loss(v, c_.tape->from(returns, {rows, 1}), Reduction::Sum), 0.5 * c_.config.value_coef * inv_n_);
+  Tensor neg_entropy = scale(sum(mul(exp(lp), lp)), c_.config.entropy * inv_n_);
+  return add(add(pg, vl), neg_entropy);
+}
+
+// Rollout step t of the minibatch from the state h: the state after it
+// (reset where the stream's episode ended) and, with_loss, its loss.
+replay::StepResult Ppo::step(int64_t t, const Tensor& h, bool with_loss) {
+  const auto row = size_t(t) * size_t(buf_.B);
+  const Tensor f = step_.feature(input(t), h).state;
+  for (size_t i = 0; i < mb_.size(); ++i) mb_done_[i] = buf_.done[row + size_t(mb_[i])];
+  if (!with_loss) return {step_.reset(f, mb_done_), Tensor{}};
+  const Tensor lp = step_.log_probs(f);  // [Bm, A]
+  const Tensor v = step_.value(f);       // [Bm, 1]
+  lp.to_host(std::span<float>(mb_rows_));
+  v.to_host(std::span<float>(mb_values_));
+  host_terms(t, mb_rows_.data(), mb_values_.data(), mb_weights_.data(), mb_returns_.data());
+  const Tensor loss = loss_of(lp, v, mb_weights_, mb_returns_);
+  return {step_.reset(f, mb_done_), loss};
+}
+
+// A window's steps at once (where the history runs them as one
+// gru_sequence): the recurrence one gru_sequence with the episode ends as
+// resets (keep), and the heads and the loss over all its steps at once: one
+// product each of [len Bm, hidden] rows, whose log-probabilities and values
+// reach the host in one read each (step by step, each step's read waits for
+// the device).
+Tensor Ppo::window_at_once(const Tensor& h0, int64_t t0, int64_t len) {
+  const auto B = size_t(buf_.B), Bm = mb_.size(), A = size_t(A_);
+  for (int64_t i = 0; i < len; ++i) {
+    seq_encoded_[size_t(i)] = c_.policy->encode(input(t0 + i));
+    for (size_t j = 0; j < Bm; ++j)  // the state entering step i is reset where step i - 1 ended an episode
+      seq_keep_[size_t(i) * Bm + j] = i > 0 && buf_.done[size_t(t0 + i - 1) * B + size_t(mb_[j])] ? 0.0f : 1.0f;
+    if (i + 1 < len) c_.tape->next_step();  // (the sequence and what follows it: the last step)
+  }
+  const Tensor e = concat(std::span<const Tensor>(seq_encoded_.data(), size_t(len)), 0);
+  const Tensor states = c_.policy->recur_sequence(reshape(e, {len, Bm_, e.dim(1)}), h0,
+                                                  c_.tape->from(std::span<const float>(seq_keep_.data(), size_t(len) * Bm), {len, Bm_}));
+  const Tensor f = reshape(states, {len * Bm_, c_.config.hidden});
+  const Tensor lp = step_.log_probs(f);  // [len Bm, A]
+  const Tensor v = step_.value(f);       // [len Bm, 1]
+  const size_t rows = size_t(len) * Bm;
+  lp.to_host(std::span<float>(seq_rows_).first(rows * A));
+  v.to_host(std::span<float>(seq_values_).first(rows));
+  for (int64_t i = 0; i < len; ++i) {
+    const size_t at = size_t(i) * Bm;
+    host_terms(t0 + i, seq_rows_.data() + at * A, seq_values_.data() + at, seq_weights_.data() + at * A, seq_returns_.data() + at);
+  }
+  for (size_t i = 0; i < size_t(len); ++i) seq_encoded_[i] = Tensor{};
+  return loss_of(lp, v, std::span<const float>(seq_weights_).first(rows * A), std::span<const float>(seq_returns_).first(rows));
+}
+
+// One minibatch of whole streams over the n rollout steps, window by window
+// from the states stored at rollout time, through the history; the
+// gradients accumulate. step_stats_ gets the minibatch's PPO loss
+// (surrogate + value + entropy terms, means over its steps and streams), KL
+// estimate and clip fraction, step by step.
+void Ppo::minibatch(int64_t n, std::span<const int64_t> streams, UpdateResult& r) {
+  const auto B = size_t(buf_.B), H = size_t(buf_.H), Bm = streams.size();
+  mb_ = streams;
+  // The minibatch's advantages are normalised by their mean and standard deviation.
+  double mean = 0, sq = 0;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t b : streams) mean += buf_.advantages[size_t(t) * B + size_t(b)];
+  const double count = double(n) * double(Bm);
+  mean /= count;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t b : streams) sq += std::pow(buf_.advantages[size_t(t) * B + size_t(b)] - mean, 2);
+  // (A single term is left as it is, as SB3 does: normalised, it would be 0.)
+  normalise_ = count > 1;
+  mean_ = mean;
+  std_dev_ = normalise_ ? std::sqrt(sq / (count - 1)) : 1.0;
+  inv_n_ = 1.0 / count;
+  Steps s;
+  s.step = [this](Tape&, int64_t t, const Tensor& h, replay::Inputs& in) { return step(t, h, in.loss_wanted()); };
+  s.sequence = [this](const Tensor& h0, int64_t t0, int64_t len) { return window_at_once(h0, t0, len); };
+  for (int64_t w = 0; w * buf_.W < n; ++w) {
+    const int64_t t0 = w * buf_.W, len = std::min(n, t0 + buf_.W) - t0;
+    for (size_t i = 0; i < Bm; ++i)
+      std::copy_n(buf_.start_state.begin() + ptrdiff_t((size_t(w) * B + size_t(streams[i])) * H), H, mb_state_.begin() + ptrdiff_t(i * H));
+    const Ran ran = history_.replay(s, mb_state_, t0, len);
+    r.segment_peak = std::max(r.segment_peak, ran.segment_peak);
+    r.stored_bytes = std::max(r.stored_bytes, ran.stored_bytes);
+  }
+}
+
+}  // namespace
+
+extern const AlgorithmDef PpoAlgorithm;
+const AlgorithmDef PpoAlgorithm{
+    .kind = Algo::Ppo,
+    .name = "ppo",
+    .supervised_env = false,
+    .value_head = true,
+    .make = [](Context& c, HistoryRunner& h, Step& s) -> std::unique_ptr<Algorithm> { return std::make_unique<Ppo>(c, h, s); },
+};
+
+}  // namespace segtape::agent

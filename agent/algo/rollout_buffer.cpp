@@ -1,0 +1,40 @@
+#include "rollout_buffer.h"
+
+namespace segtape::agent {
+
+RolloutBuffer::RolloutBuffer(const TrainConfig& c, const EnvSpec& spec)
+    : T(c.rollout), B(c.batch), H(c.hidden), obs_dim(spec.vocab > 0 ? 0 : spec.obs_dim), W(c.history.span()) {
+  S = (T + W - 1) / W;
+  const auto TB = size_t(T * B);
+  if (spec.vocab > 0) tokens.assign(TB, 0);
+  else vectors.assign(TB * size_t(obs_dim), 0.0f);
+  actions.assign(TB, 0);
+  for (auto* v : {&logp, &values, &rewards, &advantages, &returns}) v->assign(TB, 0.0f);
+  done.assign(TB, 0);
+  start_state.assign(size_t(S) * size_t(B) * size_t(H), 0.0f);
+  bootstrap.assign(size_t(B), 0.0f);
+}
+
+size_t RolloutBuffer::bytes(const TrainConfig& c, const EnvSpec& spec) {
+  // per step and stream: action and token (int64), 5 floats, done, the observation vector
+  const size_t T = size_t(c.rollout), B = size_t(c.batch), H = size_t(c.hidden), W = size_t(c.history.span()), S = (T + W - 1) / W;
+  return T * B * (2 * 8 + 5 * 4 + 1 + size_t(spec.obs_dim) * 4) + S * B * H * 4;
+}
+
+void RolloutBuffer::compute_advantages(int64_t n, double gamma_, double lambda_) {
+  const auto g = float(gamma_), lambda = float(lambda_);
+  for (size_t b = 0; b < size_t(B); ++b) {
+    float gae = 0, next_value = bootstrap[b];
+    for (int64_t t = n - 1; t >= 0; --t) {
+      const size_t k = size_t(t) * size_t(B) + b;
+      const float go_on = done[k] ? 0.0f : 1.0f;
+      const float delta = rewards[k] + g * next_value * go_on - values[k];
+      gae = delta + g * lambda * go_on * gae;
+      advantages[k] = gae;
+      returns[k] = gae + values[k];
+      next_value = values[k];
+    }
+  }
+}
+
+}  // namespace segtape::agent

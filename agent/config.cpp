@@ -1,0 +1,246 @@
+#include "segtape/agent/config.h"
+
+#include <charconv>
+#include <cmath>
+#include <optional>
+#include <string_view>
+
+#include "algo/algorithm.h"
+#include "history/history.h"
+#include "segtape/emulation.h"
+
+namespace segtape::agent {
+
+// ---------------------------------------------------------------- --history
+
+History History::parse(const std::string& s) {
+  const std::string head = s.substr(0, s.find(':'));
+#define SEGTAPE_TRY(K, N)                                                               \
+  if (const HistoryDef& d = history_def(Kind::K); head == d.name || (d.alias && head == d.alias)) \
+    return d.parse(s);
+  SEGTAPE_HISTORIES(SEGTAPE_TRY)
+#undef SEGTAPE_TRY
+  throw Error("unknown --history '" + s + "' (choose " + choices() + ")");
+}
+
+std::string History::str() const { return history_def(kind).str(*this); }
+
+int64_t History::span() const { return horizon > 0 ? horizon : k; }
+
+std::string History::choices() {
+  std::string all;
+#define SEGTAPE_SYNTAX(K, N) all += std::string(all.empty() ? "" : ", ") + history_def(Kind::K).syntax;
+  SEGTAPE_HISTORIES(SEGTAPE_SYNTAX)
+#undef SEGTAPE_SYNTAX
+  return all;
+}
+
+int64_t history_number(const std::string& v, const std::string& text, const char* what) {
+  int64_t n = 0;  // digits only: no sign, no spaces ("tbptt: 32" was read as 32)
+  const auto r = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (v.empty() || v[0] == '-' || r.ec != std::errc() || r.ptr != v.data() + v.size() || n < 1 || n > 1'000'000)
+    throw Error("--history " + text + ": " + what + " must be an integer in [1, 1000000]");
+  return n;
+}
+
+// ---------------------------------------------------------------- --algo
+
+Algo parse_algo(const std::string& s) {
+  if (s == "a2c") return Algo::A2c;
+  if (s == "ppo") return Algo::Ppo;
+  throw Error("--algo '" + s + "': choose a2c or ppo");
+}
+
+const char* algo_name(Algo a) { return algorithm_def(a).name; }
+
+Algo TrainConfig::learner(const EnvSpec& spec) const { return algo == Algo::A2c && spec.supervised ? Algo::Supervised : algo; }
+
+// ---------------------------------------------------------------- the configuration
+
+std::map<std::string, std::string> TrainConfig::to_metadata() const {
+  auto d = [](double v) {  // the shortest text that reads back to v, in no locale
+    char b[40];
+    return std::string(b, std::to_chars(b, b + sizeof b, v).ptr);
+  };
+  return {{"env", env},
+          {"history", history.str()},
+          {"steps", std::to_string(steps)},
+          {"batch", std::to_string(batch)},
+          {"hidden", std::to_string(hidden)},
+          {"embed", std::to_string(embed)},
+          {"update_bias", d(update_bias)},
+          {"lr", d(lr)},
+          {"clip", d(clip)},
+          {"seed", std::to_string(seed)},
+          {"device", device},
+          {"budget", std::to_string(budget)},
+          {"lag", std::to_string(env_options.lag)},
+          {"sparse", env_options.sparse ? "1" : "0"},
+          {"vocab", std::to_string(env_options.vocab)},
+          {"corridor", std::to_string(env_options.corridor)},
+          {"turns", std::to_string(env_options.turns)},
+          {"cities", std::to_string(env_options.cities)},
+          {"embed_dim", std::to_string(env_options.embed_dim)},
+          {"gamma", d(gamma)},
+          {"entropy", d(entropy)},
+          {"value_coef", d(value_coef)},
+          {"algo", algo_name(algo)},
+          {"rollout", std::to_string(rollout)},
+          {"epochs", std::to_string(epochs)},
+          {"minibatches", std::to_string(minibatches)},
+          {"clip_range", d(clip_range)},
+          {"gae_lambda", d(gae_lambda)},
+          {"lr_schedule", lr_schedule},
+          {"env_shards", std::to_string(env_shards)}};
+}
+
+TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>& m) {
+  // Key k's value; `before`: what a checkpoint written before k existed means (none: k is required).
+  auto get = [&](const char* k, std::optional<std::string> before = std::nullopt) {
+    auto it = m.find(k);
+    if (it != m.end()) return it->second;
+    if (before) return *before;
+    throw CheckpointError(std::string("checkpoint metadata lacks '") + k + "': not a segtape training checkpoint");
+  };
+  // A number, all of the value, named by its key: std::from_chars reads no
+  // sign on unsigned values (std::stoull took "-1" as 2^64 - 1), no spaces,
+  // and no locale (std::stod read "3,5" as 3, and a decimal comma under some
+  // locales).
+  auto whole = [](const char* k, const std::string& v, auto x) {
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (v.empty() || ec != std::errc() || end != v.data() + v.size())
+      throw CheckpointError(std::string("checkpoint metadata '") + k + "' is '" + v + "', not a number");
+    return x;
+  };
+  auto i64 = [&](const char* k, const char* before = nullptr) {
+    return whole(k, before ? get(k, std::string(before)) : get(k), int64_t{});
+  };
+  auto u64 = [&](const char* k) { return whole(k, get(k), uint64_t{}); };
+  auto f64 = [&](const char* k, const char* before = nullptr) {
+    return whole(k, before ? get(k, std::string(before)) : get(k), double{});
+  };
+  TrainConfig c;
+  c.env = get("env");
+  c.history = History::parse(get("history"));
+  c.steps = i64("steps");
+  c.batch = i64("batch");
+  c.hidden = i64("hidden");
+  c.embed = i64("embed");
+  c.lr = f64("lr");
+  c.clip = f64("clip");
+  c.seed = u64("seed");
+  c.device = get("device");
+  c.budget = u64("budget");
+  c.env_options = {.lag = i64("lag"),
+                   .vocab = i64("vocab"),
+                   .corridor = i64("corridor"),
+                   .turns = i64("turns"),
+                   .cities = i64("cities"),
+                   .embed_dim = i64("embed_dim")};
+  c.gamma = f64("gamma");
+  c.entropy = f64("entropy");
+  c.value_coef = f64("value_coef");
+  // PPO's keys (checkpoints written before PPO existed are A2C's)
+  c.algo = get("algo", "a2c") == "ppo" ? Algo::Ppo : Algo::A2c;
+  if (const std::string a = get("algo", "a2c"); a != "a2c" && a != "ppo")
+    throw CheckpointError("checkpoint metadata 'algo' is '" + a + "', not a2c or ppo");
+  c.rollout = i64("rollout", std::to_string(c.rollout).c_str());
+  c.epochs = i64("epochs", std::to_string(c.epochs).c_str());
+  c.minibatches = i64("minibatches", std::to_string(c.minibatches).c_str());
+  c.clip_range = f64("clip_range", "0.2");
+  c.gae_lambda = f64("gae_lambda", "0.95");
+  c.lr_schedule = get("lr_schedule", "constant");
+  c.env_shards = i64("env_shards", "1");
+  // (before these existed: PyTorch's init, dense recall)
+  c.update_bias = f64("update_bias", "0");
+  if (!(std::abs(c.update_bias) <= 20))
+    throw CheckpointError("checkpoint metadata 'update_bias' is '" + get("update_bias") + "', not a number in [-20, 20]");
+  if (c.env_options.embed_dim < 1 || c.env_options.embed_dim > 16384)  // (no flag sets it: validate's message would name none)
+    throw CheckpointError("checkpoint metadata 'embed_dim' is '" + get("embed_dim") + "', not a number in [1, 16384]");
+  const std::string sparse = get("sparse", "0");
+  if (sparse != "0" && sparse != "1") throw CheckpointError("checkpoint metadata 'sparse' is '" + sparse + "', not 0 or 1");
+  c.env_options.sparse = sparse == "1";
+  return c;
+}
+
+void TrainConfig::validate() const {
+  auto need = [](bool ok, const std::string& m) {
+    if (!ok) throw Error(m);
+  };
+  if (!env_registered(env)) {
+    std::string names;
+    for (const std::string& n : env_names()) names += (names.empty() ? "" : ", ") + n;
+    throw Error("unknown --env '" + env + "' (registered: " + names + ")");
+  }
+  need(steps >= 1 && steps <= kMaxSteps, "--steps must be in [1, 1e9]");
+  need(batch >= 1 && batch <= 65536, "--batch must be in [1, 65536]");
+  need(hidden >= 1 && hidden <= 16384, "--hidden must be in [1, 16384]");
+  need(embed >= 1 && embed <= 16384, "--embed must be in [1, 16384]");
+  need(std::isfinite(update_bias) && std::abs(update_bias) <= 20, "--update-bias must be a number in [-20, 20]");
+  const HistoryDef& hd = history_def(history.kind);
+  need(update_bias == 0 || hd.recurrent, std::string("--update-bias sets the GRU's update gate; --history ") + hd.syntax + " has no GRU");
+  need(env_shards >= 1 && env_shards <= batch && batch % env_shards == 0,
+       "--env-shards " + std::to_string(env_shards) + ": must be >= 1 and divide --batch " + std::to_string(batch));
+  need(std::isfinite(lr) && lr > 0 && lr < 10, "--lr must be a positive number below 10");
+  need(std::isfinite(clip) && clip >= 0, "--clip must be >= 0 (0 turns clipping off)");
+  need(device != "cuda" || !hd.grows,
+       "--history " + history.str() + " keeps its run in one growing arena (the teaching policy), which is CPU-only: use "
+       "--device cpu or a bounded history (tbptt:K, detach, window:N, nograd-history)");
+  check_device_flag(device);
+  need(env_options.lag >= 1 && env_options.lag <= 100000, "--lag must be in [1, 100000]");
+  need(!env_options.sparse || (env != "tmaze" && env != "dialogue"),
+       "--sparse is recall's (a token every lag steps); --env " + env + " has no sparse form");
+  need(env_options.vocab >= 2 && env_options.vocab <= 1'000'000, "--vocab must be in [2, 1e6]");
+  need(env_options.corridor >= 1 && env_options.corridor <= 100000, "--corridor must be in [1, 100000]");
+  need(env_options.turns >= 2 && env_options.turns <= 100000, "--turns must be in [2, 100000]");
+  need(env_options.cities >= 1 && env_options.cities <= 10000, "--cities must be in [1, 10000]");
+  need(env_options.embed_dim >= 1 && env_options.embed_dim <= 16384, "dialogue's message embedding size must be in [1, 16384]");
+  need(gamma >= 0 && gamma <= 1, "--gamma must be in [0, 1]");
+  need(std::isfinite(entropy) && entropy >= 0, "--entropy must be a finite number >= 0");
+  need(std::isfinite(value_coef) && value_coef >= 0, "value_coef must be a finite number >= 0");
+  if (hd.validate) hd.validate(*this);
+  need(algo == Algo::A2c || algo == Algo::Ppo, "--algo '" + std::string(algo_name(algo)) + "': choose a2c or ppo");
+  if (algo == Algo::Ppo) {
+    need(hd.ppo, "--algo ppo replays each minibatch's windows from the states stored at rollout time, with --history tbptt:K "
+                 "(or detach, K = 1) or exact:K/T; --history " + history.str() + " is not built for it");
+    need(rollout >= 1 && rollout <= 1'000'000, "--rollout must be in [1, 1000000]");
+    need(epochs >= 1 && epochs <= 1000, "--epochs must be in [1, 1000]");
+    need(minibatches >= 1 && minibatches <= batch && batch % minibatches == 0,
+         "--minibatches " + std::to_string(minibatches) + ": must divide --batch " + std::to_string(batch) +
+             " (each minibatch holds whole streams)");
+    need(std::isfinite(clip_range) && clip_range > 0 && clip_range < 1, "--clip-range must be in (0, 1)");
+    need(gae_lambda >= 0 && gae_lambda <= 1, "--gae-lambda must be in [0, 1]");
+    need(lr_schedule == "linear" || lr_schedule == "constant", "--lr-schedule '" + lr_schedule + "': choose linear or constant");
+  }
+}
+
+void check_device_flag(const std::string& device) {
+  if (device != "cpu" && device != "cuda") throw Error("--device " + device + ": must be cpu or cuda");
+  if (device == "cuda" && !Device::cuda_built() && !emulation::emulating_cuda_on_host())
+    throw DeviceError("--device cuda: this build of segtape has no CUDA backend (nvcc was not found when it was configured); "
+                "use --device cpu, or rebuild where the CUDA toolkit is installed (docs/cuda.md)");
+}
+
+size_t parse_bytes(const std::string& s, const char* flag) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = s.substr(used);
+  double mul = unit.empty() || unit == "B" ? 1
+               : unit == "KiB" || unit == "K" ? 1024.0
+               : unit == "MiB" || unit == "M" ? 1048576.0
+               : unit == "GiB" || unit == "G" ? 1073741824.0
+                                              : -1;
+  if (used == 0 || mul < 0 || !(v >= 0))
+    throw Error(std::string(flag) + " '" + s + "': expected a size such as 64MiB, 512KiB, 2GiB or a byte count (units B, "
+                "KiB, MiB, GiB; K, M, G alike)");
+  if (v * mul > 1e13) throw Error(std::string(flag) + " '" + s + "': at most 1e13 bytes (9.09 TiB)");
+  if (v * mul < 1) throw Error(std::string(flag) + " '" + s + "': must be a positive size, such as 64MiB");
+  return size_t(v * mul);
+}
+
+}  // namespace segtape::agent

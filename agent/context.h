@@ -1,0 +1,62 @@
+// What a trainer's history and algorithm share (private to the agent
+// library): the configuration, the tape with the policy and its optimizer,
+// the env, the carried state and the counters. The Trainer (trainer.h)
+// owns one; agent/history/ and agent/algo/ work on it.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "segtape/agent/config.h"
+#include "segtape/agent/env.h"
+#include "segtape/agent/policy.h"
+#include "segtape/nn/dist.h"
+#include "segtape/nn/optim.h"
+#include "segtape/nn/random.h"
+#include "segtape/tape.h"
+
+namespace segtape::agent {
+
+struct Context {
+  Context(const TrainConfig& c, int rank) : config(c), init_rng(c.seed), act_rng(act_seed(c.seed, rank)) {}
+
+  TrainConfig config;
+  // Data parallel: the ranks (null with one process), the gradient averaging,
+  // the updates so far, and the stop request that travels with them.
+  dist::Communicator* comm = nullptr;
+  std::unique_ptr<dist::GradientAverager> avg;
+  int64_t updates = 0;
+  bool stop_requested = false, stop_agreed = false;
+
+  std::unique_ptr<Tape> tape;
+  nn::Rng init_rng, act_rng;  // the parameters' initialisation; the actions' sampling (and PPO's shuffles)
+  Env* env = nullptr;         // the B streams (the Trainer's; evaluate's own while it runs)
+  std::unique_ptr<Policy> policy;
+  std::unique_ptr<nn::Adam> optim;
+  int64_t step = 0;                   // env steps taken
+  Tensor h;                           // the GRU state [B, hidden]: carried between segments, or h_home
+  Tensor h_home, eval_h;              // persistent homes of the training state and of evaluate's
+  std::vector<float> episode_return;  // RL: each stream's return so far in its episode
+  // --device cuda: segments as CUDA graphs (the clip keeps its norm on the
+  // device, clip_sq); committed: a graph segment's update is done, a throw
+  // after it keeps it (Trainer::run_segment)
+  bool graph = false;
+  bool committed = false;
+  Tensor clip_sq;
+
+  int rank() const { return comm ? comm->rank() : 0; }
+  // The update after a backward: the gradients averaged over the ranks,
+  // clipped, Adam's step, zeroed. has_loss false: this rank had no loss
+  // (under data parallelism it still joins the all-reduce; no rank with a
+  // loss: no step).
+  void update(bool has_loss);
+
+  // Rank r's sampling seed (rank 0's: what one process has always used).
+  static uint64_t act_seed(uint64_t seed, int rank);
+};
+
+// Refuses (Error naming `what`) a call made while a segment runs (busy):
+// save, load, run_segment and evaluate are for between segments.
+void refuse_inside_a_segment(bool busy, const char* what);
+
+}  // namespace segtape::agent

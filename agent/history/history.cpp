@@ -1,0 +1,65 @@
+#include "history.h"
+
+namespace segtape::agent {
+
+#define SEGTAPE_DECLARE(K, N) extern const HistoryDef K##History;
+SEGTAPE_HISTORIES(SEGTAPE_DECLARE)
+#undef SEGTAPE_DECLARE
+
+const HistoryDef& history_def(History::Kind kind) {
+  switch (kind) {
+#define SEGTAPE_CASE(K, N) \
+  case History::Kind::K: return K##History;
+    SEGTAPE_HISTORIES(SEGTAPE_CASE)
+#undef SEGTAPE_CASE
+  }
+  throw Error("history_def: no history of kind " + std::to_string(int(kind)));
+}
+
+Recurred HistoryRunner::recur(const Tensor& e, const Tensor& h, bool) {
+  Tensor h1 = c_.policy->recur(e, h);
+  return {h1, h1};
+}
+
+Tensor HistoryRunner::run_steps(Steps& s, Tensor& h, int64_t first, int64_t n, Ran& r, bool read) {
+  Tensor loss;
+  for (int64_t i = 0; i < n; ++i, c_.tape->next_step()) {
+    const replay::StepResult sr = s.step(*c_.tape, first + i, h, live_);
+    if (sr.loss.defined()) {
+      if (read) r.loss += sr.loss.item();
+      loss = loss.defined() ? add(loss, sr.loss) : sr.loss;
+    }
+    h = sr.state;
+  }
+  return loss;
+}
+
+Ran HistoryRunner::learn(Steps& s, int64_t n, Segment& seg, const BackwardOptions& o) {
+  Ran r;
+  Tensor loss = run_steps(s, c_.h, c_.step, n, r);
+  if (s.after_forward) {
+    const Tensor more = s.after_forward(c_.h, c_.step, n);
+    if (more.defined()) loss = loss.defined() ? add(loss, more) : more;
+  }
+  if (loss.defined()) seg.backward(loss, o);
+  c_.step += n;
+  if (s.update) s.update();
+  return r;
+}
+
+Ran HistoryRunner::replay(Steps& s, std::span<const float> h0, int64_t first, int64_t n) {
+  Ran r;
+  {
+    Segment seg = c_.tape->segment();
+    const int64_t H = c_.config.hidden, rows = int64_t(h0.size()) / H;
+    Tensor h = c_.tape->from(h0, {rows, H});
+    const bool at_once = s.sequence && sequence(rows);
+    const Tensor loss = at_once ? s.sequence(h, first, n) : run_steps(s, h, first, n, r, false);
+    if (loss.defined()) seg.backward(loss);
+    if (at_once) c_.tape->next_step();
+  }
+  r.segment_peak = c_.tape->stats().last_segment_peak;
+  return r;
+}
+
+}  // namespace segtape::agent

@@ -1,0 +1,131 @@
+// A training run's configuration: what --history, --algo and the other
+// flags of `segtape train` say, validated, and as checkpoint metadata.
+//
+// The histories and the algorithms are listed once each, below; each has one
+// file (agent/history/, agent/algo/) that registers itself by its line here.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "segtape/agent/env.h"
+
+namespace segtape::agent {
+
+// How a segment's steps are run and cut (--history), one file each in
+// agent/history/: X(Kind, name).
+#define SEGTAPE_HISTORIES(X) \
+  X(Tbptt, "tbptt")          \
+  X(Full, "full")            \
+  X(Window, "window")        \
+  X(NoGradHistory, "nograd-history") \
+  X(Exact, "exact")
+
+// What is learned from the steps (--algo), one file each in agent/algo/: X(Kind, name).
+#define SEGTAPE_ALGORITHMS(X) \
+  X(Supervised, "supervised") \
+  X(A2c, "a2c")               \
+  X(Ppo, "ppo")
+
+// --history, parsed: which history and its numbers. The text each history
+// takes ("tbptt:K", "exact:K/T", ...) is its file's (agent/history/).
+struct History {
+#define SEGTAPE_KIND(K, N) K,
+  enum class Kind : uint8_t { SEGTAPE_HISTORIES(SEGTAPE_KIND) };
+#undef SEGTAPE_KIND
+  Kind kind = Kind::Tbptt;
+  int64_t k = 32;       // steps per segment (per update for full); detach is tbptt:1
+  int64_t window = 0;   // window:N
+  int64_t horizon = 0;  // exact:K/T: steps per window (the gradient's reach); default 8 K
+  int64_t stride = 0;   // steps between updates where they differ from the window's (overlapping windows)
+  // "tbptt:K", "detach", "full", "window:N", "nograd-history", "exact:K" or
+  // "exact:K/T", ...: an Error naming --history and the choices otherwise.
+  static History parse(const std::string& s);
+  std::string str() const;
+  // Steps one update runs: K, or exact's T.
+  int64_t span() const;
+  // The history's own choices, for the messages that list them ("tbptt:K, detach, ...").
+  static std::string choices();
+};
+
+enum class Algo : uint8_t {
+#define SEGTAPE_KIND(K, N) K,
+  SEGTAPE_ALGORITHMS(SEGTAPE_KIND)
+#undef SEGTAPE_KIND
+};
+// "supervised", "a2c", "ppo"; parse throws an Error naming --algo and the choices.
+Algo parse_algo(const std::string& s);
+const char* algo_name(Algo a);
+
+struct TrainConfig {
+  // The most steps any step count takes (--steps, and the cadences and
+  // evaluations the command line takes): sums of them stay far from int64's end.
+  static constexpr int64_t kMaxSteps = 1'000'000'000;
+  std::string env = "recall";
+  History history;
+  int64_t steps = 24000;   // env steps (each over the whole batch)
+  int64_t batch = 32;
+  int64_t hidden = 128;
+  int64_t embed = 32;
+  double update_bias = 0;  // added to the GRU's update-gate bias at init (PolicyShape::update_bias)
+  double lr = 3e-3;
+  double clip = 1.0;       // gradient norm clip (0 = off)
+  uint64_t seed = 1;
+  std::string device = "cpu";
+  size_t budget = 0;       // segment arena bytes; 0 = 64 MiB (for `full`: the growth limit, 0 = 1 GiB)
+  // How budget errors name the budget (the segtape command: "--budget").
+  const char* budget_name = "TrainConfig::budget";
+  EnvOptions env_options;
+  // reinforcement learning (tmaze, your own env; any env with --algo ppo)
+  double gamma = 0.9;
+  double entropy = 0.01;
+  double value_coef = 0.5;
+  // a2c: an update per segment from its n-step returns (the default; on a
+  // supervised env, cross-entropy on its targets: supervised);
+  // ppo: recurrent PPO (docs/agent.md): rollouts of `rollout` steps over the
+  // B streams, GAE(lambda), `epochs` passes over `minibatches` minibatches of
+  // whole streams, each minibatch's segments replayed from the state stored at
+  // rollout time. On a supervised env PPO's reward is 1 for the target class.
+  Algo algo = Algo::A2c;
+  int64_t rollout = 128;
+  int64_t epochs = 10;
+  int64_t minibatches = 4;
+  double clip_range = 0.2;
+  double gae_lambda = 0.95;
+  // ppo: "linear" anneals Adam's lr from `lr` to 0 over the run (CleanRL's
+  // default), "constant" keeps it (SB3's)
+  std::string lr_schedule = "linear";
+  // The B streams as env_shards envs of B / env_shards streams, seeded as the
+  // ranks of a data-parallel run seed theirs: one process with env_shards N
+  // and batch N B runs the streams of N ranks of batch B (docs/distributed.md).
+  int64_t env_shards = 1;
+  // --device cuda: run each training segment as a CUDA graph where the run
+  // allows it (a supervised env whose spec is open_loop, --history tbptt:K
+  // or detach, one process; docs/agent.md, "CUDA graphs"); false
+  // runs every segment eagerly. How the run executes, not what it computes:
+  // not in the checkpoint.
+  bool graph_replay = true;
+  // The recurrence of steps known before they run (a CUDA-graph segment's, a
+  // PPO update window's) as one gru_sequence even where it does not fuse (a
+  // test seam: the emulated device never fuses). How the run executes: not in
+  // the checkpoint.
+  bool force_sequence = false;
+
+  // The algorithm that learns on an env of this spec: a2c on a supervised env is Supervised.
+  Algo learner(const EnvSpec& spec) const;
+  std::map<std::string, std::string> to_metadata() const;
+  static TrainConfig from_metadata(const std::map<std::string, std::string>& m);
+  // Throws with a one-line message naming the argument when impossible.
+  void validate() const;
+};
+
+// Throws, naming the flag, when `--device` names a device this build cannot
+// use ("cuda" in a build without the CUDA backend, or anything but cpu/cuda).
+void check_device_flag(const std::string& device);
+
+// A size such as 64MiB, 512KiB, 2GiB or a byte count, > 0 (the CLI's --budget,
+// Python's segment_budget). Throws Error naming `flag` and the text.
+size_t parse_bytes(const std::string& s, const char* flag = "--budget");
+
+}  // namespace segtape::agent

@@ -1,0 +1,83 @@
+#include "step.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "history/history.h"
+
+namespace segtape::agent {
+
+Step::Step(Context& c, HistoryRunner& history) : c_(c), history_(history), B_(c.config.batch), A_(c.env->spec().num_actions) {
+  const EnvSpec& spec = c.env->spec();
+  const auto B = size_t(B_);
+  tokens.assign(B, 0);
+  targets.assign(B, kNoTarget);
+  actions.assign(B, 0);
+  vectors.assign(B * size_t(std::max<int64_t>(spec.obs_dim, 1)), 0.0f);
+  rewards.assign(B, 0.0f);
+  done.assign(B, 0);
+  rows.assign(B * size_t(A_), 0.0f);
+  reset_mask_.assign(B * size_t(c.config.hidden), 0.0f);
+}
+
+Tensor Step::observe() {
+  c_.env->observe(tokens, vectors);
+  return observation(tokens, vectors, B_);
+}
+
+Tensor Step::observation(std::span<const int64_t> tok, std::span<const float> vec, int64_t n) const {
+  const EnvSpec& spec = c_.env->spec();
+  if (spec.vocab > 0) return c_.tape->from(tok.first(size_t(n)), {n});
+  return c_.tape->from(vec.first(size_t(n * spec.obs_dim)), {n, spec.obs_dim});
+}
+
+Recurred Step::feature(const Tensor& obs, const Tensor& h, bool commit) const {
+  return history_.recur(c_.policy->encode(obs), h, commit);
+}
+
+int64_t Step::argmax_row(const float* p, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (p[i] > p[best]) best = i;
+  return best;
+}
+
+void Step::greedy(const Tensor& logits, std::span<int64_t> a) {
+  const int64_t n = logits.dim(0);
+  logits.to_host(std::span<float>(rows).first(size_t(n * A_)));
+  for (int64_t b = 0; b < n; ++b) a[size_t(b)] = argmax_row(rows.data() + b * A_, A_);
+}
+
+void Step::sample(const Tensor& lp, std::span<int64_t> a) {
+  lp.to_host(std::span<float>(rows));
+  const float* p = rows.data();
+  for (int64_t b = 0; b < B_; ++b) {
+    double u = c_.act_rng.uniform(), acc = 0;
+    int64_t pick = A_ - 1;
+    for (int64_t k = 0; k < A_; ++k) {
+      acc += std::exp(double(p[b * A_ + k]));
+      if (u < acc) {
+        pick = k;
+        break;
+      }
+    }
+    a[size_t(b)] = pick;
+  }
+}
+
+void Step::act(std::span<const int64_t> a) { c_.env->step(a, rewards, done); }
+
+void Step::note_rewards(double& return_sum, int64_t& episodes) {
+  for (size_t b = 0; b < c_.episode_return.size(); ++b) {
+    float& g = c_.episode_return[b];
+    g += rewards[b];
+    if (done[b]) return_sum += double(g), ++episodes, g = 0.0f;
+  }
+}
+
+Tensor Step::reset(const Tensor& h, std::span<const uint8_t> done_flags) {
+  if (!history_.carries_state()) return h;
+  return reset_finished(h, done_flags, reset_mask_);
+}
+
+}  // namespace segtape::agent

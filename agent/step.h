@@ -1,0 +1,70 @@
+// The policy's step, written once (private to the agent library): the env's
+// observation on the tape, encode -> the history's recurrence -> heads, the
+// actions (argmax or sampled), the env stepped with them, and the episode
+// resets. Every algorithm, evaluation and PPO's replay take their steps
+// through it; the buffers it fills on the host are sized once.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "context.h"
+
+namespace segtape::agent {
+
+class HistoryRunner;
+
+// A step's recurrence: the feature the heads read, and the state it leaves
+// (the same tensor for a GRU; window:N carries no state and leaves it as it was).
+struct Recurred {
+  Tensor feature, state;
+};
+
+class Step {
+ public:
+  Step(Context& c, HistoryRunner& history);
+
+  // The env's observation now into tokens / vectors, on the tape.
+  Tensor observe();
+  // A step's observation on the tape from host rows of `rows` streams:
+  // tokens [rows] (token envs) or vectors [rows, obs_dim].
+  Tensor observation(std::span<const int64_t> tokens, std::span<const float> vectors, int64_t rows) const;
+  // encode -> the history's recurrence from h. commit false: a look ahead
+  // that leaves the history's own state as it is (a bootstrap value).
+  Recurred feature(const Tensor& obs, const Tensor& h, bool commit = true) const;
+  Tensor logits(const Tensor& feature) const { return c_.policy->logits(feature); }
+  Tensor log_probs(const Tensor& feature) const { return log_softmax(c_.policy->logits(feature)); }  // [B, A]
+  Tensor value(const Tensor& feature) const { return c_.policy->value(feature); }                  // [B, 1]
+
+  // Greedy actions: each row's argmax (the rows copied to rows()).
+  void greedy(const Tensor& logits, std::span<int64_t> a);
+  // a ~ softmax(lp) per stream, one uniform each from the context's act_rng
+  // (lp's rows copied to rows()).
+  void sample(const Tensor& lp, std::span<int64_t> a);
+  // The env stepped with `a`: rewards and done flags into rewards / done.
+  void act(std::span<const int64_t> a);
+  // Episode returns of the step just taken: the episodes that ended add to return_sum and episodes.
+  void note_rewards(double& return_sum, int64_t& episodes);
+  // The streams whose episode ended start the next from the zero state:
+  // h · (1 − done) (reset_finished); nothing where the history carries no state.
+  Tensor reset(const Tensor& h, std::span<const uint8_t> done_flags);
+
+  int64_t batch() const { return B_; }
+  int64_t num_actions() const { return A_; }
+  // The host buffers of the step: the observation (tokens [B] or vectors
+  // [B, obs_dim]), targets, actions, rewards, done flags, and the last rows read.
+  std::vector<int64_t> tokens, targets, actions;
+  std::vector<float> vectors, rewards;
+  std::vector<uint8_t> done;
+  std::vector<float> rows;  // [B, A]: the host copy of the last logits or log-probabilities read
+
+  static int64_t argmax_row(const float* p, int64_t n);
+
+ private:
+  Context& c_;
+  HistoryRunner& history_;
+  int64_t B_, A_;
+  std::vector<float> reset_mask_;  // [B, hidden] (reset_finished)
+};
+
+}  // namespace segtape::agent
