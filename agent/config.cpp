@@ -46,9 +46,17 @@ int64_t history_number(const std::string& v, const std::string& text, const char
 // ---------------------------------------------------------------- --algo
 
 Algo parse_algo(const std::string& s) {
-  if (s == "a2c") return Algo::A2c;
-  if (s == "ppo") return Algo::Ppo;
-  throw Error("--algo '" + s + "': choose a2c or ppo");
+  std::vector<const char*> names;
+#define SEGTAPE_TRY(K, N)                                   \
+  if (const AlgorithmDef& d = algorithm_def(Algo::K); d.flag) { \
+    if (s == d.name) return Algo::K;                        \
+    names.push_back(d.name);                                \
+  }
+  SEGTAPE_ALGORITHMS(SEGTAPE_TRY)
+#undef SEGTAPE_TRY
+  std::string choices;
+  for (size_t i = 0; i < names.size(); ++i) choices += std::string(i == 0 ? "" : i + 1 < names.size() ? ", " : " or ") + names[i];
+  throw Error("--algo '" + s + "': choose " + choices);
 }
 
 const char* algo_name(Algo a) { return algorithm_def(a).name; }
@@ -141,9 +149,13 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
   c.entropy = f64("entropy");
   c.value_coef = f64("value_coef");
   // PPO's keys (checkpoints written before PPO existed are A2C's)
-  c.algo = get("algo", "a2c") == "ppo" ? Algo::Ppo : Algo::A2c;
-  if (const std::string a = get("algo", "a2c"); a != "a2c" && a != "ppo")
-    throw CheckpointError("checkpoint metadata 'algo' is '" + a + "', not a2c or ppo");
+  try {
+    c.algo = parse_algo(get("algo", "a2c"));
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const Error& e) {
+    throw CheckpointError(std::string("checkpoint metadata 'algo': ") + e.what());
+  }
   c.rollout = i64("rollout", std::to_string(c.rollout).c_str());
   c.epochs = i64("epochs", std::to_string(c.epochs).c_str());
   c.minibatches = i64("minibatches", std::to_string(c.minibatches).c_str());
@@ -199,19 +211,9 @@ void TrainConfig::validate() const {
   need(std::isfinite(entropy) && entropy >= 0, "--entropy must be a finite number >= 0");
   need(std::isfinite(value_coef) && value_coef >= 0, "value_coef must be a finite number >= 0");
   if (hd.validate) hd.validate(*this);
-  need(algo == Algo::A2c || algo == Algo::Ppo, "--algo '" + std::string(algo_name(algo)) + "': choose a2c or ppo");
-  if (algo == Algo::Ppo) {
-    need(hd.ppo, "--algo ppo replays each minibatch's windows from the states stored at rollout time, with --history tbptt:K "
-                 "(or detach, K = 1) or exact:K/T; --history " + history.str() + " is not built for it");
-    need(rollout >= 1 && rollout <= 1'000'000, "--rollout must be in [1, 1000000]");
-    need(epochs >= 1 && epochs <= 1000, "--epochs must be in [1, 1000]");
-    need(minibatches >= 1 && minibatches <= batch && batch % minibatches == 0,
-         "--minibatches " + std::to_string(minibatches) + ": must divide --batch " + std::to_string(batch) +
-             " (each minibatch holds whole streams)");
-    need(std::isfinite(clip_range) && clip_range > 0 && clip_range < 1, "--clip-range must be in (0, 1)");
-    need(gae_lambda >= 0 && gae_lambda <= 1, "--gae-lambda must be in [0, 1]");
-    need(lr_schedule == "linear" || lr_schedule == "constant", "--lr-schedule '" + lr_schedule + "': choose linear or constant");
-  }
+  const AlgorithmDef& ad = algorithm_def(algo);
+  need(ad.flag, "--algo '" + std::string(ad.name) + "': not an algorithm --algo takes");
+  if (ad.validate) ad.validate(*this);
 }
 
 void check_device_flag(const std::string& device) {

@@ -7,7 +7,6 @@
 #include <cstdio>
 
 #include "algo/algorithm.h"
-#include "algo/rollout_buffer.h"
 #include "history/history.h"
 
 namespace segtape::agent {
@@ -73,7 +72,7 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
   if (shape.value_head) e.step_bytes += f32(B);
   const size_t steps = history_def(c.history.kind).grows ? 1 : size_t(c.history.k);
   e.segment_bytes = e.step_bytes * steps;
-  if (c.algo == Algo::Ppo) e.rollout_bytes = RolloutBuffer::bytes(c, spec);
+  if (const AlgorithmDef& a = algorithm_def(c.learner(spec)); a.host_bytes) e.rollout_bytes = a.host_bytes(c, spec);
   e.budget = applied_budget(c);
   return e;
 }

@@ -150,8 +150,10 @@ extern const AlgorithmDef A2cAlgorithm;
 const AlgorithmDef A2cAlgorithm{
     .kind = Algo::A2c,
     .name = "a2c",
-    .supervised_env = false,
+    .flag = true,
     .value_head = true,
+    .validate = nullptr,
+    .host_bytes = nullptr,
     .make = [](Context& c, HistoryRunner& h, Step& s) -> std::unique_ptr<Algorithm> { return std::make_unique<A2c>(c, h, s); },
 };
 

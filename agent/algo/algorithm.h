@@ -51,8 +51,12 @@ inline UpdateResult result_of(int64_t steps, const Ran& ran) {
 struct AlgorithmDef {
   Algo kind;
   const char* name;
-  bool supervised_env;  // learns from an env's targets (a supervised env): a2c on such an env is this
-  bool value_head;      // the policy has a value head
+  bool flag;        // --algo takes its name (supervised is what a2c is on a supervised env)
+  bool value_head;  // the policy has a value head
+  // Its own constraints on a configuration (an Error naming the flag); null: none.
+  void (*validate)(const TrainConfig& c);
+  // The host bytes its buffers take for a configuration (the memory check); null: none worth counting.
+  size_t (*host_bytes)(const TrainConfig& c, const EnvSpec& spec);
   std::unique_ptr<Algorithm> (*make)(Context& c, HistoryRunner& h, Step& s);
 };
 

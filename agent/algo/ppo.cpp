@@ -305,14 +305,33 @@ void Ppo::minibatch(int64_t n, std::span<const int64_t> streams, UpdateResult& r
   }
 }
 
+void validate(const TrainConfig& c) {
+  auto need = [](bool ok, const std::string& m) {
+    if (!ok) throw Error(m);
+  };
+  need(history_def(c.history.kind).ppo, "--algo ppo replays each minibatch's windows from the states stored at rollout time, with "
+                                        "--history tbptt:K (or detach, K = 1) or exact:K/T; --history " + c.history.str() +
+                                            " is not built for it");
+  need(c.rollout >= 1 && c.rollout <= 1'000'000, "--rollout must be in [1, 1000000]");
+  need(c.epochs >= 1 && c.epochs <= 1000, "--epochs must be in [1, 1000]");
+  need(c.minibatches >= 1 && c.minibatches <= c.batch && c.batch % c.minibatches == 0,
+       "--minibatches " + std::to_string(c.minibatches) + ": must divide --batch " + std::to_string(c.batch) +
+           " (each minibatch holds whole streams)");
+  need(std::isfinite(c.clip_range) && c.clip_range > 0 && c.clip_range < 1, "--clip-range must be in (0, 1)");
+  need(c.gae_lambda >= 0 && c.gae_lambda <= 1, "--gae-lambda must be in [0, 1]");
+  need(c.lr_schedule == "linear" || c.lr_schedule == "constant", "--lr-schedule '" + c.lr_schedule + "': choose linear or constant");
+}
+
 }  // namespace
 
 extern const AlgorithmDef PpoAlgorithm;
 const AlgorithmDef PpoAlgorithm{
     .kind = Algo::Ppo,
     .name = "ppo",
-    .supervised_env = false,
+    .flag = true,
     .value_head = true,
+    .validate = validate,
+    .host_bytes = RolloutBuffer::bytes,
     .make = [](Context& c, HistoryRunner& h, Step& s) -> std::unique_ptr<Algorithm> { return std::make_unique<Ppo>(c, h, s); },
 };
 

@@ -287,8 +287,10 @@ extern const AlgorithmDef SupervisedAlgorithm;
 const AlgorithmDef SupervisedAlgorithm{
     .kind = Algo::Supervised,
     .name = "supervised",
-    .supervised_env = true,
+    .flag = false,
     .value_head = false,
+    .validate = nullptr,
+    .host_bytes = nullptr,
     .make = [](Context& c, HistoryRunner& h, Step& s) -> std::unique_ptr<Algorithm> { return std::make_unique<Supervised>(c, h, s); },
 };
 
