@@ -25,8 +25,6 @@ History History::parse(const std::string& s) {
 
 std::string History::str() const { return history_def(kind).str(*this); }
 
-int64_t History::span() const { return horizon > 0 ? horizon : k; }
-
 std::string History::choices() {
   std::string all;
 #define SEGTAPE_SYNTAX(K, N) all += std::string(all.empty() ? "" : ", ") + history_def(Kind::K).syntax;

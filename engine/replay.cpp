@@ -10,31 +10,40 @@ namespace segtape::replay {
 
 // ---- Inputs
 
-void Inputs::begin(int64_t step, bool first_time) {
+void Inputs::begin(int64_t step, bool first_time, bool wanted, int64_t slot) {
   step_ = step;
+  slot_ = slot < 0 ? step : slot;
   recording_ = first_time;
+  wanted_ = wanted;
   cursor_ = 0;
-  if (first_time) steps_[size_t(step)].clear();
+  if (first_time) steps_[size_t(slot_)].clear();
 }
 
 void Inputs::end() {
-  if (!recording_ && cursor_ != steps_[size_t(step_)].size())
+  if (!recording_ && cursor_ != steps_[size_t(slot_)].size())
     throw Error("exact BPTT: the step function is not reproducible: on a replay, step " + std::to_string(step_) + " took " +
-                std::to_string(cursor_) + " bytes of inputs where it took " + std::to_string(steps_[size_t(step_)].size()) +
+                std::to_string(cursor_) + " bytes of inputs where it took " + std::to_string(steps_[size_t(slot_)].size()) +
                 " the first time (a step must take() the same inputs in the same order every time it runs)");
   recording_ = true;
+  wanted_ = true;
 }
 
 void Inputs::mismatch(size_t n, size_t size) const {
   throw Error("exact BPTT: the step function is not reproducible: on a replay, step " + std::to_string(step_) +
               " asked for " + std::to_string(n) + " inputs of " + std::to_string(size) + " bytes beyond the " +
-              std::to_string(steps_[size_t(step_)].size()) +
+              std::to_string(steps_[size_t(slot_)].size()) +
               " bytes it took the first time (a step must take() the same inputs in the same order every time it runs)");
 }
 
 void Inputs::too_many(size_t n, size_t size) const {
   throw Error("exact BPTT: step " + std::to_string(step_) + " asked take() for " + std::to_string(n) + " inputs of " +
               std::to_string(size) + " bytes: more than 1 TiB a step");
+}
+
+void Inputs::reserve_like(int64_t first, int64_t last) {
+  size_t most = 0;
+  for (int64_t t = first; t < last; ++t) most = std::max(most, steps_[size_t(t)].size());
+  for (auto& rec : steps_) rec.reserve(most);
 }
 
 size_t Inputs::bytes() const {
@@ -99,6 +108,12 @@ Driver::Driver(Tape& tape, const Tensor& state, const Options& options) : tape_(
   state.check_live("exact BPTT (state)");
   if (state.tape != &tape) throw TapeError("exact BPTT: the state belongs to another tape");
   if (state.dtype == DType::I64) throw ShapeError("exact BPTT: the state must be floating point, got " + state.describe());
+  if (o_.stride != 0) {  // overlapping windows: a ring of the window's segments
+    const std::string ks = " (K = " + std::to_string(o_.k) + ", T = " + std::to_string(o_.horizon) + ", S = " + std::to_string(o_.stride) + ")";
+    if (o_.stride < 1 || o_.stride > o_.horizon || o_.stride % o_.k != 0 || o_.horizon % o_.k != 0)
+      throw Error("exact BPTT: overlapping windows need a stride S in [K, T] and S and T multiples of K" + ks);
+    if (o_.schedule != Schedule::Uniform) throw Error("exact BPTT: overlapping windows replay on the uniform schedule" + ks);
+  }
   units_ = units_of(o_.horizon);
   window_ = o_.horizon;
   int64_t snapshots = units_ - 1;  // uniform: every boundary
@@ -167,7 +182,7 @@ int64_t Driver::planned_steps(int64_t T) const {
   return steps;
 }
 
-void Driver::check_state(int64_t boundary, const Tensor& h) {
+void Driver::check_state(int64_t boundary, const Tensor& h, int64_t u, const Unit& un) {
   if (!o_.verify) return;
   h.to_host_bytes(host_);
   const uint64_t v = hash_bytes(host_);
@@ -177,9 +192,8 @@ void Driver::check_state(int64_t boundary, const Tensor& h) {
     return;
   }
   if (hash_[size_t(boundary)] != v) {
-    const Unit un = unit(boundary - 1);
-    throw Error("exact BPTT: the step function is not reproducible: replaying segment " + std::to_string(boundary - 1) +
-                " (steps " + std::to_string(un.begin) + ".." + std::to_string(un.end - 1) + ") gave a state after step " +
+    throw Error("exact BPTT: the step function is not reproducible: replaying segment " + std::to_string(u) + " (steps " +
+                std::to_string(un.begin) + ".." + std::to_string(un.end - 1) + ") gave a state after step " +
                 std::to_string(un.end - 1) + " that differs from the one computed there first (bit for bit). A step must be "
                 "a function of its step index, its state and what it takes from Inputs (no other random draws, no "
                 "state kept outside the tape)");
@@ -205,44 +219,52 @@ void Driver::check_step(int64_t t, const StepResult& s) const {
 }
 
 void Driver::advance(const StepFn& step, int64_t u, const Tensor& from, const Tensor& into, Report& r) {
-  const Unit un = unit(u);
+  advance(step, u, Pass{unit(u), u + 1, unit(u).begin}, from, into, r);
+}
+
+void Driver::advance(const StepFn& step, int64_t u, const Pass& p, const Tensor& from, const Tensor& into, Report& r) {
   {
     Segment seg = tape_.segment();
     NoGradGuard ng(tape_);
     Tensor h = from;
-    for (int64_t t = un.begin; t < un.end; ++t, tape_.next_step()) {
-      inputs_.begin(t, !ran_[size_t(t)]);
+    for (int64_t t = p.un.begin; t < p.un.end; ++t, tape_.next_step()) {
+      const auto at = size_t(p.at + t - p.un.begin);
+      inputs_.begin(t, !ran_[at], true, int64_t(at));
       const StepResult res = step(tape_, t, h, inputs_);
       check_step(t, res);
       h = res.state;
       inputs_.end();
-      ran_[size_t(t)] = 1;
+      ran_[at] = 1;
       ++r.steps_run;
     }
-    check_state(u + 1, h);
+    check_state(p.boundary, h, u, p.un);
     copy_into(into, h);
   }
   note_segment(r, u, false);
 }
 
 void Driver::reverse_unit(const StepFn& step, int64_t u, const Tensor& from, Report& r) {
-  const Unit un = unit(u);
+  reverse_unit(step, u, Pass{unit(u), u + 1, unit(u).begin, wanted_}, from, u + 1 == units_of(window_), r);
+}
+
+void Driver::reverse_unit(const StepFn& step, int64_t u, const Pass& p, const Tensor& from, bool last, Report& r) {
   {
     Segment seg = tape_.segment();
     const Tensor h_in = seg.input(from);
     Tensor h = h_in, loss;
-    for (int64_t t = un.begin; t < un.end; ++t, tape_.next_step()) {
-      inputs_.begin(t, !ran_[size_t(t)]);
+    for (int64_t t = p.un.begin; t < p.un.end; ++t, tape_.next_step()) {
+      const auto at = size_t(p.at + t - p.un.begin);
+      inputs_.begin(t, !ran_[at], t >= p.wanted, int64_t(at));
       StepResult s = step(tape_, t, h, inputs_);
       inputs_.end();
-      ran_[size_t(t)] = 1;
+      ran_[at] = 1;
       ++r.steps_run;
       check_step(t, s);
       h = s.state;
-      if (s.loss.defined()) loss = loss.defined() ? add(loss, s.loss) : s.loss;
+      if (s.loss.defined() && t >= p.wanted) loss = loss.defined() ? add(loss, s.loss) : s.loss;  // (an unwanted one is dropped)
     }
-    check_state(u + 1, h);
-    if (u + 1 == units_of(window_)) copy_into(final_, h);
+    check_state(p.boundary, h, u, p.un);
+    if (last) copy_into(final_, h);
     if (loss.defined()) r.loss += loss.item();
     // The state leaving this segment carries dL/dh from the segment after it
     // (none after the last), where h has history to carry it back through;
@@ -265,22 +287,31 @@ void Driver::reverse_unit(const StepFn& step, int64_t u, const Tensor& from, Rep
 
 Report Driver::run(const StepFn& step, const Tensor& state) { return run(step, state, o_.horizon); }
 
-Report Driver::run(const StepFn& step, const Tensor& state, int64_t steps) {
-  // (from on_segment or on_forward, where no segment is open, a nested run
-  // reset the outer window's records and stored states under it)
-  if (running_) throw TapeError("exact BPTT: run() called while this driver runs (from its step, on_segment or on_forward)");
+// A window's preamble: no driver running (from on_segment or on_forward,
+// where no segment is open, a nested run reset the outer window's records
+// and stored states under it), no segment open, a state like the driver's.
+void Driver::enter(const Tensor& state, const char* call) {
+  if (running_) throw TapeError(std::string("exact BPTT: ") + call + " called while this driver runs (from its step, on_segment or on_forward)");
   if (tape_.segment_open())
     throw TapeError("exact BPTT: a segment is open; the driver opens its own segments (end yours first)");
+  state.check_live("exact BPTT (state)");
+  if (!(state.shape == slots_[0].shape) || state.dtype != slots_[0].dtype)
+    throw ShapeError("exact BPTT: state " + state.describe() + " is not shaped like the driver's " + slots_[0].describe());
+}
+
+Report Driver::run(const StepFn& step, const Tensor& state, int64_t steps, int64_t losses_from) {
+  enter(state, "run()");
   running_ = true;
   struct Done {
     bool& flag;
     ~Done() { flag = false; }
   } done{running_};
-  state.check_live("exact BPTT (state)");
-  if (!(state.shape == slots_[0].shape) || state.dtype != slots_[0].dtype)
-    throw ShapeError("exact BPTT: state " + state.describe() + " is not shaped like the driver's " + slots_[0].describe());
   check_window(steps);
+  if (losses_from < 0 || losses_from >= steps)
+    throw Error("exact BPTT: losses from step " + std::to_string(losses_from) + " of a window of " + std::to_string(steps) +
+                " steps: give 0 to " + std::to_string(steps - 1));
   window_ = steps;
+  wanted_ = losses_from;
   const int64_t units = units_of(steps);
   // A longer window's records past this one's end: dropped (capacity kept), so
   // input_bytes counts this window's.
@@ -294,7 +325,7 @@ Report Driver::run(const StepFn& step, const Tensor& state, int64_t steps) {
   std::fill(known_.begin(), known_.end(), 0);
   std::fill(ran_.begin(), ran_.end(), 0);
   have_dh_ = false;
-  check_state(0, slots_[0]);
+  check_state(0, slots_[0], -1, {});
   auto held = [&](int64_t slot) -> const Tensor& { return slot < 0 ? work_ : slots_[size_t(slot)]; };
   walk(
       units, snapshots_for(units), stack_, [&](int64_t n, int64_t c) { return split(n, c); },
@@ -308,6 +339,50 @@ Report Driver::run(const StepFn& step, const Tensor& state, int64_t steps) {
         }
         reverse_unit(step, u, held(from), r);
       });
+  r.recompute_factor = double(r.steps_run) / double(steps);
+  r.input_bytes = inputs_.bytes();
+  return r;
+}
+
+Report Driver::slide(const StepFn& step, const Tensor& state, int64_t steps) {
+  if (o_.stride == 0) throw Error("exact BPTT: slide() runs overlapping windows: make the driver with Options::stride");
+  enter(state, "slide()");
+  running_ = true;
+  struct Done {
+    bool& flag;
+    ~Done() { flag = false; }
+  } done{running_};
+  if (steps < 1 || steps > o_.stride)
+    throw Error("exact BPTT: slide() runs 1 to S = " + std::to_string(o_.stride) + " steps, got " + std::to_string(steps));
+  const int64_t K = o_.k, T = o_.horizon, R = units_;  // the ring: T / K segments' states, T steps' inputs
+  if ((slid_ - base_) % K != 0) base_ = slid_;  // (a shorter stride ended inside a segment: a new history starts)
+  // Steps counted from base_: the new ones [q, e); the window [w0, e), its
+  // segments [a0, a1), the new steps' [an, a1).
+  const int64_t q = slid_ - base_, e = q + steps, w0 = std::max<int64_t>(0, e - T + K - 1) / K * K;
+  const int64_t a0 = w0 / K, an = q / K, a1 = (e + K - 1) / K;
+  Report r;
+  r.segments = a1 - a0;
+  r.stored_states = R;
+  r.state_bytes = (slots_.size() + 2) * align_up(state.nbytes());  // the ring, final_ and dh_
+  for (int64_t t = q; t < e; ++t) ran_[size_t(t % T)] = 0;
+  const auto unit_of = [&](int64_t a) { return Unit{a * K, std::min(e, (a + 1) * K)}; };
+  const auto after = [&](int64_t a) { return a + 1 == a1 ? R : (a + 1) % R; };  // the boundary after segment a (R: final_)
+  const auto pass = [&](int64_t a) { return Pass{unit_of(a), after(a), unit_of(a).begin % T, q}; };
+  copy_into(slots_[size_t(an % R)], state);
+  known_[size_t(an % R)] = 0;
+  check_state(an % R, slots_[size_t(an % R)], -1, {});
+  for (int64_t a = an; a < a1; ++a) {  // the new steps, forward
+    known_[size_t(after(a))] = 0;
+    advance(step, a, pass(a), slots_[size_t(a % R)], a + 1 == a1 ? final_ : slots_[size_t((a + 1) % R)], r);
+  }
+  if (!reserved_) {  // (the first stride: every step of the ring takes as many bytes as its steps did)
+    inputs_.reserve_like(q % T, q % T + steps);
+    reserved_ = true;
+  }
+  if (o_.on_forward) o_.on_forward(final_);
+  have_dh_ = false;
+  for (int64_t a = a1 - 1; a >= a0; --a) reverse_unit(step, a, pass(a), slots_[size_t(a % R)], a + 1 == a1, r);
+  slid_ += steps;
   r.recompute_factor = double(r.steps_run) / double(steps);
   r.input_bytes = inputs_.bytes();
   return r;

@@ -438,6 +438,118 @@ TEST(ExactSchedule, BinomialIsRevolvesOptimum) {
   }
 }
 
+// ---- overlapping windows (Options::stride, Driver::slide)
+
+namespace {
+// One segment of full BPTT over steps [w0, e) from the state the steps before
+// w0 leave (the same draws in step order), the loss of steps [q, e) only:
+// what a stride of overlapping windows must equal.
+void full_bptt_window(Model& m, int64_t w0, int64_t q, int64_t e) {
+  Model::Source src;
+  std::vector<double> x(size_t(Model::B * Model::I));
+  std::vector<int64_t> y(size_t(Model::B));
+  Tensor start = m.tape.persistent({Model::B, Model::H}, m.dtype);
+  {
+    Segment seg = m.tape.segment();
+    NoGradGuard ng(m.tape);
+    Tensor h = m.h0;
+    for (int64_t t = 0; t < w0; ++t) src.fill(x), Model::targets(t, y), h = m.step(t, h, x, y).state;
+    copy_into(start, h);
+  }
+  Segment seg = m.tape.segment();
+  Tensor h = start, loss;
+  for (int64_t t = w0; t < e; ++t, m.tape.next_step()) {
+    src.fill(x);
+    Model::targets(t, y);
+    const rp::StepResult s = m.step(t, h, x, y);
+    h = s.state;
+    if (t >= q && s.loss.defined()) loss = loss.defined() ? add(loss, s.loss) : s.loss;
+  }
+  if (loss.defined()) seg.backward(loss);
+}
+}  // namespace
+
+// Every stride of S steps gets the gradient of its steps' losses through the
+// window of the last T steps ending there (fewer at the start): that of one
+// segment of full BPTT over the window with their loss, in float64 to
+// 1e-10 and float32 to 1e-5; each step's inputs drawn once; the state the
+// driver hands on is the forward pass's. S a multiple of K up to T; the
+// run's last stride shorter; after reset() a new history starts.
+TEST(ExactOverlap, EachStrideEqualsFullBpttOverItsWindow) {
+  struct G {
+    int64_t T, K, S, N;
+  };
+  for (const G g : {G{24, 4, 8, 58}, G{24, 4, 4, 30}, G{24, 4, 24, 50}, G{24, 8, 16, 61}, G{12, 1, 3, 20}}) {
+    for (const DType d : {DType::F64, DType::F32}) {
+      SCOPED_TRACE("T " + std::to_string(g.T) + " K " + std::to_string(g.K) + " S " + std::to_string(g.S) +
+                   (d == DType::F64 ? " f64" : " f32"));
+      Model m(d), ref(d);
+      rp::Driver drv(m.tape, m.h0, {.horizon = g.T, .k = g.K, .stride = g.S});
+      Model::Source src;
+      const rp::StepFn step = m.step_fn(src);
+      Tensor h = m.h0;
+      for (int64_t q = 0; q < g.N; q += g.S) {
+        const int64_t n = std::min(g.S, g.N - q), e = q + n;
+        ASSERT_EQ(drv.position(), q);
+        m.zero_grad();
+        const rp::Report r = drv.slide(step, h, n);
+        h = drv.final_state();
+        const int64_t w0 = std::max<int64_t>(0, e - g.T + g.K - 1) / g.K * g.K;
+        EXPECT_EQ(r.segments, (e + g.K - 1) / g.K - w0 / g.K);
+        EXPECT_EQ(r.steps_run, n + (e - w0)) << "the new steps forward, the window replayed";
+        ref.zero_grad();
+        full_bptt_window(ref, w0, q, e);
+        EXPECT_LE(rel_err(m.grads(), ref.grads()), d == DType::F64 ? 1e-10 : 1e-5) << "stride ending at " << e;
+      }
+      EXPECT_EQ(src.draws, g.N) << "each step's inputs drawn once";
+      // The state handed on is the forward pass's: full BPTT over all N steps ends there.
+      ref.zero_grad();
+      Model::Source all;
+      std::vector<double> x(size_t(Model::B * Model::I));
+      std::vector<int64_t> y(size_t(Model::B));
+      Segment seg = ref.tape.segment();
+      NoGradGuard ng(ref.tape);
+      Tensor r = ref.h0;
+      for (int64_t t = 0; t < g.N; ++t) all.fill(x), Model::targets(t, y), r = ref.step(t, r, x, y).state;
+      EXPECT_EQ(segtape::test::values(h), segtape::test::values(r));
+    }
+  }
+  // reset(): the next stride's window starts at its own first step.
+  Model m(DType::F64), ref(DType::F64);
+  rp::Driver drv(m.tape, m.h0, {.horizon = 16, .k = 4, .stride = 8});
+  Model::Source src;
+  drv.slide(m.step_fn(src), m.h0, 8);
+  drv.reset();
+  EXPECT_EQ(drv.position(), 0);
+  Model::Source again;
+  m.zero_grad();
+  drv.slide(m.step_fn(again), m.h0, 8);
+  full_bptt_window(ref, 0, 0, 8);
+  EXPECT_LE(rel_err(m.grads(), ref.grads()), 1e-10);
+}
+
+TEST(ExactOverlap, BadStridesAreRefusedAndARunLossFromSkipsEarlierLosses) {
+  Model m(DType::F64);
+  auto made = [&](const rp::Options& o) { return segtape::test::message_of<Error>([&] { rp::Driver d(m.tape, m.h0, o); }); };
+  for (const rp::Options& o : {rp::Options{.horizon = 24, .k = 4, .stride = 6}, rp::Options{.horizon = 24, .k = 4, .stride = 28},
+                               rp::Options{.horizon = 22, .k = 4, .stride = 8}, rp::Options{.horizon = 24, .k = 4, .stride = -4}})
+    EXPECT_NE(made(o).find("overlapping windows need a stride S in [K, T] and S and T multiples of K"), std::string::npos);
+  EXPECT_NE(made({.horizon = 24, .k = 4, .schedule = rp::Schedule::Binomial, .snapshots = 2, .stride = 8}).find("uniform schedule"),
+            std::string::npos);
+  rp::Driver plain(m.tape, m.h0, {.horizon = 24, .k = 4});
+  Model::Source src;
+  EXPECT_NE(segtape::test::message_of<Error>([&] { plain.slide(m.step_fn(src), m.h0, 4); }).find("Options::stride"), std::string::npos);
+  rp::Driver drv(m.tape, m.h0, {.horizon = 24, .k = 4, .stride = 8});
+  EXPECT_NE(segtape::test::message_of<Error>([&] { drv.slide(m.step_fn(src), m.h0, 9); }).find("1 to S = 8 steps"), std::string::npos);
+  EXPECT_EQ(src.draws, 0);
+  // run() with losses_from: the window's gradient of the later steps' losses only.
+  Model ref(DType::F64);
+  m.zero_grad();
+  plain.run(m.step_fn(src), m.h0, 20, 12);
+  full_bptt_window(ref, 0, 12, 20);
+  EXPECT_LE(rel_err(m.grads(), ref.grads()), 1e-10);
+}
+
 // ---- memory
 
 TEST(ExactMemory, ReplayedSegmentsAreIdenticalStoredStatesExactNoHeapAfterTheFirstWindow) {
@@ -477,6 +589,51 @@ TEST(ExactMemory, ReplayedSegmentsAreIdenticalStoredStatesExactNoHeapAfterTheFir
   EXPECT_EQ(m.tape.stats().persistent_bytes, persistent);
   EXPECT_EQ(second.segment_peak, first.segment_peak);
   for (size_t i = 1; i < peaks.size(); ++i) EXPECT_EQ(peaks[i], peaks[1]);
+}
+
+// Overlapping windows in fixed memory: the ring is the T / K states of a
+// window (and the final state and dL/dh), made with the driver; every stride
+// of a full window replays its segments to the same high-waters, to the
+// byte (the new steps' segments, with their losses, one; the older ones,
+// run for their states, another); after the first stride, not one heap
+// allocation (the ring's input records are sized once the first stride has
+// shown a step's bytes).
+TEST(ExactMemory, OverlappingWindowsKeepTheirRingAndAllocateNothingAfterTheFirstStride) {
+  constexpr int64_t T = 48, K = 6, S = 12;
+  Model m(DType::F32);
+  const size_t before = m.tape.stats().persistent_bytes;
+  std::vector<size_t> peaks;
+  peaks.reserve(256);
+  rp::Options o{.horizon = T, .k = K, .stride = S};
+  o.on_segment = [&](int64_t, bool replay, const TapeStats& s) {
+    if (replay) peaks.push_back(s.last_segment_peak);
+  };
+  rp::Driver drv(m.tape, m.h0, o);
+  const size_t state = align_up(size_t(Model::B * Model::H) * sizeof(float));
+  EXPECT_EQ(m.tape.stats().persistent_bytes - before, (T / K + 2) * state);
+  Model::Source src;
+  const rp::StepFn step = m.step_fn(src);
+  (void)drv.slide(step, m.h0, S);
+  const size_t persistent = m.tape.stats().persistent_bytes;
+  const uint64_t heap_before = alloc_hook::count();
+  alloc_hook::enable(true);
+  for (int i = 0; i < 8; ++i) (void)drv.slide(step, drv.final_state(), S);
+  alloc_hook::enable(false);
+  EXPECT_EQ(alloc_hook::count() - heap_before, 0u) << "heap allocations after the first stride";
+  EXPECT_EQ(m.tape.stats().persistent_bytes, persistent);
+  peaks.clear();
+  (void)drv.slide(step, drv.final_state(), S);
+  const std::vector<size_t> one = peaks;
+  peaks.clear();
+  const rp::Report r = drv.slide(step, drv.final_state(), S);
+  ASSERT_EQ(peaks.size(), size_t(T / K));
+  EXPECT_EQ(peaks, one) << "another stride's replays reached other high-waters";
+  // (in reverse: the last segment unseeded, the rest of the new steps' seeded, then the older ones without losses)
+  for (size_t i = 2; i < size_t(S / K); ++i) EXPECT_EQ(peaks[i], peaks[1]) << "replay " << i;
+  for (size_t i = size_t(S / K) + 1; i < peaks.size(); ++i) EXPECT_EQ(peaks[i], peaks[size_t(S / K)]) << "replay " << i;
+  EXPECT_LT(peaks[size_t(S / K)], peaks[1]) << "an older segment's replay records no loss";
+  EXPECT_EQ(r.segment_peak, *std::max_element(peaks.begin(), peaks.end()));
+  EXPECT_EQ(r.state_bytes, (T / K + 2) * state);
 }
 
 // ---- errors, each before any parameter changes

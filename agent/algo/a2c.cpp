@@ -15,7 +15,7 @@ namespace {
 class A2c : public Algorithm {
  public:
   A2c(Context& c, HistoryRunner& h, Step& s) : Algorithm(c, h, s), cap_(c.config.history.span()) {
-    history_.prepare(c.h_home);
+    history_.prepare(c.h_home, true);
     const auto B = size_t(c.config.batch), A = size_t(step_.num_actions());
     for (auto* v : {&rewards_, &returns_}) v->assign(size_t(cap_) * B, 0.0f);
     done_.assign(size_t(cap_) * B, 0);

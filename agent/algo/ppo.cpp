@@ -89,7 +89,7 @@ Ppo::Ppo(Context& c, HistoryRunner& h, Step& s)
     seq_values_.assign(W * Bm, 0.0f), seq_returns_.assign(W * Bm, 0.0f), seq_keep_.assign(W * Bm, 1.0f);
   }
   // a history that replays stores a minibatch window's boundary states like its start state (persistent)
-  if (history_.replays()) history_.prepare(c.tape->persistent({Bm_, c.config.hidden}));
+  if (history_.replays()) history_.prepare(c.tape->persistent({Bm_, c.config.hidden}), false);
 }
 
 UpdateResult Ppo::update(int64_t remaining) {
@@ -277,7 +277,7 @@ Tensor Ppo::window_at_once(const Tensor& h0, int64_t t0, int64_t len) {
 // (surrogate + value + entropy terms, means over its steps and streams), KL
 // estimate and clip fraction, step by step.
 void Ppo::minibatch(int64_t n, std::span<const int64_t> streams, UpdateResult& r) {
-  const auto B = size_t(buf_.B), H = size_t(buf_.H), Bm = streams.size();
+  const auto B = size_t(buf_.B), Bm = streams.size();
   mb_ = streams;
   // The minibatch's advantages are normalised by their mean and standard deviation.
   double mean = 0, sq = 0;
@@ -295,11 +295,15 @@ void Ppo::minibatch(int64_t n, std::span<const int64_t> streams, UpdateResult& r
   Steps s;
   s.step = [this](Tape&, int64_t t, const Tensor& h, replay::Inputs& in) { return step(t, h, in.loss_wanted()); };
   s.sequence = [this](const Tensor& h0, int64_t t0, int64_t len) { return window_at_once(h0, t0, len); };
-  for (int64_t w = 0; w * buf_.W < n; ++w) {
-    const int64_t t0 = w * buf_.W, len = std::min(n, t0 + buf_.W) - t0;
-    for (size_t i = 0; i < Bm; ++i)
-      std::copy_n(buf_.start_state.begin() + ptrdiff_t((size_t(w) * B + size_t(streams[i])) * H), H, mb_state_.begin() + ptrdiff_t(i * H));
-    const Ran ran = history_.replay(s, mb_state_, t0, len);
+  s.state_at = [this](int64_t t) {  // the minibatch's rows of the state stored at step t
+    const auto B = size_t(buf_.B), H = size_t(buf_.H), w = size_t(t / buf_.W);
+    for (size_t i = 0; i < mb_.size(); ++i)
+      std::copy_n(buf_.start_state.begin() + ptrdiff_t((w * B + size_t(mb_[i])) * H), H, mb_state_.begin() + ptrdiff_t(i * H));
+    return std::span<const float>(mb_state_);
+  };
+  const int64_t span = c_.config.history.span();  // the steps an update learns from at once
+  for (int64_t t0 = 0; t0 < n; t0 += span) {
+    const Ran ran = history_.replay(s, t0, std::min(n, t0 + span) - t0);
     r.segment_peak = std::max(r.segment_peak, ran.segment_peak);
     r.stored_bytes = std::max(r.stored_bytes, ran.stored_bytes);
   }

@@ -3,7 +3,7 @@
 namespace segtape::agent {
 
 RolloutBuffer::RolloutBuffer(const TrainConfig& c, const EnvSpec& spec)
-    : T(c.rollout), B(c.batch), H(c.hidden), obs_dim(spec.vocab > 0 ? 0 : spec.obs_dim), W(c.history.span()) {
+    : T(c.rollout), B(c.batch), H(c.hidden), obs_dim(spec.vocab > 0 ? 0 : spec.obs_dim), W(c.history.stored_every()) {
   S = (T + W - 1) / W;
   const auto TB = size_t(T * B);
   if (spec.vocab > 0) tokens.assign(TB, 0);
@@ -17,7 +17,7 @@ RolloutBuffer::RolloutBuffer(const TrainConfig& c, const EnvSpec& spec)
 
 size_t RolloutBuffer::bytes(const TrainConfig& c, const EnvSpec& spec) {
   // per step and stream: action and token (int64), 5 floats, done, the observation vector
-  const size_t T = size_t(c.rollout), B = size_t(c.batch), H = size_t(c.hidden), W = size_t(c.history.span()), S = (T + W - 1) / W;
+  const size_t T = size_t(c.rollout), B = size_t(c.batch), H = size_t(c.hidden), W = size_t(c.history.stored_every()), S = (T + W - 1) / W;
   return T * B * (2 * 8 + 5 * 4 + 1 + size_t(spec.obs_dim) * 4) + S * B * H * 4;
 }
 

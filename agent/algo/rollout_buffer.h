@@ -16,7 +16,7 @@ struct RolloutBuffer {
   static size_t bytes(const TrainConfig& c, const EnvSpec& spec);
 
   int64_t T = 0, B = 0, H = 0, obs_dim = 0;
-  int64_t W = 0, S = 0;  // a state stored every W steps (the history's span: K, or exact's T), S of them
+  int64_t W = 0, S = 0;  // a state stored every W steps (History::stored_every: K, or exact's T), S of them
   // Row t * B + b: what stream b saw and did at step t.
   std::vector<int64_t> tokens, actions;  // tokens: token envs
   std::vector<float> vectors;            // vector envs [T, B, obs_dim]

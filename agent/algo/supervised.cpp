@@ -22,7 +22,7 @@ namespace {
 class Supervised : public Algorithm {
  public:
   Supervised(Context& c, HistoryRunner& h, Step& s) : Algorithm(c, h, s) {
-    history_.prepare(c.h_home);
+    history_.prepare(c.h_home, true);
     if (c.graph) make_graph_buffers();
   }
 

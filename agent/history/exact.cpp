@@ -17,7 +17,7 @@ class Exact : public HistoryRunner {
   // Its boundary states live in the persistent pool, shaped like the state
   // the algorithm's passes run on (made once: a run's last, shorter window
   // runs on the same ones).
-  void prepare(const Tensor& state) override {
+  void prepare(const Tensor& state, bool) override {
     const History& h = c_.config.history;
     home_ = state;
     driver_ = std::make_unique<replay::Driver>(*c_.tape, state, replay::Options{.horizon = h.horizon, .k = h.k, .on_forward = [this](const Tensor& final_state) {
@@ -39,9 +39,9 @@ class Exact : public HistoryRunner {
     return ran(rep);
   }
 
-  Ran replay(Steps& s, std::span<const float> h0, int64_t first, int64_t n) override {
+  Ran replay(Steps& s, int64_t first, int64_t n) override {
     after_forward_ = {};
-    home_.from_host(h0);
+    home_.from_host(s.state_at(first));
     return ran(window(s, home_, first, n));
   }
   bool replays() const override { return true; }

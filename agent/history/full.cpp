@@ -24,7 +24,7 @@ class Full : public HistoryRunner {
     }
     return r;
   }
-  Ran replay(Steps&, std::span<const float>, int64_t, int64_t) override {
+  Ran replay(Steps&, int64_t, int64_t) override {
     throw Error("--history full keeps its run in one growing segment; it replays nothing");
   }
 

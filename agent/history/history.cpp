@@ -47,10 +47,11 @@ Ran HistoryRunner::learn(Steps& s, int64_t n, Segment& seg, const BackwardOption
   return r;
 }
 
-Ran HistoryRunner::replay(Steps& s, std::span<const float> h0, int64_t first, int64_t n) {
+Ran HistoryRunner::replay(Steps& s, int64_t first, int64_t n) {
   Ran r;
   {
     Segment seg = c_.tape->segment();
+    const std::span<const float> h0 = s.state_at(first);
     const int64_t H = c_.config.hidden, rows = int64_t(h0.size()) / H;
     Tensor h = c_.tape->from(h0, {rows, H});
     const bool at_once = s.sequence && sequence(rows);

@@ -38,6 +38,9 @@ struct Steps {
   // Once the update's gradients are in the parameters (inside its last
   // segment, before the state is carried): the optimizer's update. Optional.
   std::function<void()> update;
+  // Replays from stored states (PPO): the host rows [rows, hidden] of the
+  // state entering step t, a multiple of History::stored_every().
+  std::function<std::span<const float>(int64_t t)> state_at;
   // The steps [first, first + n) from h at once, where a history runs them
   // as one gru_sequence (sequence()): their loss. Optional.
   std::function<Tensor(const Tensor& h, int64_t first, int64_t n)> sequence;
@@ -76,16 +79,19 @@ class HistoryRunner {
   // learns from them (backward, then s.update) and carries the state after
   // them; Context::step advances by n.
   virtual Ran run(Steps& s, int64_t n) = 0;
-  // The gradient of steps [first, first + n) run from the state h0 (host
-  // rows [rows, hidden]: PPO's minibatch windows, from the state stored at
-  // rollout time): no update, nothing carried. One segment by default.
-  virtual Ran replay(Steps& s, std::span<const float> h0, int64_t first, int64_t n);
+  // The gradient of the losses of steps [first, first + n) (PPO's
+  // minibatch windows), run from the states stored at rollout time
+  // (Steps::state_at): no update, nothing carried. One segment from the
+  // state entering `first` by default; a history reaches back as far as its
+  // windows do.
+  virtual Ran replay(Steps& s, int64_t first, int64_t n);
   // Whether run() and replay() run steps again for their gradient (the loss
   // is wanted on the replays only).
   virtual bool replays() const { return false; }
   // The state tensor the algorithm's gradient passes run on (Context::h_home,
-  // or PPO's minibatch state): a history that stores states makes them like it.
-  virtual void prepare(const Tensor& /*state*/) {}
+  // or PPO's minibatch state), and whether they are run() (live) or replay():
+  // a history that stores states makes them like it.
+  virtual void prepare(const Tensor& /*state*/, bool /*live*/) {}
   // Whether steps known before they run (Steps::sequence) run as one
   // gru_sequence for `rows` streams.
   virtual bool sequence(int64_t /*rows*/) const { return false; }

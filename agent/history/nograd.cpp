@@ -22,7 +22,7 @@ class NoGradHistory : public HistoryRunner {
     c_.h = seg.carry(c_.h);
     return r;
   }
-  Ran replay(Steps&, std::span<const float>, int64_t, int64_t) override {
+  Ran replay(Steps&, int64_t, int64_t) override {
     throw Error("--history nograd-history replays nothing");
   }
 };

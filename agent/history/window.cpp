@@ -37,7 +37,7 @@ class Window : public HistoryRunner {
     Segment seg = c_.tape->segment();
     return learn(s, n, seg);
   }
-  Ran replay(Steps&, std::span<const float>, int64_t, int64_t) override {
+  Ran replay(Steps&, int64_t, int64_t) override {
     throw Error("--history window:N carries no state to replay from");
   }
 

@@ -42,6 +42,10 @@ struct Options {
   Schedule schedule = Schedule::Uniform;
   int64_t snapshots = 0;                  // Binomial: states stored besides the window's start (>= 1)
   bool verify = true;                     // check every recomputed boundary state bit for bit
+  // > 0: overlapping windows (slide(); Williams and Peng's BPTT(T; S)): the
+  // steps come S at a time, and each stride's losses get their gradient
+  // through the last T steps. S and T multiples of K, S <= T; uniform schedule.
+  int64_t stride = 0;
   // Called after each segment the window runs, with the unit (K-step block)
   // it ran, whether it recorded the gradient (a replay) or not (a forward
   // advance), and the tape's stats then (last_segment_peak: its high-water).
@@ -82,7 +86,7 @@ class Inputs {
       produce(std::span<T>(v, n));
       return {v, n};
     }
-    std::vector<std::byte>& rec = steps_[size_t(step_)];
+    std::vector<std::byte>& rec = steps_[size_t(slot_)];
     if (recording_) {
       const size_t at = rec.size();
       rec.resize(at + bytes);
@@ -104,22 +108,28 @@ class Inputs {
   bool replaying() const { return !recording_; }
   // Whether this pass uses the step's loss: a live step's, and a replayed
   // one's (the driver's forward pass ignores losses: a step may leave its
-  // loss out there and save the work).
-  bool loss_wanted() const { return live_ || !recording_; }
+  // loss out there and save the work), except, under overlapping windows,
+  // a step an earlier stride has learned from.
+  bool loss_wanted() const { return live_ || (!recording_ && wanted_); }
   size_t bytes() const;  // stored bytes of this window
 
  private:
   friend class Driver;
-  void begin(int64_t step, bool first_time);
+  // Step `step`'s inputs, kept at `slot` (its index in the record; -1: step).
+  void begin(int64_t step, bool first_time, bool wanted = true, int64_t slot = -1);
   void end();
+  // Every step's record holds at least the largest of steps [first, last)
+  // without growing (overlapping windows: the ring sized by its first stride).
+  void reserve_like(int64_t first, int64_t last);
   [[noreturn]] void mismatch(size_t n, size_t size) const;
   [[noreturn]] void too_many(size_t n, size_t size) const;
   std::vector<std::vector<std::byte>> steps_;  // per step: its inputs, in take() order (capacity kept across windows)
   std::vector<std::byte> scratch_;             // the values handed out (aligned for any T by std::vector's allocator)
-  int64_t step_ = 0;
+  int64_t step_ = 0, slot_ = 0;                // the step running (messages name it) and where its inputs are
   size_t cursor_ = 0;
   bool recording_ = true;
   bool live_ = false;
+  bool wanted_ = true;
 };
 
 // One step: the state leaving it, and its loss (one element; undefined for a
@@ -170,11 +180,28 @@ class Driver {
   // The same for a shorter window of `steps` in [1, T] (a run's last,
   // partial one), on the states this driver holds: no new driver, no more
   // memory. Its segments are the first ceil(steps / K) of the window's.
-  Report run(const StepFn& step, const Tensor& state, int64_t steps);
+  // losses_from: the steps before it are run for their states only (their
+  // losses are not wanted: Inputs::loss_wanted), the gradient is of the
+  // losses of the steps from it on.
+  Report run(const StepFn& step, const Tensor& state, int64_t steps, int64_t losses_from = 0);
 
   // The state after the last window's steps (persistent, overwritten by the next run).
   const Tensor& final_state() const { return final_; }
   const Options& options() const { return o_; }
+  // Overlapping windows (Options::stride): runs the next `steps` (<= S) of
+  // the run from `state`, forward without a gradient, keeping their inputs
+  // and the states at their segment boundaries in a ring of the last T
+  // steps; then replays the segments of the window of the last T steps
+  // ending there (fewer at the run's start, or after reset()) in reverse, so
+  // that the gradients of these steps' losses reach back through the whole
+  // window: exactly those of one segment over the window whose loss is
+  // theirs. Memory: one K-step segment, T / K states, T steps' inputs.
+  Report slide(const StepFn& step, const Tensor& state, int64_t steps);
+  // The next slide() starts a new history: its window begins at its steps.
+  void reset() { slid_ = base_ = 0; }
+  // slide: the steps since the history started (the next slide's first step, as its steps count them).
+  int64_t position() const { return (slid_ - base_) % o_.k ? 0 : slid_ - base_; }
+
   // Step evaluations a window costs under this schedule (T for the forward
   // pass plus every replay), without running it; of a window of `steps` in [1, T].
   int64_t planned_steps() const { return planned_steps(o_.horizon); }
@@ -189,14 +216,27 @@ class Driver {
   int64_t units_of(int64_t steps) const { return (steps - 1) / o_.k + 1; }  // (steps + k - 1 overflowed for a K near 2^63)
   void check_window(int64_t steps) const;  // 1 <= steps <= T, else an Error
   int64_t snapshots_for(int64_t units) const { return std::min(o_.snapshots, units - 1); }
-  // Runs unit u from `from` with no gradient (one segment) and copies the
-  // resulting state into `into` (a stored state, or the work state).
+  // A segment of steps [begin, end) and the boundary after it (check_state's
+  // index); its steps' inputs at `at` + (t - begin) (run: the window's own
+  // indices; slide: the ring's); with their losses from step `wanted` on.
+  struct Pass {
+    Unit un;
+    int64_t boundary, at, wanted = 0;
+  };
+  // Runs a segment from `from` with no gradient and copies the resulting
+  // state into `into` (a stored state, or the work state).
+  void advance(const StepFn& step, int64_t u, const Pass& p, const Tensor& from, const Tensor& into, Report& r);
   void advance(const StepFn& step, int64_t u, const Tensor& from, const Tensor& into, Report& r);
-  // Replays unit u from `from` with its gradient recorded, seeded with dh_
-  // at its end, and leaves dL/d(state entering it) in dh_.
+  // Replays a segment from `from` with its gradient recorded, seeded with
+  // dh_ at its end, and leaves dL/d(state entering it) in dh_; `last`: its
+  // state is the window's final one.
+  void reverse_unit(const StepFn& step, int64_t u, const Pass& p, const Tensor& from, bool last, Report& r);
   void reverse_unit(const StepFn& step, int64_t u, const Tensor& from, Report& r);
+  void enter(const Tensor& state, const char* call);  // refuses a window that cannot start
   int64_t split(int64_t n, int64_t c) const;  // units to advance before the next snapshot
-  void check_state(int64_t boundary, const Tensor& h);  // verify, or remember, the state at a boundary
+  // Verifies, or remembers, the state at a boundary (the index of its hash),
+  // named in a message by the segment `u` that computed it, steps `un`.
+  void check_state(int64_t boundary, const Tensor& h, int64_t u, const Unit& un);
   void check_step(int64_t t, const StepResult& s) const;  // a state like the driver's; a one-element loss
   void note_segment(Report& r, int64_t u, bool replay) const;
 
@@ -217,6 +257,9 @@ class Driver {
   std::vector<uint8_t> ran_;        // per step: it has run this window (its inputs are recorded)
   std::vector<std::byte> host_;     // a state's bytes on the host, for hashing
   std::vector<int32_t> split_;      // binomial: the optimal first advance for (n units, c snapshots)
+  int64_t base_ = 0, slid_ = 0;     // slide: where the ring's history starts, and the steps slid so far
+  int64_t wanted_ = 0;              // run: the first step whose loss is wanted
+  bool reserved_ = false;           // slide: the ring's records are sized
 };
 
 }  // namespace segtape::replay

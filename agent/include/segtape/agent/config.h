@@ -43,8 +43,11 @@ struct History {
   // "exact:K/T", ...: an Error naming --history and the choices otherwise.
   static History parse(const std::string& s);
   std::string str() const;
-  // Steps one update runs: K, or exact's T.
-  int64_t span() const;
+  // Steps one update runs: K, exact's T, or the stride of overlapping windows.
+  int64_t span() const { return stride > 0 ? stride : horizon > 0 ? horizon : k; }
+  // Steps between the states PPO's rollout stores for its replays: an
+  // update's, or K where windows overlap (a window may start at any segment).
+  int64_t stored_every() const { return stride > 0 ? k : span(); }
   // The history's own choices, for the messages that list them ("tbptt:K, detach, ...").
   static std::string choices();
 };
