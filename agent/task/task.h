@@ -15,10 +15,11 @@
 namespace segtape::agent {
 
 // X(name, factory): `segtape train --env name`.
-#define SEGTAPE_TASKS(X)      \
-  X("recall", recall_task)    \
-  X("tmaze", tmaze_task)      \
-  X("dialogue", dialogue_task)
+#define SEGTAPE_TASKS(X)                \
+  X("recall", recall_task)              \
+  X("tmaze", tmaze_task)                \
+  X("dialogue", dialogue_task)          \
+  /* (the list ends here) */
 
 #define SEGTAPE_DECLARE(N, F) std::unique_ptr<Env> F(int64_t batch, uint64_t seed, const EnvOptions& o);
 SEGTAPE_TASKS(SEGTAPE_DECLARE)

@@ -14,19 +14,22 @@
 namespace segtape::agent {
 
 // How a segment's steps are run and cut (--history), one file each in
-// agent/history/: X(Kind, name).
-#define SEGTAPE_HISTORIES(X) \
-  X(Tbptt, "tbptt")          \
-  X(Full, "full")            \
-  X(Window, "window")        \
-  X(NoGradHistory, "nograd-history") \
-  X(Exact, "exact")
+// agent/history/: X(Kind, name), a line each.
+#define SEGTAPE_HISTORIES(X)            \
+  X(Tbptt, "tbptt")                     \
+  X(Full, "full")                       \
+  X(Window, "window")                   \
+  X(NoGradHistory, "nograd-history")    \
+  X(Exact, "exact")                     \
+  /* (the list ends here) */
 
-// What is learned from the steps (--algo), one file each in agent/algo/: X(Kind, name).
-#define SEGTAPE_ALGORITHMS(X) \
-  X(Supervised, "supervised") \
-  X(A2c, "a2c")               \
-  X(Ppo, "ppo")
+// What is learned from the steps (--algo), one file each in agent/algo/:
+// X(Kind, name), a line each.
+#define SEGTAPE_ALGORITHMS(X)           \
+  X(Supervised, "supervised")           \
+  X(A2c, "a2c")                         \
+  X(Ppo, "ppo")                         \
+  /* (the list ends here) */
 
 // --history, parsed: which history and its numbers. The text each history
 // takes ("tbptt:K", "exact:K/T", ...) is its file's (agent/history/).
