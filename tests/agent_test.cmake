@@ -1,4 +1,4 @@
-segtape_test(agent_test SOURCES agent_test.cpp LABELS agent LIBS segtape_agent)
+segtape_test(agent_test SOURCES agent_test.cpp alloc_hook.cpp LABELS agent LIBS segtape_agent)
 target_compile_definitions(agent_test PRIVATE SEGTAPE_BIN="$<TARGET_FILE:segtape>")
 add_dependencies(agent_test segtape)
 if(TARGET segtape_torch_lab)  # the lab's LibTorch module: the program loads it (Cli.RetentionLabLoadsItsLibTorchModule)

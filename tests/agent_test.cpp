@@ -24,6 +24,7 @@
 #include "segtape/agent/trainer.h"
 #include "segtape/nn/safetensors.h"
 
+#include "alloc_hook.h"
 #include "process.h"
 #include "seam.h"
 
@@ -504,6 +505,64 @@ TEST(History, ExactEqualsAFullWindowSegmentAtTheMemoryOfK) {
   while (!second.done()) second.run_segment();
   EXPECT_EQ(params_of(straight), params_of(second));
   fs::remove_all(dir);
+}
+
+// overlap:K/T/S (agent/history/overlap.cpp): an update every S steps with
+// the gradient of those steps' losses through the last T steps. With S = T
+// the windows do not overlap: exact:K/T's training, bit for bit, for the
+// supervised algorithm, A2C and PPO (steps and rollouts whole windows).
+// Windows that overlap: every update of S steps replays the window's T
+// steps after their T steps forward (2 T step evaluations), at the segment
+// peak of exact:K/T; once the windows are full, every update reaches the
+// same high-water and allocates nothing on the heap. Bad strides are
+// refused by --history, before anything runs.
+TEST(History, OverlappingWindowsUpdateEveryStrideInTheMemoryOfExact) {
+  for (const auto& [env, ppo] : {std::pair{"recall", false}, std::pair{"tmaze", false}, std::pair{"tmaze", true}}) {
+    SCOPED_TRACE(std::string(env) + (ppo ? " ppo" : ""));
+    TrainConfig co = small(env, "overlap:4/16/16", 16 * 6), ce = small(env, "exact:4/16", 16 * 6);
+    if (ppo)
+      for (TrainConfig* c : {&co, &ce}) c->algo = Algo::Ppo, c->rollout = 32, c->epochs = 2, c->minibatches = 2;
+    Trainer overlap(co), exact(ce);
+    while (!exact.done()) {
+      const UpdateResult a = overlap.run_segment(), b = exact.run_segment();
+      EXPECT_EQ(a.loss_sum, b.loss_sum);
+      EXPECT_EQ(a.steps_run, b.steps_run);
+    }
+    EXPECT_TRUE(overlap.done());
+    EXPECT_EQ(params_of(overlap), params_of(exact));
+  }
+  TrainConfig c = small("recall", "overlap:4/16/8", 8 * 12);
+  Trainer tr(c), ex(small("recall", "exact:4/16", 16 * 6));
+  size_t exact_peak = 0;
+  while (!ex.done()) exact_peak = std::max(exact_peak, ex.run_segment().segment_peak);
+  const UpdateResult first = tr.run_segment();
+  EXPECT_EQ(first.steps, 8);
+  EXPECT_EQ(first.steps_run, 2 * 8) << "the first window: its 8 steps";
+  (void)tr.run_segment();  // the windows are full from here on
+  const UpdateResult full = tr.run_segment();
+  EXPECT_EQ(full.steps_run, 2 * 16) << "16 steps forward, 16 replayed";
+  EXPECT_LE(full.segment_peak, exact_peak + 4096);
+  std::vector<size_t> peaks;
+  peaks.reserve(16);
+  const uint64_t heap = alloc_hook::count();
+  alloc_hook::enable(true);
+  for (int i = 0; i < 4; ++i) peaks.push_back(tr.run_segment().segment_peak);
+  alloc_hook::enable(false);
+  EXPECT_EQ(alloc_hook::count() - heap, 0u) << "heap allocations in an update once the windows are full";
+  for (const size_t p : peaks) EXPECT_EQ(p, full.segment_peak);
+  for (const auto& [text, says] : {std::pair{"overlap:4/16/6", "S = 6 must be a multiple of K = 4"},
+                                   std::pair{"overlap:4/16/32", "S = 32 is more than T = 16"},
+                                   std::pair{"overlap:4/16/0", "--history overlap:4/16/0: S must be an integer in [1, 1000000]"},
+                                   std::pair{"overlap:4/18/4", "T = 18 must be a multiple of K = 4"},
+                                   std::pair{"overlap:4", "give overlap:K/T/S"}}) {
+    try {
+      (void)History::parse(text);
+      ADD_FAILURE() << text << " was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(History::parse("overlap:4/16").str(), "overlap:4/16/4");
 }
 
 // Episode resets inside a segment (reset_finished, policy.h): streams that

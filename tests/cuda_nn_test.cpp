@@ -524,6 +524,47 @@ TEST(CudaAgent, PpoMatchesTheCpuWithFixedDeviceMemory) {
     }
 }
 
+// --history overlap:K/T/S on the device (the host-emulated one in CI):
+// supervised, A2C and PPO train as on the CPU (bit for bit on the emulated
+// device, whose ops are the CPU's; within float rounding on a GPU), the ring
+// of the window's states in the measured persistent pool, no device
+// allocation once the windows are full.
+TEST(CudaAgent, OverlappingWindowsMatchTheCpuWithFixedDeviceMemory) {
+  REQUIRE_GPU();
+  const double tol = kEmulated ? 0.0 : 1e-4;
+  for (const auto& [env, ppo] : {std::pair{"recall", false}, std::pair{"tmaze", false}, std::pair{"tmaze", true}}) {
+    SCOPED_TRACE(std::string(env) + (ppo ? " ppo" : ""));
+    auto config = [&](const char* device) {
+      agent::TrainConfig c = recall_config(device);
+      c.env = env;
+      c.env_options.corridor = 4;
+      c.history = agent::History::parse("overlap:4/16/8");
+      c.steps = 8 * 12;
+      if (ppo) c.algo = agent::Algo::Ppo, c.rollout = 24, c.epochs = 2, c.minibatches = 2, c.steps = 24 * 4;
+      return c;
+    };
+    agent::Trainer cpu(config("cpu")), gpu(config("cuda"));
+    uint64_t allocs = 0;
+    for (int s = 0; !gpu.done(); ++s) {
+      const agent::UpdateResult rc = cpu.run_segment(), rg = gpu.run_segment();
+      ASSERT_EQ(rg.steps, rc.steps);
+      EXPECT_NEAR(rg.loss_sum, rc.loss_sum, tol * std::max(1.0, std::fabs(rc.loss_sum))) << "update " << s;
+      EXPECT_EQ(rg.steps_run, rc.steps_run) << "update " << s;
+      if (s == 2) allocs = memory::device_allocations();
+      if (s > 2) {
+        EXPECT_EQ(memory::device_allocations(), allocs) << "device allocation in update " << s;
+      }
+    }
+    EXPECT_LE(gpu.tape().stats().persistent_bytes, gpu.tape().options().device_persistent);
+    const auto a = cpu.policy().named_parameters(), b = gpu.policy().named_parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      const std::vector<float> x = a[i].second.to_host<float>(), y = b[i].second.to_host<float>();
+      for (size_t j = 0; j < x.size(); ++j) ASSERT_NEAR(x[j], y[j], tol * std::max(1.0f, std::fabs(x[j]))) << a[i].first;
+    }
+  }
+}
+
 // A device's persistent pool is measured (a counting pass over the real
 // model on a CPU tape), not guessed: after the constructor it holds exactly
 // what the trainer made, for each env kind and history, and the run makes

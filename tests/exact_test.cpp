@@ -441,41 +441,45 @@ TEST(ExactSchedule, BinomialIsRevolvesOptimum) {
 // ---- overlapping windows (Options::stride, Driver::slide)
 
 namespace {
-// One segment of full BPTT over steps [w0, e) from the state the steps before
-// w0 leave (the same draws in step order), the loss of steps [q, e) only:
-// what a stride of overlapping windows must equal.
-void full_bptt_window(Model& m, int64_t w0, int64_t q, int64_t e) {
-  Model::Source src;
-  std::vector<double> x(size_t(Model::B * Model::I));
+// One segment of full BPTT over steps [w0, e) from the state `start` with
+// the steps' inputs xs (targets by step), the loss of steps [q, e) only;
+// states[t + 1] gets the state after step t (the next windows start there).
+void full_bptt_window(Model& m, const std::vector<std::vector<double>>& xs, const Tensor& start, int64_t w0, int64_t q, int64_t e,
+                      std::vector<std::vector<double>>& states) {
   std::vector<int64_t> y(size_t(Model::B));
-  Tensor start = m.tape.persistent({Model::B, Model::H}, m.dtype);
-  {
-    Segment seg = m.tape.segment();
-    NoGradGuard ng(m.tape);
-    Tensor h = m.h0;
-    for (int64_t t = 0; t < w0; ++t) src.fill(x), Model::targets(t, y), h = m.step(t, h, x, y).state;
-    copy_into(start, h);
-  }
   Segment seg = m.tape.segment();
   Tensor h = start, loss;
   for (int64_t t = w0; t < e; ++t, m.tape.next_step()) {
-    src.fill(x);
     Model::targets(t, y);
-    const rp::StepResult s = m.step(t, h, x, y);
+    const rp::StepResult s = m.step(t, h, xs[size_t(t)], y);
     h = s.state;
+    states[size_t(t + 1)] = segtape::test::values(h);
     if (t >= q && s.loss.defined()) loss = loss.defined() ? add(loss, s.loss) : s.loss;
   }
   if (loss.defined()) seg.backward(loss);
 }
+
+// p -= lr * dL/dp for every parameter, and the gradients zeroed.
+void sgd(Model& m, double lr) {
+  for (const Tensor& p : m.params()) {
+    std::vector<double> v = segtape::test::values(p);
+    const std::vector<double> g = segtape::test::values(p.grad_tensor());
+    for (size_t i = 0; i < v.size(); ++i) v[i] -= lr * g[i];
+    m.set(p, v);
+  }
+  m.zero_grad();
+}
 }  // namespace
 
 // Every stride of S steps gets the gradient of its steps' losses through the
-// window of the last T steps ending there (fewer at the start): that of one
-// segment of full BPTT over the window with their loss, in float64 to
-// 1e-10 and float32 to 1e-5; each step's inputs drawn once; the state the
-// driver hands on is the forward pass's. S a multiple of K up to T; the
-// run's last stride shorter; after reset() a new history starts.
-TEST(ExactOverlap, EachStrideEqualsFullBpttOverItsWindow) {
+// window of the last T steps ending with them (fewer at the start): that of
+// one segment of full BPTT over the window, from the state the stride before
+// computed at its start, with the weights as they are now (an SGD step
+// between strides changes them), in float64 to 1e-10 and float32 to 1e-5;
+// each step's inputs drawn once; the state the driver hands on is the
+// window's forward pass's. S a multiple of K up to T; the run's last stride
+// shorter; after reset() a new history starts.
+TEST(ExactOverlap, EachStrideEqualsFullBpttOverItsWindowWithTheWeightsOfNow) {
   struct G {
     int64_t T, K, S, N;
   };
@@ -485,33 +489,29 @@ TEST(ExactOverlap, EachStrideEqualsFullBpttOverItsWindow) {
                    (d == DType::F64 ? " f64" : " f32"));
       Model m(d), ref(d);
       rp::Driver drv(m.tape, m.h0, {.horizon = g.T, .k = g.K, .stride = g.S});
-      Model::Source src;
+      Model::Source src, same;
+      std::vector<std::vector<double>> xs(size_t(g.N), std::vector<double>(size_t(Model::B * Model::I)));
+      for (auto& x : xs) same.fill(x);
+      std::vector<std::vector<double>> states(size_t(g.N + 1));
+      states[0] = segtape::test::values(ref.h0);
+      const Tensor start = ref.tape.persistent({Model::B, Model::H}, d);
       const rp::StepFn step = m.step_fn(src);
       Tensor h = m.h0;
       for (int64_t q = 0; q < g.N; q += g.S) {
         const int64_t n = std::min(g.S, g.N - q), e = q + n;
         ASSERT_EQ(drv.position(), q);
-        m.zero_grad();
         const rp::Report r = drv.slide(step, h, n);
         h = drv.final_state();
         const int64_t w0 = std::max<int64_t>(0, e - g.T + g.K - 1) / g.K * g.K;
         EXPECT_EQ(r.segments, (e + g.K - 1) / g.K - w0 / g.K);
-        EXPECT_EQ(r.steps_run, n + (e - w0)) << "the new steps forward, the window replayed";
-        ref.zero_grad();
-        full_bptt_window(ref, w0, q, e);
+        EXPECT_EQ(r.steps_run, 2 * (e - w0)) << "the window forward, then replayed";
+        ref.set(start, states[size_t(w0)]);
+        full_bptt_window(ref, xs, start, w0, q, e, states);
         EXPECT_LE(rel_err(m.grads(), ref.grads()), d == DType::F64 ? 1e-10 : 1e-5) << "stride ending at " << e;
+        EXPECT_LE(rel_err(segtape::test::values(h), states[size_t(e)]), d == DType::F64 ? 1e-12 : 1e-6);
+        sgd(m, 0.05), sgd(ref, 0.05);
       }
       EXPECT_EQ(src.draws, g.N) << "each step's inputs drawn once";
-      // The state handed on is the forward pass's: full BPTT over all N steps ends there.
-      ref.zero_grad();
-      Model::Source all;
-      std::vector<double> x(size_t(Model::B * Model::I));
-      std::vector<int64_t> y(size_t(Model::B));
-      Segment seg = ref.tape.segment();
-      NoGradGuard ng(ref.tape);
-      Tensor r = ref.h0;
-      for (int64_t t = 0; t < g.N; ++t) all.fill(x), Model::targets(t, y), r = ref.step(t, r, x, y).state;
-      EXPECT_EQ(segtape::test::values(h), segtape::test::values(r));
     }
   }
   // reset(): the next stride's window starts at its own first step.
@@ -521,10 +521,12 @@ TEST(ExactOverlap, EachStrideEqualsFullBpttOverItsWindow) {
   drv.slide(m.step_fn(src), m.h0, 8);
   drv.reset();
   EXPECT_EQ(drv.position(), 0);
-  Model::Source again;
   m.zero_grad();
+  Model::Source again, same;
   drv.slide(m.step_fn(again), m.h0, 8);
-  full_bptt_window(ref, 0, 0, 8);
+  std::vector<std::vector<double>> xs(8, std::vector<double>(size_t(Model::B * Model::I))), states(9);
+  for (auto& x : xs) same.fill(x);
+  full_bptt_window(ref, xs, ref.h0, 0, 0, 8, states);
   EXPECT_LE(rel_err(m.grads(), ref.grads()), 1e-10);
 }
 
@@ -545,8 +547,11 @@ TEST(ExactOverlap, BadStridesAreRefusedAndARunLossFromSkipsEarlierLosses) {
   // run() with losses_from: the window's gradient of the later steps' losses only.
   Model ref(DType::F64);
   m.zero_grad();
+  Model::Source same;
+  std::vector<std::vector<double>> xs(20, std::vector<double>(size_t(Model::B * Model::I))), states(21);
+  for (auto& x : xs) same.fill(x);
   plain.run(m.step_fn(src), m.h0, 20, 12);
-  full_bptt_window(ref, 0, 12, 20);
+  full_bptt_window(ref, xs, ref.h0, 0, 12, 20, states);
   EXPECT_LE(rel_err(m.grads(), ref.grads()), 1e-10);
 }
 

@@ -62,7 +62,7 @@ TrainConfig base(const std::string& env, const std::string& history) {
 
 std::vector<Case> cases() {
   std::vector<Case> v;
-  const char* histories[] = {"tbptt:16", "detach", "window:4", "full", "nograd-history", "exact:8/32"};
+  const char* histories[] = {"tbptt:16", "detach", "window:4", "full", "nograd-history", "exact:8/32", "overlap:8/32/16"};
   for (bool emulated : {false, true}) {
     const std::string dev = emulated ? "emulated_" : "cpu_";
     for (const char* h : histories) {
@@ -77,7 +77,7 @@ std::vector<Case> cases() {
                      c.steps = 160;
                    }});
     }
-    for (const char* h : {"tbptt:8", "detach", "exact:8/16"}) {
+    for (const char* h : {"tbptt:8", "detach", "exact:8/16", "overlap:8/16/8"}) {
       const std::string hs = h;
       const std::string id = hs.substr(0, hs.find(':'));
       v.push_back({dev + "ppo_" + id, emulated, [hs](TrainConfig& c) {

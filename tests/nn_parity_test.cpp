@@ -184,6 +184,52 @@ TEST_F(NnParity, ExactBpttByReplayEqualsLibTorchFullBptt) {
   }
 }
 
+// Overlapping windows (replay::Driver::slide, --history overlap:K/T/S)
+// against LibTorch: every stride's gradients equal LibTorch's full BPTT over
+// its window (the last T steps, from the state LibTorch's forward reaches at
+// the window's start), whose loss is the stride's S steps'.
+TEST_F(NnParity, OverlappingWindowsEqualLibTorchFullBpttOverEachWindow) {
+  Worst w{"overlapping_windows"};
+  constexpr int64_t T = 48, K = 8, S = 16, N = 120;
+  const Data d(N, 5);
+  Theirs theirs;
+  Tape tape;
+  nn::Rng rng(3);
+  Ours ours(tape, rng);
+  copy_weights(ours, theirs);
+  ASSERT_FALSE(HasFatalFailure());
+  Tensor h0 = tape.persistent({B, H});
+  h0.from_host(std::span<const float>(d.h0));
+  const replay::StepFn step = [&](Tape& t, int64_t s, const Tensor& h, replay::Inputs&) {
+    Tensor h1 = ours.cell(t.from(d.xt(s), {B, I}), h);
+    return replay::StepResult{h1, nn::cross_entropy(ours.head(h1), t.from(d.yt(s), {B}))};
+  };
+  replay::Driver drv(tape, h0, {.horizon = T, .k = K, .stride = S});
+  Tensor h = h0;
+  for (int64_t q = 0; q < N; q += S) {
+    const int64_t n = std::min(S, N - q), e = q + n, w0 = std::max<int64_t>(0, e - T + K - 1) / K * K;
+    SCOPED_TRACE("stride ending at " + std::to_string(e));
+    tape.zero_grad();
+    theirs.zero_grad();
+    const replay::Report r = drv.slide(step, h, n);
+    h = drv.final_state();
+    TT th = torch::from_blob(const_cast<float*>(d.h0.data()), {B, H}, torch::kFloat).clone(), loss;
+    {
+      torch::NoGradGuard ng;
+      for (int64_t t = 0; t < w0; ++t) th = theirs.cell(torch::from_blob(const_cast<float*>(d.xt(t).data()), {B, I}, torch::kFloat), th);
+    }
+    for (int64_t t = w0; t < e; ++t) {
+      th = theirs.cell(torch::from_blob(const_cast<float*>(d.xt(t).data()), {B, I}, torch::kFloat), th);
+      if (t < q) continue;
+      TT l = torch::nn::functional::cross_entropy(theirs.head(th), torch::from_blob(const_cast<int64_t*>(d.yt(t).data()), {B}, torch::kLong));
+      loss = loss.defined() ? loss + l : l;
+    }
+    loss.backward();
+    w.add("loss", {r.loss}, tvals(loss));
+    compare_params(w, ours, theirs, true);
+  }
+}
+
 TEST_F(NnParity, EmbeddingLinearRank3) {
   Worst w{"embedding_linear"};
   Tape tape;

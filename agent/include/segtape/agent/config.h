@@ -21,6 +21,7 @@ namespace segtape::agent {
   X(Window, "window")                   \
   X(NoGradHistory, "nograd-history")    \
   X(Exact, "exact")                     \
+  X(Overlap, "overlap")                 \
   /* (the list ends here) */
 
 // What is learned from the steps (--algo), one file each in agent/algo/:
