@@ -229,7 +229,7 @@ void Driver::advance(const StepFn& step, int64_t u, const Pass& p, const Tensor&
     Tensor h = from;
     for (int64_t t = p.un.begin; t < p.un.end; ++t, tape_.next_step()) {
       const auto at = size_t(p.at + t - p.un.begin);
-      inputs_.begin(t, !ran_[at], true, int64_t(at));
+      inputs_.begin(t, !ran_[at], false, int64_t(at));  // (a forward pass uses no loss)
       const StepResult res = step(tape_, t, h, inputs_);
       check_step(t, res);
       h = res.state;
@@ -357,7 +357,7 @@ Report Driver::slide(const StepFn& step, const Tensor& state, int64_t steps) {
   const int64_t K = o_.k, T = o_.horizon, R = units_;  // the ring: T / K segments' states, T steps' inputs
   if ((slid_ - base_) % K != 0) base_ = slid_;  // (a shorter stride ended inside a segment: a new history starts)
   // Steps counted from base_: the new ones [q, e); the window [w0, e), its
-  // segments [a0, a1), the new steps' [an, a1).
+  // segments [a0, a1), the new steps' from an.
   const int64_t q = slid_ - base_, e = q + steps, w0 = std::max<int64_t>(0, e - T + K - 1) / K * K;
   const int64_t a0 = w0 / K, an = q / K, a1 = (e + K - 1) / K;
   Report r;
@@ -368,11 +368,12 @@ Report Driver::slide(const StepFn& step, const Tensor& state, int64_t steps) {
   const auto unit_of = [&](int64_t a) { return Unit{a * K, std::min(e, (a + 1) * K)}; };
   const auto after = [&](int64_t a) { return a + 1 == a1 ? R : (a + 1) % R; };  // the boundary after segment a (R: final_)
   const auto pass = [&](int64_t a) { return Pass{unit_of(a), after(a), unit_of(a).begin % T, q}; };
-  copy_into(slots_[size_t(an % R)], state);
-  known_[size_t(an % R)] = 0;
-  check_state(an % R, slots_[size_t(an % R)], -1, {});
-  for (int64_t a = an; a < a1; ++a) {  // the new steps, forward
-    known_[size_t(after(a))] = 0;
+  // The window forward with the weights as they are now, from the state the
+  // last stride computed at its start (a new history: from `state`): the
+  // older steps again from their records, the new ones for the first time.
+  if (a0 == an) copy_into(slots_[size_t(a0 % R)], state);
+  for (int64_t a = a0; a < a1; ++a) {
+    known_[size_t(after(a))] = 0;  // (each boundary computed anew)
     advance(step, a, pass(a), slots_[size_t(a % R)], a + 1 == a1 ? final_ : slots_[size_t((a + 1) % R)], r);
   }
   if (!reserved_) {  // (the first stride: every step of the ring takes as many bytes as its steps did)

@@ -188,14 +188,19 @@ class Driver {
   // The state after the last window's steps (persistent, overwritten by the next run).
   const Tensor& final_state() const { return final_; }
   const Options& options() const { return o_; }
-  // Overlapping windows (Options::stride): runs the next `steps` (<= S) of
-  // the run from `state`, forward without a gradient, keeping their inputs
-  // and the states at their segment boundaries in a ring of the last T
-  // steps; then replays the segments of the window of the last T steps
-  // ending there (fewer at the run's start, or after reset()) in reverse, so
-  // that the gradients of these steps' losses reach back through the whole
-  // window: exactly those of one segment over the window whose loss is
-  // theirs. Memory: one K-step segment, T / K states, T steps' inputs.
+  // Overlapping windows (Options::stride): the next `steps` (<= S) of the
+  // run, with the gradient of their losses through the window of the last T
+  // steps ending with them (fewer at the run's start, or after reset()): that
+  // of one segment of full BPTT over the window, from the state at its start,
+  // with the weights as they are now, whose loss is these steps'. The window
+  // runs forward (its older steps again, from their records, the new ones for
+  // the first time: their inputs and the states at its segment boundaries go
+  // into a ring of the last T steps), then its segments are replayed in
+  // reverse. The state at the window's start is the one the stride before
+  // computed there; `state` is the state entering the first stride of a
+  // history (later: the stride before's final state, which is checked).
+  // Memory: one K-step segment, T / K states, T steps' inputs; T steps
+  // forward and T replayed per stride.
   Report slide(const StepFn& step, const Tensor& state, int64_t steps);
   // The next slide() starts a new history: its window begins at its steps.
   void reset() { slid_ = base_ = 0; }
