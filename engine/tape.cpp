@@ -7,7 +7,6 @@
 
 #include "backend.h"
 #include "segtape/emulation.h"
-#include "ops/op.h"
 #include "tape_internals.h"
 
 namespace segtape {
@@ -78,8 +77,6 @@ Tape::Tape(Device device, TapeOptions options)
                    pool_memory(backend_.get(), device_pools() ? "carry buffer (TapeOptions::device_carry)" : "carry buffer"))},
       scratch_(device_pools() ? options.device_workspace : size_t(64) << 10, !device_pools(), 0,
                pool_memory(backend_.get(), device_pools() ? "op workspace (TapeOptions::device_workspace)" : "op workspace")),
-      gru_batch_(std::make_unique<detail::GruBatch>()),
-      packed_(std::make_unique<detail::PackedWeights>()),
       free_(std::make_unique<detail::FreeList>()) {
   // Nodes count against the budget: never reserve more than it can hold.
   // (SIZE_MAX reached vector::reserve's length_error, naming nothing; the array grows past the reserve when it must)
@@ -119,7 +116,6 @@ Segment Tape::open_segment(bool graph) {
   grad_bytes_ = 0;
   released_any_ = false;
   writes_.clear();
-  detail::clear_packed(*this);
   return Segment(this);
 }
 
@@ -324,7 +320,7 @@ TapeStats Tape::stats() const {
   s.node_peak_bytes = node_peak_;
   s.persistent_bytes = pool_.used();
   s.carry_bytes = carry_[0].used() + carry_[1].used();
-  s.workspace_bytes = scratch_.reserved() + gru_batch_->buffers.reserved() + packed_->buffers.reserved();
+  s.workspace_bytes = scratch_.reserved() + backend_->workspace_bytes();
   s.system_allocations = memory::system_allocations();
   s.segment_index = seg_index_;
   s.step = step_;
@@ -484,8 +480,7 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
     else backend_->fill(g0, 1, root.dtype, 1.0);
   }
 
-  detail::prepare_gru_batch(*this, last);
-  detail::clear_packed(*this);  // the forward pass's packed weights; backward packs its own orientation
+  backend_->backward_begin(*this, last);
   for (int64_t i = last; i >= 0; --i) {
     if (!grads[i]) continue;
     if (nodes_[i].op == OpKind::Input) {  // an input() leaf: its gradient is kept for grad(), not freed
@@ -507,8 +502,7 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
     free_->put(grads[i], align_up(n.out.nbytes()));
     grads[i] = nullptr;
   }
-  detail::flush_gru_batch(*this);
-  detail::clear_packed(*this);  // an optimizer step may follow
+  backend_->backward_end(*this);
 }
 
 Tensor Tape::input(const Tensor& x) {

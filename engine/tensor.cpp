@@ -3,7 +3,6 @@
 #include <cstring>
 
 #include "backend.h"
-#include "ops/op.h"
 #include "segtape/tape.h"
 #include "tape_internals.h"
 
@@ -176,7 +175,7 @@ void tensor_from_host(const Tensor& t, DType d, const void* in, size_t count) {
 }
 
 void tensor_written(const Tensor& t, const char* by) {
-  detail::packed_written(*t.tape, t.ptr, t.nbytes());
+  In::backend(*t.tape)->bytes_written(t.ptr, t.nbytes());
   In::note_write(*t.tape, t.ptr, t.nbytes(), by);
 }
 

@@ -19,7 +19,6 @@
 
 #include "cpu/packed.h"
 #include "ops/op.h"
-#include "tape_internals.h"
 #include "segtape/blas.h"
 #include "segtape/update.h"
 #include "util.h"
@@ -268,7 +267,7 @@ TEST(PackedGru, SmallWeightGradientsTakeOneThreadWhereOpenBlasHasMore) {
         }
         seg.backward(loss);
       }
-      batch_peak[run] = detail::TapeInternals::gru_batch(tape).buffers.peak();
+      batch_peak[run] = detail::cpu_gru(tape)->batch.buffers.peak();
       g[run] = grads(gru);
     }
     EXPECT_LT(rel_error(g[0], g[2]), 1e-5) << "B " << B << ", one thread";

@@ -144,8 +144,6 @@ struct Seed {
 };
 
 namespace detail {
-struct GruBatch;  // engine/ops/op.h
-struct PackedWeights;  // engine/ops/op.h
 class TapeInternals;  // engine/tape_internals.h
 class Backend;    // engine/backend.h: the CPU's, CUDA's or the host-emulated device's
 struct FreeList;  // engine/tape.cpp
@@ -245,8 +243,6 @@ class Tape {
   Arena pool_;
   Arena carry_[2];
   Arena scratch_;
-  std::unique_ptr<detail::GruBatch> gru_batch_;
-  std::unique_ptr<detail::PackedWeights> packed_;
   std::vector<Node> nodes_;
   std::array<size_t, kOpKinds> bytes_by_op_{};
   size_t grad_bytes_ = 0;  // backward's gradient buffers in the open segment
