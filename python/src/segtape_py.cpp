@@ -45,6 +45,7 @@
 #include "segtape/agent/trainer.h"
 #include "segtape/emulation.h"
 #include "segtape/explain.h"
+#include "segtape/kernels.h"
 #include "segtape/nn.h"
 #include "segtape/nn/dist.h"
 #include "segtape/ops.h"
@@ -559,7 +560,27 @@ NB_MODULE(_segtape, m) {
   m.def("blas_kernels", &blas_kernels, "OpenBLAS's kernel set in this process, e.g. 'SkylakeX', 'Haswell', 'Prescott'.");
   m.def("packed_kernel", &packed_kernel,
         "segtape's own kernel for the GRU's packed weight products in this process: 'avx512', 'avx2' or 'none' "
-        "(SEGTAPE_PACKED=0 or avx2 in the environment chooses).");
+        "(set_kernel_options(packed=...) chooses).");
+  m.def("kernel_options", [] {
+    nb::dict d;
+    for (const char* name : {"gemv", "packed", "fused_gru"}) d[name] = kernels::option_text(name);
+    return d;
+  }, "segtape's kernel switches (segtape/kernels.h) as a dict: gemv, packed, fused_gru.");
+  m.def("set_kernel_options", [](const std::optional<std::string>& gemv, const std::optional<std::string>& packed,
+                                 const std::optional<std::string>& fused_gru) {
+    const kernels::Options before = kernels::options();
+    try {  // all or none
+      if (gemv) kernels::set_option("gemv", *gemv);
+      if (packed) kernels::set_option("packed", *packed);
+      if (fused_gru) kernels::set_option("fused_gru", *fused_gru);
+    } catch (...) {
+      kernels::set_options(before);
+      throw;
+    }
+  }, "gemv"_a = nb::none(), "packed"_a = nb::none(), "fused_gru"_a = nb::none(),
+        "Sets segtape's kernel switches, process-wide (segtape/kernels.h; those not given stay): gemv 'auto', 'on' or "
+        "'off' (CPU products with one row or column through BLAS's GEMV or GEMM); packed 'best', 'avx2' or 'off' (the "
+        "GRU's packed weight products); fused_gru 'on' or 'off' (CUDA: gru_sequence's fused kernels, or cuDNN's GRU).");
   m.def("blas_better_kernels", &blas_better_kernels,
         "'SkylakeX' or 'Haswell' when OpenBLAS fell back to kernels older than AVX2 on a CPU that has it "
         "(and OPENBLAS_CORETYPE was not set); else ''.");
