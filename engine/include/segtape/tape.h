@@ -19,16 +19,12 @@
 #include <vector>
 
 #include "segtape/arena.h"
+#include "segtape/op_list.h"
 #include "segtape/tensor.h"
 
 namespace segtape {
 
-#define SEGTAPE_OPS(X)                                                                      \
-  X(Input) X(MatMul) X(Add) X(Sub) X(Mul) X(Div) X(Neg) X(Scale) X(Tanh) X(Sigmoid) X(Relu) \
-  X(Exp) X(Log) X(Sum) X(Mean) X(Softmax) X(LogSoftmax) X(CrossEntropy) X(MseLoss)         \
-  X(Concat) X(Slice) X(Reshape) X(Transpose) X(Embedding) X(GruCell)                  \
-  X(GruSequence) X(Softplus)
-
+// One kind per line of segtape/op_list.h, in its order.
 enum class OpKind : uint8_t {
 #define SEGTAPE_ENUM(name) name,
   SEGTAPE_OPS(SEGTAPE_ENUM)
