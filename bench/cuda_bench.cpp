@@ -28,9 +28,10 @@
 // made to after the run (cudaMemGetInfo; includes cuBLAS / cuDNN handles).
 //
 //   cuda_bench [--segments N] [--sizes 1x128,32x128,32x512,64x1024,512x1024] [--modes eager,...] [--device cpu]
+//              [--fused-gru on|off]
 // segtape's sequence modes run the fused GRU kernels where they fit (mode
-// "sequence (fused)"), cuDNN's GRU elsewhere or with SEGTAPE_FUSED_GRU=0
-// ("sequence (cuDNN)").
+// "sequence (fused)"), cuDNN's GRU elsewhere or with --fused-gru off
+// (kernels::Options::fused_gru, segtape/kernels.h) ("sequence (cuDNN)").
 // --device cpu (segtape only) runs the same segments on the CPU, where graph
 // replay is ignored: a check without a GPU that every mode computes the same
 // training (ctest cuda_bench_modes_agree compares their final losses); its
@@ -56,6 +57,7 @@
 #include <torch/torch.h>
 #else
 #include "cuda/fused_gru.h"  // engine-internal: which GRU a sequence mode runs
+#include "segtape/kernels.h"
 #include "segtape/ops.h"
 #endif
 
@@ -175,11 +177,11 @@ const std::vector<std::pair<Mode, const char*>> kModes = {{Mode::Eager, "eager"}
                                                           {Mode::SequenceGraphTf32, "sequence-graph-tf32"}};
 
 // The sequence modes name the GRU they ran: the fused kernels where their
-// plan fits this GPU (engine/cuda/fused_gru.h) and SEGTAPE_FUSED_GRU is not 0, else cuDNN's.
+// plan fits this GPU (engine/cuda/fused_gru.h) and --fused-gru is not off, else cuDNN's.
 std::string mode_name(Mode mode, const char* name, int64_t B, int64_t H) {
   if (g_cpu || (mode != Mode::Sequence && mode != Mode::SequenceGraph && mode != Mode::SequenceGraphTf32)) return name;
   const cuda::fused::Plan p = cuda::fused::device_plan(B, H, sizeof(float));
-  const bool fused = !cuda::fused::off_by_env() && p.use;
+  const bool fused = kernels::options().fused_gru && p.use;
   if (fused)  // (stderr: the plan, beside the CSV)
     std::fprintf(stderr, "B=%lld H=%lld %s: fused plan %d clusters of %d blocks, %lld rows each, %d lanes per output; %d clusters resident at once\n",
                  (long long)B, (long long)H, name, p.G, p.C, (long long)p.Bg, p.S, p.resident);
@@ -327,6 +329,16 @@ int main(int argc, char** argv) {
     if (a == "--segments") segments = std::atoi(argv[i + 1]);
     else if (a == "--device") g_cpu = std::string(argv[i + 1]) == "cpu";
     else if (a == "--modes") only = "," + std::string(argv[i + 1]) + ",";
+#ifndef SEGTAPE_BENCH_TORCH_CUDA
+    else if (a == "--fused-gru") {
+      try {
+        segtape::kernels::set_option("fused_gru", argv[i + 1]);
+      } catch (const segtape::Error& e) {
+        std::fprintf(stderr, "cuda_bench: --fused-gru: %s\n", e.what());
+        return 2;
+      }
+    }
+#endif
     else if (a == "--sizes") {
       sizes.clear();
       std::string s = argv[i + 1];

@@ -19,7 +19,7 @@
 #   3. cuda_bench: segtape's training step on the GPU at issue 19's five sizes,
 #      stepped (eager, graph-replayed) and as one gru_sequence per segment (the
 #      fused kernels where they fit); the sequence modes again at (1, 128) and
-#      (32, 128) with SEGTAPE_FUSED_GRU=0 (cuDNN's GRU), one run
+#      (32, 128) with --fused-gru off (cuDNN's GRU), one run
 #   4. when python3's torch has CUDA: bench/torch_cuda (a project of its own,
 #      -DCMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path) builds
 #      cuda_bench_torch, the same workload in LibTorch: eager, CUDA-graph
@@ -29,8 +29,9 @@
 #   5. the agent on the GPU: `segtape train --device cuda` (recall, 6000 steps), with
 #      its segments as CUDA graphs (the default) and with --cuda-graphs off;
 #      `segtape train --device cuda --algo ppo` (recall, 1024 steps), its update
-#      windows as fused sequences where they fit and with SEGTAPE_FUSED_GRU=0
-#      (step by step); `segtape retention --device cuda --no-libtorch` (100 steps)
+#      windows as fused sequences where they fit and with the kernel switch
+#      fused_gru off (step by step: `--kernel fused_gru=off`, where the program
+#      has that option; segtape/kernels.h); `segtape retention --device cuda --no-libtorch` (100 steps)
 #   6. $OUT/results.md: the test summary, the benchmark table, the agent's summary
 #
 # Every step has a time limit under one overall deadline (6 min by default,
@@ -249,7 +250,7 @@ if ((built)); then
     fi
   done
   # the sequence modes again on cuDNN's GRU where the fused kernels ran above
-  step bench-segtape-cudnn 60 env SEGTAPE_FUSED_GRU=0 "$(prog bench/cuda_bench)" --segments 50 --sizes 1x128,32x128 \
+  step bench-segtape-cudnn 60 "$(prog bench/cuda_bench)" --fused-gru off --segments 50 --sizes 1x128,32x128 \
     --modes sequence,sequence-graph || status=1
   grep -E '^segtape,' "$OUT/bench-segtape-cudnn.log" >"$OUT/bench-segtape-cudnn.csv" || true
 fi
@@ -261,7 +262,12 @@ if ((built)); then
   step agent-train-eager 120 "$(prog agent/segtape)" train --device cuda --cuda-graphs off --steps 6000 --out "$OUT/agent-run-eager" --force || status=1
   # PPO: the update windows as one fused gru_sequence each, then step by step (docs/agent.md, "Recurrent PPO")
   step agent-ppo 90 "$(prog agent/segtape)" train --device cuda --algo ppo --steps 1024 --out "$OUT/agent-ppo" --force || status=1
-  step agent-ppo-steps 90 env SEGTAPE_FUSED_GRU=0 "$(prog agent/segtape)" train --device cuda --algo ppo --steps 1024 --out "$OUT/agent-ppo-steps" --force || status=1
+  if "$(prog agent/segtape)" train --help 2>/dev/null | grep -q -- '--kernel'; then
+    step agent-ppo-steps 90 "$(prog agent/segtape)" train --kernel fused_gru=off --device cuda --algo ppo --steps 1024 \
+      --out "$OUT/agent-ppo-steps" --force || status=1
+  else
+    log "agent-ppo-steps skipped: segtape train has no --kernel option to turn the fused GRU off (segtape/kernels.h)"
+  fi
   step retention 90 "$(prog agent/segtape)" retention --device cuda --no-libtorch --steps 100 --out "$OUT/retention" || status=1
   # compute-sanitizer, last (the slowest step): no invalid device access in cuda_test (the out-of-memory test reports its deliberate failures)
   if [[ -n "$SANITIZER" ]]; then
@@ -321,7 +327,7 @@ runs() {
   echo "device footprint: drop of cudaMemGetInfo's free bytes from before the model to after the run (handles included)."
   echo
   runs "The agent on the GPU (segtape train --device cuda --steps 6000; then with --cuda-graphs off)" agent-train agent-train-eager
-  runs "PPO on the GPU (segtape train --device cuda --algo ppo --steps 1024; then with SEGTAPE_FUSED_GRU=0)" agent-ppo agent-ppo-steps
+  runs "PPO on the GPU (segtape train --device cuda --algo ppo --steps 1024; then with --kernel fused_gru=off)" agent-ppo agent-ppo-steps
   echo "## The retention lab, segtape on the GPU (--steps 100)"
   echo
   tail -n 20 "$OUT/retention.log" 2>/dev/null | sed 's/^/    /'

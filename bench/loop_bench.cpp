@@ -2,7 +2,9 @@
 // Linear(H, 16) -> cross-entropy, Adam, K = 32 steps per segment) in C++, timed
 // as a user runs it: bench/python_bench.py runs this program and the same loop
 // written in Python in turn and compares them.
-//   build/bench/loop_bench [--batch 1] [--hidden 128] [--segments 200] [--infer 1]
+//   build/bench/loop_bench [--batch 1] [--hidden 128] [--segments 200] [--infer 1] [--gemv auto|on|off] [--packed best|avx2|off]
+// --gemv and --packed set segtape's kernel switches (segtape/kernels.h: GEMV
+// or GEMM for one-row products; the packed GRU weight products or OpenBLAS).
 // Prints one number: microseconds per training step (with --infer 1: per
 // inference step, the same forward under no-grad) over the timed segments
 // (after 10 warm-up segments). `loop_bench --kernels 1` prints the CPU kernels
@@ -16,6 +18,8 @@
 #include <string>
 
 #include "segtape/blas.h"
+#include "segtape/error.h"
+#include "segtape/kernels.h"
 #include "workload.h"
 
 int main(int argc, char** argv) {
@@ -24,13 +28,21 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const int64_t v = std::atoll(argv[i + 1]);
-    if (a == "--batch") B = v;
+    if (a == "--gemv" || a == "--packed") {
+      try {
+        segtape::kernels::set_option(a.substr(2), argv[i + 1]);
+      } catch (const segtape::Error& e) {
+        std::fprintf(stderr, "loop_bench: %s\n", e.what());
+        return 2;
+      }
+    } else if (a == "--batch") B = v;
     else if (a == "--hidden") H = v;
     else if (a == "--segments") segments = v;
     else if (a == "--infer") infer = v;
     else if (a == "--kernels") kernels = v;
     else {
-      std::fprintf(stderr, "usage: loop_bench [--batch N] [--hidden N] [--segments N] [--infer 0|1] [--kernels 1]\n");
+      std::fprintf(stderr, "usage: loop_bench [--batch N] [--hidden N] [--segments N] [--infer 0|1] [--kernels 1] "
+                           "[--gemv auto|on|off] [--packed best|avx2|off]\n");
       return 2;
     }
   }

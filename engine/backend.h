@@ -51,6 +51,14 @@ class Backend {
   // engine/ops/gru.cpp, and leaves with its own buffers there).
   virtual void forward(Tape& tape, Node& n) = 0;
   virtual void backward(Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst) = 0;
+  // A backward's walk over nodes [0, last_node] of the tape: backward_begin
+  // before the first node's backward (the roots' gradients are seeded),
+  // backward_end after the last (not when a node's backward raised). For
+  // work a backend spreads over a backward's nodes: the CPU batches the GRU
+  // weight gradients of consecutive steps (TapeOptions::batch_weight_grads)
+  // and packs the GRU weights once per pass.
+  virtual void backward_begin(Tape& /*tape*/, int64_t /*last_node*/) {}
+  virtual void backward_end(Tape& /*tape*/) {}
 
   // ---- memory. Stream-ordered; DeviceToHost waits for the stream and
   // raises what the device recorded (an index out of range) before returning.
@@ -62,6 +70,10 @@ class Backend {
   virtual std::pair<int64_t, double> first_nonfinite(const Tensor& t) = 0;
   // Waits for the stream; raises errors the device recorded.
   virtual void synchronize() = 0;
+  // Bytes [p, p + bytes) of a tensor were written, or handed out to be
+  // written (detail::tensor_written): what the backend made from them is
+  // stale (the CPU's packed copies of GRU weights).
+  virtual void bytes_written(const void* /*p*/, size_t /*bytes*/) {}
 
   // ---- parameter updates (segtape/update.h), in place on the stream, with
   // the arithmetic of update_math.h. g, buf: device pointers (buf nullable).
@@ -95,6 +107,9 @@ class Backend {
   // the backend's own op workspace), and a one-line description of the device.
   virtual size_t internal_device_bytes() const = 0;
   virtual std::string describe() const = 0;
+  // Host workspace the backend keeps across segments (reserved bytes, in
+  // TapeStats::workspace_bytes): the CPU's GRU batch and packed weights.
+  virtual size_t workspace_bytes() const { return 0; }
   // The CUDA stream (cudaStream_t) the device work is ordered on: for
   // libraries that issue work of their own in that order (NCCL's all-reduce,
   // segtape/nn/dist.h). nullptr on the CPU and the host-emulated device.

@@ -3,21 +3,21 @@
 
 #include <cstring>
 
-#include "fnv.h"
 #include "segtape/error.h"
+#include "segtape/fnv.h"
 
 namespace segtape::detail {
 namespace {
 void fnv_mix_tensor(uint64_t& h, const Tensor& t) {
-  fnv_mix(h, ptr_bits(t.ptr));
-  fnv_mix(h, uint64_t(t.dtype) << 8 | uint64_t(t.shape.rank));
-  for (int i = 0; i < t.shape.rank; ++i) fnv_mix(h, uint64_t(t.shape.dims[size_t(i)]));
+  fnv::mix(h, ptr_bits(t.ptr));
+  fnv::mix(h, uint64_t(t.dtype) << 8 | uint64_t(t.shape.rank));
+  for (int i = 0; i < t.shape.rank; ++i) fnv::mix(h, uint64_t(t.shape.dims[size_t(i)]));
 }
 }  // namespace
 
 uint64_t mix4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  uint64_t h = kFnvOffset;
-  for (uint64_t v : {a, b, c, d}) fnv_mix(h, v);
+  uint64_t h = fnv::kOffset;
+  for (uint64_t v : {a, b, c, d}) fnv::mix(h, v);
   return h;
 }
 
@@ -28,18 +28,18 @@ uint64_t bits_of(double v) {
 }
 
 uint64_t op_signature(const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>* dst) {
-  uint64_t h = kFnvOffset;
-  fnv_mix(h, uint64_t(n.op) | uint64_t(n.n_in) << 8 | uint64_t(dst ? 1 : 0) << 16);
+  uint64_t h = fnv::kOffset;
+  fnv::mix(h, uint64_t(n.op) | uint64_t(n.n_in) << 8 | uint64_t(dst ? 1 : 0) << 16);
   fnv_mix_tensor(h, n.out);
   for (int i = 0; i < n.n_in; ++i) fnv_mix_tensor(h, n.in[size_t(i)]);
-  for (int64_t v : n.ia) fnv_mix(h, uint64_t(v));
+  for (int64_t v : n.ia) fnv::mix(h, uint64_t(v));
   uint64_t fa = 0;
   std::memcpy(&fa, &n.fa, sizeof fa);
-  fnv_mix(h, fa);
-  fnv_mix(h, ptr_bits(n.saved));
-  fnv_mix(h, ptr_bits(gout));
+  fnv::mix(h, fa);
+  fnv::mix(h, ptr_bits(n.saved));
+  fnv::mix(h, ptr_bits(gout));
   if (dst)
-    for (void* p : *dst) fnv_mix(h, ptr_bits(p));
+    for (void* p : *dst) fnv::mix(h, ptr_bits(p));
   return h;
 }
 

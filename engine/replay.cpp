@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "segtape/fnv.h"
 #include "segtape/ops.h"
-#include "fnv.h"
 
 namespace segtape::replay {
 
@@ -61,11 +61,7 @@ constexpr int64_t kMaxHorizon = 100'000'000;
 
 // FNV-1a over a state's bytes: the first computation of each boundary state
 // is remembered by its hash, every recomputation is checked against it.
-uint64_t hash_bytes(std::span<const std::byte> b) {
-  uint64_t h = segtape::detail::kFnvOffset;
-  for (std::byte x : b) segtape::detail::fnv_mix(h, uint64_t(x));
-  return h;
-}
+uint64_t hash_bytes(std::span<const std::byte> b) { return fnv::bytes(b.data(), b.size()); }
 
 using detail::Task;
 

@@ -3,12 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <tuple>
 
 #include "backend.h"
 #include "segtape/emulation.h"
-#include "ops/op.h"
 #include "tape_internals.h"
 
 namespace segtape {
@@ -20,15 +18,6 @@ const char* op_name(OpKind k) {
 #undef SEGTAPE_NAME
   };
   return size_t(k) < kOpKinds ? names[size_t(k)] : "?";
-}
-
-std::string format_bytes(size_t b) {
-  char buf[48];
-  if (b < 1024) std::snprintf(buf, sizeof buf, "%zu B", b);
-  else if (b < (size_t(1) << 20)) std::snprintf(buf, sizeof buf, "%.1f KiB", double(b) / 1024);
-  else if (b < (size_t(1) << 30)) std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / (1 << 20));
-  else std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / (1 << 30));
-  return buf;
 }
 
 namespace detail {
@@ -88,8 +77,6 @@ Tape::Tape(Device device, TapeOptions options)
                    pool_memory(backend_.get(), device_pools() ? "carry buffer (TapeOptions::device_carry)" : "carry buffer"))},
       scratch_(device_pools() ? options.device_workspace : size_t(64) << 10, !device_pools(), 0,
                pool_memory(backend_.get(), device_pools() ? "op workspace (TapeOptions::device_workspace)" : "op workspace")),
-      gru_batch_(std::make_unique<detail::GruBatch>()),
-      packed_(std::make_unique<detail::PackedWeights>()),
       free_(std::make_unique<detail::FreeList>()) {
   // Nodes count against the budget: never reserve more than it can hold.
   // (SIZE_MAX reached vector::reserve's length_error, naming nothing; the array grows past the reserve when it must)
@@ -129,7 +116,6 @@ Segment Tape::open_segment(bool graph) {
   grad_bytes_ = 0;
   released_any_ = false;
   writes_.clear();
-  detail::clear_packed(*this);
   return Segment(this);
 }
 
@@ -164,68 +150,7 @@ void Tape::fill_zero(void* p, size_t bytes) {
   backend_->zero(p, bytes);
 }
 
-// ---- host access to tensor memory (declared in tensor.h): through the backend.
-
 bool Tape::device_pools() const { return backend_->device_memory(); }
-
-bool Tensor::on_device() const { return tape && space != Space::None && detail::TapeInternals::device_pools(*tape); }
-
-namespace detail {
-namespace {
-void check_host_copy(const Tensor& t, DType d, size_t count, const char* what) {
-  t.check_live(what);
-  if (t.dtype != d)
-    throw ShapeError(std::string(what) + ": " + dtype_name(d) + " values for tensor " + t.describe());
-  if (count != size_t(t.numel()))
-    throw ShapeError(std::string(what) + ": " + std::to_string(count) + " values for tensor " + t.describe() + " (" +
-                     std::to_string(t.numel()) + " elements)");
-}
-void check_byte_copy(const Tensor& t, size_t bytes, const char* what) {
-  t.check_live(what);
-  if (bytes != t.nbytes())
-    throw ShapeError(std::string(what) + ": " + std::to_string(bytes) + " bytes for tensor " + t.describe() + " (" +
-                     std::to_string(t.nbytes()) + " bytes)");
-}
-// The copy itself, after the checks; written_by: the writer's name, when the copy writes t.
-void copy_bytes(const Tensor& t, void* host, size_t bytes, bool to_host, const char* written_by = nullptr) {
-  if (!bytes) return;
-  if (!to_host) tensor_written(t, written_by);  // (also a view of a weight: by its bytes)
-  detail::TapeInternals::backend(*t.tape)->copy(to_host ? host : t.ptr, to_host ? t.ptr : host, bytes,
-                          to_host ? Backend::Copy::DeviceToHost : Backend::Copy::HostToDevice);
-}
-}  // namespace
-
-void tensor_to_host(const Tensor& t, DType d, void* out, size_t count) {
-  check_host_copy(t, d, count, "to_host()");
-  copy_bytes(t, out, t.nbytes(), true);
-}
-
-void tensor_from_host(const Tensor& t, DType d, const void* in, size_t count) {
-  check_host_copy(t, d, count, "from_host()");
-  copy_bytes(t, const_cast<void*>(in), t.nbytes(), false, "from_host");
-}
-
-void tensor_written(const Tensor& t, const char* by) {
-  detail::packed_written(*t.tape, t.ptr, t.nbytes());
-  TapeInternals::note_write(*t.tape, t.ptr, t.nbytes(), by);
-}
-
-void device_data_error(const Tensor& t, const char* dtype) {
-  throw TapeError(std::string("data<") + dtype + ">(): tensor " + t.describe() + " lives in " + t.tape->device().str() +
-                  " memory, which the host cannot read or write directly; copy it with t.to_host(span) / "
-                  "t.to_host<T>() (or write it with t.from_host(span))");
-}
-}  // namespace detail
-
-void Tensor::to_host_bytes(std::span<std::byte> out) const {
-  detail::check_byte_copy(*this, out.size(), "to_host_bytes()");
-  detail::copy_bytes(*this, out.data(), out.size(), true);
-}
-
-void Tensor::from_host_bytes(std::span<const std::byte> in) const {
-  detail::check_byte_copy(*this, in.size(), "from_host_bytes()");
-  detail::copy_bytes(*this, const_cast<std::byte*>(in.data()), in.size(), false, "from_host_bytes");
-}
 
 bool Tape::is_live(const Tensor& t) const {
   switch (t.space) {
@@ -235,23 +160,6 @@ bool Tape::is_live(const Tensor& t) const {
     case Space::Carry: return t.gen == seg_index_ || t.gen + 1 == seg_index_;
   }
   return false;
-}
-
-std::string Tape::expired_message(const Tensor& t, const char* what) const {
-  std::string m = std::string(what) + ": tensor " + std::string(dtype_name(t.dtype)) + t.shape.str();
-  if (t.space == Space::Carry) {
-    m += " was carried out of segment " + std::to_string(t.gen) + " and has expired (the tape is now at segment " +
-         std::to_string(seg_index_) +
-         "). A carried value lives through the next segment only: carry it again in each segment "
-         "(h = seg.carry(h)), or copy_into() a persistent tensor to keep it longer.";
-  } else {
-    m += " made in segment " + std::to_string(t.gen) + " at step " + std::to_string(t.step) +
-         " has expired: segment " + std::to_string(t.gen) + " ended and its arena was reset" +
-         (open_ ? " (the open segment is " + std::to_string(seg_index_) + ")" : std::string(" (no segment is open)")) +
-         ". Tensors made inside a segment live only while it is open: carry it across the boundary with "
-         "seg.carry(x) (or detach and copy_into() a persistent tensor) before the segment ends.";
-  }
-  return m;
 }
 
 void* Tape::alloc(size_t bytes, OpKind kind, const char* op) {
@@ -267,87 +175,6 @@ void* Tape::segment_alloc(size_t bytes, const char* kind, const char* op, size_t
   if (!p) throw BudgetError(budget_report(bytes, kind, op));
   counted += align_up(bytes);
   return p;
-}
-
-const char* Tape::budget_name() const {
-  if (options_.budget_name) return options_.budget_name;
-  return arena_.grows() ? "TapeOptions::grow_limit" : "TapeOptions::segment_budget";
-}
-
-// The report leads with what holds the most memory (not with the request
-// that happened to cross the line), then gives the advice that fits: one
-// step larger than the budget, outputs kept with no graph, or history
-// retained across steps.
-std::string Tape::budget_report(size_t request, const char* kind, const char* op) const {
-  const size_t budget_bytes = arena_.budget();
-  const size_t node_bytes = nodes_.size() * sizeof(Node);
-  const size_t held = arena_.used() + node_bytes;
-  const double whole = double(std::max<size_t>(held, 1));
-  auto pct = [&](size_t b) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * double(b) / whole);
-    return std::string(buf);
-  };
-  // Contributors, largest first: the arena bytes of each op kind, and the nodes.
-  std::vector<std::pair<size_t, std::string>> parts;
-  for (size_t k = 0; k < kOpKinds; ++k)
-    if (bytes_by_op_[k]) parts.push_back({bytes_by_op_[k], op_name(OpKind(k))});
-  if (grad_bytes_) parts.push_back({grad_bytes_, "Grad"});
-  if (node_bytes) parts.push_back({node_bytes, "tape nodes"});
-  std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-
-  std::string m = "segment budget exceeded (" + std::string(budget_name()) + " = " + format_bytes(budget_bytes) + ", segment " +
-                  std::to_string(seg_index_) + ", step " + std::to_string(step_) + "): ";
-  if (!parts.empty())
-    m += "the largest share is " + parts[0].second + " with " + format_bytes(parts[0].first) + " (" + pct(parts[0].first) +
-         " of the " + format_bytes(held) + " held); ";
-  m += "then " + std::string(op) + " (op '" + kind + "') asked for " + format_bytes(align_up(request)) + " more.\n";
-
-  m += "What holds the segment's memory, largest first:";
-  for (auto& [b, name] : parts) m += " " + name + " " + format_bytes(b) + " (" + pct(b) + ");";
-  m += "\nTape nodes: " + std::to_string(nodes_.size()) + " x " + std::to_string(sizeof(Node)) + " B = " +
-       format_bytes(node_bytes) + " (counted in the budget).";
-  // By step, largest first (recorded nodes only).
-  std::map<uint32_t, size_t> by_step;
-  for (const Node& n : nodes_) by_step[n.step] += align_up(n.bytes) + sizeof(Node);
-  std::vector<std::pair<size_t, uint32_t>> steps;
-  steps.reserve(by_step.size());
-  for (auto& [st, b] : by_step) steps.push_back({b, st});
-  std::sort(steps.rbegin(), steps.rend());
-  m += "\nBy step (recorded nodes, largest first, " + std::to_string(steps.size()) + " steps on the tape):";
-  for (size_t i = 0; i < steps.size() && i < 8; ++i)
-    m += " step " + std::to_string(steps[i].second) + " " + format_bytes(steps[i].first) + ";";
-  if (steps.size() > 8) m += " ...";
-
-  // One step, or many? The recorded nodes' steps say it when there are
-  // nodes; otherwise the step counter since the segment opened. Neither is
-  // known on a tape whose steps are not counted (next_step() never called).
-  const uint64_t seg_steps = step_ - seg_first_step_ + 1;  // steps this segment has begun
-  const bool counted = step_ > 0;
-  const bool one_step = nodes_.empty() ? seg_steps == 1 : steps.size() == 1;
-  const std::string budget = budget_name();
-  if (!counted) {
-    m += "\nThis tape's steps are not counted (tape.next_step() was never called), so this report cannot tell one "
-         "step too large for the budget from history retained over many steps. If one step alone needs more than " +
-         format_bytes(budget_bytes) + ", make it smaller (batch, hidden size) or raise " + budget +
-         "; if the segment spans many steps, end it every K steps and carry the state across the boundary "
-         "(h = seg.carry(h)). Call tape.next_step() after each step for a report by step.";
-  } else if (one_step) {
-    m += "\nOne step needs more than the budget: step " + std::to_string(step_) + " alone holds " + format_bytes(held) +
-         " and asks for " + format_bytes(align_up(request)) + " more, over the " + format_bytes(budget_bytes) +
-         " budget. This is not retained history, and a shorter segment cannot help (a segment holds at least one "
-         "step): make the step smaller (batch, hidden size, sequence length) or raise " + budget + ".";
-  } else if (nodes_.empty()) {
-    m += "\nNo graph is recorded in this segment (0 tape nodes: grad is off, or no input requires grad), yet the arena "
-         "keeps every tensor made in the segment until it ends: the outputs of " + std::to_string(seg_steps) +
-         " steps fill it. This is not retained history: end the segment more often (a segment per chunk of the "
-         "rollout), or copy what must outlive it into persistent tensors (copy_into), or raise " + budget + ".";
-  } else {
-    m += "\nA segment whose memory grows with every step is retaining history: end the segment every K steps "
-         "(TBPTT) and carry the state across the boundary (h = seg.carry(h)), detach what needs no gradient, or "
-         "raise " + budget + ".";
-  }
-  return m;
 }
 
 Tensor Tape::make(const Shape& s, DType d, OpKind kind, const char* op) {
@@ -493,7 +320,7 @@ TapeStats Tape::stats() const {
   s.node_peak_bytes = node_peak_;
   s.persistent_bytes = pool_.used();
   s.carry_bytes = carry_[0].used() + carry_[1].used();
-  s.workspace_bytes = scratch_.reserved() + gru_batch_->buffers.reserved() + packed_->buffers.reserved();
+  s.workspace_bytes = scratch_.reserved() + backend_->workspace_bytes();
   s.system_allocations = memory::system_allocations();
   s.segment_index = seg_index_;
   s.step = step_;
@@ -653,8 +480,7 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
     else backend_->fill(g0, 1, root.dtype, 1.0);
   }
 
-  detail::prepare_gru_batch(*this, last);
-  detail::clear_packed(*this);  // the forward pass's packed weights; backward packs its own orientation
+  backend_->backward_begin(*this, last);
   for (int64_t i = last; i >= 0; --i) {
     if (!grads[i]) continue;
     if (nodes_[i].op == OpKind::Input) {  // an input() leaf: its gradient is kept for grad(), not freed
@@ -676,8 +502,7 @@ void Tape::backward(const Tensor* loss, std::span<const Seed> seeds, bool retain
     free_->put(grads[i], align_up(n.out.nbytes()));
     grads[i] = nullptr;
   }
-  detail::flush_gru_batch(*this);
-  detail::clear_packed(*this);  // an optimizer step may follow
+  backend_->backward_end(*this);
 }
 
 Tensor Tape::input(const Tensor& x) {

@@ -34,8 +34,6 @@ class TapeInternals {
   static void scratch_reset(Tape& t) { t.scratch_reset(); }
   static Backend* backend(const Tape& t) { return t.backend_.get(); }
   static void fill_zero(Tape& t, void* p, size_t bytes) { t.fill_zero(p, bytes); }
-  static GruBatch& gru_batch(Tape& t) { return *t.gru_batch_; }
-  static PackedWeights& packed(Tape& t) { return *t.packed_; }
   static std::string expired_message(const Tape& t, const Tensor& x, const char* what) { return t.expired_message(x, what); }
   static bool is_live(const Tape& t, const Tensor& x) { return t.is_live(x); }
   static void note_write(Tape& t, const void* p, size_t bytes, const char* by) { t.note_write(p, bytes, by); }

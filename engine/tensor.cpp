@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "backend.h"
 #include "segtape/tape.h"
 #include "tape_internals.h"
 
@@ -131,6 +132,68 @@ Tensor Tensor::grad_tensor() const {
   g.node = -1;
   g.requires_grad = false;
   return g;
+}
+
+// ---- host access to tensor memory: through the tape's backend (a device's
+// copies wait for its stream).
+
+bool Tensor::on_device() const { return tape && space != Space::None && In::device_pools(*tape); }
+
+namespace detail {
+namespace {
+void check_host_copy(const Tensor& t, DType d, size_t count, const char* what) {
+  t.check_live(what);
+  if (t.dtype != d)
+    throw ShapeError(std::string(what) + ": " + dtype_name(d) + " values for tensor " + t.describe());
+  if (count != size_t(t.numel()))
+    throw ShapeError(std::string(what) + ": " + std::to_string(count) + " values for tensor " + t.describe() + " (" +
+                     std::to_string(t.numel()) + " elements)");
+}
+void check_byte_copy(const Tensor& t, size_t bytes, const char* what) {
+  t.check_live(what);
+  if (bytes != t.nbytes())
+    throw ShapeError(std::string(what) + ": " + std::to_string(bytes) + " bytes for tensor " + t.describe() + " (" +
+                     std::to_string(t.nbytes()) + " bytes)");
+}
+// The copy itself, after the checks; written_by: the writer's name, when the copy writes t.
+void copy_bytes(const Tensor& t, void* host, size_t bytes, bool to_host, const char* written_by = nullptr) {
+  if (!bytes) return;
+  if (!to_host) tensor_written(t, written_by);  // (also a view of a weight: by its bytes)
+  In::backend(*t.tape)->copy(to_host ? host : t.ptr, to_host ? t.ptr : host, bytes,
+                             to_host ? Backend::Copy::DeviceToHost : Backend::Copy::HostToDevice);
+}
+}  // namespace
+
+void tensor_to_host(const Tensor& t, DType d, void* out, size_t count) {
+  check_host_copy(t, d, count, "to_host()");
+  copy_bytes(t, out, t.nbytes(), true);
+}
+
+void tensor_from_host(const Tensor& t, DType d, const void* in, size_t count) {
+  check_host_copy(t, d, count, "from_host()");
+  copy_bytes(t, const_cast<void*>(in), t.nbytes(), false, "from_host");
+}
+
+void tensor_written(const Tensor& t, const char* by) {
+  In::backend(*t.tape)->bytes_written(t.ptr, t.nbytes());
+  In::note_write(*t.tape, t.ptr, t.nbytes(), by);
+}
+
+void device_data_error(const Tensor& t, const char* dtype) {
+  throw TapeError(std::string("data<") + dtype + ">(): tensor " + t.describe() + " lives in " + t.tape->device().str() +
+                  " memory, which the host cannot read or write directly; copy it with t.to_host(span) / "
+                  "t.to_host<T>() (or write it with t.from_host(span))");
+}
+}  // namespace detail
+
+void Tensor::to_host_bytes(std::span<std::byte> out) const {
+  detail::check_byte_copy(*this, out.size(), "to_host_bytes()");
+  detail::copy_bytes(*this, out.data(), out.size(), true);
+}
+
+void Tensor::from_host_bytes(std::span<const std::byte> in) const {
+  detail::check_byte_copy(*this, in.size(), "from_host_bytes()");
+  detail::copy_bytes(*this, const_cast<std::byte*>(in.data()), in.size(), false, "from_host_bytes");
 }
 
 }  // namespace segtape

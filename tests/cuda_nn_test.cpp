@@ -283,7 +283,7 @@ class SomeTargets final : public agent::Env {
 // replay (TapeStats: the captures and replays counted below follow from the
 // schedule). Twice: with the graph segments' recurrence step by step (the
 // eager ops: the same arena high-water as eager; the seam off,
-// SEGTAPE_FUSED_GRU=0, also on a GPU) and as one gru_sequence with keep
+// kernels::Options::fused_gru off, also on a GPU) and as one gru_sequence with keep
 // (TrainConfig::force_sequence; on a GPU, fused), the head then over all the
 // segment's rows at once and the loss as one cross-entropy where every step
 // with a target has as many (within float rounding of eager: 1e-5 on the
@@ -467,7 +467,7 @@ TEST(CudaAgent, AnEnvThatIsNotOpenLoopIsRefusedInGraphSegments) {
 // pool too small would throw when they are made). On the host-emulated
 // device (CI) this runs the device code paths of PPO's host logic. Twice
 // under tbptt: the update windows' recurrence step by step (the seam off:
-// SEGTAPE_FUSED_GRU=0, also on a GPU), and as one gru_sequence with the
+// kernels::Options::fused_gru off, also on a GPU), and as one gru_sequence with the
 // episode ends in keep (TrainConfig::force_sequence; on a GPU, fused).
 TEST(CudaAgent, PpoMatchesTheCpuWithFixedDeviceMemory) {
   REQUIRE_GPU();

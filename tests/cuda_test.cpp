@@ -38,6 +38,7 @@
 #include "gpu.h"
 #include "op_cases.h"
 #include "segtape/emulation.h"
+#include "segtape/kernels.h"
 #include "segtape/nn/optim.h"
 #include "util.h"
 
@@ -283,7 +284,7 @@ void expect_gru_close(const GruRun& a, const GruRun& ref, double tol, const std:
 // K = 12, H = 64), so 5e-5 is room for other rounding, not for chaos.
 // gru_sequence takes the fused kernels where their plan fits (both sizes
 // here on an sm_90 GPU: engine/cuda/fused_gru.h) and cuDNN otherwise, or
-// with SEGTAPE_FUSED_GRU=0: both paths are checked against the CPU.
+// with kernels::Options::fused_gru off: both paths are checked against the CPU.
 bool fused_fits(int64_t B, int64_t H, DType dt) {
   return !kEmulated && cuda::fused::device_plan(B, H, dtype_size(dt)).use;
 }
@@ -294,8 +295,9 @@ TEST(CudaGru, SequenceMatchesCpuGruOverKStepsFusedAndCudnn) {
     int64_t K, B, I, H;
   };
   for (const bool fused : {true, false}) {
-    if (fused) unsetenv("SEGTAPE_FUSED_GRU");
-    else setenv("SEGTAPE_FUSED_GRU", "0", 1);
+    kernels::Options k = kernels::options();
+    k.fused_gru = fused;
+    const kernels::Scope scope(k);
     for (const Size s : {Size{5, 3, 4, 6}, Size{32, 16, 32, 128}, Size{16, 1, 32, 128}, Size{16, 32, 32, 128}}) {
       Tape cpu;
       const GruRun ref = run_gru(cpu, DType::F64, s.K, s.B, s.I, s.H, false, false, true, 77);
@@ -314,7 +316,6 @@ TEST(CudaGru, SequenceMatchesCpuGruOverKStepsFusedAndCudnn) {
       }
     }
   }
-  unsetenv("SEGTAPE_FUSED_GRU");
 }
 
 TEST(CudaGru, FusedCellSteppedMatchesCpu) {
@@ -332,7 +333,7 @@ TEST(CudaGru, FusedCellSteppedMatchesCpu) {
 
 // gru_sequence with per-stream resets (keep) on the device against the CPU in
 // float64: the fused kernels where their plan fits (an sm_90 GPU), else (the
-// emulated device, SEGTAPE_FUSED_GRU=0) masked cells. Values and every
+// emulated device, kernels::Options::fused_gru off) masked cells. Values and every
 // gradient; inference mode; keep overwritten between the forward and the
 // backward (the forward's copy, or its expansion, is what backward reads:
 // the gradients stay those of the keep the forward used); and graph replay
@@ -378,8 +379,9 @@ TEST(CudaGru, SequenceWithResetsMatchesTheCpuFusedComposedInferenceAndReplayed) 
   Tape cpu_other;
   EXPECT_GT(rel_error(run(cpu_other, DType::F64, k1, true, nullptr).out, ref.out), 1e-3);  // the keeps differ in effect
   for (const bool fused : {true, false}) {
-    if (fused) unsetenv("SEGTAPE_FUSED_GRU");
-    else setenv("SEGTAPE_FUSED_GRU", "0", 1);
+    kernels::Options k = kernels::options();
+    k.fused_gru = fused;
+    const kernels::Scope scope(k);
     for (DType dt : {DType::F32, DType::F64}) {
       const bool fits = fused && fused_fits(B, H, dt);
       const std::string what = std::string(fits ? "fused" : "composed") + " GRU with resets " + dtype_name(dt);
@@ -390,7 +392,6 @@ TEST(CudaGru, SequenceWithResetsMatchesTheCpuFusedComposedInferenceAndReplayed) 
       EXPECT_LE(rel_error(run(c, dt, k0, false, nullptr).out, ref.out), tol) << what << " (inference)";
     }
   }
-  unsetenv("SEGTAPE_FUSED_GRU");
   // Graph replay (float64): segment 1 eager, 2 and 3 captured, then replayed,
   // keep's values new before each; each segment's y against the CPU's.
   TapeOptions o = cuda_options();

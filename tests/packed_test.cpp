@@ -3,9 +3,9 @@
 // over every block boundary and tail; and the GRU cell through it against
 // float64 (which takes OpenBLAS), including a weight changed inside a
 // segment. ctest runs this file three times: as is (the best kernel the CPU
-// has), with SEGTAPE_PACKED=avx2 (the AVX2 kernel, also on a CPU with
-// AVX-512F), and with SEGTAPE_PACKED=0, where the same GRU checks run on
-// OpenBLAS's GEMM.
+// has), with --kernel packed=avx2 (kernels::Packed::Avx2: the AVX2 kernel,
+// also on a CPU with AVX-512F), and with --kernel packed=off, where the same
+// GRU checks run on OpenBLAS's GEMM (tests/kernels_main.cpp sets them).
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -19,8 +19,8 @@
 
 #include "cpu/packed.h"
 #include "ops/op.h"
-#include "tape_internals.h"
 #include "segtape/blas.h"
+#include "segtape/kernels.h"
 #include "segtape/update.h"
 #include "util.h"
 
@@ -29,16 +29,13 @@ using namespace segtape::test;
 
 namespace {
 
-bool packed_off() {
-  const char* e = std::getenv("SEGTAPE_PACKED");
-  return e && std::string(e) == "0";
-}
+bool packed_off() { return kernels::options().packed == kernels::Packed::Off; }
 
 // Each element of C is, per block of the inner dimension (cpu::packed_k_block),
 // one chain of FMAs in k order from zero, added to C (beta 1 or a later
 // block) — the same bits from the AVX-512 and the AVX2 kernel.
 TEST(PackedGemm, EqualsADoubleReferenceAndItsFmaChainAtEveryBlockBoundaryAndTail) {
-  if (!cpu::packed_available()) GTEST_SKIP() << "no AVX-512F or AVX2 + FMA here (or SEGTAPE_PACKED=0): the packed kernel never runs";
+  if (!cpu::packed_available()) GTEST_SKIP() << "no AVX-512F or AVX2 + FMA here (or kernels::Packed::Off): the packed kernel never runs";
   SCOPED_TRACE(std::string("kernel ") + cpu::packed_kernel());
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> u(-1, 1);
@@ -100,9 +97,8 @@ TEST(PackedGemm, EqualsADoubleReferenceAndItsFmaChainAtEveryBlockBoundaryAndTail
   EXPECT_EQ(checked, 9 * 7 * 5 * 8);
 }
 
-TEST(PackedGemm, TheKernelTheEnvironmentAsksFor) {
-  const char* e = std::getenv("SEGTAPE_PACKED");
-  const std::string kernel = cpu::packed_kernel(), asked = e ? e : "";
+TEST(PackedGemm, TheKernelTheOptionsAskFor) {
+  const std::string kernel = cpu::packed_kernel(), asked = kernels::option_text("packed");
   EXPECT_TRUE(kernel == "avx512" || kernel == "avx2" || kernel == "none") << kernel;
   EXPECT_EQ(cpu::packed_available(), kernel != "none");
   std::string expected;
@@ -113,9 +109,27 @@ TEST(PackedGemm, TheKernelTheEnvironmentAsksFor) {
 #else
   expected = "none";
 #endif
-  if (asked == "0") expected = "none";
-  EXPECT_EQ(kernel, expected) << "SEGTAPE_PACKED=" << asked;
+  if (asked == "off") expected = "none";
+  EXPECT_EQ(kernel, expected) << "kernels::Options::packed " << asked;
   EXPECT_EQ(segtape::packed_kernel(), kernel) << "segtape/blas.h reports the same";
+}
+
+// The switch is read at each product: set inside a running program, it
+// chooses the next one's kernel, and a Scope puts the one before back.
+TEST(PackedGemm, TheOptionsChooseWhileTheProgramRuns) {
+  const std::string before = cpu::packed_kernel();
+  {
+    kernels::Options o = kernels::options();
+    o.packed = kernels::Packed::Off;
+    const kernels::Scope off(o);
+    EXPECT_STREQ(cpu::packed_kernel(), "none");
+    EXPECT_FALSE(cpu::packed_worthwhile(32, 384, 128));
+    kernels::set_option("packed", "avx2");
+    EXPECT_EQ(kernels::options().packed, kernels::Packed::Avx2);
+  }
+  EXPECT_EQ(cpu::packed_kernel(), before);
+  EXPECT_THROW(kernels::set_option("packed", "0"), Error);
+  EXPECT_EQ(cpu::packed_kernel(), before) << "a refused value changes nothing";
 }
 
 TEST(PackedGemm, TakenWhereTheKernelRuns) {
@@ -207,7 +221,7 @@ TEST(PackedGru, Float32EqualsFloat64InValuesAndGradients) {
 // product of a pass, and the products before take BLAS: a short segment
 // never pays for packing. Every step's state agrees with float64 either way.
 TEST(PackedGru, FewRowsPackAtTheProductThatPays) {
-  if (!cpu::packed_available()) GTEST_SKIP() << "no AVX-512F or AVX2 + FMA here (or SEGTAPE_PACKED=0): nothing is packed";
+  if (!cpu::packed_available()) GTEST_SKIP() << "no AVX-512F or AVX2 + FMA here (or kernels::Packed::Off): nothing is packed";
   constexpr int64_t I = 5, H = 40, T = cpu::kPackAfter + 3;
   for (int64_t B : {1, 3}) {
     Tape tape, tape64;
@@ -268,7 +282,7 @@ TEST(PackedGru, SmallWeightGradientsTakeOneThreadWhereOpenBlasHasMore) {
         }
         seg.backward(loss);
       }
-      batch_peak[run] = detail::TapeInternals::gru_batch(tape).buffers.peak();
+      batch_peak[run] = detail::cpu_gru(tape)->batch.buffers.peak();
       g[run] = grads(gru);
     }
     EXPECT_LT(rel_error(g[0], g[2]), 1e-5) << "B " << B << ", one thread";
@@ -314,7 +328,7 @@ TEST(PackedGru, AWeightAnOptimizerChangedInsideTheSegmentIsPackedAgain) {
 // without them (a replay reproduces its first pass). Dropping every packed
 // copy on any write, as b8abbf5 did, restarted the count.
 TEST(PackedGru, AnotherTensorsWriteLeavesThePathOfEachProduct) {
-  if (!cpu::packed_available()) GTEST_SKIP() << "no AVX-512F or AVX2 + FMA here (or SEGTAPE_PACKED=0): nothing is packed";
+  if (!cpu::packed_available()) GTEST_SKIP() << "no AVX-512F or AVX2 + FMA here (or kernels::Packed::Off): nothing is packed";
   constexpr int64_t B = 1, I = 5, H = 40, T = cpu::kPackAfter + 3;
   auto run = [&](bool touch) {
     Tape tape;
@@ -345,7 +359,7 @@ TEST(PackedGru, AnotherTensorsWriteLeavesThePathOfEachProduct) {
 // reads the new values, as a fresh segment's does. (Each wrote into a weight
 // whose stale copy the next product used, the view until 4273803.)
 TEST(PackedGru, AWeightWrittenInsideTheSegmentIsPackedAgain) {
-  if (!cpu::packed_available()) GTEST_SKIP() << "no AVX-512F or AVX2 + FMA here (or SEGTAPE_PACKED=0): nothing is packed";
+  if (!cpu::packed_available()) GTEST_SKIP() << "no AVX-512F or AVX2 + FMA here (or kernels::Packed::Off): nothing is packed";
   constexpr int64_t B = 8, I = 5, H = 48;
   const std::vector<const char*> writes = {"copy_into", "from_host", "from_host_bytes", "fill_value", "add_scalar", "data", "view"};
   for (const char* how : writes) {

@@ -14,6 +14,7 @@
 #include <cmath>
 
 #include "algorithm.h"
+#include "segtape/fnv.h"
 #include "segtape/ops.h"
 
 namespace segtape::agent {
@@ -150,7 +151,7 @@ uint64_t Supervised::take_ahead(int64_t n) {
   const int64_t B = step_.batch(), D = std::max<int64_t>(c_.env->spec().obs_dim, 1);
   std::fill(step_.actions.begin(), step_.actions.end(), 0);
   ahead_->load_state(c_.env->save_state());
-  uint64_t key = 0xcbf29ce484222325ull ^ uint64_t(n);
+  uint64_t key = fnv::kOffset ^ uint64_t(n);
   target_steps_ = 0, count_ = -1;
   bool reset = false;  // (the step's: after the loop, the last step's)
   for (int64_t i = 0; i < n; ++i) {
@@ -167,10 +168,12 @@ uint64_t Supervised::take_ahead(int64_t n) {
       ++target_steps_;
     }
     reset = (!sequence_ || i == n - 1) && std::any_of(dn.begin(), dn.end(), [](uint8_t d) { return d != 0; });
-    key = (key ^ (uint64_t(target) | uint64_t(reset) << 1)) * 0x100000001b3ull;
+    fnv::mix(key, uint64_t(target) | uint64_t(reset) << 1);
   }
-  if (sequence_ && count_ > 0)  // the pattern without the target steps: n, c and whether the last step resets
-    key = (0xcbf29ce484222325ull ^ uint64_t(n) ^ uint64_t(count_) << 32 ^ uint64_t(reset) << 31) * 0x100000001b3ull;
+  if (sequence_ && count_ > 0) {  // the pattern without the target steps: n, c and whether the last step resets
+    key = fnv::kOffset;
+    fnv::mix(key, uint64_t(n) ^ uint64_t(count_) << 32 ^ uint64_t(reset) << 31);
+  }
   return key | 1;  // (0: none)
 }
 

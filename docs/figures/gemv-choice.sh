@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GEMV against GEMM for the products with one row (B = 1) under each OpenBLAS
 # kernel set: bench/loop_bench at B = 1, H = 128, training and inference, with
-# SEGTAPE_GEMV=1 and SEGTAPE_GEMV=0 (engine/cpu/blas.cpp), interleaved round
+# --gemv on and --gemv off (segtape/kernels.h; engine/cpu/blas.cpp), interleaved round
 # after round. Prints a markdown table of µs per step (median, min–max) and
 # which is faster; segtape's automatic choice is marked.
 #
@@ -26,8 +26,8 @@ trap 'rm -f "$out"' EXIT
 for ((r = 1; r <= rounds; r++)); do
   for core in "${list[@]}"; do
     for infer in 0 1; do
-      for g in 1 0; do
-        us=$(SEGTAPE_GEMV=$g OPENBLAS_CORETYPE="$core" OPENBLAS_NUM_THREADS=1 "$bin" --batch 1 --hidden 128 --segments "$segments" --infer "$infer" 2>/dev/null)
+      for g in on off; do
+        us=$(OPENBLAS_CORETYPE="$core" OPENBLAS_NUM_THREADS=1 "$bin" --gemv "$g" --batch 1 --hidden 128 --segments "$segments" --infer "$infer" 2>/dev/null)
         echo "$core $infer $g $us" >>"$out"
       done
     done
@@ -43,10 +43,10 @@ for line in open(path):
 auto_gemm = {"SkylakeX", "Cooperlake"}  # engine/cpu/blas.cpp keeps GEMM for these
 print(f"`bash docs/figures/gemv-choice.sh --rounds {rounds} --segments {segments}`: B = 1, H = 128, one thread, "
       f"µs per step (median, min–max over {rounds} interleaved rounds); * marks segtape's automatic choice.\n")
-print("| OpenBLAS kernels | step | GEMV (SEGTAPE_GEMV=1) | GEMM (SEGTAPE_GEMV=0) | GEMM / GEMV |")
+print("| OpenBLAS kernels | step | GEMV (--gemv on) | GEMM (--gemv off) | GEMM / GEMV |")
 print("|---|---|---|---|---|")
 for (core, infer), d in rows.items():
-    v, m = d['1'], d['0']
+    v, m = d['on'], d['off']
     mv, mm = statistics.median(v), statistics.median(m)
     star_v, star_m = ("", "*") if core in auto_gemm else ("*", "")
     print(f"| {core} | {'inference' if infer == '1' else 'training'} | {mv:.1f} ({min(v):.1f}–{max(v):.1f}){star_v} | "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The packed GRU weight products (engine/cpu/packed.h) on and off: bench/loop_bench's
-# training step at each size with SEGTAPE_PACKED=1 (the best kernel the CPU
-# has: AVX-512F, else AVX2 + FMA) and SEGTAPE_PACKED=0 (OpenBLAS's GEMM for
+# training step at each size with --packed best (the best kernel the CPU
+# has: AVX-512F, else AVX2 + FMA) and --packed off (OpenBLAS's GEMM for
 # every product), one OpenBLAS thread, interleaved round after round (which
 # goes first alternates). A size BxH:infer times the inference step instead.
 # Prints a markdown table of µs per step (median, min–max), the ratio of the
@@ -30,17 +30,17 @@ for ((r = 1; r <= rounds; r++)); do
     infer=0
     [[ $size == *:infer ]] && infer=1 size=${size%:infer}
     b=${size%x*} h=${size#*x}
-    order=(1 0)
-    ((r % 2 == 0)) && order=(0 1)  # alternate which goes first
+    order=(best off)
+    ((r % 2 == 0)) && order=(off best)  # alternate which goes first
     for p in "${order[@]}"; do
-      us=$(SEGTAPE_PACKED=$p OPENBLAS_NUM_THREADS=1 "$bin" --batch "$b" --hidden "$h" --segments "$segments" --infer "$infer" 2>/dev/null)
+      us=$(OPENBLAS_NUM_THREADS=1 "$bin" --packed "$p" --batch "$b" --hidden "$h" --segments "$segments" --infer "$infer" 2>/dev/null)
       echo "$b $h $infer $p $us" >>"$out"
     done
   done
 done
 # OpenBLAS's kernel set as it chose it (OPENBLAS_CORETYPE, when set, chooses it),
-# and the packed kernel SEGTAPE_PACKED=1 takes, as the program reports them.
-kernels=$(SEGTAPE_PACKED=1 "$bin" --kernels 1)
+# and the packed kernel --packed best takes, as the program reports them.
+kernels=$("$bin" --packed best --kernels 1)
 core=$(sed -n 's/^openblas //p' <<<"$kernels")
 packed=$(sed -n 's/^packed //p' <<<"$kernels")
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
@@ -55,10 +55,10 @@ for line in open(path):
     rows.setdefault((b, h, infer), {}).setdefault(p, []).append(float(us))
 print(f"`{env}bash docs/figures/packed-choice.sh --rounds {rounds} --segments {segments} --sizes {sizes}` on {cpu} "
       f"(OpenBLAS kernels: {core}; packed kernel: {packed}): one thread, µs per step (median, min–max over {rounds} interleaved rounds).\n")
-print("| B, H | step | packed (SEGTAPE_PACKED=1) | OpenBLAS GEMM (SEGTAPE_PACKED=0) | packed / GEMM, of the medians | packed / GEMM, round by round: median (min–max) |")
+print("| B, H | step | packed (--packed best) | OpenBLAS GEMM (--packed off) | packed / GEMM, of the medians | packed / GEMM, round by round: median (min–max) |")
 print("|---|---|---|---|---|---|")
 for (b, h, infer), d in rows.items():
-    on, off = d['1'], d['0']
+    on, off = d['best'], d['off']
     mo, mf = statistics.median(on), statistics.median(off)
     per = [x / y for x, y in zip(on, off)]  # the two runs of one round ran back to back
     print(f"| {b}, {h} | {'inference' if infer == '1' else 'training'} | {mo:.1f} ({min(on):.1f}–{max(on):.1f}) | "

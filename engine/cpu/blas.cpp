@@ -2,6 +2,7 @@
 #include "packed.h"
 
 #include "segtape/blas.h"
+#include "segtape/kernels.h"
 
 #include <cblas.h>
 
@@ -69,10 +70,15 @@ void xgemv(CBLAS_TRANSPOSE t, blasint rows, blasint cols, double alpha, const do
 // step in sgemm_incopy); GEMV reads the matrix once, in place. The exception
 // is OpenBLAS's AVX-512 kernels (SkylakeX, Cooperlake), whose GEMM has a path
 // for small products without packing that beats their GEMV (docs/benchmarks.md
-// has the measurements). SEGTAPE_GEMV=1 or 0 overrides the choice.
+// has the measurements). kernels::Options::gemv (segtape/kernels.h) may
+// choose instead; Auto is this choice, made once from OpenBLAS's kernel set.
 bool use_gemv() {
-  static const bool use = [] {
-    if (const char* v = std::getenv("SEGTAPE_GEMV"); v && (v[0] == '0' || v[0] == '1') && v[1] == '\0') return v[0] == '1';
+  switch (kernels::options().gemv) {
+    case kernels::Gemv::On: return true;
+    case kernels::Gemv::Off: return false;
+    case kernels::Gemv::Auto: break;
+  }
+  static const bool by_kernels = [] {
     // Compared without case: an OpenBLAS built for one CPU may name it in
     // capitals. SapphireRapids is 0.3.22's name for kernels with the same
     // AVX-512 GEMM (0.3.21 maps that CPU to Cooperlake); not measured here.
@@ -80,7 +86,7 @@ bool use_gemv() {
     for (char& c : core) c = char(std::tolower(static_cast<unsigned char>(c)));
     return core != "skylakex" && core != "cooperlake" && core != "sapphirerapids";
   }();
-  return use;
+  return by_kernels;
 }
 
 template <class T>

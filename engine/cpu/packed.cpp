@@ -3,9 +3,10 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <utility>
+
+#include "segtape/kernels.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SEGTAPE_PACKED_KERNEL 1
@@ -101,20 +102,24 @@ SEGTAPE_AVX2 void transpose_tile8(const float* w, int64_t K, float* dst) {
 
 enum class Isa { none, avx2, avx512 };
 
-// The kernel this process runs, chosen once: SEGTAPE_PACKED=0 none,
-// SEGTAPE_PACKED=avx2 the AVX2 kernel even on a CPU with AVX-512F, otherwise
-// the best the CPU has (AVX-512F, else AVX2 with FMA, else none).
+// The kernel that runs, by kernels::Options::packed (segtape/kernels.h): Off
+// none, Avx2 the AVX2 kernel even on a CPU with AVX-512F, Best the best the
+// CPU has (AVX-512F, else AVX2 with FMA, else none). The CPU is asked once.
 Isa isa() {
 #ifdef SEGTAPE_PACKED_KERNEL
-  static const Isa chosen = [] {
-    const char* e = std::getenv("SEGTAPE_PACKED");
-    if (e && std::strcmp(e, "0") == 0) return Isa::none;
+  struct Cpu {
+    bool avx2, avx512;
+  };
+  static const Cpu cpu = [] {
     __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (e && std::strcmp(e, "avx2") == 0) return avx2 ? Isa::avx2 : Isa::none;
-    return __builtin_cpu_supports("avx512f") ? Isa::avx512 : avx2 ? Isa::avx2 : Isa::none;
+    return Cpu{__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"), bool(__builtin_cpu_supports("avx512f"))};
   }();
-  return chosen;
+  switch (kernels::options().packed) {
+    case kernels::Packed::Off: return Isa::none;
+    case kernels::Packed::Avx2: return cpu.avx2 ? Isa::avx2 : Isa::none;
+    case kernels::Packed::Best: break;
+  }
+  return cpu.avx512 ? Isa::avx512 : cpu.avx2 ? Isa::avx2 : Isa::none;
 #else
   return Isa::none;
 #endif

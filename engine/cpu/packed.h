@@ -10,14 +10,13 @@
 
 namespace segtape::cpu {
 
-// Whether the packed kernel may run in this process: an x86-64 CPU with
-// AVX-512F or AVX2 + FMA, and SEGTAPE_PACKED not "0" in the environment
-// (read once).
+// Whether the packed kernel may run now: an x86-64 CPU with AVX-512F or
+// AVX2 + FMA, and kernels::Options::packed (segtape/kernels.h) not Off.
 bool packed_available();
 
 // The kernel that runs: "avx512", "avx2" or "none". The best the CPU has;
-// SEGTAPE_PACKED=avx2 takes the AVX2 kernel on a CPU with AVX-512F too (both
-// give the same bits), SEGTAPE_PACKED=0 none.
+// kernels::Packed::Avx2 takes the AVX2 kernel on a CPU with AVX-512F too
+// (both give the same bits), kernels::Packed::Off none.
 const char* packed_kernel();
 
 // Whether a product of these sizes may take the packed path: packed_available(),

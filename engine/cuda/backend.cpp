@@ -6,7 +6,6 @@
 #include "check.h"
 #include "cuda_backend.h"
 #include "ops/op.h"
-#include "fnv.h"
 
 namespace segtape::cuda {
 namespace {

@@ -100,9 +100,9 @@ class CudaBackend final : public detail::Backend {
             int64_t ldb, double beta, double* C, int64_t ldc);
   GruPlan& gru_plan(int64_t T, int64_t B, int64_t I, int64_t H, DType d);
   // Whether gru_sequence of [*, B, *] with H units runs fused on this device,
-  // and how (fused::device_plan, made once per shape). With honour_env,
-  // SEGTAPE_FUSED_GRU=0 in the environment says no.
-  fused::Plan fused_gru_plan(int64_t B, int64_t H, DType d, bool honour_env = true);
+  // and how (fused::device_plan, made once per shape). With honour_switch,
+  // kernels::Options::fused_gru false (segtape/kernels.h) says no.
+  fused::Plan fused_gru_plan(int64_t B, int64_t H, DType d, bool honour_switch = true);
 
  private:
   bool in_graph_segment() const { return schedule_.in_graph_segment(); }

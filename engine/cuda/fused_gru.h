@@ -37,7 +37,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "hd.h"
@@ -91,12 +90,6 @@ struct BwdSmem {  // W^T [Hs][Rp] (W_hh's columns of its units), dgh [B][Rp], pu
 // there (no sm_90 code; the cluster cannot be resident). Not used in a build
 // without the CUDA backend, or where the device cannot be queried.
 Plan device_plan(int64_t B, int64_t H, size_t elem);
-
-// SEGTAPE_FUSED_GRU=0 in the environment: the forward passes take cuDNN's GRU.
-inline bool off_by_env() {
-  const char* v = std::getenv("SEGTAPE_FUSED_GRU");
-  return v && v[0] == '0' && v[1] == '\0';
-}
 
 // A block's step below which the plan splits the units over no more blocks:
 // Bg Hs outputs of 3H terms each, every term two reads of shared memory.

@@ -32,6 +32,7 @@
 #include "check.h"
 #include "cuda_backend.h"
 #include "ops/op.h"
+#include "segtape/kernels.h"
 #include "tape_internals.h"
 
 namespace segtape::cuda {
@@ -181,7 +182,7 @@ void fused_forward(CudaBackend& be, Tape& tape, Node& n, const fused::Plan& p) {
 void fused_backward(CudaBackend& be, Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst) {
   const Tensor &x = n.in[0], &h0 = n.in[1];
   const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = h0.dim(1);
-  const fused::Plan p = be.fused_gru_plan(B, H, x.dtype, /*honour_env=*/false);  // what the forward ran, whatever the environment says now
+  const fused::Plan p = be.fused_gru_plan(B, H, x.dtype, /*honour_switch=*/false);  // what the forward ran, whatever the switch says now
   if (!p.use || p.C != n.ia[1] || p.S != n.ia[2])
     throw TapeError("gru_sequence: backward of a fused forward that its plan no longer gives (" +
                     (p.use ? "cluster " + std::to_string(p.C) + ", " + std::to_string(p.S) + " lanes" : p.why_not) + ")");
@@ -256,10 +257,10 @@ fused::Plan fused::device_plan(int64_t B, int64_t H, size_t elem) {
 
 bool CudaBackend::gru_sequence_keeps(int64_t B, int64_t H, DType d) { return fused_gru_plan(B, H, d).use; }
 
-fused::Plan CudaBackend::fused_gru_plan(int64_t B, int64_t H, DType d, bool honour_env) {
-  if (honour_env && fused::off_by_env()) {
+fused::Plan CudaBackend::fused_gru_plan(int64_t B, int64_t H, DType d, bool honour_switch) {
+  if (honour_switch && !kernels::options().fused_gru) {
     fused::Plan off;
-    off.why_not = "SEGTAPE_FUSED_GRU=0";
+    off.why_not = "kernels::Options::fused_gru is off";
     return off;
   }
   for (const FusedPlan& f : fused_plans_)

@@ -1,5 +1,5 @@
 // segtape's own CUDA kernels (declared in kernels.h): elementwise ops (the
-// formulas of engine/ops/elementwise.h, shared with the CPU), deterministic
+// formulas of segtape/op_list.h as ops/elementwise.h makes them, shared with the CPU), deterministic
 // reductions, softmax / cross-entropy rows, copies, embedding. The CPU kernels
 // of the other families are in engine/ops/<family>.cpp; the formulas here
 // follow them term by term.

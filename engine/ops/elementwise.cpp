@@ -1,7 +1,7 @@
 // The elementwise family: the unary ops and the binary ops with broadcasting
-// listed in ops/elementwise.h, where their formulas, forward and backward,
-// are. Here are their public functions, the CPU loops over those formulas and
-// the CUDA launches of the kernels over them.
+// of segtape/op_list.h, where their formulas, forward and backward, are
+// (ops/elementwise.h makes structs of them). Here are their public functions,
+// the CPU loops over those formulas and the CUDA launches of the kernels over them.
 #include "ops/elementwise.h"
 
 #include "cpu/vmath.h"
@@ -47,7 +47,10 @@ Tensor binary(OpKind k, const char* op, const Tensor& a, const Tensor& b) {
   Tensor name(const Tensor& a) { return unary<ops::Kind>(OpKind::Kind, #name, a); }
 SEGTAPE_UNARY_PLAIN_OPS(SEGTAPE_UNARY_FN)
 #undef SEGTAPE_UNARY_FN
-Tensor scale(const Tensor& a, double s) { return unary<ops::Scale>(OpKind::Scale, "scale", a, s); }
+#define SEGTAPE_UNARY_SCALAR_FN(Kind, name, ...) \
+  Tensor name(const Tensor& a, double s) { return unary<ops::Kind>(OpKind::Kind, #name, a, s); }
+SEGTAPE_UNARY_SCALAR_OPS(SEGTAPE_UNARY_SCALAR_FN)
+#undef SEGTAPE_UNARY_SCALAR_FN
 #define SEGTAPE_BINARY_FN(Kind, name, ...) \
   Tensor name(const Tensor& a, const Tensor& b) { return binary<ops::Kind>(OpKind::Kind, #name, a, b); }
 SEGTAPE_BINARY_OPS(SEGTAPE_BINARY_FN)

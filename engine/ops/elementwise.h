@@ -1,39 +1,16 @@
-// Engine-internal: the elementwise ops, each written once. One line per op
-// holds its forward and its backward; the CPU loops (ops/elementwise.cpp,
-// with the vectorized cpu::Math) and the CUDA kernels (cuda/kernels.cu, with
-// cuda::Math) are generic over these structs, so adding an op here (and its
-// OpKind in tape.h, its declaration in ops.h) adds it on every device.
+// Engine-internal: the elementwise ops, each written once. Their lines in
+// segtape/op_list.h hold each one's forward and backward; here they become
+// formula structs (ops::Tanh, ...), over which the CPU loops
+// (ops/elementwise.cpp, with the vectorized cpu::Math) and the CUDA kernels
+// (cuda/kernels.cu, with cuda::Math) are generic, so a line added there adds
+// the op on every device.
 //
 // Compiled by g++ (C++20) and nvcc (C++17): no C++20 here.
-//
-// In a formula: x the input (a for binary ops, b the broadcast operand), y the
-// output, g the output's gradient, s the op's scalar (scale's factor, else 0),
-// M the math of the device (M::exp, M::log, M::tanh, M::sigmoid, M::log1p).
 #pragma once
 #include <cstdint>
 
 #include "hd.h"
-
-// X(Kind, name, forward y(x, s), backward dx(g, x, y, s)). The public
-// function is name(a); the ops of SEGTAPE_UNARY_SCALAR_OPS take s too: name(a, s).
-#define SEGTAPE_UNARY_PLAIN_OPS(X)                                                               \
-  X(Neg, neg, -x, -g)                                                                            \
-  X(Tanh, tanh, M::tanh(x), g * (T(1) - y * y))                                                  \
-  X(Sigmoid, sigmoid, M::sigmoid(x), g * y * (T(1) - y))                                         \
-  X(Relu, relu, x < T(0) ? T(0) : x, x > T(0) ? g : T(0))                                       \
-  X(Exp, exp, M::exp(x), g * y)                                                                  \
-  X(Log, log, M::log(x), g / x)                                                                  \
-  X(Softplus, softplus, x > T(20) ? x : M::log1p(M::exp(x)), x > T(20) ? g : g * M::sigmoid(x))
-#define SEGTAPE_UNARY_SCALAR_OPS(X) X(Scale, scale, s * x, s * g)
-#define SEGTAPE_UNARY_OPS(X) SEGTAPE_UNARY_PLAIN_OPS(X) SEGTAPE_UNARY_SCALAR_OPS(X)
-
-// X(Kind, name, forward o(a, b), da(g, a, b), db(g, a, b)); b broadcasts over a
-// (its row's element), and db is summed over the broadcast rows.
-#define SEGTAPE_BINARY_OPS(X)                           \
-  X(Add, add, a + b, g, g)                              \
-  X(Sub, sub, a - b, g, -g)                             \
-  X(Mul, mul, a * b, g * b, g * a)                      \
-  X(Div, div, a / b, g / b, -g * a / (b * b))
+#include "segtape/op_list.h"
 
 namespace segtape::ops {
 

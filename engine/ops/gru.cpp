@@ -45,10 +45,10 @@ void gru_gate_row(int64_t H, const T* __restrict gi, const T* __restrict gh, con
 // C [M, N] = A [M, K] op(w) + beta C for a GRU weight w [N, K] (trans) or
 // [K, N]: with w packed once per pass where that applies (detail::packed_weight), else BLAS.
 template <class T>
-void weight_product(Tape& t, const Tensor& w, bool trans, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, T beta, T* C,
-                    int64_t ldc) {
+void weight_product(detail::PackedWeights& pw, const Tensor& w, bool trans, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
+                    T beta, T* C, int64_t ldc) {
   if constexpr (std::is_same_v<T, float>) {
-    if (const float* p = detail::packed_weight(t, w, M, K, N, trans)) {
+    if (const float* p = detail::packed_weight(pw, w, M, K, N, trans)) {
       cpu::packed_gemm(M, N, K, A, lda, p, beta, C, ldc);
       return;
     }
@@ -59,13 +59,13 @@ void weight_product(Tape& t, const Tensor& w, bool trans, int64_t M, int64_t N, 
 // The GRU gates of one step into S [B, 4H] (r, z, n, W_hn h + b_hn per row);
 // with y non-null also the new state y [B, H]. Pre-activations go to the op workspace.
 template <class T>
-void gru_gates(Tape& t, const Node& nd, T* S, T* y) {
+void gru_gates(Tape& t, detail::PackedWeights& pw, const Node& nd, T* S, T* y) {
   const Tensor &x = nd.in[0], &h = nd.in[1], &w_ih = nd.in[2], &w_hh = nd.in[3];
   const int64_t B = x.dim(0), I = x.dim(1), H = h.dim(1);
   T* gi = static_cast<T*>(In::scratch(t, size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
   T* gh = static_cast<T*>(In::scratch(t, size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
-  weight_product<T>(t, w_ih, true, B, 3 * H, I, static_cast<const T*>(x.ptr), I, T(0), gi, 3 * H);
-  weight_product<T>(t, w_hh, true, B, 3 * H, H, static_cast<const T*>(h.ptr), H, T(0), gh, 3 * H);
+  weight_product<T>(pw, w_ih, true, B, 3 * H, I, static_cast<const T*>(x.ptr), I, T(0), gi, 3 * H);
+  weight_product<T>(pw, w_hh, true, B, 3 * H, H, static_cast<const T*>(h.ptr), H, T(0), gh, 3 * H);
   const T* bi = static_cast<const T*>(nd.in[4].ptr);
   const T* bh = static_cast<const T*>(nd.in[5].ptr);
   const T* hp = static_cast<const T*>(h.ptr);
@@ -131,17 +131,15 @@ void gru_backward_row(int64_t H, const T* __restrict g, const T* __restrict hp, 
     for (int64_t j = 0; j < H; ++j) dh[j] += g[j] * S[H + j];
 }
 
-// Whether b continues the batch a started: the same weights, shapes, dtype and gradient buffers.
-bool same_gru_group(const Node& a, const Node& b, const ops::Grads& dst) {
+// Whether b continues the batch gb holds (started by a): the same weights, shapes, dtype and gradient buffers.
+bool same_gru_group(const detail::GruBatch& gb, const Node& a, const Node& b, const ops::Grads& dst) {
   for (int j = 2; j < 6; ++j)
     if (a.in[j].ptr != b.in[j].ptr) return false;
-  const detail::GruBatch& gb = In::gru_batch(*b.out.tape);
   return a.in[0].shape == b.in[0].shape && a.in[1].shape == b.in[1].shape && a.out.dtype == b.out.dtype &&
          gb.dw[0] == dst[2] && gb.dw[1] == dst[3] && gb.dw[2] == dst[4] && gb.dw[3] == dst[5];
 }
 
-void start_gru_batch(Tape& tape, const Node& n, const ops::Grads& dst) {
-  detail::GruBatch& gb = In::gru_batch(tape);
+void start_gru_batch(detail::GruBatch& gb, const Node& n, const ops::Grads& dst) {
   const int64_t B = n.in[0].dim(0), I = n.in[0].dim(1), H = n.in[1].dim(1);
   const size_t es = dtype_size(n.out.dtype);
   // ~max(128, H) stacked rows make the weight GEMMs efficient without a large
@@ -266,11 +264,12 @@ Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const
 
 namespace ops {
 
-void gru_cell_forward_cpu(Tape& t, Node& n) {
-  detail::dispatch(n.out.dtype, [&]<class T>() { gru_gates<T>(t, n, static_cast<T*>(n.saved), static_cast<T*>(n.out.ptr)); });
+void gru_cell_forward_cpu(Tape& t, detail::CpuGru& gru, Node& n) {
+  detail::dispatch(n.out.dtype,
+                   [&]<class T>() { gru_gates<T>(t, gru.packed, n, static_cast<T*>(n.saved), static_cast<T*>(n.out.ptr)); });
 }
 
-void gru_cell_backward_cpu(Tape& tape, const Node& nd, const void* gout, const Grads& dst) {
+void gru_cell_backward_cpu(Tape& tape, detail::CpuGru& gru, const Node& nd, const void* gout, const Grads& dst) {
   detail::dispatch(nd.out.dtype, [&]<class T>() {
     const Tensor &xin = nd.in[0], &hin = nd.in[1], &w_ih = nd.in[2], &w_hh = nd.in[3];
     const int64_t B = xin.dim(0), I = xin.dim(1), H = hin.dim(1);
@@ -278,18 +277,18 @@ void gru_cell_backward_cpu(Tape& tape, const Node& nd, const void* gout, const G
     const T* S = static_cast<const T*>(nd.saved);
     if (!S) {  // recompute mode: the gates again, from the inputs
       T* R = static_cast<T*>(In::scratch(tape, size_t(B * 4 * H) * sizeof(T)));
-      gru_gates<T>(tape, nd, R, nullptr);
+      gru_gates<T>(tape, gru.packed, nd, R, nullptr);
       S = R;
     }
     const T* hp = static_cast<const T*>(hin.ptr);
     // Deferred weight gradients: this step's rows go into the batch (see detail::GruBatch).
-    detail::GruBatch& gb = In::gru_batch(tape);
+    detail::GruBatch& gb = gru.batch;
     const bool batch = tape.options().batch_weight_grads && w_ih.node < 0 && w_hh.node < 0 && dst[2] && dst[3] &&
                        (!dst[4] || nd.in[4].node < 0) && (!dst[5] || nd.in[5].node < 0);
     T *dgi, *dgh;
     if (batch) {
-      if (gb.first && !same_gru_group(*gb.first, nd, dst)) detail::flush_gru_batch(tape);
-      if (!gb.first) start_gru_batch(tape, nd, dst);
+      if (gb.first && !same_gru_group(gb, *gb.first, nd, dst)) detail::flush_gru_batch(gb);
+      if (!gb.first) start_gru_batch(gb, nd, dst);
       const int64_t slot = gb.count++;
       --gb.remaining;
       dgi = static_cast<T*>(gb.dgi) + slot * B * 3 * H;
@@ -304,10 +303,10 @@ void gru_cell_backward_cpu(Tape& tape, const Node& nd, const void* gout, const G
     for (int64_t b = 0; b < B; ++b)
       gru_backward_row<T>(H, g + b * H, hp + b * H, S + b * 4 * H, dgi + b * 3 * H, dgh + b * 3 * H, dh ? dh + b * H : nullptr);
     const T* px = static_cast<const T*>(xin.ptr);
-    if (T* dx = static_cast<T*>(dst[0])) weight_product<T>(tape, w_ih, false, B, I, 3 * H, dgi, 3 * H, T(1), dx, I);
-    if (dh) weight_product<T>(tape, w_hh, false, B, H, 3 * H, dgh, 3 * H, T(1), dh, H);
+    if (T* dx = static_cast<T*>(dst[0])) weight_product<T>(gru.packed, w_ih, false, B, I, 3 * H, dgi, 3 * H, T(1), dx, I);
+    if (dh) weight_product<T>(gru.packed, w_hh, false, B, H, 3 * H, dgh, 3 * H, T(1), dh, H);
     if (batch) {
-      if (gb.count == gb.capacity) detail::flush_gru_batch(tape);
+      if (gb.count == gb.capacity) detail::flush_gru_batch(gb);
       return;
     }
     gru_weight_grads<T>(B, I, H, dgi, dgh, px, hp, {dst[2], dst[3], dst[4], dst[5]});
@@ -318,8 +317,7 @@ void gru_cell_backward_cpu(Tape& tape, const Node& nd, const void* gout, const G
 
 namespace detail {
 
-void flush_gru_batch(Tape& tape) {
-  GruBatch& gb = In::gru_batch(tape);
+void flush_gru_batch(GruBatch& gb) {
   if (gb.first && gb.count > 0) {
     const Node& n = *gb.first;
     const int64_t rows = gb.count * n.in[0].dim(0), I = n.in[0].dim(1), H = n.in[1].dim(1);
@@ -333,24 +331,21 @@ void flush_gru_batch(Tape& tape) {
   gb.count = 0;
 }
 
-void clear_packed(Tape& tape) {
-  PackedWeights& pw = In::packed(tape);
+void clear_packed(PackedWeights& pw) {
   if (pw.count == 0) return;
   pw.count = 0;
   pw.buffers.reset();
 }
 
-void packed_written(Tape& tape, const void* p, size_t bytes) {
-  PackedWeights& pw = In::packed(tape);
+void packed_written(PackedWeights& pw, const void* p, size_t bytes) {
   for (int i = 0; i < pw.count; ++i) {
     PackedWeights::Entry& e = pw.entries[size_t(i)];
     if (e.data && bytes_overlap(p, bytes, e.src, size_t(e.K * e.N) * sizeof(float))) e.stale = true;
   }
 }
 
-const float* packed_weight(Tape& tape, const Tensor& w, int64_t M, int64_t K, int64_t N, bool trans) {
+const float* packed_weight(PackedWeights& pw, const Tensor& w, int64_t M, int64_t K, int64_t N, bool trans) {
   if (w.dtype != DType::F32 || w.space != Space::Persistent || !cpu::packed_worthwhile(M, N, K)) return nullptr;
-  PackedWeights& pw = In::packed(tape);
   PackedWeights::Entry* e = nullptr;
   for (int i = 0; i < pw.count && !e; ++i) {
     PackedWeights::Entry& c = pw.entries[size_t(i)];
@@ -373,8 +368,7 @@ const float* packed_weight(Tape& tape, const Tensor& w, int64_t M, int64_t K, in
   return data;
 }
 
-void prepare_gru_batch(Tape& tape, int64_t last_node) {
-  GruBatch& gb = In::gru_batch(tape);
+void prepare_gru_batch(GruBatch& gb, const Tape& tape, int64_t last_node) {
   gb.first = nullptr;
   gb.count = 0;
   gb.remaining = 0;

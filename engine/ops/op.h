@@ -91,8 +91,11 @@ struct GruBatch {
   void* h = nullptr;    // [capacity * B, H]
   void* dw[4] = {};     // gradient buffers of w_ih, w_hh, b_ih, b_hh
 };
+// Counts the GRU nodes of a backward over nodes [0, last_node] of the tape
+// that may be batched (sets `remaining`) and empties the batch.
+void prepare_gru_batch(GruBatch& gb, const Tape& tape, int64_t last_node);
 // Accumulates what the batch holds into the weight gradients and empties it.
-void flush_gru_batch(Tape& tape);
+void flush_gru_batch(GruBatch& gb);
 
 // Weights packed for cpu::packed_gemm (engine/cpu/packed.h): a GRU's W_ih and
 // W_hh are packed at their first product of a pass (under cpu::kFewRows rows,
@@ -113,15 +116,15 @@ struct PackedWeights {
   std::array<Entry, 8> entries{};
   int count = 0;
 };
-void clear_packed(Tape& tape);
+void clear_packed(PackedWeights& pw);
 // Bytes [p, p + bytes) were written (or handed out to be written): the packed
 // copies of weights they overlap are marked stale and repacked in place at
 // their next product. The choice of kernel for each product (its place in its
 // pass) stays as it was, so a replay takes the same path. Every write segtape
-// sees calls it, most through detail::tensor_written (segtape/tensor.h):
-// copy_into, from_host(_bytes), data<T>() with a non-const T, fill_value,
-// add_scalar, the optimizer steps.
-void packed_written(Tape& tape, const void* p, size_t bytes);
+// sees reaches it, most through detail::tensor_written (segtape/tensor.h) and
+// Backend::bytes_written: copy_into, from_host(_bytes), data<T>() with a
+// non-const T, fill_value, add_scalar, the optimizer steps.
+void packed_written(PackedWeights& pw, const void* p, size_t bytes);
 // The persistent weight w as the packed operand B [K, N] of C [M, N] = A B
 // (B = w^T when trans), packed now if it is not yet; nullptr where the packed
 // path does not apply (not float32, not persistent, too small, neither AVX-512F nor AVX2 + FMA,
@@ -129,9 +132,19 @@ void packed_written(Tape& tape, const void* p, size_t bytes);
 // (B = 1: each product reads the weight once, so packing it pays only over
 // several) the weight is packed at its cpu::kPackAfter-th such product in the
 // pass; the ones before take BLAS, so a short segment never packs.
-const float* packed_weight(Tape& tape, const Tensor& w, int64_t M, int64_t K, int64_t N, bool trans);
-// Counts the GRU nodes of this backward that may be batched (sets `remaining`).
-void prepare_gru_batch(Tape& tape, int64_t last_node);
+const float* packed_weight(PackedWeights& pw, const Tensor& w, int64_t M, int64_t K, int64_t N, bool trans);
+
+// What the CPU backend (engine/cpu/backend.cpp, also the host-emulated
+// device) keeps for the GRU, one per tape: backward's weight-gradient batch
+// and the packed weights. Its backward_begin / backward_end, segment_begin
+// and bytes_written hooks (engine/backend.h) drive them; the GRU's CPU
+// kernels (ops/gru.cpp) are handed it.
+struct CpuGru {
+  GruBatch batch;
+  PackedWeights packed;
+};
+// The CPU backend's CpuGru of a tape; nullptr on a CUDA tape (tests look at its buffers).
+CpuGru* cpu_gru(Tape& tape);
 }  // namespace detail
 
 namespace ops {
@@ -196,8 +209,8 @@ void transpose_forward_cpu(Node& n);
 void transpose_backward_cpu(const Node& n, const void* g, const Grads& d);
 void embedding_forward_cpu(Node& n);
 void embedding_backward_cpu(const Node& n, const void* g, const Grads& d);
-void gru_cell_forward_cpu(Tape& t, Node& n);                                          // ops/gru.cpp
-void gru_cell_backward_cpu(Tape& t, const Node& n, const void* g, const Grads& d);
+void gru_cell_forward_cpu(Tape& t, detail::CpuGru& gru, Node& n);                     // ops/gru.cpp
+void gru_cell_backward_cpu(Tape& t, detail::CpuGru& gru, const Node& n, const void* g, const Grads& d);
 
 // ---- the CUDA backend's, by family, in the same files (compiled when CUDA
 // is, SEGTAPE_HAVE_CUDA; engine/cuda/op_table.cpp dispatches to them). Same

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "nccl.h"
+#include "segtape/fnv.h"
 #include "segtape/update.h"
 
 #ifdef SEGTAPE_HAVE_MPI
@@ -222,12 +223,6 @@ class Mpi final : public Communicator {
 
 #endif  // SEGTAPE_HAVE_MPI
 
-uint64_t fnv(uint64_t h, const void* p, size_t n) {
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 }  // namespace
 
 std::unique_ptr<Communicator> local() { return std::make_unique<Local>(); }
@@ -339,12 +334,12 @@ void raise_if_any(Communicator& c, const std::string& error) {
 }
 
 uint64_t parameter_checksum(const nn::Module& m) {
-  uint64_t h = 14695981039346656037ull;
+  uint64_t h = fnv::kOffset;
   std::vector<std::byte> bytes;
   for (const Tensor& p : m.parameters()) {
     bytes.resize(p.nbytes());
     p.to_host_bytes(bytes);
-    h = fnv(h, bytes.data(), bytes.size());
+    h = fnv::bytes(bytes.data(), bytes.size(), h);
   }
   return h;
 }

@@ -34,24 +34,13 @@ from ._segtape import (  # noqa: F401  (re-exported)
     ShapeError,
     TapeError,
     Tensor,
-    add,
     blas_better_kernels,
     blas_kernels,
-    packed_kernel,
-    concat,
-    cross_entropy,
     cuda_built,
-    div,
-    embedding,
     format_bytes,
-    gru_cell,
-    gru_sequence,
-    matmul,
-    mse_loss,
-    mul,
-    scale,
-    slice,
-    sub,
+    kernel_options,
+    packed_kernel,
+    set_kernel_options,
 )
 
 __version__ = "0.1.0"
@@ -336,12 +325,15 @@ def _array(self, dtype=None, copy=None):
 Tensor.__array__ = _array
 
 
-# The ops as functions: the Tensor methods themselves (segtape.tanh(x) is x.tanh()).
-tanh, sigmoid, relu, exp, log = Tensor.tanh, Tensor.sigmoid, Tensor.relu, Tensor.exp, Tensor.log
-softplus, softmax, log_softmax = Tensor.softplus, Tensor.softmax, Tensor.log_softmax
-sum, mean = Tensor.sum, Tensor.mean  # noqa: A001  (torch.sum's name); sum(x, axis=None)
-reshape, transpose, detach = Tensor.reshape, Tensor.t, Tensor.detach
-neg = Tensor.__neg__
+# The ops as functions, one per op of segtape/op_list.h (the extension's _ops:
+# (family, kind, name); the Leaf is Segment.input): segtape.tanh(x) is
+# x.tanh(), segtape.sum(x, axis=None) (torch.sum's name) x.sum(axis). One the
+# extension does not bind is left out here, and test_op_list.py names it.
+for _family, _kind, _name in _C._ops:
+    if _family != "Leaf" and hasattr(_C, _name):
+        globals()[_name] = getattr(_C, _name)
+del _family, _kind, _name
+detach = Tensor.detach  # a view with no history: no op of its own
 
 
 from . import nn  # noqa: E402,F401

@@ -45,8 +45,10 @@
 #include "segtape/agent/trainer.h"
 #include "segtape/emulation.h"
 #include "segtape/explain.h"
+#include "segtape/kernels.h"
 #include "segtape/nn.h"
 #include "segtape/nn/dist.h"
+#include "segtape/op_list.h"
 #include "segtape/ops.h"
 #include "segtape/tape.h"
 
@@ -538,6 +540,117 @@ class PyEnv final : public agent::Env {
   int64_t steps_ = 0;  // step() calls (the contract check's step number, where each passed it)
 };
 
+// ---- the ops (segtape/op_list.h). Every op of the list but the Leaf
+// (Segment.input) is a function of this module, exported by segtape/__init__.py
+// from _ops, the list as (family, kind, name) tuples; python/tests/test_op_list.py
+// checks that each one is here. The elementwise ops' functions (and the
+// unary ones' Tensor methods) are made from the list; the others are
+// written out, each with its own arguments. The Tensor's operators too.
+template <class TensorClass>
+void bind_ops(nb::module_& m, TensorClass& tensor) {
+  nb::list ops;
+#define SEGTAPE_OP_ENTRY(Family, Kind, name) ops.append(nb::make_tuple(#Family, #Kind, #name));
+  SEGTAPE_NAMED_OPS(SEGTAPE_OP_ENTRY)
+#undef SEGTAPE_OP_ENTRY
+  m.attr("_ops") = nb::tuple(ops);
+
+#define SEGTAPE_BIND_UNARY(Kind, name, ...)                                       \
+  tensor.def(#name, [](const PyTensor& a) { return apply(segtape::name, a); }); \
+  m.def(#name, [](const PyTensor& a) { return apply(segtape::name, a); });
+  SEGTAPE_UNARY_PLAIN_OPS(SEGTAPE_BIND_UNARY)
+#undef SEGTAPE_BIND_UNARY
+#define SEGTAPE_BIND_UNARY_SCALAR(Kind, name, ...) \
+  m.def(#name, [](const PyTensor& a, double s) { return wrap(segtape::name(a.get(), s), a.box); });
+  SEGTAPE_UNARY_SCALAR_OPS(SEGTAPE_BIND_UNARY_SCALAR)
+#undef SEGTAPE_BIND_UNARY_SCALAR
+#define SEGTAPE_BIND_BINARY(Kind, name, ...) \
+  m.def(#name, [](const PyTensor& a, const PyTensor& b) { return apply(segtape::name, a, b); });
+  SEGTAPE_BINARY_OPS(SEGTAPE_BIND_BINARY)
+#undef SEGTAPE_BIND_BINARY
+
+  // The operators.
+  tensor.def("__add__", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::add, a, b); }, nb::is_operator())
+      // tensor + 0 and 0 + tensor are the tensor (Python's sum() and the
+      // `loss = 0; loss = loss + l` idiom); segtape has no scalar add op, so any
+      // other number is a TypeError that says so.
+      .def("__add__", [](const PyTensor& a, double s) { return add_scalar(a, s); }, nb::is_operator())
+      .def("__radd__", [](const PyTensor& a, double s) { return add_scalar(a, s); }, nb::is_operator())
+      .def("__sub__", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::sub, a, b); }, nb::is_operator())
+      .def("__mul__", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::mul, a, b); }, nb::is_operator())
+      .def("__mul__", [](const PyTensor& a, double s) { return wrap(scale(a.get(), s), a.box); }, nb::is_operator())
+      .def("__rmul__", [](const PyTensor& a, double s) { return wrap(scale(a.get(), s), a.box); }, nb::is_operator())
+      .def("__truediv__", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::div, a, b); }, nb::is_operator())
+      .def("__truediv__", [](const PyTensor& a, double s) {
+        // x / 0.0 is x * inf, as in PyTorch (inf, -inf, or nan for 0 / 0).
+        const double r = s == 0 ? std::copysign(std::numeric_limits<double>::infinity(), s) : 1.0 / s;
+        return wrap(scale(a.get(), r), a.box);
+      }, nb::is_operator())
+      .def("__neg__", [](const PyTensor& a) { return apply(segtape::neg, a); })
+      .def("__matmul__", [](const PyTensor& a, const PyTensor& b) { return wrap(matmul(a.get(), b.get()), a.box); },
+           nb::is_operator());
+
+  // The others: methods where the Tensor has them, and the module's functions.
+  const auto softmax_fn = [](const PyTensor& a) { return apply(segtape::softmax, a); };
+  const auto log_softmax_fn = [](const PyTensor& a) { return apply(segtape::log_softmax, a); };
+  const auto sum_fn = [](const PyTensor& a, std::optional<int> axis) {
+    return wrap(axis ? segtape::sum(a.get(), *axis) : segtape::sum(a.get()), a.box);
+  };
+  const auto mean_fn = [](const PyTensor& a, std::optional<int> axis) {
+    return wrap(axis ? segtape::mean(a.get(), *axis) : segtape::mean(a.get()), a.box);
+  };
+  const auto reshape_fn = [](const PyTensor& a, const std::vector<int64_t>& s) {
+    return wrap(reshape(a.get(), Shape::of(s, "reshape")), a.box);
+  };
+  const auto transpose_fn = [](const PyTensor& a) { return apply(segtape::transpose, a); };
+  tensor.def("softmax", softmax_fn)
+      .def("log_softmax", log_softmax_fn)
+      .def("sum", sum_fn, "axis"_a = nb::none())
+      .def("mean", mean_fn, "axis"_a = nb::none())
+      .def("reshape", reshape_fn)
+      .def("t", transpose_fn)
+      .def_prop_ro("T", transpose_fn)
+      .def("detach", [](const PyTensor& a) { return apply(segtape::detach, a); });
+  m.def("softmax", softmax_fn);
+  m.def("log_softmax", log_softmax_fn);
+  m.def("sum", sum_fn, "input"_a, "axis"_a = nb::none());
+  m.def("mean", mean_fn, "input"_a, "axis"_a = nb::none());
+  m.def("reshape", reshape_fn);
+  m.def("transpose", transpose_fn);
+  m.def("matmul", [](const PyTensor& a, const PyTensor& b, bool ta, bool tb) { return wrap(matmul(a.get(), b.get(), ta, tb), a.box); },
+        "a"_a, "b"_a, "transpose_a"_a = false, "transpose_b"_a = false);
+  m.def("cross_entropy", [](const PyTensor& logits, const PyTensor& target, const std::string& reduction, int64_t ignore_index) {
+    if (reduction != "mean" && reduction != "sum")
+      throw ShapeError("cross_entropy: reduction '" + reduction + "': expected 'mean' or 'sum'");
+    return wrap(cross_entropy(logits.get(), target.get(), reduction == "sum" ? Reduction::Sum : Reduction::Mean, ignore_index),
+                logits.box);
+  }, "input"_a, "target"_a, "reduction"_a = "mean", "ignore_index"_a = -100);
+  m.def("mse_loss", [](const PyTensor& a, const PyTensor& b, const std::string& reduction) {
+    if (reduction != "mean" && reduction != "sum")
+      throw ShapeError("mse_loss: reduction '" + reduction + "': expected 'mean' or 'sum'");
+    return wrap(mse_loss(a.get(), b.get(), reduction == "sum" ? Reduction::Sum : Reduction::Mean), a.box);
+  }, "input"_a, "target"_a, "reduction"_a = "mean");
+  m.def("concat", [](const std::vector<PyTensor>& parts, int axis) {
+    if (parts.empty()) throw ShapeError("concat: no tensors given");
+    std::vector<Tensor> v;
+    v.reserve(parts.size());
+    for (const PyTensor& p : parts) v.push_back(p.get());
+    return wrap(concat(std::span<const Tensor>(v), axis), parts.front().box);
+  }, "tensors"_a, "axis"_a = 0);
+  m.def("slice", [](const PyTensor& a, int axis, int64_t start, int64_t length) { return wrap(slice(a.get(), axis, start, length), a.box); },
+        "input"_a, "axis"_a, "start"_a, "length"_a);
+  m.def("embedding", [](const PyTensor& w, const PyTensor& idx) { return apply(segtape::embedding, w, idx); },
+        "weight"_a, "indices"_a);
+  m.def("gru_cell", [](const PyTensor& x, const PyTensor& h, const PyTensor& wih, const PyTensor& whh,
+                       const PyTensor& bih, const PyTensor& bhh, bool recompute) {
+    return wrap(gru_cell(x.get(), h.get(), wih.get(), whh.get(), bih.get(), bhh.get(), recompute), x.box);
+  }, "x"_a, "h"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a, "recompute"_a = false);
+  m.def("gru_sequence", [](const PyTensor& x, const PyTensor& h, const PyTensor& wih, const PyTensor& whh,
+                           const PyTensor& bih, const PyTensor& bhh, const std::optional<PyTensor>& keep) {
+    return wrap(segtape::gru_sequence(x.get(), h.get(), wih.get(), whh.get(), bih.get(), bhh.get(), keep ? keep->get() : Tensor{}),
+                x.box);
+  }, "x"_a, "h0"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a, "keep"_a = nb::none());
+}
+
 }  // namespace
 
 NB_MODULE(_segtape, m) {
@@ -559,7 +672,27 @@ NB_MODULE(_segtape, m) {
   m.def("blas_kernels", &blas_kernels, "OpenBLAS's kernel set in this process, e.g. 'SkylakeX', 'Haswell', 'Prescott'.");
   m.def("packed_kernel", &packed_kernel,
         "segtape's own kernel for the GRU's packed weight products in this process: 'avx512', 'avx2' or 'none' "
-        "(SEGTAPE_PACKED=0 or avx2 in the environment chooses).");
+        "(set_kernel_options(packed=...) chooses).");
+  m.def("kernel_options", [] {
+    nb::dict d;
+    for (const char* name : {"gemv", "packed", "fused_gru"}) d[name] = kernels::option_text(name);
+    return d;
+  }, "segtape's kernel switches (segtape/kernels.h) as a dict: gemv, packed, fused_gru.");
+  m.def("set_kernel_options", [](const std::optional<std::string>& gemv, const std::optional<std::string>& packed,
+                                 const std::optional<std::string>& fused_gru) {
+    const kernels::Options before = kernels::options();
+    try {  // all or none
+      if (gemv) kernels::set_option("gemv", *gemv);
+      if (packed) kernels::set_option("packed", *packed);
+      if (fused_gru) kernels::set_option("fused_gru", *fused_gru);
+    } catch (...) {
+      kernels::set_options(before);
+      throw;
+    }
+  }, "gemv"_a = nb::none(), "packed"_a = nb::none(), "fused_gru"_a = nb::none(),
+        "Sets segtape's kernel switches, process-wide (segtape/kernels.h; those not given stay): gemv 'auto', 'on' or "
+        "'off' (CPU products with one row or column through BLAS's GEMV or GEMM); packed 'best', 'avx2' or 'off' (the "
+        "GRU's packed weight products); fused_gru 'on' or 'off' (CUDA: gru_sequence's fused kernels, or cuDNN's GRU).");
   m.def("blas_better_kernels", &blas_better_kernels,
         "'SkylakeX' or 'Haswell' when OpenBLAS fell back to kernels older than AVX2 on a CPU that has it "
         "(and OPENBLAS_CORETYPE was not set); else ''.");
@@ -568,7 +701,8 @@ NB_MODULE(_segtape, m) {
   m.def("_emulate_cuda_on_host", &emulation::emulate_cuda_on_host, "on"_a);
 
   // ------------------------------------------------------------ Tensor
-  nb::class_<PyTensor>(m, "Tensor", "A handle to values a tape owns (docs/python.md: lifetimes).")
+  auto tensor = nb::class_<PyTensor>(m, "Tensor", "A handle to values a tape owns (docs/python.md: lifetimes).");
+  tensor
       .def_prop_ro("shape", [](const PyTensor& p) { return nb::tuple(nb::cast(dims(p.t))); })
       .def_prop_ro("dtype", [](const PyTensor& p) { return dtype_str(p.t.dtype); })
       .def_prop_ro("ndim", [](const PyTensor& p) { return p.t.rank(); })
@@ -613,85 +747,8 @@ NB_MODULE(_segtape, m) {
         if (!p.box || !p.box->tape) return "segtape.Tensor(" + std::string(dtype_name(p.t.dtype)) + p.t.shape.str() + ", tape gone)";
         return "segtape.Tensor(" + p.t.describe() + (p.t.is_live() ? "" : ", expired") + ")";
       })
-      // ops as methods and operators
-      .def("__add__", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::add, a, b); }, nb::is_operator())
-      // tensor + 0 and 0 + tensor are the tensor (Python's sum() and the
-      // `loss = 0; loss = loss + l` idiom); segtape has no scalar add op, so any
-      // other number is a TypeError that says so.
-      .def("__add__", [](const PyTensor& a, double s) { return add_scalar(a, s); }, nb::is_operator())
-      .def("__radd__", [](const PyTensor& a, double s) { return add_scalar(a, s); }, nb::is_operator())
-      .def("__sub__", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::sub, a, b); }, nb::is_operator())
-      .def("__mul__", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::mul, a, b); }, nb::is_operator())
-      .def("__mul__", [](const PyTensor& a, double s) { return wrap(scale(a.get(), s), a.box); }, nb::is_operator())
-      .def("__rmul__", [](const PyTensor& a, double s) { return wrap(scale(a.get(), s), a.box); }, nb::is_operator())
-      .def("__truediv__", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::div, a, b); }, nb::is_operator())
-      .def("__truediv__", [](const PyTensor& a, double s) {
-        // x / 0.0 is x * inf, as in PyTorch (inf, -inf, or nan for 0 / 0).
-        const double r = s == 0 ? std::copysign(std::numeric_limits<double>::infinity(), s) : 1.0 / s;
-        return wrap(scale(a.get(), r), a.box);
-      }, nb::is_operator())
-      .def("__neg__", [](const PyTensor& a) { return apply(segtape::neg, a); })
-      .def("__matmul__", [](const PyTensor& a, const PyTensor& b) { return wrap(matmul(a.get(), b.get()), a.box); },
-           nb::is_operator())
-      .def("tanh", [](const PyTensor& a) { return apply(segtape::tanh, a); })
-      .def("sigmoid", [](const PyTensor& a) { return apply(segtape::sigmoid, a); })
-      .def("relu", [](const PyTensor& a) { return apply(segtape::relu, a); })
-      .def("exp", [](const PyTensor& a) { return apply(segtape::exp, a); })
-      .def("log", [](const PyTensor& a) { return apply(segtape::log, a); })
-      .def("softplus", [](const PyTensor& a) { return apply(segtape::softplus, a); })
-      .def("softmax", [](const PyTensor& a) { return apply(segtape::softmax, a); })
-      .def("log_softmax", [](const PyTensor& a) { return apply(segtape::log_softmax, a); })
-      .def("sum", [](const PyTensor& a, std::optional<int> axis) {
-        return wrap(axis ? segtape::sum(a.get(), *axis) : segtape::sum(a.get()), a.box);
-      }, "axis"_a = nb::none())
-      .def("mean", [](const PyTensor& a, std::optional<int> axis) {
-        return wrap(axis ? segtape::mean(a.get(), *axis) : segtape::mean(a.get()), a.box);
-      }, "axis"_a = nb::none())
-      .def("reshape", [](const PyTensor& a, const std::vector<int64_t>& s) { return wrap(reshape(a.get(), Shape::of(s, "reshape")), a.box); })
-      .def("t", [](const PyTensor& a) { return apply(segtape::transpose, a); })
-      .def_prop_ro("T", [](const PyTensor& a) { return apply(segtape::transpose, a); })
-      .def("detach", [](const PyTensor& a) { return apply(segtape::detach, a); })
       .def("describe", [](const PyTensor& p) { return p.get().describe(); });
-
-  // ------------------------------------------------------------ functions
-  m.def("matmul", [](const PyTensor& a, const PyTensor& b, bool ta, bool tb) { return wrap(matmul(a.get(), b.get(), ta, tb), a.box); },
-        "a"_a, "b"_a, "transpose_a"_a = false, "transpose_b"_a = false);
-  m.def("add", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::add, a, b); });
-  m.def("sub", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::sub, a, b); });
-  m.def("mul", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::mul, a, b); });
-  m.def("div", [](const PyTensor& a, const PyTensor& b) { return apply(segtape::div, a, b); });
-  m.def("scale", [](const PyTensor& a, double s) { return wrap(scale(a.get(), s), a.box); });
-  m.def("cross_entropy", [](const PyTensor& logits, const PyTensor& target, const std::string& reduction, int64_t ignore_index) {
-    if (reduction != "mean" && reduction != "sum")
-      throw ShapeError("cross_entropy: reduction '" + reduction + "': expected 'mean' or 'sum'");
-    return wrap(cross_entropy(logits.get(), target.get(), reduction == "sum" ? Reduction::Sum : Reduction::Mean, ignore_index),
-                logits.box);
-  }, "input"_a, "target"_a, "reduction"_a = "mean", "ignore_index"_a = -100);
-  m.def("mse_loss", [](const PyTensor& a, const PyTensor& b, const std::string& reduction) {
-    if (reduction != "mean" && reduction != "sum")
-      throw ShapeError("mse_loss: reduction '" + reduction + "': expected 'mean' or 'sum'");
-    return wrap(mse_loss(a.get(), b.get(), reduction == "sum" ? Reduction::Sum : Reduction::Mean), a.box);
-  }, "input"_a, "target"_a, "reduction"_a = "mean");
-  m.def("concat", [](const std::vector<PyTensor>& parts, int axis) {
-    if (parts.empty()) throw ShapeError("concat: no tensors given");
-    std::vector<Tensor> v;
-    v.reserve(parts.size());
-    for (const PyTensor& p : parts) v.push_back(p.get());
-    return wrap(concat(std::span<const Tensor>(v), axis), parts.front().box);
-  }, "tensors"_a, "axis"_a = 0);
-  m.def("slice", [](const PyTensor& a, int axis, int64_t start, int64_t length) { return wrap(slice(a.get(), axis, start, length), a.box); },
-        "input"_a, "axis"_a, "start"_a, "length"_a);
-  m.def("embedding", [](const PyTensor& w, const PyTensor& idx) { return apply(segtape::embedding, w, idx); },
-        "weight"_a, "indices"_a);
-  m.def("gru_cell", [](const PyTensor& x, const PyTensor& h, const PyTensor& wih, const PyTensor& whh,
-                       const PyTensor& bih, const PyTensor& bhh, bool recompute) {
-    return wrap(gru_cell(x.get(), h.get(), wih.get(), whh.get(), bih.get(), bhh.get(), recompute), x.box);
-  }, "x"_a, "h"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a, "recompute"_a = false);
-  m.def("gru_sequence", [](const PyTensor& x, const PyTensor& h, const PyTensor& wih, const PyTensor& whh,
-                           const PyTensor& bih, const PyTensor& bhh, const std::optional<PyTensor>& keep) {
-    return wrap(segtape::gru_sequence(x.get(), h.get(), wih.get(), whh.get(), bih.get(), bhh.get(), keep ? keep->get() : Tensor{}),
-                x.box);
-  }, "x"_a, "h0"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a, "keep"_a = nb::none());
+  bind_ops(m, tensor);
 
   // ------------------------------------------------------------ Tape
   nb::class_<PyTape>(m, "_Tape")

@@ -1,14 +1,16 @@
 """OpenBLAS's kernel choice: segtape.blas_kernels(), blas_better_kernels() and
 the warning at import when OpenBLAS fell back to kernels older than AVX2 on a
-CPU that has AVX2 (docs/benchmarks.md, change 9); segtape.packed_kernel() and
-SEGTAPE_PACKED. Each case is a fresh Python process: OpenBLAS reads
-OPENBLAS_CORETYPE, and segtape SEGTAPE_PACKED, only once."""
+CPU that has AVX2 (docs/benchmarks.md, change 9), each case a fresh Python
+process (OpenBLAS reads OPENBLAS_CORETYPE only when it loads);
+segtape.packed_kernel() and set_kernel_options(packed=...), in this process."""
 import os
 import platform
 import subprocess
 import sys
 
 import pytest
+
+import segtape
 
 PROBE = (
     "import warnings, json\n"
@@ -57,18 +59,16 @@ def test_a_set_openblas_coretype_is_kept_and_never_warned_about():
     assert r["kernels"] == "Prescott"
 
 
-def packed_in_a_fresh_process(value):
-    env = dict(os.environ)
-    env.pop("SEGTAPE_PACKED", None)
-    if value is not None:
-        env["SEGTAPE_PACKED"] = value
-    p = subprocess.run([sys.executable, "-c", "import segtape; print(segtape.packed_kernel())"], env=env, capture_output=True,
-                       text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    return p.stdout.strip().splitlines()[-1]
+def packed_kernel_with(value):
+    before = segtape.kernel_options()
+    try:
+        segtape.set_kernel_options(packed=value)
+        return segtape.packed_kernel()
+    finally:
+        segtape.set_kernel_options(**before)
 
 
-def test_packed_kernel_is_the_best_the_cpu_has_unless_the_environment_chooses():
+def test_packed_kernel_is_the_best_the_cpu_has_unless_the_kernel_options_choose():
     flags = set()
     if os.path.exists("/proc/cpuinfo"):
         for line in open("/proc/cpuinfo"):
@@ -80,6 +80,16 @@ def test_packed_kernel_is_the_best_the_cpu_has_unless_the_environment_chooses():
         best = "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma"} <= flags else "none"
     elif platform.machine() in ("x86_64", "AMD64"):
         pytest.skip("no /proc/cpuinfo to tell the CPU's vector extensions")
-    assert packed_in_a_fresh_process(None) == best
-    assert packed_in_a_fresh_process("0") == "none"
-    assert packed_in_a_fresh_process("avx2") == ("none" if best == "none" else "avx2")
+    assert segtape.kernel_options() == {"gemv": "auto", "packed": "best", "fused_gru": "on"}
+    assert segtape.packed_kernel() == best
+    assert packed_kernel_with("best") == best
+    assert packed_kernel_with("off") == "none"
+    assert packed_kernel_with("avx2") == ("none" if best == "none" else "avx2")
+    assert segtape.packed_kernel() == best  # put back
+
+
+def test_a_kernel_option_out_of_its_values_is_refused_and_changes_nothing():
+    before = segtape.kernel_options()
+    with pytest.raises(segtape.Error, match="kernel option packed = '0': expected best, avx2 or off"):
+        segtape.set_kernel_options(gemv="off", packed="0")
+    assert segtape.kernel_options() == before

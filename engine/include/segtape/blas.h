@@ -13,7 +13,7 @@ std::string blas_kernels();
 
 // segtape's own kernel for the GRU's packed weight products in this process:
 // "avx512", "avx2" or "none" (docs/design.md, "Packed weights";
-// SEGTAPE_PACKED=0 or avx2 in the environment chooses).
+// kernels::Options::packed in segtape/kernels.h chooses).
 std::string packed_kernel();
 
 // "SkylakeX" (AVX-512) or "Haswell" (AVX2 + FMA) when OpenBLAS chose kernels

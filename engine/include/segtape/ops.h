@@ -4,25 +4,27 @@
 #pragma once
 #include <span>
 
+#include "segtape/op_list.h"
 #include "segtape/tape.h"
 
 namespace segtape {
 
 // C = op(a) @ op(b), 2-D; op transposes when the flag is set.
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
-// Elementwise with row broadcasting: b has a's shape, or b has numel == a's last dim (a bias).
-Tensor add(const Tensor& a, const Tensor& b);
-Tensor sub(const Tensor& a, const Tensor& b);
-Tensor mul(const Tensor& a, const Tensor& b);
-Tensor div(const Tensor& a, const Tensor& b);
-Tensor neg(const Tensor& a);
-Tensor scale(const Tensor& a, double s);
-Tensor tanh(const Tensor& a);
-Tensor sigmoid(const Tensor& a);
-Tensor relu(const Tensor& a);
-Tensor exp(const Tensor& a);
-Tensor log(const Tensor& a);
-Tensor softplus(const Tensor& a);  // log(1 + e^x), PyTorch's (beta 1, threshold 20)
+// The elementwise ops, one per line of segtape/op_list.h (their formulas are
+// there): name(a) for each Unary line (tanh(a), ...), name(a, s) for the
+// UnaryScalar one (scale(a, s)), and name(a, b) for each Binary line
+// (add(a, b), ...) with row broadcasting: b has a's shape, or numel == a's
+// last dim (a bias), or one element.
+#define SEGTAPE_DECLARE_UNARY(Kind, name, ...) Tensor name(const Tensor& a);
+#define SEGTAPE_DECLARE_UNARY_SCALAR(Kind, name, ...) Tensor name(const Tensor& a, double s);
+#define SEGTAPE_DECLARE_BINARY(Kind, name, ...) Tensor name(const Tensor& a, const Tensor& b);
+SEGTAPE_UNARY_PLAIN_OPS(SEGTAPE_DECLARE_UNARY)
+SEGTAPE_UNARY_SCALAR_OPS(SEGTAPE_DECLARE_UNARY_SCALAR)
+SEGTAPE_BINARY_OPS(SEGTAPE_DECLARE_BINARY)
+#undef SEGTAPE_DECLARE_UNARY
+#undef SEGTAPE_DECLARE_UNARY_SCALAR
+#undef SEGTAPE_DECLARE_BINARY
 // Reductions: sum(a) / mean(a) of all elements -> shape []; sum(a, axis) /
 // mean(a, axis) along one axis, which is removed (negative axes count from
 // the end: -1 is the last).

@@ -19,16 +19,12 @@
 #include <vector>
 
 #include "segtape/arena.h"
+#include "segtape/op_list.h"
 #include "segtape/tensor.h"
 
 namespace segtape {
 
-#define SEGTAPE_OPS(X)                                                                      \
-  X(Input) X(MatMul) X(Add) X(Sub) X(Mul) X(Div) X(Neg) X(Scale) X(Tanh) X(Sigmoid) X(Relu) \
-  X(Exp) X(Log) X(Sum) X(Mean) X(Softmax) X(LogSoftmax) X(CrossEntropy) X(MseLoss)         \
-  X(Concat) X(Slice) X(Reshape) X(Transpose) X(Embedding) X(GruCell)                  \
-  X(GruSequence) X(Softplus)
-
+// One kind per line of segtape/op_list.h, in its order.
 enum class OpKind : uint8_t {
 #define SEGTAPE_ENUM(name) name,
   SEGTAPE_OPS(SEGTAPE_ENUM)
@@ -144,8 +140,6 @@ struct Seed {
 };
 
 namespace detail {
-struct GruBatch;  // engine/ops/op.h
-struct PackedWeights;  // engine/ops/op.h
 class TapeInternals;  // engine/tape_internals.h
 class Backend;    // engine/backend.h: the CPU's, CUDA's or the host-emulated device's
 struct FreeList;  // engine/tape.cpp
@@ -245,8 +239,6 @@ class Tape {
   Arena pool_;
   Arena carry_[2];
   Arena scratch_;
-  std::unique_ptr<detail::GruBatch> gru_batch_;
-  std::unique_ptr<detail::PackedWeights> packed_;
   std::vector<Node> nodes_;
   std::array<size_t, kOpKinds> bytes_by_op_{};
   size_t grad_bytes_ = 0;  // backward's gradient buffers in the open segment

@@ -133,8 +133,8 @@ void tensor_to_host(const Tensor& t, DType d, void* out, size_t count);
 void tensor_from_host(const Tensor& t, DType d, const void* in, size_t count);
 [[noreturn]] void device_data_error(const Tensor& t, const char* dtype);
 // t's bytes were written by `by`, or handed out to be written (data<T>()):
-// the tape's packed copies of the weights they belong to are repacked before
-// their next product (engine/cpu/packed.h; detail::packed_written), and a
+// the packed copies of the weights they belong to are repacked before their
+// next product (the CPU backend's, through Backend::bytes_written), and a
 // backward through an op recorded before the write that reads those bytes is
 // refused (the write would change its gradient).
 void tensor_written(const Tensor& t, const char* by);

@@ -1,0 +1,81 @@
+// segtape/kernels.h: the process-wide kernel switches. Each is one relaxed
+// atomic, read where its choice is made (cpu/blas.cpp, cpu/packed.cpp,
+// cuda/gru_sequence.cpp).
+#include "segtape/kernels.h"
+
+#include <atomic>
+
+#include "segtape/error.h"
+
+namespace segtape::kernels {
+namespace {
+
+std::atomic<Gemv> g_gemv{Gemv::Auto};
+std::atomic<Packed> g_packed{Packed::Best};
+std::atomic<bool> g_fused_gru{true};
+
+const char* text(Gemv g) {
+  switch (g) {
+    case Gemv::Auto: return "auto";
+    case Gemv::On: return "on";
+    case Gemv::Off: return "off";
+  }
+  return "?";
+}
+const char* text(Packed p) {
+  switch (p) {
+    case Packed::Best: return "best";
+    case Packed::Avx2: return "avx2";
+    case Packed::Off: return "off";
+  }
+  return "?";
+}
+
+[[noreturn]] void refuse(std::string_view name, std::string_view value, const char* accepted) {
+  throw Error("kernel option " + std::string(name) + " = '" + std::string(value) + "': expected " + accepted);
+}
+
+}  // namespace
+
+Options options() {
+  return {g_gemv.load(std::memory_order_relaxed), g_packed.load(std::memory_order_relaxed),
+          g_fused_gru.load(std::memory_order_relaxed)};
+}
+
+void set_options(const Options& o) {
+  g_gemv.store(o.gemv, std::memory_order_relaxed);
+  g_packed.store(o.packed, std::memory_order_relaxed);
+  g_fused_gru.store(o.fused_gru, std::memory_order_relaxed);
+}
+
+void set_option(std::string_view name, std::string_view value) {
+  Options o = options();
+  if (name == "gemv") {
+    if (value == "auto") o.gemv = Gemv::Auto;
+    else if (value == "on") o.gemv = Gemv::On;
+    else if (value == "off") o.gemv = Gemv::Off;
+    else refuse(name, value, "auto, on or off");
+  } else if (name == "packed") {
+    if (value == "best") o.packed = Packed::Best;
+    else if (value == "avx2") o.packed = Packed::Avx2;
+    else if (value == "off") o.packed = Packed::Off;
+    else refuse(name, value, "best, avx2 or off");
+  } else if (name == "fused_gru") {
+    if (value == "on") o.fused_gru = true;
+    else if (value == "off") o.fused_gru = false;
+    else refuse(name, value, "on or off");
+  } else {
+    throw Error("kernel option '" + std::string(name) + "': expected gemv, packed or fused_gru");
+  }
+  set_options(o);
+}
+
+std::string option_text(std::string_view name) {
+  const Options o = options();
+  if (name == "gemv") return text(o.gemv);
+  if (name == "packed") return text(o.packed);
+  if (name == "fused_gru") return o.fused_gru ? "on" : "off";
+  throw Error("kernel option '" + std::string(name) + "': expected gemv, packed or fused_gru");
+}
+
+}  // namespace segtape::kernels
