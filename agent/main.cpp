@@ -28,12 +28,17 @@
 #include "segtape/agent/trainer.h"
 #include "segtape/blas.h"
 #include "segtape/explain.h"
+#include "cli/plugins.h"
+#include "cli/run_dir.h"
+#include "cli/signals.h"
+#include "cli/startup.h"
 #include "segtape/nn/safetensors.h"
 #include "tensorboard.h"
 
 namespace fs = std::filesystem;
 using namespace segtape;
 using namespace segtape::agent;
+using namespace segtape_cli;
 
 #ifndef SEGTAPE_VERSION
 #define SEGTAPE_VERSION "unknown"
@@ -56,184 +61,6 @@ struct Row {
 std::string loss_text(const Row& r, const char* none, const char* format) {
   if (!r.has_loss) return none;
   return std::isnan(r.loss) ? "nan" : fmt::format(fmt::runtime(format), r.loss);
-}
-
-// Where a text output at p goes: p, or through a link the file it names
-// (the link stays). A FIFO, socket or device there is refused: the rename
-// would replace it (as root, /dev/null through --dot /dev/null), and opening
-// a FIFO waits forever for a reader. `what` starts the message.
-fs::path text_target(const fs::path& p, const std::string& what) {
-  using T = fs::file_type;
-  std::error_code ec;
-  fs::path target = p;
-  // Hop by hop: weakly_canonical gave a dangling link's own path, which the rename then replaced.
-  for (int hops = 0; fs::symlink_status(target, ec).type() == T::symlink; ++hops) {
-    const fs::path next = fs::read_symlink(target, ec);
-    if (ec || hops == 40)
-      throw Error(what + ": cannot follow the link " + p.string() + " (" + (ec ? ec.message() : "too many links") + ")");
-    target = next.is_absolute() ? next : target.parent_path() / next;
-  }
-  const T type = fs::status(target, ec).type();
-  if (type != T::regular && type != T::not_found && type != T::none)  // (none: not visible; the write then says why)
-    throw Error(what + ": " + (target == p ? p.string() : p.string() + " (a link to " + target.string() + ")") +
-                " is not a regular file (a directory, FIFO, socket or device); give a file name");
-  return target;
-}
-
-// write_text's temporary file for p: ".<name>.tmp" beside it.
-fs::path text_temp_of(const fs::path& p) { return p.parent_path() / ("." + p.filename().string() + ".tmp"); }
-
-// Whether a file name in a run's folder is one of the temporary files its
-// writes leave when killed: write_text's for the run's text files, and
-// safetensors::save_atomic's for its checkpoint. Only these: a user's own
-// hidden files there (".tmp_notes") are not ours to delete.
-bool is_run_temp_file(const std::string& name) {
-  for (const char* f : {"metrics.csv", "metrics.json", "plot.svg"})
-    if (name == text_temp_of(f).string()) return true;
-  return safetensors::is_temporary_of(name, "checkpoint.safetensors");
-}
-
-// Atomic text write: temp file, then rename, so a crash never leaves half a
-// file. Errors name the file asked for (not the temporary one).
-void write_text(const fs::path& given, const std::string& text) {
-  const fs::path p = text_target(given, "cannot write " + given.string());
-  const fs::path tmp = text_temp_of(p);
-  std::error_code tec;  // the temporary name: nothing but a stale file of ours (a link there would be written through)
-  if (const fs::file_type t = fs::symlink_status(tmp, tec).type(); t != fs::file_type::regular && t != fs::file_type::not_found && t != fs::file_type::none)
-    throw Error("cannot write " + given.string() + ": " + tmp.string() + " exists and is not a regular file (a link, "
-                "directory, FIFO, socket or device); it is not replaced");
-  {
-    std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
-    o << text;
-    o.flush();
-    if (!o) {
-      const std::string why = std::strerror(errno);
-      o.close();
-      std::error_code ignored;
-      fs::remove(tmp, ignored);  // (a full disk: the partial temporary file goes too)
-      throw Error("cannot write " + p.string() + ": " + why);
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, p, ec);
-  if (ec) {
-    std::error_code ignored;  // (reusing ec here made every message end in "Success")
-    fs::remove(tmp, ignored);
-    throw Error("cannot write " + p.string() + ": " + ec.message());
-  }
-}
-
-// One process per run folder: an flock on DIR/.segtape.lock, held until the
-// process ends (a kill releases it too). A second process resuming (or
-// --force-ing) a run that is training deleted its temporary checkpoint.
-// must_lock: the folder holds a header-only metrics.csv, which is also what a
-// run in its first interval has; where nothing can be locked, refused.
-void lock_run_dir(const fs::path& dir, const std::string& flag, bool must_lock = false) {
-  static int fd = -1;  // (kept open: the lock lives as long as the process)
-  const fs::path lock = dir / ".segtape.lock";
-  fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) throw Error(flag + " " + dir.string() + ": cannot open " + lock.string() + " (" + std::strerror(errno) + ")");
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int e = errno;
-    ::close(fd);
-    fd = -1;
-    const bool no_locks = e == ENOLCK || e == EOPNOTSUPP || e == ENOSYS;  // a filesystem without locks (some network or FUSE mounts)
-    if (no_locks && must_lock)
-      throw Error(flag + " " + dir.string() + ": its metrics.csv holds a header alone, as a run in its first interval does, and " +
-                  lock.string() + " cannot be locked here (" + std::strerror(e) + ") to tell; pass --force to take the folder");
-    if (no_locks) {
-      std::fprintf(stderr, "segtape: warning: %s cannot be locked here (%s): nothing keeps a second process from this run\n",
-                   lock.c_str(), std::strerror(e));
-      return;
-    }
-    throw Error(e == EWOULDBLOCK ? flag + " " + dir.string() + ": another segtape process is running this run (it holds " +
-                                       lock.string() + "); wait for it to end or stop it first"
-                                 : flag + " " + dir.string() + ": cannot lock " + lock.string() + " (" + std::strerror(e) + ")");
-  }
-}
-
-// fs::exists / fs::is_directory on a path a flag gave: one the system cannot
-// look at (a name too long, a folder it may not search) is an Error naming
-// the flag and the path, where the throwing overloads printed "filesystem
-// error: status: ..." with neither. (A file where a folder should be is
-// "not there" to fs::exists, and an Error to is_directory_named.)
-bool exists_named(const fs::path& p, const std::string& named) {
-  std::error_code ec;
-  const bool e = fs::exists(p, ec);
-  if (ec) throw Error(named + ": cannot look at " + p.string() + " (" + ec.message() + ")");
-  return e;
-}
-bool is_directory_named(const fs::path& p, const std::string& named) {
-  std::error_code ec;
-  const bool d = fs::is_directory(p, ec);
-  if (ec && ec != std::errc::no_such_file_or_directory)
-    throw Error(named + ": cannot look at " + p.string() + " (" + ec.message() + ")");
-  return d;
-}
-
-// Whether metrics.csv may hold a logged row. A run that failed in its first
-// interval (a budget too small for a segment, say) left this program's
-// header alone: nothing to lose, so a new run takes the folder without
-// --force. Anything else counts as rows: a file that is not regular (never
-// opened: a FIFO), that cannot be read, over 4 KiB, whose first line is not
-// such a header, or with any non-blank line after it.
-bool logged_rows(const fs::path& csv) {
-  std::error_code ec;
-  if (!fs::is_regular_file(csv, ec)) return true;
-  const uintmax_t size = fs::file_size(csv, ec);
-  if (ec || size > 4096) return true;
-  std::ifstream in(csv, std::ios::binary);
-  std::string text(size_t(size), '\0');
-  if (!in || !in.read(text.data(), std::streamsize(size))) return true;
-  std::stringstream lines(text);
-  std::string line;
-  std::getline(lines, line);
-  if (line.rfind("step,loss,", 0) != 0) return true;
-  while (std::getline(lines, line))
-    if (line.find_first_not_of(" \t\r") != std::string::npos) return true;
-  return false;
-}
-
-// A new run's --out without --force: refused where a run's work is there (a
-// checkpoint, or a metrics.csv with rows). Returns whether a metrics.csv with
-// its header alone is there (a run in its first interval looks the same:
-// lock_run_dir's must_lock).
-bool refuse_a_run_in(const fs::path& out) {
-  if (exists_named(out / "checkpoint.safetensors", "--out " + out.string()))
-    throw Error("--out " + out.string() + " already holds a run; continue it with --resume " + out.string() +
-                ", pass --force to overwrite it, or choose another --out");
-  const bool metrics = exists_named(out / "metrics.csv", "--out " + out.string());
-  if (metrics && logged_rows(out / "metrics.csv"))  // a run that ended before its first checkpoint
-    throw Error("--out " + out.string() + " holds the metrics of a run with no checkpoint to resume; pass --force to "
-                "overwrite it, or choose another --out");
-  return metrics;
-}
-
-void prepare_dir(const fs::path& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec || !is_directory_named(dir, "--out " + dir.string()))
-    throw Error("--out " + dir.string() + ": cannot create the directory (" + (ec ? ec.message() : "not a directory") +
-                "); choose a writable path");
-  const fs::path probe = dir / ".segtape-write-probe";
-  FILE* f = std::fopen(probe.c_str(), "wb");
-  if (!f) throw Error("--out " + dir.string() + ": not writable (" + std::strerror(errno) + "); choose a writable path");
-  std::fclose(f);
-  fs::remove(probe, ec);
-}
-
-// A file the program will write later: refused now, by the name given, if
-// it names a directory or its directory is missing or not writable.
-void check_output_file(const std::string& given, const char* flag) {
-  const fs::path p(given);
-  if (given.empty() || given.back() == '/' || is_directory_named(p, std::string(flag) + " " + given))
-    throw Error(std::string(flag) + " " + given + ": is a directory; give a file name, such as " +
-                (fs::path(given) / "tape.dot").string());
-  const fs::path target = text_target(p, std::string(flag) + " " + given);  // (through a link: its file's folder)
-  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  if (!is_directory_named(dir, std::string(flag) + " " + given)) throw Error(std::string(flag) + " " + given + ": the directory " + dir.string() + " does not exist");
-  if (::access(dir.c_str(), W_OK) != 0)
-    throw Error(std::string(flag) + " " + given + ": cannot write in " + dir.string() + " (" + std::strerror(errno) + ")");
 }
 
 // metrics.csv: one row per log interval, each on disk as soon as it is
@@ -423,21 +250,6 @@ nlohmann::json config_json(const TrainConfig& c, size_t budget_applied) {
   return j;
 }
 
-// ---- Env plug-ins (--env-plugin FILE, docs/agent.md "Your own environment")
-//
-// Loaded before the command line is parsed, so that --env knows their envs;
-// the file an env came from is recorded in the run's checkpoints
-// (metadata "env.plugin") and metrics.json, and --resume and eval load it
-// again from there.
-
-const char* const kPluginKey = "env.plugin";
-
-// The envs that --env-plugin files registered, each with its file (absolute).
-std::map<std::string, std::string>& plugin_envs() {
-  static std::map<std::string, std::string> m;
-  return m;
-}
-
 // What the banner, the summary and eval say of the env's settings beside its
 // name: recall's lag, vocabulary and sparse, a non-zero update-gate bias
 // ("" when none applies).
@@ -474,75 +286,6 @@ int64_t eval_steps_for(const TrainConfig& c, int64_t steps, bool given, const ch
 // An evaluation's score as printed: "87.50%", or "nothing scored" for Trainer::evaluate's NaN.
 std::string score_text(double score) { return std::isnan(score) ? "nothing scored" : fmt::format("{:.2f}%", 100 * score); }
 
-std::string registered_envs() {
-  std::string s;
-  for (const std::string& n : env_names()) s += (s.empty() ? "" : ", ") + n;
-  return s;
-}
-
-// Loads a plug-in; an error says which file and why (load_env_plugin's message starts with the file).
-void load_plugin(const std::string& file) {
-  std::error_code ec;
-  const std::string path = fs::weakly_canonical(fs::absolute(file, ec), ec).string();
-  for (const std::string& name : load_env_plugin(file)) plugin_envs()[name] = path;
-}
-
-// The --env-plugin values of a train or eval command line ("--env-plugin F"
-// or "--env-plugin=F"; CLI11 parses them again, for their help and checks).
-std::vector<std::string> plugin_args(int argc, char** argv) {
-  std::vector<std::string> files;
-  if (argc < 2 || (std::strcmp(argv[1], "train") != 0 && std::strcmp(argv[1], "eval") != 0)) return files;
-  for (int i = 2; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--") break;
-    if (a == "--env-plugin" && i + 1 < argc) files.emplace_back(argv[++i]);
-    else if (a.rfind("--env-plugin=", 0) == 0) files.push_back(a.substr(13));
-  }
-  return files;
-}
-
-// Whether the run in `dir` wrote its end at `step`: metrics.json complete, not
-// interrupted, and plot.svg there (written before metrics.json; a write of it
-// that failed, a full disk, left the run to finish).
-bool finished_metrics(const fs::path& dir, int64_t step) {
-  const fs::path file = dir / "metrics.json";
-  std::error_code ec;
-  if (!fs::exists(dir / "plot.svg", ec)) return false;
-  (void)text_target(file, "--resume");  // (a directory there threw "basic_filebuf::underflow")
-  std::ifstream in(file);
-  if (!in) return false;
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return false;
-  const auto complete = j.find("complete"), steps = j.find("steps");
-  return complete != j.end() && complete->is_boolean() && complete->get<bool>() && steps != j.end() &&
-         steps->is_number_integer() && steps->get<int64_t>() == step && !j.contains("interrupted");
-}
-
-// The plug-in a checkpoint's env comes from ("" for a built-in env): the
-// file given with --env-plugin this time if it registered the env, else the
-// file recorded in the checkpoint, loaded now. `where` names the flag and
-// the checkpoint for the errors.
-std::string checkpoint_plugin(const fs::path& ck, const std::string& env, const std::string& where) {
-  if (auto it = plugin_envs().find(env); it != plugin_envs().end()) return it->second;
-  if (env_registered(env)) return "";
-  const auto meta = safetensors::load(ck).metadata;
-  const auto it = meta.find(kPluginKey);
-  if (it == meta.end())
-    throw Error(where + ": the checkpoint's env '" + env + "' is not registered (registered: " + registered_envs() +
-                "); load the plug-in that defines it with --env-plugin FILE");
-  try {
-    load_plugin(it->second);
-  } catch (const std::exception& e) {
-    throw Error(where + ": the checkpoint's env '" + env + "' comes from the plug-in " + it->second +
-                " (recorded in the checkpoint), which cannot be loaded (" + e.what() +
-                "); pass --env-plugin FILE with the plug-in's path");
-  }
-  if (!env_registered(env))
-    throw Error(where + ": the plug-in " + it->second + " recorded in the checkpoint no longer registers the env '" + env +
-                "' (it registers: " + registered_envs() + ")");
-  return plugin_envs()[env];
-}
-
 class Progress {
  public:
   Progress(int64_t total, bool shown) : total_(total), tty_(shown && isatty(STDERR_FILENO)) {}
@@ -570,36 +313,6 @@ class Progress {
   bool tty_;
   std::chrono::steady_clock::time_point last_{};
 };
-
-// Ctrl-C / SIGTERM: the run finishes the segment it is in, writes its
-// checkpoint and metrics, and says how to resume. The handler resets itself:
-// a second signal ends the process at once. SIGPIPE (the reader of its
-// output gone: `segtape train | head`) stops it the same way; it stays
-// caught, so the writes after it fail quietly instead of ending the process
-// before its checkpoint.
-volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
-// The stop signal's name, and the exit status a run it stopped ends with.
-std::string stop_signal_name() { return g_stop_signal == SIGINT ? "SIGINT" : g_stop_signal == SIGPIPE ? "SIGPIPE" : "SIGTERM"; }
-int stop_exit_code(const std::string& name) { return name == "SIGINT" ? 130 : name == "SIGPIPE" ? 141 : 143; }
-bool is_stop_signal(const std::string& name) { return name == "SIGINT" || name == "SIGTERM" || name == "SIGPIPE"; }
-void catch_stop_signal(int sig, int flags) {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = flags;
-  sigaction(sig, &sa, nullptr);
-}
-void catch_stop_signals() {
-  catch_stop_signal(SIGINT, SA_RESETHAND | SA_RESTART);
-  catch_stop_signal(SIGTERM, SA_RESETHAND | SA_RESTART);
-}
-// Caught from train()'s first line (its first output may already meet a
-// closed pipe), then the run stops at its first segment boundary.
-void catch_sigpipe() {
-  if (dist::launched_by_mpirun()) return;  // (under mpirun the ranks' output goes through Open MPI, which handles its pipes)
-  catch_stop_signal(SIGPIPE, SA_RESTART);
-}
 
 // A flag given twice is refused, as an option given twice is (CLI11 counts flags).
 constexpr CLI::MultiOptionPolicy kOnce = CLI::MultiOptionPolicy::Throw;
@@ -786,7 +499,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
     c.gamma = 0;
   c.graph_replay = a.graphs == "auto";  // (also on --resume: how the run executes, not what it computes)
   Trainer tr(c, comm);  // before the directory: a device that cannot be used, or a model too large, leaves nothing behind
-  tr.set_interrupt([] { return g_stop_signal != 0; });  // an evaluation stops at its next segment on SIGINT / SIGTERM
+  tr.set_interrupt([] { return stop_requested(); });  // an evaluation stops at its next segment on SIGINT / SIGTERM
   const EnvSpec& spec = tr.env().spec();
   // a2c on a supervised env is cross-entropy on its targets: no return, no
   // policy entropy. The flags would be recorded and do nothing.
@@ -997,13 +710,13 @@ int train(TrainArgs& a, CLI::App& cmd) {
     interval_start = now;
   };
   while (!tr.done()) {
-    if (g_stop_signal && !comm) {
+    if (stop_requested() && !comm) {
       stopped = stop_signal_name();
       break;
     }
     // Data parallel: the request travels with this segment's update, and
     // every rank stops after it (the same step on every rank).
-    if (g_stop_signal && comm) tr.request_stop();
+    if (stop_requested() && comm) tr.request_stop();
     SegmentResult r;
     try {
       r = tr.run_segment();
@@ -1042,7 +755,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
       // (evaluate puts the training state back: the run continues as without it)
       if (tb && !tr.done()) {
         const double e = tr.evaluate(a.eval_steps, c.seed + 7919);
-        if (!g_stop_signal) tb_scalar("eval/" + measure, tr.step(), e);  // (a stopped evaluation is not a score)
+        if (!stop_requested()) tb_scalar("eval/" + measure, tr.step(), e);  // (a stopped evaluation is not a score)
       }
     }
     if (comm && tr.stop_agreed() && !tr.done()) {
@@ -1064,7 +777,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
   std::string eval_stopped;  // a signal during the final evaluation: training complete, no score
   if (stopped.empty()) {
     eval = tr.evaluate(a.eval_steps, c.seed + 7919);
-    if (g_stop_signal) eval.reset(), eval_stopped = stop_signal_name();
+    if (stop_requested()) eval.reset(), eval_stopped = stop_signal_name();
   }
   if (tb && eval) tb_scalar("eval/" + measure, tr.step(), *eval);
   const TapeStats st = tr.tape().stats();
@@ -1573,38 +1286,9 @@ int run_cli(int argc, char** argv) {
   return 0;
 }
 
-// OpenBLAS chose generic pre-AVX2 kernels on a CPU with AVX2 (it did not
-// recognise the CPU): start again with OPENBLAS_CORETYPE naming the kernels the
-// CPU runs, which OpenBLAS reads only when it loads. Same process id, same
-// arguments, before anything else ran. A set OPENBLAS_CORETYPE is always kept.
-static void restart_with_recognised_blas_kernels(char** argv) {
-  const std::string better = segtape::blas_better_kernels();
-  if (better.empty()) return;
-  // Started through the dynamic loader (ld.so segtape ...), /proc/self/exe is
-  // the loader, which would take the first argument for the program: keep going.
-  std::error_code ec;
-  const std::string exe = fs::read_symlink("/proc/self/exe", ec).filename().string();
-  if (ec || exe.rfind("ld-", 0) == 0) return;
-  if (setenv("OPENBLAS_CORETYPE", better.c_str(), 1) != 0) return;  // without it the restart would repeat
-  execv("/proc/self/exe", argv);
-  unsetenv("OPENBLAS_CORETYPE");  // exec failed: carry on with the generic kernels
-}
-
-// A standard descriptor closed by the caller (`segtape train ... >&-`) is
-// /dev/null here: else the next file opened took descriptor 1, and the
-// progress lines went into it (a TensorBoard event file, the run's lock).
-// (open returns the lowest free descriptor: 0, 1, 2 in turn.)
-static void keep_standard_descriptors() {
-  for (int fd = 0; fd <= 2; ++fd) {
-    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
-    const int n = ::open("/dev/null", O_RDWR);
-    if (n >= 0 && n != fd) ::dup2(n, fd), ::close(n);
-  }
-}
-
 int main(int argc, char** argv) {
-  keep_standard_descriptors();
-  restart_with_recognised_blas_kernels(argv);
+  segtape_cli::keep_standard_descriptors();
+  segtape_cli::restart_with_recognised_blas_kernels(argv);
   try {  // setting up the parser could throw too (out of memory): never terminate()
     return run_cli(argc, argv);
   } catch (const std::exception& e) {
