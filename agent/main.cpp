@@ -28,6 +28,7 @@
 #include "segtape/agent/trainer.h"
 #include "segtape/blas.h"
 #include "segtape/explain.h"
+#include "cli/cli.h"
 #include "cli/plugins.h"
 #include "cli/run_dir.h"
 #include "cli/signals.h"
@@ -39,10 +40,6 @@ namespace fs = std::filesystem;
 using namespace segtape;
 using namespace segtape::agent;
 using namespace segtape_cli;
-
-#ifndef SEGTAPE_VERSION
-#define SEGTAPE_VERSION "unknown"
-#endif
 
 namespace {
 
@@ -250,42 +247,6 @@ nlohmann::json config_json(const TrainConfig& c, size_t budget_applied) {
   return j;
 }
 
-// What the banner, the summary and eval say of the env's settings beside its
-// name: recall's lag, vocabulary and sparse, a non-zero update-gate bias
-// ("" when none applies).
-std::string env_settings(const TrainConfig& c) {
-  std::string s;
-  if (c.env == "recall")
-    s = "lag " + std::to_string(c.env_options.lag) + ", vocab " + std::to_string(c.env_options.vocab) +
-        (c.env_options.sparse ? ", sparse" : "");
-  if (c.update_bias != 0) {
-    char b[48];
-    std::snprintf(b, sizeof b, "update bias %g", c.update_bias);
-    s += (s.empty() ? "" : ", ") + std::string(b);
-  }
-  return s;
-}
-
-// The steps an evaluation runs (`flag`: --eval-steps or eval's --steps; `given`:
-// it was on the command line). recall asks its first question at step --lag,
-// dense and sparse alike: without the flag it runs at least 2 x --lag steps,
-// and a count of no more than --lag, which would score nothing, is refused
-// before any work.
-int64_t eval_steps_for(const TrainConfig& c, int64_t steps, bool given, const char* flag) {
-  if (steps < 1 || steps > TrainConfig::kMaxSteps) throw Error(fmt::format("{} {}: must be in [1, 1e9]", flag, steps));
-  if (c.env != "recall") return steps;
-  const int64_t lag = c.env_options.lag;
-  if (!given) steps = std::max(steps, 2 * lag);
-  if (steps <= lag)
-    throw Error(fmt::format("{} {}: recall with --lag {} asks its first question at step {}, so {} steps would score nothing; "
-                            "evaluate more than {} steps",
-                            flag, steps, lag, lag, steps, lag));
-  return steps;
-}
-
-// An evaluation's score as printed: "87.50%", or "nothing scored" for Trainer::evaluate's NaN.
-std::string score_text(double score) { return std::isnan(score) ? "nothing scored" : fmt::format("{:.2f}%", 100 * score); }
-
 class Progress {
  public:
   Progress(int64_t total, bool shown) : total_(total), tty_(shown && isatty(STDERR_FILENO)) {}
@@ -320,39 +281,6 @@ constexpr CLI::MultiOptionPolicy kOnce = CLI::MultiOptionPolicy::Throw;
 const CLI::Validator kNonEmpty(
     [](std::string& v) { return v.empty() ? std::string("needs a path (it was empty)") : std::string(); }, "PATH");
 
-struct TrainArgs {
-  TrainConfig c;
-  std::string history = "tbptt:32", budget, out, resume, log_dir;
-  std::string graphs = "auto";  // --cuda-graphs (TrainConfig::graph_replay; not in the checkpoint)
-  std::vector<std::string> env_plugins;  // loaded before parsing (plugin_args); here for CLI11
-  int64_t log_every = 0, checkpoint_every = 0, eval_steps = 500;
-  double dist_timeout = 300;
-  bool force = false;
-};
-
-// Data parallel (mpirun -np N segtape train): the job's communicator, for
-// main's error handling. An error every rank raised alike
-// (dist::CollectiveError) is printed by rank 0 and ends each rank normally;
-// any other error on one rank of several ends the whole job (MPI_Abort), so
-// that no rank is left waiting for it.
-dist::Communicator* g_comm = nullptr;
-
-
-// A checkpoint whose parameters hold NaN or inf (a run that diverged, or a
-// hand edit) still loads (a diverged run stays resumable), with a warning:
-// what it then scores is meaningless.
-void warn_non_finite(Trainer& tr, const std::string& file) {
-  for (const auto& [name, p] : tr.policy().named_parameters()) {
-    const std::vector<float> v = p.to_host<float>();
-    const auto bad = std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
-    if (bad == v.end()) continue;
-    std::fprintf(stderr, "segtape: warning: %s: parameter '%s' holds %s at element %td (the run diverged, or the file was "
-                         "edited): what it scores is meaningless\n", file.c_str(), name.c_str(),
-                 std::isnan(*bad) ? "NaN" : "inf", bad - v.begin());
-    return;
-  }
-}
-
 int train(TrainArgs& a, CLI::App& cmd) {
   catch_sigpipe();
   fs::path out;
@@ -380,7 +308,7 @@ int train(TrainArgs& a, CLI::App& cmd) {
                             "that far apart: rank 0 writes the checkpoints while the others wait)", a.dist_timeout));
   if (dist::launched_by_mpirun()) {
     owner = dist::mpi({.timeout_s = a.dist_timeout});
-    if (owner->size() > 1) comm = g_comm = owner.get();
+    if (owner->size() > 1) comm = owner.get(), set_job_communicator(comm);
   }
   const bool root = !comm || comm->rank() == 0;
   // The checks before training, which only rank 0 makes where they read
@@ -883,202 +811,6 @@ int train(TrainArgs& a, CLI::App& cmd) {
   return 0;
 }
 
-// steps_given: --steps was on the command line (else recall evaluates at least 2 x --lag steps).
-int eval(const std::string& checkpoint, int64_t steps, bool steps_given, uint64_t seed, const std::string& device) {
-  if (steps < 1) throw Error("--steps " + std::to_string(steps) + ": must be >= 1 (steps of greedy evaluation)");
-  TrainConfig c = Trainer::read_config(checkpoint);
-  c.budget_name = "--budget";
-  (void)checkpoint_plugin(checkpoint, c.env, "--checkpoint " + checkpoint);
-  steps = eval_steps_for(c, steps, steps_given, "--steps");
-  if (!device.empty()) c.device = device;
-  Trainer tr(c);
-  tr.load_rank0(checkpoint);  // a data-parallel run's too
-  warn_non_finite(tr, checkpoint);
-  const double s = tr.evaluate(steps, seed);
-  const std::string measure = tr.env().spec().measure, settings = env_settings(c);
-  std::printf("%s: %s %s over %ld fresh steps x %ld streams (env %s, history %s, seed %lu)\n", checkpoint.c_str(),
-              measure.c_str(), score_text(s).c_str(), steps, c.batch, (c.env + (settings.empty() ? "" : ", " + settings)).c_str(),
-              c.history.str().c_str(), seed);
-  return 0;
-}
-
-// ---- segtape retention: the retention lab (agent/retention.h, docs/retention.md)
-
-struct RetentionArgs {
-  retention::LabConfig c;
-  std::string budget = "1MiB", out, cases, dot;
-  bool explain = false, no_libtorch = false, anomaly_only = false, force = false;
-};
-
-#ifdef SEGTAPE_WITH_LIBTORCH
-// The lab's LibTorch side, agent/retention_torch.cpp, is a module loaded only
-// here (linked into the program, LibTorch made every start of it ~1.5 s
-// slower): beside the program (build tree), then in the install's
-// lib/segtape/. Not found or not loadable: the lab runs segtape only, and
-// its report and a stderr line say why.
-retention::TorchRunner load_torch_lab(std::string& note) {
-  const char* name = "libsegtape_torch_lab.so";
-  std::error_code ec;
-  const fs::path exe_dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
-  std::vector<fs::path> tried;
-  if (!ec && exe_dir.is_absolute()) {  // never a path relative to the working directory
-    tried.push_back(exe_dir / name);
-#ifdef SEGTAPE_TORCH_LAB_DIR
-    tried.push_back((exe_dir / SEGTAPE_TORCH_LAB_DIR / name).lexically_normal());
-#endif
-  }
-  const auto not_run = [&](const std::string& why) -> retention::TorchRunner {
-    note = "LibTorch not run: its module " + why;
-    std::fprintf(stderr, "segtape: warning: %s\n", note.c_str());
-    return nullptr;
-  };
-  for (const fs::path& p : tried) {
-    if (!fs::exists(p, ec)) continue;
-    void* lib = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);  // kept open for the process's life
-    const char* err = lib ? nullptr : dlerror();
-    if (lib)
-      if (auto entry = reinterpret_cast<retention::TorchRunner (*)()>(dlsym(lib, "segtape_torch_lab_runner"))) return entry();
-    return not_run(p.string() + ": " + (err ? err : "no segtape_torch_lab_runner in it"));
-  }
-  std::string looked;
-  for (const fs::path& p : tried) looked += " " + p.string();
-  return not_run("not found (looked for" + (tried.empty() ? std::string(" nothing: /proc/self/exe is not readable") : looked) + ")");
-}
-#endif
-
-// An error is one line on stderr: a checkpoint's list of problems
-// ("<file>: cannot load ...: 2 problems (nothing was loaded):\n  a\n  b")
-// becomes "...: 2 problems (nothing was loaded): a; b".
-std::string one_line(std::string m) {
-  for (size_t at; (at = m.find("\n  ")) != std::string::npos;) m.replace(at, 3, at > 0 && m[at - 1] == ':' ? " " : "; ");
-  std::replace(m.begin(), m.end(), '\n', ' ');
-  return m;
-}
-
-int retention_lab(RetentionArgs& a) {
-  namespace rt = retention;
-  // N copies of the lab would time each other and write the same files.
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
-    if (const char* n = std::getenv(v); n && std::atoi(n) > 1)
-      throw Error(std::string("segtape retention measures one process's memory and time; run it without mpirun (this is one of ") + n +
-                  " ranks)");
-  rt::LabConfig c = a.c;
-  c.budget = parse_bytes(a.budget);
-  c.budget_name = "--budget";
-  check_device_flag(c.device);
-  c.validate();
-  if (a.anomaly_only) {
-    const rt::AnomalyCost ac = rt::anomaly_cost(c);
-    std::printf("anomaly mode on the agent loop (Trainer, recall, tbptt:%ld, B=%ld, H=%ld): %.1f us/step off, %.1f us/step on (%+.1f%%)\n",
-                c.trainer_k, c.batch, c.hidden, ac.us_off, ac.us_on, ac.percent());
-    return 0;
-  }
-  std::vector<rt::Case> which;
-  if (a.cases.empty()) {
-    for (const rt::CaseInfo& i : rt::cases()) which.push_back(i.id);
-  } else {
-    std::stringstream ss(a.cases);
-    for (std::string name; std::getline(ss, name, ',');) {
-      const rt::Case k = rt::parse_case(name, c);
-      if (std::find(which.begin(), which.end(), k) != which.end())  // (it ran again, its rows twice in the csv)
-        throw Error("--cases " + a.cases + ": '" + name + "' names a case already given");
-      which.push_back(k);
-    }
-  }
-  fs::path out = a.out;
-  if (out.empty()) {
-    char stamp[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
-    out = fs::path("runs") / (std::string("retention-") + stamp);
-  }
-  const std::string named = "--out " + out.string();
-  if (!a.force && (exists_named(out / "retention.json", named) || exists_named(out / "retention.csv", named) ||
-                   exists_named(out / "retention.svg", named)))
-    throw Error("--out " + out.string() + " already holds a lab run; pass --force to overwrite it, or choose another --out");
-  // (the pitfall's file and tbptt's beside it, <name>-tbptt.dot)
-  const fs::path dot_fix = a.dot.empty() ? fs::path() : fs::path(a.dot).replace_filename(fs::path(a.dot).stem().string() + "-tbptt" + fs::path(a.dot).extension().string());
-  if (!a.dot.empty()) check_output_file(a.dot, "--dot"), check_output_file(dot_fix.string(), "--dot (its -tbptt file)");
-  if (c.device == "cuda") {  // a device that cannot be used says so before anything is written
-    TapeOptions small;
-    small.segment_budget = small.device_persistent = small.device_carry = small.device_workspace = size_t(1) << 20;
-    Tape probe(Device::cuda(), small);
-  }
-  rt::check_lab_memory(c, which);  // (before its folder is made)
-  prepare_dir(out);
-  rt::TorchRunner torch = nullptr;
-#ifdef SEGTAPE_WITH_LIBTORCH
-  std::string torch_note;
-  if (!a.no_libtorch) torch = load_torch_lab(torch_note);
-#endif
-  if (!a.dot.empty()) {
-    // Small segments, parameters named: pitfall 1 over 3 steps, and tbptt's
-    // second segment (the state arrives carried) beside it as <name>-tbptt.dot.
-    write_text(a.dot, rt::tape_dot(rt::Case::HiddenNotDetached, c));
-    write_text(dot_fix, rt::tape_dot(rt::Case::Tbptt, c));
-    std::printf("wrote %s (the tape of pitfall 1 after 3 steps) and %s (tbptt's second segment, h carried in); render with: dot -Tsvg %s -o tape.svg\n",
-                a.dot.c_str(), dot_fix.c_str(), a.dot.c_str());
-  }
-  rt::LabHooks hooks;
-  const bool tty = isatty(STDERR_FILENO);
-  hooks.progress = [&](const std::string& line) {
-    if (tty) std::fprintf(stderr, "\r%-60s", line.c_str());
-  };
-  std::string explained;
-  if (a.explain)
-    hooks.inspect = [&](rt::Case k, const Tape& t) {
-      const auto t0 = std::chrono::steady_clock::now();
-      const Explanation e = explain(t);
-      const double ms = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      explained += fmt::format("== {} (pitfall {}), at its last step; explained {} nodes in {:.2f} ms\n{}\n", rt::info(k).name,
-                               int(k) + 1, e.node_count, ms, e.report());
-    };
-  const auto t0 = std::chrono::steady_clock::now();
-  rt::LabReport rep = rt::run_lab(c, which, torch, hooks);
-#ifdef SEGTAPE_WITH_LIBTORCH
-  if (a.no_libtorch) rep.libtorch_note = "LibTorch not run (--no-libtorch)";
-  else if (!torch) rep.libtorch_note = torch_note;
-#endif
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (tty) std::fprintf(stderr, "\r%-60s\r", "");
-  write_text(out / "retention.csv", rt::to_csv(rep));
-  write_text(out / "retention.json", rt::to_json(rep));
-  write_text(out / "retention.svg", rt::to_svg(rep));
-  if (!explained.empty()) std::printf("%s", explained.c_str());
-  std::printf("%s", rt::table(rep).c_str());
-  std::printf("%.1f s; files: %s/{retention.csv, retention.json, retention.svg}\n", wall, out.c_str());
-  if (const std::string why = rep.check_failure(); !why.empty()) {
-    std::fprintf(stderr, "segtape: error: %s (see the table)\n", one_line(why).c_str());
-    return 1;
-  }
-  return 0;
-}
-
-// "segtape: error", with "(rank R of N)" for a rank mpirun started when MPI
-// is not running yet (a flag that does not parse, a plug-in that does not
-// load, a check before the communicator): that rank alone exits 2, mpirun
-// ends the job, and the line says which rank's command line it was (from
-// Open MPI's or PMI's environment). Once MPI runs, rank_error says it.
-std::string error_head() {
-  if (g_comm || !dist::launched_by_mpirun()) return "segtape: error";
-  const auto [rank, size] = dist::launched_rank();
-  if (rank < 0 || size < 2) return "segtape: error";
-  return fmt::format("segtape: error (rank {} of {})", rank, size);
-}
-
-int rank_error(const std::exception& e) {
-  const bool collective = dynamic_cast<const dist::CollectiveError*>(&e) != nullptr;
-  if (collective && g_comm->rank() != 0) return 2;  // rank 0 says it
-  if (collective) {
-    std::fprintf(stderr, "segtape: error: %s\n", one_line(e.what()).c_str());
-    return 2;
-  }
-  std::fprintf(stderr, "segtape: error (rank %d of %d): %s; ending every rank of the job\n", g_comm->rank(), g_comm->size(),
-               one_line(e.what()).c_str());
-  g_comm->abort(2);
-  return 2;  // (abort does not return)
-}
-
 }  // namespace
 
 int run_cli(int argc, char** argv) {
@@ -1188,17 +920,13 @@ int run_cli(int argc, char** argv) {
                  "memory/segment_peak_bytes, memory/rss_bytes, speed/steps_per_s with every metrics row (and "
                  "ppo/approx_kl, ppo/clip_fraction, ppo/lr under --algo ppo), eval/<measure> at every checkpoint")->check(kNonEmpty);
 
-  std::string ck;
-  int64_t eval_steps = 1000;
-  uint64_t eval_seed = 12345;
+  EvalArgs ea;
   CLI::App* ev = app.add_subcommand("eval", "Evaluate a checkpoint on fresh seeded episodes");
-  ev->add_option("--checkpoint", ck, "checkpoint.safetensors written by train")->required()->check(kNonEmpty);
-  ev->add_option("--steps", eval_steps, "Steps to evaluate (recall: more than its --lag; default: at least 2 x --lag)")->capture_default_str();
-  ev->add_option("--seed", eval_seed, "Seed of the fresh episodes")->capture_default_str()->check(seed_check);
-  std::string eval_device;
-  ev->add_option("--device", eval_device, "cpu or cuda (default: the device the checkpoint was trained on)");
-  std::vector<std::string> eval_plugins;  // loaded before parsing (plugin_args)
-  ev->add_option("--env-plugin", eval_plugins,
+  ev->add_option("--checkpoint", ea.checkpoint, "checkpoint.safetensors written by train")->required()->check(kNonEmpty);
+  ev->add_option("--steps", ea.steps, "Steps to evaluate (recall: more than its --lag; default: at least 2 x --lag)")->capture_default_str();
+  ev->add_option("--seed", ea.seed, "Seed of the fresh episodes")->capture_default_str()->check(seed_check);
+  ev->add_option("--device", ea.device, "cpu or cuda (default: the device the checkpoint was trained on)");
+  ev->add_option("--env-plugin", ea.env_plugins,
                  "Load envs from this shared library (default: the plug-in recorded in the checkpoint, if any)");
 
   RetentionArgs ra;
@@ -1265,21 +993,21 @@ int run_cli(int argc, char** argv) {
   }
   try {
     if (*tr) return train(ta, *tr);
-    if (*ev) return eval(ck, eval_steps, ev->count("--steps") > 0, eval_seed, eval_device);
+    if (*ev) return eval(ea, ev->count("--steps") > 0);
     if (*rl) return retention_lab(ra);
   } catch (const std::bad_alloc&) {  // (what() is "std::bad_alloc", which names nothing)
     const Error e("out of memory in segtape " + first + " (std::bad_alloc): the run needs more memory than this process may "
                   "take (the machine's, or ulimit -v); make it smaller (--hidden, --batch, --steps) or allow more");
-    if (g_comm) return rank_error(e);
+    if (job_communicator()) return rank_error(e);
     std::fprintf(stderr, "%s: %s\n", error_head().c_str(), e.what());
     return 2;
   } catch (const std::exception& e) {
-    if (g_comm) return rank_error(e);
+    if (job_communicator()) return rank_error(e);
     std::fprintf(stderr, "%s: %s\n", error_head().c_str(), one_line(e.what()).c_str());
     return 2;
   } catch (...) {  // thrown by code of the user's (a plug-in) that bypassed the env's checks: never terminate()
     const Error e("an exception that is not a std::exception (from an env plug-in's code?)");
-    if (g_comm) return rank_error(e);
+    if (job_communicator()) return rank_error(e);
     std::fprintf(stderr, "%s: %s\n", error_head().c_str(), e.what());
     return 2;
   }
@@ -1292,7 +1020,7 @@ int main(int argc, char** argv) {
   try {  // setting up the parser could throw too (out of memory): never terminate()
     return run_cli(argc, argv);
   } catch (const std::exception& e) {
-    if (g_comm) return rank_error(e);
+    if (job_communicator()) return rank_error(e);
     std::fprintf(stderr, "segtape: error: %s\n", e.what());
     return 2;
   } catch (...) {
