@@ -1,6 +1,6 @@
 // What the segtape command's files share: each command's arguments and its
-// entry point (cli/eval.cpp, cli/retention.cpp; main.cpp defines the
-// options, wires them, and runs train), the evaluation's wording, and how an
+// entry point (cli/train.cpp, cli/eval.cpp, cli/retention.cpp; main.cpp
+// defines the options and wires them), the evaluation's wording, and how an
 // error is reported.
 //
 // The command line's code lives in namespace segtape_cli, outside segtape::
@@ -26,7 +26,10 @@ class Communicator;
 
 namespace segtape_cli {
 
-// ---- segtape train (main.cpp)
+// Whether an option was on the command line (CLI11's count, for the commands' files).
+using Given = std::function<bool(const std::string& option)>;
+
+// ---- segtape train (cli/train.cpp)
 struct TrainArgs {
   segtape::agent::TrainConfig c;
   std::string history = "tbptt:32", budget, out, resume, log_dir;
@@ -35,6 +38,17 @@ struct TrainArgs {
   int64_t log_every = 0, checkpoint_every = 0, eval_steps = 500;
   double dist_timeout = 300;
   bool force = false;
+};
+int train(TrainArgs& a, const Given& given);
+
+// What the command line needs to know of a run's algorithm and history, asked
+// in this one place.
+struct RunKind {
+  bool ppo = false;   // --algo ppo: its flags, its diagnostics (TensorBoard's ppo/*)
+  bool full = false;  // --history full: one growing segment, stopped by its budget; a checkpoint only at its end
+  static RunKind of(const segtape::agent::TrainConfig& c) {
+    return {c.algo == "ppo", c.history.kind == segtape::agent::History::Kind::Full};
+  }
 };
 
 // ---- segtape eval (cli/eval.cpp)
