@@ -76,7 +76,7 @@ std::vector<rt::Case> lab_cases(const std::string& names, const rt::LabConfig& c
   for (std::string name; std::getline(ss, name, ',');) {
     const rt::Case k = rt::parse_case(name, c);
     if (std::find(which.begin(), which.end(), k) != which.end())  // (it ran again, its rows twice in the csv)
-      throw Error("--cases " + names + ": '" + name + "' names a case already given");
+      throw Error(fmt::format("--cases {}: '{}' names a case already given", names, name));
     which.push_back(k);
   }
   return which;
@@ -84,7 +84,7 @@ std::vector<rt::Case> lab_cases(const std::string& names, const rt::LabConfig& c
 
 // --out, or runs/retention-<time>; a lab run's files there need --force.
 fs::path lab_out(const RetentionArgs& a) {
-  const fs::path out = a.out.empty() ? default_out("retention") : fs::path(a.out);
+  fs::path out = a.out.empty() ? default_out("retention") : fs::path(a.out);
   const std::string named = "--out " + out.string();
   if (!a.force && (exists_named(out / "retention.json", named) || exists_named(out / "retention.csv", named) ||
                    exists_named(out / "retention.svg", named)))

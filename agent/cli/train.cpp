@@ -55,7 +55,7 @@ struct Loop {
         if (!kind.full) throw;
         // The teaching run reached its limit: that climb is the lesson, so
         // its metrics and plot are written up to here.
-        const std::string why = e.what();
+        std::string why = e.what();
         log.budget_reached();
         return why;
       }
@@ -191,7 +191,7 @@ int64_t every(int64_t given, const TrainConfig& c, int64_t per_run) {
 // folder (done now unless --force waits for it: MetricsCsvLog).
 std::function<void()> add_sinks(Logger& log, const Plan& p, const TrainArgs& a, const EnvSpec& spec, std::unique_ptr<TensorBoardLog> tb) {
   auto csv = std::make_unique<MetricsCsvLog>(p.out, spec.measure, !spec.supervised, a.force && !p.resume, p.rows);
-  const std::function<void()> claim = [csv = csv.get()] { csv->claim(); };
+  std::function<void()> claim = [csv = csv.get()] { csv->claim(); };
   log.add(std::move(csv));
   if (tb) log.add(std::move(tb));
   if (isatty(STDERR_FILENO)) log.add(std::make_unique<ProgressBar>(p.c.steps, spec.measure));
