@@ -25,6 +25,8 @@ History History::parse(const std::string& s) {
 
 std::string History::str() const { return history_def(kind).str(*this); }
 
+bool History::grows() const { return history_def(kind).grows; }
+
 std::string History::choices() {
   std::string all;
 #define SEGTAPE_SYNTAX(K, N) all += std::string(all.empty() ? "" : ", ") + history_def(Kind::K).syntax;

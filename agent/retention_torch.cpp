@@ -349,7 +349,7 @@ Trace run_libtorch(Case c, const LabConfig& cfg) {
 
 }  // namespace segtape::agent::retention
 
-// The module's one entry point (load_torch_lab in agent/main.cpp).
+// The module's one entry point (load_torch_lab in agent/cli/retention.cpp).
 extern "C" segtape::agent::retention::TorchRunner segtape_torch_lab_runner() {
   return &segtape::agent::retention::run_libtorch;
 }

@@ -18,7 +18,7 @@ std::string packed_kernel();
 
 // "SkylakeX" (AVX-512) or "Haswell" (AVX2 + FMA) when OpenBLAS chose kernels
 // older than AVX2 on a CPU that has it, and OPENBLAS_CORETYPE was not set;
-// otherwise empty. The segtape program restarts itself with it (agent/main.cpp).
+// otherwise empty. The segtape program restarts itself with it (agent/cli/startup.cpp).
 std::string blas_better_kernels();
 
 }  // namespace segtape

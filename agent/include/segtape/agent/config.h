@@ -54,6 +54,9 @@ struct History {
   int64_t stored_every() const { return stride > 0 ? k : span(); }
   // The history's own choices, for the messages that list them ("tbptt:K, detach, ...").
   static std::string choices();
+  // Whether the history keeps its whole run in one growing segment (full:
+  // the teaching policy; CPU only, no checkpoint mid-run).
+  bool grows() const;
 };
 
 enum class Algo : uint8_t {
