@@ -5,7 +5,8 @@
 # Usage: bash tests/run.sh [--sanitize] [--fuzz[=SECONDS]] [--tidy] [--full] [extra ctest arguments, e.g. -L memory]
 #   (no option)  build in ./build and run ctest: every suite, the bad-input
 #                catalog, the soak and kill tests, the package test; then
-#                pip install ./python into build/python (a venv) and pytest
+#                pip install ./python into build/python (a venv) and pytest;
+#                the code's size (lizard: functions, agent/ files)
 #   --sanitize   also build in ./build-asan with ASan + UBSan and run every CPU test there
 #   --fuzz       also run the safetensors parser's libFuzzer target (clang) for 60 s
 #   --tidy       also run clang-tidy over engine/, nn/, agent/
@@ -45,6 +46,9 @@ stage "build and ctest ($SEGTAPE_BUILD)" $rc
 rc=0
 segtape_python_tests || rc=$?
 stage "Python package: pip install ./python and pytest (python/tests, the notebook)" $rc
+rc=0
+segtape_size || rc=$?
+stage "code size: functions <= $SEGTAPE_MAX_FUNCTION_NLOC lines of code, agent/ files <= $SEGTAPE_MAX_AGENT_FILE_LINES lines (lizard)" $rc
 
 if ((do_sanitize)); then
   rc=0

@@ -104,6 +104,38 @@ segtape_configure_build() {
   cmake --build "$SEGTAPE_BUILD" -j "$SEGTAPE_JOBS"
 }
 
+# The code's size (docs/design.md, "Size"): no function of engine/, nn/ or
+# agent/ longer than 150 lines of code (lizard's NLOC; lizard from PyPI, in
+# the Python package's virtual environment), no file of agent/ longer than
+# 700 lines.
+SEGTAPE_MAX_FUNCTION_NLOC=${SEGTAPE_MAX_FUNCTION_NLOC:-150} SEGTAPE_MAX_AGENT_FILE_LINES=${SEGTAPE_MAX_AGENT_FILE_LINES:-700}
+segtape_size() {
+  local venv=$SEGTAPE_BUILD/python
+  if [[ ! -x "$venv/bin/python" ]]; then "$SEGTAPE_PYTHON_EXE" -m venv --system-site-packages "$venv" || return 1; fi
+  "$venv/bin/python" -c "import lizard" 2>/dev/null || "$venv/bin/python" -m pip install -q lizard || return 1
+  local long rc=0
+  # (-C: no complexity limit here, only the length; -w prints one line per function over it)
+  long=$(cd "$SEGTAPE_ROOT" && "$venv/bin/python" -m lizard -l cpp -C 1000000 -Tnloc=$SEGTAPE_MAX_FUNCTION_NLOC -w engine nn agent) || true
+  if [[ -n "$long" ]]; then
+    echo "segtape: size: functions over $SEGTAPE_MAX_FUNCTION_NLOC lines of code:" >&2
+    echo "$long" >&2
+    rc=1
+  fi
+  local f n
+  while IFS= read -r f; do
+    n=$(wc -l <"$SEGTAPE_ROOT/$f")
+    if ((n > SEGTAPE_MAX_AGENT_FILE_LINES)); then
+      echo "segtape: size: $f has $n lines (at most $SEGTAPE_MAX_AGENT_FILE_LINES in agent/)" >&2
+      rc=1
+    fi
+  done < <(cd "$SEGTAPE_ROOT" && find agent -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' \) | sort)
+  local longest
+  longest=$(cd "$SEGTAPE_ROOT" && "$venv/bin/python" -m lizard -l cpp engine nn agent 2>/dev/null |
+            awk '$1 ~ /^[0-9]+$/ && NF >= 6 && $NF ~ /@/ {print $1, $NF}' | sort -n -r | head -1) || true
+  echo "segtape: size: longest function ${longest:-?} (NLOC, location)"
+  return $rc
+}
+
 # ---- Hardening stages (docs/hardening.md), run by tests/run.sh --sanitize /
 # --fuzz / --tidy and all three in CI. Each returns non-zero on a finding.
 
