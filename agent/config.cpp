@@ -28,10 +28,23 @@ std::string History::str() const { return history_def(kind).str(*this); }
 bool History::grows() const { return history_def(kind).grows; }
 
 std::string History::choices() {
+  return history_choices([](const HistoryDef&) { return true; });
+}
+
+std::string history_choices(bool (*which)(const HistoryDef&)) {
   std::string all;
-#define SEGTAPE_SYNTAX(K, N) all += std::string(all.empty() ? "" : ", ") + history_def(Kind::K).syntax;
+#define SEGTAPE_SYNTAX(K, N) \
+  if (const HistoryDef& d = history_def(History::Kind::K); which(d)) all += std::string(all.empty() ? "" : ", ") + d.syntax;
   SEGTAPE_HISTORIES(SEGTAPE_SYNTAX)
 #undef SEGTAPE_SYNTAX
+  return all;
+}
+
+std::string History::help() {
+  std::string all;
+#define SEGTAPE_HELP(K, N) all += std::string(all.empty() ? "" : ", ") + history_def(Kind::K).help;
+  SEGTAPE_HISTORIES(SEGTAPE_HELP)
+#undef SEGTAPE_HELP
   return all;
 }
 
@@ -60,6 +73,15 @@ Algo parse_algo(const std::string& s) {
 }
 
 const char* algo_name(Algo a) { return algorithm_def(a).name; }
+
+std::string algo_help() {
+  std::string all;
+#define SEGTAPE_HELP(K, N) \
+  if (const AlgorithmDef& d = algorithm_def(Algo::K); d.flag) all += std::string(all.empty() ? "" : " or ") + d.help;
+  SEGTAPE_ALGORITHMS(SEGTAPE_HELP)
+#undef SEGTAPE_HELP
+  return all;
+}
 
 Algo TrainConfig::learner(const EnvSpec& spec) const { return algo == Algo::A2c && spec.supervised ? Algo::Supervised : algo; }
 
@@ -197,7 +219,7 @@ void TrainConfig::validate() const {
   need(std::isfinite(clip) && clip >= 0, "--clip must be >= 0 (0 turns clipping off)");
   need(device != "cuda" || !hd.grows,
        "--history " + history.str() + " keeps its run in one growing arena (the teaching policy), which is CPU-only: use "
-       "--device cpu or a bounded history (tbptt:K, detach, window:N, nograd-history)");
+       "--device cpu or a bounded history (" + history_choices([](const HistoryDef& d) { return !d.grows; }) + ")");
   check_device_flag(device);
   need(env_options.lag >= 1 && env_options.lag <= 100000, "--lag must be in [1, 100000]");
   need(!env_options.sparse || (env != "tmaze" && env != "dialogue"),

@@ -65,10 +65,7 @@ void add_run_options(CLI::App* tr, TrainArgs& ta) {
   tr->add_option("--env-plugin", ta.env_plugins,
                  "Load envs from this shared library (defines segtape_register_envs(); docs/agent.md, \"Your own environment\"); "
                  "recorded in the checkpoint, so --resume and eval load it again");
-  tr->add_option("--history", ta.history,
-                 "How history reaches the gradient: tbptt:K (segments of K steps), detach (K=1), full (one growing segment; "
-                 "teaching), window:N (last N embeddings, no recurrence), nograd-history (1-step gradient, K-step updates), "
-                 "exact:K/T (the gradient of T-step windows in the memory of K-step segments, by replay; T defaults to 8K)")
+  tr->add_option("--history", ta.history, "How history reaches the gradient: " + segtape::agent::History::help())
       ->capture_default_str();
   tr->add_option("--steps", ta.c.steps, "Environment steps to train (each over the whole batch)")->capture_default_str();
   tr->add_option("--batch", ta.c.batch, "Parallel episode streams B")->capture_default_str();
@@ -119,9 +116,7 @@ void add_env_and_algo_options(CLI::App* tr, TrainArgs& ta) {
   tr->add_option("--gamma", ta.c.gamma, "RL (tmaze, --algo ppo): discount (default 0.9; 0 for --algo ppo on a supervised env)");
   tr->add_option("--entropy", ta.c.entropy, "RL: entropy bonus")->capture_default_str();
   tr->add_option_function<std::string>("--algo", [&ta](const std::string& v) { ta.c.algo = segtape::agent::parse_algo(v); },
-                 "RL algorithm: a2c (an update per segment) or ppo (recurrent PPO: rollouts, GAE, clipped surrogate, "
-                 "minibatches of whole streams replayed from their stored states; on a supervised env the reward is 1 "
-                 "for the target class)")->default_str("a2c");
+                 "What learns from the steps: " + segtape::agent::algo_help())->default_str("a2c");
   tr->add_option("--rollout", ta.c.rollout, "ppo: steps per stream per rollout")->capture_default_str();
   tr->add_option("--epochs", ta.c.epochs, "ppo: passes over each rollout")->capture_default_str();
   tr->add_option("--minibatches", ta.c.minibatches, "ppo: minibatches of whole streams per pass (divides --batch)")->capture_default_str();

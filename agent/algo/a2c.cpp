@@ -151,6 +151,7 @@ const AlgorithmDef A2cAlgorithm{
     .kind = Algo::A2c,
     .name = "a2c",
     .flag = true,
+    .help = "a2c (an update per segment; on a supervised env, cross-entropy on its targets)",
     .value_head = true,
     .validate = nullptr,
     .host_bytes = nullptr,

@@ -52,6 +52,7 @@ struct AlgorithmDef {
   Algo kind;
   const char* name;
   bool flag;        // --algo takes its name (supervised is what a2c is on a supervised env)
+  const char* help;  // its name and what it does, for segtape train --help
   bool value_head;  // the policy has a value head
   // Its own constraints on a configuration (an Error naming the flag); null: none.
   void (*validate)(const TrainConfig& c);

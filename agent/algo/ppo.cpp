@@ -314,8 +314,8 @@ void validate(const TrainConfig& c) {
     if (!ok) throw Error(m);
   };
   need(history_def(c.history.kind).ppo, "--algo ppo replays each minibatch's windows from the states stored at rollout time, with "
-                                        "--history tbptt:K (or detach, K = 1) or exact:K/T; --history " + c.history.str() +
-                                            " is not built for it");
+                                        "--history " + history_choices([](const HistoryDef& d) { return d.ppo; }) + "; --history " +
+                                            c.history.str() + " is not built for it");
   need(c.rollout >= 1 && c.rollout <= 1'000'000, "--rollout must be in [1, 1000000]");
   need(c.epochs >= 1 && c.epochs <= 1000, "--epochs must be in [1, 1000]");
   need(c.minibatches >= 1 && c.minibatches <= c.batch && c.batch % c.minibatches == 0,
@@ -333,6 +333,7 @@ const AlgorithmDef PpoAlgorithm{
     .kind = Algo::Ppo,
     .name = "ppo",
     .flag = true,
+    .help = "ppo (recurrent PPO: rollouts, GAE, clipped surrogate, minibatches of whole streams replayed from their stored states; on a supervised env the reward is 1 for the target class)",
     .value_head = true,
     .validate = validate,
     .host_bytes = RolloutBuffer::bytes,

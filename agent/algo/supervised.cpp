@@ -291,6 +291,7 @@ const AlgorithmDef SupervisedAlgorithm{
     .kind = Algo::Supervised,
     .name = "supervised",
     .flag = false,
+    .help = "supervised (cross-entropy on the env's targets)",
     .value_head = false,
     .validate = nullptr,
     .host_bytes = nullptr,

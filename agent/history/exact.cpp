@@ -84,6 +84,7 @@ const HistoryDef ExactHistory{
     .name = "exact",
     .alias = nullptr,
     .syntax = "exact:K or exact:K/T",
+    .help = "exact:K/T (the gradient of T-step windows in the memory of K-step segments, by replay; T defaults to 8K)",
     .parse = parse,
     .str = [](const History& h) { return "exact:" + std::to_string(h.k) + "/" + std::to_string(h.horizon); },
     .validate = [](const TrainConfig& c) {

@@ -40,6 +40,7 @@ const HistoryDef FullHistory{
     .name = "full",
     .alias = nullptr,
     .syntax = "full",
+    .help = "full (one growing segment; teaching)",
     .parse = [](const std::string& s) {
       if (s != "full") throw Error("unknown --history '" + s + "' (choose " + History::choices() + ")");
       return History{.kind = History::Kind::Full};

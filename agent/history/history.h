@@ -126,6 +126,7 @@ struct HistoryDef {
   const char* name;    // the text before ':'
   const char* alias;   // another name it answers to (tbptt: "detach"), or null
   const char* syntax;  // its forms, for the list of choices ("tbptt:K, detach")
+  const char* help;    // its forms and what they do, for segtape train --help
   History (*parse)(const std::string& text);  // all of --history's text (its name or alias first)
   std::string (*str)(const History& h);
   // Its own constraints on a configuration (an Error naming the flag); null: none.
@@ -138,6 +139,8 @@ struct HistoryDef {
 };
 
 const HistoryDef& history_def(History::Kind kind);
+// The forms of the histories `which` takes, as History::choices() lists them.
+std::string history_choices(bool (*which)(const HistoryDef&));
 
 // Reads a positive step count of `text` (an Error naming --history and `what` otherwise).
 int64_t history_number(const std::string& v, const std::string& text, const char* what);

@@ -35,6 +35,7 @@ const HistoryDef NoGradHistoryHistory{
     .name = "nograd-history",
     .alias = nullptr,
     .syntax = "nograd-history",
+    .help = "nograd-history (1-step gradient, K-step updates)",
     .parse = [](const std::string& s) {
       if (s != "nograd-history") throw Error("unknown --history '" + s + "' (choose " + History::choices() + ")");
       return History{.kind = History::Kind::NoGradHistory};

@@ -108,6 +108,7 @@ const HistoryDef OverlapHistory{
     .name = "overlap",
     .alias = nullptr,
     .syntax = "overlap:K/T/S",
+    .help = "overlap:K/T/S (every S steps, the gradient of those steps' losses through the last T steps, by replay; S defaults to K)",
     .parse = parse,
     .str = [](const History& h) { return "overlap:" + std::to_string(h.k) + "/" + std::to_string(h.horizon) + "/" + std::to_string(h.stride); },
     .validate = nullptr,

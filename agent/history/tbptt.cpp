@@ -96,6 +96,7 @@ const HistoryDef TbpttHistory{
     .name = "tbptt",
     .alias = "detach",
     .syntax = "tbptt:K, detach",
+    .help = "tbptt:K (segments of K steps), detach (K=1)",
     .parse = parse,
     .str = str,
     .validate = nullptr,

@@ -58,6 +58,7 @@ const HistoryDef WindowHistory{
     .name = "window",
     .alias = nullptr,
     .syntax = "window:N",
+    .help = "window:N (last N embeddings, no recurrence)",
     .parse = [](const std::string& s) {
       if (!s.starts_with("window:")) throw Error("unknown --history '" + s + "' (choose " + History::choices() + ")");
       return History{.kind = History::Kind::Window, .window = history_number(s.substr(7), s, "N")};

@@ -52,8 +52,11 @@ struct History {
   // Steps between the states PPO's rollout stores for its replays: an
   // update's, or K where windows overlap (a window may start at any segment).
   int64_t stored_every() const { return stride > 0 ? k : span(); }
-  // The history's own choices, for the messages that list them ("tbptt:K, detach, ...").
+  // The histories' forms, for the messages that list them ("tbptt:K, detach, ..."):
+  // every one, or those `which` says yes to (by their HistoryDef: agent/history/history.h).
   static std::string choices();
+  // Every history's forms and what they do (segtape train --help).
+  static std::string help();
   // Whether the history keeps its whole run in one growing segment (full:
   // the teaching policy; CPU only, no checkpoint mid-run).
   bool grows() const;
@@ -64,9 +67,11 @@ enum class Algo : uint8_t {
   SEGTAPE_ALGORITHMS(SEGTAPE_KIND)
 #undef SEGTAPE_KIND
 };
-// "supervised", "a2c", "ppo"; parse throws an Error naming --algo and the choices.
+// "a2c", "ppo": the names --algo takes; parse throws an Error naming --algo and the choices.
 Algo parse_algo(const std::string& s);
 const char* algo_name(Algo a);
+// What each algorithm --algo takes does (segtape train --help).
+std::string algo_help();
 
 struct TrainConfig {
   // The most steps any step count takes (--steps, and the cadences and
