@@ -1,6 +1,7 @@
-// The agent loop: segments of K steps over a batched env, a history strategy
-// deciding how history reaches the gradient, supervised or actor-critic
-// training, and exact resumable checkpoints.
+// The agent loop: a history (how a segment's steps are run and cut,
+// agent/history/) and an algorithm (supervised, A2C, PPO: agent/algo/) over a
+// batched env, one update per run_segment(), evaluation, and exact resumable
+// checkpoints. docs/design.md, "The agent layer".
 #pragma once
 #include <filesystem>
 #include <functional>
@@ -53,7 +54,7 @@ struct SizeEstimate {
   size_t observation_bytes = 0;  // of which the step's observation (tokens, or B x obs_dim floats)
   size_t segment_bytes = 0;    // step_bytes x the steps a segment keeps (K; 1 for `full`, which grows)
   size_t budget = 0;           // the budget that applies (segment budget, or `full`'s growth limit)
-  size_t rollout_bytes = 0;    // ppo: the rollout kept on the host (agent/ppo.h)
+  size_t rollout_bytes = 0;    // the algorithm's host buffers (PPO's rollout: agent/algo/rollout_buffer.h)
 };
 
 // The memory this process may take, to refuse a size that cannot fit before
