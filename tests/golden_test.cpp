@@ -7,9 +7,10 @@
 // or carried state fails here.
 //
 // The figures are the arithmetic of one machine class: OpenBLAS's kernels
-// are pinned (OPENBLAS_CORETYPE=SkylakeX, set by ctest) and segtape's own
-// kernels are the AVX-512 ones, so the file holds the figures of an AVX-512
-// x86-64 CPU. Elsewhere the test skips, saying so. To record the figures
+// are pinned (OPENBLAS_CORETYPE=SkylakeX, set by the test itself) and
+// segtape's own kernels are the AVX-512 ones, so the file holds the figures
+// of an AVX-512 x86-64 CPU and segtape's release build (not the sanitizer
+// build). Elsewhere the test skips, saying so. To record the figures
 // anew (a deliberate change of arithmetic, stated in the commit):
 //   SEGTAPE_GOLDEN_RECORD=1 build/tests/golden_test   (writes tests/golden/checkpoints.txt)
 #include <gtest/gtest.h>
@@ -126,7 +127,8 @@ std::string sha256(const fs::path& file) {
   return p.output.substr(0, 64);
 }
 
-// The machine class the figures belong to.
+// The machine class the figures belong to, and the build's (a sanitizer
+// build compiles at another optimisation level: other contractions into FMAs).
 std::string fingerprint() {
   std::string isa = "generic";
 #if defined(__x86_64__)
@@ -134,7 +136,11 @@ std::string fingerprint() {
   if (__builtin_cpu_supports("avx512f")) isa = "avx512";
   else if (__builtin_cpu_supports("avx2")) isa = "avx2";
 #endif
-  return isa + " openblas=" + blas_kernels();
+  std::string build;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  build = " sanitizer build";
+#endif
+  return isa + " openblas=" + blas_kernels() + build;
 }
 
 std::map<std::string, std::string> recorded(std::string& print) {
