@@ -25,6 +25,20 @@ Tensor Step::observe() {
   return observation(tokens, vectors, B_);
 }
 
+Tensor Step::observe(Tape& t, replay::Inputs& in) {
+  const EnvSpec& spec = c_.env->spec();
+  if (spec.vocab > 0) {
+    auto tok = in.take<int64_t>(size_t(B_), [&](std::span<int64_t> v) { c_.env->observe(v, vectors); });
+    return t.from(tok, {B_});
+  }
+  auto vec = in.take<float>(vectors.size(), [&](std::span<float> v) { c_.env->observe(tokens, v); });
+  return t.from(vec, {B_, spec.obs_dim});
+}
+
+std::span<const uint8_t> Step::done_flags(replay::Inputs& in) {
+  return in.take<uint8_t>(size_t(B_), [&](std::span<uint8_t> v) { std::copy(done.begin(), done.end(), v.begin()); });
+}
+
 Tensor Step::observation(std::span<const int64_t> tok, std::span<const float> vec, int64_t n) const {
   const EnvSpec& spec = c_.env->spec();
   if (spec.vocab > 0) return c_.tape->from(tok.first(size_t(n)), {n});

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "context.h"
+#include "segtape/replay.h"
 
 namespace segtape::agent {
 
@@ -26,6 +27,11 @@ class Step {
 
   // The env's observation now into tokens / vectors, on the tape.
   Tensor observe();
+  // The same through a step's inputs (replay::Inputs): the env's the first
+  // time the step runs, the record's when it runs again.
+  Tensor observe(Tape& t, replay::Inputs& in);
+  // The done flags of the step just taken (act), through its inputs likewise.
+  std::span<const uint8_t> done_flags(replay::Inputs& in);
   // A step's observation on the tape from host rows of `rows` streams:
   // tokens [rows] (token envs) or vectors [rows, obs_dim].
   Tensor observation(std::span<const int64_t> tokens, std::span<const float> vectors, int64_t rows) const;

@@ -283,6 +283,17 @@ void Driver::reverse_unit(const StepFn& step, int64_t u, const Pass& p, const Te
 
 Report Driver::run(const StepFn& step, const Tensor& state) { return run(step, state, o_.horizon); }
 
+namespace {
+// The driver is running while it lives (a run() or slide() from its own step or hooks is refused).
+struct Running {
+  bool& flag;
+  explicit Running(bool& f) : flag(f) { flag = true; }
+  ~Running() { flag = false; }
+  Running(const Running&) = delete;
+  Running& operator=(const Running&) = delete;
+};
+}  // namespace
+
 // A window's preamble: no driver running (from on_segment or on_forward,
 // where no segment is open, a nested run reset the outer window's records
 // and stored states under it), no segment open, a state like the driver's.
@@ -297,11 +308,7 @@ void Driver::enter(const Tensor& state, const char* call) {
 
 Report Driver::run(const StepFn& step, const Tensor& state, int64_t steps, int64_t losses_from) {
   enter(state, "run()");
-  running_ = true;
-  struct Done {
-    bool& flag;
-    ~Done() { flag = false; }
-  } done{running_};
+  const Running busy(running_);
   check_window(steps);
   if (losses_from < 0 || losses_from >= steps)
     throw Error("exact BPTT: losses from step " + std::to_string(losses_from) + " of a window of " + std::to_string(steps) +
@@ -343,11 +350,7 @@ Report Driver::run(const StepFn& step, const Tensor& state, int64_t steps, int64
 Report Driver::slide(const StepFn& step, const Tensor& state, int64_t steps) {
   if (o_.stride == 0) throw Error("exact BPTT: slide() runs overlapping windows: make the driver with Options::stride");
   enter(state, "slide()");
-  running_ = true;
-  struct Done {
-    bool& flag;
-    ~Done() { flag = false; }
-  } done{running_};
+  const Running busy(running_);
   if (steps < 1 || steps > o_.stride)
     throw Error("exact BPTT: slide() runs 1 to S = " + std::to_string(o_.stride) + " steps, got " + std::to_string(steps));
   const int64_t K = o_.k, T = o_.horizon, R = units_;  // the ring: T / K segments' states, T steps' inputs

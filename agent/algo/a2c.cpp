@@ -47,20 +47,9 @@ class A2c : public Algorithm {
   // Step t's place in the per-step records: a ring of the history's span.
   size_t at(int64_t t) const { return size_t(t % cap_) * size_t(c_.config.batch); }
 
-  Tensor observed(Tape& t, replay::Inputs& in) {
-    const int64_t B = step_.batch();
-    const EnvSpec& spec = c_.env->spec();
-    if (spec.vocab > 0) {
-      auto tok = in.take<int64_t>(size_t(B), [&](std::span<int64_t> v) { c_.env->observe(v, step_.vectors); });
-      return t.from(tok, {B});
-    }
-    auto vec = in.take<float>(step_.vectors.size(), [&](std::span<float> v) { c_.env->observe(step_.tokens, v); });
-    return t.from(vec, {B, spec.obs_dim});
-  }
-
   replay::StepResult step(Tape& t, int64_t i, const Tensor& h, replay::Inputs& in) {
     const int64_t B = step_.batch();
-    const Recurred r = step_.feature(observed(t, in), h);
+    const Recurred r = step_.feature(step_.observe(t, in), h);
     const Tensor lp = step_.log_probs(r.feature);  // [B, A]
     const Tensor v = step_.value(r.feature);       // [B, 1]
     // Sampled actions step the env the first time only; the step's reward
@@ -73,8 +62,7 @@ class A2c : public Algorithm {
       std::copy(step_.rewards.begin(), step_.rewards.end(), rewards_.begin() + ptrdiff_t(at(i)));
       std::copy(step_.done.begin(), step_.done.end(), done_.begin() + ptrdiff_t(at(i)));
     });
-    auto d = in.take<uint8_t>(size_t(B), [&](std::span<uint8_t> f) { std::copy(step_.done.begin(), step_.done.end(), f.begin()); });
-    const Tensor next = step_.reset(r.state, d);
+    const Tensor next = step_.reset(r.state, step_.done_flags(in));
     // The returns are known once the forward pass is done: a replayed
     // step's loss is computed as it runs, a live step's after them all.
     if (in.replaying()) return {next, in.loss_wanted() ? loss(i, lp, v) : Tensor{}};

@@ -49,21 +49,9 @@ class Supervised : public Algorithm {
     if (loss_steps_ > 0 || c_.avg) c_.update(loss_steps_ > 0);
   }
 
-  // This step's observation: the env's the first time, the record's on a replay.
-  Tensor observed(Tape& t, replay::Inputs& in) {
-    const int64_t B = step_.batch();
-    const EnvSpec& spec = c_.env->spec();
-    if (spec.vocab > 0) {
-      auto tok = in.take<int64_t>(size_t(B), [&](std::span<int64_t> v) { c_.env->observe(v, step_.vectors); });
-      return t.from(tok, {B});
-    }
-    auto vec = in.take<float>(step_.vectors.size(), [&](std::span<float> v) { c_.env->observe(step_.tokens, v); });
-    return t.from(vec, {B, spec.obs_dim});
-  }
-
   replay::StepResult step(Tape& t, const Tensor& h, replay::Inputs& in) {
     const int64_t B = step_.batch();
-    const Recurred r = step_.feature(observed(t, in), h);
+    const Recurred r = step_.feature(step_.observe(t, in), h);
     const Tensor logits = step_.logits(r.feature);
     auto y = in.take<int64_t>(size_t(B), [&](std::span<int64_t> v) { c_.env->targets(v); });
     Tensor loss;
@@ -77,8 +65,7 @@ class Supervised : public Algorithm {
       step_.greedy(logits, a);
       step_.act(a);
     });
-    auto d = in.take<uint8_t>(size_t(B), [&](std::span<uint8_t> v) { std::copy(step_.done.begin(), step_.done.end(), v.begin()); });
-    return {step_.reset(r.state, d), loss};
+    return {step_.reset(r.state, step_.done_flags(in)), loss};
   }
 
   // ---- CUDA-graph segments

@@ -10,56 +10,24 @@
 namespace segtape::agent {
 namespace {
 
-class Exact : public HistoryRunner {
+class Exact : public ReplayingHistory {
  public:
-  using HistoryRunner::HistoryRunner;
+  using ReplayingHistory::ReplayingHistory;
 
-  // Its boundary states live in the persistent pool, shaped like the state
-  // the algorithm's passes run on (made once: a run's last, shorter window
-  // runs on the same ones).
-  void prepare(const Tensor& state, bool) override {
-    const History& h = c_.config.history;
-    home_ = state;
-    driver_ = std::make_unique<replay::Driver>(*c_.tape, state, replay::Options{.horizon = h.horizon, .k = h.k, .on_forward = [this](const Tensor& final_state) {
-      if (!after_forward_) return;
-      const Segment seg = c_.tape->segment();  // (the hook's own: no segment is open there)
-      (void)after_forward_(final_state);      // (the losses are the replays')
-    }});
-  }
+  void prepare(const Tensor& state, bool) override { make_driver(state, 0); }
 
   Ran run(Steps& s, int64_t n) override {
-    const int64_t first = c_.step;
-    after_forward_ = {};
-    if (s.after_forward) after_forward_ = [&](const Tensor& final_state) { return s.after_forward(final_state, first, n); };
-    const replay::Report rep = window(s, c_.h, first, n);
-    if (s.update) s.update();
-    copy_into(c_.h_home, driver_->final_state());
-    c_.h = c_.h_home;
-    c_.step += n;
-    return ran(rep);
+    running(&s, c_.step, n, c_.step);
+    return learned(s, driver_->run(step_, c_.h, n), n);
   }
 
   Ran replay(Steps& s, int64_t first, int64_t n) override {
-    after_forward_ = {};
+    running(&s, first, n, first);
     home_.from_host(s.state_at(first));
-    return ran(window(s, home_, first, n));
+    const replay::Report rep = driver_->run(step_, home_, n);
+    running(nullptr, 0, 0, 0);
+    return ran_of(rep);
   }
-  bool replays() const override { return true; }
-
- private:
-  replay::Report window(Steps& s, const Tensor& h0, int64_t first, int64_t n) {
-    return driver_->run([&](Tape& t, int64_t i, const Tensor& h, replay::Inputs& in) { return s.step(t, first + i, h, in); }, h0,
-                        n);
-  }
-  static Ran ran(const replay::Report& rep) {
-    Ran r;
-    r.loss = rep.loss, r.steps_run = rep.steps_run, r.segment_peak = rep.segment_peak, r.stored_bytes = rep.state_bytes;
-    return r;
-  }
-
-  Tensor home_;  // the state the windows start from (persistent)
-  std::unique_ptr<replay::Driver> driver_;
-  std::function<Tensor(const Tensor&)> after_forward_;  // the window being run's Steps::after_forward
 };
 
 History parse(const std::string& s) {

@@ -63,4 +63,33 @@ Ran HistoryRunner::replay(Steps& s, int64_t first, int64_t n) {
   return r;
 }
 
+void ReplayingHistory::make_driver(const Tensor& state, int64_t stride) {
+  const History& h = c_.config.history;
+  home_ = state;
+  replay::Options o{.horizon = h.horizon, .k = h.k, .stride = stride};
+  // The window's losses that need its forward pass (A2C's returns), in a
+  // segment of their own (none is open there); the losses are the replays'.
+  o.on_forward = [this](const Tensor& final_state) {
+    if (!steps_ || !steps_->after_forward) return;
+    const Segment seg = c_.tape->segment();
+    (void)steps_->after_forward(final_state, first_, n_);
+  };
+  driver_ = std::make_unique<replay::Driver>(*c_.tape, state, o);
+}
+
+Ran ReplayingHistory::learned(Steps& s, const replay::Report& rep, int64_t n) {
+  steps_ = nullptr;
+  if (s.update) s.update();
+  copy_into(c_.h_home, driver_->final_state());
+  c_.h = c_.h_home;
+  c_.step += n;
+  return ran_of(rep);
+}
+
+Ran ReplayingHistory::ran_of(const replay::Report& rep) {
+  Ran r;
+  r.loss = rep.loss, r.steps_run = rep.steps_run, r.segment_peak = rep.segment_peak, r.stored_bytes = rep.state_bytes;
+  return r;
+}
+
 }  // namespace segtape::agent

@@ -119,6 +119,38 @@ class HistoryRunner {
   replay::Inputs live_ = replay::Inputs::live();  // steps that run once: their inputs pass through
 };
 
+// A history whose steps are replayed for their gradient (exact, overlap):
+// a replay driver (segtape/replay.h) over the state the algorithm's passes
+// run on, and the update it runs: the driver's step and forward hook pass
+// the update's Steps on, its step indices counted from `offset_`.
+class ReplayingHistory : public HistoryRunner {
+ public:
+  using HistoryRunner::HistoryRunner;
+  bool replays() const override { return true; }
+
+ protected:
+  // The driver (its boundary states in the persistent pool, shaped like
+  // `state`, made once: a shorter window runs on the same ones); stride > 0:
+  // overlapping windows.
+  void make_driver(const Tensor& state, int64_t stride);
+  // The update about to run: its steps, its first step and how many
+  // (Steps::after_forward's), and the run's index of the driver's step 0.
+  void running(Steps* s, int64_t first, int64_t n, int64_t offset) { steps_ = s, first_ = first, n_ = n, offset_ = offset; }
+  // After a live window: the update, and the state after it carried in Context::h_home.
+  Ran learned(Steps& s, const replay::Report& rep, int64_t n);
+  static Ran ran_of(const replay::Report& rep);
+
+  Tensor home_;  // the state the replayed windows start from (persistent)
+  std::unique_ptr<replay::Driver> driver_;
+  const replay::StepFn step_ = [this](Tape& t, int64_t i, const Tensor& h, replay::Inputs& in) {
+    return steps_->step(t, offset_ + i, h, in);
+  };
+
+ private:
+  Steps* steps_ = nullptr;
+  int64_t first_ = 0, n_ = 0, offset_ = 0;
+};
+
 // A history's text and traits (what the rest of the trainer must know before
 // its runner exists) and its runner.
 struct HistoryDef {

@@ -21,34 +21,17 @@
 namespace segtape::agent {
 namespace {
 
-class Overlap : public HistoryRunner {
+class Overlap : public ReplayingHistory {
  public:
-  using HistoryRunner::HistoryRunner;
+  using ReplayingHistory::ReplayingHistory;
 
-  // Live: the driver slides over the run (its ring in the persistent pool,
-  // like the state); replay (PPO): windows of the rollout from its stored states.
-  void prepare(const Tensor& state, bool live) override {
-    const History& h = c_.config.history;
-    home_ = state;
-    replay::Options o{.horizon = h.horizon, .k = h.k, .stride = live ? h.stride : 0};
-    o.on_forward = [this](const Tensor& final_state) {
-      if (!steps_ || !steps_->after_forward) return;
-      const Segment seg = c_.tape->segment();  // (the hook's own: no segment is open there)
-      (void)steps_->after_forward(final_state, first_, n_);  // (the losses are the replays')
-    };
-    driver_ = std::make_unique<replay::Driver>(*c_.tape, state, o);
-  }
+  // Live: the driver slides over the run; replay (PPO): windows of the
+  // rollout from its stored states.
+  void prepare(const Tensor& state, bool live) override { make_driver(state, live ? c_.config.history.stride : 0); }
 
   Ran run(Steps& s, int64_t n) override {
-    steps_ = &s, first_ = c_.step, n_ = n;
-    offset_ = c_.step - driver_->position();  // (the driver counts its steps from where its history starts)
-    const replay::Report rep = driver_->slide(step_, c_.h, n);
-    steps_ = nullptr;
-    if (s.update) s.update();
-    copy_into(c_.h_home, driver_->final_state());
-    c_.h = c_.h_home;
-    c_.step += n;
-    return ran(rep);
+    running(&s, c_.step, n, c_.step - driver_->position());  // (the driver counts its steps from where its history starts)
+    return learned(s, driver_->slide(step_, c_.h, n), n);
   }
 
   // PPO: the window of the last T steps ending at first + n, from the state
@@ -56,30 +39,13 @@ class Overlap : public HistoryRunner {
   Ran replay(Steps& s, int64_t first, int64_t n) override {
     const History& h = c_.config.history;
     const int64_t end = first + n, start = std::max<int64_t>(0, end - h.horizon + h.k - 1) / h.k * h.k;
-    steps_ = &s, first_ = first, n_ = n, offset_ = start;
+    running(&s, first, n, start);
     home_.from_host(s.state_at(start));
     const replay::Report rep = driver_->run(step_, home_, end - start, first - start);
-    steps_ = nullptr;
-    return ran(rep);
+    running(nullptr, 0, 0, 0);
+    return ran_of(rep);
   }
-  bool replays() const override { return true; }
   void loaded() override { driver_->reset(); }
-
- private:
-  static Ran ran(const replay::Report& rep) {
-    Ran r;
-    r.loss = rep.loss, r.steps_run = rep.steps_run, r.segment_peak = rep.segment_peak, r.stored_bytes = rep.state_bytes;
-    return r;
-  }
-
-  Tensor home_;  // the state the replayed windows start from (persistent)
-  std::unique_ptr<replay::Driver> driver_;
-  // The update being run: its steps, and where the driver's step 0 is in the run.
-  Steps* steps_ = nullptr;
-  int64_t first_ = 0, n_ = 0, offset_ = 0;
-  const replay::StepFn step_ = [this](Tape& t, int64_t i, const Tensor& h, replay::Inputs& in) {
-    return steps_->step(t, offset_ + i, h, in);
-  };
 };
 
 History parse(const std::string& s) {
