@@ -120,6 +120,7 @@ void Trainer::save(const std::filesystem::path& file, const std::map<std::string
   checkpoint_entries(t, *history_, c, t.h);
   auto meta = t.config.to_metadata();
   meta["format"] = "segtape-train-1";
+  algo_->save_metadata(meta);
   for (const auto& [k, v] : extra) meta[k] = v;
   std::vector<std::vector<int64_t>> ints(streams.size());
   std::vector<std::vector<float>> floats(streams.size());

@@ -7,6 +7,7 @@
 
 #include "algo/algorithm.h"
 #include "history/history.h"
+#include "task/corpus.h"
 #include "segtape/emulation.h"
 
 namespace segtape::agent {
@@ -87,12 +88,23 @@ Algo TrainConfig::learner(const EnvSpec& spec) const { return algo == Algo::A2c 
 
 // ---------------------------------------------------------------- the configuration
 
+namespace {
+// A language-model corpus's settings (--task lm): keys of its runs only.
+void lm_metadata(const TrainConfig& c, std::map<std::string, std::string>& m) {
+  if (c.env != "lm") return;
+  const EnvOptions& o = c.env_options;
+  char split[40];
+  m["data"] = o.data, m["valid"] = o.valid, m["test"] = o.test, m["tokens"] = o.tokens;
+  m["split"] = std::string(split, std::to_chars(split, split + sizeof split, o.split).ptr);
+}
+}  // namespace
+
 std::map<std::string, std::string> TrainConfig::to_metadata() const {
   auto d = [](double v) {  // the shortest text that reads back to v, in no locale
     char b[40];
     return std::string(b, std::to_chars(b, b + sizeof b, v).ptr);
   };
-  return {{"env", env},
+  std::map<std::string, std::string> m = {{"env", env},
           {"history", history.str()},
           {"steps", std::to_string(steps)},
           {"batch", std::to_string(batch)},
@@ -122,6 +134,8 @@ std::map<std::string, std::string> TrainConfig::to_metadata() const {
           {"gae_lambda", d(gae_lambda)},
           {"lr_schedule", lr_schedule},
           {"env_shards", std::to_string(env_shards)}};
+  lm_metadata(*this, m);
+  return m;
 }
 
 TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>& m) {
@@ -161,12 +175,12 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
   c.seed = u64("seed");
   c.device = get("device");
   c.budget = u64("budget");
-  c.env_options = {.lag = i64("lag"),
-                   .vocab = i64("vocab"),
-                   .corridor = i64("corridor"),
-                   .turns = i64("turns"),
-                   .cities = i64("cities"),
-                   .embed_dim = i64("embed_dim")};
+  c.env_options.lag = i64("lag");
+  c.env_options.vocab = i64("vocab");
+  c.env_options.corridor = i64("corridor");
+  c.env_options.turns = i64("turns");
+  c.env_options.cities = i64("cities");
+  c.env_options.embed_dim = i64("embed_dim");
   c.gamma = f64("gamma");
   c.entropy = f64("entropy");
   c.value_coef = f64("value_coef");
@@ -194,6 +208,11 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
   const std::string sparse = get("sparse", "0");
   if (sparse != "0" && sparse != "1") throw CheckpointError("checkpoint metadata 'sparse' is '" + sparse + "', not 0 or 1");
   c.env_options.sparse = sparse == "1";
+  if (c.env == "lm") {
+    c.env_options.data = get("data"), c.env_options.valid = get("valid"), c.env_options.test = get("test");
+    c.env_options.tokens = get("tokens");
+    c.env_options.split = f64("split");
+  }
   return c;
 }
 
@@ -232,6 +251,12 @@ void TrainConfig::validate() const {
   need(gamma >= 0 && gamma <= 1, "--gamma must be in [0, 1]");
   need(std::isfinite(entropy) && entropy >= 0, "--entropy must be a finite number >= 0");
   need(std::isfinite(value_coef) && value_coef >= 0, "value_coef must be a finite number >= 0");
+  if (env == "lm") {
+    (void)parse_tokens(env_options.tokens);
+    need(env_options.data.empty() == false, "--task lm needs a text to learn: --data FILE");
+    need(!env_options.valid.empty() || (env_options.split > 0 && env_options.split < 1),
+         "--split must be in (0, 1): the fraction of --data's tokens kept for validation (or give --valid FILE)");
+  }
   if (hd.validate) hd.validate(*this);
   const AlgorithmDef& ad = algorithm_def(algo);
   need(ad.flag, "--algo '" + std::string(ad.name) + "': not an algorithm --algo takes");

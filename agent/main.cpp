@@ -54,7 +54,7 @@ CLI::Validator env_check() {
 }
 
 std::string env_help() {
-  std::string help = "Environment: recall (delayed recall), tmaze (T-maze, RL), dialogue (tool use)";
+  std::string help = "Environment: recall (delayed recall), tmaze (T-maze, RL), dialogue (tool use), lm (a text corpus: --task lm)";
   for (const auto& [name, file] : plugin_envs()) help += ", " + name + " (from " + std::filesystem::path(file).filename().string() + ")";
   return help;
 }
@@ -105,6 +105,15 @@ void add_run_options(CLI::App* tr, TrainArgs& ta) {
 
 // The built-in envs' settings and the RL algorithms'.
 void add_env_and_algo_options(CLI::App* tr, TrainArgs& ta) {
+  tr->add_option("--task", ta.task, "lm: a language model of a text (--env lm --algo lm; --data FILE)");
+  tr->add_option("--data", ta.c.env_options.data, "lm: the text to learn (read through a memory map)")->check(kNonEmpty);
+  tr->add_option("--valid", ta.c.env_options.valid, "lm: the validation text (default: the last --split of --data's tokens)")
+      ->check(kNonEmpty);
+  tr->add_option("--test", ta.c.env_options.test, "lm: a test text, evaluated at the run's end")->check(kNonEmpty);
+  tr->add_option("--split", ta.c.env_options.split, "lm: the fraction of --data's tokens kept for validation without --valid")
+      ->capture_default_str();
+  tr->add_option("--tokens", ta.c.env_options.tokens, "lm: bytes, chars (UTF-8 code points) or words (split at whitespace, <eos> at each line's end)")
+      ->capture_default_str();
   tr->add_option("--lag", ta.c.env_options.lag, "recall: lag L")->capture_default_str();
   tr->add_flag("--sparse", ta.c.env_options.sparse,
                "recall: a token only every L steps (a blank between), a target only there: one token to hold, not L")
@@ -187,7 +196,18 @@ CLI::App* add_retention(CLI::App& app, RetentionArgs& ra) {
   return rl;
 }
 
-const std::vector<std::string> kCommands = {"train", "eval", "retention"};
+CLI::App* add_sample(CLI::App& app, SampleArgs& sa) {
+  CLI::App* sm = app.add_subcommand("sample", "The text a language model (train --task lm) writes after a prompt, on standard output");
+  sm->add_option("--checkpoint", sa.checkpoint, "checkpoint.safetensors written by train --task lm")->required()->check(kNonEmpty);
+  sm->add_option("--prompt", sa.o.prompt, "Text to start from (default: a first token at random)");
+  sm->add_option("--length", sa.o.length, "Tokens to generate")->capture_default_str();
+  sm->add_option("--temperature", sa.o.temperature, "The logits divided by it before the softmax (lower: likelier tokens)")
+      ->capture_default_str();
+  sm->add_option("--seed", sa.o.seed, "Seed of the draws (the same seed, the same text)")->capture_default_str()->check(kSeed);
+  return sm;
+}
+
+const std::vector<std::string> kCommands = {"train", "eval", "sample", "retention"};
 bool is_command(const std::string& s) { return std::find(kCommands.begin(), kCommands.end(), s) != kCommands.end(); }
 
 // Commands in the program's own terms: `segtape`, `segtape help [cmd]`,
@@ -196,7 +216,7 @@ bool is_command(const std::string& s) { return std::find(kCommands.begin(), kCom
 int before_parsing(CLI::App& app, int argc, char** argv) {
   if (argc < 2) {
     std::printf("%s", app.help().c_str());
-    std::fprintf(stderr, "%s: a command is required: train, eval or retention (segtape help <command> for its options)\n", error_head().c_str());
+    std::fprintf(stderr, "%s: a command is required: train, eval, sample or retention (segtape help <command> for its options)\n", error_head().c_str());
     return 2;
   }
   const std::string first = argv[1];
@@ -204,16 +224,16 @@ int before_parsing(CLI::App& app, int argc, char** argv) {
     if (argc == 2) return std::printf("%s", app.help().c_str()), 0;
     const std::string which = argv[2];
     if (is_command(which)) return std::printf("%s", app.get_subcommand(which)->help("segtape").c_str()), 0;  // (Usage: segtape train, as --help)
-    std::fprintf(stderr, "%s: no command '%s' (commands: train, eval, retention)\n", error_head().c_str(), which.c_str());
+    std::fprintf(stderr, "%s: no command '%s' (commands: train, eval, sample, retention)\n", error_head().c_str(), which.c_str());
     return 2;
   }
   if (first.rfind('-', 0) == 0 && first != "-h" && first != "--help" && first != "--version") {  // (CLI11 said "A subcommand is required")
-    std::fprintf(stderr, "%s: '%s' before a command: the options follow the command (segtape train|eval|retention "
+    std::fprintf(stderr, "%s: '%s' before a command: the options follow the command (segtape train|eval|sample|retention "
                  "[options]; see segtape help)\n", error_head().c_str(), first.c_str());
     return 2;
   }
   if (first.rfind('-', 0) != 0 && !is_command(first)) {
-    std::fprintf(stderr, "%s: unknown command '%s' (commands: train, eval, retention; see segtape help)\n", error_head().c_str(), first.c_str());
+    std::fprintf(stderr, "%s: unknown command '%s' (commands: train, eval, sample, retention; see segtape help)\n", error_head().c_str(), first.c_str());
     return 2;
   }
   return -1;
@@ -273,14 +293,17 @@ int run_cli(int argc, char** argv) {
   TrainArgs ta;
   EvalArgs ea;
   RetentionArgs ra;
+  SampleArgs sa;
   CLI::App* tr = add_train(app, ta);
   CLI::App* ev = add_eval(app, ea);
+  CLI::App* sm = add_sample(app, sa);
   CLI::App* rl = add_retention(app, ra);
   if (const int status = before_parsing(app, argc, argv); status >= 0) return status;
   if (const int status = parse(app, argc, argv); status >= 0) return status;
   const std::string command = argv[1];
   if (*tr) return run_command(command, [&] { return train(ta, [tr](const std::string& o) { return tr->count(o) > 0; }); });
   if (*ev) return run_command(command, [&] { return eval(ea, ev->count("--steps") > 0); });
+  if (*sm) return run_command(command, [&] { return sample(sa); });
   if (*rl) return run_command(command, [&] { return retention_lab(ra); });
   return 0;
 }

@@ -247,7 +247,9 @@ double Trainer::evaluate(int64_t steps, uint64_t seed) {
   // A fresh env and fresh history, greedy actions, nothing recorded; the
   // training state (h, the history's carried tensors, env) is put back afterwards.
   std::unique_ptr<Env> keep_env = std::move(env_);
-  env_ = make_env(c.config.env, c.config.batch, seed, c.config.env_options);
+  EnvOptions o = c.config.env_options;
+  o.part = EnvOptions::Part::Valid;  // (a corpus's validation part; the other envs have none and take a fresh seed)
+  env_ = make_env(c.config.env, c.config.batch, seed, o);
   c.env = env_.get();
   // The training state may be a carried value, which would expire in the
   // segments below: keep it in its persistent home. The evaluation's own

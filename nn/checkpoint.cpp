@@ -140,9 +140,9 @@ Metadata load_checked(const std::filesystem::path& path, std::span<const Entry> 
   return f.metadata;
 }
 
-std::vector<Entry> param_entries(const Module& m) {
+std::vector<Entry> param_entries(const Module& m, const std::string& prefix = "") {
   std::vector<Entry> entries;
-  for (auto& [name, p] : m.named_parameters()) entries.push_back(entry(name, p));
+  for (auto& [name, p] : m.named_parameters()) entries.push_back(entry(prefix + name, p));
   return entries;
 }
 
@@ -228,9 +228,9 @@ void save(const Module& m, const std::filesystem::path& path, const Metadata& me
   save_entries(path, param_entries(m), callers_metadata(path, metadata));
 }
 
-LoadReport load(Module& m, const std::filesystem::path& path, bool strict) {
+LoadReport load(Module& m, const std::filesystem::path& path, bool strict, const std::string& prefix) {
   LoadReport report;
-  report.metadata = load_checked(path, param_entries(m), "the module's parameters", strict, report, {}, {});
+  report.metadata = load_checked(path, param_entries(m, prefix), "the module's parameters", strict, report, {}, {});
   return report;
 }
 

@@ -31,3 +31,6 @@ target_compile_definitions(env_test PRIVATE SEGTAPE_ENV_TEST_PLUGINS)
 segtape_test(golden_test SOURCES golden_test.cpp LABELS agent LIBS segtape_agent)
 target_compile_definitions(golden_test PRIVATE SEGTAPE_BIN="$<TARGET_FILE:segtape>")
 add_dependencies(golden_test segtape)
+
+# Language models on a text corpus (--task lm): tests/data/shakespeare-20k.txt.
+segtape_test(lm_test SOURCES lm_test.cpp alloc_hook.cpp LABELS agent LIBS segtape_agent)

@@ -651,14 +651,18 @@ TEST(Catalog, ProgramArgumentsAndPaths) {
     Format format;
     std::string fragment;
   } cases[] = {
-      {"no command", "", segtape, "a command is required: train, eval or retention"},
+      {"no command", "", segtape, "a command is required: train, eval, sample or retention"},
+      {"--task lm without --data", "train --task lm" + fresh, segtape, "--task lm needs a text to learn: --data FILE"},
+      {"--task of no task", "train --task chess" + fresh, segtape, "--task 'chess': choose lm"},
+      {"--data on another env", "train --data x.txt" + fresh, segtape, "--data is --env lm's; this run is --env recall"},
+      {"sample of an agent's checkpoint", "sample --checkpoint " + ck.string(), segtape, "not of a language model (segtape train --task lm)"},
       {"an unknown command", "fly", segtape, "unknown command 'fly'"},
       {"help for an unknown command", "help fly", segtape, "no command 'fly'"},
       {"an unknown option", "train --frobnicate 1", cli11, "frobnicate"},
       {"a word for a number", "train --steps many", cli11, "Could not convert"},
       {"an unknown env", "train --env chess" + fresh, cli11, "chess"},
       {"an unknown env lists the registered ones", "train --env chess" + fresh, cli11,
-       "unknown env 'chess' (registered: recall, tmaze, dialogue; an env of your own: --env-plugin FILE)"},
+       "unknown env 'chess' (registered: recall, tmaze, dialogue, lm; an env of your own: --env-plugin FILE)"},
       {"--env-plugin of a missing file", "train --env-plugin " + d + "/none.so --env recall" + fresh, segtape,
        "--env-plugin " + d + "/none.so: no such file"},
       {"--env-plugin of a file that is no library", "train --env-plugin " + d + "/a-file" + fresh, segtape,

@@ -9,7 +9,9 @@
 // and one line in SEGTAPE_ALGORITHMS (segtape/agent/config.h).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "../history/history.h"
 #include "segtape/agent/trainer.h"
@@ -29,6 +31,9 @@ class Algorithm {
   virtual bool sequence() const { return false; }
   // A checkpoint was loaded (what was captured from the old state is forgotten).
   virtual void loaded() {}
+  // What a checkpoint keeps of the algorithm's besides the trainer's state
+  // (a language model's vocabulary), as metadata.
+  virtual void save_metadata(std::map<std::string, std::string>& /*meta*/) const {}
 
  protected:
   Context& c_;
@@ -47,6 +52,14 @@ inline UpdateResult result_of(int64_t steps, const Ran& ran) {
   r.stored_bytes = ran.stored_bytes;
   return r;
 }
+
+// A step learned from the env's targets (the supervised algorithm's, and the
+// language model's): encode -> recur -> logits, the cross-entropy of the
+// streams that have a target (their mean, times `scale`) where the pass
+// wants the loss, greedy actions that step the env, the resets. loss_steps
+// counts the steps with a target the first time they run.
+replay::StepResult cross_entropy_step(Context& c, Step& step, Tape& t, const Tensor& h, replay::Inputs& in, double scale,
+                                      int64_t& loss_steps);
 
 struct AlgorithmDef {
   Algo kind;

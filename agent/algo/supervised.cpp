@@ -33,7 +33,7 @@ class Supervised : public Algorithm {
     if (c_.graph) return graph_update(n);
     loss_steps_ = 0;
     Steps s;
-    s.step = [this](Tape& t, int64_t, const Tensor& h, replay::Inputs& in) { return step(t, h, in); };
+    s.step = [this](Tape& t, int64_t, const Tensor& h, replay::Inputs& in) { return cross_entropy_step(c_, step_, t, h, in, 1, loss_steps_); };
     s.update = [this] { learn(); };
     UpdateResult r = result_of(n, history_.run(s, n));
     r.loss_steps = loss_steps_;
@@ -47,25 +47,6 @@ class Supervised : public Algorithm {
   // rank joins the update's all-reduce.
   void learn() {
     if (loss_steps_ > 0 || c_.avg) c_.update(loss_steps_ > 0);
-  }
-
-  replay::StepResult step(Tape& t, const Tensor& h, replay::Inputs& in) {
-    const int64_t B = step_.batch();
-    const Recurred r = step_.feature(step_.observe(t, in), h);
-    const Tensor logits = step_.logits(r.feature);
-    auto y = in.take<int64_t>(size_t(B), [&](std::span<int64_t> v) { c_.env->targets(v); });
-    Tensor loss;
-    if (std::any_of(y.begin(), y.end(), [](int64_t v) { return v != kNoTarget; })) {
-      if (in.loss_wanted()) loss = cross_entropy(logits, t.from(y, {B}), Reduction::Mean, kNoTarget);
-      if (!in.replaying()) ++loss_steps_;
-    }
-    // Greedy actions step the env the first time only; the streams whose
-    // episode ended then start the next from zero (their done flags recorded).
-    (void)in.take<int64_t>(size_t(B), [&](std::span<int64_t> a) {
-      step_.greedy(logits, a);
-      step_.act(a);
-    });
-    return {step_.reset(r.state, step_.done_flags(in)), loss};
   }
 
   // ---- CUDA-graph segments

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "segtape/agent/retention.h"
+#include "segtape/agent/sample.h"
 #include "segtape/agent/trainer.h"
 
 #ifndef SEGTAPE_VERSION
@@ -34,6 +35,7 @@ struct TrainArgs {
   segtape::agent::TrainConfig c;
   std::string history = "tbptt:32", budget, out, resume, log_dir;
   std::string graphs = "auto";  // --cuda-graphs (TrainConfig::graph_replay; not in the checkpoint)
+  std::string task;             // --task lm: --env lm --algo lm
   std::vector<std::string> env_plugins;  // loaded before parsing (plugin_args); here for CLI11
   int64_t log_every = 0, checkpoint_every = 0, eval_steps = 500;
   double dist_timeout = 300;
@@ -62,6 +64,13 @@ struct EvalArgs {
 };
 // steps_given: --steps was on the command line (else recall evaluates at least 2 x --lag steps).
 int eval(const EvalArgs& a, bool steps_given);
+
+// ---- segtape sample (cli/sample.cpp)
+struct SampleArgs {
+  std::string checkpoint;
+  segtape::agent::SampleOptions o;
+};
+int sample(const SampleArgs& a);
 
 // What the banner, the summary and eval say of the env's settings beside its
 // name: recall's lag, vocabulary and sparse, a non-zero update-gate bias

@@ -35,6 +35,7 @@ void Logger::update(const UpdateResult& r) {
   open_.loss_steps += r.loss_steps;
   open_.return_sum += r.return_sum;
   open_.episodes += r.episodes;
+  for (const segtape::agent::Metric& m : r.metrics) algo_last_[m.name] = m.value;
   if (r.loss_steps && !r.metrics.empty()) {
     AlgoFigures f{.algo = kind_.algo};
     for (const segtape::agent::Metric& m : r.metrics)

@@ -13,6 +13,7 @@
 //   log.end(run_end);
 #pragma once
 #include <array>
+#include <map>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -114,6 +115,9 @@ class Logger {
   // The run's largest segment high-water: its rows' and the open interval's
   // (a run whose steps are no multiple of K ends with a shorter, smaller segment).
   size_t run_peak() const;
+  // Each figure of the algorithm's own (UpdateResult::metrics) as it last
+  // reported it: a language model's validation and test loss, PPO's KL.
+  const std::map<std::string, double>& algo_figures() const { return algo_last_; }
   size_t node_peak() const { return node_peak_; }
   // exact: step evaluations (forward pass and replays), the steps they
   // covered, and the most bytes of boundary states kept.
@@ -135,6 +139,7 @@ class Logger {
   size_t node_peak_ = 0, stored_bytes_ = 0;
   int64_t steps_run_ = 0, steps_done_ = 0;
   std::optional<AlgoFigures> figures_;
+  std::map<std::string, double> algo_last_;
 };
 
 // The progress bar on a terminal's stderr, redrawn at most every 100 ms.

@@ -146,6 +146,7 @@ json metrics_json(const RunEnd& e) {
   add_finals(j, e);
   add_memory(j, e);
   add_process(j, e);
+  if (!e.log.algo_figures().empty()) j[segtape::agent::algo_name(e.c.algo)] = e.log.algo_figures();  // the algorithm's own, as last reported
   j["complete"] = e.stopped.empty();
   if (e.signal_stop()) j["interrupted"] = e.stopped;
   if (!e.eval_stopped.empty()) j["interrupted"] = e.eval_stopped + " during the final evaluation";
@@ -203,6 +204,7 @@ void print_training(const RunEnd& e, const json& j) {
     std::printf("  episode return       %.3f (mean, last log interval)\n", j["final_episode_return"].get<double>());
   std::printf("  eval %-15s %s (%ld fresh steps x %ld streams, greedy)\n", measure.c_str(), score_text(*e.eval).c_str(), e.eval_steps,
               c.batch);
+  for (const auto& [name, value] : e.log.algo_figures()) std::printf("  %-20s %.4f\n", name.c_str(), value);  // (the algorithm's own)
 }
 
 void print_resources(const RunEnd& e, const json& j) {

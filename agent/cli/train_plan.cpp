@@ -6,6 +6,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "../task/corpus.h"
 #include "plugins.h"
 #include "run_dir.h"
 #include "segtape/nn/dist.h"
@@ -59,7 +60,7 @@ void read_resumed(Plan& p, const TrainArgs& a, const Given& given) {
     p.rows = MetricsCsv::read(p.out / "metrics.csv", p.resumed_header);  // (refused here, before any collective, when damaged)
   }
   p.c.budget_name = "--budget";
-  for (const char* opt : {"--env", "--history", "--batch", "--hidden", "--embed", "--update-bias", "--lag", "--sparse", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget",
+  for (const char* opt : {"--env", "--task", "--data", "--valid", "--test", "--split", "--tokens", "--history", "--batch", "--hidden", "--embed", "--update-bias", "--lag", "--sparse", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget",
                           "--gamma", "--entropy", "--algo", "--rollout", "--epochs", "--minibatches", "--clip-range", "--gae-lambda",
                           "--lr-schedule", "--env-shards", "--clip", "--out", "--force"})
     if (given(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
@@ -72,7 +73,8 @@ void refuse_other_flags(const TrainConfig& c, const Given& given) {
     for (const char* opt : {"--rollout", "--epochs", "--minibatches", "--clip-range", "--gae-lambda", "--lr-schedule"})
       if (given(opt)) throw Error(std::string(opt) + " is --algo ppo's; this run is --algo " + algo_name(c.algo));
   const std::map<std::string, std::vector<const char*>> env_flags = {
-      {"recall", {"--lag", "--vocab", "--sparse"}}, {"tmaze", {"--corridor"}}, {"dialogue", {"--turns", "--cities"}}};
+      {"recall", {"--lag", "--vocab", "--sparse"}}, {"tmaze", {"--corridor"}}, {"dialogue", {"--turns", "--cities"}},
+      {"lm", {"--data", "--valid", "--test", "--split", "--tokens"}}};
   if (!env_flags.count(c.env)) return;
   for (const auto& [env, flags] : env_flags)
     if (env != c.env)
@@ -82,8 +84,27 @@ void refuse_other_flags(const TrainConfig& c, const Given& given) {
 
 // A new run: its history, budget and folder from the command line.
 void plan_new(Plan& p, const TrainArgs& a, const Given& given) {
+  if (given("--task")) {  // --task lm: --env lm --algo lm
+    if (a.task != "lm") throw Error("--task '" + a.task + "': choose lm (a language model of a text: --task lm --data FILE)");
+    if (given("--env")) throw Error("--task lm is --env lm: give one of them");
+    p.c.env = "lm";
+    if (!given("--algo")) p.c.algo = segtape::agent::Algo::Lm;
+    // The settings that learn a character model of a text in minutes: a GRU
+    // of 256 over embeddings of 128, chunks of 64, Adam 2e-3, the gradient's
+    // norm clipped at 0.25, one epoch (flags given win).
+    if (!given("--hidden")) p.c.hidden = 256;
+    if (!given("--embed")) p.c.embed = 128;
+    if (!given("--lr")) p.c.lr = 2e-3;
+    if (!given("--clip")) p.c.clip = 0.25;
+  }
   if (auto it = plugin_envs().find(p.c.env); it != plugin_envs().end()) p.plugin = it->second;
-  p.c.history = History::parse(a.history);
+  p.c.history = History::parse(given("--history") || p.c.env != "lm" ? a.history : "tbptt:64");
+  if (p.c.env == "lm" && p.c.algo == segtape::agent::Algo::Lm && !given("--steps") && !p.c.env_options.data.empty()) {
+    // one epoch: the training part's tokens per stream, less one (the corpus is read once, here and by the trainer)
+    const auto& o = p.c.env_options;
+    const auto corpus = segtape::agent::load_corpus(o.data, o.valid, o.test, segtape::agent::parse_tokens(o.tokens), o.split);
+    p.c.steps = std::max<int64_t>(1, int64_t(corpus->train.size()) / p.c.batch - 1);
+  }
   if (!a.budget.empty()) p.c.budget = parse_bytes(a.budget);
   p.out = a.out.empty() ? default_out(p.c.env) : fs::path(a.out);
   if (p.root && !a.force) p.header_only = refuse_a_run_in(p.out);

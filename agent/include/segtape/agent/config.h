@@ -30,6 +30,7 @@ namespace segtape::agent {
   X(Supervised, "supervised")           \
   X(A2c, "a2c")                         \
   X(Ppo, "ppo")                         \
+  X(Lm, "lm")                           \
   /* (the list ends here) */
 
 // --history, parsed: which history and its numbers. The text each history

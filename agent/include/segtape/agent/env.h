@@ -80,6 +80,14 @@ struct EnvOptions {
   int64_t cities = 4;     // dialogue: cities a user can name
   int64_t embed_dim = 32; // dialogue: message embedding size
   bool sparse = false;    // recall: a token only every lag steps (a blank, token `vocab`, between), targets only there
+  // lm (a text corpus, agent/task/lm.cpp): the training text, the validation
+  // and test texts ("": the last `split` of the training text's tokens is the
+  // validation part, and there is no test part), how text is cut into tokens
+  // ("bytes", "chars": UTF-8 code points, "words"), and the part an env reads.
+  std::string data, valid, test;
+  std::string tokens = "chars";
+  double split = 0.1;
+  enum class Part : uint8_t { Train, Valid, Test } part = Part::Train;
 };
 
 class Env {

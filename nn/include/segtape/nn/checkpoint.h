@@ -35,8 +35,10 @@ struct LoadReport {
 };
 // strict: every name must match both ways (PyTorch's load_state_dict).
 // Non-strict ignores missing and unexpected names but still refuses a wrong
-// shape or dtype on a name both sides have.
-LoadReport load(Module& m, const std::filesystem::path& path, bool strict = true);
+// shape or dtype on a name both sides have. prefix: the module's names stand
+// in the file after it (a module of a larger checkpoint: "policy." in a
+// segtape train checkpoint), as PyTorch's state_dict prefixes.
+LoadReport load(Module& m, const std::filesystem::path& path, bool strict = true, const std::string& prefix = "");
 
 // ---- training state: parameters, optimizer state, step, rng, user metadata.
 // Tensor names: "<param>", "optim.<state>.<param>", "optim.step", "train.step",

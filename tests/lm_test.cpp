@@ -1,0 +1,217 @@
+// Language models on a text corpus (--task lm): tokenisation and batchify
+// as PyTorch's word_language_model lays them out, a short run that learns,
+// resume, sampling, memory, and the bad inputs. The corpus is
+// tests/data/shakespeare-20k.txt, the first 20,000 bytes of tinyshakespeare.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "alloc_hook.h"
+#include "segtape/agent/sample.h"
+#include "segtape/agent/trainer.h"
+
+#include "../agent/task/corpus.h"
+#include "process.h"
+
+using namespace segtape;
+using namespace segtape::agent;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kText = fs::path(SEGTAPE_SOURCE_DIR) / "tests" / "data" / "shakespeare-20k.txt";
+
+fs::path scratch(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("segtape_lm_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d / name;
+}
+
+fs::path write(const std::string& name, const std::string& text) {
+  const fs::path p = scratch(name);
+  std::ofstream(p, std::ios::binary) << text;
+  return p;
+}
+
+TrainConfig lm_config(const std::string& data, int64_t steps) {
+  TrainConfig c;
+  c.env = "lm";
+  c.algo = Algo::Lm;
+  c.env_options.data = data;
+  c.history = History::parse("tbptt:16");
+  c.batch = 8;
+  c.hidden = 64;
+  c.embed = 32;
+  c.steps = steps;
+  c.lr = 1e-2;
+  return c;
+}
+
+std::vector<float> params_of(Trainer& tr) {
+  std::vector<float> all;
+  for (const Tensor& p : tr.policy().parameters())
+    for (float v : p.to_host<float>()) all.push_back(v);
+  return all;
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// Words as data.py reads them (`for line in f: line.split() + ['<eos>']`,
+// ids in order of first appearance over train, valid and test); bytes and
+// code points numbered in sorted order; batchify's streams contiguous
+// (data.view(bsz, -1).t()), the tail that does not divide dropped, step i
+// of stream b reading token b N/B + i and asked for the next.
+TEST(Lm, TokensAndBatchifyAreTheExamplesLayout) {
+  const fs::path words = write("words.txt", "the cat  sat\non the\n\nmat");
+  Corpus w = *load_corpus(words.string(), words.string(), "", Tokens::Words, 0.1);
+  // the=0 cat=1 sat=2 <eos>=3 on=4 mat=5
+  EXPECT_EQ(w.train, (std::vector<int32_t>{0, 1, 2, 3, 4, 0, 3, 3, 5, 3}));
+  EXPECT_EQ(w.vocab.size(), 6);
+  EXPECT_EQ(w.vocab.text(3), "<eos>");
+  const fs::path chars = write("chars.txt", "bca\xc3\xa9" "ab");
+  Corpus c = *load_corpus(chars.string(), chars.string(), "", Tokens::Chars, 0.1);
+  EXPECT_EQ(c.train, (std::vector<int32_t>{1, 2, 0, 3, 0, 1}));  // a b c é, in code point order
+  EXPECT_EQ(c.vocab.text(3), "\xc3\xa9");
+  Corpus b = *load_corpus(chars.string(), chars.string(), "", Tokens::Bytes, 0.1);
+  EXPECT_EQ(b.train.size(), 7u);
+  // batchify: 10 word tokens over B = 3 streams of 3 (the last one dropped)
+  EnvOptions o;
+  o.data = words.string(), o.valid = words.string(), o.tokens = "words";
+  auto env = make_env("lm", 3, 1, o);
+  std::vector<int64_t> tok(3), y(3), a(3, 0);
+  std::vector<float> r(3);
+  std::vector<uint8_t> done(3);
+  env->observe(tok, {});
+  env->targets(y);
+  EXPECT_EQ(tok, (std::vector<int64_t>{0, 3, 3}));  // tokens 0, 3, 6
+  EXPECT_EQ(y, (std::vector<int64_t>{1, 4, 3}));
+  env->step(a, r, done);
+  EXPECT_EQ(done, (std::vector<uint8_t>{0, 0, 0}));
+  env->observe(tok, {});
+  EXPECT_EQ(tok, (std::vector<int64_t>{1, 4, 3}));
+  env->step(a, r, done);  // an epoch is 3 - 1 steps: its last ends every stream's episode, the next starts over
+  EXPECT_EQ(done, (std::vector<uint8_t>{1, 1, 1}));
+  env->observe(tok, {});
+  EXPECT_EQ(tok, (std::vector<int64_t>{0, 3, 3}));
+  // --split: the last fraction of the tokens is the validation part
+  Corpus s = *load_corpus(words.string(), "", "", Tokens::Words, 0.3);
+  EXPECT_EQ(s.train, (std::vector<int32_t>{0, 1, 2, 3, 4, 0, 3}));
+  EXPECT_EQ(s.valid, (std::vector<int32_t>{3, 5, 3}));
+}
+
+// A short run on the excerpt: the validation loss (nats per char) ends well
+// below the validation part's unigram entropy (what a model that ignores the
+// history could reach), is reported each epoch with its perplexity and bits,
+// and the chunks' segment peaks repeat epoch after epoch; resumed from a
+// mid-run checkpoint, the run ends with the same parameters bit for bit.
+TEST(Lm, AShortRunLearnsBelowTheUnigramEntropyAndResumesBitIdentically) {
+  const Corpus& corpus = *load_corpus(kText.string(), "", "", Tokens::Chars, 0.1);
+  const int64_t epoch = int64_t(corpus.train.size()) / 8 - 1;  // (B = 8)
+  ASSERT_EQ(epoch, 2249);
+  const TrainConfig c = lm_config(kText.string(), 3 * epoch);
+  std::map<int32_t, double> counts;
+  for (int32_t t : corpus.valid) counts[t] += 1;
+  double entropy = 0;
+  for (const auto& [t, n] : counts) entropy -= n / double(corpus.valid.size()) * std::log(n / double(corpus.valid.size()));
+  Trainer tr(c), first(c);
+  std::vector<std::vector<size_t>> peaks(3);
+  std::vector<double> valid;
+  while (!tr.done()) {
+    const int64_t at = tr.step();
+    const UpdateResult r = tr.run_segment();
+    peaks[size_t(at / epoch)].push_back(tr.tape().stats().last_segment_peak);
+    if (r.metric("valid_loss") > 0) valid.push_back(r.metric("valid_loss"));
+  }
+  ASSERT_EQ(valid.size(), 3u) << "a validation at each epoch's end";
+  EXPECT_LT(valid.back(), 0.85 * entropy) << "unigram entropy " << entropy;
+  EXPECT_LT(valid.back(), valid.front());
+  EXPECT_EQ(peaks[1], peaks[2]) << "an epoch's chunks reach the high-waters of the one before";
+  // resume
+  const fs::path ck = scratch("ck.safetensors");
+  while (first.step() < 1500) first.run_segment();
+  first.save(ck);
+  Trainer second(Trainer::read_config(ck));
+  second.load(ck);
+  while (!second.done()) second.run_segment();
+  EXPECT_EQ(params_of(second), params_of(tr));
+  // sampling: the same text for a seed, another for another seed
+  std::string a, b, d;
+  tr.save(ck);
+  sample(ck, {.prompt = "ROMEO:", .length = 100, .temperature = 0.8, .seed = 1}, [&](std::string_view t) { a += t; });
+  sample(ck, {.prompt = "ROMEO:", .length = 100, .temperature = 0.8, .seed = 1}, [&](std::string_view t) { b += t; });
+  sample(ck, {.prompt = "ROMEO:", .length = 100, .temperature = 0.8, .seed = 2}, [&](std::string_view t) { d += t; });
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, d);
+  EXPECT_EQ(a.rfind("ROMEO:", 0), 0u);
+  EXPECT_GE(a.size(), 106u);
+  fs::remove_all(ck.parent_path());
+}
+
+// After the first chunk, training allocates nothing on the heap, the
+// epoch's end (its validation) included.
+TEST(Lm, NoHeapAllocationAfterTheFirstChunk) {
+  Trainer tr(lm_config(kText.string(), 2249 + 64));
+  tr.run_segment();
+  const uint64_t before = alloc_hook::count();
+  alloc_hook::enable(true);
+  while (!tr.done()) tr.run_segment();
+  alloc_hook::enable(false);
+  EXPECT_EQ(alloc_hook::count() - before, 0u);
+}
+
+TEST(Lm, BadInputNamesTheFileAndWhatIsWrong) {
+  const auto refused = [](const TrainConfig& c) { return message_of([&] { Trainer t(c); }); };
+  const fs::path missing = scratch("missing.txt"), empty = write("empty.txt", ""), dir = scratch("adir");
+  fs::create_directories(dir);
+  EXPECT_NE(refused(lm_config(missing.string(), 10)).find(missing.string() + ": no such file"), std::string::npos);
+  EXPECT_NE(refused(lm_config(empty.string(), 10)).find(empty.string() + ": is empty"), std::string::npos);
+  EXPECT_NE(refused(lm_config(dir.string(), 10)).find(dir.string() + ": is a directory"), std::string::npos);
+  std::string text;
+  for (int i = 0; i < 4; ++i) text += "caf\xe9 au lait, encore du caf\xe9 au lait; ";
+  const fs::path latin1 = write("latin1.txt", text);
+  EXPECT_NE(refused(lm_config(latin1.string(), 10)).find(latin1.string() + ": byte 3 (0xe9) is not UTF-8"), std::string::npos);
+  TrainConfig bytes = lm_config(latin1.string(), 10);
+  bytes.env_options.tokens = "bytes", bytes.batch = 2, bytes.env_options.split = 0.5;
+  EXPECT_EQ(refused(bytes), "") << "--tokens bytes reads any file";
+  const fs::path tiny = write("tiny.txt", "to be or not");
+  EXPECT_NE(refused(lm_config(tiny.string(), 10)).find(tiny.string() + ": its training part has 11 tokens"), std::string::npos);
+  TrainConfig split = lm_config(kText.string(), 10);
+  split.env_options.split = 1.5;
+  EXPECT_NE(refused(split).find("--split must be in (0, 1)"), std::string::npos);
+  TrainConfig words = lm_config(kText.string(), 10);
+  words.env_options.tokens = "sentences";
+  EXPECT_NE(refused(words).find("--tokens 'sentences'"), std::string::npos);
+  TrainConfig recall;
+  recall.algo = Algo::Lm;
+  EXPECT_NE(refused(recall).find("--algo lm learns a text corpus: --task lm --data FILE"), std::string::npos);
+  // sample: an agent's checkpoint, an unknown token in the prompt
+  TrainConfig agent;
+  agent.steps = 32, agent.batch = 2, agent.hidden = 8;
+  Trainer at(agent);
+  at.run_segment();
+  const fs::path ack = scratch("agent.safetensors");
+  at.save(ack);
+  EXPECT_NE(message_of([&] { sample(ack, {}, [](std::string_view) {}); }).find("a checkpoint of --env recall, not of a language model"),
+            std::string::npos);
+  Trainer lm(lm_config(kText.string(), 16));
+  lm.run_segment();
+  const fs::path lck = scratch("lm.safetensors");
+  lm.save(lck);
+  EXPECT_NE(message_of([&] { sample(lck, {.prompt = "caf\xc3\xa9", .length = 10, .temperature = 1, .seed = 1}, [](std::string_view) {}); }).find("--prompt: the token '\xc3\xa9' at byte 3 is not in the vocabulary"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { sample(lck, {.prompt = "", .length = 10, .temperature = 0, .seed = 1}, [](std::string_view) {}); }).find("--temperature"), std::string::npos);
+  fs::remove_all(missing.parent_path());
+}
