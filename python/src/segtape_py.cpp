@@ -649,6 +649,19 @@ void bind_ops(nb::module_& m, TensorClass& tensor) {
     return wrap(segtape::gru_sequence(x.get(), h.get(), wih.get(), whh.get(), bih.get(), bhh.get(), keep ? keep->get() : Tensor{}),
                 x.box);
   }, "x"_a, "h0"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a, "keep"_a = nb::none());
+  // The fused op on a state [2, B, H] (h and c), or torch.lstm_cell's form: hx = (h, c) -> (h', c').
+  m.def("lstm_cell", [](const PyTensor& x, const PyTensor& state, const PyTensor& wih, const PyTensor& whh, const PyTensor& bih,
+                        const PyTensor& bhh) {
+    return wrap(lstm_cell(x.get(), state.get(), wih.get(), whh.get(), bih.get(), bhh.get()), x.box);
+  }, "x"_a, "state"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a);
+  m.def("lstm_cell", [](const PyTensor& x, const std::pair<PyTensor, PyTensor>& hx, const PyTensor& wih, const PyTensor& whh,
+                        const PyTensor& bih, const PyTensor& bhh) {
+    const LstmPair p = lstm_cell(x.get(), hx.first.get(), hx.second.get(), wih.get(), whh.get(), bih.get(), bhh.get());
+    return std::make_pair(wrap(p.h, x.box), wrap(p.c, x.box));
+  }, "x"_a, "hx"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a);
+  m.def("lstm_state", [](const PyTensor& h, const PyTensor& c) { return wrap(lstm_state(h.get(), c.get()), h.box); }, "h"_a, "c"_a);
+  m.def("lstm_h", [](const PyTensor& s) { return wrap(lstm_h(s.get()), s.box); }, "state"_a);
+  m.def("lstm_c", [](const PyTensor& s) { return wrap(lstm_c(s.get()), s.box); }, "state"_a);
 }
 
 }  // namespace
