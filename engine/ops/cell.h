@@ -4,7 +4,9 @@
 // gradients, batched over the steps of a backward (detail::CellBatch) or
 // made per step. A cell's node holds x in in[0], its state in in[1] (the
 // state's first B x H elements are the h its W_hh multiplies), then w_ih,
-// w_hh, b_ih, b_hh; its gates are G = 3H (GRU) or 4H (LSTM) columns.
+// w_hh, b_ih, b_hh; its gates are G = 3H (GRU) or 4H (LSTM) columns. The
+// functions declared here are defined in ops/gru.cpp, beside the batch's
+// flush (detail::flush_cell_batch).
 #pragma once
 #include <array>
 #include <type_traits>
@@ -31,7 +33,7 @@ void weight_product(PackedWeights& pw, const Tensor& w, bool trans, int64_t M, i
 
 // dW [G, N] += dg^T v for dg [rows, G], v [rows, N] on segtape's one-thread
 // kernel where OpenBLAS runs more threads than pay for so small a product;
-// false where it does not apply (ops/gru.cpp).
+// false where it does not apply.
 bool weight_grad_on_one_thread(Arena& spare, int64_t rows, int64_t G, int64_t N, const float* dg, const float* v, float* dW);
 
 // dW_ih += dgi^T x, dW_hh += dgh^T h, db_ih += colsum dgi, db_hh += colsum dgh

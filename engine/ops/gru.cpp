@@ -1,7 +1,8 @@
 // The GRU: one fused cell (gru_cell), and a whole sequence (gru_sequence:
 // cuDNN's on CUDA, the fused cells composed on the CPU). The gates follow
 // PyTorch's GRUCell: r, z = sigmoid(...), n = tanh(W_in x + b_in + r (W_hn h + b_hn)),
-// h' = (1 - z) n + z h.
+// h' = (1 - z) n + z h. Also the CPU's weight-gradient batch and packed
+// weights, which the LSTM's cell shares (ops/cell.h).
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
