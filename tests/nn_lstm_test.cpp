@@ -13,6 +13,7 @@
 
 #include "alloc_hook.h"
 #include "segtape/nn.h"
+#include "segtape/replay.h"
 #include "util.h"
 
 using namespace segtape;
@@ -323,6 +324,53 @@ TEST(Dropout, TheMaskRngSavesAndLoadsInACheckpoint) {
   lstm.dropout_masks(again);
   EXPECT_EQ(again, after);
   fs::remove(path);
+}
+
+// Exact BPTT by replay (segtape/replay.h) through an LSTM cell with dropout
+// on its input: each step takes its mask through Inputs::take, so the
+// replayed segments apply the first pass's masks (the driver checks every
+// recomputed boundary state bit for bit), and the gradients are those of one
+// segment over the whole window with the same masks.
+TEST(Dropout, MasksTakenAsStepInputsReplayExactly) {
+  constexpr int64_t T = 12, K = 4, B = 2, I = 3, H = 4;
+  Tape tape;
+  nn::Rng rng(2);
+  nn::LSTMCell cell(tape, rng, I, H, true, DType::F64);
+  nn::Dropout drop(tape, 0.3, 5);
+  std::vector<double> xv(size_t(T * B * I));
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.3 * double(i));
+  std::vector<std::vector<double>> masks(T);  // what each step drew, the first time
+  const replay::StepFn step = [&](Tape& t, int64_t s, const Tensor& state, replay::Inputs& in) {
+    const std::span<const double> m = in.take<double>(size_t(B * I), [&](std::span<double> v) {
+      drop.mask(v);
+      masks[size_t(s)].assign(v.begin(), v.end());
+    });
+    const Tensor x = t.from(std::span<const double>(xv).subspan(size_t(s * B * I), size_t(B * I)), {B, I});
+    const Tensor next = cell(drop.apply(x, t.from(m, {B, I})), state);
+    return replay::StepResult{next, mean(mul(lstm_h(next), lstm_c(next)))};
+  };
+  Tensor s0 = tape.persistent({2, B, H}, DType::F64);
+  replay::Driver drv(tape, s0, {.horizon = T, .k = K});
+  const replay::Report r = drv.run(step, s0);
+  EXPECT_EQ(r.recompute_factor, 2.0);
+  std::vector<std::vector<double>> replayed;
+  for (const Tensor& p : cell.parameters()) replayed.push_back(values(p.grad_tensor()));
+  cell.zero_grad();
+  {
+    Segment seg = tape.segment();
+    Tensor state = s0, loss;
+    for (int64_t s = 0; s < T; ++s) {
+      const Tensor x = tape.from(std::span<const double>(xv).subspan(size_t(s * B * I), size_t(B * I)), {B, I});
+      state = cell(drop.apply(x, tape.from(std::span<const double>(masks[size_t(s)]), {B, I})), state);
+      const Tensor l = mean(mul(lstm_h(state), lstm_c(state)));
+      loss = s ? add(loss, l) : l;
+    }
+    EXPECT_NEAR(loss.item(), r.loss, 1e-12);
+    seg.backward(loss);
+  }
+  const auto params = cell.parameters();
+  for (size_t k = 0; k < params.size(); ++k) EXPECT_LE(rel_error(replayed[k], values(params[k].grad_tensor())), 1e-12) << k;
+  EXPECT_EQ(drop.rng().state().counter, uint64_t(T * B * I));  // each mask drawn once: the replays took the records
 }
 
 // ------------------------------------------------------------ gradcheck
