@@ -1,11 +1,15 @@
-// Engine micro-benchmarks: ns per op (forward, inside a no-grad segment) and
-// one GRU-cell step forward + backward. Benchmarks only: no test asserts time.
+// Engine micro-benchmarks: ns per op (forward, inside a no-grad segment),
+// one GRU-cell step forward + backward, and a training step of a 2-layer
+// LSTM and GRU. Benchmarks only: no test asserts time.
 #include <benchmark/benchmark.h>
 
 #include <random>
+#include <span>
+#include <type_traits>
 #include <vector>
 
 #include "segtape/nn/layers.h"
+#include "segtape/nn/optim.h"
 #include "segtape/ops.h"
 
 using namespace segtape;
@@ -91,6 +95,39 @@ void BM_gru_step_module(benchmark::State& state) {
   run_gru_segments(state, tape, B, I, H, [&](const Tensor& x, const Tensor& h) { return cell(x, h); });
 }
 BENCHMARK(BM_gru_step_module)->Args({1, 128})->Args({32, 512})->Unit(benchmark::kMicrosecond);
+
+// A training step of a 2-layer recurrent net, nn::LSTM or nn::GRU (input
+// and hidden size H, batch B), over a K = 32-step segment: forward over
+// [K, B, H], a mean loss, backward, Adam. Reports us per time step and the
+// rate of the step's products (per layer and time step 2 GEMMs forward and 4
+// backward, each B x G x H multiply-adds with G = 4H gate rows for the LSTM,
+// 3H for the GRU), so that the two cells compare per FLOP.
+template <class Net>
+void BM_rnn2_train_step(benchmark::State& state) {
+  constexpr int64_t K = 32, L = 2;
+  const int64_t B = state.range(0), H = state.range(1), G = (std::is_same_v<Net, nn::LSTM> ? 4 : 3) * H;
+  Tape tape(Device::cpu(), {.segment_budget = size_t(512) << 20});
+  nn::Rng rng(1);
+  Net net(tape, rng, H, H, L);
+  nn::Adam adam(net, {.lr = 1e-4});
+  std::vector<float> x(size_t(K * B * H));
+  std::mt19937 gen(2);
+  for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(gen);
+  int64_t steps = 0;
+  for (auto _ : state) {
+    Segment seg = tape.segment();
+    seg.backward(mean(net(tape.from(std::span<const float>(x), {K, B, H})).output));
+    adam.step();
+    adam.zero_grad();
+    steps += K;
+  }
+  const double flops_per_step = double(L) * 6 * 2 * double(B) * double(G) * double(H);
+  state.counters["us_per_step"] = benchmark::Counter(double(steps), benchmark::Counter::kIsRate | benchmark::Counter::kInvert,
+                                                     benchmark::Counter::kIs1000);
+  state.counters["GFLOPs"] = benchmark::Counter(double(steps) * flops_per_step * 1e-9, benchmark::Counter::kIsRate);
+}
+BENCHMARK_TEMPLATE(BM_rnn2_train_step, nn::LSTM)->Args({32, 256})->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_rnn2_train_step, nn::GRU)->Args({32, 256})->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -188,6 +188,10 @@ Entry entry(std::string name, std::span<int64_t> values, std::vector<int64_t> sh
 Entry entry(std::string name, std::span<float> values, std::vector<int64_t> shape) {
   return host_entry(std::move(name), values, std::move(shape));
 }
+Entry entry(std::string name, Rng& rng) {
+  // (int64_t and uint64_t may alias: the words are stored bit for bit)
+  return host_entry(std::move(name), std::span<int64_t>(reinterpret_cast<int64_t*>(rng.words()), 2), {2});
+}
 
 void save_entries(const std::filesystem::path& path, std::span<const Entry> entries, const Metadata& metadata) {
   std::vector<st::TensorRef> refs;

@@ -70,6 +70,11 @@ int64_t Module::parameter_count() const {
   return n;
 }
 
+void Module::train(bool on) {
+  // (walk hands out const modules: each is this one or below it, so ours to set)
+  walk([on](const Module& x, const std::string&) { const_cast<Module&>(x).training_ = on; }, false);
+}
+
 void Module::zero_grad() {
   walk([](const Module& x, const std::string&) {
     for (const auto& [n, p] : x.params_) segtape::zero_grad(p);

@@ -6,6 +6,7 @@
 //  - SGD (momentum, dampening, Nesterov, weight decay), Adam and AdamW with
 //    clip_grad_norm: five steps on CUDA equal the CPU's within float rounding;
 //  - training-state checkpoints written on one device load on the other;
+//  - an LSTM with dropout between its layers trains as on the CPU;
 //  - the agent Trainer (`segtape train --device cuda`): the same losses as on
 //    the CPU, a fixed arena high-water and no device allocation after the
 //    first segment; its checkpoint evaluates on the CPU;
@@ -202,6 +203,41 @@ TEST(CudaNn, TrainingStateCheckpointsMoveBetweenDevices) {
   iterate(gpu, b, ob, 3);
   expect_close(host_params(b), host_params(a), 1e-4, "after one more step");
   fs::remove_all(f.parent_path());
+}
+
+// nn::LSTM with dropout between its layers (the same masks given on both
+// devices) and a Dropout after it: Adam steps on the device equal the CPU's
+// within float rounding, and the device takes no allocation after the first.
+TEST(CudaNn, LstmWithDropoutTrainsAsOnTheCpu) {
+  REQUIRE_GPU();
+  constexpr int64_t T = 5, B = 2, I = 3, H = 6, L = 2;
+  Tape cpu(Device::cpu(), small_device_pools()), gpu(Device::cuda(), small_device_pools());
+  nn::Rng r1(5), r2(5);
+  nn::LSTM a(cpu, r1, I, H, L, true, DType::F32, 0.3, 1), b(gpu, r2, I, H, L, true, DType::F32, 0.3, 1);
+  nn::Dropout da(cpu, 0.2), db(gpu, 0.2);
+  nn::Adam oa(a, {.lr = 1e-2}), ob(b, {.lr = 1e-2});
+  std::vector<float> x(size_t(T * B * I)), m(size_t((L - 1) * T * B * H)), d(size_t(T * B * H));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(double(i)));
+  auto step = [&](Tape& tape, nn::LSTM& net, nn::Dropout& drop, nn::Adam& opt) {
+    Segment seg = tape.segment();
+    const nn::LSTM::Output o = net(tape.from(x, {T, B, I}), {}, {}, tape.from(m, {L - 1, T, B, H}));
+    Tensor loss = add(mean(mul(drop.apply(o.output, tape.from(d, {T, B, H})), o.output)), mean(o.c_n));
+    const double v = loss.item();
+    seg.backward(loss);
+    opt.step();
+    opt.zero_grad();
+    return v;
+  };
+  uint64_t device_allocations = 0;
+  for (int it = 0; it < 4; ++it) {
+    a.dropout_masks(m);  // drawn once, given to both
+    da.mask(d);
+    const double la = step(cpu, a, da, oa), lb = step(gpu, b, db, ob);
+    EXPECT_NEAR(lb, la, 1e-4 * std::max(1.0, std::fabs(la))) << "loss, iteration " << it;
+    if (it == 1) device_allocations = memory::device_allocations();
+  }
+  EXPECT_EQ(memory::device_allocations(), device_allocations);
+  expect_close(host_params(b), host_params(a), 1e-4, "LSTM parameters after 4 Adam steps");
 }
 
 // ------------------------------------------------------------------ agent

@@ -232,4 +232,64 @@ TEST(FusedGru, EqualsComposedCell) {
   for (size_t k = 0; k < in.size(); ++k) EXPECT_LE(rel_error(g_fused[k], g_comp[k]), 1e-13) << "input " << k;
 }
 
+// The fused LSTM cell equals the composed one, in values and in every
+// gradient, over two steps (the second's state is the first's output).
+TEST(FusedLstm, EqualsComposedCell) {
+  std::mt19937 rng(8);
+  const int64_t B = 3, I = 5, H = 4;
+  Tape tape;
+  std::vector<Shape> shapes = {{B, I}, {2, B, H}, {4 * H, I}, {4 * H, H}, {4 * H}, {4 * H}};
+  std::vector<Tensor> in;
+  for (auto& s : shapes) {
+    in.push_back(tape.parameter(s, DType::F64));
+    fill_uniform(in.back(), rng);
+  }
+  std::vector<double> out_fused, out_comp;
+  std::vector<std::vector<double>> g_fused, g_comp;
+  for (int pass = 0; pass < 2; ++pass) {
+    tape.zero_grad();
+    Segment seg = tape.segment();
+    auto cell = [&](const Tensor& s) {
+      return pass ? lstm_composed(in[0], s, in[2], in[3], in[4], in[5]) : lstm_cell(in[0], s, in[2], in[3], in[4], in[5]);
+    };
+    Tensor s2 = cell(cell(in[1]));
+    (pass ? out_comp : out_fused) = values(s2);
+    seg.backward(sum(mul(s2, s2)));
+    auto& g = pass ? g_comp : g_fused;
+    for (auto& t : in) g.push_back(values(t.grad_tensor()));
+  }
+  EXPECT_LE(rel_error(out_fused, out_comp), 1e-14);
+  for (size_t k = 0; k < in.size(); ++k) EXPECT_LE(rel_error(g_fused[k], g_comp[k]), 1e-13) << "input " << k;
+}
+
+// Bad shapes and dtypes: errors that name the op and the shapes.
+TEST(FusedLstm, BadInputsNameTheOpAndTheShapes) {
+  Tape tape;
+  const int64_t B = 2, I = 3, H = 4;
+  Tensor x = tape.parameter({B, I}), s = tape.parameter({2, B, H}), wi = tape.parameter({4 * H, I}), wh = tape.parameter({4 * H, H});
+  Tensor bi = tape.parameter({4 * H}), bh = tape.parameter({4 * H});
+  Segment seg = tape.segment();
+  auto msg = [](auto f) {
+    try {
+      f();
+    } catch (const ShapeError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no ShapeError");
+  };
+  const std::string state = msg([&] { (void)lstm_cell(x, tape.zeros({B, H}), wi, wh, bi, bh); });
+  EXPECT_NE(state.find("lstm_cell: expects x [B, I], state [2, B, H]"), std::string::npos) << state;
+  EXPECT_NE(state.find("f32[2,4]"), std::string::npos) << state;
+  const std::string gru_weights = msg([&] { (void)lstm_cell(x, s, tape.zeros({3 * H, I}), wh, bi, bh); });
+  EXPECT_NE(gru_weights.find("lstm_cell: weights must be w_ih [4H, I] and w_hh [4H, H]"), std::string::npos) << gru_weights;
+  const std::string bias = msg([&] { (void)lstm_cell(x, s, wi, wh, tape.zeros({3 * H}), bh); });
+  EXPECT_NE(bias.find("lstm_cell: biases must have 4H elements"), std::string::npos) << bias;
+  const std::string dtype = msg([&] { (void)lstm_cell(x, tape.zeros({2, B, H}, DType::F64), wi, wh, bi, bh); });
+  EXPECT_NE(dtype.find("lstm_cell: dtypes differ"), std::string::npos) << dtype;
+  const std::string pair = msg([&] { (void)lstm_cell(x, tape.zeros({B, H}), tape.zeros({B, H + 1}), wi, wh, bi, bh); });
+  EXPECT_NE(pair.find("lstm_state: expects h and c of one shape [B, H]"), std::string::npos) << pair;
+  const std::string part = msg([&] { (void)lstm_h(tape.zeros({3, B, H})); });
+  EXPECT_NE(part.find("lstm_h: expects an LSTM state [2, B, H]"), std::string::npos) << part;
+}
+
 }  // namespace

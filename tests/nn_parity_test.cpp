@@ -1,14 +1,20 @@
 // The nn layer against LibTorch 1.13 on identical weights (copied by name,
 // which also proves the names match): forward values, losses and every
 // gradient of a K=16 TBPTT segment (Embedding, GRUCell, Linear,
-// cross_entropy), GRU sequences with 1 and 2 layers, parameters after 10
-// steps of each optimizer, and clip_grad_norm. float32, relative error
+// cross_entropy), GRU sequences with 1 and 2 layers, the same for LSTMCell
+// and LSTM (1 to 3 layers), dropout between GRU and LSTM layers on recorded
+// masks, nn::Dropout, LSTM state_dicts both ways, parameters after 10 steps
+// of each optimizer, and clip_grad_norm. float32, relative error
 // ||a - b|| / max(||a||, ||b||) <= 1e-5 for every tensor compared.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <random>
+#include <tuple>
 
 #include "segtape/nn.h"
 #include "segtape/replay.h"
@@ -295,6 +301,219 @@ void gru_sequence(int64_t L) {
 }
 TEST_F(NnParity, GruSequenceOneLayer) { gru_sequence(1); }
 TEST_F(NnParity, GruSequenceTwoLayers) { gru_sequence(2); }
+
+// ---- LSTM: LSTMCell -> Linear -> cross_entropy over a K=16 TBPTT segment
+
+struct OursLstm : nn::Module {
+  nn::LSTMCell cell;
+  nn::Linear head;
+  OursLstm(Tape& t, nn::Rng& r) : Module(t), cell(t, r, I, H), head(t, r, H, C) {
+    register_module("cell", cell);
+    register_module("head", head);
+  }
+};
+struct TheirsLstm : torch::nn::Module {
+  torch::nn::LSTMCell cell{nullptr};
+  torch::nn::Linear head{nullptr};
+  TheirsLstm() {
+    cell = register_module("cell", torch::nn::LSTMCell(I, H));
+    head = register_module("head", torch::nn::Linear(H, C));
+  }
+};
+
+// pair: PyTorch's (h, c) form of the cell, else the state [2, B, H] carried.
+void lstm_cell_segment(bool pair) {
+  Worst w{pair ? "lstm_cell_pair_tbptt_k16" : "lstm_cell_tbptt_k16"};
+  const Data d(K, 7);
+  std::vector<float> c0(size_t(B * H));
+  for (size_t i = 0; i < c0.size(); ++i) c0[i] = float(std::cos(double(i)));
+  Tape tape;
+  nn::Rng rng(21);
+  OursLstm ours(tape, rng);
+  TheirsLstm theirs;
+  copy_weights(ours, theirs);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  std::vector<double> our_logits, their_logits;
+  Segment seg = tape.segment();
+  Tensor h = tape.from(std::span<const float>(d.h0), {B, H}), c = tape.from(std::span<const float>(c0), {B, H});
+  Tensor state = lstm_state(h, c), loss;
+  TT th = torch::from_blob(const_cast<float*>(d.h0.data()), {B, H}, torch::kFloat).clone(), tc = torch::from_blob(c0.data(), {B, H}, torch::kFloat).clone(), tloss;
+  for (int64_t t = 0; t < K; ++t) {
+    const Tensor x = tape.from(d.xt(t), {B, I});
+    if (pair) {
+      const LstmPair next = ours.cell(x, h, c);
+      h = next.h, c = next.c;
+    } else {
+      state = ours.cell(x, state);
+      h = lstm_h(state);
+    }
+    Tensor z = ours.head(h);
+    for (double v : values(z)) our_logits.push_back(v);
+    Tensor l = nn::cross_entropy(z, tape.from(d.yt(t), {B}));
+    loss = t ? add(loss, l) : l;
+    std::tie(th, tc) = theirs.cell(torch::from_blob(const_cast<float*>(d.xt(t).data()), {B, I}, torch::kFloat), std::make_tuple(th, tc));
+    TT tz = theirs.head(th);
+    for (double v : tvals(tz)) their_logits.push_back(v);
+    TT tl = torch::nn::functional::cross_entropy(tz, torch::from_blob(const_cast<int64_t*>(d.yt(t).data()), {B}, torch::kLong));
+    tloss = t ? tloss + tl : tl;
+  }
+  w.add("loss", values(loss), tvals(tloss));
+  w.add("logits", our_logits, their_logits);
+  w.add("final c", values(pair ? c : lstm_c(state)), tvals(tc));
+  seg.backward(loss);
+  tloss.backward();
+  compare_params(w, ours, theirs, true);
+}
+TEST_F(NnParity, LstmCellLinearCrossEntropyTbpttSegment) { lstm_cell_segment(false); }
+TEST_F(NnParity, LstmCellPairFormTbpttSegment) { lstm_cell_segment(true); }
+
+// A 1-, 2- or 3-layer LSTM over K steps against torch::nn::LSTM (dropout 0):
+// output, h_n, c_n and the gradients of every parameter, x, h0 and c0.
+void lstm_sequence(int64_t L) {
+  Worst w{"lstm_seq_t16_layers" + std::to_string(L)};
+  Tape tape;
+  nn::Rng rng(30 + uint64_t(L));
+  nn::LSTM ours(tape, rng, I, H, L);
+  torch::nn::LSTM theirs(torch::nn::LSTMOptions(I, H).num_layers(L));
+  copy_weights(ours, *theirs);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  std::mt19937 g(6);
+  Tensor x = tape.parameter({K, B, I}), h0 = tape.parameter({L, B, H}), c0 = tape.parameter({L, B, H});
+  for (const Tensor& t : {x, h0, c0}) fill_uniform(t, g);
+  Tensor wo = tape.persistent({K, B, H}), wh = tape.persistent({L, B, H}), wc = tape.persistent({L, B, H});
+  for (const Tensor& t : {wo, wh, wc}) fill_uniform(t, g);
+  TT tx = to_torch(x).requires_grad_(true), th0 = to_torch(h0).requires_grad_(true), tc0 = to_torch(c0).requires_grad_(true);
+  Segment seg = tape.segment();
+  auto [out, hn, cn] = ours(x, h0, c0);
+  auto [tout, thc] = theirs->forward(tx, std::make_tuple(th0, tc0));
+  const auto& [thn, tcn] = thc;
+  w.add("output", values(out), tvals(tout));
+  w.add("h_n", values(hn), tvals(thn));
+  w.add("c_n", values(cn), tvals(tcn));
+  seg.backward(add(add(sum(mul(out, wo)), sum(mul(hn, wh))), sum(mul(cn, wc))));
+  ((tout * to_torch(wo)).sum() + (thn * to_torch(wh)).sum() + (tcn * to_torch(wc)).sum()).backward();
+  compare_params(w, ours, *theirs, true);
+  w.add("grad x", values(x.grad_tensor()), tvals(tx.grad()));
+  w.add("grad h0", values(h0.grad_tensor()), tvals(th0.grad()));
+  w.add("grad c0", values(c0.grad_tensor()), tvals(tc0.grad()));
+}
+TEST_F(NnParity, LstmSequenceOneLayer) { lstm_sequence(1); }
+TEST_F(NnParity, LstmSequenceTwoLayers) { lstm_sequence(2); }
+TEST_F(NnParity, LstmSequenceThreeLayers) { lstm_sequence(3); }
+
+// Dropout between layers in training mode, on recorded masks: LibTorch runs
+// the layers one by one (torch::lstm / torch::gru, one layer each) with the
+// same masks multiplying each layer's output but the last, which is what
+// PyTorch's dropout= computes given those masks. Forward and every gradient.
+template <class Ours>
+void rnn_dropout(bool lstm) {
+  constexpr int64_t L = 3;
+  constexpr double p = 0.3;
+  Worst w{lstm ? "lstm_dropout_layers3" : "gru_dropout_layers3"};
+  Tape tape;
+  nn::Rng rng(40);
+  Ours ours(tape, rng, I, H, L, true, DType::F32, p, 9);
+  std::vector<float> mv(size_t((L - 1) * K * B * H));
+  ours.dropout_masks(mv);
+  size_t zeros = 0;
+  for (float v : mv) zeros += v == 0.0f;
+  EXPECT_GT(zeros, mv.size() / 5);  // the masks drop (about 30 %)
+  std::mt19937 g(7);
+  Tensor x = tape.parameter({K, B, I});
+  fill_uniform(x, g);
+  Tensor wo = tape.persistent({K, B, H});
+  fill_uniform(wo, g);
+  TT tx = to_torch(x).requires_grad_(true);
+  std::vector<TT> params;
+  for (const auto& [n, t] : ours.named_parameters()) params.push_back(to_torch(t).requires_grad_(true));
+  Segment seg = tape.segment();
+  const Tensor masks = tape.from(std::span<const float>(mv), {L - 1, K, B, H});
+  const Tensor out = ours(x, {}, {}, masks).output;
+  TT seq = tx;
+  for (int64_t l = 0; l < L; ++l) {
+    if (l > 0) seq = seq * torch::from_blob(mv.data() + (l - 1) * K * B * H, {K, B, H}, torch::kFloat);
+    const std::vector<TT> wl(params.begin() + 4 * l, params.begin() + 4 * l + 4);
+    const TT z = torch::zeros({1, B, H});
+    seq = lstm ? std::get<0>(torch::lstm(seq, {z, z}, wl, true, 1, 0.0, true, false, false))
+               : std::get<0>(torch::gru(seq, z, wl, true, 1, 0.0, true, false, false));
+  }
+  w.add("output", values(out), tvals(seq));
+  seg.backward(sum(mul(out, wo)));
+  (seq * to_torch(wo)).sum().backward();
+  const auto named = ours.named_parameters();
+  for (size_t i = 0; i < named.size(); ++i) w.add("grad " + named[i].first, values(named[i].second.grad_tensor()), tvals(params[i].grad()));
+  w.add("grad x", values(x.grad_tensor()), tvals(tx.grad()));
+}
+TEST_F(NnParity, LstmDropoutBetweenLayersOnRecordedMasks) { rnn_dropout<nn::LSTM>(true); }
+TEST_F(NnParity, GruDropoutBetweenLayersOnRecordedMasks) { rnn_dropout<nn::GRU>(false); }
+
+// nn::Dropout on a mask it drew: x * mask, and x's gradient, as LibTorch's.
+TEST_F(NnParity, DropoutOnItsMaskIsLibTorchsProduct) {
+  Worst w{"dropout_mask"};
+  Tape tape;
+  nn::Dropout drop(tape, 0.4, 3);
+  std::vector<float> mv(size_t(B * H));
+  drop.mask(mv);
+  std::mt19937 g(8);
+  Tensor x = tape.parameter({B, H});
+  fill_uniform(x, g);
+  TT tx = to_torch(x).requires_grad_(true);
+  Segment seg = tape.segment();
+  const Tensor y = drop.apply(x, tape.from(std::span<const float>(mv), {B, H}));
+  const TT ty = tx * torch::from_blob(mv.data(), {B, H}, torch::kFloat);
+  w.add("y", values(y), tvals(ty));
+  seg.backward(sum(mul(y, y)));
+  (ty * ty).sum().backward();
+  w.add("grad x", values(x.grad_tensor()), tvals(tx.grad()));
+}
+
+// state_dicts both ways under PyTorch's names, strictly: segtape's file
+// (nn::save) into torch::nn::LSTM by name, every name of each side in the
+// other; torch's parameters, written under their own names, into nn::LSTM
+// with nn::load(strict).
+TEST_F(NnParity, LstmStateDictLoadsBothWays) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("segtape_lstm_sd_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  Tape tape;
+  nn::Rng rng(50);
+  nn::LSTM ours(tape, rng, I, H, 2);
+  torch::nn::LSTM theirs(torch::nn::LSTMOptions(I, H).num_layers(2));
+  nn::save(ours, dir / "ours.safetensors");
+  const safetensors::File f = safetensors::load(dir / "ours.safetensors");
+  ASSERT_EQ(f.tensors.size(), theirs->named_parameters().size());
+  {
+    torch::NoGradGuard ng;
+    for (const auto& item : theirs->named_parameters()) {
+      ASSERT_TRUE(f.find(item.key())) << item.key() << " is not in segtape's file";
+      std::vector<float> v = f.values<float>(item.key());
+      ASSERT_EQ(int64_t(v.size()), item.value().numel()) << item.key();
+      item.value().copy_(torch::from_blob(v.data(), item.value().sizes(), torch::kFloat));
+    }
+  }
+  for (const auto& [n, t] : ours.named_parameters()) EXPECT_EQ(values(t), tvals(theirs->named_parameters()[n])) << n;
+  // and back: torch's weights, changed, into segtape
+  std::vector<std::vector<float>> data;
+  std::vector<safetensors::TensorRef> refs;
+  {
+    torch::NoGradGuard ng;
+    for (const auto& item : theirs->named_parameters()) {
+      item.value().mul_(-0.5);
+      const TT c = item.value().detach().contiguous();
+      data.emplace_back(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+    }
+  }
+  size_t i = 0;
+  for (const auto& item : theirs->named_parameters()) {
+    const auto& v = data[i++];
+    refs.push_back({item.key(), safetensors::DType::F32, item.value().sizes().vec(), std::as_bytes(std::span<const float>(v))});
+  }
+  safetensors::save_atomic(dir / "theirs.safetensors", refs);
+  const nn::LoadReport r = nn::load(ours, dir / "theirs.safetensors", /*strict=*/true);
+  EXPECT_TRUE(r.missing_keys.empty() && r.unexpected_keys.empty());
+  for (const auto& [n, t] : ours.named_parameters()) EXPECT_EQ(values(t), tvals(theirs->named_parameters()[n])) << n;
+  fs::remove_all(dir);
+}
 
 // ---- optimizers: 10 training steps on both sides, each a K=4 segment
 

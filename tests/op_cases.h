@@ -214,6 +214,45 @@ inline std::vector<OpCase> op_cases() {
                },
                -1, 1, 2e-5});
   c.back().torch = torch_gru_cell;
+  // x [B, I], state [2, B, H] (h, c), w_ih [4H, I], w_hh [4H, H], biases [4H]
+  // (gates i, f, g, o): the fused cell against LibTorch's lstm_cell, whose
+  // (h', c') is stacked as the op's state.
+  c.push_back({"lstm_cell",
+               [](const int64_t* d) {
+                 return S{{d[0], d[1]}, {2, d[0], d[2]}, {4 * d[2], d[1]}, {4 * d[2], d[2]}, {4 * d[2]}, {4 * d[2]}};
+               },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) { return lstm_cell(in[0], in[1], in[2], in[3], in[4], in[5]); },
+               -1, 1, 2e-5});
+  c.back().torch = SEGTAPE_TORCH([](W in, const int64_t*) {
+    const auto [h, cy] = torch::lstm_cell(in[0], {in[1][0], in[1][1]}, in[2], in[3], in[4], in[5]);
+    return torch::stack({h, cy});
+  });
+  // Three steps through PyTorch's (h, c) form (lstm_state, the fused cell,
+  // lstm_h / lstm_c), a loss on every h and on the last c.
+  c.push_back({"lstm_unrolled_3",
+               [](const int64_t* d) {
+                 return S{{d[0], d[1]}, {d[0], d[2]}, {d[0], d[2]}, {4 * d[2], d[1]}, {4 * d[2], d[2]}, {4 * d[2]}, {4 * d[2]}};
+               },
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) {
+                 Tensor h = in[1], cs = in[2], loss;
+                 for (int s = 0; s < 3; ++s) {
+                   const LstmPair next = lstm_cell(scale(in[0], 1.0 + s), h, cs, in[3], in[4], in[5], in[6]);
+                   h = next.h, cs = next.c;
+                   Tensor l = mean(mul(h, h));
+                   loss = s ? add(loss, l) : l;
+                 }
+                 return add(loss, mean(cs));
+               },
+               -1, 1, 5e-5});
+  c.back().torch = SEGTAPE_TORCH([](W in, const int64_t*) {
+    torch::Tensor h = in[1], cs = in[2], loss;
+    for (int s = 0; s < 3; ++s) {
+      std::tie(h, cs) = torch::lstm_cell(in[0] * (1.0 + s), {h, cs}, in[3], in[4], in[5], in[6]);
+      const auto l = (h * h).mean();
+      loss = s ? loss + l : l;
+    }
+    return loss + cs.mean();
+  });
   // x [T = d0 + 1, B = d1, I = d2], h0 [B, H = d3 + 1]: cuDNN on CUDA, fused cells on the CPU.
   // x and h0 in [-1, 1]; weights and biases at PyTorch's GRU initialisation,
   // uniform in +-1/sqrt(H). With every weight in +-1 a 60-step recurrence at

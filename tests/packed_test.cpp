@@ -282,7 +282,7 @@ TEST(PackedGru, SmallWeightGradientsTakeOneThreadWhereOpenBlasHasMore) {
         }
         seg.backward(loss);
       }
-      batch_peak[run] = detail::cpu_gru(tape)->batch.buffers.peak();
+      batch_peak[run] = detail::cpu_cells(tape)->batch.buffers.peak();
       g[run] = grads(gru);
     }
     EXPECT_LT(rel_error(g[0], g[2]), 1e-5) << "B " << B << ", one thread";

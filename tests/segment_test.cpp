@@ -208,6 +208,40 @@ TEST(Segment, BatchedGruWeightGradientsEqualPerStepOnes) {
       EXPECT_LE(rel_error(grads[0][k], grads[1][k]), 1e-13) << "B=" << B << " tensor " << k;
   }
 }
+
+// The LSTM's weight gradients go through the same batch (one buffer of gate
+// gradients for both weights); a GRU stepped between its steps, on weights of
+// its own, starts groups of its own kind. Per-step and batched agree.
+TEST(Segment, BatchedLstmWeightGradientsEqualPerStepOnesBesideAGru) {
+  for (int64_t B : {1, 3, 50}) {
+    std::vector<std::vector<double>> grads[2];
+    for (int batched = 0; batched < 2; ++batched) {
+      Tape tape(Device::cpu(), {.batch_weight_grads = batched == 1});
+      std::mt19937 rng(6);
+      const int64_t I = 3, H = 4;
+      std::vector<Tensor> w = {tape.parameter({4 * H, I}, DType::F64), tape.parameter({4 * H, H}, DType::F64),
+                               tape.parameter({4 * H}, DType::F64),    tape.parameter({4 * H}, DType::F64),
+                               tape.parameter({3 * H, H}, DType::F64), tape.parameter({3 * H, H}, DType::F64),
+                               tape.parameter({3 * H}, DType::F64),    tape.parameter({3 * H}, DType::F64)};
+      Tensor x = tape.parameter({B, I}, DType::F64);
+      for (auto& t : w) fill_uniform(t, rng);
+      fill_uniform(x, rng);
+      Segment seg = tape.segment();
+      Tensor s = tape.zeros({2, B, H}, DType::F64), g = tape.zeros({B, H}, DType::F64), loss;
+      for (int t = 0; t < 7; ++t) {
+        s = lstm_cell(scale(x, 1.0 + 0.1 * t), s, w[0], w[1], w[2], w[3]);
+        g = gru_cell(lstm_h(s), g, w[4], w[5], w[6], w[7]);
+        Tensor l = add(mean(mul(s, s)), mean(g));
+        loss = t ? add(loss, l) : l;
+      }
+      seg.backward(loss);
+      for (auto& t : w) grads[batched].push_back(values(t.grad_tensor()));
+      grads[batched].push_back(values(x.grad_tensor()));
+    }
+    for (size_t k = 0; k < grads[0].size(); ++k)
+      EXPECT_LE(rel_error(grads[0][k], grads[1][k]), 1e-13) << "B=" << B << " tensor " << k;
+  }
+}
 }  // namespace
 
 // More parts than a node's 6 inputs: a balanced tree of concat nodes. 36 rows

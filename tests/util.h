@@ -65,6 +65,19 @@ inline Tensor gru_composed(const Tensor& x, const Tensor& h, const Tensor& w_ih,
   return add(n, mul(z, sub(h, n)));  // (1 - z) * n + z * h
 }
 
+// PyTorch's LSTMCell composed of primitive ops: state [2, B, H] (h, c) -> [2, B, H] (h', c').
+inline Tensor lstm_composed(const Tensor& x, const Tensor& state, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+                            const Tensor& b_hh) {
+  const int64_t B = state.dim(1), H = state.dim(2);
+  Tensor h = reshape(slice(state, 0, 0, 1), {B, H}), c = reshape(slice(state, 0, 1, 1), {B, H});
+  Tensor gates = add(add(matmul(x, w_ih, false, true), b_ih), add(matmul(h, w_hh, false, true), b_hh));
+  Tensor i = sigmoid(slice(gates, 1, 0, H)), f = sigmoid(slice(gates, 1, H, H));
+  Tensor g = tanh(slice(gates, 1, 2 * H, H)), o = sigmoid(slice(gates, 1, 3 * H, H));
+  Tensor c1 = add(mul(f, c), mul(i, g));
+  Tensor h1 = mul(o, tanh(c1));
+  return concat({reshape(h1, {1, B, H}), reshape(c1, {1, B, H})}, 0);
+}
+
 // Central finite difference of f() with respect to every element of p (float64).
 inline std::vector<double> numeric_grad(const Tensor& p, const std::function<double()>& f, double eps = 1e-6) {
   std::vector<double> g(size_t(p.numel()));

@@ -75,7 +75,8 @@ class CpuBackend final : public detail::Backend {
       case OpKind::Slice: return ops::slice_forward_cpu(n);
       case OpKind::Transpose: return ops::transpose_forward_cpu(n);
       case OpKind::Embedding: return ops::embedding_forward_cpu(n);
-      case OpKind::GruCell: return ops::gru_cell_forward_cpu(t, gru_, n);
+      case OpKind::GruCell: return ops::gru_cell_forward_cpu(t, cells_, n);
+      case OpKind::LstmCell: return ops::lstm_cell_forward_cpu(t, cells_, n);
       case OpKind::Reshape:      // a view: nothing to compute
       case OpKind::Input:        // seg.input() leaves: not computed
       case OpKind::GruSequence:  // the CPU composes gru_cell steps (has_gru_sequence() is false)
@@ -107,26 +108,28 @@ class CpuBackend final : public detail::Backend {
       case OpKind::Reshape: return ops::reshape_backward_cpu(n, g, d);
       case OpKind::Transpose: return ops::transpose_backward_cpu(n, g, d);
       case OpKind::Embedding: return ops::embedding_backward_cpu(n, g, d);
-      case OpKind::GruCell: return ops::gru_cell_backward_cpu(t, gru_, n, g, d);
+      case OpKind::GruCell: return ops::gru_cell_backward_cpu(t, cells_, n, g, d);
+      case OpKind::LstmCell: return ops::lstm_cell_backward_cpu(t, cells_, n, g, d);
       case OpKind::Input:
       case OpKind::GruSequence:
       case OpKind::Count: break;
     }
     throw TapeError(std::string("backward: no rule for op ") + op_name(n.op));
   }
-  // The GRU's weight gradients batched over a backward's steps, and its
-  // weights packed for the backward's own orientation (the forward pass's
-  // packed copies are dropped first; an optimizer step may follow the end).
+  // The recurrent cells' (GRU, LSTM) weight gradients batched over a
+  // backward's steps, and their weights packed for the backward's own
+  // orientation (the forward pass's packed copies are dropped first; an
+  // optimizer step may follow the end).
   void backward_begin(Tape& t, int64_t last_node) override {
-    detail::prepare_gru_batch(gru_.batch, t, last_node);
-    detail::clear_packed(gru_.packed);
+    detail::prepare_cell_batch(cells_.batch, t, last_node);
+    detail::clear_packed(cells_.packed);
   }
   void backward_end(Tape&) override {
-    detail::flush_gru_batch(gru_.batch);
-    detail::clear_packed(gru_.packed);
+    detail::flush_cell_batch(cells_.batch);
+    detail::clear_packed(cells_.packed);
   }
-  void bytes_written(const void* p, size_t bytes) override { detail::packed_written(gru_.packed, p, bytes); }
-  detail::CpuGru& gru() { return gru_; }
+  void bytes_written(const void* p, size_t bytes) override { detail::packed_written(cells_.packed, p, bytes); }
+  detail::CpuCells& cells() { return cells_; }
 
   void copy(void* dst, const void* src, size_t bytes, Copy kind) override {
     if (!bytes) return;
@@ -246,7 +249,7 @@ class CpuBackend final : public detail::Backend {
   void segment_begin(uint32_t index, bool graph) override {
     raise_pending();
     if (schedule_.on()) schedule_.begin(index, graph);
-    detail::clear_packed(gru_.packed);  // a segment packs its weights anew
+    detail::clear_packed(cells_.packed);  // a segment packs its weights anew
   }
   void segment_end(bool abandoned) noexcept override {
     if (!schedule_.on()) return;
@@ -255,7 +258,7 @@ class CpuBackend final : public detail::Backend {
   void discard_graph() override { schedule_.discard(); }
   std::pair<uint64_t, uint64_t> graph_counts() const override { return {schedule_.captures(), schedule_.replays()}; }
   size_t internal_device_bytes() const override { return 0; }
-  size_t workspace_bytes() const override { return gru_.batch.buffers.reserved() + gru_.packed.buffers.reserved(); }
+  size_t workspace_bytes() const override { return cells_.batch.buffers.reserved() + cells_.packed.buffers.reserved(); }
   std::string describe() const override {
     return emulated_ ? device_.str() + ": host-emulated (segtape::emulation)" : device_.str();
   }
@@ -274,7 +277,7 @@ class CpuBackend final : public detail::Backend {
   bool emulated_;
   detail::GraphSchedule schedule_;
   std::string pending_;
-  detail::CpuGru gru_;
+  detail::CpuCells cells_;
 };
 
 }  // namespace
@@ -291,9 +294,9 @@ std::unique_ptr<Backend> make_cpu_backend(const Device& device, const TapeOption
 std::unique_ptr<Backend> make_host_emulated_backend(const Device& device, const TapeOptions& options) {
   return std::make_unique<CpuBackend>(device, options, true);
 }
-CpuGru* cpu_gru(Tape& tape) {
+CpuCells* cpu_cells(Tape& tape) {
   auto* be = dynamic_cast<CpuBackend*>(TapeInternals::backend(tape));
-  return be ? &be->gru() : nullptr;
+  return be ? &be->cells() : nullptr;
 }
 }  // namespace detail
 

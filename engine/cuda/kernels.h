@@ -129,6 +129,16 @@ void gru_gates_forward(cudaStream_t s, int64_t B, int64_t H, const T* gi, const 
 template <class T>
 void gru_gates_backward(cudaStream_t s, int64_t B, int64_t H, const T* g, const T* h, const T* S, T* dgi, T* dgh, T* dh);
 
+// ---- the LSTM cell's elementwise parts (lstm_kernels.cu); the GEMMs around them are cuBLAS.
+// P [B, 4H] = x W_ih^T + h W_hh^T (no biases), c [B, H] the state's c. S [B, 4H] = i, f, g, o;
+// out [2, B, H] = h', c'.
+template <class T>
+void lstm_gates_forward(cudaStream_t s, int64_t B, int64_t H, const T* P, const T* b_ih, const T* b_hh, const T* c, T* S, T* out);
+// g [2, B, H] the output gradient (of h', c'), cy [B, H] = c' -> dP [B, 4H] (the
+// pre-activation gradient, biases included) and dc [B, H] += dc' f (nullable).
+template <class T>
+void lstm_gates_backward(cudaStream_t s, int64_t B, int64_t H, const T* g, const T* c, const T* cy, const T* S, T* dP, T* dc);
+
 // ---- the fused GRU sequence (fused_gru.cu, fused_gru.h): one launch of p.G clusters per pass.
 // forward: y (and saved, when non-null) from gi, W_hh, the biases and h0.
 // backward: dgi, dgh [T, B, 3H] and dh0 (written) from gout, saved, y and h0.

@@ -31,6 +31,7 @@ void forward_op(CudaBackend& be, Tape&, Node& n) {
     case OpKind::Transpose: return ops::transpose_forward_cuda(be, n);
     case OpKind::Embedding: return ops::embedding_forward_cuda(be, n);
     case OpKind::GruCell: return ops::gru_cell_forward_cuda(be, n);
+    case OpKind::LstmCell: return ops::lstm_cell_forward_cuda(be, n);
     case OpKind::Reshape:      // a view: nothing to compute
     case OpKind::Input:        // seg.input() leaves: not computed
     case OpKind::GruSequence:  // CudaBackend::forward sends it to gru_sequence.cpp
@@ -62,6 +63,7 @@ void backward_op(CudaBackend& be, Tape&, const Node& n, const void* g, const std
     case OpKind::Transpose: return ops::transpose_backward_cuda(be, n, g, d);
     case OpKind::Embedding: return ops::embedding_backward_cuda(be, n, g, d);
     case OpKind::GruCell: return ops::gru_cell_backward_cuda(be, n, g, d);
+    case OpKind::LstmCell: return ops::lstm_cell_backward_cuda(be, n, g, d);
     case OpKind::Input:
     case OpKind::GruSequence:  // CudaBackend::backward sends it to gru_sequence.cpp
     case OpKind::Count: break;

@@ -1,15 +1,16 @@
 // The GRU: one fused cell (gru_cell), and a whole sequence (gru_sequence:
 // cuDNN's on CUDA, the fused cells composed on the CPU). The gates follow
 // PyTorch's GRUCell: r, z = sigmoid(...), n = tanh(W_in x + b_in + r (W_hn h + b_hn)),
-// h' = (1 - z) n + z h.
+// h' = (1 - z) n + z h. Also the CPU's weight-gradient batch and packed
+// weights, which the LSTM's cell shares (ops/cell.h).
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <type_traits>
 
 #include "backend.h"
-#include "cpu/blas.h"
-#include "cpu/packed.h"
 #include "cpu/vmath.h"
+#include "ops/cell.h"
 #include "ops/op.h"
 #ifdef SEGTAPE_HAVE_CUDA
 #include "cuda/op_util.h"
@@ -42,20 +43,6 @@ void gru_gate_row(int64_t H, const T* __restrict gi, const T* __restrict gh, con
   }
 }
 
-// C [M, N] = A [M, K] op(w) + beta C for a GRU weight w [N, K] (trans) or
-// [K, N]: with w packed once per pass where that applies (detail::packed_weight), else BLAS.
-template <class T>
-void weight_product(detail::PackedWeights& pw, const Tensor& w, bool trans, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
-                    T beta, T* C, int64_t ldc) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (const float* p = detail::packed_weight(pw, w, M, K, N, trans)) {
-      cpu::packed_gemm(M, N, K, A, lda, p, beta, C, ldc);
-      return;
-    }
-  }
-  cpu::gemm(false, trans, M, N, K, T(1), A, lda, static_cast<const T*>(w.ptr), trans ? K : N, beta, C, ldc);
-}
-
 // The GRU gates of one step into S [B, 4H] (r, z, n, W_hn h + b_hn per row);
 // with y non-null also the new state y [B, H]. Pre-activations go to the op workspace.
 template <class T>
@@ -64,8 +51,8 @@ void gru_gates(Tape& t, detail::PackedWeights& pw, const Node& nd, T* S, T* y) {
   const int64_t B = x.dim(0), I = x.dim(1), H = h.dim(1);
   T* gi = static_cast<T*>(In::scratch(t, size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
   T* gh = static_cast<T*>(In::scratch(t, size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
-  weight_product<T>(pw, w_ih, true, B, 3 * H, I, static_cast<const T*>(x.ptr), I, T(0), gi, 3 * H);
-  weight_product<T>(pw, w_hh, true, B, 3 * H, H, static_cast<const T*>(h.ptr), H, T(0), gh, 3 * H);
+  detail::weight_product<T>(pw, w_ih, true, B, 3 * H, I, static_cast<const T*>(x.ptr), I, T(0), gi, 3 * H);
+  detail::weight_product<T>(pw, w_hh, true, B, 3 * H, H, static_cast<const T*>(h.ptr), H, T(0), gh, 3 * H);
   const T* bi = static_cast<const T*>(nd.in[4].ptr);
   const T* bh = static_cast<const T*>(nd.in[5].ptr);
   const T* hp = static_cast<const T*>(h.ptr);
@@ -73,45 +60,6 @@ void gru_gates(Tape& t, detail::PackedWeights& pw, const Node& nd, T* S, T* y) {
     if (y) gru_gate_row<T, true>(H, gi + b * 3 * H, gh + b * 3 * H, bi, bh, hp + b * H, S + b * 4 * H, y + b * H);
     else gru_gate_row<T, false>(H, gi + b * 3 * H, gh + b * 3 * H, bi, bh, hp + b * H, S + b * 4 * H, nullptr);
   }
-}
-
-// `bytes` from the GRU batch's arena (reset with each batch).
-void* batch_take(Arena& buffers, size_t bytes) {
-  void* p = buffers.try_alloc(bytes);
-  if (!p)
-    throw OutOfMemoryError("backward: out of memory for the GRU weight-gradient workspace (" + std::to_string(bytes) + " bytes)",
-                           buffers.what());
-  return p;
-}
-
-// dW [G, N] += dg^T v for dg [rows, G], v [rows, N] on segtape's one-thread
-// kernel, where OpenBLAS runs more threads than pay for so small a product
-// (cpu::threads_do_not_pay: B = 1's batch of a 32-step segment, 1.5 M
-// multiply-adds at H = 128, ran slower on OpenBLAS's two threads than on
-// one). dg is read in place as the kernel's transposed A; v is packed into
-// `spare` (the batch's arena, reset with the batch). False where it does not apply.
-bool weight_grad_on_one_thread(Arena& spare, int64_t rows, int64_t G, int64_t N, const float* dg, const float* v, float* dW) {
-  if (!cpu::threads_do_not_pay(G, N, rows)) return false;
-  auto* pv = static_cast<float*>(batch_take(spare, cpu::packed_floats(rows, N) * sizeof(float)));
-  cpu::pack_b(v, rows, N, false, pv);
-  cpu::packed_gemm(G, N, rows, dg, G, pv, 1.0f, dW, N, true);
-  return true;
-}
-
-// dW_ih += dgi^T x, dW_hh += dgh^T h, db_ih += colsum dgi, db_hh += colsum dgh
-// over `rows` rows; `spare`: an arena for weight_grad_on_one_thread's copies.
-template <class T>
-void gru_weight_grads(int64_t rows, int64_t I, int64_t H, const T* dgi, const T* dgh, const T* x, const T* h,
-                      std::array<void*, 4> dw, Arena* spare = nullptr) {
-  auto product = [&](T* d, const T* dg, const T* v, int64_t N) {
-    if constexpr (std::is_same_v<T, float>)
-      if (spare && weight_grad_on_one_thread(*spare, rows, 3 * H, N, dg, v, d)) return;
-    cpu::gemm(true, false, 3 * H, N, rows, T(1), dg, 3 * H, v, N, T(1), d, N);
-  };
-  if (T* d = static_cast<T*>(dw[0])) product(d, dgi, x, I);
-  if (T* d = static_cast<T*>(dw[1])) product(d, dgh, h, H);
-  if (T* d = static_cast<T*>(dw[2])) detail::reduce_rows(d, rows * 3 * H, 3 * H, [&](int64_t i, int64_t) { return dgi[i]; });
-  if (T* d = static_cast<T*>(dw[3])) detail::reduce_rows(d, rows * 3 * H, 3 * H, [&](int64_t i, int64_t) { return dgh[i]; });
 }
 
 // One batch row of the GRU cell's elementwise backward (see gru_gate_row).
@@ -129,37 +77,6 @@ void gru_backward_row(int64_t H, const T* __restrict g, const T* __restrict hp, 
   }
   if (dh)
     for (int64_t j = 0; j < H; ++j) dh[j] += g[j] * S[H + j];
-}
-
-// Whether b continues the batch gb holds (started by a): the same weights, shapes, dtype and gradient buffers.
-bool same_gru_group(const detail::GruBatch& gb, const Node& a, const Node& b, const ops::Grads& dst) {
-  for (int j = 2; j < 6; ++j)
-    if (a.in[j].ptr != b.in[j].ptr) return false;
-  return a.in[0].shape == b.in[0].shape && a.in[1].shape == b.in[1].shape && a.out.dtype == b.out.dtype &&
-         gb.dw[0] == dst[2] && gb.dw[1] == dst[3] && gb.dw[2] == dst[4] && gb.dw[3] == dst[5];
-}
-
-void start_gru_batch(detail::GruBatch& gb, const Node& n, const ops::Grads& dst) {
-  const int64_t B = n.in[0].dim(0), I = n.in[0].dim(1), H = n.in[1].dim(1);
-  const size_t es = dtype_size(n.out.dtype);
-  // ~max(128, H) stacked rows make the weight GEMMs efficient without a large
-  // workspace: each flush reads and writes dW_hh [3H, H] once, so at H = 1024
-  // 256 rows spent a quarter of the GEMM's time on that traffic (OpenBLAS
-  // 0.3.21, one thread: 109 GFLOP/s at 256 rows, 151 at 1024); at H = 128,
-  // where dW_hh stays in L2, 64, 128 and 256 rows ran a step at the same
-  // speed (docs/benchmarks.md, change 12). The workspace is rows * (7H + I)
-  // elements, about 2.3 times W_hh's size at rows = H.
-  const int64_t rows = std::max<int64_t>(128, H);
-  gb.capacity = std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(rows / std::max<int64_t>(B, 1), 1), gb.remaining));  // (B = 0: a batch of no rows)
-  gb.buffers.reset();
-  auto take = [&](int64_t floats) { return batch_take(gb.buffers, size_t(floats) * es); };
-  gb.dgi = take(gb.capacity * B * 3 * H);
-  gb.dgh = take(gb.capacity * B * 3 * H);
-  gb.x = take(gb.capacity * B * I);
-  gb.h = take(gb.capacity * B * H);
-  gb.dw[0] = dst[2], gb.dw[1] = dst[3], gb.dw[2] = dst[4], gb.dw[3] = dst[5];
-  gb.first = &n;
-  gb.count = 0;
 }
 
 }  // namespace
@@ -264,12 +181,12 @@ Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const
 
 namespace ops {
 
-void gru_cell_forward_cpu(Tape& t, detail::CpuGru& gru, Node& n) {
+void gru_cell_forward_cpu(Tape& t, detail::CpuCells& cells, Node& n) {
   detail::dispatch(n.out.dtype,
-                   [&]<class T>() { gru_gates<T>(t, gru.packed, n, static_cast<T*>(n.saved), static_cast<T*>(n.out.ptr)); });
+                   [&]<class T>() { gru_gates<T>(t, cells.packed, n, static_cast<T*>(n.saved), static_cast<T*>(n.out.ptr)); });
 }
 
-void gru_cell_backward_cpu(Tape& tape, detail::CpuGru& gru, const Node& nd, const void* gout, const Grads& dst) {
+void gru_cell_backward_cpu(Tape& tape, detail::CpuCells& cells, const Node& nd, const void* gout, const Grads& dst) {
   detail::dispatch(nd.out.dtype, [&]<class T>() {
     const Tensor &xin = nd.in[0], &hin = nd.in[1], &w_ih = nd.in[2], &w_hh = nd.in[3];
     const int64_t B = xin.dim(0), I = xin.dim(1), H = hin.dim(1);
@@ -277,58 +194,134 @@ void gru_cell_backward_cpu(Tape& tape, detail::CpuGru& gru, const Node& nd, cons
     const T* S = static_cast<const T*>(nd.saved);
     if (!S) {  // recompute mode: the gates again, from the inputs
       T* R = static_cast<T*>(In::scratch(tape, size_t(B * 4 * H) * sizeof(T)));
-      gru_gates<T>(tape, gru.packed, nd, R, nullptr);
+      gru_gates<T>(tape, cells.packed, nd, R, nullptr);
       S = R;
     }
     const T* hp = static_cast<const T*>(hin.ptr);
-    // Deferred weight gradients: this step's rows go into the batch (see detail::GruBatch).
-    detail::GruBatch& gb = gru.batch;
-    const bool batch = tape.options().batch_weight_grads && w_ih.node < 0 && w_hh.node < 0 && dst[2] && dst[3] &&
-                       (!dst[4] || nd.in[4].node < 0) && (!dst[5] || nd.in[5].node < 0);
-    T *dgi, *dgh;
-    if (batch) {
-      if (gb.first && !same_gru_group(gb, *gb.first, nd, dst)) detail::flush_gru_batch(gb);
-      if (!gb.first) start_gru_batch(gb, nd, dst);
-      const int64_t slot = gb.count++;
-      --gb.remaining;
-      dgi = static_cast<T*>(gb.dgi) + slot * B * 3 * H;
-      dgh = static_cast<T*>(gb.dgh) + slot * B * 3 * H;
-      std::memcpy(static_cast<T*>(gb.x) + slot * B * I, xin.ptr, xin.nbytes());
-      std::memcpy(static_cast<T*>(gb.h) + slot * B * H, hin.ptr, hin.nbytes());
-    } else {
-      dgi = static_cast<T*>(In::scratch(tape, size_t(B * 3 * H) * sizeof(T)));  // d(x W_ih^T + b_ih)
-      dgh = static_cast<T*>(In::scratch(tape, size_t(B * 3 * H) * sizeof(T)));  // d(h W_hh^T + b_hh)
-    }
+    // d(x W_ih^T + b_ih) and d(h W_hh^T + b_hh) [B, 3H]: rows of the batch, or the op workspace.
+    const detail::CellGrads cg = detail::cell_grads(tape, cells.batch, nd, dst, H, 3 * H, false);
+    T* dgi = static_cast<T*>(cg.dgi);
+    T* dgh = static_cast<T*>(cg.dgh);
     T* dh = static_cast<T*>(dst[1]);
     for (int64_t b = 0; b < B; ++b)
       gru_backward_row<T>(H, g + b * H, hp + b * H, S + b * 4 * H, dgi + b * 3 * H, dgh + b * 3 * H, dh ? dh + b * H : nullptr);
-    const T* px = static_cast<const T*>(xin.ptr);
-    if (T* dx = static_cast<T*>(dst[0])) weight_product<T>(gru.packed, w_ih, false, B, I, 3 * H, dgi, 3 * H, T(1), dx, I);
-    if (dh) weight_product<T>(gru.packed, w_hh, false, B, H, 3 * H, dgh, 3 * H, T(1), dh, H);
-    if (batch) {
-      if (gb.count == gb.capacity) detail::flush_gru_batch(gb);
-      return;
-    }
-    gru_weight_grads<T>(B, I, H, dgi, dgh, px, hp, {dst[2], dst[3], dst[4], dst[5]});
+    if (T* dx = static_cast<T*>(dst[0])) detail::weight_product<T>(cells.packed, w_ih, false, B, I, 3 * H, dgi, 3 * H, T(1), dx, I);
+    if (dh) detail::weight_product<T>(cells.packed, w_hh, false, B, H, 3 * H, dgh, 3 * H, T(1), dh, H);
+    detail::cell_grads_done(cells.batch, nd, dst, cg, H, 3 * H);
   });
 }
 
 }  // namespace ops
 
 namespace detail {
+namespace {
 
-void flush_gru_batch(GruBatch& gb) {
-  if (gb.first && gb.count > 0) {
-    const Node& n = *gb.first;
-    const int64_t rows = gb.count * n.in[0].dim(0), I = n.in[0].dim(1), H = n.in[1].dim(1);
-    const std::array<void*, 4> dw = {gb.dw[0], gb.dw[1], gb.dw[2], gb.dw[3]};
+// `bytes` from the cell batch's arena (reset with each batch).
+void* batch_take(Arena& buffers, size_t bytes) {
+  void* p = buffers.try_alloc(bytes);
+  if (!p)
+    throw OutOfMemoryError("backward: out of memory for the GRU weight-gradient workspace (" + std::to_string(bytes) + " bytes)",
+                           buffers.what());
+  return p;
+}
+
+// Whether b continues the batch cb holds (started by a): the same kind of
+// cell, weights, shapes, dtype and gradient buffers.
+bool same_group(const CellBatch& cb, const Node& a, const Node& b, const ops::Grads& dst) {
+  if (a.op != b.op) return false;
+  for (int j = 2; j < 6; ++j)
+    if (a.in[j].ptr != b.in[j].ptr) return false;
+  return a.in[0].shape == b.in[0].shape && a.in[1].shape == b.in[1].shape && a.out.dtype == b.out.dtype &&
+         cb.dw[0] == dst[2] && cb.dw[1] == dst[3] && cb.dw[2] == dst[4] && cb.dw[3] == dst[5];
+}
+
+void start_batch(CellBatch& cb, const Node& n, const ops::Grads& dst, int64_t H, int64_t G, bool one) {
+  const int64_t B = n.in[0].dim(0), I = n.in[0].dim(1);
+  const size_t es = dtype_size(n.out.dtype);
+  // ~max(128, H) stacked rows make the weight GEMMs efficient without a large
+  // workspace: each flush reads and writes dW_hh [G, H] once, so at H = 1024
+  // 256 rows spent a quarter of the GEMM's time on that traffic (OpenBLAS
+  // 0.3.21, one thread, the GRU: 109 GFLOP/s at 256 rows, 151 at 1024); at
+  // H = 128, where dW_hh stays in L2, 64, 128 and 256 rows ran a step at the
+  // same speed (docs/benchmarks.md, change 12). The workspace is rows * (2G +
+  // H + I) elements (the LSTM's rows * (G + H + I)), about 2.3 times W_hh's
+  // size at rows = H for the GRU.
+  const int64_t rows = std::max<int64_t>(128, H);
+  cb.capacity = std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(rows / std::max<int64_t>(B, 1), 1), cb.remaining));  // (B = 0: a batch of no rows)
+  cb.buffers.reset();
+  auto take = [&](int64_t floats) { return batch_take(cb.buffers, size_t(floats) * es); };
+  cb.dgi = take(cb.capacity * B * G);
+  cb.dgh = one ? cb.dgi : take(cb.capacity * B * G);
+  cb.x = take(cb.capacity * B * I);
+  cb.h = take(cb.capacity * B * H);
+  cb.dw[0] = dst[2], cb.dw[1] = dst[3], cb.dw[2] = dst[4], cb.dw[3] = dst[5];
+  cb.H = H, cb.G = G;
+  cb.first = &n;
+  cb.count = 0;
+}
+
+}  // namespace
+
+// dW [G, N] += dg^T v for dg [rows, G], v [rows, N] on segtape's one-thread
+// kernel, where OpenBLAS runs more threads than pay for so small a product
+// (cpu::threads_do_not_pay: B = 1's batch of a 32-step segment, 1.5 M
+// multiply-adds at H = 128, ran slower on OpenBLAS's two threads than on
+// one). dg is read in place as the kernel's transposed A; v is packed into
+// `spare` (the batch's arena, reset with the batch). False where it does not apply.
+bool weight_grad_on_one_thread(Arena& spare, int64_t rows, int64_t G, int64_t N, const float* dg, const float* v, float* dW) {
+  if (!cpu::threads_do_not_pay(G, N, rows)) return false;
+  auto* pv = static_cast<float*>(batch_take(spare, cpu::packed_floats(rows, N) * sizeof(float)));
+  cpu::pack_b(v, rows, N, false, pv);
+  cpu::packed_gemm(G, N, rows, dg, G, pv, 1.0f, dW, N, true);
+  return true;
+}
+
+CellGrads cell_grads(Tape& tape, CellBatch& cb, const Node& n, const ops::Grads& dst, int64_t H, int64_t G, bool one) {
+  const Tensor &x = n.in[0], &w_ih = n.in[2], &w_hh = n.in[3];
+  const int64_t B = x.dim(0), I = x.dim(1);
+  const size_t es = dtype_size(n.out.dtype);
+  // Deferred weight gradients: this step's rows go into the batch (see CellBatch).
+  const bool batch = tape.options().batch_weight_grads && w_ih.node < 0 && w_hh.node < 0 && dst[2] && dst[3] &&
+                     (!dst[4] || n.in[4].node < 0) && (!dst[5] || n.in[5].node < 0);
+  if (!batch) {
+    void* dgi = TapeInternals::scratch(tape, size_t(B * G) * es);              // d(x W_ih^T + b_ih)
+    void* dgh = one ? dgi : TapeInternals::scratch(tape, size_t(B * G) * es);  // d(h W_hh^T + b_hh)
+    return {dgi, dgh, false};
+  }
+  if (cb.first && !same_group(cb, *cb.first, n, dst)) flush_cell_batch(cb);
+  if (!cb.first) start_batch(cb, n, dst, H, G, one);
+  const int64_t slot = cb.count++;
+  --cb.remaining;
+  auto bytes = [](void* p) { return static_cast<std::byte*>(p); };
+  std::memcpy(bytes(cb.x) + size_t(slot * B * I) * es, x.ptr, size_t(B * I) * es);
+  std::memcpy(bytes(cb.h) + size_t(slot * B * H) * es, n.in[1].ptr, size_t(B * H) * es);  // the state's h rows
+  return {bytes(cb.dgi) + size_t(slot * B * G) * es, bytes(cb.dgh) + size_t(slot * B * G) * es, true};
+}
+
+void cell_grads_done(CellBatch& cb, const Node& n, const ops::Grads& dst, const CellGrads& cg, int64_t H, int64_t G) {
+  if (cg.batched) {
+    if (cb.count == cb.capacity) flush_cell_batch(cb);
+    return;
+  }
+  const int64_t B = n.in[0].dim(0), I = n.in[0].dim(1);
+  dispatch(n.out.dtype, [&]<class T>() {
+    cell_weight_grads<T>(B, I, H, G, static_cast<const T*>(cg.dgi), static_cast<const T*>(cg.dgh), static_cast<const T*>(n.in[0].ptr),
+                         static_cast<const T*>(n.in[1].ptr), {dst[2], dst[3], dst[4], dst[5]});
+  });
+}
+
+void flush_cell_batch(CellBatch& cb) {
+  if (cb.first && cb.count > 0) {
+    const Node& n = *cb.first;
+    const int64_t rows = cb.count * n.in[0].dim(0), I = n.in[0].dim(1);
+    const std::array<void*, 4> dw = {cb.dw[0], cb.dw[1], cb.dw[2], cb.dw[3]};
     dispatch(n.out.dtype, [&]<class T>() {
-      gru_weight_grads<T>(rows, I, H, static_cast<T*>(gb.dgi), static_cast<T*>(gb.dgh), static_cast<T*>(gb.x),
-                          static_cast<T*>(gb.h), dw, &gb.buffers);
+      cell_weight_grads<T>(rows, I, cb.H, cb.G, static_cast<T*>(cb.dgi), static_cast<T*>(cb.dgh), static_cast<T*>(cb.x),
+                           static_cast<T*>(cb.h), dw, &cb.buffers);
     });
   }
-  gb.first = nullptr;
-  gb.count = 0;
+  cb.first = nullptr;
+  cb.count = 0;
 }
 
 void clear_packed(PackedWeights& pw) {
@@ -368,14 +361,14 @@ const float* packed_weight(PackedWeights& pw, const Tensor& w, int64_t M, int64_
   return data;
 }
 
-void prepare_gru_batch(GruBatch& gb, const Tape& tape, int64_t last_node) {
-  gb.first = nullptr;
-  gb.count = 0;
-  gb.remaining = 0;
+void prepare_cell_batch(CellBatch& cb, const Tape& tape, int64_t last_node) {
+  cb.first = nullptr;
+  cb.count = 0;
+  cb.remaining = 0;
   if (!tape.options().batch_weight_grads) return;
   const auto& nodes = tape.nodes();
   for (int64_t i = 0; i <= last_node; ++i)
-    if (nodes[size_t(i)].op == OpKind::GruCell) ++gb.remaining;
+    if (nodes[size_t(i)].op == OpKind::GruCell || nodes[size_t(i)].op == OpKind::LstmCell) ++cb.remaining;
 }
 
 }  // namespace detail

@@ -78,27 +78,29 @@ void reduce_rows(T* d, int64_t n, int64_t bn, F f) {
     for (int64_t c = 0; c < bn; ++c) d[c] += f(r + c, c);
 }
 
-// Backward's deferred GRU weight gradients: the rows of d(x W_ih^T) and
-// d(h W_hh^T) of consecutive steps that share weights are stacked, with the
+// Backward's deferred weight gradients of the recurrent cells (gru_cell,
+// lstm_cell; ops/cell.h): the rows of d(x W_ih^T) and d(h W_hh^T) of
+// consecutive steps of one kind that share weights are stacked, with the
 // steps' x and h, and flushed as one GEMM per weight (see TapeOptions).
-struct GruBatch {
+struct CellBatch {
   Arena buffers{size_t(64) << 10, true, 0, {.what = "GRU weight-gradient workspace"}};
   const Node* first = nullptr;  // the group's weights and shapes come from this node
   int64_t count = 0, capacity = 0, remaining = 0;
-  void* dgi = nullptr;  // [capacity * B, 3H]
-  void* dgh = nullptr;  // [capacity * B, 3H]
+  int64_t H = 0, G = 0;  // the group's hidden size and gate columns (3H: GRU, 4H: LSTM)
+  void* dgi = nullptr;  // [capacity * B, G]
+  void* dgh = nullptr;  // [capacity * B, G]; dgi itself where the two are equal (the LSTM's)
   void* x = nullptr;    // [capacity * B, I]
   void* h = nullptr;    // [capacity * B, H]
   void* dw[4] = {};     // gradient buffers of w_ih, w_hh, b_ih, b_hh
 };
-// Counts the GRU nodes of a backward over nodes [0, last_node] of the tape
+// Counts the cell nodes of a backward over nodes [0, last_node] of the tape
 // that may be batched (sets `remaining`) and empties the batch.
-void prepare_gru_batch(GruBatch& gb, const Tape& tape, int64_t last_node);
+void prepare_cell_batch(CellBatch& cb, const Tape& tape, int64_t last_node);
 // Accumulates what the batch holds into the weight gradients and empties it.
-void flush_gru_batch(GruBatch& gb);
+void flush_cell_batch(CellBatch& cb);
 
-// Weights packed for cpu::packed_gemm (engine/cpu/packed.h): a GRU's W_ih and
-// W_hh are packed at their first product of a pass (under cpu::kFewRows rows,
+// Weights packed for cpu::packed_gemm (engine/cpu/packed.h): a recurrent
+// cell's W_ih and W_hh are packed at their first product of a pass (under cpu::kFewRows rows,
 // their cpu::kPackAfter-th) and reused by every step after it. Cleared when a
 // segment opens and when a backward starts and ends; a write segtape sees
 // into a weight's bytes marks its copy stale (packed_written), and the next
@@ -135,16 +137,16 @@ void packed_written(PackedWeights& pw, const void* p, size_t bytes);
 const float* packed_weight(PackedWeights& pw, const Tensor& w, int64_t M, int64_t K, int64_t N, bool trans);
 
 // What the CPU backend (engine/cpu/backend.cpp, also the host-emulated
-// device) keeps for the GRU, one per tape: backward's weight-gradient batch
-// and the packed weights. Its backward_begin / backward_end, segment_begin
-// and bytes_written hooks (engine/backend.h) drive them; the GRU's CPU
-// kernels (ops/gru.cpp) are handed it.
-struct CpuGru {
-  GruBatch batch;
+// device) keeps for the recurrent cells (GRU, LSTM), one per tape: backward's
+// weight-gradient batch and the packed weights. Its backward_begin /
+// backward_end, segment_begin and bytes_written hooks (engine/backend.h)
+// drive them; the cells' CPU kernels (ops/gru.cpp, ops/lstm.cpp) are handed it.
+struct CpuCells {
+  CellBatch batch;
   PackedWeights packed;
 };
-// The CPU backend's CpuGru of a tape; nullptr on a CUDA tape (tests look at its buffers).
-CpuGru* cpu_gru(Tape& tape);
+// The CPU backend's CpuCells of a tape; nullptr on a CUDA tape (tests look at its buffers).
+CpuCells* cpu_cells(Tape& tape);
 }  // namespace detail
 
 namespace ops {
@@ -209,8 +211,10 @@ void transpose_forward_cpu(Node& n);
 void transpose_backward_cpu(const Node& n, const void* g, const Grads& d);
 void embedding_forward_cpu(Node& n);
 void embedding_backward_cpu(const Node& n, const void* g, const Grads& d);
-void gru_cell_forward_cpu(Tape& t, detail::CpuGru& gru, Node& n);                     // ops/gru.cpp
-void gru_cell_backward_cpu(Tape& t, detail::CpuGru& gru, const Node& n, const void* g, const Grads& d);
+void gru_cell_forward_cpu(Tape& t, detail::CpuCells& cells, Node& n);                 // ops/gru.cpp
+void gru_cell_backward_cpu(Tape& t, detail::CpuCells& cells, const Node& n, const void* g, const Grads& d);
+void lstm_cell_forward_cpu(Tape& t, detail::CpuCells& cells, Node& n);                // ops/lstm.cpp
+void lstm_cell_backward_cpu(Tape& t, detail::CpuCells& cells, const Node& n, const void* g, const Grads& d);
 
 // ---- the CUDA backend's, by family, in the same files (compiled when CUDA
 // is, SEGTAPE_HAVE_CUDA; engine/cuda/op_table.cpp dispatches to them). Same
@@ -241,6 +245,8 @@ void embedding_forward_cuda(cuda::CudaBackend& be, Node& n);
 void embedding_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d);
 void gru_cell_forward_cuda(cuda::CudaBackend& be, Node& n);
 void gru_cell_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d);
+void lstm_cell_forward_cuda(cuda::CudaBackend& be, Node& n);
+void lstm_cell_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, const Grads& d);
 
 }  // namespace ops
 }  // namespace segtape

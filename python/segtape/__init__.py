@@ -334,6 +334,8 @@ for _family, _kind, _name in _C._ops:
         globals()[_name] = getattr(_C, _name)
 del _family, _kind, _name
 detach = Tensor.detach  # a view with no history: no op of its own
+# An LSTM state [2, B, H] and its (h, c): compositions of concat and slice, no ops of their own.
+lstm_state, lstm_h, lstm_c = _C.lstm_state, _C.lstm_h, _C.lstm_c
 
 
 from . import nn  # noqa: E402,F401

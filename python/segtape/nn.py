@@ -63,7 +63,8 @@ def _call_forward(self, *args, **kwargs):
 
 
 class _Layer:
-    """The C++ layers' Python classes (Linear, Embedding, GRUCell, GRU) call
+    """The C++ layers' Python classes (Linear, Embedding, GRUCell, GRU,
+    LSTMCell, LSTM, Dropout) call
     their C++ forward straight from __call__; a subclass whose forward is
     another is called through it, as torch.nn.Module.__call__ calls
     self.forward (m(x) skipped an overriding forward)."""
@@ -99,13 +100,47 @@ class GRUCell(_Layer, _N.GRUCell):
 
 
 class GRU(_Layer, _N.GRU):
-    """torch.nn.GRU (sequence-first): forward(x [T, B, I], h0, keep=None) -> (output, h_n).
+    """torch.nn.GRU (sequence-first): forward(x [T, B, I], h0, keep=None,
+    dropout_masks=None) -> (output, h_n).
 
     keep [T, B] (segtape's, not torch's): per-stream resets, every layer's
-    state entering step t multiplied by keep[t, b] (0 starts an episode)."""
+    state entering step t multiplied by keep[t, b] (0 starts an episode).
+    dropout: torch's dropout= between layers (training mode only), its masks
+    drawn from a generator of dropout_seed, or given: dropout_masks(T, B)
+    draws them as a NumPy array [num_layers - 1, T, B, H] (a step's input)."""
 
-    def __init__(self, tape, input_size, hidden_size, num_layers=1, bias=True, *, rng=None):
-        super().__init__(tape, input_size, hidden_size, num_layers, bias, _rng(rng))
+    def __init__(self, tape, input_size, hidden_size, num_layers=1, bias=True, dropout=0.0, *, dropout_seed=0, rng=None):
+        super().__init__(tape, input_size, hidden_size, num_layers, bias, dropout, dropout_seed, _rng(rng))
+
+
+class LSTMCell(_Layer, _N.LSTMCell):
+    """torch.nn.LSTMCell: forward(x [B, I], (h, c) or None) -> (h', c'), [B, H] each
+    (gates i, f, g, o)."""
+
+    def __init__(self, tape, input_size, hidden_size, bias=True, *, rng=None):
+        super().__init__(tape, input_size, hidden_size, bias, _rng(rng))
+
+
+class LSTM(_Layer, _N.LSTM):
+    """torch.nn.LSTM (sequence-first): forward(x [T, B, I], (h0, c0) or None,
+    dropout_masks=None) -> (output [T, B, H], (h_n, c_n) [num_layers, B, H]).
+
+    dropout: between layers as GRU's (dropout_masks(T, B), dropout_seed)."""
+
+    def __init__(self, tape, input_size, hidden_size, num_layers=1, bias=True, dropout=0.0, *, dropout_seed=0, rng=None):
+        super().__init__(tape, input_size, hidden_size, num_layers, bias, dropout, dropout_seed, _rng(rng))
+
+
+class Dropout(_Layer, _N.Dropout):
+    """torch.nn.Dropout: in training mode x * mask, the mask's elements 0 with
+    probability p and 1 / (1 - p) otherwise; x itself after eval().
+
+    Its masks come from a generator of its own (seed; .rng). mask(shape)
+    draws one as a NumPy array, for a step that takes its masks as inputs,
+    and apply(x, mask) applies it."""
+
+    def __init__(self, tape, p=0.5, *, seed=0):
+        super().__init__(tape, p, seed)
 
 
 def save(module, path, metadata=None):

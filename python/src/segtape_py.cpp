@@ -649,6 +649,19 @@ void bind_ops(nb::module_& m, TensorClass& tensor) {
     return wrap(segtape::gru_sequence(x.get(), h.get(), wih.get(), whh.get(), bih.get(), bhh.get(), keep ? keep->get() : Tensor{}),
                 x.box);
   }, "x"_a, "h0"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a, "keep"_a = nb::none());
+  // The fused op on a state [2, B, H] (h and c), or torch.lstm_cell's form: hx = (h, c) -> (h', c').
+  m.def("lstm_cell", [](const PyTensor& x, const PyTensor& state, const PyTensor& wih, const PyTensor& whh, const PyTensor& bih,
+                        const PyTensor& bhh) {
+    return wrap(lstm_cell(x.get(), state.get(), wih.get(), whh.get(), bih.get(), bhh.get()), x.box);
+  }, "x"_a, "state"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a);
+  m.def("lstm_cell", [](const PyTensor& x, const std::pair<PyTensor, PyTensor>& hx, const PyTensor& wih, const PyTensor& whh,
+                        const PyTensor& bih, const PyTensor& bhh) {
+    const LstmPair p = lstm_cell(x.get(), hx.first.get(), hx.second.get(), wih.get(), whh.get(), bih.get(), bhh.get());
+    return std::make_pair(wrap(p.h, x.box), wrap(p.c, x.box));
+  }, "x"_a, "hx"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a);
+  m.def("lstm_state", [](const PyTensor& h, const PyTensor& c) { return wrap(lstm_state(h.get(), c.get()), h.box); }, "h"_a, "c"_a);
+  m.def("lstm_h", [](const PyTensor& s) { return wrap(lstm_h(s.get()), s.box); }, "state"_a);
+  m.def("lstm_c", [](const PyTensor& s) { return wrap(lstm_c(s.get()), s.box); }, "state"_a);
 }
 
 }  // namespace
@@ -894,7 +907,17 @@ NB_MODULE(_segtape, m) {
         return l;
       })
       .def("parameter_count", &nn::Module::parameter_count)
-      .def("zero_grad", &nn::Module::zero_grad);
+      .def("zero_grad", &nn::Module::zero_grad)
+      // torch.nn.Module's train(mode) / eval(): this module and every one below it; each returns the module.
+      .def("train", [](nn::Module& self, bool mode) -> nn::Module& {
+        self.train(mode);
+        return self;
+      }, "mode"_a = true, nb::rv_policy::reference)
+      .def("eval", [](nn::Module& self) -> nn::Module& {
+        self.eval();
+        return self;
+      }, nb::rv_policy::reference)
+      .def_prop_ro("training", &nn::Module::is_training);
 
   nb::class_<nn::Linear, nn::Module>(nnm, "Linear")
       .def("__init__", [](nn::Linear* self, PyTape& t, int64_t in, int64_t out, bool bias, nn::Rng& rng) {
@@ -920,6 +943,22 @@ NB_MODULE(_segtape, m) {
       .def_ro("embedding_dim", &nn::Embedding::embedding_dim)
       .def_prop_ro("weight", [](const nn::Embedding& e) { return wrap(e.weight); });
 
+  // A host mask of `shape` drawn by f (Dropout::mask, LSTM/GRU::dropout_masks) as a NumPy array of dtype d.
+  auto host_mask = [](const std::vector<int64_t>& shape, DType d, auto&& f) -> nb::object {
+    size_t n = 1;
+    for (int64_t v : shape) {
+      if (v < 0) throw ShapeError("mask: negative size in the shape");
+      n *= size_t(v);
+    }
+    std::vector<size_t> dims(shape.begin(), shape.end());
+    auto make = [&]<class T>() {
+      auto* v = new std::vector<T>(n);
+      nb::capsule owner(v, [](void* q) noexcept { delete static_cast<std::vector<T>*>(q); });
+      f(std::span<T>(*v));
+      return nb::cast(nb::ndarray<nb::numpy, T>(v->data(), dims.size(), dims.data(), owner));
+    };
+    return d == DType::F64 ? make.template operator()<double>() : make.template operator()<float>();
+  };
   auto gru_cell_forward = [](const nn::GRUCell& g, const PyTensor& x, std::optional<PyTensor> h) {
     return wrap(g(x.get(), h ? h->get() : Tensor{}), x.box);
   };
@@ -944,19 +983,94 @@ NB_MODULE(_segtape, m) {
         return wrap(g.bias_hh);
       });
 
-  auto gru_forward = [](nn::GRU& g, const PyTensor& x, std::optional<PyTensor> h, std::optional<PyTensor> keep) {
-    auto out = g(x.get(), h ? h->get() : Tensor{}, keep ? keep->get() : Tensor{});
+  auto gru_forward = [](nn::GRU& g, const PyTensor& x, std::optional<PyTensor> h, std::optional<PyTensor> keep,
+                        std::optional<PyTensor> masks) {
+    auto out = g(x.get(), h ? h->get() : Tensor{}, keep ? keep->get() : Tensor{}, masks ? masks->get() : Tensor{});
     return std::make_pair(wrap(out.output, x.box), wrap(out.h_n, x.box));
   };
   nb::class_<nn::GRU, nn::Module>(nnm, "GRU")
-      .def("__init__", [](nn::GRU* self, PyTape& t, int64_t in, int64_t hidden, int64_t layers, bool bias, nn::Rng& rng) {
-        new (self) nn::GRU(t.tape(), rng, in, hidden, layers, bias);
-      }, "tape"_a, "input_size"_a, "hidden_size"_a, "num_layers"_a = 1, "bias"_a = true, "rng"_a, nb::keep_alive<1, 2>())
-      .def("forward", gru_forward, "input"_a, "hx"_a = nb::none(), "keep"_a = nb::none())
-      .def("__call__", gru_forward, "input"_a, "hx"_a = nb::none(), "keep"_a = nb::none())
+      .def("__init__", [](nn::GRU* self, PyTape& t, int64_t in, int64_t hidden, int64_t layers, bool bias, double dropout,
+                          uint64_t dropout_seed, nn::Rng& rng) {
+        new (self) nn::GRU(t.tape(), rng, in, hidden, layers, bias, DType::F32, dropout, dropout_seed);
+      }, "tape"_a, "input_size"_a, "hidden_size"_a, "num_layers"_a = 1, "bias"_a = true, "dropout"_a = 0.0, "dropout_seed"_a = 0,
+      "rng"_a, nb::keep_alive<1, 2>())
+      .def("forward", gru_forward, "input"_a, "hx"_a = nb::none(), "keep"_a = nb::none(), "dropout_masks"_a = nb::none())
+      .def("__call__", gru_forward, "input"_a, "hx"_a = nb::none(), "keep"_a = nb::none(), "dropout_masks"_a = nb::none())
+      .def("dropout_masks", [host_mask](nn::GRU& g, int64_t steps, int64_t batch) {
+        return host_mask({g.num_layers - 1, steps, batch, g.hidden_size}, g.dtype(), [&](auto v) { g.dropout_masks(v); });
+      }, "steps"_a, "batch"_a, "The masks of the dropout between layers for one forward, [num_layers - 1, T, B, H] (ones in eval mode).")
+      .def_prop_ro("dropout_rng", [](nn::GRU& g) -> nn::Rng& { return g.dropout_rng(); }, nb::rv_policy::reference_internal)
       .def_ro("input_size", &nn::GRU::input_size)
       .def_ro("hidden_size", &nn::GRU::hidden_size)
-      .def_ro("num_layers", &nn::GRU::num_layers);
+      .def_ro("num_layers", &nn::GRU::num_layers)
+      .def_ro("dropout", &nn::GRU::dropout);
+
+  nb::class_<nn::Dropout, nn::Module>(nnm, "Dropout")
+      .def("__init__", [](nn::Dropout* self, PyTape& t, double p, uint64_t seed) { new (self) nn::Dropout(t.tape(), p, seed); },
+           "tape"_a, "p"_a = 0.5, "seed"_a = 0, nb::keep_alive<1, 2>())
+      .def("forward", [](nn::Dropout& d, const PyTensor& x) { return wrap(d(x.get()), x.box); })
+      .def("__call__", [](nn::Dropout& d, const PyTensor& x) { return wrap(d(x.get()), x.box); })
+      .def("mask", [host_mask](nn::Dropout& d, const std::vector<int64_t>& shape, const std::string& dtype) {
+        if (dtype != "float32" && dtype != "float64") throw ShapeError("Dropout.mask: dtype '" + dtype + "': expected 'float32' or 'float64'");
+        return host_mask(shape, dtype == "float64" ? DType::F64 : DType::F32, [&](auto v) { d.mask(v); });
+      }, "shape"_a, "dtype"_a = "float32", "A mask of this shape drawn now (ones in eval mode), as a NumPy array: a step's input.")
+      .def("apply", [](const nn::Dropout& d, const PyTensor& x, const PyTensor& m) { return wrap(d.apply(x.get(), m.get()), x.box); },
+           "input"_a, "mask"_a)
+      .def_prop_ro("p", &nn::Dropout::p)
+      .def_prop_ro("rng", [](nn::Dropout& d) -> nn::Rng& { return d.rng(); }, nb::rv_policy::reference_internal);
+
+  auto lstm_cell_forward = [](const nn::LSTMCell& l, const PyTensor& x, std::optional<std::pair<PyTensor, PyTensor>> hx) {
+    const Tensor& xt = x.get();
+    LstmPair p;
+    if (hx) {
+      p = l(xt, hx->first.get(), hx->second.get());
+    } else {  // zeros: the state [2, B, H] form
+      const Tensor s = l(xt);
+      p = {lstm_h(s), lstm_c(s)};
+    }
+    return std::make_pair(wrap(p.h, x.box), wrap(p.c, x.box));
+  };
+  nb::class_<nn::LSTMCell, nn::Module>(nnm, "LSTMCell")
+      .def("__init__", [](nn::LSTMCell* self, PyTape& t, int64_t in, int64_t hidden, bool bias, nn::Rng& rng) {
+        new (self) nn::LSTMCell(t.tape(), rng, in, hidden, bias);
+      }, "tape"_a, "input_size"_a, "hidden_size"_a, "bias"_a = true, "rng"_a, nb::keep_alive<1, 2>())
+      .def("forward", lstm_cell_forward, "input"_a, "hx"_a = nb::none())
+      .def("__call__", lstm_cell_forward, "input"_a, "hx"_a = nb::none())
+      .def_ro("input_size", &nn::LSTMCell::input_size)
+      .def_ro("hidden_size", &nn::LSTMCell::hidden_size)
+      .def_prop_ro("weight_ih", [](const nn::LSTMCell& l) { return wrap(l.weight_ih); })
+      .def_prop_ro("weight_hh", [](const nn::LSTMCell& l) { return wrap(l.weight_hh); })
+      .def_prop_ro("bias_ih", [](const nn::LSTMCell& l) -> std::optional<PyTensor> {
+        if (!l.bias_ih.grad) return std::nullopt;
+        return wrap(l.bias_ih);
+      })
+      .def_prop_ro("bias_hh", [](const nn::LSTMCell& l) -> std::optional<PyTensor> {
+        if (!l.bias_hh.grad) return std::nullopt;
+        return wrap(l.bias_hh);
+      });
+
+  auto opt_tensor = [](const std::optional<PyTensor>& t) { return t ? t->get() : Tensor{}; };
+  auto lstm_forward = [opt_tensor](nn::LSTM& l, const PyTensor& x, std::optional<std::pair<PyTensor, PyTensor>> hx,
+                                   std::optional<PyTensor> masks) {
+    auto out = hx ? l(x.get(), hx->first.get(), hx->second.get(), opt_tensor(masks)) : l(x.get(), {}, {}, opt_tensor(masks));
+    return std::make_pair(wrap(out.output, x.box), std::make_pair(wrap(out.h_n, x.box), wrap(out.c_n, x.box)));
+  };
+  nb::class_<nn::LSTM, nn::Module>(nnm, "LSTM")
+      .def("__init__", [](nn::LSTM* self, PyTape& t, int64_t in, int64_t hidden, int64_t layers, bool bias, double dropout,
+                          uint64_t dropout_seed, nn::Rng& rng) {
+        new (self) nn::LSTM(t.tape(), rng, in, hidden, layers, bias, DType::F32, dropout, dropout_seed);
+      }, "tape"_a, "input_size"_a, "hidden_size"_a, "num_layers"_a = 1, "bias"_a = true, "dropout"_a = 0.0, "dropout_seed"_a = 0,
+      "rng"_a, nb::keep_alive<1, 2>())
+      .def("forward", lstm_forward, "input"_a, "hx"_a = nb::none(), "dropout_masks"_a = nb::none())
+      .def("__call__", lstm_forward, "input"_a, "hx"_a = nb::none(), "dropout_masks"_a = nb::none())
+      .def("dropout_masks", [host_mask](nn::LSTM& l, int64_t steps, int64_t batch) {
+        return host_mask({l.num_layers - 1, steps, batch, l.hidden_size}, l.dtype(), [&](auto v) { l.dropout_masks(v); });
+      }, "steps"_a, "batch"_a, "The masks of the dropout between layers for one forward, [num_layers - 1, T, B, H] (ones in eval mode).")
+      .def_prop_ro("dropout_rng", [](nn::LSTM& l) -> nn::Rng& { return l.dropout_rng(); }, nb::rv_policy::reference_internal)
+      .def_ro("input_size", &nn::LSTM::input_size)
+      .def_ro("hidden_size", &nn::LSTM::hidden_size)
+      .def_ro("num_layers", &nn::LSTM::num_layers)
+      .def_ro("dropout", &nn::LSTM::dropout);
 
   nb::class_<nn::Optimizer>(nnm, "Optimizer")
       .def("step", &nn::Optimizer::step)

@@ -139,3 +139,136 @@ def test_nn_gru_passes_keep_to_its_layers():
                                     p["bias_hh_l0"], keep=tape.tensor(keep))
         assert np.array_equal(out.numpy(), want.numpy())
         assert not np.array_equal(out.numpy(), gru(x)[0].numpy())
+
+
+class LstmNet(nn.Module):
+    def __init__(self, tape, rng, dropout=0.0):
+        super().__init__(tape)
+        self.lstm = nn.LSTM(tape, 6, 8, num_layers=2, dropout=dropout, dropout_seed=4, rng=rng)
+        self.head = nn.Linear(tape, 8, 5, rng=rng)
+
+
+class TorchLstmNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(6, 8, num_layers=2)
+        self.head = torch.nn.Linear(8, 5)
+
+
+def test_lstm_linear_cross_entropy_values_and_gradients():
+    tape = segtape.Tape()
+    net = LstmNet(tape, nn.Rng(3))
+    ref = TorchLstmNet()
+    copy_weights(net, ref)
+    gen = np.random.default_rng(0)
+    T, B = 5, 3
+    xs = gen.standard_normal((T, B, 6)).astype(np.float32)
+    h0, c0 = (gen.standard_normal((2, B, 8)).astype(np.float32) for _ in range(2))
+    ys = gen.integers(0, 5, size=(T * B,))
+    with tape.segment() as seg:
+        out, (h_n, c_n) = net.lstm(tape.tensor(xs), (tape.tensor(h0), tape.tensor(c0)))
+        loss = segtape.cross_entropy(net.head(out.reshape([T * B, 8])), tape.tensor(ys))
+        seg.backward(loss)
+        got = [loss.item(), out.numpy(), h_n.numpy(), c_n.numpy()]
+    tout, (th, tc) = ref.lstm(torch.from_numpy(xs), (torch.from_numpy(h0), torch.from_numpy(c0)))
+    tloss = torch.nn.functional.cross_entropy(ref.head(tout.reshape(T * B, 8)), torch.from_numpy(ys))
+    tloss.backward()
+    assert abs(got[0] - tloss.item()) <= 1e-5 * max(1.0, abs(tloss.item()))
+    for g, w in zip(got[1:], (tout, th, tc)):
+        assert np.abs(g - w.detach().numpy()).max() <= 1e-5
+    for (name, t), (_, p) in zip(net.named_parameters(), ref.named_parameters()):
+        got_g, want = t.grad.numpy(), p.grad.numpy()
+        assert np.abs(got_g - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), name
+
+
+def test_lstm_cell_is_torchs():
+    tape = segtape.Tape()
+    cell = nn.LSTMCell(tape, 4, 3, rng=nn.Rng(1))
+    ref = torch.nn.LSTMCell(4, 3)
+    copy_weights(cell, ref)
+    gen = np.random.default_rng(2)
+    x, h, c = (gen.standard_normal(s).astype(np.float32) for s in ((2, 4), (2, 3), (2, 3)))
+    with tape.segment():
+        h1, c1 = cell(tape.tensor(x), (tape.tensor(h), tape.tensor(c)))
+        z1, zc = cell(tape.tensor(x))  # no state: zeros
+        state = segtape.lstm_cell(tape.tensor(x), segtape.lstm_state(tape.tensor(h), tape.tensor(c)), *(t for _, t in cell.named_parameters()))
+        got = [h1.numpy(), c1.numpy(), z1.numpy(), zc.numpy()]
+        assert np.array_equal(segtape.lstm_h(state).numpy(), got[0]) and np.array_equal(segtape.lstm_c(state).numpy(), got[1])
+    th, tc = ref(torch.from_numpy(x), (torch.from_numpy(h), torch.from_numpy(c)))
+    tz, tzc = ref(torch.from_numpy(x))
+    for g, w in zip(got, (th, tc, tz, tzc)):
+        assert np.abs(g - w.detach().numpy()).max() <= 1e-5
+
+
+def test_lstm_safetensors_round_trip_with_torch(tmp_path):
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    tape = segtape.Tape()
+    net = LstmNet(tape, nn.Rng(5))
+    assert [n for n, _ in net.named_parameters()] == list(TorchLstmNet().state_dict().keys())
+    path = tmp_path / "lstm.safetensors"
+    nn.save(net, path)
+    ref = TorchLstmNet()
+    ref.load_state_dict(safetensors_torch.load_file(str(path)), strict=True)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.mul_(-0.5)
+    back = tmp_path / "torch.safetensors"
+    safetensors_torch.save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(back))
+    report = nn.load(net, back)
+    assert report["missing_keys"] == [] and report["unexpected_keys"] == []
+    for (name, t), (_, p) in zip(net.named_parameters(), ref.named_parameters()):
+        assert np.array_equal(t.numpy(), p.detach().numpy()), name
+
+
+def test_dropout_between_lstm_layers_on_recorded_masks_is_torchs():
+    """Training mode, dropout 0.3: the masks drawn as a step's input; torch runs
+    the layers one by one with the same masks on the first layer's output."""
+    tape = segtape.Tape()
+    net = LstmNet(tape, nn.Rng(6), dropout=0.3)
+    ref = TorchLstmNet()
+    copy_weights(net, ref)
+    T, B = 4, 2
+    xs = np.random.default_rng(1).standard_normal((T, B, 6)).astype(np.float32)
+    masks = net.lstm.dropout_masks(T, B)
+    assert masks.shape == (1, T, B, 8) and 0 < (masks == 0).mean() < 1
+    assert set(np.unique(masks)) <= {0.0, np.float32(1) / np.float32(0.7)}
+    with tape.segment() as seg:
+        out, _ = net.lstm(tape.tensor(xs), None, dropout_masks=tape.tensor(masks))
+        seg.backward(out.sum())
+        got = out.numpy()
+    p = dict(ref.lstm.named_parameters())
+    layer = lambda x, k: torch._VF.lstm(x, (torch.zeros(1, B, 8), torch.zeros(1, B, 8)),  # noqa: E731
+                                        [p[f"{n}_l{k}"] for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")],
+                                        True, 1, 0.0, True, False, False)[0]
+    want = layer(layer(torch.from_numpy(xs), 0) * torch.from_numpy(masks[0]), 1)
+    want.sum().backward()
+    assert np.abs(got - want.detach().numpy()).max() <= 1e-5
+    for name, t in net.lstm.named_parameters():
+        assert np.abs(t.grad.numpy() - p[name].grad.numpy()).max() <= 1e-5 * max(1.0, np.abs(p[name].grad.numpy()).max()), name
+    # eval(): no dropout, whatever masks are given
+    net.eval()
+    assert not net.lstm.training
+    with tape.segment():
+        a = net.lstm(tape.tensor(xs), None, dropout_masks=tape.tensor(masks))[0].numpy()
+        b = net.lstm(tape.tensor(xs))[0].numpy()
+    assert np.array_equal(a, b) and not np.array_equal(a, got)
+
+
+def test_dropout_module_train_eval_and_masks():
+    tape = segtape.Tape()
+    drop = nn.Dropout(tape, 0.25, seed=3)
+    x = np.ones((4, 50), dtype=np.float32)
+    with tape.segment():
+        y = drop(tape.tensor(x)).numpy()
+        assert set(np.unique(y)) <= {0.0, np.float32(1) / np.float32(0.75)}
+        m = drop.mask([4, 50])
+        assert np.array_equal(drop.apply(tape.tensor(x), tape.tensor(m)).numpy(), x * m)
+        state = drop.rng.state
+        assert drop.eval() is drop and not drop.training
+        assert np.array_equal(drop(tape.tensor(x)).numpy(), x)
+        assert np.array_equal(drop.mask([3]), np.ones(3, dtype=np.float32))
+        assert drop.rng.state == state  # eval draws nothing
+        drop.train()
+        assert drop.training
+    with pytest.raises(Exception, match=r"nn::Dropout: the dropout probability must be in \[0, 1\), got 1"):
+        nn.Dropout(tape, 1.0)

@@ -60,7 +60,8 @@
   X(A, Op, GruCell, gru_cell)                                                                               \
   X(A, Op, GruSequence, gru_sequence)                                                                       \
   /* log(1 + e^x), PyTorch's softplus (beta 1, threshold 20) */                                             \
-  X(A, Unary, Softplus, softplus, x > T(20) ? x : M::log1p(M::exp(x)), x > T(20) ? g : g * M::sigmoid(x))
+  X(A, Unary, Softplus, softplus, x > T(20) ? x : M::log1p(M::exp(x)), x > T(20) ? g : g * M::sigmoid(x)) \
+  X(A, Op, LstmCell, lstm_cell)
 
 // Views of the list: each calls the user's X for the ops it selects (X is
 // passed through the list as A).

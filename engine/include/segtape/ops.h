@@ -77,6 +77,33 @@ Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const
 // plan fits the device and the shape) rather than composed of gru_cell steps.
 bool gru_sequence_fused(Tape& tape, int64_t B, int64_t H, DType d);
 
+// PyTorch's LSTMCell as one fused op on a state that holds h and c as one
+// tensor: x [B, I], state [2, B, H] (state[0] = h, state[1] = c), w_ih [4H, I],
+// w_hh [4H, H], b_ih / b_hh [4H] (gate rows i, f, g, o) -> the new state
+// [2, B, H] (h', c'):
+//   i, f, o = sigmoid(x W_i?^T + b_i? + h W_h?^T + b_h?) of their rows, g = tanh(...),
+//   c' = f c + i g,  h' = o tanh(c').
+// Forward and backward are fused; saves i, f, g, o (4H per row). One tensor
+// for the pair is what the engine's one-output node carries and what a
+// segment carries across its boundary (seg.carry(state)).
+Tensor lstm_cell(const Tensor& x, const Tensor& state, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+                 const Tensor& b_hh);
+// (h, c) and the state [2, B, H]: lstm_state(h [B, H], c [B, H]) stacks them
+// (a concat: a copy); lstm_h(state) and lstm_c(state) are state[0] and
+// state[1] as [B, H] (a slice: a copy). Each records its node, so gradients
+// flow through.
+Tensor lstm_state(const Tensor& h, const Tensor& c);
+Tensor lstm_h(const Tensor& state);
+Tensor lstm_c(const Tensor& state);
+// PyTorch's torch.lstm_cell(x, (h, c), ...) -> (h', c'): lstm_state, the
+// fused op, lstm_h and lstm_c (two copies in and two out, which carrying the
+// state [2, B, H] avoids).
+struct LstmPair {
+  Tensor h, c;  // [B, H] each
+};
+LstmPair lstm_cell(const Tensor& x, const Tensor& h, const Tensor& c, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+                   const Tensor& b_hh);
+
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
 inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }

@@ -79,6 +79,11 @@ Entry entry(std::string name, const Tensor& t);
 // values.size() must be the element count of shape ({} is a scalar).
 Entry entry(std::string name, std::span<int64_t> values, std::vector<int64_t> shape);
 Entry entry(std::string name, std::span<float> values, std::vector<int64_t> shape);
+// An Rng's state (seed, counter) as an I64 [2] entry, bit for bit (as a
+// training state's "rng.state"), read from and written into the Rng in place:
+// e.g. a Dropout's mask generator, entry("dropout.rng", dropout.rng()). A
+// load writes it once the file matched the entries (before about_values).
+Entry entry(std::string name, Rng& rng);
 
 // Writes the entries and the metadata atomically (safetensors::save_atomic).
 void save_entries(const std::filesystem::path& path, std::span<const Entry> entries, const Metadata& metadata);

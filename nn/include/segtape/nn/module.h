@@ -52,6 +52,12 @@ class Module {
   std::vector<Tensor> parameters() const;
   int64_t parameter_count() const;  // elements, like sum(p.numel())
   void zero_grad();                 // this module's parameters only
+  // Training or evaluation mode, PyTorch's module.train() / module.eval():
+  // sets this module and every module below it. What Dropout, and LSTM's and
+  // GRU's dropout between layers, read; a new module is in training mode.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
 
   Tape& tape() const { return *tape_; }
   DType dtype() const { return dtype_; }
@@ -82,6 +88,7 @@ class Module {
   // so registering n names is not O(n^2): nn::GRU's 4 per layer.
   std::unordered_set<std::string> names_;
   int parents_ = 0;  // the places it is registered in (more than one: walk() visits it once)
+  bool training_ = true;
 };
 
 template <class F>

@@ -13,11 +13,11 @@ namespace segtape::nn {
 
 class Rng {
  public:
-  explicit Rng(uint64_t seed = 0) : seed_(seed) {}
+  explicit Rng(uint64_t seed = 0) : words_{seed, 0} {}
 
   // splitmix64 (Steele, Lea, Flood 2014): passes BigCrush, one add and a mix per draw.
   uint64_t next_u64() {
-    uint64_t z = seed_ + ++counter_ * 0x9E3779B97F4A7C15ull;
+    uint64_t z = words_[0] + ++words_[1] * 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
@@ -35,12 +35,14 @@ class Rng {
     uint64_t counter = 0;  // u64 draws made so far
     bool operator==(const State&) const = default;
   };
-  State state() const { return {seed_, counter_}; }
-  void set_state(State s) { seed_ = s.seed, counter_ = s.counter; }
+  State state() const { return {words_[0], words_[1]}; }
+  void set_state(State s) { words_[0] = s.seed, words_[1] = s.counter; }
+  // The state's two words (seed, counter) where the Rng keeps them: what a
+  // checkpoint entry reads and writes in place (nn::entry(name, Rng&)).
+  uint64_t* words() { return words_; }
 
  private:
-  uint64_t seed_;
-  uint64_t counter_ = 0;
+  uint64_t words_[2];  // seed, counter (u64 draws made so far)
 };
 
 }  // namespace segtape::nn
