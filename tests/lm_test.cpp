@@ -118,7 +118,7 @@ TEST(Lm, TokensAndBatchifyAreTheExamplesLayout) {
 // and the chunks' segment peaks repeat epoch after epoch; resumed from a
 // mid-run checkpoint, the run ends with the same parameters bit for bit.
 TEST(Lm, AShortRunLearnsBelowTheUnigramEntropyAndResumesBitIdentically) {
-  const Corpus& corpus = *load_corpus(kText.string(), "", "", Tokens::Chars, 0.1);
+  const Corpus corpus = *load_corpus(kText.string(), "", "", Tokens::Chars, 0.1);
   const int64_t epoch = int64_t(corpus.train.size()) / 8 - 1;  // (B = 8)
   ASSERT_EQ(epoch, 2249);
   const TrainConfig c = lm_config(kText.string(), 3 * epoch);
