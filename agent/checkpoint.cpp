@@ -41,6 +41,8 @@ void checkpoint_entries(const Context& t, const HistoryRunner& history, Checkpoi
   c.entries.push_back(nn::entry("state.h", state));
   c.entries.push_back(nn::entry("train.episode_return", std::span<float>(c.episode_return), n(c.episode_return)));
   c.entries.back().optional = true;
+  // --dropout: the masks' generator (save reads it, load writes it: one list of entries for both)
+  if (t.dropout) c.entries.push_back(nn::entry("train.dropout_rng", const_cast<nn::Rng&>(t.dropout->rng())));
   const std::span<const Tensor> carried = history.carried();
   for (size_t i = 0; i < carried.size(); ++i) c.entries.push_back(nn::entry("state.window." + std::to_string(i), carried[i]));
 }
@@ -118,6 +120,7 @@ void Trainer::save(const std::filesystem::path& file, const std::map<std::string
   if (rank() != 0) return;
   Checkpoint c;
   checkpoint_entries(t, *history_, c, t.h);
+  algo_->entries(c.entries);
   auto meta = t.config.to_metadata();
   meta["format"] = "segtape-train-1";
   algo_->save_metadata(meta);
@@ -267,6 +270,7 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
                           "in one segment, which no checkpoint holds");
   Checkpoint c;
   checkpoint_entries(t, *history_, c, t.h_home);
+  algo_->entries(c.entries);
   for (nn::Entry& e : extra) c.entries.push_back(std::move(e));
   std::fill(c.episode_return.begin(), c.episode_return.end(), 0.0f);  // what a checkpoint without them means
   // Is it a checkpoint of this configuration?
@@ -289,6 +293,9 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
     same(saved.batch == config_.batch && saved.hidden == config_.hidden && saved.embed == config_.embed,
          "--batch/--hidden/--embed");
     same(saved.env_shards == config_.env_shards, "--env-shards");
+    same(saved.cell == config_.cell && saved.layers == config_.layers && saved.dropout == config_.dropout && saved.tied == config_.tied &&
+             saved.optim == config_.optim,
+         "--cell/--layers/--dropout/--tied/--optim");
     const EnvOptions &so = saved.env_options, &o = config_.env_options;
     same(so.lag == o.lag && so.vocab == o.vocab && so.sparse == o.sparse && so.corridor == o.corridor && so.turns == o.turns &&
              so.cities == o.cities,

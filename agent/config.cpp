@@ -96,6 +96,8 @@ void lm_metadata(const TrainConfig& c, std::map<std::string, std::string>& m) {
   char split[40];
   m["data"] = o.data, m["valid"] = o.valid, m["test"] = o.test, m["tokens"] = o.tokens;
   m["split"] = std::string(split, std::to_chars(split, split + sizeof split, o.split).ptr);
+  m["cell"] = c.cell, m["layers"] = std::to_string(c.layers), m["tied"] = c.tied ? "1" : "0", m["optim"] = c.optim;
+  m["dropout"] = std::string(split, std::to_chars(split, split + sizeof split, c.dropout).ptr);
 }
 }  // namespace
 
@@ -212,6 +214,10 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
     c.env_options.data = get("data"), c.env_options.valid = get("valid"), c.env_options.test = get("test");
     c.env_options.tokens = get("tokens");
     c.env_options.split = f64("split");
+    c.cell = get("cell", "gru"), c.layers = i64("layers", "1"), c.dropout = f64("dropout", "0"), c.optim = get("optim", "adam");
+    const std::string tied = get("tied", "0");
+    if (tied != "0" && tied != "1") throw CheckpointError("checkpoint metadata 'tied' is '" + tied + "', not 0 or 1");
+    c.tied = tied == "1";
   }
   return c;
 }
@@ -234,7 +240,7 @@ void TrainConfig::validate() const {
   need(update_bias == 0 || hd.recurrent, std::string("--update-bias sets the GRU's update gate; --history ") + hd.syntax + " has no GRU");
   need(env_shards >= 1 && env_shards <= batch && batch % env_shards == 0,
        "--env-shards " + std::to_string(env_shards) + ": must be >= 1 and divide --batch " + std::to_string(batch));
-  need(std::isfinite(lr) && lr > 0 && lr < 10, "--lr must be a positive number below 10");
+  need(std::isfinite(lr) && lr > 0 && lr < (optim == "sgd" ? 1000 : 10), optim == "sgd" ? "--lr must be a positive number below 1000 (--optim sgd)" : "--lr must be a positive number below 10");
   need(std::isfinite(clip) && clip >= 0, "--clip must be >= 0 (0 turns clipping off)");
   need(device != "cuda" || !hd.grows,
        "--history " + history.str() + " keeps its run in one growing arena (the teaching policy), which is CPU-only: use "
@@ -257,6 +263,16 @@ void TrainConfig::validate() const {
     need(!env_options.valid.empty() || (env_options.split > 0 && env_options.split < 1),
          "--split must be in (0, 1): the fraction of --data's tokens kept for validation (or give --valid FILE)");
   }
+  need(cell == "gru" || cell == "lstm", "--cell '" + cell + "': choose gru or lstm");
+  need(layers >= 1 && layers <= 16, "--layers must be in [1, 16]");
+  need(std::isfinite(dropout) && dropout >= 0 && dropout < 1, "--dropout must be in [0, 1)");
+  need(optim == "adam" || optim == "adamw" || optim == "sgd", "--optim '" + optim + "': choose adam, adamw or sgd");
+  need(!tied || hidden == embed, "--tied shares the embeddings with the output layer: --hidden " + std::to_string(hidden) +
+                                     " must equal --embed " + std::to_string(embed) + " (as word_language_model requires)");
+  need(algo == Algo::Lm || (cell == "gru" && layers == 1 && dropout == 0 && !tied && optim == "adam"),
+       std::string("--cell, --layers, --dropout, --tied and --optim are --task lm's; --algo ") + algo_name(algo) +
+           " trains the agent's one-layer GRU with Adam");
+  need(update_bias == 0 || (cell == "gru" && layers == 1), "--update-bias sets the one-layer GRU's update gate (not --cell lstm or --layers > 1)");
   if (hd.validate) hd.validate(*this);
   const AlgorithmDef& ad = algorithm_def(algo);
   need(ad.flag, "--algo '" + std::string(ad.name) + "': not an algorithm --algo takes");

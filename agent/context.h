@@ -11,6 +11,7 @@
 #include "segtape/agent/env.h"
 #include "segtape/agent/policy.h"
 #include "segtape/nn/dist.h"
+#include "segtape/nn/layers.h"
 #include "segtape/nn/optim.h"
 #include "segtape/nn/random.h"
 #include "segtape/tape.h"
@@ -32,7 +33,8 @@ struct Context {
   nn::Rng init_rng, act_rng;  // the parameters' initialisation; the actions' sampling (and PPO's shuffles)
   Env* env = nullptr;         // the B streams (the Trainer's; evaluate's own while it runs)
   std::unique_ptr<Policy> policy;
-  std::unique_ptr<nn::Adam> optim;
+  std::unique_ptr<nn::Optimizer> optim;  // Adam (AdamW, or SGD: --task lm's --optim)
+  std::unique_ptr<nn::Dropout> dropout;  // --dropout > 0 (--task lm): the masks' generator (Step::feature)
   int64_t step = 0;                   // env steps taken
   Tensor h;                           // the GRU state [B, hidden]: carried between segments, or h_home
   Tensor h_home, eval_h;              // persistent homes of the training state and of evaluate's
@@ -51,6 +53,9 @@ struct Context {
   // loss: no step).
   void update(bool has_loss);
 
+  // The optimizer's learning rate, read and set whatever its kind.
+  double lr() const;
+  void set_lr(double lr);
   // Rank r's sampling seed (rank 0's: what one process has always used).
   static uint64_t act_seed(uint64_t seed, int rank);
 };

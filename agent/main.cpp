@@ -114,6 +114,13 @@ void add_env_and_algo_options(CLI::App* tr, TrainArgs& ta) {
       ->capture_default_str();
   tr->add_option("--tokens", ta.c.env_options.tokens, "lm: bytes, chars (UTF-8 code points) or words (split at whitespace, <eos> at each line's end)")
       ->capture_default_str();
+  tr->add_option("--cell", ta.c.cell, "lm: the recurrent cell, gru or lstm")->capture_default_str();
+  tr->add_option("--layers", ta.c.layers, "lm: recurrent layers (default 2 for --task lm)");
+  tr->add_option("--dropout", ta.c.dropout, "lm: dropout on the embeddings, between the layers and on the output (word_language_model's)")
+      ->capture_default_str();
+  tr->add_flag("--tied", ta.c.tied, "lm: the output layer's weights are the embeddings' (--hidden = --embed)")->multi_option_policy(kOnce);
+  tr->add_option("--optim", ta.c.optim, "lm: adam, adamw or sgd (sgd: the learning rate / 4 after an epoch whose validation loss did not improve)")
+      ->capture_default_str();
   tr->add_option("--lag", ta.c.env_options.lag, "recall: lag L")->capture_default_str();
   tr->add_flag("--sparse", ta.c.env_options.sparse,
                "recall: a token only every L steps (a blank between), a target only there: one token to hold, not L")
@@ -127,7 +134,7 @@ void add_env_and_algo_options(CLI::App* tr, TrainArgs& ta) {
   tr->add_option_function<std::string>("--algo", [&ta](const std::string& v) { ta.c.algo = segtape::agent::parse_algo(v); },
                  "What learns from the steps: " + segtape::agent::algo_help())->default_str("a2c");
   tr->add_option("--rollout", ta.c.rollout, "ppo: steps per stream per rollout")->capture_default_str();
-  tr->add_option("--epochs", ta.c.epochs, "ppo: passes over each rollout")->capture_default_str();
+  tr->add_option("--epochs", ta.c.epochs, "ppo: passes over each rollout; lm: passes over the text (instead of --steps; default 1)")->capture_default_str();
   tr->add_option("--minibatches", ta.c.minibatches, "ppo: minibatches of whole streams per pass (divides --batch)")->capture_default_str();
   tr->add_option("--clip-range", ta.c.clip_range, "ppo: the surrogate's clip epsilon")->capture_default_str();
   tr->add_option("--gae-lambda", ta.c.gae_lambda, "ppo: GAE lambda")->capture_default_str();

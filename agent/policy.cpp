@@ -1,9 +1,26 @@
 #include "segtape/agent/policy.h"
 
+#include <array>
 #include <cmath>
 #include <vector>
 
 namespace segtape::agent {
+namespace {
+// U(-bound, bound), float32 (word_language_model's init_weights).
+void fill_uniform(const Tensor& t, nn::Rng& rng, double bound) {
+  std::vector<float> v(size_t(t.numel()));
+  for (float& x : v) x = float(rng.uniform(-bound, bound));
+  t.from_host(std::span<const float>(v));
+}
+}  // namespace
+
+// --tied: the output layer's own bias, "head.bias" (its weight is the encoder's).
+struct Policy::TiedHead : nn::Module {
+  TiedHead(Tape& t, int64_t n) : Module(t), bias(register_parameter("bias", {n})) {}
+  Tensor bias;
+};
+
+Policy::~Policy() = default;
 
 Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& s) : Module(tape), shape_(s) {
   if (s.embed < 1 || s.hidden < 1) throw Error("policy: embed and hidden sizes must be >= 1");
@@ -16,7 +33,13 @@ Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& 
     vector_encoder_ = std::make_unique<nn::Linear>(tape, rng, env.obs_dim, s.embed);
     register_module("encoder", *vector_encoder_);
   }
-  if (s.window > 0) {
+  if (s.stacked() && (s.window > 0 || s.update_bias != 0 || (s.tied && (env.vocab == 0 || s.hidden != s.embed))))
+    throw Error("policy: a stack of layers recurs (no window), has no update_bias, and ties its output to token embeddings of its hidden size");
+  if (s.lm_init) fill_uniform(token_encoder_ ? token_encoder_->weight : vector_encoder_->weight, rng, 0.1);
+  if (s.stacked()) {
+    if (s.lstm) register_module("rnn", *(lstm_stack_ = std::make_unique<nn::LSTM>(tape, rng, s.embed, s.hidden, s.layers)));
+    else register_module("rnn", *(gru_stack_ = std::make_unique<nn::GRU>(tape, rng, s.embed, s.hidden, s.layers)));
+  } else if (s.window > 0) {
     compress_ = std::make_unique<nn::Linear>(tape, rng, s.window * s.embed, s.hidden);
     register_module("compress", *compress_);
   } else {
@@ -28,8 +51,18 @@ Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& 
     }
     register_module("gru", *gru_);
   }
-  head_ = std::make_unique<nn::Linear>(tape, rng, s.hidden, env.num_actions);
-  register_module("head", *head_);
+  if (s.tied) {  // the output layer's weight is the encoder's [vocab, embed]; its bias is its own, zero (the example's)
+    tied_ = std::make_unique<TiedHead>(tape, env.num_actions);
+    register_module("head", *tied_);
+  } else {
+    head_ = std::make_unique<nn::Linear>(tape, rng, s.hidden, env.num_actions);
+    register_module("head", *head_);
+    if (s.lm_init) {
+      fill_uniform(head_->weight, rng, 0.1);
+      const std::vector<float> zero(size_t(env.num_actions), 0.0f);
+      head_->bias.from_host(std::span<const float>(zero));
+    }
+  }
   if (s.value_head) {
     value_ = std::make_unique<nn::Linear>(tape, rng, s.hidden, 1);
     register_module("value", *value_);
@@ -39,9 +72,11 @@ Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& 
 int64_t Policy::parameters_for(const EnvSpec& env, const PolicyShape& s) {
   auto linear = [](int64_t in, int64_t out) { return in * out + out; };
   int64_t n = env.vocab > 0 ? env.vocab * s.embed : linear(env.obs_dim, s.embed);  // encoder
-  n += s.window > 0 ? linear(s.window * s.embed, s.hidden)                           // compress
-                    : 3 * s.hidden * (s.embed + s.hidden) + 6 * s.hidden;            // gru
-  n += linear(s.hidden, env.num_actions);                                              // head
+  const int64_t gates = s.lstm ? 4 : 3;
+  n += s.window > 0 ? linear(s.window * s.embed, s.hidden)                                        // compress
+                    : gates * s.hidden * (s.embed + s.hidden) + 2 * gates * s.hidden +             // gru / rnn layer 0
+                          (s.layers - 1) * (gates * s.hidden * 2 * s.hidden + 2 * gates * s.hidden);  // rnn layers 1...
+  n += s.tied ? env.num_actions : linear(s.hidden, env.num_actions);                                // head
   if (s.value_head) n += linear(s.hidden, 1);                                          // value
   return n;
 }
@@ -49,6 +84,42 @@ int64_t Policy::parameters_for(const EnvSpec& env, const PolicyShape& s) {
 Tensor Policy::encode(const Tensor& obs) const {
   if (token_encoder_) return (*token_encoder_)(obs);
   return tanh((*vector_encoder_)(obs));
+}
+
+Tensor Policy::recur_stack(const Tensor& e, const Tensor& h, std::span<const Tensor> between) const {
+  const int64_t H = shape_.hidden, L = shape_.layers, w = shape_.lstm ? 2 * H : H;
+  if (h.rank() != 2 || h.dim(1) != L * w)
+    throw ShapeError("policy: the state " + h.describe() + " must be [B, " + std::to_string(L * w) + "] (" + std::to_string(L) +
+                     (shape_.lstm ? " LSTM" : " GRU") + " layers of " + std::to_string(H) + ")");
+  if (!between.empty() && int64_t(between.size()) != L - 1)
+    throw ShapeError("policy: " + std::to_string(between.size()) + " dropout masks between " + std::to_string(L) + " layers");
+  std::array<Tensor, 16> next;  // (layers <= 16: TrainConfig::validate)
+  Tensor x = e;
+  for (int64_t l = 0; l < L; ++l) {
+    const Tensor s = L == 1 && !shape_.lstm ? h : slice(h, 1, l * w, w);
+    if (shape_.lstm) {
+      const auto& W = lstm_stack_->layers()[size_t(l)];
+      const Tensor st = lstm_cell(x, lstm_state(slice(s, 1, 0, H), slice(s, 1, H, H)), W.weight_ih, W.weight_hh, W.bias_ih, W.bias_hh);
+      x = lstm_h(st);
+      next[size_t(l)] = concat({x, lstm_c(st)}, 1);
+    } else {
+      const auto& W = gru_stack_->layers()[size_t(l)];
+      x = next[size_t(l)] = gru_cell(x, s, W.weight_ih, W.weight_hh, W.bias_ih, W.bias_hh);
+    }
+    if (l + 1 < L && !between.empty()) x = mul(x, between[size_t(l)]);
+  }
+  return concat(std::span<const Tensor>(next.data(), size_t(L)), 1);
+}
+
+Tensor Policy::output(const Tensor& state) const {
+  if (gru_ || !shape_.stacked()) return state;
+  const int64_t H = shape_.hidden, w = shape_.lstm ? 2 * H : H;
+  return shape_.layers == 1 && !shape_.lstm ? state : slice(state, 1, (shape_.layers - 1) * w, H);
+}
+
+Tensor Policy::logits(const Tensor& feature) const {
+  if (tied_) return add(matmul(feature, token_encoder_->weight, false, true), tied_->bias);
+  return (*head_)(feature);
 }
 
 Tensor Policy::compress(std::span<const Tensor> window) const { return tanh((*compress_)(concat(window, 1))); }

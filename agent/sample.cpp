@@ -42,7 +42,7 @@ void sample(const std::filesystem::path& checkpoint, const SampleOptions& o, con
   };
   if (ids.empty()) ids.push_back(int32_t(draw.next_u64() % uint64_t(V)));  // (no prompt: a first token at random)
   std::vector<float> probs(static_cast<size_t>(V));
-  Tensor h = tape.persistent({1, c.hidden});
+  Tensor h = tape.persistent({1, c.state_size()});
   int64_t next = -1;
   for (int64_t t = 0; t < int64_t(ids.size()) + o.length; t += 64) {  // segments of 64 tokens, the state carried between them
     Segment seg = tape.segment();
@@ -55,7 +55,7 @@ void sample(const std::filesystem::path& checkpoint, const SampleOptions& o, con
       const int64_t one = tok;
       state = policy.recur(policy.encode(tape.from(std::span<const int64_t>(&one, 1), {1})), state);
       if (i + 1 < int64_t(ids.size())) continue;  // (the prompt's tokens: read, not drawn)
-      softmax(scale(policy.logits(state), 1.0 / o.temperature)).to_host(std::span<float>(probs));
+      softmax(scale(policy.logits(policy.output(state)), 1.0 / o.temperature)).to_host(std::span<float>(probs));
       double u = draw.uniform(), acc = 0;
       next = V - 1;
       for (int64_t k = 0; k < V; ++k)

@@ -51,8 +51,10 @@ TapeOptions tape_options(const TrainConfig& c) {
 }
 
 PolicyShape policy_shape(const TrainConfig& c, const EnvSpec& spec) {
-  return {c.embed, c.hidden, history_def(c.history.kind).recurrent ? 0 : c.history.window, algorithm_def(c.learner(spec)).value_head,
-          c.update_bias};
+  PolicyShape s{c.embed, c.hidden, history_def(c.history.kind).recurrent ? 0 : c.history.window, algorithm_def(c.learner(spec)).value_head,
+                c.update_bias};
+  s.lstm = c.cell == "lstm", s.layers = c.layers, s.tied = c.tied, s.lm_init = c.algo == Algo::Lm;
+  return s;
 }
 
 // A lower bound of what one step keeps in the arena: its observation (the
@@ -68,7 +70,7 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
   e.observation_bytes = spec.obs_dim > 0 ? f32(B * size_t(spec.obs_dim)) : align_up(B * sizeof(int64_t));
   e.step_bytes = e.observation_bytes + f32(B * E) + f32(B * A);             // observation, embedding, logits
   if (shape.window > 0) e.step_bytes += f32(B * size_t(shape.window) * E) + 2 * f32(B * H);  // concat, linear, tanh
-  else e.step_bytes += f32(B * H) + f32(4 * B * H);                                          // GRU output + saved gates
+  else e.step_bytes += size_t(shape.layers) * (f32(B * H) + f32(4 * B * H));                  // each layer's output + saved gates
   if (shape.value_head) e.step_bytes += f32(B);
   const size_t steps = history_def(c.history.kind).grows ? 1 : size_t(c.history.k);
   e.segment_bytes = e.step_bytes * steps;

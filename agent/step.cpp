@@ -1,6 +1,7 @@
 #include "step.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "history/history.h"
@@ -17,7 +18,7 @@ Step::Step(Context& c, HistoryRunner& history) : c_(c), history_(history), B_(c.
   rewards.assign(B, 0.0f);
   done.assign(B, 0);
   rows.assign(B * size_t(A_), 0.0f);
-  reset_mask_.assign(B * size_t(c.config.hidden), 0.0f);
+  reset_mask_.assign(B * size_t(c.config.state_size()), 0.0f);
 }
 
 Tensor Step::observe() {
@@ -47,6 +48,21 @@ Tensor Step::observation(std::span<const int64_t> tok, std::span<const float> ve
 
 Recurred Step::feature(const Tensor& obs, const Tensor& h, bool commit) const {
   return history_.recur(c_.policy->encode(obs), h, commit);
+}
+
+Recurred Step::feature(Tape& t, const Tensor& obs, const Tensor& h, replay::Inputs& in) {
+  if (!c_.dropout) return feature(obs, h);
+  // word_language_model's dropout: on the embeddings, between the layers, on
+  // the last layer's output; the step's masks one input, drawn the first
+  // time it runs and the record's when it runs again.
+  const int64_t E = c_.config.embed, H = c_.config.hidden, L = c_.config.layers;
+  const std::span<const float> m = in.take<float>(size_t(B_ * (E + L * H)), [&](std::span<float> v) { c_.dropout->mask(v); });
+  const auto part = [&](int64_t at, int64_t w) { return t.from(m.subspan(size_t(B_ * at), size_t(B_ * w)), {B_, w}); };
+  std::array<Tensor, 16> between;
+  for (int64_t l = 0; l + 1 < L; ++l) between[size_t(l)] = part(E + l * H, H);
+  Recurred r = history_.recur(mul(c_.policy->encode(obs), part(0, E)), h, true, std::span<const Tensor>(between.data(), size_t(L - 1)));
+  r.feature = mul(r.feature, part(E + (L - 1) * H, H));
+  return r;
 }
 
 int64_t Step::argmax_row(const float* p, int64_t n) {

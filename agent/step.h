@@ -38,6 +38,9 @@ class Step {
   // encode -> the history's recurrence from h. commit false: a look ahead
   // that leaves the history's own state as it is (a bootstrap value).
   Recurred feature(const Tensor& obs, const Tensor& h, bool commit = true) const;
+  // The same in a training step, with the run's dropout (--dropout) where it
+  // has one: the step's masks through its inputs, so a replay applies them again.
+  Recurred feature(Tape& t, const Tensor& obs, const Tensor& h, replay::Inputs& in);
   Tensor logits(const Tensor& feature) const { return c_.policy->logits(feature); }
   Tensor log_probs(const Tensor& feature) const { return log_softmax(c_.policy->logits(feature)); }  // [B, A]
   Tensor value(const Tensor& feature) const { return c_.policy->value(feature); }                  // [B, 1]
@@ -70,7 +73,7 @@ class Step {
   Context& c_;
   HistoryRunner& history_;
   int64_t B_, A_;
-  std::vector<float> reset_mask_;  // [B, hidden] (reset_finished)
+  std::vector<float> reset_mask_;  // [B, state_size] (reset_finished)
 };
 
 }  // namespace segtape::agent

@@ -44,9 +44,12 @@ Parts build(Context& c) {
   const TrainConfig& cf = c.config;
   const EnvSpec& spec = c.env->spec();
   c.policy = std::make_unique<Policy>(*c.tape, c.init_rng, spec, policy_shape(cf, spec));
-  c.optim = std::make_unique<nn::Adam>(*c.policy, nn::AdamOptions{.lr = cf.lr, .capturable = c.graph});
-  c.h = c.h_home = c.tape->persistent({cf.batch, cf.hidden});
-  c.eval_h = c.tape->persistent({cf.batch, cf.hidden});
+  if (cf.optim == "sgd") c.optim = std::make_unique<nn::SGD>(*c.policy, nn::SGDOptions{.lr = cf.lr});
+  else if (cf.optim == "adamw") c.optim = std::make_unique<nn::AdamW>(*c.policy, nn::AdamWOptions{.lr = cf.lr, .capturable = c.graph});
+  else c.optim = std::make_unique<nn::Adam>(*c.policy, nn::AdamOptions{.lr = cf.lr, .capturable = c.graph});
+  if (cf.dropout > 0) c.dropout = std::make_unique<nn::Dropout>(*c.tape, cf.dropout, Context::act_seed(cf.seed, c.rank()) ^ 0xd20u);
+  c.h = c.h_home = c.tape->persistent({cf.batch, cf.state_size()});
+  c.eval_h = c.tape->persistent({cf.batch, cf.state_size()});
   if (c.graph) c.clip_sq = c.tape->persistent({1}, DType::F64);  // the capturable clip's squared norm
   c.episode_return.assign(size_t(cf.batch), 0.0f);
   Parts p;
@@ -69,7 +72,7 @@ void size_device_pools(TapeOptions& o, const Context& real) {
   count.graph = real.graph;
   const Parts parts = build(count);  // (the values do not matter, only the sizes)
   o.device_persistent = count.tape->stats().persistent_bytes;
-  const size_t state = align_up(size_t(real.config.batch * real.config.hidden) * sizeof(float));
+  const size_t state = align_up(size_t(real.config.batch * real.config.state_size()) * sizeof(float));
   o.device_carry = std::max(o.device_carry, 2 * state + (size_t(1) << 20));
 }
 
@@ -87,6 +90,16 @@ struct Busy {
   Busy& operator=(const Busy&) = delete;
 };
 }  // namespace
+
+double Context::lr() const {
+  if (const auto* sgd = dynamic_cast<const nn::SGD*>(optim.get())) return sgd->options().lr;
+  return static_cast<const nn::Adam&>(*optim).options().lr;
+}
+
+void Context::set_lr(double lr) {
+  if (auto* sgd = dynamic_cast<nn::SGD*>(optim.get())) sgd->options().lr = lr;
+  else static_cast<nn::Adam&>(*optim).options().lr = lr;
+}
 
 uint64_t Context::act_seed(uint64_t seed, int rank) {
   return rank == 0 ? seed ^ 0xac7u : splitmix64((seed ^ 0xac7u) + uint64_t(rank));
@@ -189,7 +202,7 @@ bool Trainer::stop_agreed() const { return c_->avg ? c_->stop_agreed : c_->stop_
 bool Trainer::done() const { return c_->step >= c_->config.steps; }
 int64_t Trainer::step() const { return c_->step; }
 size_t Trainer::budget() const { return applied_budget(c_->config); }
-double Trainer::lr() const { return c_->optim->options().lr; }
+double Trainer::lr() const { return c_->lr(); }
 const Tensor& Trainer::state() const { return c_->h; }
 Tape& Trainer::tape() { return *c_->tape; }
 Policy& Trainer::policy() { return *c_->policy; }

@@ -14,6 +14,7 @@
 #include "segtape/agent/sample.h"
 #include "segtape/agent/trainer.h"
 
+#include "../agent/sizing.h"
 #include "../agent/task/corpus.h"
 #include "process.h"
 
@@ -160,16 +161,64 @@ TEST(Lm, AShortRunLearnsBelowTheUnigramEntropyAndResumesBitIdentically) {
   fs::remove_all(ck.parent_path());
 }
 
+// word_language_model's other models: two LSTM layers with dropout (on the
+// embeddings, between the layers, on the output) and the output layer tied
+// to the embeddings, trained with SGD and its schedule; and the same with
+// exact BPTT, whose replays must apply the masks the first pass drew (the
+// replay driver checks every recomputed boundary state bit for bit). Each
+// learns below the unigram entropy (SGD with tbptt, Adam with exact) and resumes bit-identically (the masks'
+// generator and the schedule are in the checkpoint); a policy's parameter
+// count is what Policy::parameters_for says without building it.
+TEST(Lm, LstmStacksWithDropoutAndTiedWeightsLearnAndResume) {
+  const Corpus corpus = *load_corpus(kText.string(), "", "", Tokens::Chars, 0.1);
+  std::map<int32_t, double> counts;
+  for (int32_t t : corpus.valid) counts[t] += 1;
+  double entropy = 0;
+  for (const auto& [t, n] : counts) entropy -= n / double(corpus.valid.size()) * std::log(n / double(corpus.valid.size()));
+  for (const char* history : {"tbptt:16", "exact:8/32"}) {
+    SCOPED_TRACE(history);
+    TrainConfig c = lm_config(kText.string(), 2 * 2249);
+    c.history = History::parse(history);
+    c.cell = "lstm", c.layers = 2, c.dropout = 0.2, c.tied = true, c.hidden = c.embed = 64;
+    if (c.history.kind == History::Kind::Tbptt) c.optim = "sgd", c.lr = 4, c.clip = 0.25;  // (exact: fewer updates, Adam's 1e-2)
+    Trainer tr(c), first(c);
+    EXPECT_EQ(tr.policy().parameter_count(),
+              Policy::parameters_for(tr.env().spec(), policy_shape(c, tr.env().spec())));
+    const auto names = tr.policy().named_parameters();
+    EXPECT_TRUE(std::any_of(names.begin(), names.end(), [](const auto& n) { return n.first == "rnn.weight_hh_l1"; }));
+    EXPECT_TRUE(std::none_of(names.begin(), names.end(), [](const auto& n) { return n.first == "head.weight"; })) << "tied";
+    double valid = 0;
+    while (!tr.done()) {
+      const UpdateResult r = tr.run_segment();
+      if (r.metric("valid_loss") > 0) valid = r.metric("valid_loss");
+    }
+    EXPECT_LT(valid, 0.9 * entropy) << "unigram entropy " << entropy;
+    const fs::path ck = scratch("stack.safetensors");
+    while (first.step() < 3000) first.run_segment();
+    first.save(ck);
+    Trainer second(Trainer::read_config(ck));
+    second.load(ck);
+    while (!second.done()) second.run_segment();
+    EXPECT_EQ(params_of(second), params_of(tr));
+    EXPECT_EQ(second.lr(), tr.lr());
+  }
+}
+
 // After the first chunk, training allocates nothing on the heap, the
 // epoch's end (its validation) included.
+// (The one-layer GRU, and a stack of LSTM layers with dropout masks.)
 TEST(Lm, NoHeapAllocationAfterTheFirstChunk) {
-  Trainer tr(lm_config(kText.string(), 2249 + 64));
-  tr.run_segment();
-  const uint64_t before = alloc_hook::count();
-  alloc_hook::enable(true);
-  while (!tr.done()) tr.run_segment();
-  alloc_hook::enable(false);
-  EXPECT_EQ(alloc_hook::count() - before, 0u);
+  TrainConfig stack = lm_config(kText.string(), 2249 + 64);
+  stack.cell = "lstm", stack.layers = 2, stack.dropout = 0.3;
+  for (const TrainConfig& c : {lm_config(kText.string(), 2249 + 64), stack}) {
+    Trainer tr(c);
+    tr.run_segment();
+    const uint64_t before = alloc_hook::count();
+    alloc_hook::enable(true);
+    while (!tr.done()) tr.run_segment();
+    alloc_hook::enable(false);
+    EXPECT_EQ(alloc_hook::count() - before, 0u) << c.cell;
+  }
 }
 
 TEST(Lm, BadInputNamesTheFileAndWhatIsWrong) {
@@ -194,6 +243,14 @@ TEST(Lm, BadInputNamesTheFileAndWhatIsWrong) {
   TrainConfig words = lm_config(kText.string(), 10);
   words.env_options.tokens = "sentences";
   EXPECT_NE(refused(words).find("--tokens 'sentences'"), std::string::npos);
+  TrainConfig model = lm_config(kText.string(), 10);
+  model.cell = "rnn";
+  EXPECT_NE(refused(model).find("--cell 'rnn': choose gru or lstm"), std::string::npos);
+  model.cell = "lstm", model.tied = true;
+  EXPECT_NE(refused(model).find("--tied shares the embeddings with the output layer: --hidden 64 must equal --embed 32"), std::string::npos);
+  TrainConfig gru_agent;
+  gru_agent.layers = 2;
+  EXPECT_NE(refused(gru_agent).find("--cell, --layers, --dropout, --tied and --optim are --task lm's"), std::string::npos);
   TrainConfig recall;
   recall.algo = Algo::Lm;
   EXPECT_NE(refused(recall).find("--algo lm learns a text corpus: --task lm --data FILE"), std::string::npos);

@@ -13,7 +13,7 @@ SEGTAPE_ALGORITHMS(SEGTAPE_DECLARE)
 replay::StepResult cross_entropy_step(Context& c, Step& step, Tape& t, const Tensor& h, replay::Inputs& in, double scale,
                                       int64_t& loss_steps) {
   const int64_t B = step.batch();
-  const Recurred r = step.feature(step.observe(t, in), h);
+  const Recurred r = step.feature(t, step.observe(t, in), h, in);
   const Tensor logits = step.logits(r.feature);
   auto y = in.take<int64_t>(size_t(B), [&](std::span<int64_t> v) { c.env->targets(v); });
   Tensor loss;

@@ -12,9 +12,11 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "../history/history.h"
 #include "segtape/agent/trainer.h"
+#include "segtape/nn/checkpoint.h"
 
 namespace segtape::agent {
 
@@ -34,6 +36,10 @@ class Algorithm {
   // What a checkpoint keeps of the algorithm's besides the trainer's state
   // (a language model's vocabulary), as metadata.
   virtual void save_metadata(std::map<std::string, std::string>& /*meta*/) const {}
+  // Host values of the algorithm's own that a checkpoint keeps (a learning
+  // rate schedule's), as entries over its buffers: a save reads them, a load
+  // writes them (then loaded()).
+  virtual void entries(std::vector<nn::Entry>& /*e*/) {}
 
  protected:
   Context& c_;

@@ -8,8 +8,13 @@
 // the state carried over the whole part, as the example's evaluate()): its
 // loss in nats per token, its perplexity and bits per token; at the run's end
 // the test part too, where there is one. Reported as the algorithm's figures.
+// With --optim sgd the learning rate is divided by 4 after each epoch whose
+// validation loss is not below the best so far (the example's schedule).
 #include <array>
+#include <chrono>
 #include <cmath>
+#include <cstring>
+#include <limits>
 
 #include "../task/corpus.h"
 #include "algorithm.h"
@@ -43,6 +48,19 @@ class Lm : public Algorithm {
 
   void save_metadata(std::map<std::string, std::string>& meta) const override { meta[kVocabKey] = corpus_->vocab.to_json(); }
 
+  // --optim sgd: the schedule's learning rate and best validation loss (doubles, bit for bit)
+  void entries(std::vector<nn::Entry>& e) override {
+    if (c_.config.optim != "sgd") return;
+    std::memcpy(schedule_.data(), &lr_, 8), std::memcpy(schedule_.data() + 1, &best_, 8);
+    e.push_back(nn::entry("lm.schedule", std::span<int64_t>(schedule_), {2}));
+  }
+  void loaded() override {
+    if (c_.config.optim != "sgd") return;
+    std::memcpy(&lr_, schedule_.data(), 8), std::memcpy(&best_, schedule_.data() + 1, 8);
+    if (!(lr_ > 0 && lr_ <= c_.config.lr) || std::isnan(best_)) throw CheckpointError("lm.schedule out of range: a damaged checkpoint?");
+    c_.set_lr(lr_);
+  }
+
   UpdateResult update(int64_t remaining) override {
     // A chunk of K steps, cut at the epoch's end.
     const int64_t n = std::min({c_.config.history.span(), remaining, epoch_ - c_.step % epoch_});
@@ -54,7 +72,9 @@ class Lm : public Algorithm {
       return cross_entropy_step(c_, step_, t, h, in, scale, loss_steps_);
     };
     s.update = [this] { c_.update(loss_steps_ > 0); };
+    const auto t0 = std::chrono::steady_clock::now();
     UpdateResult r = result_of(n, history_.run(s, n));
+    train_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), trained_ += n;
     r.loss_sum *= double(n);  // (the steps' mean losses, each read scaled by 1/n)
     r.loss_steps = loss_steps_;
     size_t m = 0;
@@ -62,7 +82,17 @@ class Lm : public Algorithm {
       copy_into(c_.h_home, c_.h);  // (the carried state would expire in the evaluation's segments)
       c_.h = c_.h_home;
     }
-    if (c_.step % epoch_ == 0) m = report(EnvOptions::Part::Valid, m);
+    if (c_.step % epoch_ == 0) {
+      m = report(EnvOptions::Part::Valid, m);
+      // The training's speed since the last epoch's end: its chunks alone (no evaluation, checkpoint or log)
+      metrics_[m++] = {"train_tokens_per_s", train_seconds_ > 0 ? double(trained_ * c_.config.batch) / train_seconds_ : 0.0};
+      train_seconds_ = 0, trained_ = 0;
+      if (c_.config.optim == "sgd") {  // the example's: lr / 4 when the validation loss did not improve
+        if (metrics_[0].value < best_) best_ = metrics_[0].value;
+        else c_.set_lr(lr_ /= 4);
+        metrics_[m++] = {"lr", lr_};
+      }
+    }
     if (n == remaining && !corpus_->test.empty()) m = report(EnvOptions::Part::Test, m);
     r.metrics = std::span<const Metric>(metrics_).first(m);
     return r;
@@ -113,7 +143,11 @@ class Lm : public Algorithm {
   std::shared_ptr<const Corpus> corpus_;
   int64_t epoch_ = 0;  // steps per epoch: the training part's tokens per stream, less one
   int64_t loss_steps_ = 0;
-  std::array<Metric, 6> metrics_{};
+  std::array<Metric, 8> metrics_{};
+  double train_seconds_ = 0;  // the chunks' time since the last report, and their steps
+  int64_t trained_ = 0;
+  double lr_ = c_.config.lr, best_ = std::numeric_limits<double>::infinity();  // --optim sgd's schedule
+  std::array<int64_t, 2> schedule_{};  // (their bits in a checkpoint)
   Tensor eval_h_;  // the evaluation's state [10, hidden] (persistent)
   std::vector<float> eval_zero_;
   std::vector<int64_t> eval_tokens_, eval_targets_;

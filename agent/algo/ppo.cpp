@@ -97,7 +97,7 @@ UpdateResult Ppo::update(int64_t remaining) {
   const int64_t n = std::min(c_.config.rollout, remaining);
   if (n <= 0) return r;
   // The learning rate of this iteration's updates: a function of the step, so a resumed run has it too.
-  if (c_.config.lr_schedule == "linear") c_.optim->options().lr = c_.config.lr * (1.0 - double(c_.step) / double(c_.config.steps));
+  if (c_.config.lr_schedule == "linear") c_.set_lr(c_.config.lr * (1.0 - double(c_.step) / double(c_.config.steps)));
   rollout(n, r);
   buf_.compute_advantages(n, c_.config.gamma, c_.config.gae_lambda);
   // The order starts afresh each iteration, so that it is a function of act_rng alone (which checkpoints keep).

@@ -35,7 +35,7 @@ void Logger::update(const UpdateResult& r) {
   open_.loss_steps += r.loss_steps;
   open_.return_sum += r.return_sum;
   open_.episodes += r.episodes;
-  for (const segtape::agent::Metric& m : r.metrics) algo_last_[m.name] = m.value;
+  for (const segtape::agent::Metric& m : r.metrics) algo_last_[m.name] = m.value, algo_series_[m.name].emplace_back(tr_.step(), m.value);
   if (r.loss_steps && !r.metrics.empty()) {
     AlgoFigures f{.algo = kind_.algo};
     for (const segtape::agent::Metric& m : r.metrics)
@@ -119,8 +119,10 @@ void ProgressBar::update(const Update& u) {
   const int filled = int(double(width) * double(u.step) / double(total_));
   std::string bar(size_t(filled), '#');
   bar += std::string(size_t(width - filled), '-');
-  std::fprintf(stderr, "\r[%s] %ld/%ld %3.0f%% | %.0f steps/s | loss %.4f | %s %.1f%% | segment %s   ", bar.c_str(), u.step,
-               total_, 100.0 * double(u.step) / double(total_), u.steps_per_s, u.loss, measure_.c_str(), 100 * u.score,
+  char tokens[48] = "";
+  if (tokens_) std::snprintf(tokens, sizeof tokens, " (%.0f tokens/s)", u.steps_per_s * double(tokens_));
+  std::fprintf(stderr, "\r[%s] %ld/%ld %3.0f%% | %.0f steps/s%s | loss %.4f | %s %.1f%% | segment %s   ", bar.c_str(), u.step,
+               total_, 100.0 * double(u.step) / double(total_), u.steps_per_s, tokens, u.loss, measure_.c_str(), 100 * u.score,
                segtape::format_bytes(u.peak).c_str());
   std::fflush(stderr);
 }
@@ -128,9 +130,11 @@ void ProgressBar::update(const Update& u) {
 void ProgressBar::training_end() { std::fputc('\n', stderr); }
 
 void ConsoleRows::row(const Row& r, const std::optional<AlgoFigures>&) {
-  std::printf("step %ld/%ld  loss %s  %s %s  segment peak %s  rss %s  %.0f steps/s\n", r.step, total_,
+  char tokens[48] = "";
+  if (tokens_) std::snprintf(tokens, sizeof tokens, " (%.0f tokens/s)", r.steps_per_s * double(tokens_));
+  std::printf("step %ld/%ld  loss %s  %s %s  segment peak %s  rss %s  %.0f steps/s%s\n", r.step, total_,
               loss_text(r, "none", "{:.4f}").c_str(), measure_.c_str(), score_text(r.score).c_str(),
-              segtape::format_bytes(r.segment_peak).c_str(), segtape::format_bytes(r.rss).c_str(), r.steps_per_s);
+              segtape::format_bytes(r.segment_peak).c_str(), segtape::format_bytes(r.rss).c_str(), r.steps_per_s, tokens);
 }
 
 void MetricsCsvLog::claim() {

@@ -62,7 +62,7 @@ struct Update {
 // rate at a row, under the algorithm's name: for an algorithm that reports any.
 struct AlgoFigures {
   const char* algo = "";
-  std::array<segtape::agent::Metric, 4> metrics{};
+  std::array<segtape::agent::Metric, 8> metrics{};
   size_t n = 0;
   double lr = 0;
 };
@@ -118,6 +118,9 @@ class Logger {
   // Each figure of the algorithm's own (UpdateResult::metrics) as it last
   // reported it: a language model's validation and test loss, PPO's KL.
   const std::map<std::string, double>& algo_figures() const { return algo_last_; }
+  // Every report of each of them this process saw: (step, value), in order
+  // (a language model's validation loss at each epoch's end).
+  const std::map<std::string, std::vector<std::pair<int64_t, double>>>& algo_series() const { return algo_series_; }
   size_t node_peak() const { return node_peak_; }
   // exact: step evaluations (forward pass and replays), the steps they
   // covered, and the most bytes of boundary states kept.
@@ -140,30 +143,34 @@ class Logger {
   int64_t steps_run_ = 0, steps_done_ = 0;
   std::optional<AlgoFigures> figures_;
   std::map<std::string, double> algo_last_;
+  std::map<std::string, std::vector<std::pair<int64_t, double>>> algo_series_;
 };
 
 // The progress bar on a terminal's stderr, redrawn at most every 100 ms.
 class ProgressBar : public Sink {
  public:
-  ProgressBar(int64_t total, std::string measure) : total_(total), measure_(std::move(measure)) {}
+  // tokens: the tokens a step reads (a language model's batch), 0: none shown
+  ProgressBar(int64_t total, std::string measure, int64_t tokens = 0) : total_(total), measure_(std::move(measure)), tokens_(tokens) {}
   void update(const Update& u) override;
   void training_end() override;
 
  private:
   int64_t total_;
   std::string measure_;
+  int64_t tokens_;
   Clock::time_point last_{};
 };
 
 // A line on stdout per row, where no progress bar is drawn.
 class ConsoleRows : public Sink {
  public:
-  ConsoleRows(int64_t total, std::string measure) : total_(total), measure_(std::move(measure)) {}
+  ConsoleRows(int64_t total, std::string measure, int64_t tokens = 0) : total_(total), measure_(std::move(measure)), tokens_(tokens) {}
   void row(const Row& r, const std::optional<AlgoFigures>&) override;
 
  private:
   int64_t total_;
   std::string measure_;
+  int64_t tokens_;  // as ProgressBar's
 };
 
 // metrics.csv, from the run's first write on. --force takes the folder when

@@ -146,7 +146,12 @@ json metrics_json(const RunEnd& e) {
   add_finals(j, e);
   add_memory(j, e);
   add_process(j, e);
-  if (!e.log.algo_figures().empty()) j[segtape::agent::algo_name(e.c.algo)] = e.log.algo_figures();  // the algorithm's own, as last reported
+  if (!e.log.algo_figures().empty()) {
+    const std::string algo = segtape::agent::algo_name(e.c.algo);
+    j[algo] = e.log.algo_figures();  // the algorithm's own, as last reported
+    for (const auto& [name, points] : e.log.algo_series())  // and every report of them (this process's)
+      for (const auto& [step, value] : points) j[algo + "_series"][name].push_back({step, value});
+  }
   j["complete"] = e.stopped.empty();
   if (e.signal_stop()) j["interrupted"] = e.stopped;
   if (!e.eval_stopped.empty()) j["interrupted"] = e.eval_stopped + " during the final evaluation";

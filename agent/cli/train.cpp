@@ -194,8 +194,9 @@ std::function<void()> add_sinks(Logger& log, const Plan& p, const TrainArgs& a, 
   std::function<void()> claim = [csv = csv.get()] { csv->claim(); };
   log.add(std::move(csv));
   if (tb) log.add(std::move(tb));
-  if (isatty(STDERR_FILENO)) log.add(std::make_unique<ProgressBar>(p.c.steps, spec.measure));
-  else log.add(std::make_unique<ConsoleRows>(p.c.steps, spec.measure));
+  const int64_t tokens = p.c.algo == segtape::agent::Algo::Lm ? p.c.batch : 0;  // (a language model's step reads B tokens)
+  if (isatty(STDERR_FILENO)) log.add(std::make_unique<ProgressBar>(p.c.steps, spec.measure, tokens));
+  else log.add(std::make_unique<ConsoleRows>(p.c.steps, spec.measure, tokens));
   log.add(std::make_unique<RunSummary>(claim));
   if (!a.force || p.resume) claim();
   return claim;

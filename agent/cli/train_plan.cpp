@@ -62,15 +62,17 @@ void read_resumed(Plan& p, const TrainArgs& a, const Given& given) {
   p.c.budget_name = "--budget";
   for (const char* opt : {"--env", "--task", "--data", "--valid", "--test", "--split", "--tokens", "--history", "--batch", "--hidden", "--embed", "--update-bias", "--lag", "--sparse", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget",
                           "--gamma", "--entropy", "--algo", "--rollout", "--epochs", "--minibatches", "--clip-range", "--gae-lambda",
-                          "--lr-schedule", "--env-shards", "--clip", "--out", "--force"})
+                          "--lr-schedule", "--env-shards", "--clip", "--out", "--force", "--cell", "--layers", "--dropout", "--tied", "--optim"})
     if (given(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
 }
 
 // Flags of another algorithm or of another built-in env would be recorded
 // as the run's settings and do nothing: refused, as --sparse is on tmaze.
 void refuse_other_flags(const TrainConfig& c, const Given& given) {
+  if (given("--epochs") && c.algo == segtape::agent::Algo::Lm && given("--steps"))
+    throw Error("--epochs and --steps both say how long --task lm trains: give one of them");
   if (!RunKind::of(c).ppo)
-    for (const char* opt : {"--rollout", "--epochs", "--minibatches", "--clip-range", "--gae-lambda", "--lr-schedule"})
+    for (const char* opt : {"--rollout", c.algo == segtape::agent::Algo::Lm ? "--rollout" : "--epochs", "--minibatches", "--clip-range", "--gae-lambda", "--lr-schedule"})
       if (given(opt)) throw Error(std::string(opt) + " is --algo ppo's; this run is --algo " + algo_name(c.algo));
   const std::map<std::string, std::vector<const char*>> env_flags = {
       {"recall", {"--lag", "--vocab", "--sparse"}}, {"tmaze", {"--corridor"}}, {"dialogue", {"--turns", "--cities"}},
@@ -89,9 +91,10 @@ void plan_new(Plan& p, const TrainArgs& a, const Given& given) {
     if (given("--env")) throw Error("--task lm is --env lm: give one of them");
     p.c.env = "lm";
     if (!given("--algo")) p.c.algo = segtape::agent::Algo::Lm;
-    // The settings that learn a character model of a text in minutes: a GRU
-    // of 256 over embeddings of 128, chunks of 64, Adam 2e-3, the gradient's
-    // norm clipped at 0.25, one epoch (flags given win).
+    // The settings that learn a character model of a text in minutes: two
+    // GRU layers of 256 over embeddings of 128, chunks of 64, Adam 2e-3, the
+    // gradient's norm clipped at 0.25, one epoch (flags given win).
+    if (!given("--layers")) p.c.layers = 2;
     if (!given("--hidden")) p.c.hidden = 256;
     if (!given("--embed")) p.c.embed = 128;
     if (!given("--lr")) p.c.lr = 2e-3;
@@ -103,7 +106,9 @@ void plan_new(Plan& p, const TrainArgs& a, const Given& given) {
     // one epoch: the training part's tokens per stream, less one (the corpus is read once, here and by the trainer)
     const auto& o = p.c.env_options;
     const auto corpus = segtape::agent::load_corpus(o.data, o.valid, o.test, segtape::agent::parse_tokens(o.tokens), o.split);
-    p.c.steps = std::max<int64_t>(1, int64_t(corpus->train.size()) / p.c.batch - 1);
+    const int64_t epochs = given("--epochs") ? p.c.epochs : 1;
+    if (epochs < 1 || epochs > 100000) throw Error("--epochs must be in [1, 100000]");
+    p.c.steps = std::min(TrainConfig::kMaxSteps, epochs * std::max<int64_t>(1, int64_t(corpus->train.size()) / p.c.batch - 1));
   }
   if (!a.budget.empty()) p.c.budget = parse_bytes(a.budget);
   p.out = a.out.empty() ? default_out(p.c.env) : fs::path(a.out);

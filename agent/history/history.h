@@ -70,8 +70,9 @@ class HistoryRunner {
   HistoryRunner(const HistoryRunner&) = delete;
   HistoryRunner& operator=(const HistoryRunner&) = delete;
 
-  // The step's recurrence from h (Step::feature): the GRU's by default.
-  virtual Recurred recur(const Tensor& e, const Tensor& h, bool commit);
+  // The step's recurrence from h (Step::feature): the policy's by default.
+  // between: a stack's dropout masks between its layers (Policy::recur).
+  virtual Recurred recur(const Tensor& e, const Tensor& h, bool commit, std::span<const Tensor> between = {});
   // Whether the history carries a recurrent state (Step::reset resets it).
   virtual bool carries_state() const { return true; }
 

@@ -12,9 +12,9 @@ class NoGradHistory : public HistoryRunner {
  public:
   using HistoryRunner::HistoryRunner;
 
-  Recurred recur(const Tensor& e, const Tensor& h, bool) override {
-    const Tensor h1 = c_.policy->recur(e, detach(h));
-    return {h1, h1};
+  Recurred recur(const Tensor& e, const Tensor& h, bool, std::span<const Tensor> between) override {
+    const Tensor h1 = c_.policy->recur(e, detach(h), between);
+    return {c_.policy->output(h1), h1};
   }
   Ran run(Steps& s, int64_t n) override {
     Segment seg = c_.tape->segment();

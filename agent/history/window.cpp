@@ -19,7 +19,7 @@ class Window : public HistoryRunner {
 
   // The last N - 1 embeddings (detached values) and this step's, oldest
   // first; commit: this step's embedding takes the oldest one's place.
-  Recurred recur(const Tensor& e, const Tensor& h, bool commit) override {
+  Recurred recur(const Tensor& e, const Tensor& h, bool commit, std::span<const Tensor>) override {
     std::array<Tensor, 64> parts;
     const size_t n = ring_.size();
     for (size_t i = 0; i < n; ++i) parts[i] = ring_[(size_t(pos_) + i) % n];

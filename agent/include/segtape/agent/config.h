@@ -85,6 +85,18 @@ struct TrainConfig {
   int64_t hidden = 128;
   int64_t embed = 32;
   double update_bias = 0;  // added to the GRU's update-gate bias at init (PolicyShape::update_bias)
+  // The model of --algo lm (PolicyShape's): the recurrent cell ("gru" or
+  // "lstm"), its layers, the dropout of word_language_model (on the
+  // embeddings, between the layers, on the last layer's output; 0: none), the
+  // output layer tied to the embeddings (--hidden = --embed), and the
+  // optimizer ("adam", "adamw" or "sgd"; sgd divides the learning rate by 4
+  // each epoch whose validation loss does not improve, as the example does).
+  // Other algorithms: a one-layer GRU, Adam.
+  std::string cell = "gru";
+  int64_t layers = 1;
+  double dropout = 0;
+  bool tied = false;
+  std::string optim = "adam";
   double lr = 3e-3;
   double clip = 1.0;       // gradient norm clip (0 = off)
   uint64_t seed = 1;
@@ -128,6 +140,9 @@ struct TrainConfig {
   // the checkpoint.
   bool force_sequence = false;
 
+  // The recurrent state's width per stream: layers x hidden, twice that for
+  // an LSTM (h and c of each layer side by side): the state is [B, state_size()].
+  int64_t state_size() const { return (cell == "lstm" ? 2 : 1) * layers * hidden; }
   // The algorithm that learns on an env of this spec: a2c on a supervised env is Supervised.
   Algo learner(const EnvSpec& spec) const;
   std::map<std::string, std::string> to_metadata() const;

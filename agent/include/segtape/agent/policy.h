@@ -2,6 +2,9 @@
 // fixed-size history) -> heads (action logits; a value head for RL).
 // In window mode the GRU is replaced by a Linear layer compressing the last N
 // step embeddings (no recurrent gradient by construction).
+// A language model (--task lm) may instead recur through a stack of GRU or
+// LSTM layers ("rnn", PyTorch's nn.GRU / nn.LSTM names), with the output
+// layer tied to the embeddings: word_language_model's RNNModel.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -27,11 +30,24 @@ struct PolicyShape {
   // of its state per step from the start, so a gradient from a long lag is not
   // gone before training begins. 0 (the default) leaves PyTorch's init bit for bit.
   double update_bias = 0;
+  // The stack (--task lm): its cell, its layers, the output layer tied to
+  // the embeddings (hidden == embed), and word_language_model's
+  // initialisation (embeddings and output weights U(-0.1, 0.1), output
+  // bias 0). A one-layer GRU, untied, is the agent's "gru" above.
+  bool lstm = false;
+  int64_t layers = 1;
+  bool tied = false;
+  bool lm_init = false;
+  // The state's width per stream: layers x hidden, twice that for an LSTM
+  // (each layer's h then c); the stack's state is [B, state_size()].
+  int64_t state_size() const { return (lstm ? 2 : 1) * layers * hidden; }
+  bool stacked() const { return lstm || layers > 1 || tied; }
 };
 
 class Policy : public nn::Module {
  public:
   Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& shape);
+  ~Policy() override;
   // The number of parameters such a policy has, without building it (the
   // Trainer refuses a model too large for the machine before allocating
   // it); tests/agent_test.cpp keeps it equal to parameter_count() of a built
@@ -39,21 +55,35 @@ class Policy : public nn::Module {
   static int64_t parameters_for(const EnvSpec& env, const PolicyShape& shape);
   // obs: int64 tokens [B] or float vectors [B, obs_dim] -> [B, embed]
   Tensor encode(const Tensor& obs) const;
-  // The GRU step: [B, embed], [B, hidden] -> [B, hidden]
-  Tensor recur(const Tensor& e, const Tensor& h) const { return (*gru_)(e, h); }
+  // The recurrent step: [B, embed], the state [B, state_size] -> the new
+  // state (a one-layer GRU's is its h). `between`: for a stack, the
+  // dropout masks [B, hidden] applied to each layer's output but the last's
+  // (none, or layers - 1 of them).
+  Tensor recur(const Tensor& e, const Tensor& h, std::span<const Tensor> between = {}) const {
+    return gru_ ? (*gru_)(e, h) : recur_stack(e, h, between);
+  }
+  // What the heads read from a state: the last layer's h ([B, hidden]; the state itself for the one-layer GRU).
+  Tensor output(const Tensor& state) const;
   // recur over T steps at once: e [T, B, embed] -> the states [T, B, hidden],
   // the state entering step t multiplied by keep[t, b] (gru_sequence).
   Tensor recur_sequence(const Tensor& e, const Tensor& h0, const Tensor& keep) const {
+    if (!gru_) throw Error("policy: recur_sequence is the one-layer GRU's (this policy is a stack)");
     return gru_sequence(e, h0, gru_->weight_ih, gru_->weight_hh, gru_->bias_ih, gru_->bias_hh, keep);
   }
   // Window mode: the last N embeddings, oldest first -> [B, hidden]
   Tensor compress(std::span<const Tensor> window) const;
-  Tensor logits(const Tensor& feature) const { return (*head_)(feature); }
+  Tensor logits(const Tensor& feature) const;
   Tensor value(const Tensor& feature) const { return (*value_)(feature); }
   const PolicyShape& shape() const { return shape_; }
 
  private:
+  Tensor recur_stack(const Tensor& e, const Tensor& h, std::span<const Tensor> between) const;
+
   PolicyShape shape_;
+  std::unique_ptr<nn::GRU> gru_stack_;
+  std::unique_ptr<nn::LSTM> lstm_stack_;
+  struct TiedHead;
+  std::unique_ptr<TiedHead> tied_;  // --tied: the output layer's bias (its weight is the encoder's)
   std::unique_ptr<nn::Embedding> token_encoder_;
   std::unique_ptr<nn::Linear> vector_encoder_;
   std::unique_ptr<nn::GRUCell> gru_;
