@@ -175,10 +175,12 @@ struct State {
 struct DecoderImpl : torch::nn::Module {
   DecoderImpl(int64_t H, int64_t V, bool tied) {
     torch::NoGradGuard ng;
+    // nn.Linear.reset_parameters' draws; registered in nn.Linear's order
+    // (the order of parameters(), so of clip_grad_norm_'s sum)
     torch::Tensor w = torch::empty({V, H});
-    torch::nn::init::kaiming_uniform_(w, std::sqrt(5.0));  // nn.Linear.reset_parameters
-    bias = register_parameter("bias", torch::empty({V}).uniform_(-1.0 / std::sqrt(double(H)), 1.0 / std::sqrt(double(H))));
+    torch::nn::init::kaiming_uniform_(w, std::sqrt(5.0));
     if (!tied) weight = register_parameter("weight", w);
+    bias = register_parameter("bias", torch::empty({V}).uniform_(-1.0 / std::sqrt(double(H)), 1.0 / std::sqrt(double(H))));
   }
   torch::Tensor weight, bias;
 };
