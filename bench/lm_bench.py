@@ -27,11 +27,11 @@ pair alternating. Per run: the validation loss (nats per token) after each
 epoch; training tokens per second, the training loop alone (chunks: forward,
 backward, clip, optimizer step; no evaluation, checkpoint or logging), from
 each engine's own clock; peak RSS of the process, from the driver
-(os.wait4's ru_maxrss), and the process's wall time. Before the runs the
-driver checks that the two engines read the same tokens: lm_torch
---print-layout's vocabulary against the one in segtape's checkpoint, the
-steps per epoch against segtape's steps, the parameter counts against each
-other.
+(os.wait4's ru_maxrss), and the process's wall time. After each segtape
+run the driver checks that the two engines read the same tokens and built the
+same model: lm_torch --print-layout's vocabulary against the one in segtape's
+checkpoint, the steps per epoch against segtape's steps, the parameter counts
+against each other (lm-bench.md lists any that differ).
 
 Output under --out: lm-bench.json (every run, its command and series) and
 lm-bench.md (medians over seeds with min-max: tokens/s, validation loss after
