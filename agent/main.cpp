@@ -100,7 +100,7 @@ void add_run_options(CLI::App* tr, TrainArgs& ta) {
   tr->add_option("--out", ta.out, "Output directory (default runs/<env>-<time>)");
   tr->add_option("--resume", ta.resume, "Continue the run in this directory from its checkpoint");
   tr->add_flag("--force", ta.force, "Overwrite a run already in --out")->multi_option_policy(kOnce);
-  tr->add_option("--budget", ta.budget, "Segment budget: arena and tape nodes, e.g. 64MiB (default 64MiB; for --history full the growth limit, default 1GiB)");
+  tr->add_option("--budget", ta.budget, "Segment budget: arena and tape nodes, e.g. 64MiB (default 64MiB, 256MiB for --task lm; for --history full the growth limit, default 1GiB)");
 }
 
 // The built-in envs' settings and the RL algorithms'.

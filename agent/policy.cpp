@@ -87,34 +87,35 @@ Tensor Policy::encode(const Tensor& obs) const {
 }
 
 Tensor Policy::recur_stack(const Tensor& e, const Tensor& h, std::span<const Tensor> between) const {
-  const int64_t H = shape_.hidden, L = shape_.layers, w = shape_.lstm ? 2 * H : H;
-  if (h.rank() != 2 || h.dim(1) != L * w)
-    throw ShapeError("policy: the state " + h.describe() + " must be [B, " + std::to_string(L * w) + "] (" + std::to_string(L) +
-                     (shape_.lstm ? " LSTM" : " GRU") + " layers of " + std::to_string(H) + ")");
+  const int64_t H = shape_.hidden, L = shape_.layers, P = shape_.lstm ? 2 : 1, B = e.dim(0);
+  if (h.rank() != 2 || h.dim(0) != P * L * B || h.dim(1) != H)
+    throw ShapeError("policy: the state " + h.describe() + " must be [" + std::to_string(P * L * B) + ", " + std::to_string(H) + "] (" +
+                     std::to_string(L) + (shape_.lstm ? " LSTM" : " GRU") + " layers of " + std::to_string(H) + " for " +
+                     std::to_string(B) + " streams)");
   if (!between.empty() && int64_t(between.size()) != L - 1)
     throw ShapeError("policy: " + std::to_string(between.size()) + " dropout masks between " + std::to_string(L) + " layers");
-  std::array<Tensor, 16> next;  // (layers <= 16: TrainConfig::validate)
+  std::array<Tensor, 16> next;  // each layer's new state (layers <= 16: TrainConfig::validate)
   Tensor x = e;
   for (int64_t l = 0; l < L; ++l) {
-    const Tensor s = L == 1 && !shape_.lstm ? h : slice(h, 1, l * w, w);
+    const Tensor s = L == 1 ? h : slice(h, 0, l * P * B, P * B);  // (one copy; none for one layer)
     if (shape_.lstm) {
       const auto& W = lstm_stack_->layers()[size_t(l)];
-      const Tensor st = lstm_cell(x, lstm_state(slice(s, 1, 0, H), slice(s, 1, H, H)), W.weight_ih, W.weight_hh, W.bias_ih, W.bias_hh);
-      x = lstm_h(st);
-      next[size_t(l)] = concat({x, lstm_c(st)}, 1);
+      const Tensor st = lstm_cell(x, reshape(s, {2, B, H}), W.weight_ih, W.weight_hh, W.bias_ih, W.bias_hh);
+      next[size_t(l)] = reshape(st, {2 * B, H});
+      if (l + 1 < L) x = lstm_h(st);
     } else {
       const auto& W = gru_stack_->layers()[size_t(l)];
       x = next[size_t(l)] = gru_cell(x, s, W.weight_ih, W.weight_hh, W.bias_ih, W.bias_hh);
     }
     if (l + 1 < L && !between.empty()) x = mul(x, between[size_t(l)]);
   }
-  return concat(std::span<const Tensor>(next.data(), size_t(L)), 1);
+  return concat(std::span<const Tensor>(next.data(), size_t(L)), 0);  // (one copy; none for one layer)
 }
 
 Tensor Policy::output(const Tensor& state) const {
   if (gru_ || !shape_.stacked()) return state;
-  const int64_t H = shape_.hidden, w = shape_.lstm ? 2 * H : H;
-  return shape_.layers == 1 && !shape_.lstm ? state : slice(state, 1, (shape_.layers - 1) * w, H);
+  const int64_t P = shape_.lstm ? 2 : 1, B = state.dim(0) / (P * shape_.layers);
+  return shape_.layers == 1 && !shape_.lstm ? state : slice(state, 0, (shape_.layers - 1) * P * B, B);
 }
 
 Tensor Policy::logits(const Tensor& feature) const {

@@ -42,7 +42,7 @@ void sample(const std::filesystem::path& checkpoint, const SampleOptions& o, con
   };
   if (ids.empty()) ids.push_back(int32_t(draw.next_u64() % uint64_t(V)));  // (no prompt: a first token at random)
   std::vector<float> probs(static_cast<size_t>(V));
-  Tensor h = tape.persistent({1, c.state_size()});
+  Tensor h = tape.persistent({c.state_rows(), c.hidden});
   int64_t next = -1;
   for (int64_t t = 0; t < int64_t(ids.size()) + o.length; t += 64) {  // segments of 64 tokens, the state carried between them
     Segment seg = tape.segment();

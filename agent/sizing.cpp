@@ -28,12 +28,14 @@ size_t memory_limit(std::string* what) {
 
 namespace {
 constexpr size_t kDefaultBudget = size_t(64) << 20;
+constexpr size_t kDefaultLmBudget = size_t(256) << 20;  // --task lm: a stack of layers over long chunks (docs/agent.md)
 constexpr size_t kDefaultFullLimit = size_t(1) << 30;
 }  // namespace
 
 size_t applied_budget(const TrainConfig& c) {
   if (history_def(c.history.kind).grows) return c.budget ? c.budget : kDefaultFullLimit;
-  return c.budget ? c.budget : kDefaultBudget;
+  if (c.budget) return c.budget;
+  return c.algo == Algo::Lm ? kDefaultLmBudget : kDefaultBudget;
 }
 
 TapeOptions tape_options(const TrainConfig& c) {
@@ -70,7 +72,13 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
   e.observation_bytes = spec.obs_dim > 0 ? f32(B * size_t(spec.obs_dim)) : align_up(B * sizeof(int64_t));
   e.step_bytes = e.observation_bytes + f32(B * E) + f32(B * A);             // observation, embedding, logits
   if (shape.window > 0) e.step_bytes += f32(B * size_t(shape.window) * E) + 2 * f32(B * H);  // concat, linear, tanh
-  else e.step_bytes += size_t(shape.layers) * (f32(B * H) + f32(4 * B * H));                  // each layer's output + saved gates
+  else if (!shape.stacked()) e.step_bytes += f32(B * H) + f32(4 * B * H);                   // GRU output + saved gates
+  else {  // a stack (Policy::recur_stack): each layer's state, a slice of it, saved gates, an LSTM's h; the new state, the output
+    const size_t P = shape.lstm ? 2 : 1, L = size_t(shape.layers);
+    e.step_bytes += L * (f32(P * B * H) + f32(4 * B * H) + (L > 1 ? f32(P * B * H) : 0) + (shape.lstm ? f32(B * H) : 0));
+    if (L > 1) e.step_bytes += f32(P * L * B * H) + f32(B * H);
+    if (c.dropout > 0) e.step_bytes += f32(B * (E + L * H)) + 2 * f32(B * E) + 2 * L * f32(B * H);  // the masks, on the tape and applied
+  }
   if (shape.value_head) e.step_bytes += f32(B);
   const size_t steps = history_def(c.history.kind).grows ? 1 : size_t(c.history.k);
   e.segment_bytes = e.step_bytes * steps;

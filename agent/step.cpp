@@ -18,7 +18,7 @@ Step::Step(Context& c, HistoryRunner& history) : c_(c), history_(history), B_(c.
   rewards.assign(B, 0.0f);
   done.assign(B, 0);
   rows.assign(B * size_t(A_), 0.0f);
-  reset_mask_.assign(B * size_t(c.config.state_size()), 0.0f);
+  reset_mask_.assign(B * size_t(c.config.state_rows() * c.config.hidden), 0.0f);
 }
 
 Tensor Step::observe() {

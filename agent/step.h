@@ -73,7 +73,7 @@ class Step {
   Context& c_;
   HistoryRunner& history_;
   int64_t B_, A_;
-  std::vector<float> reset_mask_;  // [B, state_size] (reset_finished)
+  std::vector<float> reset_mask_;  // the state's shape (reset_finished)
 };
 
 }  // namespace segtape::agent

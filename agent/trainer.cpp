@@ -48,8 +48,8 @@ Parts build(Context& c) {
   else if (cf.optim == "adamw") c.optim = std::make_unique<nn::AdamW>(*c.policy, nn::AdamWOptions{.lr = cf.lr, .capturable = c.graph});
   else c.optim = std::make_unique<nn::Adam>(*c.policy, nn::AdamOptions{.lr = cf.lr, .capturable = c.graph});
   if (cf.dropout > 0) c.dropout = std::make_unique<nn::Dropout>(*c.tape, cf.dropout, Context::act_seed(cf.seed, c.rank()) ^ 0xd20u);
-  c.h = c.h_home = c.tape->persistent({cf.batch, cf.state_size()});
-  c.eval_h = c.tape->persistent({cf.batch, cf.state_size()});
+  c.h = c.h_home = c.tape->persistent({cf.state_rows() * cf.batch, cf.hidden});
+  c.eval_h = c.tape->persistent({cf.state_rows() * cf.batch, cf.hidden});
   if (c.graph) c.clip_sq = c.tape->persistent({1}, DType::F64);  // the capturable clip's squared norm
   c.episode_return.assign(size_t(cf.batch), 0.0f);
   Parts p;
@@ -72,7 +72,7 @@ void size_device_pools(TapeOptions& o, const Context& real) {
   count.graph = real.graph;
   const Parts parts = build(count);  // (the values do not matter, only the sizes)
   o.device_persistent = count.tape->stats().persistent_bytes;
-  const size_t state = align_up(size_t(real.config.batch * real.config.state_size()) * sizeof(float));
+  const size_t state = align_up(size_t(real.config.state_rows() * real.config.batch * real.config.hidden) * sizeof(float));
   o.device_carry = std::max(o.device_carry, 2 * state + (size_t(1) << 20));
 }
 

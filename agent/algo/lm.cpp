@@ -32,7 +32,7 @@ class Lm : public Algorithm {
     corpus_ = load_corpus(o.data, o.valid, o.test, parse_tokens(o.tokens), o.split);
     epoch_ = int64_t(corpus_->train.size()) / c.config.batch - 1;
     history_.prepare(c.h_home, true);
-    eval_h_ = c.tape->persistent({kEvalStreams, c.h_home.dim(1)});
+    eval_h_ = c.tape->persistent({c.config.state_rows() * kEvalStreams, c.config.hidden});
     eval_zero_.assign(size_t(eval_h_.numel()), 0.0f);
     eval_tokens_.assign(size_t(kEvalStreams), 0), eval_targets_.assign(size_t(kEvalStreams), 0);
     eval_done_.assign(size_t(kEvalStreams), 0), eval_rewards_.assign(size_t(kEvalStreams), 0.0f);
@@ -148,7 +148,7 @@ class Lm : public Algorithm {
   int64_t trained_ = 0;
   double lr_ = c_.config.lr, best_ = std::numeric_limits<double>::infinity();  // --optim sgd's schedule
   std::array<int64_t, 2> schedule_{};  // (their bits in a checkpoint)
-  Tensor eval_h_;  // the evaluation's state [10, hidden] (persistent)
+  Tensor eval_h_;  // the evaluation's state [state_rows x 10, hidden] (persistent)
   std::vector<float> eval_zero_;
   std::vector<int64_t> eval_tokens_, eval_targets_;
   std::vector<uint8_t> eval_done_;

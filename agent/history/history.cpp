@@ -52,7 +52,7 @@ Ran HistoryRunner::replay(Steps& s, int64_t first, int64_t n) {
   {
     Segment seg = c_.tape->segment();
     const std::span<const float> h0 = s.state_at(first);
-    const int64_t H = c_.config.state_size(), rows = int64_t(h0.size()) / H;
+    const int64_t H = c_.config.hidden, rows = int64_t(h0.size()) / H;
     Tensor h = c_.tape->from(h0, {rows, H});
     const bool at_once = s.sequence && sequence(rows);
     const Tensor loss = at_once ? s.sequence(h, first, n) : run_steps(s, h, first, n, r, false);

@@ -140,9 +140,11 @@ struct TrainConfig {
   // the checkpoint.
   bool force_sequence = false;
 
-  // The recurrent state's width per stream: layers x hidden, twice that for
-  // an LSTM (h and c of each layer side by side): the state is [B, state_size()].
-  int64_t state_size() const { return (cell == "lstm" ? 2 : 1) * layers * hidden; }
+  // The recurrent state's rows per stream: one per layer, two for an LSTM's
+  // (its h and its c). The state is [state_rows() x B, hidden]: layer by
+  // layer, an LSTM layer's h rows then its c rows ([B, hidden] for the
+  // agent's one-layer GRU).
+  int64_t state_rows() const { return (cell == "lstm" ? 2 : 1) * layers; }
   // The algorithm that learns on an env of this spec: a2c on a supervised env is Supervised.
   Algo learner(const EnvSpec& spec) const;
   std::map<std::string, std::string> to_metadata() const;

@@ -38,9 +38,10 @@ struct PolicyShape {
   int64_t layers = 1;
   bool tied = false;
   bool lm_init = false;
-  // The state's width per stream: layers x hidden, twice that for an LSTM
-  // (each layer's h then c); the stack's state is [B, state_size()].
-  int64_t state_size() const { return (lstm ? 2 : 1) * layers * hidden; }
+  // The state's rows per stream (TrainConfig::state_rows): the state is
+  // [state_rows() x B, hidden], layer after layer, an LSTM layer's h rows
+  // then its c rows (one layer's [2, B, hidden], lstm_cell's state).
+  int64_t state_rows() const { return (lstm ? 2 : 1) * layers; }
   bool stacked() const { return lstm || layers > 1 || tied; }
 };
 
@@ -55,7 +56,7 @@ class Policy : public nn::Module {
   static int64_t parameters_for(const EnvSpec& env, const PolicyShape& shape);
   // obs: int64 tokens [B] or float vectors [B, obs_dim] -> [B, embed]
   Tensor encode(const Tensor& obs) const;
-  // The recurrent step: [B, embed], the state [B, state_size] -> the new
+  // The recurrent step: [B, embed], the state [state_rows B, hidden] -> the new
   // state (a one-layer GRU's is its h). `between`: for a stack, the
   // dropout masks [B, hidden] applied to each layer's output but the last's
   // (none, or layers - 1 of them).
@@ -95,16 +96,17 @@ class Policy : public nn::Module {
 // whose episode just ended set to zero, h · (1 − done), so each of them starts
 // its next episode from the zero state while the segment goes on for all.
 // Nothing flows back across a reset (the gradient of h · 0 is 0). h is
-// [B, H] of element type T (float or double); `mask` is the caller's [B, H]
-// buffer (resized once). With no stream done, h comes back untouched and
+// [R B, H] of element type T (float or double): R blocks of B rows (a
+// stack's layers), row r stream r mod B's; `mask` is the caller's buffer of
+// h's size (resized once). With no stream done, h comes back untouched and
 // nothing is recorded.
 template <class T>
 Tensor reset_finished(const Tensor& h, std::span<const uint8_t> done, std::vector<T>& mask) {
   if (std::none_of(done.begin(), done.end(), [](uint8_t d) { return d != 0; })) return h;
-  const auto B = size_t(h.shape[0]), H = size_t(h.shape[1]);
-  if (done.size() != B) throw ShapeError("reset_finished: " + std::to_string(done.size()) + " done flags for a state " + h.describe());
-  mask.resize(B * H);
-  for (size_t b = 0; b < B; ++b) std::fill_n(mask.begin() + ptrdiff_t(b * H), H, done[b] ? T(0) : T(1));
+  const auto rows = size_t(h.shape[0]), H = size_t(h.shape[1]), B = done.size();
+  if (B == 0 || rows % B != 0) throw ShapeError("reset_finished: " + std::to_string(B) + " done flags for a state " + h.describe());
+  mask.resize(rows * H);
+  for (size_t r = 0; r < rows; ++r) std::fill_n(mask.begin() + ptrdiff_t(r * H), H, done[r % B] ? T(0) : T(1));
   return mul(h, h.tape->from(std::span<const T>(mask), h.shape));
 }
 
