@@ -8,6 +8,7 @@
 #include "algo/algorithm.h"
 #include "history/history.h"
 #include "task/corpus.h"
+#include "task/series_data.h"
 #include "segtape/emulation.h"
 
 namespace segtape::agent {
@@ -97,6 +98,14 @@ void lm_metadata(const TrainConfig& c, std::map<std::string, std::string>& m) {
   m["data"] = o.data, m["valid"] = o.valid, m["test"] = o.test, m["tokens"] = o.tokens;
   m["split"] = std::string(split, std::to_chars(split, split + sizeof split, o.split).ptr);
 }
+// A time series' settings (--task series): keys of its runs only.
+void series_metadata(const TrainConfig& c, std::map<std::string, std::string>& m) {
+  if (c.env != "series") return;
+  const EnvOptions& o = c.env_options;
+  char split[40];
+  m["data"] = o.data, m["valid"] = o.valid, m["test"] = o.test, m["target"] = o.target, m["features"] = o.features;
+  m["split"] = std::string(split, std::to_chars(split, split + sizeof split, o.split).ptr);
+}
 }  // namespace
 
 std::map<std::string, std::string> TrainConfig::to_metadata() const {
@@ -135,6 +144,7 @@ std::map<std::string, std::string> TrainConfig::to_metadata() const {
           {"lr_schedule", lr_schedule},
           {"env_shards", std::to_string(env_shards)}};
   lm_metadata(*this, m);
+  series_metadata(*this, m);
   return m;
 }
 
@@ -213,6 +223,11 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
     c.env_options.tokens = get("tokens");
     c.env_options.split = f64("split");
   }
+  if (c.env == "series") {
+    c.env_options.data = get("data"), c.env_options.valid = get("valid"), c.env_options.test = get("test");
+    c.env_options.target = get("target"), c.env_options.features = get("features");
+    c.env_options.split = f64("split");
+  }
   return c;
 }
 
@@ -256,6 +271,13 @@ void TrainConfig::validate() const {
     need(env_options.data.empty() == false, "--task lm needs a text to learn: --data FILE");
     need(!env_options.valid.empty() || (env_options.split > 0 && env_options.split < 1),
          "--split must be in (0, 1): the fraction of --data's tokens kept for validation (or give --valid FILE)");
+  }
+  if (env == "series") {
+    need(!env_options.data.empty(), "--task series needs a CSV file to learn: --data FILE.csv");
+    need(!env_options.target.empty(), "--task series needs the column to predict: --target COLUMN");
+    (void)parse_features(env_options.features);
+    need(!env_options.valid.empty() || (env_options.split > 0 && env_options.split < 1),
+         "--split must be in (0, 1): the fraction of --data's rows kept for validation (or give --valid FILE)");
   }
   if (hd.validate) hd.validate(*this);
   const AlgorithmDef& ad = algorithm_def(algo);
