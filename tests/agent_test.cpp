@@ -1066,7 +1066,7 @@ TEST(Ppo, BadConfigurationsAreRefusedNamingTheFlag) {
     (void)parse_algo("sac");
     ADD_FAILURE() << "--algo sac was taken";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--algo 'sac': choose a2c, ppo or lm"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--algo 'sac': choose a2c, ppo, lm or series"), std::string::npos) << e.what();
   }
   c = small_ppo("tmaze", 64), c.history = History::parse("window:2");
   refused(c, "--history window:2 is not built for it");

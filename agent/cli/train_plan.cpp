@@ -83,7 +83,9 @@ void refuse_other_flags(const TrainConfig& c, const Given& given) {
       {"series", {"--data", "--valid", "--test", "--split", "--target", "--features"}}};
   if (!env_flags.count(c.env)) return;
   const std::vector<const char*>& own = env_flags.at(c.env);  // (lm and series share --data, --valid, --test, --split)
-  const auto owned = [&](const char* opt) { return std::any_of(own.begin(), own.end(), [&](const char* o) { return std::string_view(o) == opt; }); };
+  const auto owned = [&](const char* opt) {
+    return std::any_of(own.begin(), own.end(), [&](const char* o) { return std::string_view(o) == opt; });
+  };
   for (const auto& [env, flags] : env_flags)
     if (env != c.env)
       for (const char* opt : flags)
@@ -115,7 +117,9 @@ void plan_series(Plan& p, const Given& given) {
 void plan_new(Plan& p, const TrainArgs& a, const Given& given) {
   if (given("--task") && a.task == "series") plan_series(p, given);
   else if (given("--task")) {  // --task lm: --env lm --algo lm
-    if (a.task != "lm") throw Error("--task '" + a.task + "': choose lm (a language model of a text: --task lm --data FILE) or series (next-value regression: --task series --data FILE.csv --target COLUMN)");
+    if (a.task != "lm")
+      throw Error("--task '" + a.task + "': choose lm (a language model of a text: --task lm --data FILE) or series (next-value "
+                  "regression: --task series --data FILE.csv --target COLUMN)");
     if (given("--env")) throw Error("--task lm is --env lm: give one of them");
     p.c.env = "lm";
     if (!given("--algo")) p.c.algo = segtape::agent::Algo::Lm;
