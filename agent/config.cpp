@@ -8,6 +8,7 @@
 #include "algo/algorithm.h"
 #include "history/history.h"
 #include "task/corpus.h"
+#include "task/series_data.h"
 #include "segtape/emulation.h"
 
 namespace segtape::agent {
@@ -99,6 +100,14 @@ void lm_metadata(const TrainConfig& c, std::map<std::string, std::string>& m) {
   m["cell"] = c.cell, m["layers"] = std::to_string(c.layers), m["tied"] = c.tied ? "1" : "0", m["optim"] = c.optim;
   m["dropout"] = std::string(split, std::to_chars(split, split + sizeof split, c.dropout).ptr);
 }
+// A time series' settings (--task series): keys of its runs only.
+void series_metadata(const TrainConfig& c, std::map<std::string, std::string>& m) {
+  if (c.env != "series") return;
+  const EnvOptions& o = c.env_options;
+  char split[40];
+  m["data"] = o.data, m["valid"] = o.valid, m["test"] = o.test, m["target"] = o.target, m["features"] = o.features;
+  m["split"] = std::string(split, std::to_chars(split, split + sizeof split, o.split).ptr);
+}
 }  // namespace
 
 std::map<std::string, std::string> TrainConfig::to_metadata() const {
@@ -137,6 +146,7 @@ std::map<std::string, std::string> TrainConfig::to_metadata() const {
           {"lr_schedule", lr_schedule},
           {"env_shards", std::to_string(env_shards)}};
   lm_metadata(*this, m);
+  series_metadata(*this, m);
   return m;
 }
 
@@ -219,6 +229,11 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
     if (tied != "0" && tied != "1") throw CheckpointError("checkpoint metadata 'tied' is '" + tied + "', not 0 or 1");
     c.tied = tied == "1";
   }
+  if (c.env == "series") {
+    c.env_options.data = get("data"), c.env_options.valid = get("valid"), c.env_options.test = get("test");
+    c.env_options.target = get("target"), c.env_options.features = get("features");
+    c.env_options.split = f64("split");
+  }
   return c;
 }
 
@@ -262,6 +277,13 @@ void TrainConfig::validate() const {
     need(env_options.data.empty() == false, "--task lm needs a text to learn: --data FILE");
     need(!env_options.valid.empty() || (env_options.split > 0 && env_options.split < 1),
          "--split must be in (0, 1): the fraction of --data's tokens kept for validation (or give --valid FILE)");
+  }
+  if (env == "series") {
+    need(!env_options.data.empty(), "--task series needs a CSV file to learn: --data FILE.csv");
+    need(!env_options.target.empty(), "--task series needs the column to predict: --target COLUMN");
+    (void)parse_features(env_options.features);
+    need(!env_options.valid.empty() || (env_options.split > 0 && env_options.split < 1),
+         "--split must be in (0, 1): the fraction of --data's rows kept for validation (or give --valid FILE)");
   }
   need(cell == "gru" || cell == "lstm", "--cell '" + cell + "': choose gru or lstm");
   need(layers >= 1 && layers <= 16, "--layers must be in [1, 16]");

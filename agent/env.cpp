@@ -15,6 +15,11 @@ namespace segtape::agent {
 
 void Env::targets(std::span<int64_t> y) const { std::fill(y.begin(), y.end(), kNoTarget); }
 
+void Env::target_values(std::span<float>) const {
+  throw Error("env '" + spec().name + "' has no real-valued targets (target_values); a regression algorithm needs an env that gives them, "
+              "as --task series does");
+}
+
 std::vector<int64_t> Env::save_state() const {
   auto& ints = const_cast<Env*>(this)->state_ints();
   const auto rs = rng_.state();
@@ -129,6 +134,9 @@ class ShardedEnv final : public Env {
   }
   void targets(std::span<int64_t> y) const override {
     for (size_t i = 0; i < shards_.size(); ++i) shards_[i]->targets(part(y, i, 1));
+  }
+  void target_values(std::span<float> y) const override {
+    for (size_t i = 0; i < shards_.size(); ++i) shards_[i]->target_values(part(y, i, 1));
   }
   void step(std::span<const int64_t> actions, std::span<float> reward, std::span<uint8_t> done) override {
     for (size_t i = 0; i < shards_.size(); ++i) shards_[i]->step(part(actions, i, 1), part(reward, i, 1), part(done, i, 1));

@@ -54,7 +54,8 @@ CLI::Validator env_check() {
 }
 
 std::string env_help() {
-  std::string help = "Environment: recall (delayed recall), tmaze (T-maze, RL), dialogue (tool use), lm (a text corpus: --task lm)";
+  std::string help = "Environment: recall (delayed recall), tmaze (T-maze, RL), dialogue (tool use), lm (a text corpus: --task lm), "
+                     "series (a CSV time series: --task series)";
   for (const auto& [name, file] : plugin_envs()) help += ", " + name + " (from " + std::filesystem::path(file).filename().string() + ")";
   return help;
 }
@@ -105,12 +106,16 @@ void add_run_options(CLI::App* tr, TrainArgs& ta) {
 
 // The built-in envs' settings and the RL algorithms'.
 void add_env_and_algo_options(CLI::App* tr, TrainArgs& ta) {
-  tr->add_option("--task", ta.task, "lm: a language model of a text (--env lm --algo lm; --data FILE)");
-  tr->add_option("--data", ta.c.env_options.data, "lm: the text to learn (read through a memory map)")->check(kNonEmpty);
-  tr->add_option("--valid", ta.c.env_options.valid, "lm: the validation text (default: the last --split of --data's tokens)")
+  tr->add_option("--task", ta.task, "lm: a language model of a text (--env lm --algo lm; --data FILE); series: next-value regression "
+                                    "on a CSV time series (--env series --algo series; --data FILE.csv --target COLUMN)");
+  tr->add_option("--data", ta.c.env_options.data,
+                 "lm: the text to learn (read through a memory map); series: the CSV file (a header row, one row per time step)")
       ->check(kNonEmpty);
-  tr->add_option("--test", ta.c.env_options.test, "lm: a test text, evaluated at the run's end")->check(kNonEmpty);
-  tr->add_option("--split", ta.c.env_options.split, "lm: the fraction of --data's tokens kept for validation without --valid")
+  tr->add_option("--valid", ta.c.env_options.valid, "lm: the validation text (default: the last --split of --data's tokens); series: the rows after --data's")
+      ->check(kNonEmpty);
+  tr->add_option("--test", ta.c.env_options.test, "lm: a test text, evaluated at the run's end; series: the rows after the validation part's")
+      ->check(kNonEmpty);
+  tr->add_option("--split", ta.c.env_options.split, "lm, series: the fraction of --data's tokens (rows) kept for validation without --valid")
       ->capture_default_str();
   tr->add_option("--tokens", ta.c.env_options.tokens, "lm: bytes, chars (UTF-8 code points) or words (split at whitespace, <eos> at each line's end)")
       ->capture_default_str();
@@ -121,6 +126,8 @@ void add_env_and_algo_options(CLI::App* tr, TrainArgs& ta) {
   tr->add_flag("--tied", ta.c.tied, "lm: the output layer's weights are the embeddings' (--hidden = --embed)")->multi_option_policy(kOnce);
   tr->add_option("--optim", ta.c.optim, "lm: adam, adamw or sgd (sgd: the learning rate / 4 after an epoch whose validation loss did not improve)")
       ->capture_default_str();
+  tr->add_option("--target", ta.c.env_options.target, "series: the column whose next value is predicted");
+  tr->add_option("--features", ta.c.env_options.features, "series: the columns observed, a,b,c (default: the target alone)");
   tr->add_option("--lag", ta.c.env_options.lag, "recall: lag L")->capture_default_str();
   tr->add_flag("--sparse", ta.c.env_options.sparse,
                "recall: a token only every L steps (a blank between), a target only there: one token to hold, not L")

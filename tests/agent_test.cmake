@@ -34,3 +34,8 @@ add_dependencies(golden_test segtape)
 
 # Language models on a text corpus (--task lm): tests/data/shakespeare-20k.txt.
 segtape_test(lm_test SOURCES lm_test.cpp alloc_hook.cpp LABELS agent LIBS segtape_agent)
+
+# Time series (--task series): tests/data/sunspots.csv.
+segtape_test(series_test SOURCES series_test.cpp alloc_hook.cpp LABELS agent LIBS segtape_agent)
+target_compile_definitions(series_test PRIVATE SEGTAPE_BIN="$<TARGET_FILE:segtape>")
+add_dependencies(series_test segtape)

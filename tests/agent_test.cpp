@@ -63,11 +63,12 @@ Trace run_env(Env& env, int steps, int64_t action = 0) {
 // policy's, for every env, with and without the window's compress layer and
 // the value head.
 // The built-in envs that make themselves from EnvOptions' defaults and a
-// seed (lm reads a corpus, --data, and is the same for every seed: its
-// tests are lm_test's).
+// seed (lm reads a corpus and series a CSV file, --data, and are the same
+// for every seed: their tests are lm_test's and series_test's).
 std::vector<std::string> seeded_envs() {
   std::vector<std::string> names = env_names();
   std::erase(names, std::string("lm"));
+  std::erase(names, std::string("series"));
   return names;
 }
 
@@ -1065,7 +1066,7 @@ TEST(Ppo, BadConfigurationsAreRefusedNamingTheFlag) {
     (void)parse_algo("sac");
     ADD_FAILURE() << "--algo sac was taken";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--algo 'sac': choose a2c, ppo or lm"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--algo 'sac': choose a2c, ppo, lm or series"), std::string::npos) << e.what();
   }
   c = small_ppo("tmaze", 64), c.history = History::parse("window:2");
   refused(c, "--history window:2 is not built for it");

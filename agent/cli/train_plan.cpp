@@ -1,12 +1,15 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "../task/corpus.h"
+#include "../task/series_data.h"
 #include "plugins.h"
 #include "run_dir.h"
 #include "segtape/nn/dist.h"
@@ -64,6 +67,8 @@ void read_resumed(Plan& p, const TrainArgs& a, const Given& given) {
                           "--gamma", "--entropy", "--algo", "--rollout", "--epochs", "--minibatches", "--clip-range", "--gae-lambda",
                           "--lr-schedule", "--env-shards", "--clip", "--out", "--force", "--cell", "--layers", "--dropout", "--tied", "--optim"})
     if (given(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
+  for (const char* opt : {"--target", "--features"})
+    if (given(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
 }
 
 // Flags of another algorithm or of another built-in env would be recorded
@@ -76,18 +81,47 @@ void refuse_other_flags(const TrainConfig& c, const Given& given) {
       if (given(opt)) throw Error(std::string(opt) + " is --algo ppo's; this run is --algo " + algo_name(c.algo));
   const std::map<std::string, std::vector<const char*>> env_flags = {
       {"recall", {"--lag", "--vocab", "--sparse"}}, {"tmaze", {"--corridor"}}, {"dialogue", {"--turns", "--cities"}},
-      {"lm", {"--data", "--valid", "--test", "--split", "--tokens"}}};
+      {"lm", {"--data", "--valid", "--test", "--split", "--tokens"}},
+      {"series", {"--data", "--valid", "--test", "--split", "--target", "--features"}}};
   if (!env_flags.count(c.env)) return;
+  const std::vector<const char*>& own = env_flags.at(c.env);  // (lm and series share --data, --valid, --test, --split)
+  const auto owned = [&](const char* opt) {
+    return std::any_of(own.begin(), own.end(), [&](const char* o) { return std::string_view(o) == opt; });
+  };
   for (const auto& [env, flags] : env_flags)
     if (env != c.env)
       for (const char* opt : flags)
-        if (given(opt)) throw Error(std::string(opt) + " is --env " + env + "'s; this run is --env " + c.env);
+        if (given(opt) && !owned(opt)) throw Error(std::string(opt) + " is --env " + env + "'s; this run is --env " + c.env);
+}
+
+// --task series: --env series --algo series, and the settings that learn a
+// small series (a few hundred rows) in seconds: a GRU of 64 over encodings
+// of 16, chunks of 16, Adam 3e-3, the gradient's norm clipped at 1, and
+// kSeriesEpochs epochs of the training part (flags given win). The series is
+// read here, before the run's folder is made: a bad file writes nothing.
+void plan_series(Plan& p, const Given& given) {
+  constexpr int64_t kSeriesEpochs = 100;
+  if (given("--env")) throw Error("--task series is --env series: give one of them");
+  p.c.env = "series";
+  if (!given("--algo")) p.c.algo = segtape::agent::Algo::Series;
+  if (!given("--hidden")) p.c.hidden = 64;
+  if (!given("--embed")) p.c.embed = 16;
+  if (!given("--batch")) p.c.batch = 4;
+  if (!given("--lr")) p.c.lr = 3e-3;
+  if (!given("--clip")) p.c.clip = 1;
+  const auto& o = p.c.env_options;
+  if (o.data.empty() || o.target.empty() || given("--steps")) return;  // (validate names what is missing)
+  const auto series = segtape::agent::load_series(o.data, o.valid, o.test, o.target, o.features, o.split);
+  p.c.steps = kSeriesEpochs * std::max<int64_t>(1, series->train_end / p.c.batch - 1);
 }
 
 // A new run: its history, budget and folder from the command line.
 void plan_new(Plan& p, const TrainArgs& a, const Given& given) {
-  if (given("--task")) {  // --task lm: --env lm --algo lm
-    if (a.task != "lm") throw Error("--task '" + a.task + "': choose lm (a language model of a text: --task lm --data FILE)");
+  if (given("--task") && a.task == "series") plan_series(p, given);
+  else if (given("--task")) {  // --task lm: --env lm --algo lm
+    if (a.task != "lm")
+      throw Error("--task '" + a.task + "': choose lm (a language model of a text: --task lm --data FILE) or series (next-value "
+                  "regression: --task series --data FILE.csv --target COLUMN)");
     if (given("--env")) throw Error("--task lm is --env lm: give one of them");
     p.c.env = "lm";
     if (!given("--algo")) p.c.algo = segtape::agent::Algo::Lm;
@@ -102,6 +136,7 @@ void plan_new(Plan& p, const TrainArgs& a, const Given& given) {
   }
   if (auto it = plugin_envs().find(p.c.env); it != plugin_envs().end()) p.plugin = it->second;
   p.c.history = History::parse(given("--history") || p.c.env != "lm" ? a.history : "tbptt:64");
+  if (p.c.env == "series" && !given("--history")) p.c.history = History::parse("tbptt:16");
   if (p.c.env == "lm" && p.c.algo == segtape::agent::Algo::Lm && !given("--steps") && !p.c.env_options.data.empty()) {
     // one epoch: the training part's tokens per stream, less one (the corpus is read once, here and by the trainer)
     const auto& o = p.c.env_options;

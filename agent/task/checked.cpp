@@ -107,6 +107,20 @@ class CheckedEnv final : public Env {
                                         std::to_string(actions_) + ") (spec().num_actions) and not kNoTarget");
   }
 
+  void target_values(std::span<float> y) const override {
+    const size_t B = size_t(batch_);
+    need("target_values", "target", y.size(), B);
+    std::fill_n(y.begin(), B, kUnwrittenFloat);
+    check_spec("target_values");
+    guarded("target_values", [&] { env_->target_values(y); });
+    if (!all_finite(y.first(B))) [[unlikely]]
+      for (size_t b = 0; b < B; ++b)
+        if (!std::isfinite(y[b]))
+          fail(std::bit_cast<uint32_t>(y[b]) == kUnwrittenBits ? "target_values() left the target of stream " + std::to_string(b) + " unwritten"
+                                                                : "target_values() gave stream " + std::to_string(b) + " the target " +
+                                                                      std::to_string(y[b]) + "; targets must be finite");
+  }
+
   void step(std::span<const int64_t> actions, std::span<float> reward, std::span<uint8_t> done) override {
     const size_t B = size_t(batch_);
     need("step", "action", actions.size(), B);

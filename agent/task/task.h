@@ -20,6 +20,7 @@ namespace segtape::agent {
   X("tmaze", tmaze_task)                \
   X("dialogue", dialogue_task)          \
   X("lm", lm_task)                      \
+  X("series", series_task)              \
   /* (the list ends here) */
 
 #define SEGTAPE_DECLARE(N, F) std::unique_ptr<Env> F(int64_t batch, uint64_t seed, const EnvOptions& o);

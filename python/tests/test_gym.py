@@ -105,7 +105,7 @@ def test_non_finite_observations_are_named_before_normalising():
 def test_unsupported_spaces_and_algorithms_are_errors():
     with pytest.raises(segtape.Error, match="action space must be Discrete"):
         sg.train("Pendulum-v1", steps=32)
-    with pytest.raises(segtape.Error, match="segtape.gym.train: algo 'sac': choose a2c, ppo or lm"):
+    with pytest.raises(segtape.Error, match="segtape.gym.train: algo 'sac': choose a2c, ppo, lm or series"):
         sg.train("CartPole-v1", steps=32, algo="sac")
     with pytest.raises(segtape.Error, match="minibatches 3: must divide batch 8"):
         sg.train("CartPole-v1", steps=32, algo="ppo", minibatches=3)

@@ -31,6 +31,7 @@ namespace segtape::agent {
   X(A2c, "a2c")                         \
   X(Ppo, "ppo")                         \
   X(Lm, "lm")                           \
+  X(Series, "series")                   \
   /* (the list ends here) */
 
 // --history, parsed: which history and its numbers. The text each history

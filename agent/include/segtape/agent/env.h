@@ -25,6 +25,9 @@
 //              vectors[0, B * obs_dim) with finite values, row b = stream b
 //              (vector envs); writes nothing else, changes nothing.
 //   targets()  fills y[0, B) with a class in [0, num_actions) or kNoTarget.
+//   target_values()  (regression envs, e.g. series) fills y[0, B) with
+//              finite real targets; an env without them leaves it alone
+//              (the base throws).
 //   step()     gets actions in [0, num_actions); fills reward[0, B) with
 //              finite values and done[0, B) with 0 or 1 (1: the stream's
 //              episode ended with this step; the env restarts it by itself,
@@ -87,6 +90,10 @@ struct EnvOptions {
   std::string data, valid, test;
   std::string tokens = "chars";
   double split = 0.1;
+  // series (a CSV file's columns, agent/task/series.cpp; data, valid, test
+  // and split as lm's): the column to predict the next value of, and the
+  // columns observed, comma-separated ("": the target alone).
+  std::string target, features;
   enum class Part : uint8_t { Train, Valid, Test } part = Part::Train;
 };
 
@@ -101,6 +108,12 @@ class Env {
   virtual void observe(std::span<int64_t> tokens, std::span<float> vectors) const = 0;
   // Supervised: the target class of the current step per stream, or kNoTarget.
   virtual void targets(std::span<int64_t> y) const;
+  // Regression: the real target of the current step per stream (the series
+  // task's next value). A second channel beside targets() rather than a
+  // change of it: every classification env, plug-in and wrapper keeps its
+  // integer targets as they are, and only an algorithm that regresses (the
+  // series algorithm) calls this. The base throws an Error naming the env.
+  virtual void target_values(std::span<float> y) const;
   // Applies one action per stream and moves to the next step. Fills the reward
   // and whether the stream's episode ended (it restarts by itself).
   virtual void step(std::span<const int64_t> actions, std::span<float> reward, std::span<uint8_t> done) = 0;
