@@ -59,7 +59,7 @@ printf 'extern "C" int not_a_plugin() { return 0; }\n' | ${CXX:-c++} -x c++ -sha
 refused "--env-plugin $work/none.so: no such file" train --env-plugin "$work/none.so" --env count-ones --out "$work/x"
 refused "--env-plugin $work/other.so: not a segtape env plug-in" train --env-plugin "$work/other.so" --env count-ones --out "$work/x"
 refused "--env-plugin $here/README.md: cannot load it as a shared library" train --env-plugin "$here/README.md" --out "$work/x"
-refused "unknown env 'count-ones' (registered: recall, tmaze, dialogue, lm;" train --env count-ones --out "$work/x"
+refused "unknown env 'count-ones' (registered: recall, tmaze, dialogue," train --env count-ones --out "$work/x"
 mv "$plugin" "$work/moved.so"
 refused "comes from the plug-in $plugin (recorded in the checkpoint), which cannot be loaded" eval --checkpoint "$work/run/checkpoint.safetensors"
 "$segtape" eval --env-plugin "$work/moved.so" --checkpoint "$work/run/checkpoint.safetensors" --steps 100 >/dev/null ||
