@@ -75,6 +75,10 @@ std::string Trainer::stream_state() const {
   std::vector<int64_t> ints = c.env->save_state();
   const nn::Rng::State ar = c.act_rng.state();
   ints.push_back(int64_t(ar.seed)), ints.push_back(int64_t(ar.counter));
+  if (c.dropout) {  // (--dropout: each rank draws its own masks)
+    const nn::Rng::State dr = c.dropout->rng().state();
+    ints.push_back(int64_t(dr.seed)), ints.push_back(int64_t(dr.counter));
+  }
   std::vector<float> floats = c.h.to_host<float>();
   floats.insert(floats.end(), c.episode_return.begin(), c.episode_return.end());
   for (const Tensor& w : history_->carried()) {
@@ -96,10 +100,11 @@ void Trainer::set_stream_state(const std::string& bytes) {
     throw CheckpointError("dist: " + whose + " have " + std::to_string(ints.size()) + " integers and " + std::to_string(floats.size()) +
                           " floats; this configuration needs " + std::to_string(want_ints.size()) + " and " +
                           std::to_string(want_floats.size()));
-  const size_t ni = ints.size() - 2;
   Context& c = *c_;
+  const size_t ni = ints.size() - (c.dropout ? 4 : 2);
   c.env->load_state(std::span<const int64_t>(ints).first(ni));
   c.act_rng.set_state({uint64_t(ints[ni]), uint64_t(ints[ni + 1])});
+  if (c.dropout) c.dropout->rng().set_state({uint64_t(ints[ni + 2]), uint64_t(ints[ni + 3])});
   std::span<const float> f(floats);
   const size_t BH = size_t(c.h_home.numel()), B = c.episode_return.size();
   c.h_home.from_host(f.subspan(0, BH));

@@ -47,6 +47,7 @@ struct Context {
   Tensor clip_sq;
 
   int rank() const { return comm ? comm->rank() : 0; }
+  int ranks() const { return comm ? comm->size() : 1; }
   // The update after a backward: the gradients averaged over the ranks,
   // clipped, Adam's step, zeroed. has_loss false: this rank had no loss
   // (under data parallelism it still joins the all-reduce; no rank with a

@@ -207,7 +207,11 @@ std::unique_ptr<Env> make_env_shards(const std::string& name, int64_t batch, std
     throw Error("env: " + std::to_string(batch) + " streams cannot be split into " + std::to_string(n) +
                 " shards of equal size (--batch must be a multiple of --env-shards)");
   std::vector<std::unique_ptr<Env>> shards;
-  for (const uint64_t seed : seeds) shards.push_back(make_env(name, batch / n, seed, o));
+  for (size_t i = 0; i < seeds.size(); ++i) {
+    EnvOptions oi = o;
+    oi.shard = o.shard + int64_t(i);  // (lm: the shard's own streams)
+    shards.push_back(make_env(name, batch / n, seeds[i], oi));
+  }
   return std::make_unique<ShardedEnv>(std::move(shards), batch);
 }
 

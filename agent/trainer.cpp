@@ -142,7 +142,9 @@ Trainer::Trainer(const TrainConfig& config, dist::Communicator* comm)
   }
   std::vector<uint64_t> seeds;
   for (int64_t i = 0; i < cf.env_shards; ++i) seeds.push_back(shard_seed(cf.seed, int64_t(rank()) * cf.env_shards + i));
-  env_ = make_env_shards(cf.env, cf.batch, seeds, cf.env_options);
+  EnvOptions streams = cf.env_options;  // (lm: the ranks and shards read their own streams of the text)
+  streams.shards = int64_t(ranks()) * cf.env_shards, streams.shard = int64_t(rank()) * cf.env_shards;
+  env_ = make_env_shards(cf.env, cf.batch, seeds, streams);
   c.env = env_.get();
   const EnvSpec& spec = c.env->spec();
   check_sizes(cf, estimate_sizes(cf, spec));  // before anything is allocated

@@ -12,6 +12,9 @@
 #      so and ends the job
 #   5. ranks started with different configurations: refused before training,
 #      naming the setting; nothing written
+#   6. a language model (--task lm): two ranks of B streams read the text's
+#      streams as one process of 2B does (parameters within 1e-5 relative L2);
+#      with dropout (each rank's masks its own) resume is bit-identical
 # Usage: dist_cli_test.sh path/to/segtape [mpiexec]
 set -euo pipefail
 S=$(realpath "$1")
@@ -178,4 +181,17 @@ set -e
   { cat "$W/resume-mix.log"; fail "--resume on one rank only: exit code $rc, or not named"; }
 [ $(( $(date +%s) - t0 )) -lt 30 ] || fail "--resume on one rank only waited for the collective timeout"
 [ ! -e "$W/other" ] || fail "a refused run left $W/other behind"
+echo "== 6. a language model over two ranks"
+text="$(dirname "$(realpath "$0")")/data/shakespeare-20k.txt"
+lm=(--task lm --data "$text" --hidden 64 --embed 32 --history tbptt:16)  # (one epoch: 18000 tokens / 16 streams - 1 = 1124 steps)
+run2 train "${lm[@]}" --batch 8 --out "$W/lm2" > "$W/lm2.log"
+"$S" train "${lm[@]}" --batch 16 --out "$W/lm1" > "$W/lm1.log"
+d=$(rel_l2 "$W/lm2/checkpoint.safetensors" "$W/lm1/checkpoint.safetensors")
+echo "lm: 2 ranks x 8 streams against 1 process x 16: parameters' relative L2 distance $d"
+python3 -c "import sys; d=float(sys.argv[1]); sys.exit(0 if d<=1e-5 else 1)" "$d" || fail "lm: the two-rank run is $d from one process"
+run2 train "${lm[@]}" --batch 8 --dropout 0.3 --steps 1124 --out "$W/lmu" > /dev/null
+run2 train "${lm[@]}" --batch 8 --dropout 0.3 --out "$W/lmb" --steps 592 > /dev/null  # (a chunk boundary: 37 x 16)
+run2 train --resume "$W/lmb" --steps 1124 > /dev/null
+[ "$(rel_l2 "$W/lmb/checkpoint.safetensors" "$W/lmu/checkpoint.safetensors")" = "0.000e+00" ] ||
+  fail "lm with dropout: the resumed two-rank run is not bit-identical to the unbroken one"
 echo "all passed"

@@ -30,7 +30,7 @@ class Lm : public Algorithm {
   Lm(Context& c, HistoryRunner& h, Step& s) : Algorithm(c, h, s) {
     const EnvOptions& o = c.config.env_options;
     corpus_ = load_corpus(o.data, o.valid, o.test, parse_tokens(o.tokens), o.split);
-    epoch_ = int64_t(corpus_->train.size()) / c.config.batch - 1;
+    epoch_ = int64_t(corpus_->train.size()) / (c.config.batch * c.ranks()) - 1;  // (data parallel: the ranks' streams share the text)
     history_.prepare(c.h_home, true);
     eval_h_ = c.tape->persistent({c.config.state_rows() * kEvalStreams, c.config.hidden});
     eval_zero_.assign(size_t(eval_h_.numel()), 0.0f);

@@ -143,7 +143,8 @@ void plan_new(Plan& p, const TrainArgs& a, const Given& given) {
     const auto corpus = segtape::agent::load_corpus(o.data, o.valid, o.test, segtape::agent::parse_tokens(o.tokens), o.split);
     const int64_t epochs = given("--epochs") ? p.c.epochs : 1;
     if (epochs < 1 || epochs > 100000) throw Error("--epochs must be in [1, 100000]");
-    p.c.steps = std::min(TrainConfig::kMaxSteps, epochs * std::max<int64_t>(1, int64_t(corpus->train.size()) / p.c.batch - 1));
+    const int64_t streams = p.c.batch * (p.comm ? p.comm->size() : 1);  // (data parallel: the ranks' streams share the text)
+    p.c.steps = std::min(TrainConfig::kMaxSteps, epochs * std::max<int64_t>(1, int64_t(corpus->train.size()) / streams - 1));
   }
   if (!a.budget.empty()) p.c.budget = parse_bytes(a.budget);
   p.out = a.out.empty() ? default_out(p.c.env) : fs::path(a.out);

@@ -5,6 +5,8 @@
 // it. An epoch is N/B - 1 steps; at its last step every stream's episode
 // ends (the trainer starts the next epoch from the zero state, as the
 // example's init_hidden at each epoch). Scored by next-token accuracy.
+// Data parallel (EnvOptions::shards): the text is cut into shards x B
+// streams, and each rank's env reads its own B of them.
 #include <algorithm>
 
 #include "corpus.h"
@@ -23,24 +25,26 @@ class Lm final : public Env {
                                   ? (o.part == EnvOptions::Part::Test ? o.test : o.valid)
                                   : o.data;
     ids_ = o.part == EnvOptions::Part::Train ? &corpus_->train : o.part == EnvOptions::Part::Valid ? &corpus_->valid : &corpus_->test;
-    per_ = int64_t(ids_->size()) / B;
+    if (o.shards < 1 || o.shard < 0 || o.shard >= o.shards) throw Error("lm: shard " + std::to_string(o.shard) + " of " + std::to_string(o.shards));
+    per_ = int64_t(ids_->size()) / (B * o.shards);
+    first_ = o.shard * B;
     if (per_ < 2)
       throw Error(file + ": its " + part + " part has " + std::to_string(ids_->size()) + " tokens (--tokens " + o.tokens + "), " +
-                  "fewer than 2 for each of the " + std::to_string(B) + " streams (a token and the next one to predict): a longer "
-                  "text, fewer streams (--batch) or, for the validation part, a larger --split");
+                  "fewer than 2 for each of the " + std::to_string(B * o.shards) + " streams (a token and the next one to predict): a "
+                  "longer text, fewer streams (--batch, ranks) or, for the validation part, a larger --split");
     const int64_t V = corpus_->vocab.size();
     spec_ = {"lm", V, 0, V, true, "accuracy", true};
     s_.assign(1, 0);
   }
   const EnvSpec& spec() const override { return spec_; }
   void observe(std::span<int64_t> tok, std::span<float>) const override {
-    for (int64_t b = 0; b < batch_; ++b) tok[size_t(b)] = (*ids_)[size_t(b * per_ + s_[0])];
+    for (int64_t b = 0; b < batch_; ++b) tok[size_t(b)] = (*ids_)[size_t((first_ + b) * per_ + s_[0])];
   }
   void targets(std::span<int64_t> y) const override {
-    for (int64_t b = 0; b < batch_; ++b) y[size_t(b)] = (*ids_)[size_t(b * per_ + s_[0] + 1)];
+    for (int64_t b = 0; b < batch_; ++b) y[size_t(b)] = (*ids_)[size_t((first_ + b) * per_ + s_[0] + 1)];
   }
   void step(std::span<const int64_t> actions, std::span<float> reward, std::span<uint8_t> done) override {
-    for (int64_t b = 0; b < batch_; ++b) score_num_ += actions[size_t(b)] == (*ids_)[size_t(b * per_ + s_[0] + 1)] ? 1 : 0;
+    for (int64_t b = 0; b < batch_; ++b) score_num_ += actions[size_t(b)] == (*ids_)[size_t((first_ + b) * per_ + s_[0] + 1)] ? 1 : 0;
     score_den_ += batch_;
     const bool end = ++s_[0] == per_ - 1;  // (the epoch's last step: the next starts at the streams' beginnings)
     if (end) s_[0] = 0;
@@ -56,7 +60,8 @@ class Lm final : public Env {
  private:
   std::shared_ptr<const Corpus> corpus_;
   const std::vector<int32_t>* ids_ = nullptr;
-  int64_t per_ = 0;  // tokens per stream
+  int64_t per_ = 0;    // tokens per stream
+  int64_t first_ = 0;  // the first of the text's streams this env reads (EnvOptions::shard)
   EnvSpec spec_;
   std::vector<int64_t> s_;  // the step in the epoch
 };

@@ -95,6 +95,11 @@ struct EnvOptions {
   // columns observed, comma-separated ("": the target alone).
   std::string target, features;
   enum class Part : uint8_t { Train, Valid, Test } part = Part::Train;
+  // The env's streams are share `shard` of `shards` equal shares (a
+  // data-parallel run's ranks, or --env-shards): lm batchifies its text
+  // into shards x B streams and reads its own B of them; the other envs
+  // take a seed of their own instead. Not in the checkpoint (the trainer's).
+  int64_t shard = 0, shards = 1;
 };
 
 class Env {
