@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "segtape/agent/env.h"
+#include "segtape/agent/sample.h"
 #include "segtape/blas.h"
 #include "segtape/agent/retention.h"
 #include "segtape/agent/trainer.h"
@@ -51,6 +52,8 @@
 #include "segtape/op_list.h"
 #include "segtape/ops.h"
 #include "segtape/tape.h"
+
+#include "../../agent/task/corpus.h"  // (the agent library's corpus reader: segtape.agent.corpus)
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -1270,7 +1273,42 @@ NB_MODULE(_segtape, m) {
       .def_rw("lr_schedule", &agent::TrainConfig::lr_schedule)
       .def_rw("env_shards", &agent::TrainConfig::env_shards)
       .def_rw("graph_replay", &agent::TrainConfig::graph_replay)
+      // --task lm / series: the files and their reading (EnvOptions), the model
+#define SEGTAPE_OPTION(name, type)                                                          \
+  .def_prop_rw(#name, [](const agent::TrainConfig& c) { return c.env_options.name; }, \
+               [](agent::TrainConfig& c, type v) { c.env_options.name = std::move(v); })
+      SEGTAPE_OPTION(data, std::string) SEGTAPE_OPTION(valid, std::string) SEGTAPE_OPTION(test, std::string)
+      SEGTAPE_OPTION(tokens, std::string) SEGTAPE_OPTION(split, double) SEGTAPE_OPTION(target, std::string)
+      SEGTAPE_OPTION(features, std::string)
+#undef SEGTAPE_OPTION
+      .def_rw("cell", &agent::TrainConfig::cell)
+      .def_rw("layers", &agent::TrainConfig::layers)
+      .def_rw("dropout", &agent::TrainConfig::dropout)
+      .def_rw("tied", &agent::TrainConfig::tied)
+      .def_rw("optim", &agent::TrainConfig::optim)
       .def("validate", &agent::TrainConfig::validate);
+  ag.def("corpus", [](const std::string& data, const std::string& valid, const std::string& test, const std::string& tokens,
+                      double split) {
+    const std::shared_ptr<const agent::Corpus> c = agent::load_corpus(data, valid, test, agent::parse_tokens(tokens), split);
+    std::vector<std::string> vocab;
+    for (int64_t i = 0; i < c->vocab.size(); ++i) vocab.push_back(c->vocab.text(i));
+    const auto ids = [](const std::vector<int32_t>& v) {
+      int32_t* copy = new int32_t[std::max<size_t>(v.size(), 1)];
+      std::copy(v.begin(), v.end(), copy);
+      nb::capsule owner(copy, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+      return nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>(copy, {v.size()}, owner);
+    };
+    return nb::make_tuple(vocab, ids(c->train), ids(c->valid), ids(c->test));
+  }, "data"_a, "valid"_a = "", "test"_a = "", "tokens"_a = "chars", "split"_a = 0.1,
+     "A text's token ids as `segtape train --task lm` reads it: (vocabulary texts by id, train, valid, test ids as int32 arrays).");
+  ag.def("sample", [](const std::filesystem::path& checkpoint, const std::string& prompt, int64_t length, double temperature,
+                      uint64_t seed) {
+    std::string text;
+    agent::sample(checkpoint, {.prompt = prompt, .length = length, .temperature = temperature, .seed = seed},
+                  [&](std::string_view t) { text += t; });
+    return text;
+  }, "checkpoint"_a, "prompt"_a = "", "length"_a = 500, "temperature"_a = 1.0, "seed"_a = 1,
+     "The text a language-model checkpoint writes after the prompt (segtape sample): the prompt, then `length` tokens.");
   nb::class_<agent::Trainer>(ag, "Trainer")
       .def("__init__", [](agent::Trainer* self, const agent::TrainConfig& c, dist::Communicator* comm) {
         const ExitGuard running("Trainer()");  // (a Python env's factory)
@@ -1291,6 +1329,11 @@ NB_MODULE(_segtape, m) {
         return dict_of({{"steps", nb::cast(r.steps)}, {"loss_sum", nb::cast(r.loss_sum)}, {"loss_steps", nb::cast(r.loss_steps)},
                         {"return_sum", nb::cast(r.return_sum)}, {"episodes", nb::cast(r.episodes)},
                         {"approx_kl", nb::cast(r.metric("approx_kl"))}, {"clip_fraction", nb::cast(r.metric("clip_fraction"))},
+                        {"metrics", [&] {  // the algorithm's own figures of this update (a language model's valid_loss)
+                           nb::dict d;
+                           for (const agent::Metric& m : r.metrics) d[m.name] = m.value;
+                           return d;
+                         }()},
                         // exact and ppo report their windows' or iterations' largest segment
                         {"segment_peak", nb::cast(r.segment_peak ? r.segment_peak : t.tape().stats().last_segment_peak)}});
       })

@@ -76,6 +76,8 @@ def test_retention_notebook_runs(python3_kernel, tmp_path):
     text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "stream")
     assert "BudgetError at step" in text  # pitfall 1 under the strict policy
     assert "retention lab: B=8" in text  # the lab's table
+    import re
+    assert re.search(r"stops the loop without the line at chunk \d+", text)  # the repackage_hidden section's budget
 
     out = os.environ.get("SEGTAPE_NOTEBOOK_OUT")
     if out:
