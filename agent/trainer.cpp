@@ -223,6 +223,12 @@ void refuse_inside_a_segment(bool busy, const char* what) {
 
 void Trainer::refuse_while_running(const char* what) const { refuse_inside_a_segment(busy_ > 0, what); }
 
+UpdateResult Trainer::stopped_figures() {
+  refuse_while_running("stopped_figures");
+  const Busy busy(busy_);
+  return algo_->stopped();
+}
+
 UpdateResult Trainer::run_segment() {
   refuse_while_running("run_segment");  // (an env's callback: the outer segment's state, half-done)
   const Busy busy(busy_);

@@ -314,9 +314,11 @@ def report(res):
             md.append(f"| {config} | {threads} | {e} | {cell(tv, nats)} | {cell(sv, nats)} | {diff} |")
     notes = []
     loads = [r["load_before"] for r in res["runs"] if "load_before" in r]
-    if loads and max(loads) > 0.5:
-        notes.append(f"the 1-minute load average before a run reached {max(loads):.1f} (median {statistics.median(loads):.1f}) on "
-                     f"{res['machine']['affinity']} CPUs: other work shared the machine, the timings are not a quiet machine's")
+    if loads:  # (the average decays over minutes: it still counts the run before, about 1 for a one-thread run)
+        busy = max(loads) > max(res["settings"]["threads"]) + 0.5
+        notes.append(f"the 1-minute load average before a run, the run before it included, reached {max(loads):.1f} (median "
+                     f"{statistics.median(loads):.1f}) on {res['machine']['affinity']} CPUs" +
+                     (": more than the runs' own threads, other work shared the machine" if busy else ""))
     envs = sorted({json.dumps(r.get("env", {}), sort_keys=True) for r in res["runs"]})
     if any("OMP_WAIT_POLICY" in e for e in envs):
         notes.append("OMP_WAIT_POLICY=passive was set for both engines (--omp-passive)")
@@ -367,12 +369,32 @@ def main():
     ap.add_argument("--segtape-steps", action="store_true", help="give segtape --steps (epochs x steps per epoch) instead of --epochs")
     ap.add_argument("--segtape-extra", default="", help="more flags for segtape train, appended (one string)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
-    ap.add_argument("--from-json", help="write the tables from this lm-bench.json and exit")
+    ap.add_argument("--from-json", action="append",
+                    help="write the tables from this lm-bench.json and exit; given again, the runs of several (the first's "
+                         "settings, every file's runs, the seeds and threads of all); with --threads or --seeds, only those runs")
     a = ap.parse_args()
 
     if a.from_json:
-        with open(a.from_json) as f:
-            res = json.load(f)
+        res = None
+        for path in a.from_json:
+            with open(path) as f:
+                one = json.load(f)
+            if res is None:
+                res = one
+                continue
+            res["runs"] += one["runs"]
+            for key in ("seeds", "threads"):
+                res["settings"][key] = sorted(set(res["settings"][key]) | set(one["settings"][key]))
+        # --threads / --seeds given with --from-json: only those runs
+        given = {arg.split("=")[0] for arg in sys.argv[1:]}
+        if "--threads" in given:
+            keep = {int(t) for t in a.threads.split(",")}
+            res["runs"] = [r for r in res["runs"] if r["threads"] in keep]
+            res["settings"]["threads"] = sorted(keep)
+        if "--seeds" in given:
+            keep = set(range(1, int(a.seeds) + 1)) if "," not in a.seeds else {int(x) for x in a.seeds.split(",")}
+            res["runs"] = [r for r in res["runs"] if r["seed"] in keep]
+            res["settings"]["seeds"] = sorted(keep)
         write_outputs(res, a.out)
         print(report(res))
         return 0

@@ -1533,6 +1533,32 @@ TEST(Cli, RetentionLabNamesWhyItsCheckCouldNotBeMade) {
   fs::remove_all(dir);
 }
 
+// A language model stopped mid-epoch (Ctrl-C) keeps its checkpoint and
+// evaluates its validation part where it stopped: metrics.json has the
+// validation loss though no epoch ended.
+TEST(Cli, LanguageModelStoppedMidEpochEvaluatesAndKeepsItsCheckpoint) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_lm_sigint_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string b = (dir / "lm").string(), text = std::string(SEGTAPE_SOURCE_DIR) + "/tests/data/shakespeare-20k.txt";
+  // (an epoch: 18000 tokens / 8 streams - 1 = 2249 steps; stopped after 3 rows of 16)
+  const std::string script = std::string(SEGTAPE_BIN) + " train --task lm --data " + text + " --epochs 3 --batch 8 --hidden 32" +
+                             " --embed 16 --layers 1 --history tbptt:16 --log-every 16 --out " + b + " > " + b + ".log 2>&1 & p=$!; " +
+                             "for i in $(seq 1 3000); do [ $(cat " + b + "/metrics.csv 2>/dev/null | wc -l) -ge 4 ] && break; " +
+                             "sleep 0.01; done; kill -INT $p; wait $p; echo \"rc=$?\"";
+  const test::Process stop = test::run_shell("sh -c '" + script + "'");
+  const std::string log = slurp(b + ".log");
+  ASSERT_NE(stop.output.find("rc=130"), std::string::npos) << stop.output << log;
+  const size_t at = log.find("stopped by SIGINT at step ");
+  ASSERT_NE(at, std::string::npos) << log;
+  EXPECT_LT(std::stol(log.substr(at + 26)), 2249) << "stopped in the first epoch";
+  EXPECT_TRUE(fs::exists(fs::path(b) / "checkpoint.safetensors"));
+  const std::string json = slurp(fs::path(b) / "metrics.json");
+  EXPECT_NE(json.find("\"valid_loss\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"interrupted\": \"SIGINT\""), std::string::npos) << json;
+  fs::remove_all(dir);
+}
+
 TEST(Cli, SigintStopsGracefullyAndResumesBitIdentically) {
   const fs::path dir = fs::temp_directory_path() / ("segtape_sigint_" + std::to_string(::getpid()));
   fs::remove_all(dir);

@@ -31,6 +31,8 @@ class Algorithm {
   // Whether the update runs its recurrence as one gru_sequence (the device's
   // fused kernel) where it can (Trainer::graph_sequence, ppo_sequence).
   virtual bool sequence() const { return false; }
+  // The run stops before its end (Trainer::stopped_figures): the figures then.
+  virtual UpdateResult stopped() { return {}; }
   // A checkpoint was loaded (what was captured from the old state is forgotten).
   virtual void loaded() {}
   // What a checkpoint keeps of the algorithm's besides the trainer's state

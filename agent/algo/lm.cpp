@@ -98,6 +98,16 @@ class Lm : public Algorithm {
     return r;
   }
 
+  // Stopped mid-epoch (Ctrl-C): the validation part evaluated where the model is now.
+  UpdateResult stopped() override {
+    UpdateResult r;
+    if (c_.step % epoch_ == 0) return r;  // (its epoch's end reported it)
+    copy_into(c_.h_home, c_.h);
+    c_.h = c_.h_home;
+    r.metrics = std::span<const Metric>(metrics_).first(report(EnvOptions::Part::Valid, 0));
+    return r;
+  }
+
  private:
   // The part's loss in nats per token, its perplexity and bits per token into metrics_ from m on.
   size_t report(EnvOptions::Part part, size_t m) {

@@ -81,7 +81,10 @@ struct Loop {
   // stopped at; --history full logs its last interval when it stopped, and
   // writes its one checkpoint when it did not.
   void finish(const RunEnd& e) {
-    if (!kind.full && e.signal_stop()) checkpoints.save(&log.open());
+    if (!kind.full && e.signal_stop()) {
+      checkpoints.save(&log.open());
+      log.update(tr.stopped_figures());  // (a language model's validation loss where the run stopped)
+    }
     if (kind.full && !e.stopped.empty()) log.row_if_open();
     if (kind.full && e.stopped.empty() && !e.finishing) checkpoints.save(nullptr);
   }

@@ -108,6 +108,10 @@ class Trainer {
   // calls before the difference have run) and forgets the graphs. (Not for
   // --history full, whose one segment spans the run.)
   UpdateResult run_segment();
+  // A run that stops before its end (a signal): the algorithm's figures at
+  // that point, as metrics (a language model evaluates its validation part
+  // where the last update did not); none for the others.
+  UpdateResult stopped_figures();
   bool done() const;
   // Data parallelism: this rank's stop request travels with the next update's
   // gradients, and every rank sees any rank's after it (stop_agreed), so all
