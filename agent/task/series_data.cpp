@@ -34,7 +34,7 @@ std::vector<std::string> parse_features(const std::string& s) {
     const size_t comma = std::min(s.find(',', at), s.size());
     std::string name = s.substr(at, comma - at);
     if (name.empty()) throw Error("--features '" + s + "': an empty column name (give names separated by commas: a,b,c)");
-    if (std::find(names.begin(), names.end(), name) != names.end()) throw Error("--features '" + s + "': '" + name + "' is given twice");
+    if (std::find(names.begin(), names.end(), name) != names.end()) throw Error(std::string("--features '").append(s).append("': '").append(name).append("' is given twice"));
     names.push_back(std::move(name));
     if (comma == s.size()) return names;
     at = comma + 1;
@@ -110,7 +110,7 @@ void read_csv(const std::string& file, const std::vector<std::string>& wanted, s
           for (const std::string_view c : cells) names += (names.empty() ? "" : ", ") + std::string(c);
           throw Error(where + ": no column '" + wanted[w] + "' (" + (w == 0 ? "--target" : "--features") + "; its columns: " + names + ")");
         }
-        if (std::find(it + 1, cells.end(), wanted[w]) != cells.end()) throw Error(where + ": the column '" + wanted[w] + "' is named twice");
+        if (std::find(it + 1, cells.end(), wanted[w]) != cells.end()) throw Error(std::string(where).append(": the column '").append(wanted[w]).append("' is named twice"));
         at[w] = size_t(it - cells.begin());
       }
       continue;
