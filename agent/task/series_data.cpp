@@ -108,7 +108,8 @@ void read_csv(const std::string& file, const std::vector<std::string>& wanted, s
         if (it == cells.end()) {
           std::string names;
           for (const std::string_view c : cells) names += (names.empty() ? "" : ", ") + std::string(c);
-          throw Error(where + ": no column '" + wanted[w] + "' (" + (w == 0 ? "--target" : "--features") + "; its columns: " + names + ")");
+          throw Error(std::string(where).append(": no column '").append(wanted[w]).append("' (").append(w == 0 ? "--target" : "--features")
+                          .append("; its columns: ").append(names).append(")"));
         }
         if (std::find(it + 1, cells.end(), wanted[w]) != cells.end()) throw Error(std::string(where).append(": the column '").append(wanted[w]).append("' is named twice"));
         at[w] = size_t(it - cells.begin());
