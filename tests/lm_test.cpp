@@ -52,6 +52,15 @@ TrainConfig lm_config(const std::string& data, int64_t steps) {
   return c;
 }
 
+// The entropy of the tokens' frequencies in nats: what a model that ignores the history can reach.
+double unigram_entropy(const std::vector<int32_t>& ids) {
+  std::map<int32_t, double> counts;
+  for (int32_t t : ids) counts[t] += 1;
+  double entropy = 0;
+  for (const auto& [t, n] : counts) entropy -= n / double(ids.size()) * std::log(n / double(ids.size()));
+  return entropy;
+}
+
 std::vector<float> params_of(Trainer& tr) {
   std::vector<float> all;
   for (const Tensor& p : tr.policy().parameters())
@@ -123,10 +132,7 @@ TEST(Lm, AShortRunLearnsBelowTheUnigramEntropyAndResumesBitIdentically) {
   const int64_t epoch = int64_t(corpus.train.size()) / 8 - 1;  // (B = 8)
   ASSERT_EQ(epoch, 2249);
   const TrainConfig c = lm_config(kText.string(), 3 * epoch);
-  std::map<int32_t, double> counts;
-  for (int32_t t : corpus.valid) counts[t] += 1;
-  double entropy = 0;
-  for (const auto& [t, n] : counts) entropy -= n / double(corpus.valid.size()) * std::log(n / double(corpus.valid.size()));
+  const double entropy = unigram_entropy(corpus.valid);
   Trainer tr(c), first(c);
   std::vector<std::vector<size_t>> peaks(3);
   std::vector<double> valid;
@@ -171,10 +177,7 @@ TEST(Lm, AShortRunLearnsBelowTheUnigramEntropyAndResumesBitIdentically) {
 // count is what Policy::parameters_for says without building it.
 TEST(Lm, LstmStacksWithDropoutAndTiedWeightsLearnAndResume) {
   const Corpus corpus = *load_corpus(kText.string(), "", "", Tokens::Chars, 0.1);
-  std::map<int32_t, double> counts;
-  for (int32_t t : corpus.valid) counts[t] += 1;
-  double entropy = 0;
-  for (const auto& [t, n] : counts) entropy -= n / double(corpus.valid.size()) * std::log(n / double(corpus.valid.size()));
+  const double entropy = unigram_entropy(corpus.valid);
   for (const char* history : {"tbptt:16", "exact:8/32"}) {
     SCOPED_TRACE(history);
     TrainConfig c = lm_config(kText.string(), 2 * 2249);
