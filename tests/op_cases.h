@@ -7,6 +7,7 @@
 // at least (relative, norm-wise; cuda_test.cpp widens it where the CPU's own
 // float32 gap says so). A new op needs one entry here to be in all three.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -346,6 +347,44 @@ inline std::vector<OpCase> op_cases() {
   c.back().torch = SEGTAPE_TORCH([](W in, const int64_t*) {
     return torch::log(torch::softmax(in[0], -1) + torch::exp(torch::relu(in[0]))).sum(1);
   });
+  // (Cases added after the first ones go last: a case's place seeds its random draws.)
+  // The cell on input gates computed beforehand (gru_cell_gates): gi = x W_ih^T
+  // + b_ih by matmul and add, every gradient through gi; and the first
+  // layer's table, gi = a token's row of E W_ih^T + b_ih (in[0] is E
+  // [B + 2, I], the tokens fixed, repeats included), against LibTorch's
+  // gru_cell on the embeddings.
+  c.push_back({"gru_cell_gates", gru_shapes,
+               [](Tape&, const std::vector<Tensor>& in, const int64_t*) {
+                 return gru_cell_gates(add(matmul(in[0], in[2], false, true), in[4]), in[1], in[3], in[5]);
+               },
+               -1, 1, 2e-5});
+  c.back().torch = torch_gru_cell;
+  auto table_tokens = [](int64_t B) {
+    std::vector<int64_t> ix(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) ix[size_t(b)] = (b * 5 + 1) % (B + 2);
+    if (B > 1) ix[size_t(B - 1)] = ix[0];
+    return ix;
+  };
+  c.push_back({"gru_cell_gates_table",
+               [](const int64_t* d) {
+                 return S{{d[0] + 2, d[1]}, {d[0], d[2]}, {3 * d[2], d[1]}, {3 * d[2], d[2]}, {3 * d[2]}, {3 * d[2]}};
+               },
+               [table_tokens](Tape& t, const std::vector<Tensor>& in, const int64_t*) {
+                 const std::vector<int64_t> ix = table_tokens(in[1].dim(0));
+                 const Tensor table = add(matmul(in[0], in[2], false, true), in[4]);
+                 return gru_cell_gates(embedding(table, t.from(std::span<const int64_t>(ix), {int64_t(ix.size())})), in[1], in[3], in[5]);
+               },
+               -1, 1, 2e-5});
+  c.back().torch = SEGTAPE_TORCH(([table_tokens](W in, const int64_t*) {
+    const torch::Tensor ix = torch::tensor(table_tokens(in[1].size(0)), torch::kLong);
+    return torch::gru_cell(torch::embedding(in[0], ix), in[1], in[2], in[3], in[4], in[5]);
+  }));
+  // The same on input gates computed beforehand (lstm_cell_gates), gi = x W_ih^T + b_ih.
+  c.push_back(*std::find_if(c.begin(), c.end(), [](const OpCase& o) { return o.name == "lstm_cell"; }));
+  c.back().name = "lstm_cell_gates";
+  c.back().f = [](Tape&, const std::vector<Tensor>& in, const int64_t*) {
+    return lstm_cell_gates(add(matmul(in[0], in[2], false, true), in[4]), in[1], in[3], in[5]);
+  };
   return c;
 }
 

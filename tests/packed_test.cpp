@@ -282,7 +282,7 @@ TEST(PackedGru, SmallWeightGradientsTakeOneThreadWhereOpenBlasHasMore) {
         }
         seg.backward(loss);
       }
-      batch_peak[run] = detail::cpu_cells(tape)->batch.buffers.peak();
+      batch_peak[run] = detail::cpu_cells(tape)->batch.open[0].buffers.peak();
       g[run] = grads(gru);
     }
     EXPECT_LT(rel_error(g[0], g[2]), 1e-5) << "B " << B << ", one thread";
@@ -291,6 +291,55 @@ TEST(PackedGru, SmallWeightGradientsTakeOneThreadWhereOpenBlasHasMore) {
       // dgh^T and the packed h (and dgi^T and x) in the batch's arena, beside what one thread holds there
       EXPECT_GT(batch_peak[1], batch_peak[0]) << "B " << B << ": the weight gradients took segtape's kernel";
     }
+  }
+}
+
+// A stack of L GRU layers meets its layers' cells in turn in backward (layer
+// L-1 at step t, ..., layer 0, then step t - 1): each layer keeps a batch of
+// its own (CellBatches), up to CellBatches::kOpen open at once; with more
+// layers the next batch in turn is flushed and taken. Two and six layers
+// (float64): the weight gradients equal per-step ones to rounding, and with
+// two layers each layer opened a batch of its own (both batches' arenas
+// used, each sized for several steps' rows of dgi, dgh, x and h; with one
+// batch for all, the second was never opened).
+TEST(PackedGru, EachLayerOfAStackKeepsItsOwnWeightGradientBatch) {
+  constexpr int64_t B = 3, H = 6, T = 9;
+  for (int64_t L : {2, 6}) {
+    std::vector<double> g[2];
+    for (int batched = 0; batched < 2; ++batched) {
+      Tape tape(Device::cpu(), {.batch_weight_grads = batched == 1});
+      std::mt19937 rng(11);
+      std::vector<Tensor> w;
+      for (int64_t l = 0; l < L; ++l)
+        for (const Shape& s : {Shape{3 * H, H}, Shape{3 * H, H}, Shape{3 * H}, Shape{3 * H}}) {
+          w.push_back(tape.parameter(s, DType::F64));
+          fill_uniform(w.back(), rng);
+        }
+      Tensor x = tape.parameter({B, H}, DType::F64);
+      fill_uniform(x, rng);
+      {
+        Segment seg = tape.segment();
+        std::vector<Tensor> h(size_t(L), tape.zeros({B, H}, DType::F64));
+        Tensor loss;
+        for (int64_t t = 0; t < T; ++t) {
+          Tensor in = scale(x, 1.0 + 0.1 * double(t));
+          for (int64_t l = 0; l < L; ++l) {
+            const auto k = size_t(4 * l);
+            in = h[size_t(l)] = gru_cell(in, h[size_t(l)], w[k], w[k + 1], w[k + 2], w[k + 3]);
+          }
+          loss = t ? add(loss, mean(mul(in, in))) : mean(mul(in, in));
+        }
+        seg.backward(loss);
+      }
+      for (const Tensor& t : w)
+        for (double v : values(t.grad_tensor())) g[batched].push_back(v);
+      if (batched && L == 2) {
+        const size_t step_rows = size_t(B * (3 * H + 3 * H + H + H)) * sizeof(double);
+        for (int i = 0; i < 2; ++i)
+          EXPECT_GT(detail::cpu_cells(tape)->batch.open[size_t(i)].buffers.peak(), 2 * step_rows) << "layer batch " << i;
+      }
+    }
+    EXPECT_LE(rel_error(g[0], g[1]), 1e-13) << L << " layers";
   }
 }
 

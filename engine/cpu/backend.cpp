@@ -125,7 +125,7 @@ class CpuBackend final : public detail::Backend {
     detail::clear_packed(cells_.packed);
   }
   void backward_end(Tape&) override {
-    detail::flush_cell_batch(cells_.batch);
+    detail::flush_cell_batches(cells_.batch);
     detail::clear_packed(cells_.packed);
   }
   void bytes_written(const void* p, size_t bytes) override { detail::packed_written(cells_.packed, p, bytes); }
@@ -258,7 +258,11 @@ class CpuBackend final : public detail::Backend {
   void discard_graph() override { schedule_.discard(); }
   std::pair<uint64_t, uint64_t> graph_counts() const override { return {schedule_.captures(), schedule_.replays()}; }
   size_t internal_device_bytes() const override { return 0; }
-  size_t workspace_bytes() const override { return cells_.batch.buffers.reserved() + cells_.packed.buffers.reserved(); }
+  size_t workspace_bytes() const override {
+    size_t n = cells_.packed.buffers.reserved();
+    for (const detail::CellBatch& b : cells_.batch.open) n += b.buffers.reserved();
+    return n;
+  }
   std::string describe() const override {
     return emulated_ ? device_.str() + ": host-emulated (segtape::emulation)" : device_.str();
   }

@@ -17,6 +17,28 @@
 
 namespace segtape::detail {
 
+// A cell node's operands by role: in = {x, state, w_ih, w_hh, b_ih, b_hh},
+// or, for a cell on input gates computed beforehand (gru_cell_gates,
+// lstm_cell_gates: n_in 4), {gi, state, w_hh, b_hh}, with no w_ih or b_ih
+// (-1) and gi read where x W_ih^T + b_ih would be.
+struct CellInputs {
+  bool pre;
+  int w_ih, w_hh, b_ih, b_hh;  // their indices in in[] and a backward's Grads; -1: none
+};
+inline CellInputs cell_inputs(const Node& n) {
+  if (n.n_in == 4) return {true, -1, 2, -1, 3};
+  return {false, 2, 3, 4, 5};
+}
+// Grads[i], or none for i = -1.
+inline void* grad_of(const ops::Grads& dst, int i) { return i < 0 ? nullptr : dst[size_t(i)]; }
+
+// d[i] += s[i], i < n (a gradient passed through unchanged).
+template <class T>
+void add_into(T* __restrict d, const T* __restrict s, int64_t n) {
+#pragma GCC ivdep
+  for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+}
+
 // C [M, N] = A [M, K] op(w) + beta C for a cell's weight w [N, K] (trans) or
 // [K, N]: with w packed once per pass where that applies (packed_weight), else BLAS.
 template <class T>
@@ -61,11 +83,11 @@ void cell_weight_grads(int64_t rows, int64_t I, int64_t H, int64_t G, const T* d
 struct CellGrads {
   void* dgi = nullptr;
   void* dgh = nullptr;
-  bool batched = false;
+  CellBatch* batch = nullptr;  // the batch this step's rows went into (null: not batched)
 };
-CellGrads cell_grads(Tape& tape, CellBatch& cb, const Node& n, const ops::Grads& dst, int64_t H, int64_t G, bool one);
+CellGrads cell_grads(Tape& tape, CellBatches& cb, const Node& n, const ops::Grads& dst, int64_t H, int64_t G, bool one);
 // After the cell's elementwise backward and its products for dx and dh: its
 // weight gradients, now (not batched) or when the batch is full.
-void cell_grads_done(CellBatch& cb, const Node& n, const ops::Grads& dst, const CellGrads& cg, int64_t H, int64_t G);
+void cell_grads_done(CellBatches& cb, const Node& n, const ops::Grads& dst, const CellGrads& cg, int64_t H, int64_t G);
 
 }  // namespace segtape::detail

@@ -45,16 +45,27 @@ void gru_gate_row(int64_t H, const T* __restrict gi, const T* __restrict gh, con
 
 // The GRU gates of one step into S [B, 4H] (r, z, n, W_hn h + b_hn per row);
 // with y non-null also the new state y [B, H]. Pre-activations go to the op workspace.
+// On input gates computed beforehand (gru_cell_gates) gi is the node's x
+// and b_ih zero.
 template <class T>
 void gru_gates(Tape& t, detail::PackedWeights& pw, const Node& nd, T* S, T* y) {
-  const Tensor &x = nd.in[0], &h = nd.in[1], &w_ih = nd.in[2], &w_hh = nd.in[3];
+  const detail::CellInputs ci = detail::cell_inputs(nd);
+  const Tensor &x = nd.in[0], &h = nd.in[1], &w_hh = nd.in[size_t(ci.w_hh)];
   const int64_t B = x.dim(0), I = x.dim(1), H = h.dim(1);
-  T* gi = static_cast<T*>(In::scratch(t, size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
+  const T* gi = static_cast<const T*>(x.ptr);
+  const T* bi = nullptr;
+  if (ci.pre) {
+    T* zero = static_cast<T*>(In::scratch(t, size_t(3 * H) * sizeof(T)));
+    std::fill_n(zero, 3 * H, T(0));
+    bi = zero;
+  } else {
+    T* p = static_cast<T*>(In::scratch(t, size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
+    detail::weight_product<T>(pw, nd.in[2], true, B, 3 * H, I, static_cast<const T*>(x.ptr), I, T(0), p, 3 * H);
+    gi = p, bi = static_cast<const T*>(nd.in[4].ptr);
+  }
   T* gh = static_cast<T*>(In::scratch(t, size_t(B * 3 * H) * sizeof(T)));  // [B, 3H]
-  detail::weight_product<T>(pw, w_ih, true, B, 3 * H, I, static_cast<const T*>(x.ptr), I, T(0), gi, 3 * H);
   detail::weight_product<T>(pw, w_hh, true, B, 3 * H, H, static_cast<const T*>(h.ptr), H, T(0), gh, 3 * H);
-  const T* bi = static_cast<const T*>(nd.in[4].ptr);
-  const T* bh = static_cast<const T*>(nd.in[5].ptr);
+  const T* bh = static_cast<const T*>(nd.in[size_t(ci.b_hh)].ptr);
   const T* hp = static_cast<const T*>(h.ptr);
   for (int64_t b = 0; b < B; ++b) {
     if (y) gru_gate_row<T, true>(H, gi + b * 3 * H, gh + b * 3 * H, bi, bh, hp + b * H, S + b * 4 * H, y + b * H);
@@ -99,6 +110,21 @@ Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tens
                       : uint8_t(2 | (w_ih.requires_grad ? 1 : 0) | (x.requires_grad ? 4 : 0) | (h.requires_grad ? 8 : 0));
   // saved: r, z, n, W_hn h + b_hn per row; not kept in recompute mode.
   return ops::emit(t, n, {B, H}, op, {size_t(B * 4 * H) * dtype_size(x.dtype), !recompute});
+}
+
+Tensor gru_cell_gates(const Tensor& gi, const Tensor& h, const Tensor& w_hh, const Tensor& b_hh) {
+  const char* op = "gru_cell_gates";
+  Tape& t = ops::check(op, {&gi, &h, &w_hh, &b_hh});
+  if (gi.rank() != 2 || h.rank() != 2 || w_hh.rank() != 2 || gi.dim(0) != h.dim(0))
+    ops::shape_error(op, "expects gi [B, 3H], h [B, H], w_hh [3H, H]", {&gi, &h, &w_hh});
+  const int64_t B = h.dim(0), H = h.dim(1);
+  if (gi.dim(1) != 3 * H || w_hh.dim(0) != 3 * H || w_hh.dim(1) != H)
+    ops::shape_error(op, "gi must be [B, 3H] and w_hh [3H, H] for h [B, H]", {&gi, &h, &w_hh});
+  if (b_hh.numel() != 3 * H) ops::shape_error(op, "b_hh must have 3H elements", {&h, &b_hh});
+  Node n = ops::node(OpKind::GruCell, {gi, h, w_hh, b_hh});
+  // Backward reads h (the gates of dh and dw_hh) and w_hh for h's gradient; never gi.
+  n.reads = uint8_t(2 | (h.requires_grad ? 4 : 0));
+  return ops::emit(t, n, {B, H}, op, {size_t(B * 4 * H) * dtype_size(gi.dtype)});
 }
 
 namespace {
@@ -188,7 +214,8 @@ void gru_cell_forward_cpu(Tape& t, detail::CpuCells& cells, Node& n) {
 
 void gru_cell_backward_cpu(Tape& tape, detail::CpuCells& cells, const Node& nd, const void* gout, const Grads& dst) {
   detail::dispatch(nd.out.dtype, [&]<class T>() {
-    const Tensor &xin = nd.in[0], &hin = nd.in[1], &w_ih = nd.in[2], &w_hh = nd.in[3];
+    const detail::CellInputs ci = detail::cell_inputs(nd);
+    const Tensor &xin = nd.in[0], &hin = nd.in[1], &w_hh = nd.in[size_t(ci.w_hh)];
     const int64_t B = xin.dim(0), I = xin.dim(1), H = hin.dim(1);
     const T* g = static_cast<const T*>(gout);
     const T* S = static_cast<const T*>(nd.saved);
@@ -205,7 +232,10 @@ void gru_cell_backward_cpu(Tape& tape, detail::CpuCells& cells, const Node& nd, 
     T* dh = static_cast<T*>(dst[1]);
     for (int64_t b = 0; b < B; ++b)
       gru_backward_row<T>(H, g + b * H, hp + b * H, S + b * 4 * H, dgi + b * 3 * H, dgh + b * 3 * H, dh ? dh + b * H : nullptr);
-    if (T* dx = static_cast<T*>(dst[0])) detail::weight_product<T>(cells.packed, w_ih, false, B, I, 3 * H, dgi, 3 * H, T(1), dx, I);
+    if (T* dx = static_cast<T*>(dst[0])) {
+      if (ci.pre) detail::add_into(dx, dgi, B * 3 * H);  // gi's gradient is the gates'
+      else detail::weight_product<T>(cells.packed, nd.in[2], false, B, I, 3 * H, dgi, 3 * H, T(1), dx, I);
+    }
     if (dh) detail::weight_product<T>(cells.packed, w_hh, false, B, H, 3 * H, dgh, 3 * H, T(1), dh, H);
     detail::cell_grads_done(cells.batch, nd, dst, cg, H, 3 * H);
   });
@@ -235,7 +265,7 @@ bool same_group(const CellBatch& cb, const Node& a, const Node& b, const ops::Gr
          cb.dw[0] == dst[2] && cb.dw[1] == dst[3] && cb.dw[2] == dst[4] && cb.dw[3] == dst[5];
 }
 
-void start_batch(CellBatch& cb, const Node& n, const ops::Grads& dst, int64_t H, int64_t G, bool one) {
+void start_batch(CellBatch& cb, int64_t remaining, const Node& n, const ops::Grads& dst, int64_t H, int64_t G, bool one) {
   const int64_t B = n.in[0].dim(0), I = n.in[0].dim(1);
   const size_t es = dtype_size(n.out.dtype);
   // ~max(128, H) stacked rows make the weight GEMMs efficient without a large
@@ -247,7 +277,7 @@ void start_batch(CellBatch& cb, const Node& n, const ops::Grads& dst, int64_t H,
   // H + I) elements (the LSTM's rows * (G + H + I)), about 2.3 times W_hh's
   // size at rows = H for the GRU.
   const int64_t rows = std::max<int64_t>(128, H);
-  cb.capacity = std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(rows / std::max<int64_t>(B, 1), 1), cb.remaining));  // (B = 0: a batch of no rows)
+  cb.capacity = std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(rows / std::max<int64_t>(B, 1), 1), remaining));  // (B = 0: a batch of no rows)
   cb.buffers.reset();
   auto take = [&](int64_t floats) { return batch_take(cb.buffers, size_t(floats) * es); };
   cb.dgi = take(cb.capacity * B * G);
@@ -276,37 +306,49 @@ bool weight_grad_on_one_thread(Arena& spare, int64_t rows, int64_t G, int64_t N,
   return true;
 }
 
-CellGrads cell_grads(Tape& tape, CellBatch& cb, const Node& n, const ops::Grads& dst, int64_t H, int64_t G, bool one) {
+CellGrads cell_grads(Tape& tape, CellBatches& batches, const Node& n, const ops::Grads& dst, int64_t H, int64_t G, bool one) {
   const Tensor &x = n.in[0], &w_ih = n.in[2], &w_hh = n.in[3];
   const int64_t B = x.dim(0), I = x.dim(1);
   const size_t es = dtype_size(n.out.dtype);
-  // Deferred weight gradients: this step's rows go into the batch (see CellBatch).
-  const bool batch = tape.options().batch_weight_grads && w_ih.node < 0 && w_hh.node < 0 && dst[2] && dst[3] &&
+  // Deferred weight gradients: this step's rows go into its group's batch
+  // (see CellBatches); not a cell on input gates computed beforehand.
+  const bool batch = tape.options().batch_weight_grads && !cell_inputs(n).pre && w_ih.node < 0 && w_hh.node < 0 && dst[2] && dst[3] &&
                      (!dst[4] || n.in[4].node < 0) && (!dst[5] || n.in[5].node < 0);
   if (!batch) {
     void* dgi = TapeInternals::scratch(tape, size_t(B * G) * es);              // d(x W_ih^T + b_ih)
     void* dgh = one ? dgi : TapeInternals::scratch(tape, size_t(B * G) * es);  // d(h W_hh^T + b_hh)
-    return {dgi, dgh, false};
+    return {dgi, dgh, nullptr};
   }
-  if (cb.first && !same_group(cb, *cb.first, n, dst)) flush_cell_batch(cb);
-  if (!cb.first) start_batch(cb, n, dst, H, G, one);
-  const int64_t slot = cb.count++;
-  --cb.remaining;
+  CellBatch* cb = nullptr;
+  for (CellBatch& b : batches.open)
+    if (b.first && same_group(b, *b.first, n, dst)) cb = &b;
+  for (size_t i = 0; i < batches.open.size() && !cb; ++i)
+    if (!batches.open[i].first) cb = &batches.open[i];
+  if (!cb) {  // every batch open for another group: the next in turn is flushed and taken
+    cb = &batches.open[size_t(batches.next)];
+    batches.next = (batches.next + 1) % CellBatches::kOpen;
+    flush_cell_batch(*cb);
+  }
+  if (!cb->first) start_batch(*cb, batches.remaining, n, dst, H, G, one);
+  const int64_t slot = cb->count++;
+  --batches.remaining;
   auto bytes = [](void* p) { return static_cast<std::byte*>(p); };
-  std::memcpy(bytes(cb.x) + size_t(slot * B * I) * es, x.ptr, size_t(B * I) * es);
-  std::memcpy(bytes(cb.h) + size_t(slot * B * H) * es, n.in[1].ptr, size_t(B * H) * es);  // the state's h rows
-  return {bytes(cb.dgi) + size_t(slot * B * G) * es, bytes(cb.dgh) + size_t(slot * B * G) * es, true};
+  std::memcpy(bytes(cb->x) + size_t(slot * B * I) * es, x.ptr, size_t(B * I) * es);
+  std::memcpy(bytes(cb->h) + size_t(slot * B * H) * es, n.in[1].ptr, size_t(B * H) * es);  // the state's h rows
+  return {bytes(cb->dgi) + size_t(slot * B * G) * es, bytes(cb->dgh) + size_t(slot * B * G) * es, cb};
 }
 
-void cell_grads_done(CellBatch& cb, const Node& n, const ops::Grads& dst, const CellGrads& cg, int64_t H, int64_t G) {
-  if (cg.batched) {
-    if (cb.count == cb.capacity) flush_cell_batch(cb);
+void cell_grads_done(CellBatches&, const Node& n, const ops::Grads& dst, const CellGrads& cg, int64_t H, int64_t G) {
+  if (cg.batch) {
+    if (cg.batch->count == cg.batch->capacity) flush_cell_batch(*cg.batch);
     return;
   }
   const int64_t B = n.in[0].dim(0), I = n.in[0].dim(1);
+  const CellInputs ci = cell_inputs(n);
   dispatch(n.out.dtype, [&]<class T>() {
     cell_weight_grads<T>(B, I, H, G, static_cast<const T*>(cg.dgi), static_cast<const T*>(cg.dgh), static_cast<const T*>(n.in[0].ptr),
-                         static_cast<const T*>(n.in[1].ptr), {dst[2], dst[3], dst[4], dst[5]});
+                         static_cast<const T*>(n.in[1].ptr),
+                         {grad_of(dst, ci.w_ih), grad_of(dst, ci.w_hh), grad_of(dst, ci.b_ih), grad_of(dst, ci.b_hh)});
   });
 }
 
@@ -322,6 +364,11 @@ void flush_cell_batch(CellBatch& cb) {
   }
   cb.first = nullptr;
   cb.count = 0;
+}
+
+void flush_cell_batches(CellBatches& cb) {
+  for (CellBatch& b : cb.open) flush_cell_batch(b);
+  cb.next = 0;
 }
 
 void clear_packed(PackedWeights& pw) {
@@ -361,10 +408,10 @@ const float* packed_weight(PackedWeights& pw, const Tensor& w, int64_t M, int64_
   return data;
 }
 
-void prepare_cell_batch(CellBatch& cb, const Tape& tape, int64_t last_node) {
-  cb.first = nullptr;
-  cb.count = 0;
+void prepare_cell_batch(CellBatches& cb, const Tape& tape, int64_t last_node) {
+  for (CellBatch& b : cb.open) b.first = nullptr, b.count = 0;
   cb.remaining = 0;
+  cb.next = 0;
   if (!tape.options().batch_weight_grads) return;
   const auto& nodes = tape.nodes();
   for (int64_t i = 0; i <= last_node; ++i)
@@ -380,15 +427,26 @@ using cuda::out;
 
 // GRU gates of one step into S [B, 4H] (and y [B, H] when non-null): two
 // GEMMs into the backend's temporaries, then the fused gate kernel.
+// On input gates computed beforehand (gru_cell_gates) gi is the node's x and b_ih zero.
 template <class T>
 void gru_gates_cuda(cuda::CudaBackend& be, const Node& nd, T* S, T* y) {
-  const Tensor &x = nd.in[0], &h = nd.in[1], &w_ih = nd.in[2], &w_hh = nd.in[3];
+  const detail::CellInputs ci = detail::cell_inputs(nd);
+  const Tensor &x = nd.in[0], &h = nd.in[1], &w_hh = nd.in[size_t(ci.w_hh)];
   const int64_t B = x.dim(0), I = x.dim(1), H = h.dim(1);
-  T* gi = be.temp<T>(B * 3 * H);  // [B, 3H]
+  const T* gi = in<T>(x);
+  const T* bi = nullptr;
+  if (ci.pre) {
+    T* zero = be.temp<T>(3 * H);
+    be.zero(zero, size_t(3 * H) * sizeof(T));
+    bi = zero;
+  } else {
+    T* p = be.temp<T>(B * 3 * H);  // [B, 3H]
+    be.gemm(false, true, B, 3 * H, I, T(1), in<T>(x), I, in<T>(nd.in[2]), I, T(0), p, 3 * H);
+    gi = p, bi = in<T>(nd.in[4]);
+  }
   T* gh = be.temp<T>(B * 3 * H);  // [B, 3H]
-  be.gemm(false, true, B, 3 * H, I, T(1), in<T>(x), I, in<T>(w_ih), I, T(0), gi, 3 * H);
   be.gemm(false, true, B, 3 * H, H, T(1), in<T>(h), H, in<T>(w_hh), H, T(0), gh, 3 * H);
-  cuda::gru_gates_forward<T>(be.stream(), B, H, gi, gh, in<T>(nd.in[4]), in<T>(nd.in[5]), in<T>(h), S, y);
+  cuda::gru_gates_forward<T>(be.stream(), B, H, gi, gh, bi, in<T>(nd.in[size_t(ci.b_hh)]), in<T>(h), S, y);
 }
 
 void gru_cell_forward_cuda(cuda::CudaBackend& be, Node& n) {
@@ -399,7 +457,8 @@ void gru_cell_forward_cuda(cuda::CudaBackend& be, Node& n) {
 void gru_cell_backward_cuda(cuda::CudaBackend& be, const Node& nd, const void* gout, const Grads& dst) {
   detail::dispatch(nd.out.dtype, [&]<class T>() {
     const cudaStream_t s = be.stream();
-    const Tensor &xin = nd.in[0], &hin = nd.in[1], &w_ih = nd.in[2], &w_hh = nd.in[3];
+    const detail::CellInputs ci = detail::cell_inputs(nd);
+    const Tensor &xin = nd.in[0], &hin = nd.in[1], &w_hh = nd.in[size_t(ci.w_hh)];
     const int64_t B = xin.dim(0), I = xin.dim(1), H = hin.dim(1);
     const T* g = static_cast<const T*>(gout);
     const T* S = static_cast<const T*>(nd.saved);
@@ -412,12 +471,15 @@ void gru_cell_backward_cuda(cuda::CudaBackend& be, const Node& nd, const void* g
     T* dgh = be.temp<T>(B * 3 * H);  // d(h W_hh^T + b_hh) [B, 3H]
     T* dh = static_cast<T*>(dst[1]);
     cuda::gru_gates_backward<T>(s, B, H, g, in<T>(hin), S, dgi, dgh, dh);
-    if (T* dx = static_cast<T*>(dst[0])) be.gemm(false, false, B, I, 3 * H, T(1), dgi, 3 * H, in<T>(w_ih), I, T(1), dx, I);
+    if (T* dx = static_cast<T*>(dst[0])) {
+      if (ci.pre) cuda::add_strided<T>(s, dx, 3 * H, dgi, 3 * H, B, 3 * H);  // gi's gradient is the gates'
+      else be.gemm(false, false, B, I, 3 * H, T(1), dgi, 3 * H, in<T>(nd.in[2]), I, T(1), dx, I);
+    }
     if (dh) be.gemm(false, false, B, H, 3 * H, T(1), dgh, 3 * H, in<T>(w_hh), H, T(1), dh, H);
-    if (T* d = static_cast<T*>(dst[2])) be.gemm(true, false, 3 * H, I, B, T(1), dgi, 3 * H, in<T>(xin), I, T(1), d, I);
-    if (T* d = static_cast<T*>(dst[3])) be.gemm(true, false, 3 * H, H, B, T(1), dgh, 3 * H, in<T>(hin), H, T(1), d, H);
-    if (T* d = static_cast<T*>(dst[4])) cuda::column_sums<T>(s, dgi, d, B, 3 * H, be.partials<T>());
-    if (T* d = static_cast<T*>(dst[5])) cuda::column_sums<T>(s, dgh, d, B, 3 * H, be.partials<T>());
+    if (T* d = static_cast<T*>(detail::grad_of(dst, ci.w_ih))) be.gemm(true, false, 3 * H, I, B, T(1), dgi, 3 * H, in<T>(xin), I, T(1), d, I);
+    if (T* d = static_cast<T*>(detail::grad_of(dst, ci.w_hh))) be.gemm(true, false, 3 * H, H, B, T(1), dgh, 3 * H, in<T>(hin), H, T(1), d, H);
+    if (T* d = static_cast<T*>(detail::grad_of(dst, ci.b_ih))) cuda::column_sums<T>(s, dgi, d, B, 3 * H, be.partials<T>());
+    if (T* d = static_cast<T*>(detail::grad_of(dst, ci.b_hh))) cuda::column_sums<T>(s, dgh, d, B, 3 * H, be.partials<T>());
   });
 }
 

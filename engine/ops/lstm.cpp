@@ -7,6 +7,8 @@
 // [B, 4H] buffer), then one pass for the gates; backward is one elementwise
 // pass, the products for dx and dh, and the weight gradients (batched over
 // a backward's steps on the CPU, as the GRU's: ops/cell.h).
+#include <algorithm>
+
 #include "backend.h"
 #include "cpu/vmath.h"
 #include "ops/cell.h"
@@ -44,17 +46,28 @@ void lstm_gate_row(int64_t H, const T* __restrict P, const T* __restrict bi, con
 
 // The LSTM gates of one step into S [B, 4H] (i, f, g, o per row) and the new
 // state out [2, B, H]; the pre-activations go to the op workspace.
+// On input gates computed beforehand (lstm_cell_gates) P starts as the node's
+// x and b_ih is zero.
 template <class T>
 void lstm_gates(Tape& t, detail::PackedWeights& pw, const Node& nd, T* S, T* out) {
-  const Tensor &x = nd.in[0], &state = nd.in[1], &w_ih = nd.in[2], &w_hh = nd.in[3];
+  const detail::CellInputs ci = detail::cell_inputs(nd);
+  const Tensor &x = nd.in[0], &state = nd.in[1], &w_hh = nd.in[size_t(ci.w_hh)];
   const int64_t B = x.dim(0), I = x.dim(1), H = state.dim(2);
   const T* h = static_cast<const T*>(state.ptr);  // state[0]: [B, H]
   const T* c = h + B * H;                         // state[1]: [B, H]
   T* P = static_cast<T*>(In::scratch(t, size_t(B * 4 * H) * sizeof(T)));  // [B, 4H]
-  detail::weight_product<T>(pw, w_ih, true, B, 4 * H, I, static_cast<const T*>(x.ptr), I, T(0), P, 4 * H);
+  const T* bi = nullptr;
+  if (ci.pre) {
+    std::copy_n(static_cast<const T*>(x.ptr), B * 4 * H, P);
+    T* zero = static_cast<T*>(In::scratch(t, size_t(4 * H) * sizeof(T)));
+    std::fill_n(zero, 4 * H, T(0));
+    bi = zero;
+  } else {
+    detail::weight_product<T>(pw, nd.in[2], true, B, 4 * H, I, static_cast<const T*>(x.ptr), I, T(0), P, 4 * H);
+    bi = static_cast<const T*>(nd.in[4].ptr);
+  }
   detail::weight_product<T>(pw, w_hh, true, B, 4 * H, H, h, H, T(1), P, 4 * H);
-  const T* bi = static_cast<const T*>(nd.in[4].ptr);
-  const T* bh = static_cast<const T*>(nd.in[5].ptr);
+  const T* bh = static_cast<const T*>(nd.in[size_t(ci.b_hh)].ptr);
   for (int64_t b = 0; b < B; ++b)
     lstm_gate_row<T>(H, P + b * 4 * H, bi, bh, c + b * H, S + b * 4 * H, out + b * H, out + B * H + b * H);
 }
@@ -99,6 +112,22 @@ Tensor lstm_cell(const Tensor& x, const Tensor& state, const Tensor& w_ih, const
   return ops::emit(t, n, {2, B, H}, op, {size_t(B * 4 * H) * dtype_size(x.dtype)});
 }
 
+Tensor lstm_cell_gates(const Tensor& gi, const Tensor& state, const Tensor& w_hh, const Tensor& b_hh) {
+  const char* op = "lstm_cell_gates";
+  Tape& t = ops::check(op, {&gi, &state, &w_hh, &b_hh});
+  if (gi.rank() != 2 || state.rank() != 3 || state.dim(0) != 2 || w_hh.rank() != 2 || gi.dim(0) != state.dim(1))
+    ops::shape_error(op, "expects gi [B, 4H], state [2, B, H] (h and c), w_hh [4H, H]", {&gi, &state, &w_hh});
+  const int64_t B = state.dim(1), H = state.dim(2);
+  if (gi.dim(1) != 4 * H || w_hh.dim(0) != 4 * H || w_hh.dim(1) != H)
+    ops::shape_error(op, "gi must be [B, 4H] and w_hh [4H, H] for a state [2, B, H]", {&gi, &state, &w_hh});
+  if (b_hh.numel() != 4 * H) ops::shape_error(op, "b_hh must have 4H elements", {&state, &b_hh});
+  Node n = ops::node(OpKind::LstmCell, {gi, state, w_hh, b_hh});
+  // Backward reads the state (c, and h for dW_hh), its output (c') and w_hh
+  // for the state's gradient; never gi.
+  n.reads = uint8_t(2 | Node::kReadsOut | (state.requires_grad ? 4 : 0));
+  return ops::emit(t, n, {2, B, H}, op, {size_t(B * 4 * H) * dtype_size(gi.dtype)});
+}
+
 Tensor lstm_state(const Tensor& h, const Tensor& c) {
   const char* op = "lstm_state";
   ops::check(op, {&h, &c});
@@ -133,7 +162,8 @@ void lstm_cell_forward_cpu(Tape& t, detail::CpuCells& cells, Node& n) {
 
 void lstm_cell_backward_cpu(Tape& tape, detail::CpuCells& cells, const Node& nd, const void* gout, const Grads& dst) {
   detail::dispatch(nd.out.dtype, [&]<class T>() {
-    const Tensor &xin = nd.in[0], &state = nd.in[1], &w_ih = nd.in[2], &w_hh = nd.in[3];
+    const detail::CellInputs ci = detail::cell_inputs(nd);
+    const Tensor &xin = nd.in[0], &state = nd.in[1], &w_hh = nd.in[size_t(ci.w_hh)];
     const int64_t B = xin.dim(0), I = xin.dim(1), H = state.dim(2);
     const T* g = static_cast<const T*>(gout);  // [2, B, H]: dL/dh', dL/dc'
     const T* S = static_cast<const T*>(nd.saved);
@@ -147,7 +177,10 @@ void lstm_cell_backward_cpu(Tape& tape, detail::CpuCells& cells, const Node& nd,
       if (ds) lstm_backward_row<T, true>(H, gh, gc, c + b * H, cy + b * H, S + b * 4 * H, dP + b * 4 * H, ds + B * H + b * H);
       else lstm_backward_row<T, false>(H, gh, gc, c + b * H, cy + b * H, S + b * 4 * H, dP + b * 4 * H, nullptr);
     }
-    if (T* dx = static_cast<T*>(dst[0])) detail::weight_product<T>(cells.packed, w_ih, false, B, I, 4 * H, dP, 4 * H, T(1), dx, I);
+    if (T* dx = static_cast<T*>(dst[0])) {
+      if (ci.pre) detail::add_into(dx, dP, B * 4 * H);  // gi's gradient is the gates'
+      else detail::weight_product<T>(cells.packed, nd.in[2], false, B, I, 4 * H, dP, 4 * H, T(1), dx, I);
+    }
     if (ds) detail::weight_product<T>(cells.packed, w_hh, false, B, H, 4 * H, dP, 4 * H, T(1), ds, H);
     detail::cell_grads_done(cells.batch, nd, dst, cg, H, 4 * H);
   });
@@ -164,12 +197,23 @@ using cuda::out;
 // x W_ih^T + h W_hh^T into one temporary [B, 4H] (two cuBLAS GEMMs), then the gate kernel.
 void lstm_cell_forward_cuda(cuda::CudaBackend& be, Node& n) {
   detail::dispatch(n.out.dtype, [&]<class T>() {
-    const Tensor &x = n.in[0], &state = n.in[1], &w_ih = n.in[2], &w_hh = n.in[3];
+    const detail::CellInputs ci = detail::cell_inputs(n);
+    const Tensor &x = n.in[0], &state = n.in[1], &w_hh = n.in[size_t(ci.w_hh)];
     const int64_t B = x.dim(0), I = x.dim(1), H = state.dim(2);
     T* P = be.temp<T>(B * 4 * H);
-    be.gemm(false, true, B, 4 * H, I, T(1), in<T>(x), I, in<T>(w_ih), I, T(0), P, 4 * H);
-    be.gemm(false, true, B, 4 * H, H, T(1), in<T>(state), H, in<T>(w_hh), H, T(1), P, 4 * H);
-    cuda::lstm_gates_forward<T>(be.stream(), B, H, P, in<T>(n.in[4]), in<T>(n.in[5]), in<T>(state) + B * H,
+    const T* bi = nullptr;
+    if (ci.pre) {  // P = gi + h W_hh^T, b_ih zero
+      T* zero = be.temp<T>(4 * H);
+      be.zero(zero, size_t(4 * H) * sizeof(T));
+      bi = zero;
+      be.gemm(false, true, B, 4 * H, H, T(1), in<T>(state), H, in<T>(w_hh), H, T(0), P, 4 * H);
+      cuda::add_strided<T>(be.stream(), P, 4 * H, in<T>(x), 4 * H, B, 4 * H);
+    } else {
+      be.gemm(false, true, B, 4 * H, I, T(1), in<T>(x), I, in<T>(n.in[2]), I, T(0), P, 4 * H);
+      be.gemm(false, true, B, 4 * H, H, T(1), in<T>(state), H, in<T>(w_hh), H, T(1), P, 4 * H);
+      bi = in<T>(n.in[4]);
+    }
+    cuda::lstm_gates_forward<T>(be.stream(), B, H, P, bi, in<T>(n.in[size_t(ci.b_hh)]), in<T>(state) + B * H,
                                 static_cast<T*>(n.saved), out<T>(n.out));
   });
 }
@@ -178,18 +222,22 @@ void lstm_cell_forward_cuda(cuda::CudaBackend& be, Node& n) {
 void lstm_cell_backward_cuda(cuda::CudaBackend& be, const Node& nd, const void* gout, const Grads& dst) {
   detail::dispatch(nd.out.dtype, [&]<class T>() {
     const cudaStream_t s = be.stream();
-    const Tensor &xin = nd.in[0], &state = nd.in[1], &w_ih = nd.in[2], &w_hh = nd.in[3];
+    const detail::CellInputs ci = detail::cell_inputs(nd);
+    const Tensor &xin = nd.in[0], &state = nd.in[1], &w_hh = nd.in[size_t(ci.w_hh)];
     const int64_t B = xin.dim(0), I = xin.dim(1), H = state.dim(2);
     T* dP = be.temp<T>(B * 4 * H);  // d(x W_ih^T + h W_hh^T + biases) [B, 4H]
     T* ds = static_cast<T*>(dst[1]);
     cuda::lstm_gates_backward<T>(s, B, H, static_cast<const T*>(gout), in<T>(state) + B * H, in<T>(nd.out) + B * H,
                                  static_cast<const T*>(nd.saved), dP, ds ? ds + B * H : nullptr);
-    if (T* dx = static_cast<T*>(dst[0])) be.gemm(false, false, B, I, 4 * H, T(1), dP, 4 * H, in<T>(w_ih), I, T(1), dx, I);
+    if (T* dx = static_cast<T*>(dst[0])) {
+      if (ci.pre) cuda::add_strided<T>(s, dx, 4 * H, dP, 4 * H, B, 4 * H);  // gi's gradient is the gates'
+      else be.gemm(false, false, B, I, 4 * H, T(1), dP, 4 * H, in<T>(nd.in[2]), I, T(1), dx, I);
+    }
     if (ds) be.gemm(false, false, B, H, 4 * H, T(1), dP, 4 * H, in<T>(w_hh), H, T(1), ds, H);
-    if (T* d = static_cast<T*>(dst[2])) be.gemm(true, false, 4 * H, I, B, T(1), dP, 4 * H, in<T>(xin), I, T(1), d, I);
-    if (T* d = static_cast<T*>(dst[3])) be.gemm(true, false, 4 * H, H, B, T(1), dP, 4 * H, in<T>(state), H, T(1), d, H);
-    if (T* d = static_cast<T*>(dst[4])) cuda::column_sums<T>(s, dP, d, B, 4 * H, be.partials<T>());
-    if (T* d = static_cast<T*>(dst[5])) cuda::column_sums<T>(s, dP, d, B, 4 * H, be.partials<T>());
+    if (T* d = static_cast<T*>(detail::grad_of(dst, ci.w_ih))) be.gemm(true, false, 4 * H, I, B, T(1), dP, 4 * H, in<T>(xin), I, T(1), d, I);
+    if (T* d = static_cast<T*>(detail::grad_of(dst, ci.w_hh))) be.gemm(true, false, 4 * H, H, B, T(1), dP, 4 * H, in<T>(state), H, T(1), d, H);
+    if (T* d = static_cast<T*>(detail::grad_of(dst, ci.b_ih))) cuda::column_sums<T>(s, dP, d, B, 4 * H, be.partials<T>());
+    if (T* d = static_cast<T*>(detail::grad_of(dst, ci.b_hh))) cuda::column_sums<T>(s, dP, d, B, 4 * H, be.partials<T>());
   });
 }
 

@@ -85,7 +85,7 @@ void reduce_rows(T* d, int64_t n, int64_t bn, F f) {
 struct CellBatch {
   Arena buffers{size_t(64) << 10, true, 0, {.what = "GRU weight-gradient workspace"}};
   const Node* first = nullptr;  // the group's weights and shapes come from this node
-  int64_t count = 0, capacity = 0, remaining = 0;
+  int64_t count = 0, capacity = 0;
   int64_t H = 0, G = 0;  // the group's hidden size and gate columns (3H: GRU, 4H: LSTM)
   void* dgi = nullptr;  // [capacity * B, G]
   void* dgh = nullptr;  // [capacity * B, G]; dgi itself where the two are equal (the LSTM's)
@@ -93,11 +93,25 @@ struct CellBatch {
   void* h = nullptr;    // [capacity * B, H]
   void* dw[4] = {};     // gradient buffers of w_ih, w_hh, b_ih, b_hh
 };
+// A backward's batches, one open per group of weights: a stack of layers
+// meets its layers' cells in turn (layer L-1 at step t, ..., layer 0 at step
+// t, then layer L-1 at step t - 1), so each layer keeps a batch of its own
+// (with one batch, each cell flushed the other layer's: a batch of one step).
+// A cell of a group with no open batch takes a free one, else the next in
+// turn, flushed first. One group (a one-layer GRU) uses open[0] alone.
+struct CellBatches {
+  static constexpr int kOpen = 4;
+  std::array<CellBatch, kOpen> open;
+  int64_t remaining = 0;  // the cell nodes of this backward not yet met
+  int next = 0;           // the batch reused when none is free
+};
 // Counts the cell nodes of a backward over nodes [0, last_node] of the tape
-// that may be batched (sets `remaining`) and empties the batch.
-void prepare_cell_batch(CellBatch& cb, const Tape& tape, int64_t last_node);
-// Accumulates what the batch holds into the weight gradients and empties it.
+// that may be batched (sets `remaining`) and empties the batches.
+void prepare_cell_batch(CellBatches& cb, const Tape& tape, int64_t last_node);
+// Accumulates what a batch holds into its weight gradients and empties it.
 void flush_cell_batch(CellBatch& cb);
+// The same for every open batch, in order.
+void flush_cell_batches(CellBatches& cb);
 
 // Weights packed for cpu::packed_gemm (engine/cpu/packed.h): a recurrent
 // cell's W_ih and W_hh are packed at their first product of a pass (under cpu::kFewRows rows,
@@ -142,7 +156,7 @@ const float* packed_weight(PackedWeights& pw, const Tensor& w, int64_t M, int64_
 // backward_end, segment_begin and bytes_written hooks (engine/backend.h)
 // drive them; the cells' CPU kernels (ops/gru.cpp, ops/lstm.cpp) are handed it.
 struct CpuCells {
-  CellBatch batch;
+  CellBatches batch;
   PackedWeights packed;
 };
 // The CPU backend's CpuCells of a tape; nullptr on a CUDA tape (tests look at its buffers).

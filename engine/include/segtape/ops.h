@@ -59,6 +59,15 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh,
                 const Tensor& b_ih, const Tensor& b_hh, bool recompute = false);
 
+// The cell on input gates computed beforehand: gi = x w_ih^T + b_ih [B, 3H],
+// the rest as gru_cell (the same node, with inputs gi, h, w_hh, b_hh). For a
+// first layer reading token embeddings E, gi is a token's row of the table
+// E w_ih^T + b_ih [vocab, 3H] (embedding(table, tokens)): one product a
+// segment instead of three a step (forward, dx, dw_ih), where the vocabulary
+// is smaller than the segment's tokens. Its w_hh gradients are not batched
+// over the steps (no x to keep); dgi is gi's gradient.
+Tensor gru_cell_gates(const Tensor& gi, const Tensor& h, const Tensor& w_hh, const Tensor& b_hh);
+
 // PyTorch's single-layer GRU over a whole sequence, as ONE op: x [T, B, I],
 // h0 [B, H], weights and biases as gru_cell's -> the state at every step
 // [T, B, H] (the last row is h_T). On CUDA one node runs cuDNN's GRU
@@ -88,6 +97,9 @@ bool gru_sequence_fused(Tape& tape, int64_t B, int64_t H, DType d);
 // segment carries across its boundary (seg.carry(state)).
 Tensor lstm_cell(const Tensor& x, const Tensor& state, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
                  const Tensor& b_hh);
+// The same on input gates computed beforehand, gi = x w_ih^T + b_ih [B, 4H]
+// (as gru_cell_gates: inputs gi, state, w_hh, b_hh).
+Tensor lstm_cell_gates(const Tensor& gi, const Tensor& state, const Tensor& w_hh, const Tensor& b_hh);
 // (h, c) and the state [2, B, H]: lstm_state(h [B, H], c [B, H]) stacks them
 // (a concat: a copy); lstm_h(state) and lstm_c(state) are state[0] and
 // state[1] as [B, H] (a slice: a copy). Each records its node, so gradients
