@@ -35,6 +35,7 @@ Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& 
   }
   if (s.stacked() && (s.window > 0 || s.update_bias != 0 || (s.tied && (env.vocab == 0 || s.hidden != s.embed))))
     throw Error("policy: a stack of layers recurs (no window), has no update_bias, and ties its output to token embeddings of its hidden size");
+  if (s.input_table && (!s.stacked() || env.vocab == 0)) throw Error("policy: an input table is a stack's over tokens");
   if (s.lm_init) fill_uniform(token_encoder_ ? token_encoder_->weight : vector_encoder_->weight, rng, 0.1);
   if (s.stacked()) {
     if (s.lstm) register_module("rnn", *(lstm_stack_ = std::make_unique<nn::LSTM>(tape, rng, s.embed, s.hidden, s.layers)));
@@ -82,8 +83,20 @@ int64_t Policy::parameters_for(const EnvSpec& env, const PolicyShape& s) {
 }
 
 Tensor Policy::encode(const Tensor& obs) const {
+  if (shape_.input_table) return embedding(input_table(), obs);
   if (token_encoder_) return (*token_encoder_)(obs);
   return tanh((*vector_encoder_)(obs));
+}
+
+const Tensor& Policy::input_table() const {
+  Tape& t = *token_encoder_->weight.tape;
+  if (!table_.defined() || table_segment_ != t.segment_index() || table_grad_ != t.grad_enabled()) {
+    const Tensor& w = shape_.lstm ? lstm_stack_->layers()[0].weight_ih : gru_stack_->layers()[0].weight_ih;
+    const Tensor& b = shape_.lstm ? lstm_stack_->layers()[0].bias_ih : gru_stack_->layers()[0].bias_ih;
+    table_ = add(matmul(token_encoder_->weight, w, false, true), b);  // [vocab, gates]
+    table_segment_ = t.segment_index(), table_grad_ = t.grad_enabled();
+  }
+  return table_;
 }
 
 Tensor Policy::recur_stack(const Tensor& e, const Tensor& h, std::span<const Tensor> between) const {
@@ -98,14 +111,16 @@ Tensor Policy::recur_stack(const Tensor& e, const Tensor& h, std::span<const Ten
   Tensor x = e;
   for (int64_t l = 0; l < L; ++l) {
     const Tensor s = L == 1 ? h : slice(h, 0, l * P * B, P * B);  // (one copy; none for one layer)
+    const bool gates = l == 0 && shape_.input_table;  // x: layer 0's input gates (encode)
     if (shape_.lstm) {
       const auto& W = lstm_stack_->layers()[size_t(l)];
-      const Tensor st = lstm_cell(x, reshape(s, {2, B, H}), W.weight_ih, W.weight_hh, W.bias_ih, W.bias_hh);
+      const Tensor st = gates ? lstm_cell_gates(x, reshape(s, {2, B, H}), W.weight_hh, W.bias_hh)
+                              : lstm_cell(x, reshape(s, {2, B, H}), W.weight_ih, W.weight_hh, W.bias_ih, W.bias_hh);
       next[size_t(l)] = reshape(st, {2 * B, H});
       if (l + 1 < L) x = lstm_h(st);
     } else {
       const auto& W = gru_stack_->layers()[size_t(l)];
-      x = next[size_t(l)] = gru_cell(x, s, W.weight_ih, W.weight_hh, W.bias_ih, W.bias_hh);
+      x = next[size_t(l)] = gates ? gru_cell_gates(x, s, W.weight_hh, W.bias_hh) : gru_cell(x, s, W.weight_ih, W.weight_hh, W.bias_ih, W.bias_hh);
     }
     if (l + 1 < L && !between.empty()) x = mul(x, between[size_t(l)]);
   }

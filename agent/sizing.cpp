@@ -56,6 +56,9 @@ PolicyShape policy_shape(const TrainConfig& c, const EnvSpec& spec) {
   PolicyShape s{c.embed, c.hidden, history_def(c.history.kind).recurrent ? 0 : c.history.window, algorithm_def(c.learner(spec)).value_head,
                 c.update_bias};
   s.lstm = c.cell == "lstm", s.layers = c.layers, s.tied = c.tied, s.lm_init = c.algo == Algo::Lm;
+  // A language model without dropout whose vocabulary is smaller than a
+  // segment's tokens reads layer 0's input gates from a table (PolicyShape::input_table).
+  s.input_table = c.algo == Algo::Lm && s.stacked() && spec.vocab > 0 && c.dropout == 0 && spec.vocab <= c.batch * c.history.span();
   return s;
 }
 
@@ -78,10 +81,12 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
     e.step_bytes += L * (f32(P * B * H) + f32(4 * B * H) + (L > 1 ? f32(P * B * H) : 0) + (shape.lstm ? f32(B * H) : 0));
     if (L > 1) e.step_bytes += f32(P * L * B * H) + f32(B * H);
     if (c.dropout > 0) e.step_bytes += f32(B * (E + L * H)) + 2 * f32(B * E) + 2 * L * f32(B * H);  // the masks, on the tape and applied
+    if (shape.input_table) e.step_bytes += f32(B * (shape.lstm ? 4 : 3) * H) - f32(B * E);  // layer 0's input gates, not the embedding
   }
   if (shape.value_head) e.step_bytes += f32(B);
   const size_t steps = history_def(c.history.kind).grows ? 1 : size_t(c.history.k);
   e.segment_bytes = e.step_bytes * steps;
+  if (shape.input_table) e.segment_bytes += 2 * f32(size_t(spec.vocab) * (shape.lstm ? 4 : 3) * H);  // the table: the product, its bias added
   if (const AlgorithmDef& a = algorithm_def(c.learner(spec)); a.host_bytes) e.rollout_bytes = a.host_bytes(c, spec);
   e.budget = applied_budget(c);
   return e;

@@ -3,6 +3,7 @@
 // resume, sampling, memory, and the bad inputs. The corpus is
 // tests/data/shakespeare-20k.txt, the first 20,000 bytes of tinyshakespeare.
 #include <gtest/gtest.h>
+#include <cblas.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -207,13 +208,89 @@ TEST(Lm, LstmStacksWithDropoutAndTiedWeightsLearnAndResume) {
   }
 }
 
+// PolicyShape::input_table is the same model: layer 0's input gates read
+// from the table E W_ih^T + b_ih, made at a segment's first step, give the
+// losses and every parameter's gradient of the per-step products (GRU and
+// LSTM stacks, float32: within 1e-5), in a second segment too, after the
+// weights changed (the table is made again).
+TEST(Lm, TheInputTableIsTheSameModel) {
+  EnvOptions o;
+  o.data = kText.string();
+  const EnvSpec spec = make_env("lm", 4, 1, o)->spec();
+  const int64_t B = 4, E = 6, H = 8, T = 5;
+  for (const bool lstm : {false, true}) {
+    SCOPED_TRACE(lstm ? "lstm" : "gru");
+    struct Run {
+      std::vector<double> losses;
+      std::map<std::string, std::vector<float>> grads;
+    };
+    auto run = [&](bool table) {
+      Tape tape;
+      nn::Rng rng(7);
+      PolicyShape shape{E, H, 0, false};
+      shape.lstm = lstm, shape.layers = 2, shape.input_table = table;
+      const Policy p(tape, rng, spec, shape);
+      Run out;
+      for (int segment = 0; segment < 2; ++segment) {
+        if (segment == 1)  // the weights change between segments (as an optimizer step)
+          for (const auto& [name, w] : p.named_parameters()) {
+            std::vector<float> v = w.to_host<float>();
+            for (float& x : v) x *= 0.9f;
+            w.from_host(std::span<const float>(v));
+          }
+        Segment seg = tape.segment();
+        Tensor h = tape.zeros({shape.state_rows() * B, H}), loss;
+        for (int64_t t = 0; t < T; ++t) {
+          std::vector<int64_t> tok(static_cast<size_t>(B)), next(static_cast<size_t>(B));
+          for (int64_t b = 0; b < B; ++b) {
+            tok[size_t(b)] = (t * 7 + b * 3 + segment) % spec.vocab;
+            next[size_t(b)] = (tok[size_t(b)] + 1) % spec.vocab;
+          }
+          const Tensor e = p.encode(tape.from(std::span<const int64_t>(tok), {B}));
+          EXPECT_EQ(e.dim(1), table ? (lstm ? 4 : 3) * H : E);
+          h = p.recur(e, h);
+          const Tensor l = cross_entropy(p.logits(p.output(h)), tape.from(std::span<const int64_t>(next), {B}));
+          loss = t ? add(loss, l) : l;
+        }
+        out.losses.push_back(loss.item());
+        seg.backward(loss);
+      }
+      for (const auto& [name, w] : p.named_parameters()) out.grads[name] = w.grad_tensor().to_host<float>();
+      return out;
+    };
+    const Run plain = run(false), table = run(true);
+    ASSERT_EQ(plain.losses.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(table.losses[i], plain.losses[i], 1e-5 * std::abs(plain.losses[i])) << "segment " << i;
+    ASSERT_EQ(table.grads.size(), plain.grads.size());
+    for (const auto& [name, g] : plain.grads) {
+      const std::vector<float>& gt = table.grads.at(name);
+      ASSERT_EQ(gt.size(), g.size()) << name;
+      double num = 0, den = 0;
+      for (size_t i = 0; i < g.size(); ++i) num += double(gt[i] - g[i]) * (gt[i] - g[i]), den += double(g[i]) * g[i];
+      EXPECT_GT(den, 0) << name;
+      EXPECT_LE(std::sqrt(num / den), 1e-5) << name;
+    }
+  }
+}
+
 // After the first chunk, training allocates nothing on the heap, the
 // epoch's end (its validation) included.
-// (The one-layer GRU, and a stack of LSTM layers with dropout masks.)
+// (The one-layer GRU, a stack of LSTM layers with dropout masks, and a
+// stack of GRU layers reading its input table.)
 TEST(Lm, NoHeapAllocationAfterTheFirstChunk) {
+  const TrainConfig plain = lm_config(kText.string(), 2249 + 64);
   TrainConfig stack = lm_config(kText.string(), 2249 + 64);
   stack.cell = "lstm", stack.layers = 2, stack.dropout = 0.3;
-  for (const TrainConfig& c : {lm_config(kText.string(), 2249 + 64), stack}) {
+  TrainConfig table = lm_config(kText.string(), 2249 + 64);
+  table.layers = 2;
+  ASSERT_TRUE(policy_shape(table, make_env("lm", table.batch, 1, table.env_options)->spec()).input_table);
+  // (The table's products per chunk are OpenBLAS's, above the size its
+  // threaded sgemm starts at, which allocates: docs/benchmarks.md. The
+  // table's run on one thread; the others as the machine has them.)
+  const int threads = openblas_get_num_threads();
+  for (const TrainConfig* cp : std::initializer_list<const TrainConfig*>{&plain, &stack, &table}) {
+    const TrainConfig& c = *cp;
+    openblas_set_num_threads(cp == &table ? 1 : threads);
     Trainer tr(c);
     tr.run_segment();
     const uint64_t before = alloc_hook::count();
@@ -222,6 +299,7 @@ TEST(Lm, NoHeapAllocationAfterTheFirstChunk) {
     alloc_hook::enable(false);
     EXPECT_EQ(alloc_hook::count() - before, 0u) << c.cell;
   }
+  openblas_set_num_threads(threads);
 }
 
 TEST(Lm, BadInputNamesTheFileAndWhatIsWrong) {

@@ -38,6 +38,13 @@ struct PolicyShape {
   int64_t layers = 1;
   bool tied = false;
   bool lm_init = false;
+  // A stack over tokens: layer 0's input product x W_ih^T + b_ih read from
+  // the table E W_ih^T + b_ih [vocab, gates] (made once a segment, at its
+  // first step) instead of made at every step (gru_cell_gates,
+  // lstm_cell_gates). The same model, fewer products where the vocabulary
+  // is smaller than a segment's tokens; not with dropout on the embeddings
+  // (policy_shape decides: docs/agent.md, "Language models").
+  bool input_table = false;
   // The state's rows per stream (TrainConfig::state_rows): the state is
   // [state_rows() x B, hidden], layer after layer, an LSTM layer's h rows
   // then its c rows (one layer's [2, B, hidden], lstm_cell's state).
@@ -54,7 +61,8 @@ class Policy : public nn::Module {
   // it); tests/agent_test.cpp keeps it equal to parameter_count() of a built
   // one for every env and history.
   static int64_t parameters_for(const EnvSpec& env, const PolicyShape& shape);
-  // obs: int64 tokens [B] or float vectors [B, obs_dim] -> [B, embed]
+  // obs: int64 tokens [B] or float vectors [B, obs_dim] -> [B, embed]; with
+  // input_table, layer 0's input gates [B, gates] (what recur reads then).
   Tensor encode(const Tensor& obs) const;
   // The recurrent step: [B, embed], the state [state_rows B, hidden] -> the new
   // state (a one-layer GRU's is its h). `between`: for a stack, the
@@ -79,6 +87,9 @@ class Policy : public nn::Module {
 
  private:
   Tensor recur_stack(const Tensor& e, const Tensor& h, std::span<const Tensor> between) const;
+  // input_table: the table of the open segment, made at its first step (and
+  // again where the grad mode changed since).
+  const Tensor& input_table() const;
 
   PolicyShape shape_;
   std::unique_ptr<nn::GRU> gru_stack_;
@@ -90,6 +101,9 @@ class Policy : public nn::Module {
   std::unique_ptr<nn::GRUCell> gru_;
   std::unique_ptr<nn::Linear> compress_;
   std::unique_ptr<nn::Linear> head_, value_;
+  mutable Tensor table_;  // input_table: E W_ih^T + b_ih of layer 0 in segment table_segment_
+  mutable uint32_t table_segment_ = 0;
+  mutable bool table_grad_ = false;
 };
 
 // Episode resets inside a segment: the state with the rows of the streams
