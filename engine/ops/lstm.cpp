@@ -7,8 +7,6 @@
 // [B, 4H] buffer), then one pass for the gates; backward is one elementwise
 // pass, the products for dx and dh, and the weight gradients (batched over
 // a backward's steps on the CPU, as the GRU's: ops/cell.h).
-#include <algorithm>
-
 #include "backend.h"
 #include "cpu/vmath.h"
 #include "ops/cell.h"
@@ -46,8 +44,8 @@ void lstm_gate_row(int64_t H, const T* __restrict P, const T* __restrict bi, con
 
 // The LSTM gates of one step into S [B, 4H] (i, f, g, o per row) and the new
 // state out [2, B, H]; the pre-activations go to the op workspace.
-// On input gates computed beforehand (lstm_cell_gates) P starts as the node's
-// x and b_ih is zero.
+// On input gates computed beforehand (lstm_cell_gates) P is h W_hh^T alone
+// and each row's gi (the node's x) is added where b_ih would be.
 template <class T>
 void lstm_gates(Tape& t, detail::PackedWeights& pw, const Node& nd, T* S, T* out) {
   const detail::CellInputs ci = detail::cell_inputs(nd);
@@ -56,20 +54,13 @@ void lstm_gates(Tape& t, detail::PackedWeights& pw, const Node& nd, T* S, T* out
   const T* h = static_cast<const T*>(state.ptr);  // state[0]: [B, H]
   const T* c = h + B * H;                         // state[1]: [B, H]
   T* P = static_cast<T*>(In::scratch(t, size_t(B * 4 * H) * sizeof(T)));  // [B, 4H]
-  const T* bi = nullptr;
-  if (ci.pre) {
-    std::copy_n(static_cast<const T*>(x.ptr), B * 4 * H, P);
-    T* zero = static_cast<T*>(In::scratch(t, size_t(4 * H) * sizeof(T)));
-    std::fill_n(zero, 4 * H, T(0));
-    bi = zero;
-  } else {
-    detail::weight_product<T>(pw, nd.in[2], true, B, 4 * H, I, static_cast<const T*>(x.ptr), I, T(0), P, 4 * H);
-    bi = static_cast<const T*>(nd.in[4].ptr);
-  }
-  detail::weight_product<T>(pw, w_hh, true, B, 4 * H, H, h, H, T(1), P, 4 * H);
+  if (!ci.pre) detail::weight_product<T>(pw, nd.in[2], true, B, 4 * H, I, static_cast<const T*>(x.ptr), I, T(0), P, 4 * H);
+  detail::weight_product<T>(pw, w_hh, true, B, 4 * H, H, h, H, ci.pre ? T(0) : T(1), P, 4 * H);
   const T* bh = static_cast<const T*>(nd.in[size_t(ci.b_hh)].ptr);
-  for (int64_t b = 0; b < B; ++b)
+  for (int64_t b = 0; b < B; ++b) {
+    const T* bi = ci.pre ? static_cast<const T*>(x.ptr) + b * 4 * H : static_cast<const T*>(nd.in[4].ptr);
     lstm_gate_row<T>(H, P + b * 4 * H, bi, bh, c + b * H, S + b * 4 * H, out + b * H, out + B * H + b * H);
+  }
 }
 
 // One batch row of the cell's elementwise backward: from the gradients of
