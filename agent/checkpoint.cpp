@@ -3,6 +3,7 @@
 // for every rank of a data-parallel run.
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "algo/algorithm.h"
 #include "context.h"
@@ -305,6 +306,15 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
     same(so.lag == o.lag && so.vocab == o.vocab && so.sparse == o.sparse && so.corridor == o.corridor && so.turns == o.turns &&
              so.cities == o.cities,
          "--lag/--vocab/--sparse/--corridor/--turns/--cities");
+    // What the algorithm made from the run's data (a language model's
+    // vocabulary, a series' normalisation) must be what the checkpoint was
+    // trained with: data files changed since would be read otherwise.
+    std::map<std::string, std::string> made;
+    algo_->save_metadata(made);
+    for (const auto& [key, value] : made)
+      if (auto m = metadata.find(key); m == metadata.end() || m->second != value)
+        problems.push_back("checkpoint's " + key + " differs from the one this run made from its data (--data, --valid, --test, " +
+                           "--tokens, --split, --target, --features): the data changed since it was written?");
     auto it = metadata.find("dist.ranks");
     const std::string written = it == metadata.end() ? "1" : it->second;
     if (check_ranks && written != std::to_string(ranks()))

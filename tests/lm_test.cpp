@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include "alloc_hook.h"
@@ -165,6 +166,34 @@ TEST(Lm, AShortRunLearnsBelowTheUnigramEntropyAndResumesBitIdentically) {
   EXPECT_NE(a, d);
   EXPECT_EQ(a.rfind("ROMEO:", 0), 0u);
   EXPECT_GE(a.size(), 106u);
+  fs::remove_all(ck.parent_path());
+}
+
+// A checkpoint resumes only on the data it was trained with: a corpus whose
+// vocabulary changed since is refused, naming the vocabulary, even where
+// its size did not (every 'z' now U+00A7, which sorts after every other
+// character: the ids shift, the model's shapes stay), and the same corpus
+// still resumes.
+TEST(Lm, ResumeRefusesDataWhoseVocabularyChanged) {
+  const TrainConfig c = lm_config(kText.string(), 64);
+  const fs::path ck = scratch("vocab.safetensors");
+  {
+    Trainer tr(c);
+    tr.run_segment();
+    tr.save(ck);
+  }
+  std::ifstream in(kText, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string swapped;
+  for (char ch : text) swapped += ch == 'z' ? std::string("\xc2\xa7") : std::string(1, ch);
+  ASSERT_NE(swapped, text);
+  TrainConfig changed = c;
+  changed.env_options.data = write("changed.txt", swapped).string();
+  Trainer other(changed);
+  const std::string m = message_of([&] { other.load(ck); });
+  EXPECT_NE(m.find("lm.vocab differs from the one this run made from its data"), std::string::npos) << m;
+  Trainer same(c);
+  EXPECT_EQ(message_of([&] { same.load(ck); }), "");
   fs::remove_all(ck.parent_path());
 }
 

@@ -176,6 +176,31 @@ TEST(Series, AShortRunBeatsTheNaiveForecastAndResumesBitIdentically) {
   fs::remove_all(ck.parent_path());
 }
 
+// A checkpoint resumes only on the series it was trained with: one value of
+// the training part changed since (the fitted mean and scale with it) is
+// refused, naming the normalisation; the same file still resumes.
+TEST(Series, ResumeRefusesASeriesWhoseNormalisationChanged) {
+  const TrainConfig c = series_config(kSunspots.string(), 16);
+  const fs::path ck = scratch("norm.safetensors");
+  {
+    Trainer tr(c);
+    tr.run_segment();
+    tr.save(ck);
+  }
+  std::string text = slurp(kSunspots);
+  const size_t at = text.find("1701,11.0");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 9, "1701,12.0");
+  TrainConfig changed = c;
+  changed.env_options.data = write("changed.csv", text).string();
+  Trainer other(changed);
+  const std::string m = message_of([&] { other.load(ck); });
+  EXPECT_NE(m.find("series.normalisation differs from the one this run made from its data"), std::string::npos) << m;
+  Trainer same(c);
+  EXPECT_EQ(message_of([&] { same.load(ck); }), "");
+  fs::remove_all(ck.parent_path());
+}
+
 // After the first chunk, training allocates nothing on the heap, the
 // epochs' ends (their validations) included.
 TEST(Series, NoHeapAllocationAfterTheFirstChunk) {
