@@ -88,6 +88,6 @@ struct CellGrads {
 CellGrads cell_grads(Tape& tape, CellBatches& cb, const Node& n, const ops::Grads& dst, int64_t H, int64_t G, bool one);
 // After the cell's elementwise backward and its products for dx and dh: its
 // weight gradients, now (not batched) or when the batch is full.
-void cell_grads_done(CellBatches& cb, const Node& n, const ops::Grads& dst, const CellGrads& cg, int64_t H, int64_t G);
+void cell_grads_done(const Node& n, const ops::Grads& dst, const CellGrads& cg, int64_t H, int64_t G);
 
 }  // namespace segtape::detail

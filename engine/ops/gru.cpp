@@ -237,7 +237,7 @@ void gru_cell_backward_cpu(Tape& tape, detail::CpuCells& cells, const Node& nd, 
       else detail::weight_product<T>(cells.packed, nd.in[2], false, B, I, 3 * H, dgi, 3 * H, T(1), dx, I);
     }
     if (dh) detail::weight_product<T>(cells.packed, w_hh, false, B, H, 3 * H, dgh, 3 * H, T(1), dh, H);
-    detail::cell_grads_done(cells.batch, nd, dst, cg, H, 3 * H);
+    detail::cell_grads_done(nd, dst, cg, H, 3 * H);
   });
 }
 
@@ -338,7 +338,7 @@ CellGrads cell_grads(Tape& tape, CellBatches& batches, const Node& n, const ops:
   return {bytes(cb->dgi) + size_t(slot * B * G) * es, bytes(cb->dgh) + size_t(slot * B * G) * es, cb};
 }
 
-void cell_grads_done(CellBatches&, const Node& n, const ops::Grads& dst, const CellGrads& cg, int64_t H, int64_t G) {
+void cell_grads_done(const Node& n, const ops::Grads& dst, const CellGrads& cg, int64_t H, int64_t G) {
   if (cg.batch) {
     if (cg.batch->count == cg.batch->capacity) flush_cell_batch(*cg.batch);
     return;
@@ -415,7 +415,8 @@ void prepare_cell_batch(CellBatches& cb, const Tape& tape, int64_t last_node) {
   if (!tape.options().batch_weight_grads) return;
   const auto& nodes = tape.nodes();
   for (int64_t i = 0; i <= last_node; ++i)
-    if (nodes[size_t(i)].op == OpKind::GruCell || nodes[size_t(i)].op == OpKind::LstmCell) ++cb.remaining;
+    if ((nodes[size_t(i)].op == OpKind::GruCell || nodes[size_t(i)].op == OpKind::LstmCell) && !cell_inputs(nodes[size_t(i)]).pre)
+      ++cb.remaining;
 }
 
 }  // namespace detail

@@ -173,7 +173,7 @@ void lstm_cell_backward_cpu(Tape& tape, detail::CpuCells& cells, const Node& nd,
       else detail::weight_product<T>(cells.packed, nd.in[2], false, B, I, 4 * H, dP, 4 * H, T(1), dx, I);
     }
     if (ds) detail::weight_product<T>(cells.packed, w_hh, false, B, H, 4 * H, dP, 4 * H, T(1), ds, H);
-    detail::cell_grads_done(cells.batch, nd, dst, cg, H, 4 * H);
+    detail::cell_grads_done(nd, dst, cg, H, 4 * H);
   });
 }
 
