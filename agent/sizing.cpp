@@ -69,6 +69,7 @@ PolicyShape policy_shape(const TrainConfig& c, const EnvSpec& spec) {
 SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
   const PolicyShape shape = policy_shape(c, spec);
   const size_t B = size_t(c.batch), E = size_t(c.embed), H = size_t(c.hidden), A = size_t(spec.num_actions);
+  const size_t G = (shape.lstm ? 4 : 3) * H;  // a recurrent layer's gate columns
   auto f32 = [](size_t n) { return align_up(n * sizeof(float)); };
   SizeEstimate e;
   e.parameter_bytes = 4 * size_t(Policy::parameters_for(spec, shape)) * sizeof(float);
@@ -81,12 +82,12 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
     e.step_bytes += L * (f32(P * B * H) + f32(4 * B * H) + (L > 1 ? f32(P * B * H) : 0) + (shape.lstm ? f32(B * H) : 0));
     if (L > 1) e.step_bytes += f32(P * L * B * H) + f32(B * H);
     if (c.dropout > 0) e.step_bytes += f32(B * (E + L * H)) + 2 * f32(B * E) + 2 * L * f32(B * H);  // the masks, on the tape and applied
-    if (shape.input_table) e.step_bytes += f32(B * (shape.lstm ? 4 : 3) * H) - f32(B * E);  // layer 0's input gates, not the embedding
+    if (shape.input_table) e.step_bytes += f32(B * G) - f32(B * E);  // layer 0's input gates, not the embedding
   }
   if (shape.value_head) e.step_bytes += f32(B);
   const size_t steps = history_def(c.history.kind).grows ? 1 : size_t(c.history.k);
   e.segment_bytes = e.step_bytes * steps;
-  if (shape.input_table) e.segment_bytes += 2 * f32(size_t(spec.vocab) * (shape.lstm ? 4 : 3) * H);  // the table: the product, its bias added
+  if (shape.input_table) e.segment_bytes += 2 * f32(size_t(spec.vocab) * G);  // the table: the product, its bias added
   if (const AlgorithmDef& a = algorithm_def(c.learner(spec)); a.host_bytes) e.rollout_bytes = a.host_bytes(c, spec);
   e.budget = applied_budget(c);
   return e;

@@ -78,10 +78,7 @@ class Lm : public Algorithm {
     r.loss_sum *= double(n);  // (the steps' mean losses, each read scaled by 1/n)
     r.loss_steps = loss_steps_;
     size_t m = 0;
-    if (c_.step % epoch_ == 0 || (n == remaining && !corpus_->test.empty())) {
-      copy_into(c_.h_home, c_.h);  // (the carried state would expire in the evaluation's segments)
-      c_.h = c_.h_home;
-    }
+    if (c_.step % epoch_ == 0 || (n == remaining && !corpus_->test.empty())) keep_state();
     if (c_.step % epoch_ == 0) {
       m = report(EnvOptions::Part::Valid, m);
       // The training's speed since the last epoch's end: its chunks alone (no evaluation, checkpoint or log)
@@ -102,13 +99,19 @@ class Lm : public Algorithm {
   UpdateResult stopped() override {
     UpdateResult r;
     if (c_.step % epoch_ == 0) return r;  // (its epoch's end reported it)
-    copy_into(c_.h_home, c_.h);
-    c_.h = c_.h_home;
+    keep_state();
     r.metrics = std::span<const Metric>(metrics_).first(report(EnvOptions::Part::Valid, 0));
     return r;
   }
 
  private:
+  // The carried state into its persistent home before an evaluation, whose
+  // segments would expire it.
+  void keep_state() {
+    copy_into(c_.h_home, c_.h);
+    c_.h = c_.h_home;
+  }
+
   // The part's loss in nats per token, its perplexity and bits per token into metrics_ from m on.
   size_t report(EnvOptions::Part part, size_t m) {
     const double loss = evaluate(part);
