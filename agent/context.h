@@ -54,6 +54,11 @@ struct Context {
   // loss: no step).
   void update(bool has_loss);
 
+  // This rank's training env, made as the Trainer makes it: its shards'
+  // seeds, and (lm) its streams of the text. An algorithm that steps a copy
+  // ahead of the model (an open-loop env) makes its copy with this.
+  std::unique_ptr<Env> make_training_env() const;
+
   // The optimizer's learning rate, read and set whatever its kind.
   double lr() const;
   void set_lr(double lr);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 
 #include "history/history.h"
 
@@ -66,10 +67,21 @@ Recurred Step::feature(Tape& t, const Tensor& obs, const Tensor& h, replay::Inpu
 }
 
 int64_t Step::argmax_row(const float* p, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (p[i] > p[best]) best = i;
-  return best;
+  // The first index of the row's maximum. The maximum by 16 lanes (a
+  // maximum is exact in any order: this vectorizes), then its first place;
+  // NaNs are passed over, as a comparison skips them (a row of them: 0).
+  constexpr int64_t kLanes = 16;
+  std::array<float, kLanes> lane;
+  lane.fill(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t k = 0; k < kLanes; ++k) lane[size_t(k)] = p[i + k] > lane[size_t(k)] ? p[i + k] : lane[size_t(k)];
+  float top = -std::numeric_limits<float>::infinity();
+  for (const float v : lane) top = v > top ? v : top;
+  for (; i < n; ++i) top = p[i] > top ? p[i] : top;
+  for (int64_t j = 0; j < n; ++j)
+    if (p[j] == top) return j;
+  return 0;
 }
 
 void Step::greedy(const Tensor& logits, std::span<int64_t> a) {

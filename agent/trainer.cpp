@@ -105,6 +105,15 @@ uint64_t Context::act_seed(uint64_t seed, int rank) {
   return rank == 0 ? seed ^ 0xac7u : splitmix64((seed ^ 0xac7u) + uint64_t(rank));
 }
 
+std::unique_ptr<Env> Context::make_training_env() const {
+  const TrainConfig& cf = config;
+  std::vector<uint64_t> seeds;
+  for (int64_t i = 0; i < cf.env_shards; ++i) seeds.push_back(Trainer::shard_seed(cf.seed, int64_t(rank()) * cf.env_shards + i));
+  EnvOptions streams = cf.env_options;  // (lm: the ranks and shards read their own streams of the text)
+  streams.shards = int64_t(ranks()) * cf.env_shards, streams.shard = int64_t(rank()) * cf.env_shards;
+  return make_env_shards(cf.env, cf.batch, seeds, streams);
+}
+
 void Context::update(bool has_loss) {
   if (avg) {  // every rank: the mean of the ranks' gradients
     const double with_loss = avg->average(has_loss ? 1.0f : 0.0f);
@@ -140,11 +149,7 @@ Trainer::Trainer(const TrainConfig& config, dist::Communicator* comm)
     settings["ranks"] = std::to_string(comm->size());
     dist::check_same(*comm, settings, "the training configuration");
   }
-  std::vector<uint64_t> seeds;
-  for (int64_t i = 0; i < cf.env_shards; ++i) seeds.push_back(shard_seed(cf.seed, int64_t(rank()) * cf.env_shards + i));
-  EnvOptions streams = cf.env_options;  // (lm: the ranks and shards read their own streams of the text)
-  streams.shards = int64_t(ranks()) * cf.env_shards, streams.shard = int64_t(rank()) * cf.env_shards;
-  env_ = make_env_shards(cf.env, cf.batch, seeds, streams);
+  env_ = c.make_training_env();
   c.env = env_.get();
   const EnvSpec& spec = c.env->spec();
   check_sizes(cf, estimate_sizes(cf, spec));  // before anything is allocated

@@ -22,9 +22,17 @@ const char* op_name(OpKind k) {
 
 namespace detail {
 // Backward's free list of dead gradient buffers, by exact aligned size. The
-// links are kept on the host (device memory cannot hold them for us); the
-// stacks keep their capacity, so after the first backward it allocates nothing.
+// links are kept on the host (device memory cannot hold them for us). The
+// slots are given to sizes anew in each backward, in the order they come;
+// every stack holds kDepth links from the start and keeps what it grew to,
+// so a backward allocates nothing unless more than kDepth dead buffers of
+// one size wait at once (a shorter segment, whose sizes land on other
+// slots, included: a language model's last chunk of an epoch).
 struct FreeList {
+  static constexpr size_t kDepth = 64;
+  FreeList() {
+    for (auto& s : stack) s.reserve(kDepth);
+  }
   std::array<size_t, 32> size{};
   std::array<std::vector<void*>, 32> stack;
   int n = 0;

@@ -272,6 +272,46 @@ TEST(CudaAgent, TrainerMatchesTheCpuWithFixedDeviceMemory) {
   fs::remove_all(f.parent_path());
 }
 
+// A language model (--task lm) on the device: its chunks' head once over the
+// chunk in blocks, whose logits reach the host in one copy per block for the
+// greedy actions (agent/algo/lm.cpp), and its validation at the epoch's end.
+// Two layers of LSTM with dropout; the same losses, validation loss,
+// accuracy and parameters as on the CPU (bit for bit on the emulated
+// device, whose ops are the CPU's; within float rounding on a GPU), no
+// device allocation after the first chunk.
+TEST(CudaAgent, ALanguageModelMatchesTheCpuWithFixedDeviceMemory) {
+  REQUIRE_GPU();
+  const double tol = kEmulated ? 0.0 : 1e-4;
+  auto config = [](const char* device) {
+    agent::TrainConfig c;
+    c.env = "lm";
+    c.algo = agent::Algo::Lm;
+    c.env_options.data = std::string(SEGTAPE_SOURCE_DIR) + "/tests/data/shakespeare-20k.txt";
+    c.history = agent::History::parse("tbptt:16");
+    c.cell = "lstm", c.layers = 2, c.dropout = 0.3;
+    c.batch = 32, c.hidden = 32, c.embed = 16;
+    c.steps = 561 + 32;  // (an epoch: 18,000 training characters in 32 streams, less one)
+    c.budget = size_t(16) << 20;
+    c.device = device;
+    return c;
+  };
+  agent::Trainer cpu(config("cpu")), gpu(config("cuda"));
+  uint64_t allocs = 0;
+  int valid = 0;
+  for (int s = 0; !gpu.done(); ++s) {
+    const agent::UpdateResult rc = cpu.run_segment(), rg = gpu.run_segment();
+    ASSERT_EQ(rg.steps, rc.steps);
+    EXPECT_NEAR(rg.loss_sum, rc.loss_sum, tol * std::max(1.0, std::fabs(rc.loss_sum))) << "chunk " << s;
+    EXPECT_NEAR(rg.metric("valid_loss"), rc.metric("valid_loss"), tol * 5) << "chunk " << s;
+    valid += rc.metric("valid_loss") > 0;
+    if (s == 0) allocs = memory::device_allocations();
+    EXPECT_EQ(memory::device_allocations(), allocs) << "device allocation in chunk " << s;
+  }
+  EXPECT_EQ(valid, 1) << "the epoch's end";
+  EXPECT_NEAR(gpu.env().score(), cpu.env().score(), kEmulated ? 0.0 : 0.01) << "accuracy";
+  expect_close(host_params(gpu.policy()), host_params(cpu.policy()), kEmulated ? 0.0 : 1e-3, "parameters after the run");
+}
+
 // An open-loop env whose steps differ in how many streams have a target:
 // at step t stream b has one (the token it shows, t + b mod 3) where
 // t mod 24 < 16 and (t + b) mod 3 != 0, so with 8 streams a step has 5 or 6

@@ -302,6 +302,60 @@ TEST(Lm, TheInputTableIsTheSameModel) {
   }
 }
 
+// Under tbptt the head runs once over a chunk's steps (in blocks; the
+// env's copy stepped ahead of the model): the same model as each step's own
+// head, to rounding. The first 700 bytes of the text (an epoch of 77 steps:
+// four chunks of 16 and one of 13, then its validation) and a chunk of the
+// next epoch, for the one-layer GRU and an LSTM stack with dropout masks
+// (drawn in the same order): each update's loss, the validation loss, the
+// accuracy and the parameters after them.
+TEST(Lm, TheChunksHeadIsTheSameModel) {
+  std::ifstream in(kText, std::ios::binary);
+  std::string text(700, '\0');
+  in.read(text.data(), 700);
+  const fs::path excerpt = write("excerpt.txt", text);
+  TrainConfig gru = lm_config(excerpt.string(), 77 + 16);
+  TrainConfig lstm = gru;
+  lstm.cell = "lstm", lstm.layers = 2, lstm.dropout = 0.3;
+  for (const TrainConfig* cp : {&gru, &lstm}) {
+    SCOPED_TRACE(cp->cell);
+    struct Run {
+      std::vector<double> losses, valid;
+      double score = 0;
+      std::vector<float> params;
+    };
+    auto run = [&](bool each_step) {
+      TrainConfig c = *cp;
+      c.head_each_step = each_step;
+      Trainer tr(c);
+      Run out;
+      while (!tr.done()) {
+        const UpdateResult r = tr.run_segment();
+        out.losses.push_back(r.loss_sum / double(r.loss_steps));
+        if (r.metric("valid_loss") > 0) out.valid.push_back(r.metric("valid_loss"));
+      }
+      out.score = tr.env().score();
+      out.params = params_of(tr);
+      return out;
+    };
+    const Run step = run(true), chunk = run(false);
+    ASSERT_EQ(step.losses.size(), 6u);
+    ASSERT_EQ(chunk.losses.size(), 6u);
+    for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(chunk.losses[i], step.losses[i], 1e-5 * step.losses[i]) << "update " << i;
+    ASSERT_EQ(step.valid.size(), 1u) << "the epoch's end";
+    ASSERT_EQ(chunk.valid.size(), 1u);
+    EXPECT_NEAR(chunk.valid[0], step.valid[0], 1e-5 * step.valid[0]);
+    EXPECT_GT(step.score, 0);
+    EXPECT_EQ(chunk.score, step.score) << "accuracy";
+    ASSERT_EQ(chunk.params.size(), step.params.size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < step.params.size(); ++i)
+      num += double(chunk.params[i] - step.params[i]) * (chunk.params[i] - step.params[i]), den += double(step.params[i]) * step.params[i];
+    EXPECT_LE(std::sqrt(num / den), 1e-6);
+  }
+  fs::remove(excerpt);
+}
+
 // After the first chunk, training allocates nothing on the heap, the
 // epoch's end (its validation) included.
 // (The one-layer GRU, a stack of LSTM layers with dropout masks, and a
@@ -313,13 +367,13 @@ TEST(Lm, NoHeapAllocationAfterTheFirstChunk) {
   TrainConfig table = lm_config(kText.string(), 2249 + 64);
   table.layers = 2;
   ASSERT_TRUE(policy_shape(table, make_env("lm", table.batch, 1, table.env_options)->spec()).input_table);
-  // (The table's products per chunk are OpenBLAS's, above the size its
-  // threaded sgemm starts at, which allocates: docs/benchmarks.md. The
-  // table's run on one thread; the others as the machine has them.)
+  // (The table's products and the chunk's head are OpenBLAS's, above the
+  // size its threaded sgemm starts at, which allocates: docs/benchmarks.md.
+  // The runs on one thread.)
   const int threads = openblas_get_num_threads();
+  openblas_set_num_threads(1);
   for (const TrainConfig* cp : std::initializer_list<const TrainConfig*>{&plain, &stack, &table}) {
     const TrainConfig& c = *cp;
-    openblas_set_num_threads(cp == &table ? 1 : threads);
     Trainer tr(c);
     tr.run_segment();
     const uint64_t before = alloc_hook::count();

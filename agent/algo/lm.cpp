@@ -10,6 +10,18 @@
 // the test part too, where there is one. Reported as the algorithm's figures.
 // With --optim sgd the learning rate is divided by 4 after each epoch whose
 // validation loss is not below the best so far (the example's schedule).
+//
+// Under a history that runs each step once (tbptt, detach, nograd-history)
+// the head runs once per chunk, as the example's loop does: the steps
+// recur, then one product of the chunk's [K B, hidden] outputs with the
+// decoder and one cross-entropy over its K B tokens (a word model's decoder,
+// 200 x 25,671, is most of a step's work; at B rows a step it is packed
+// anew for each). The env is open loop (its tokens do not depend on the
+// actions, which are only scored), so the chunk's tokens are taken first
+// from a copy of it stepped ahead; once the chunk's logits are known the
+// env takes the steps with their greedy actions (its accuracy) and must show
+// what its copy showed. Under exact and overlapping histories, which replay
+// steps, each step has its own head.
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -24,6 +36,7 @@ namespace segtape::agent {
 namespace {
 
 constexpr int64_t kEvalStreams = 10;  // word_language_model's eval_batch_size
+constexpr int64_t kHeadBlockBytes = int64_t(16) << 20;  // the logits of a block of a chunk's head (Lm::chunk_loss)
 
 class Lm : public Algorithm {
  public:
@@ -34,7 +47,7 @@ class Lm : public Algorithm {
     history_.prepare(c.h_home, true);
     eval_h_ = c.tape->persistent({c.config.state_rows() * kEvalStreams, c.config.hidden});
     eval_zero_.assign(size_t(eval_h_.numel()), 0.0f);
-    eval_tokens_.assign(size_t(kEvalStreams), 0), eval_targets_.assign(size_t(kEvalStreams), 0);
+    eval_tokens_.assign(size_t(kEvalStreams), 0);
     eval_done_.assign(size_t(kEvalStreams), 0), eval_rewards_.assign(size_t(kEvalStreams), 0.0f);
     // The parts' envs, made once (an evaluation starts them at their beginning)
     for (const EnvOptions::Part part : {EnvOptions::Part::Valid, EnvOptions::Part::Test}) {
@@ -44,6 +57,15 @@ class Lm : public Algorithm {
       eval_env_[size_t(part)] = make_env(c.config.env, kEvalStreams, 0, p);
       eval_start_[size_t(part)] = eval_env_[size_t(part)]->save_state();
     }
+    if (chunk_head_) {
+      const auto KB = size_t(c.config.history.span() * c.config.batch);
+      ahead_ = c.make_training_env();
+      ahead_->load_state(c.env->save_state());
+      tokens_.assign(KB, 0), targets_.assign(KB, 0), actions_.assign(KB, 0), done_.assign(KB, 0);
+      features_.resize(size_t(c.config.history.span()));
+    }
+    const int64_t eval_k = std::max<int64_t>(c.config.history.k, 32);
+    eval_features_.resize(size_t(eval_k)), eval_chunk_targets_.assign(size_t(eval_k * kEvalStreams), 0);
   }
 
   void save_metadata(std::map<std::string, std::string>& meta) const override { meta[kVocabKey] = corpus_->vocab.to_json(); }
@@ -55,6 +77,7 @@ class Lm : public Algorithm {
     e.push_back(nn::entry("lm.schedule", std::span<int64_t>(schedule_), {2}));
   }
   void loaded() override {
+    if (ahead_) ahead_->load_state(c_.env->save_state());  // (the env's copy at the env's new place)
     if (c_.config.optim != "sgd") return;
     std::memcpy(&lr_, schedule_.data(), 8), std::memcpy(&best_, schedule_.data() + 1, 8);
     if (!(lr_ > 0 && lr_ <= c_.config.lr) || std::isnan(best_)) throw CheckpointError("lm.schedule out of range: a damaged checkpoint?");
@@ -66,16 +89,9 @@ class Lm : public Algorithm {
     const int64_t n = std::min({c_.config.history.span(), remaining, epoch_ - c_.step % epoch_});
     if (n <= 0) return {};
     loss_steps_ = 0;
-    const double scale = 1.0 / double(n);  // (the chunk's mean over its n x B tokens)
-    Steps s;
-    s.step = [this, scale](Tape& t, int64_t, const Tensor& h, replay::Inputs& in) {
-      return cross_entropy_step(c_, step_, t, h, in, scale, loss_steps_);
-    };
-    s.update = [this] { c_.update(loss_steps_ > 0); };
     const auto t0 = std::chrono::steady_clock::now();
-    UpdateResult r = result_of(n, history_.run(s, n));
+    UpdateResult r = chunk_head_ ? chunk_update(n) : step_update(n);
     train_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), trained_ += n;
-    r.loss_sum *= double(n);  // (the steps' mean losses, each read scaled by 1/n)
     r.loss_steps = loss_steps_;
     size_t m = 0;
     if (c_.step % epoch_ == 0 || (n == remaining && !corpus_->test.empty())) keep_state();
@@ -105,6 +121,118 @@ class Lm : public Algorithm {
   }
 
  private:
+  template <class V>
+  auto row(V& v, int64_t i) const {
+    const int64_t B = step_.batch();
+    return std::span(v.data() + i * B, size_t(B));
+  }
+
+  // A chunk step by step, each step's head and greedy actions its own (the
+  // histories that replay steps).
+  UpdateResult step_update(int64_t n) {
+    const double scale = 1.0 / double(n);  // (the chunk's mean over its n x B tokens)
+    Steps s;
+    s.step = [this, scale](Tape& t, int64_t, const Tensor& h, replay::Inputs& in) {
+      return cross_entropy_step(c_, step_, t, h, in, scale, loss_steps_);
+    };
+    s.update = [this] { c_.update(loss_steps_ > 0); };
+    UpdateResult r = result_of(n, history_.run(s, n));
+    r.loss_sum *= double(n);  // (the steps' mean losses, each read scaled by 1/n)
+    return r;
+  }
+
+  // A chunk with its head once over its steps (the header's account).
+  UpdateResult chunk_update(int64_t n) {
+    const int64_t B = step_.batch();
+    take_ahead(n);
+    const int64_t first = c_.step;
+    Steps s;
+    s.step = [this, first](Tape& t, int64_t at, const Tensor& h, replay::Inputs& in) {
+      const int64_t i = at - first;
+      const Recurred r = step_.feature(t, t.from(std::span<const int64_t>(row(tokens_, i)), {step_.batch()}), h, in);
+      features_[size_t(i)] = r.feature;
+      return replay::StepResult{step_.reset(r.state, row(done_, i)), Tensor()};
+    };
+    s.after_forward = [this](const Tensor&, int64_t, int64_t steps) { return chunk_loss(steps); };
+    s.update = [this] { c_.update(loss_steps_ > 0); };
+    UpdateResult r = result_of(n, history_.run(s, n));
+    r.loss_sum = chunk_loss_ * double(loss_steps_);  // (the steps' mean losses: every step has its B targets)
+    // The env takes the chunk's steps with the model's actions; what it shows must be what its copy showed.
+    for (int64_t i = 0; i < n; ++i) {
+      c_.env->observe(step_.tokens, step_.vectors);
+      c_.env->targets(step_.targets);
+      step_.act(row(actions_, i));
+      if (!std::ranges::equal(step_.tokens, row(tokens_, i)) || !std::ranges::equal(step_.targets, row(targets_, i)) ||
+          !std::ranges::equal(step_.done, row(done_, i)))
+        throw EnvContractError("lm: the env showed other tokens, targets or done flags at step " + std::to_string(c_.step - n + i + 1) +
+                               " than its copy stepped ahead of the model did (step " + std::to_string(i + 1) + " of " +
+                               std::to_string(n) + " of the chunk; " + std::to_string(B) + " streams)");
+    }
+    return r;
+  }
+
+  // The copy of the env takes the chunk's n steps ahead (its actions a
+  // placeholder: only scored): their tokens, targets and done flags. It
+  // steps as the env does, chunk after chunk, and takes the env's state when
+  // a checkpoint is loaded (loaded()); where it shows other tokens or
+  // targets than the env at the chunk's start all the same (a data-parallel
+  // rank's streams set from a checkpoint, which calls no loaded()), it takes
+  // the env's state then. (A copy that showed the same first step from
+  // another place would be caught after the chunk: the env must show what
+  // it showed.)
+  void take_ahead(int64_t n) {
+    c_.env->observe(step_.tokens, step_.vectors), c_.env->targets(step_.targets);
+    ahead_->observe(row(tokens_, 0), {}), ahead_->targets(row(targets_, 0));
+    if (!std::ranges::equal(step_.tokens, row(tokens_, 0)) || !std::ranges::equal(step_.targets, row(targets_, 0)))
+      ahead_->load_state(c_.env->save_state());
+    std::fill(step_.actions.begin(), step_.actions.end(), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      ahead_->observe(row(tokens_, i), {});
+      ahead_->targets(row(targets_, i));
+      ahead_->step(step_.actions, step_.rewards, row(done_, i));
+    }
+    loss_steps_ = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto y = row(targets_, i);
+      loss_steps_ += std::any_of(y.begin(), y.end(), [](int64_t v) { return v != kNoTarget; }) ? 1 : 0;
+    }
+  }
+
+  // The chunk's head and loss over its steps' outputs: the mean
+  // cross-entropy over its tokens (read on the host), and each token's
+  // greedy action. The head runs over blocks of as many steps as keep a
+  // block's logits within kHeadBlockBytes (a word model's 160 rows; a
+  // character model's whole chunk): the product's rows amortise the
+  // decoder's packing, and backward's gradient of the logits is a block's,
+  // not the chunk's.
+  Tensor chunk_loss(int64_t n) {
+    const int64_t B = step_.batch(), V = step_.num_actions();
+    if (loss_steps_ == 0) return {};
+    const int64_t per = std::max<int64_t>(1, kHeadBlockBytes / (B * V * int64_t(sizeof(float))));  // steps a block
+    int64_t count = 0;
+    for (int64_t j = 0; j < n * B; ++j) count += targets_[size_t(j)] != kNoTarget ? 1 : 0;
+    Tensor loss;
+    for (int64_t i0 = 0; i0 < n; i0 += per) {
+      const int64_t m = std::min(per, n - i0);
+      const Tensor logits = step_.logits(concat(std::span<const Tensor>(features_.data() + i0, size_t(m)), 0));  // [m B, V]
+      const Tensor l = cross_entropy(logits, c_.tape->from(std::span<const int64_t>(targets_).subspan(size_t(i0 * B), size_t(m * B)), {m * B}),
+                                        Reduction::Sum, kNoTarget);
+      loss = loss.defined() ? add(loss, l) : l;
+      const float* rows = nullptr;
+      if (logits.on_device()) {  // (a GPU's: a block's logits reach the host in one copy; the first chunk's blocks are the largest)
+        if (host_logits_.size() < size_t(m * B * V)) host_logits_.resize(size_t(m * B * V));
+        logits.to_host(std::span<float>(host_logits_).first(size_t(m * B * V)));
+        rows = host_logits_.data();
+      } else {
+        rows = logits.data<const float>();
+      }
+      for (int64_t j = 0; j < m * B; ++j) actions_[size_t(i0 * B + j)] = Step::argmax_row(rows + j * V, V);
+    }
+    loss = scale(loss, 1.0 / double(count));
+    chunk_loss_ = loss.item();
+    return loss;
+  }
+
   // The carried state into its persistent home before an evaluation, whose
   // segments would expire it.
   void keep_state() {
@@ -135,18 +263,21 @@ class Lm : public Algorithm {
     for (int64_t done = 0; done < steps;) {
       Segment seg = c_.tape->eager_segment();
       NoGradGuard ng(*c_.tape);
-      Tensor sum;
-      for (int64_t i = 0; i < K && done < steps; ++i, ++done) {
+      int64_t i = 0;
+      for (; i < K && done < steps; ++i, ++done) {
         env->observe(eval_tokens_, {});
-        env->targets(eval_targets_);
+        env->targets(std::span<int64_t>(eval_chunk_targets_).subspan(size_t(i * kEvalStreams), size_t(kEvalStreams)));
         const Recurred r = step_.feature(c_.tape->from(std::span<const int64_t>(eval_tokens_), {kEvalStreams}), h);
-        const Tensor l = cross_entropy(step_.logits(r.feature), c_.tape->from(std::span<const int64_t>(eval_targets_), {kEvalStreams}),
-                                       Reduction::Sum);
-        sum = sum.defined() ? add(sum, l) : l;
-        env->step(eval_targets_, eval_rewards_, eval_done_);  // (the targets as actions: the score is not read)
+        eval_features_[size_t(i)] = r.feature;
+        env->step(eval_tokens_, eval_rewards_, eval_done_);  // (placeholder actions: the score is not read)
         h = r.state;
       }
-      total += sum.item();
+      // The segment's head at once (as training's chunks): one product and one cross-entropy over its i x 10 tokens
+      const Tensor logits = step_.logits(concat(std::span<const Tensor>(eval_features_.data(), size_t(i)), 0));
+      total += cross_entropy(logits, c_.tape->from(std::span<const int64_t>(eval_chunk_targets_).first(size_t(i * kEvalStreams)),
+                                                   {i * kEvalStreams}),
+                             Reduction::Sum)
+                   .item();
       copy_into(eval_h_, h);
       h = eval_h_;
     }
@@ -154,6 +285,16 @@ class Lm : public Algorithm {
   }
 
   std::shared_ptr<const Corpus> corpus_;
+  // The head once per chunk (the header): the env's copy stepped ahead, the
+  // chunk's tokens, targets, greedy actions and done flags [K, B], its
+  // steps' outputs, its mean loss; a GPU's host copy of its logits.
+  const bool chunk_head_ = !history_.replays() && !c_.config.head_each_step;
+  std::unique_ptr<Env> ahead_;
+  std::vector<int64_t> tokens_, targets_, actions_;
+  std::vector<uint8_t> done_;
+  std::vector<Tensor> features_;
+  double chunk_loss_ = 0;
+  std::vector<float> host_logits_;
   int64_t epoch_ = 0;  // steps per epoch: the training part's tokens per stream, less one
   int64_t loss_steps_ = 0;
   std::array<Metric, 8> metrics_{};
@@ -163,7 +304,8 @@ class Lm : public Algorithm {
   std::array<int64_t, 2> schedule_{};  // (their bits in a checkpoint)
   Tensor eval_h_;  // the evaluation's state [state_rows x 10, hidden] (persistent)
   std::vector<float> eval_zero_;
-  std::vector<int64_t> eval_tokens_, eval_targets_;
+  std::vector<int64_t> eval_tokens_, eval_chunk_targets_;  // a step's tokens; an evaluation segment's targets [K, 10]
+  std::vector<Tensor> eval_features_;                       // its steps' outputs
   std::vector<uint8_t> eval_done_;
   std::vector<float> eval_rewards_;
   std::array<std::unique_ptr<Env>, 3> eval_env_;  // by EnvOptions::Part: the validation and test parts' 10 streams

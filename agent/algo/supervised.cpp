@@ -59,9 +59,7 @@ class Supervised : public Algorithm {
       losses_.push_back(c_.tape->persistent(Shape{}));
     }
     all_logits_ = c_.tape->persistent({c.history.k * c.batch, spec.num_actions});
-    std::vector<uint64_t> seeds;
-    for (int64_t i = 0; i < c.env_shards; ++i) seeds.push_back(Trainer::shard_seed(c.seed, int64_t(c_.rank()) * c.env_shards + i));
-    ahead_ = make_env_shards(c.env, c.batch, seeds, c.env_options);
+    ahead_ = c_.make_training_env();
     const size_t KB = size_t(c.history.k * c.batch);
     tokens_.assign(KB, 0);
     targets_.assign(KB, kNoTarget);

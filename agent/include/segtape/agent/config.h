@@ -140,6 +140,10 @@ struct TrainConfig {
   // test seam: the emulated device never fuses). How the run executes: not in
   // the checkpoint.
   bool force_sequence = false;
+  // --task lm: each step's head on its own under every history (a test seam:
+  // tbptt's chunk head, agent/algo/lm.cpp, against it). How the run
+  // executes: not in the checkpoint.
+  bool head_each_step = false;
 
   // The recurrent state's rows per stream: one per layer, two for an LSTM's
   // (its h and its c). The state is [state_rows() x B, hidden]: layer by
