@@ -215,8 +215,8 @@ class Lm : public Algorithm {
     for (int64_t i0 = 0; i0 < n; i0 += per) {
       const int64_t m = std::min(per, n - i0);
       const Tensor logits = step_.logits(concat(std::span<const Tensor>(features_.data() + i0, size_t(m)), 0));  // [m B, V]
-      const Tensor l = cross_entropy(logits, c_.tape->from(std::span<const int64_t>(targets_).subspan(size_t(i0 * B), size_t(m * B)), {m * B}),
-                                        Reduction::Sum, kNoTarget);
+      const Tensor y = c_.tape->from(std::span<const int64_t>(targets_).subspan(size_t(i0 * B), size_t(m * B)), {m * B});
+      const Tensor l = cross_entropy(logits, y, Reduction::Sum, kNoTarget);
       loss = loss.defined() ? add(loss, l) : l;
       const float* rows = nullptr;
       if (logits.on_device()) {  // (a GPU's: a block's logits reach the host in one copy; the first chunk's blocks are the largest)
