@@ -20,6 +20,11 @@ void Env::target_values(std::span<float>) const {
               "as --task series does");
 }
 
+bool Env::truncations(std::span<uint8_t> truncated, std::span<int64_t>, std::span<float>) const {
+  std::fill(truncated.begin(), truncated.end(), uint8_t(0));
+  return false;
+}
+
 std::vector<int64_t> Env::save_state() const {
   auto& ints = const_cast<Env*>(this)->state_ints();
   const auto rs = rng_.state();
@@ -140,6 +145,12 @@ class ShardedEnv final : public Env {
   }
   void step(std::span<const int64_t> actions, std::span<float> reward, std::span<uint8_t> done) override {
     for (size_t i = 0; i < shards_.size(); ++i) shards_[i]->step(part(actions, i, 1), part(reward, i, 1), part(done, i, 1));
+  }
+  bool truncations(std::span<uint8_t> truncated, std::span<int64_t> tokens, std::span<float> vectors) const override {
+    bool any = false;
+    for (size_t i = 0; i < shards_.size(); ++i)
+      any |= shards_[i]->truncations(part(truncated, i, 1), part(tokens, i, 1), dim_ > 0 ? part(vectors, i, dim_) : std::span<float>());
+    return any;
   }
   std::pair<int64_t, int64_t> score_counts() const override {
     std::pair<int64_t, int64_t> n{0, 0};

@@ -20,6 +20,10 @@ Step::Step(Context& c, HistoryRunner& history) : c_(c), history_(history), B_(c.
   done.assign(B, 0);
   rows.assign(B * size_t(A_), 0.0f);
   reset_mask_.assign(B * size_t(c.config.state_rows() * c.config.hidden), 0.0f);
+  truncated_.assign(B, 0);
+  final_tokens_.assign(B, 0);
+  final_vectors_.assign(B * size_t(std::max<int64_t>(spec.obs_dim, 1)), 0.0f);
+  final_values_.assign(B, 0.0f);
 }
 
 Tensor Step::observe() {
@@ -115,6 +119,19 @@ void Step::note_rewards(double& return_sum, int64_t& episodes) {
     g += rewards[b];
     if (done[b]) return_sum += double(g), ++episodes, g = 0.0f;
   }
+}
+
+bool Step::bootstrap_truncated(const Tensor& state, double gamma) {
+  std::fill(final_tokens_.begin(), final_tokens_.end(), 0);  // (rows an env leaves alone: a token and a vector the policy can run)
+  std::fill(final_vectors_.begin(), final_vectors_.end(), 0.0f);
+  if (!c_.env->truncations(truncated_, final_tokens_, final_vectors_)) return false;
+  {
+    NoGradGuard ng(*c_.tape);
+    value(feature(observation(final_tokens_, final_vectors_, B_), state, false).feature).to_host(std::span<float>(final_values_));
+  }
+  for (size_t b = 0; b < truncated_.size(); ++b)
+    if (truncated_[b]) rewards[b] += float(gamma) * final_values_[b];
+  return true;
 }
 
 Tensor Step::reset(const Tensor& h, std::span<const uint8_t> done_flags) {

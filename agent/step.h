@@ -54,6 +54,15 @@ class Step {
   void act(std::span<const int64_t> a);
   // Episode returns of the step just taken: the episodes that ended add to return_sum and episodes.
   void note_rewards(double& return_sum, int64_t& episodes);
+  // The streams whose episode the step just taken cut by a limit
+  // (Env::truncations): their reward gains gamma x the value of the
+  // observation they were cut at, from `state`, the state after the step
+  // (before its reset); no gradient, the history's own state left as it
+  // is. As Stable-Baselines3 and CleanRL bootstrap a truncation: the
+  // episode's return to the step then continues as if it had not been cut.
+  // Call after note_rewards (an episode's reported return is the env's
+  // rewards). Returns whether any stream was truncated.
+  bool bootstrap_truncated(const Tensor& state, double gamma);
   // The streams whose episode ended start the next from the zero state:
   // h · (1 − done) (reset_finished); nothing where the history carries no state.
   Tensor reset(const Tensor& h, std::span<const uint8_t> done_flags);
@@ -74,6 +83,11 @@ class Step {
   HistoryRunner& history_;
   int64_t B_, A_;
   std::vector<float> reset_mask_;  // the state's shape (reset_finished)
+  // bootstrap_truncated's: the truncated flags [B], the final observations
+  // (tokens [B] or vectors [B, obs_dim]) and their values [B]
+  std::vector<uint8_t> truncated_;
+  std::vector<int64_t> final_tokens_;
+  std::vector<float> final_vectors_, final_values_;
 };
 
 }  // namespace segtape::agent

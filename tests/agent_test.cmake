@@ -39,3 +39,6 @@ segtape_test(lm_test SOURCES lm_test.cpp alloc_hook.cpp LABELS agent LIBS segtap
 segtape_test(series_test SOURCES series_test.cpp alloc_hook.cpp LABELS agent LIBS segtape_agent)
 target_compile_definitions(series_test PRIVATE SEGTAPE_BIN="$<TARGET_FILE:segtape>")
 add_dependencies(series_test segtape)
+
+# Episodes cut by a time limit, bootstrapped (Env::truncations): A2C's returns by hand, A2C and PPO learning the value.
+segtape_test(truncation_test SOURCES truncation_test.cpp LABELS agent LIBS segtape_agent)

@@ -16,11 +16,22 @@ namespace segtape::agent::test_envs {
 
 // A small token env that keeps the contract: each step shows t mod 3, the
 // target is the token shown one step earlier, an episode lasts 4 steps.
+// With `truncates`, the odd streams' episodes are cut there by a time limit
+// (truncations(): the observation they were cut at, token 4 mod 3 = 1).
 class Echo : public Env {
  public:
-  Echo(int64_t batch, uint64_t seed, std::string name) : Env(batch, seed) {
+  Echo(int64_t batch, uint64_t seed, std::string name, bool truncates = false) : Env(batch, seed), truncates_(truncates) {
     spec_ = {std::move(name), 3, 0, 3, true, "accuracy"};
     s_.assign(size_t(batch * 2), 0);  // per stream: t, the previous token
+    ended_.assign(size_t(batch), 0);
+  }
+  bool truncations(std::span<uint8_t> truncated, std::span<int64_t> tokens, std::span<float>) const override {
+    bool any = false;
+    for (size_t b = 0; b < size_t(batch_); ++b) {
+      truncated[b] = uint8_t(truncates_ && ended_[b] && b % 2 == 1);
+      if (truncated[b]) tokens[b] = 1, any = true;
+    }
+    return any;
   }
   const EnvSpec& spec() const override { return spec_; }
   void observe(std::span<int64_t> tokens, std::span<float>) const override {
@@ -35,7 +46,7 @@ class Echo : public Env {
       if (t > 0) ++score_den_, score_num_ += a[size_t(b)] == s_[size_t(2 * b + 1)];
       s_[size_t(2 * b + 1)] = t % 3;
       reward[size_t(b)] = 0;
-      done[size_t(b)] = ++t == 4;
+      done[size_t(b)] = ended_[size_t(b)] = ++t == 4;
       if (done[size_t(b)]) t = 0;
     }
   }
@@ -49,6 +60,8 @@ class Echo : public Env {
   }
   EnvSpec spec_;
   std::vector<int64_t> s_;
+  bool truncates_;
+  std::vector<uint8_t> ended_;  // the last step's ends
 };
 
 }  // namespace segtape::agent::test_envs
@@ -59,9 +72,9 @@ class Echo : public Env {
 #if SEGTAPE_ENV_TEST_PLUGIN == 1
 extern "C" void segtape_register_envs() {
   using namespace segtape::agent;
-  for (const char* name : {"plugin-echo", "plugin-echo-2"})
+  for (const char* name : {"plugin-echo", "plugin-echo-2"})  // (the second's odd streams truncated: Echo)
     register_env(name, [name](int64_t batch, uint64_t seed, const EnvOptions&) -> std::unique_ptr<Env> {
-      return std::make_unique<test_envs::Echo>(batch, seed, name);
+      return std::make_unique<test_envs::Echo>(batch, seed, name, name == std::string("plugin-echo-2"));
     });
 }
 #elif SEGTAPE_ENV_TEST_PLUGIN == 2
@@ -513,6 +526,65 @@ TEST(EnvRegistry, TheTrainerTrainsARegisteredEnv) {
   EXPECT_GT(tr.evaluate(200, 9), 0.9) << "echo (the previous token) is learned";
 }
 
+// truncations() checked: a stream said truncated that step() did not end, a
+// flag other than 0 or 1, a final token out of range, and a return value
+// that says otherwise than the flags are refused naming the env, the step
+// and the stream; the rows of the streams not truncated come back 0.
+TEST(EnvContract, TruncationsAreChecked) {
+  enum class Bad { NotDone, Two, Token, Returns, None };
+  class BadTruncations final : public Echo {
+   public:
+    BadTruncations(int64_t batch, uint64_t seed, std::string name, Bad bad) : Echo(batch, seed, std::move(name), true), bad_(bad) {}
+    bool truncations(std::span<uint8_t> truncated, std::span<int64_t> tokens, std::span<float> v) const override {
+      const bool any = Echo::truncations(truncated, tokens, v);
+      tokens[0] = 7;  // (stream 0 is never truncated: a row the checks give back as 0)
+      if (bad_ == Bad::NotDone) truncated[0] = 1;
+      if (bad_ == Bad::Two && any) truncated[1] = 2;
+      if (bad_ == Bad::Token && any) tokens[1] = 3;
+      return bad_ == Bad::Returns ? true : any;
+    }
+
+   private:
+    Bad bad_;
+  };
+  for (const auto& [bad, what] : std::vector<std::pair<Bad, std::string>>{
+           {Bad::NotDone, "says the episode of stream 0 was truncated, but step() did not end it (done 0)"},
+           {Bad::Two, "set truncated of stream 1 to 2; it is 0 or 1"},
+           {Bad::Token, "gave stream 1 the final token 3, outside [0, 3)"},
+           {Bad::Returns, "returned true but truncated no stream"},
+           {Bad::None, ""}}) {
+    const std::string name = "bad-truncations-" + std::to_string(int(bad));
+    SCOPED_TRACE(name);
+    ensure(name, [name, bad = bad](int64_t batch, uint64_t seed, const EnvOptions&) -> std::unique_ptr<Env> {
+      return std::make_unique<BadTruncations>(batch, seed, name, bad);
+    });
+    auto env = make_env(name, 2, 1, {});
+    std::vector<int64_t> tok(2), a(2, 0), final_tok(2);
+    std::vector<float> r(2);
+    std::vector<uint8_t> done(2), truncated(2);
+    std::string m;
+    for (int s = 1; s <= 4 && m.empty(); ++s) {
+      env->observe(tok, {});
+      env->step(a, r, done);
+      try {
+        (void)env->truncations(truncated, final_tok, {});
+      } catch (const EnvContractError& e) {
+        m = e.what();
+      }
+      if (m.empty()) {
+        EXPECT_EQ(final_tok[0], 0) << "step " << s;
+      }
+    }
+    if (what.empty()) {
+      EXPECT_EQ(m, "");
+      EXPECT_EQ(truncated, (std::vector<uint8_t>{0, 1}));
+      continue;
+    }
+    EXPECT_NE(m.find("env '" + name + "', step "), std::string::npos) << m;
+    EXPECT_NE(m.find(what), std::string::npos) << m;
+  }
+}
+
 // ---------------------------------------------------------------- plug-ins
 
 #ifdef SEGTAPE_ENV_TEST_PLUGINS
@@ -529,6 +601,35 @@ TEST(EnvPlugin, LoadingRegistersItsEnvsOnce) {
   auto env = make_env("plugin-echo", 2, 1, {});
   EXPECT_EQ(env->spec().name, "plugin-echo");
   EXPECT_EQ(run_until_refused(*env, 10), "");
+}
+
+// A plug-in's env reports both flags: plugin-echo-2 cuts its odd streams'
+// episodes by a time limit (Echo), and through make_env's checks
+// truncations() gives those streams, at the step their episode ended, with
+// the observation they were cut at; plugin-echo, an env that does not
+// override it, truncates none.
+TEST(EnvPlugin, APlugInsEnvReportsTerminatedAndTruncatedApart) {
+  (void)load_env_plugin(kPlugin);
+  for (const char* name : {"plugin-echo", "plugin-echo-2"}) {
+    SCOPED_TRACE(name);
+    const bool truncates = name == std::string("plugin-echo-2");
+    auto env = make_env(name, 2, 1, {});
+    std::vector<int64_t> tok(2), a(2, 0), final_tok(2);
+    std::vector<float> r(2);
+    std::vector<uint8_t> done(2), truncated(2);
+    for (int s = 1; s <= 8; ++s) {
+      env->observe(tok, {});
+      env->step(a, r, done);
+      const bool any = env->truncations(truncated, final_tok, {});
+      const bool end = s % 4 == 0;
+      EXPECT_EQ(done, (std::vector<uint8_t>{uint8_t(end), uint8_t(end)})) << "step " << s;
+      EXPECT_EQ(truncated, (std::vector<uint8_t>{0, uint8_t(end && truncates)})) << "step " << s;
+      EXPECT_EQ(any, end && truncates) << "step " << s;
+      if (end && truncates) {
+        EXPECT_EQ(final_tok[1], 1) << "the observation stream 1 was cut at";
+      }
+    }
+  }
 }
 
 TEST(EnvPlugin, AMissingFileOrAFileThatIsNotAPluginIsRefused) {

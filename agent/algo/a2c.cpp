@@ -1,6 +1,8 @@
 // a2c: advantage actor-critic. Each update runs the history's steps with
 // actions sampled from the policy, then learns from their n-step returns
-// (bootstrapped from the value of the state after the last step):
+// (bootstrapped from the value of the state after the last step, and at an
+// episode cut by a time limit from the value of the observation it was cut
+// at: Step::bootstrap_truncated):
 // policy gradient -adv * log pi(a), value regression to the return, and an
 // entropy bonus, each a mean over the B streams.
 #include <algorithm>
@@ -58,6 +60,7 @@ class A2c : public Algorithm {
       step_.sample(lp, a);
       step_.act(a);
       step_.note_rewards(return_sum_, episodes_);
+      step_.bootstrap_truncated(r.state, c_.config.gamma);  // (a replay reads the rewards kept here)
       std::copy(a.begin(), a.end(), actions_.begin() + ptrdiff_t(at(i)));
       std::copy(step_.rewards.begin(), step_.rewards.end(), rewards_.begin() + ptrdiff_t(at(i)));
       std::copy(step_.done.begin(), step_.done.end(), done_.begin() + ptrdiff_t(at(i)));

@@ -150,6 +150,7 @@ void Ppo::rollout(int64_t n, UpdateResult& r) {
           step_.rewards[b] += step_.targets[b] != kNoTarget && step_.actions[b] == step_.targets[b] ? 1.0f : 0.0f;
       c_.h = step_.reset(f.state, step_.done);
       step_.note_rewards(r.return_sum, r.episodes);
+      step_.bootstrap_truncated(f.state, c_.config.gamma);  // (a time limit's cut: its reward + gamma V(final observation))
       for (size_t b = 0; b < B; ++b) {
         buf_.actions[row + b] = step_.actions[b];
         buf_.logp[row + b] = step_.rows[b * A + size_t(step_.actions[b])];

@@ -145,7 +145,49 @@ class CheckedEnv final : public Env {
         if (done[b] == 0xff) fail("step() left done" + s + " unwritten (or set it to 255, the mark of an unwritten one); done is 0 or 1");
         if (done[b] > 1) fail("step() set done" + s + " to " + std::to_string(done[b]) + "; done is 0 or 1");
       }
+    std::copy_n(done.begin(), B, last_done_.begin());
     ++steps_;
+  }
+
+  // The rows of the streams not truncated come back 0 (a token and a vector
+  // any caller can run), whatever the env left there.
+  bool truncations(std::span<uint8_t> truncated, std::span<int64_t> tokens, std::span<float> vectors) const override {
+    const size_t B = size_t(batch_), D = size_t(std::max<int64_t>(obs_dim_, 1));
+    need("truncations", "truncated", truncated.size(), B);
+    if (vocab_ > 0) need("truncations", "token", tokens.size(), B);
+    else need("truncations", "vector", vectors.size(), B * D);
+    std::fill_n(truncated.begin(), B, uint8_t(0xff));
+    if (vocab_ > 0) std::fill_n(tokens.begin(), B, kUnwritten);
+    else std::fill_n(vectors.begin(), B * D, kUnwrittenFloat);
+    check_spec("truncations");
+    const bool any = guarded("truncations", [&] { return env_->truncations(truncated, tokens, vectors); });
+    // (in the step the message names: the one whose episodes these are)
+    const auto at = [&](const std::string& what) {
+      throw EnvContractError("env '" + name_ + "', step " + std::to_string(steps_) + ": " + what +
+                             " (the Env contract: segtape/agent/env.h, docs/agent.md)");
+    };
+    bool seen = false;
+    for (size_t b = 0; b < B; ++b) {
+      const std::string s = " of stream " + std::to_string(b);
+      if (truncated[b] == 0xff) at("truncations() left truncated" + s + " unwritten; it is 0 or 1");
+      if (truncated[b] > 1) at("truncations() set truncated" + s + " to " + std::to_string(truncated[b]) + "; it is 0 or 1");
+      if (truncated[b] && !last_done_[b]) at("truncations() says the episode" + s + " was truncated, but step() did not end it (done 0)");
+      seen |= truncated[b] != 0;
+      if (vocab_ > 0) {
+        if (!truncated[b]) tokens[b] = 0;
+        else if (tokens[b] < 0 || tokens[b] >= vocab_)
+          at(tokens[b] == kUnwritten ? "truncations() left the final token" + s + " unwritten"
+                                     : "truncations() gave stream " + std::to_string(b) + " the final token " + std::to_string(tokens[b]) +
+                                           ", outside [0, " + std::to_string(vocab_) + ") (spec().vocab)");
+      } else {
+        float* row = vectors.data() + b * D;
+        if (!truncated[b]) std::fill_n(row, D, 0.0f);
+        else if (!all_finite(std::span<const float>(row, D)))
+          at("truncations() left or gave a final observation" + s + " that is not finite (obs_dim is " + std::to_string(obs_dim_) + ")");
+      }
+    }
+    if (seen != any) at(std::string("truncations() returned ") + (any ? "true" : "false") + " but truncated " + (seen ? "some" : "no") + " stream");
+    return any;
   }
 
   double score() const override { return guarded("score", [&] { return env_->score(); }); }
@@ -221,6 +263,7 @@ class CheckedEnv final : public Env {
   int64_t vocab_ = 0, obs_dim_ = 0, actions_ = 0;
   int64_t steps_ = 0;  // step() calls so far: messages name step steps_ + 1
   std::vector<int64_t> no_ints_;
+  std::vector<uint8_t> last_done_ = std::vector<uint8_t>(size_t(batch_), 0);  // the last step()'s done flags (truncations)
 };
 
 }  // namespace

@@ -52,6 +52,11 @@ class _RunningNorm:
         self.mean = self.mean + delta * n / total
         self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
         self.count = total
+        return self.apply(obs)
+
+    def apply(self, obs):
+        """The normalisation as it stands, the statistics left as they are
+        (a truncated episode's final observation, as VecNormalize does it)."""
         return np.clip((obs - self.mean) / np.sqrt(self.var + 1e-8), -10, 10)
 
 
@@ -59,7 +64,10 @@ class _Streams:
     """B episode streams of a Gymnasium env under the agent's Env contract:
     an ended episode restarts by itself (autoreset in the same step), its
     return is recorded, and success(return, truncated) says whether it counts
-    as a success in the trainer's score."""
+    as a success in the trainer's score. An episode that Gymnasium says was
+    truncated (and not terminated: a time limit's cut) is reported as such
+    with the observation it was cut at (truncations()), which the trainer
+    bootstraps from, as Stable-Baselines3 does."""
 
     def __init__(self, name, make, batch, seed, success, tokens, norm=None, obs_start=0, act_start=0, obs_dim=0):
         gym = _gymnasium()
@@ -69,6 +77,8 @@ class _Streams:
         self.batch, self.success, self.tokens = batch, success, tokens
         self.returns = np.zeros(batch)
         self.episode_returns = [[] for _ in range(batch)]  # per stream, in order
+        self.truncated = np.zeros(batch, dtype=np.uint8)  # the last step's cuts, and the observations they were cut at
+        self.final = np.zeros(batch, dtype=np.int64) if tokens else np.zeros((batch, obs_dim), dtype=np.float32)
         obs, _ = self._call("reset", lambda: self.envs.reset(seed=int(seed % (2**31 - 1))))
         self._set(obs)
 
@@ -82,13 +92,18 @@ class _Streams:
             raise Error(f"env '{self.name}', step {self.steps}: {what}() raised {type(e).__name__}: {e}") from e
 
     def _set(self, obs):
+        self.obs = self._converted(obs, self.batch, self.norm)
+
+    def _converted(self, obs, rows, norm):
+        """Gymnasium's observations of `rows` streams as segtape takes them:
+        tokens from 0, or finite float32 vectors through `norm`."""
         obs = np.asarray(obs)
-        want = (self.batch,) if self.tokens else (self.batch, self.obs_dim)
+        want = (rows,) if self.tokens else (rows, self.obs_dim)
         if obs.shape != want or (self.tokens and obs.dtype.kind not in "iu"):
             raise Error(f"env '{self.name}', step {self.steps}: observations of shape {obs.shape} and dtype {obs.dtype}, "
                         f"expected {want} {'integers' if self.tokens else 'numbers'} (the env's observation space)")
         if self.tokens:
-            self.obs = np.ascontiguousarray(obs - self.obs_start, dtype=np.int64)
+            return np.ascontiguousarray(obs - self.obs_start, dtype=np.int64)
         else:
             obs = obs.astype(np.float64)
             # Before the running normalisation, which a NaN, an inf or a value
@@ -101,16 +116,28 @@ class _Streams:
                 raise Error(f"env '{self.name}', step {self.steps}: observe() gave stream {b} the value {obs[b, i]} at {i}; "
                             "observations must be finite float32 values, |x| <= 3.4e38 (the Env contract: "
                             "segtape/agent/env.h, docs/agent.md)")
-            self.obs = np.ascontiguousarray(self.norm(obs) if self.norm else obs, dtype=np.float32)
+            return np.ascontiguousarray(norm(obs) if norm else obs, dtype=np.float32)
 
     def observe(self):
         return self.obs
 
+    def truncations(self):
+        """(truncated uint8 [B], the final observations: tokens [B] or
+        vectors [B, obs_dim], rows of the truncated streams) of the last step."""
+        return self.truncated, self.final
+
     def step(self, actions):
         self.steps += 1
         acts = np.array(actions, dtype=np.int64) + self.act_start
-        obs, reward, terminated, truncated, _ = self._call("step", lambda: self.envs.step(acts))
+        obs, reward, terminated, truncated, info = self._call("step", lambda: self.envs.step(acts))
         done = np.logical_or(terminated, truncated)
+        cut = np.logical_and(truncated, np.logical_not(terminated))  # (both: the task ended it, nothing to bootstrap)
+        self.truncated = cut.astype(np.uint8)
+        if cut.any():
+            rows = np.flatnonzero(cut)
+            final = [info["final_obs"][b] for b in rows]
+            self.final[rows] = self._converted(np.stack([np.asarray(f) for f in final]), len(rows),
+                                               self.norm.apply if self.norm else None)
         self.returns += reward
         success = np.zeros(self.batch, dtype=np.uint8)
         for b in np.flatnonzero(done):

@@ -468,6 +468,8 @@ nb::list named(const std::vector<nn::NamedTensor>& v) {
 // env). `py` has observe() -> float32 [B, obs_dim] or int64 [B] tokens, and
 // step(int64 actions [B]) -> (float32 reward [B], uint8 done [B], uint8
 // success [B]); success counts, for the ended streams, into score().
+// Optionally truncations() -> (uint8 truncated [B], final observations)
+// (Env::truncations).
 // make_env wraps it in the contract checks like any env. Its state is in
 // Python, so a checkpoint cannot restore it (segtape.gym keeps none).
 class PyEnv final : public agent::Env {
@@ -507,6 +509,24 @@ class PyEnv final : public agent::Env {
     if (success.size() != done.size()) throw agent::EnvContractError("env '" + spec_.name + "': step() success has the wrong size");
     for (size_t b = 0; b < done.size(); ++b)
       if (done[b]) ++score_den_, score_num_ += success.data()[b] ? 1 : 0;
+  }
+  // `py`'s truncations() -> (uint8 truncated [B], the final observations:
+  // int64 tokens [B] or float32 vectors [B, obs_dim]) where it has one;
+  // otherwise none truncated (Env's).
+  bool truncations(std::span<uint8_t> truncated, std::span<int64_t> tokens, std::span<float> vectors) const override {
+    refuse_at_exit("truncations");
+    nb::gil_scoped_acquire gil;
+    if (!nb::hasattr(py_, "truncations")) return Env::truncations(truncated, tokens, vectors);
+    nb::tuple r = as<nb::tuple>(py_.attr("truncations")(), "truncations()", "a tuple (truncated, final observations)");
+    if (r.size() != 2) throw agent::EnvContractError("env '" + spec_.name + "': truncations() must return (truncated, final observations)");
+    copy_exact(as<HostArray<uint8_t>>(r[0], "truncations()'s truncated", "a uint8 array [batch]"), truncated, "truncations() truncated");
+    if (spec_.vocab > 0)
+      copy_exact(as<HostArray<int64_t>>(r[1], "truncations()'s final observations", "an int64 array of tokens [batch]"), tokens,
+                 "truncations() final tokens");
+    else
+      copy_exact(as<HostArray<float>>(r[1], "truncations()'s final observations", "a float32 array [batch, obs_dim]"), vectors,
+                 "truncations() final vectors");
+    return std::any_of(truncated.begin(), truncated.end(), [](uint8_t t) { return t != 0; });
   }
 
  protected:
@@ -1228,6 +1248,16 @@ NB_MODULE(_segtape, m) {
           throw ShapeError("env.step: " + std::to_string(actions.size()) + " actions for " + std::to_string(e.batch()) + " streams");
         e.step(actions, reward, done);
         return std::make_pair(reward, std::vector<int>(done.begin(), done.end()));
+      })
+      // After step: (truncated [B], final tokens [B], final vectors [B x obs_dim]) (Env::truncations).
+      .def("truncations", [](const agent::Env& e) {
+        const ExitGuard running("Env.truncations");
+        const auto& sp = e.spec();
+        std::vector<uint8_t> truncated(size_t(e.batch()));
+        std::vector<int64_t> tokens(size_t(e.batch()));
+        std::vector<float> vectors(size_t(e.batch() * std::max<int64_t>(sp.obs_dim, 0)));
+        (void)e.truncations(truncated, tokens, vectors);
+        return std::make_tuple(std::vector<int>(truncated.begin(), truncated.end()), tokens, vectors);
       })
       .def("score", &agent::Env::score);
   ag.def("make_env", [](const std::string& name, int64_t batch, uint64_t seed, int64_t lag, int64_t vocab, int64_t corridor,

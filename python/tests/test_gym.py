@@ -221,3 +221,44 @@ def test_a_segment_whose_env_raises_leaves_the_trainer_where_it_began():
 def test_non_finite_coefficients_are_refused():
     with pytest.raises(segtape.Error, match="entropy"):
         sg.train("CartPole-v1", steps=32, entropy=float("inf"))
+
+
+class _Pay(gymnasium.Env):
+    """Token 0 and reward 1 at every step; each episode cut after 3 steps by
+    a time limit (truncated), or with `terminates` ended by the task
+    (terminated; with `both`, both flags set)."""
+    observation_space = gymnasium.spaces.Discrete(2)
+    action_space = gymnasium.spaces.Discrete(2)
+    terminates, both = False, False
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return 0, {}
+
+    def step(self, action):
+        self.t += 1
+        end = self.t == 3
+        # the observation the episode is cut at: 1 (the reset shows 0)
+        return int(end), 1.0, end and (self.terminates or self.both), end and not self.terminates, {}
+
+
+def test_truncated_episodes_reach_the_trainer_with_their_final_observation():
+    """A Gymnasium episode cut by its time limit (truncated, not terminated)
+    is reported through segtape.gym's env to the trainer's Env as truncated,
+    with the observation it was cut at (the trainer bootstraps from its
+    value: tests/truncation_test.cpp); one the task ended (terminated, or
+    both flags) is not."""
+    for kind, want in (("truncated", [1, 1]), ("terminated", [0, 0]), ("both", [0, 0])):
+        cls = type("Pay_" + kind, (_Pay,), {"terminates": kind == "terminated", "both": kind == "both"})
+        res = sg.train(cls, steps=8, batch=2, hidden=8, gamma=0.5)  # (trains: the bootstrap runs through the contract checks)
+        assert res.trainer.step == 8
+        env = sg._A.make_env(res.name, 2, 1)
+        for t in range(1, 7):
+            env.observe()
+            _, done = env.step([0, 1])
+            truncated, tokens, _ = env.truncations()
+            end = t % 3 == 0
+            assert done == [int(end)] * 2, (kind, t)
+            assert truncated == (want if end else [0, 0]), (kind, t)
+            assert list(tokens) == ([1, 1] if end and want[0] else [0, 0]), (kind, t)

@@ -32,6 +32,9 @@
 //              finite values and done[0, B) with 0 or 1 (1: the stream's
 //              episode ended with this step; the env restarts it by itself,
 //              and the trainer resets that stream's recurrent state).
+//   truncations()  (optional; after step()) truncated[0, B) 0 or 1, 1 only
+//              where that step's done is 1; for each truncated stream its
+//              row of tokens / vectors written, as observe() writes one.
 //   state      deterministic given the seed: everything that decides future
 //              observations lives in rng_ and state_ints(), so save_state /
 //              load_state continue bit-identically; valid_state() refuses
@@ -122,6 +125,18 @@ class Env {
   // Applies one action per stream and moves to the next step. Fills the reward
   // and whether the stream's episode ended (it restarts by itself).
   virtual void step(std::span<const int64_t> actions, std::span<float> reward, std::span<uint8_t> done) = 0;
+  // After step(): of the streams it ended (done), those whose episode was
+  // cut by a limit (a time limit) rather than ended by the task —
+  // Gymnasium's `truncated` — into truncated[0, B) (0 or 1), and for each of
+  // them the observation it was cut at (the episode's last, before the
+  // stream restarted: observe() shows the next episode's first) into its
+  // row of tokens [B] or vectors [B, obs_dim]; other rows are left as they
+  // are. Returns whether any stream was truncated. A truncated episode's
+  // last reward is bootstrapped from the value of that observation (A2C's
+  // returns, PPO's advantages); a terminated one's is not. The base: none
+  // truncated (every ended episode terminated, as for every env written
+  // before this call existed).
+  virtual bool truncations(std::span<uint8_t> truncated, std::span<int64_t> tokens, std::span<float> vectors) const;
 
   // Score since the last reset_score(): accuracy on targets (supervised) or
   // the fraction of finished episodes that succeeded (RL). An env counts into
