@@ -145,6 +145,7 @@ std::map<std::string, std::string> TrainConfig::to_metadata() const {
           {"gae_lambda", d(gae_lambda)},
           {"lr_schedule", lr_schedule},
           {"env_shards", std::to_string(env_shards)}};
+  if (critic != "shared") m["critic"] = critic;  // (a run with the shared core writes what runs before --critic wrote)
   lm_metadata(*this, m);
   series_metadata(*this, m);
   return m;
@@ -211,6 +212,9 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
   c.gae_lambda = f64("gae_lambda", "0.95");
   c.lr_schedule = get("lr_schedule", "constant");
   c.env_shards = i64("env_shards", "1");
+  c.critic = get("critic", "shared");
+  if (c.critic != "shared" && c.critic != "separate")
+    throw CheckpointError("checkpoint metadata 'critic' is '" + c.critic + "', not shared or separate");
   // (before these existed: PyTorch's init, dense recall)
   c.update_bias = f64("update_bias", "0");
   if (!(std::abs(c.update_bias) <= 20))
@@ -295,6 +299,10 @@ void TrainConfig::validate() const {
        std::string("--cell, --layers, --dropout, --tied and --optim are --task lm's; --algo ") + algo_name(algo) +
            " trains the agent's one-layer GRU with Adam");
   need(update_bias == 0 || (cell == "gru" && layers == 1), "--update-bias sets the one-layer GRU's update gate (not --cell lstm or --layers > 1)");
+  need(critic == "shared" || critic == "separate", "--critic '" + critic + "': choose shared or separate");
+  need(critic == "shared" || ((algo == Algo::A2c || algo == Algo::Ppo) && history_def(history.kind).recurrent),
+       "--critic separate gives the value head a GRU of its own: --algo a2c or ppo with a recurrent --history (not " +
+           std::string(algo_name(algo)) + " with --history " + history.str() + ")");
   if (hd.validate) hd.validate(*this);
   const AlgorithmDef& ad = algorithm_def(algo);
   need(ad.flag, "--algo '" + std::string(ad.name) + "': not an algorithm --algo takes");

@@ -45,13 +45,19 @@ Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& 
     register_module("compress", *compress_);
   } else {
     gru_ = std::make_unique<nn::GRUCell>(tape, rng, s.embed, s.hidden);
-    if (s.update_bias != 0) {  // the gates are r, z, n (PyTorch's order): z is the second block
-      std::vector<float> b = gru_->bias_hh.to_host<float>();  // (the policy is float32)
-      for (int64_t i = s.hidden; i < 2 * s.hidden; ++i) b[size_t(i)] += float(s.update_bias);
-      gru_->bias_hh.from_host(std::span<const float>(b));
-    }
     register_module("gru", *gru_);
   }
+  if (s.separate_critic) {
+    if (!gru_ || !s.value_head) throw Error("policy: a separate critic is the one-layer GRU's, with a value head");
+    critic_ = std::make_unique<nn::GRUCell>(tape, rng, s.embed, s.hidden);
+    register_module("critic", *critic_);
+  }
+  for (nn::GRUCell* cell : {gru_.get(), critic_.get()})
+    if (cell && s.update_bias != 0) {  // the gates are r, z, n (PyTorch's order): z is the second block
+      std::vector<float> b = cell->bias_hh.to_host<float>();  // (the policy is float32)
+      for (int64_t i = s.hidden; i < 2 * s.hidden; ++i) b[size_t(i)] += float(s.update_bias);
+      cell->bias_hh.from_host(std::span<const float>(b));
+    }
   if (s.tied) {  // the output layer's weight is the encoder's [vocab, embed]; its bias is its own, zero (the example's)
     tied_ = std::make_unique<TiedHead>(tape, env.num_actions);
     register_module("head", *tied_);
@@ -77,6 +83,7 @@ int64_t Policy::parameters_for(const EnvSpec& env, const PolicyShape& s) {
   n += s.window > 0 ? linear(s.window * s.embed, s.hidden)                                        // compress
                     : gates * s.hidden * (s.embed + s.hidden) + 2 * gates * s.hidden +             // gru / rnn layer 0
                           (s.layers - 1) * (gates * s.hidden * 2 * s.hidden + 2 * gates * s.hidden);  // rnn layers 1...
+  if (s.separate_critic) n += gates * s.hidden * (s.embed + s.hidden) + 2 * gates * s.hidden;     // critic
   n += s.tied ? env.num_actions : linear(s.hidden, env.num_actions);                                // head
   if (s.value_head) n += linear(s.hidden, 1);                                          // value
   return n;
@@ -127,6 +134,21 @@ Tensor Policy::recur_stack(const Tensor& e, const Tensor& h, std::span<const Ten
   return concat(std::span<const Tensor>(next.data(), size_t(L)), 0);  // (one copy; none for one layer)
 }
 
+Tensor Policy::recur_with_critic(const Tensor& e, const Tensor& h) const {
+  const int64_t B = e.dim(0), H = shape_.hidden;
+  if (h.rank() != 2 || h.dim(0) != 2 * B || h.dim(1) != H)
+    throw ShapeError("policy: the state " + h.describe() + " must be [" + std::to_string(2 * B) + ", " + std::to_string(H) +
+                     "] (the policy's GRU and the critic's, " + std::to_string(B) + " streams each)");
+  return concat({(*gru_)(e, slice(h, 0, 0, B)), (*critic_)(e, slice(h, 0, B, B))}, 0);
+}
+
+Tensor Policy::rows_of(const Tensor& feature, bool critic) const {
+  const int64_t B = feature.dim(0) / 2;
+  return slice(feature, 0, critic ? B : 0, B);
+}
+
+Tensor Policy::value(const Tensor& feature) const { return (*value_)(critic_ ? rows_of(feature, true) : feature); }
+
 Tensor Policy::output(const Tensor& state) const {
   if (gru_ || !shape_.stacked()) return state;
   const int64_t P = shape_.lstm ? 2 : 1, B = state.dim(0) / (P * shape_.layers);
@@ -135,7 +157,7 @@ Tensor Policy::output(const Tensor& state) const {
 
 Tensor Policy::logits(const Tensor& feature) const {
   if (tied_) return add(matmul(feature, token_encoder_->weight, false, true), tied_->bias);
-  return (*head_)(feature);
+  return (*head_)(critic_ ? rows_of(feature, false) : feature);
 }
 
 Tensor Policy::compress(std::span<const Tensor> window) const { return tanh((*compress_)(concat(window, 1))); }

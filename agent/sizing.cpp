@@ -56,6 +56,10 @@ PolicyShape policy_shape(const TrainConfig& c, const EnvSpec& spec) {
   PolicyShape s{c.embed, c.hidden, history_def(c.history.kind).recurrent ? 0 : c.history.window, algorithm_def(c.learner(spec)).value_head,
                 c.update_bias};
   s.lstm = c.cell == "lstm", s.layers = c.layers, s.tied = c.tied, s.lm_init = c.algo == Algo::Lm;
+  s.separate_critic = c.critic == "separate";
+  if (s.separate_critic && !s.value_head)
+    throw Error("--critic separate gives the value head a GRU of its own; --algo " + std::string(algo_name(c.algo)) + " on the env '" +
+                spec.name + "' learns from its targets by cross-entropy and has no value head");
   // A language model without dropout whose vocabulary is smaller than a
   // segment's tokens reads layer 0's input gates from a table (PolicyShape::input_table).
   s.input_table = c.algo == Algo::Lm && s.stacked() && spec.vocab > 0 && c.dropout == 0 && spec.vocab <= c.batch * c.history.span();
@@ -84,6 +88,8 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
     if (c.dropout > 0) e.step_bytes += f32(B * (E + L * H)) + 2 * f32(B * E) + 2 * L * f32(B * H);  // the masks, on the tape and applied
     if (shape.input_table) e.step_bytes += f32(B * G) - f32(B * E);  // layer 0's input gates, not the embedding
   }
+  if (shape.separate_critic)  // the critic's GRU too; the state's two halves sliced, joined, and each head's rows sliced
+    e.step_bytes += f32(B * H) + f32(4 * B * H) + 2 * f32(B * H) + f32(2 * B * H) + 2 * f32(B * H);
   if (shape.value_head) e.step_bytes += f32(B);
   const size_t steps = history_def(c.history.kind).grows ? 1 : size_t(c.history.k);
   e.segment_bytes = e.step_bytes * steps;

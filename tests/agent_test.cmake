@@ -42,3 +42,6 @@ add_dependencies(series_test segtape)
 
 # Episodes cut by a time limit, bootstrapped (Env::truncations): A2C's returns by hand, A2C and PPO learning the value.
 segtape_test(truncation_test SOURCES truncation_test.cpp LABELS agent LIBS segtape_agent)
+
+# --critic separate: the value head's GRU of its own.
+segtape_test(critic_test SOURCES critic_test.cpp LABELS agent LIBS segtape_agent)

@@ -70,18 +70,18 @@ class Ppo : public Algorithm {
 
 Ppo::Ppo(Context& c, HistoryRunner& h, Step& s)
     : Algorithm(c, h, s), buf_(c.config, c.env->spec()), Bm_(c.config.batch / c.config.minibatches), A_(s.num_actions()) {
-  const auto Bm = size_t(Bm_), H = size_t(c.config.hidden), A = size_t(A_);
+  const auto Bm = size_t(Bm_), H = size_t(c.config.hidden), A = size_t(A_), R = size_t(c.config.state_rows());
   if (c.env->spec().vocab > 0) mb_tokens_.assign(Bm, 0);
   else mb_vectors_.assign(Bm * size_t(buf_.obs_dim), 0.0f);
   streams_.resize(size_t(c.config.batch));
-  mb_state_.assign(Bm * H, 0.0f);
+  mb_state_.assign(R * Bm * H, 0.0f);
   mb_returns_.assign(Bm, 0.0f);
   mb_weights_.assign(Bm * A, 0.0f);
   mb_rows_.assign(Bm * A, 0.0f);
   mb_values_.assign(Bm, 0.0f);
   mb_done_.assign(Bm, 0);
   step_stats_.assign(size_t(buf_.T) * 3, 0.0);
-  sequence_ = history_.sequence(Bm_);
+  sequence_ = R == 1 && history_.sequence(Bm_);  // (one gru_sequence: the policy's GRU alone)
   if (sequence_) {
     const auto W = size_t(buf_.W);
     seq_encoded_.resize(W);
@@ -89,7 +89,7 @@ Ppo::Ppo(Context& c, HistoryRunner& h, Step& s)
     seq_values_.assign(W * Bm, 0.0f), seq_returns_.assign(W * Bm, 0.0f), seq_keep_.assign(W * Bm, 1.0f);
   }
   // a history that replays stores a minibatch window's boundary states like its start state (persistent)
-  if (history_.replays()) history_.prepare(c.tape->persistent({Bm_, c.config.hidden}), false);
+  if (history_.replays()) history_.prepare(c.tape->persistent({int64_t(R) * Bm_, c.config.hidden}), false);
 }
 
 UpdateResult Ppo::update(int64_t remaining) {
@@ -125,14 +125,14 @@ UpdateResult Ppo::update(int64_t remaining) {
 // from segment to segment and into the next iteration in its persistent home.
 void Ppo::rollout(int64_t n, UpdateResult& r) {
   const EnvSpec& spec = c_.env->spec();
-  const auto B = size_t(buf_.B), A = size_t(A_), H = size_t(buf_.H);
+  const auto B = size_t(buf_.B), A = size_t(A_), RH = size_t(buf_.R * buf_.H);
   const int64_t K = c_.config.history.k, W = buf_.W;
   for (int64_t t0 = 0; t0 < n; r.segment_peak = std::max(r.segment_peak, c_.tape->stats().last_segment_peak)) {
     // Segments of at most K steps, cut where a window starts too (its state is stored there).
     const int64_t end = std::min({n, (t0 / K + 1) * K, (t0 / W + 1) * W});
     Segment seg = c_.tape->segment();
     NoGradGuard ng(*c_.tape);
-    if (t0 % W == 0) c_.h.to_host(std::span<float>(buf_.start_state).subspan(size_t(t0 / W) * B * H, B * H));
+    if (t0 % W == 0) c_.h.to_host(std::span<float>(buf_.start_state).subspan(size_t(t0 / W) * B * RH, B * RH));
     for (int64_t t = t0; t < end; ++t, ++c_.step, c_.tape->next_step()) {
       const size_t row = size_t(t) * B;
       const Tensor x = step_.observe();
@@ -296,10 +296,12 @@ void Ppo::minibatch(int64_t n, std::span<const int64_t> streams, UpdateResult& r
   Steps s;
   s.step = [this](Tape&, int64_t t, const Tensor& h, replay::Inputs& in) { return step(t, h, in.loss_wanted()); };
   s.sequence = [this](const Tensor& h0, int64_t t0, int64_t len) { return window_at_once(h0, t0, len); };
-  s.state_at = [this](int64_t t) {  // the minibatch's rows of the state stored at step t
-    const auto B = size_t(buf_.B), H = size_t(buf_.H), w = size_t(t / buf_.W);
-    for (size_t i = 0; i < mb_.size(); ++i)
-      std::copy_n(buf_.start_state.begin() + ptrdiff_t((w * B + size_t(mb_[i])) * H), H, mb_state_.begin() + ptrdiff_t(i * H));
+  s.state_at = [this](int64_t t) {  // the minibatch's rows of the state stored at step t (in each of its R blocks of B rows)
+    const auto B = size_t(buf_.B), H = size_t(buf_.H), R = size_t(buf_.R), w = size_t(t / buf_.W), Bm = mb_.size();
+    for (size_t r = 0; r < R; ++r)
+      for (size_t i = 0; i < Bm; ++i)
+        std::copy_n(buf_.start_state.begin() + ptrdiff_t(((w * R + r) * B + size_t(mb_[i])) * H), H,
+                    mb_state_.begin() + ptrdiff_t((r * Bm + i) * H));
     return std::span<const float>(mb_state_);
   };
   const int64_t span = c_.config.history.span();  // the steps an update learns from at once

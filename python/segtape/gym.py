@@ -230,7 +230,8 @@ class TrainResult:
 
 def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, lr=3e-3, history="tbptt:32", gamma=0.99,
           entropy=0.01, value_coef=0.5, clip=1.0, seed=1, algo="a2c", rollout=128, epochs=10, minibatches=4,
-          clip_range=0.2, gae_lambda=0.95, lr_schedule="linear", success=None, normalize_obs=True, log_every=None, callback=None,
+          clip_range=0.2, gae_lambda=0.95, lr_schedule="linear", critic="shared", success=None, normalize_obs=True, log_every=None,
+          callback=None,
           eval_every=None, eval_episodes=10, stop_at=None, budget=None):
     """Trains segtape's recurrent agent on a Gymnasium env; returns a TrainResult.
 
@@ -245,6 +246,9 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     the states stored at rollout time; `minibatches` divides `batch`;
     lr_schedule "linear" anneals the learning rate to 0 over `steps`, or
     "constant").
+    critic: "shared" (the value head reads the policy's GRU) or "separate"
+    (a GRU of its own over the same embeddings, as sb3-contrib's
+    RecurrentPPO gives its critic an LSTM of its own).
     update_bias: added to the GRU's update-gate bias at initialisation (the
     cell keeps about sigmoid(update_bias) of its state per step from the
     start; 0 is PyTorch's initialisation; docs/agent.md, "Policy").
@@ -276,7 +280,7 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
         raise Error("segtape.gym.train: eval_every needs a history other than 'full': history 'full' keeps its whole run in "
                     "one open segment, so it evaluates only once the run has ended (result.evaluate() after train())")
     c.lr, c.gamma, c.entropy, c.value_coef, c.clip = lr, gamma, entropy, value_coef, clip
-    c.clip_range, c.gae_lambda, c.lr_schedule = clip_range, gae_lambda, lr_schedule
+    c.clip_range, c.gae_lambda, c.lr_schedule, c.critic = clip_range, gae_lambda, lr_schedule, critic
     c.update_bias = float(update_bias)
     if budget is not None:  # (None: the Trainer's default, 64 MiB, or 1 GiB of growth for history "full")
         c.budget = _bytes(budget, "segtape.gym.train: budget")

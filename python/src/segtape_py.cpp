@@ -1312,6 +1312,7 @@ NB_MODULE(_segtape, m) {
       SEGTAPE_OPTION(features, std::string)
 #undef SEGTAPE_OPTION
       .def_rw("cell", &agent::TrainConfig::cell)
+      .def_rw("critic", &agent::TrainConfig::critic)
       .def_rw("layers", &agent::TrainConfig::layers)
       .def_rw("dropout", &agent::TrainConfig::dropout)
       .def_rw("tied", &agent::TrainConfig::tied)

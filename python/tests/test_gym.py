@@ -262,3 +262,18 @@ def test_truncated_episodes_reach_the_trainer_with_their_final_observation():
             assert done == [int(end)] * 2, (kind, t)
             assert truncated == (want if end else [0, 0]), (kind, t)
             assert list(tokens) == ([1, 1] if end and want[0] else [0, 0]), (kind, t)
+
+
+def test_a_critic_of_its_own():
+    """critic="separate": the value head reads a GRU of its own (its
+    parameters beside the policy's GRU's), under A2C and PPO; another word is
+    refused naming the argument."""
+    shared = sg.train("CartPole-v1", steps=64, batch=2, hidden=8, embed=4)
+    for algo in ("a2c", "ppo"):
+        res = sg.train("CartPole-v1", steps=64, batch=2, hidden=8, embed=4, critic="separate", algo=algo, rollout=16,
+                       minibatches=1)
+        assert res.trainer.step == 64
+        # the critic's GRU: weight_ih [24, 4], weight_hh [24, 8] and two biases of 24 more than the shared core's
+        assert sum(p.size for p in res.trainer.parameters()) == sum(p.size for p in shared.trainer.parameters()) + 24 * 12 + 48
+    with pytest.raises(segtape.Error, match=r"segtape.gym.train: critic 'own': choose shared or separate"):
+        sg.train("CartPole-v1", steps=32, critic="own")

@@ -86,6 +86,11 @@ struct TrainConfig {
   int64_t hidden = 128;
   int64_t embed = 32;
   double update_bias = 0;  // added to the GRU's update-gate bias at init (PolicyShape::update_bias)
+  // a2c / ppo: the value head reads the policy's GRU ("shared") or a GRU of
+  // its own over the same embeddings ("separate", sb3-contrib's default:
+  // the value loss's gradient then never reaches the policy's core;
+  // PolicyShape::separate_critic). Kept in checkpoints only where separate.
+  std::string critic = "shared";
   // The model of --algo lm (PolicyShape's): the recurrent cell ("gru" or
   // "lstm"), its layers, the dropout of word_language_model (on the
   // embeddings, between the layers, on the last layer's output; 0: none), the
@@ -149,7 +154,7 @@ struct TrainConfig {
   // (its h and its c). The state is [state_rows() x B, hidden]: layer by
   // layer, an LSTM layer's h rows then its c rows ([B, hidden] for the
   // agent's one-layer GRU).
-  int64_t state_rows() const { return (cell == "lstm" ? 2 : 1) * layers; }
+  int64_t state_rows() const { return (cell == "lstm" ? 2 : 1) * layers + (critic == "separate" ? 1 : 0); }
   // The algorithm that learns on an env of this spec: a2c on a supervised env is Supervised.
   Algo learner(const EnvSpec& spec) const;
   std::map<std::string, std::string> to_metadata() const;

@@ -45,10 +45,16 @@ struct PolicyShape {
   // is smaller than a segment's tokens; not with dropout on the embeddings
   // (policy_shape decides: docs/agent.md, "Language models").
   bool input_table = false;
+  // The value head reads a GRU of its own ("critic", over the same
+  // embeddings) instead of the policy's: the agent's one-layer GRU with a
+  // value head only (--critic separate). Its state is the policy's rows then
+  // the critic's, [2 B, hidden].
+  bool separate_critic = false;
   // The state's rows per stream (TrainConfig::state_rows): the state is
   // [state_rows() x B, hidden], layer after layer, an LSTM layer's h rows
-  // then its c rows (one layer's [2, B, hidden], lstm_cell's state).
-  int64_t state_rows() const { return (lstm ? 2 : 1) * layers; }
+  // then its c rows (one layer's [2, B, hidden], lstm_cell's state); with a
+  // separate critic, the policy's rows then the critic's.
+  int64_t state_rows() const { return (lstm ? 2 : 1) * layers + (separate_critic ? 1 : 0); }
   bool stacked() const { return lstm || layers > 1 || tied; }
 };
 
@@ -69,24 +75,30 @@ class Policy : public nn::Module {
   // dropout masks [B, hidden] applied to each layer's output but the last's
   // (none, or layers - 1 of them).
   Tensor recur(const Tensor& e, const Tensor& h, std::span<const Tensor> between = {}) const {
+    if (critic_) return recur_with_critic(e, h);
     return gru_ ? (*gru_)(e, h) : recur_stack(e, h, between);
   }
-  // What the heads read from a state: the last layer's h ([B, hidden]; the state itself for the one-layer GRU).
+  // What the heads read from a state: the last layer's h ([B, hidden]; the
+  // state itself for the one-layer GRU, and with a separate critic, whose
+  // heads each read their rows of it).
   Tensor output(const Tensor& state) const;
   // recur over T steps at once: e [T, B, embed] -> the states [T, B, hidden],
   // the state entering step t multiplied by keep[t, b] (gru_sequence).
   Tensor recur_sequence(const Tensor& e, const Tensor& h0, const Tensor& keep) const {
-    if (!gru_) throw Error("policy: recur_sequence is the one-layer GRU's (this policy is a stack)");
+    if (!gru_ || critic_) throw Error("policy: recur_sequence is the one-layer GRU's (this policy is a stack, or has a critic of its own)");
     return gru_sequence(e, h0, gru_->weight_ih, gru_->weight_hh, gru_->bias_ih, gru_->bias_hh, keep);
   }
   // Window mode: the last N embeddings, oldest first -> [B, hidden]
   Tensor compress(std::span<const Tensor> window) const;
   Tensor logits(const Tensor& feature) const;
-  Tensor value(const Tensor& feature) const { return (*value_)(feature); }
+  Tensor value(const Tensor& feature) const;
   const PolicyShape& shape() const { return shape_; }
 
  private:
   Tensor recur_stack(const Tensor& e, const Tensor& h, std::span<const Tensor> between) const;
+  Tensor recur_with_critic(const Tensor& e, const Tensor& h) const;
+  // A separate critic's feature [2 B, hidden]: the policy's rows or the critic's.
+  Tensor rows_of(const Tensor& feature, bool critic) const;
   // input_table: the table of the open segment, made at its first step (and
   // again where the grad mode changed since).
   const Tensor& input_table() const;
@@ -98,7 +110,7 @@ class Policy : public nn::Module {
   std::unique_ptr<TiedHead> tied_;  // --tied: the output layer's bias (its weight is the encoder's)
   std::unique_ptr<nn::Embedding> token_encoder_;
   std::unique_ptr<nn::Linear> vector_encoder_;
-  std::unique_ptr<nn::GRUCell> gru_;
+  std::unique_ptr<nn::GRUCell> gru_, critic_;
   std::unique_ptr<nn::Linear> compress_;
   std::unique_ptr<nn::Linear> head_, value_;
   mutable Tensor table_;  // input_table: E W_ih^T + b_ih of layer 0 in segment table_segment_
