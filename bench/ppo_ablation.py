@@ -36,7 +36,8 @@ ZOO = dict(steps=100_000 // 8, batch=8, hidden=64, embed=32, lr=1e-3, history="t
            value_coef=1.0, lr_schedule="linear", algo="ppo", rollout=32, epochs=20, minibatches=1, clip_range=0.2,
            gae_lambda=0.8, normalize_obs=False)
 CONFIGS = ['{}', '{"normalize_obs": true}', '{"hidden": 256}', '{"value_coef": 0.02}', '{"embed": 64, "hidden": 128}',
-           '{"normalize_obs": true, "hidden": 256}']
+           '{"normalize_obs": true, "hidden": 256}', '{"critic": "separate"}', '{"critic": "separate", "hidden": 128}',
+           '{"critic": "separate", "normalize_obs": true}']
 TARGET = 475.0
 
 
