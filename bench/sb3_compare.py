@@ -9,17 +9,17 @@ at the end, and the workers' peak and growth of resident memory (docs/agent.md,
 Each engine runs in a worker process of its own Python (segtape's: the tests'
 venv build/python; SB3's: build-sb3, made by `bash bench/sb3_setup.sh`), one
 thread each, seeds interleaved (segtape seed 1, SB3 seed 1, segtape seed 2,
-...). Both use the same PPO settings (those RL Zoo tuned for RecurrentPPO on
-CartPoleNoVel-v1: 8 envs, 32-step rollouts, one minibatch of all streams, 20
-epochs, GAE lambda 0.98, clip 0.2, no entropy bonus, lr 1e-3 constant,
-observations normalised as VecNormalize does, gradient norm clipped at 0.5,
-the same value-loss weight), except gamma 0.99 where the Zoo has 0.999:
-segtape.gym ends a time-limited episode without bootstrapping (the agent's
-Env has one done flag), which with 0.999 makes the value targets depend on
-the time step the policy cannot see; in a trial at 150k steps segtape
-reached a greedy return of 500 with 0.99 and 153 at most with 0.999)
-and a recurrent core of 64 units feeding linear policy and value heads:
-segtape's is Linear(4, 32) + tanh -> GRUCell(32, 64); SB3's one LSTM(4, 64)
+...). Both use the same PPO settings: 8 envs, 32-step rollouts, one
+minibatch of all streams, 20 epochs, gamma 0.99, GAE lambda 0.98, clip 0.2,
+no entropy bonus, lr 1e-3 constant, observations normalised as VecNormalize
+does, gradient norm clipped at 0.5, the same value-loss weight. These are
+not RL Zoo's tuned settings for CartPoleNoVel-v1 (hyperparams/ppo_lstm.yml
+at 038ab16: gamma 0.98, GAE lambda 0.8, lr lin_0.001, clip lin_0.2, no
+normalisation); segtape at those is bench/ppo_ablation.py's. The figures in
+docs/agent.md were measured with these settings before segtape bootstrapped
+an episode cut by its time limit (it now does: docs/agent.md, "Terminated or
+truncated"). Both have a recurrent core of 64 units feeding linear policy and
+value heads: segtape's is Linear(4, 32) + tanh -> GRUCell(32, 64); SB3's one LSTM(4, 64)
 shared by actor and critic (net_arch [], shared_lstm). Every --eval-every
 steps each worker evaluates greedily over 10 episodes (not counted in the
 training time) and stops at the first mean >= --target; then 100 episodes.
