@@ -55,8 +55,9 @@ segtape_install_pytest_deps() {
 # The Python package (python/): a virtual environment over Debian's Python
 # ($SEGTAPE_PYTHON_EXE, by default /usr/bin/python3, whose site packages hold python3-torch) in
 # $SEGTAPE_BUILD/python, nanobind, scikit-build-core, safetensors, tensorboard
-# (its event-file reader checks `segtape train --log-dir`) and gymnasium
-# (segtape.gym's tests) from PyPI,
+# (its event-file reader checks `segtape train --log-dir`), gymnasium
+# (segtape.gym's tests) and popgym 1.0.7 (POPGym's memory tasks through
+# segtape.gym; it needs only numpy and gymnasium) from PyPI,
 # then `pip install ./python` with its CMake build kept in
 # $SEGTAPE_BUILD/python-pkg (so a rerun rebuilds only what changed), then pytest
 # over python/tests (the notebook included). Extra arguments go to pip's
@@ -68,8 +69,8 @@ segtape_python_install() {  # VENV PKG_BUILD_DIR [config settings...]
   if [[ ! -x "$venv/bin/python" ]]; then
     "$SEGTAPE_PYTHON_EXE" -m venv --system-site-packages "$venv" || return 1
   fi
-  "$venv/bin/python" -c "import nanobind, scikit_build_core, safetensors, tensorboard, gymnasium" 2>/dev/null ||
-    "$venv/bin/python" -m pip install -q nanobind scikit-build-core safetensors tensorboard gymnasium || return 1
+  "$venv/bin/python" -c "import nanobind, scikit_build_core, safetensors, tensorboard, gymnasium, popgym" 2>/dev/null ||
+    "$venv/bin/python" -m pip install -q nanobind scikit-build-core safetensors tensorboard gymnasium popgym==1.0.7 || return 1
   local settings=(--config-settings=build-dir="$pkg") s
   for s in "$@"; do settings+=(--config-settings="$s"); done
   CMAKE_BUILD_PARALLEL_LEVEL=$SEGTAPE_JOBS "$venv/bin/python" -m pip install -q --no-build-isolation --force-reinstall \

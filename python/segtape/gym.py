@@ -4,8 +4,9 @@ train(env) trains the agent's GRU policy (the C++ Trainer of `segtape train`:
 encoder, GRUCell, policy and value heads; advantage actor-critic with n-step
 returns within a segment, or recurrent PPO; truncated BPTT with the state
 carried across segments, each stream's state reset when its episode ends) on
-any Gymnasium environment with a discrete action space and a Box (1-D) or
-Discrete observation. The B streams are a gymnasium.vector.SyncVectorEnv; the
+any Gymnasium environment with a Discrete or MultiDiscrete action space and
+a Discrete observation (a token) or one Gymnasium flattens to a vector (Box,
+MultiDiscrete, Tuple...: POPGym's memory tasks among them). The B streams are a gymnasium.vector.SyncVectorEnv; the
 Trainer steps them through the agent's Env contract, checked on every call (a
 broken contract is a segtape.Error naming the env and the step).
 
@@ -152,33 +153,90 @@ class _Streams:
 
 
 def _maker(env):
-    """(a function making one gymnasium.Env, a label) from an id or a callable."""
+    """(a function making one gymnasium.Env, a label) from an id or a callable.
+    A POPGym id ("popgym-RepeatPreviousEasy-v0") imports popgym, which
+    registers its envs, if nothing has yet."""
     gym = _gymnasium()
     if isinstance(env, str):
+        if env.startswith("popgym-") and env not in gym.registry:
+            try:
+                import popgym  # noqa: F401  (registers the popgym-* ids)
+            except ImportError:
+                raise Error(f"env '{env}': POPGym's envs need popgym (pip install popgym)") from None
         return (lambda: gym.make(env)), env
     if callable(env):
         return env, getattr(env, "__name__", "env")
     raise Error(f"segtape.gym: env must be a Gymnasium id or a function returning a gymnasium.Env, got {type(env).__name__}")
 
 
+_MAX_ACTIONS = 65536  # a MultiDiscrete action space's joint actions: the policy head's rows
+
+
+def _flat_actions(gym, space):
+    """A gymnasium.ActionWrapper class taking MultiDiscrete `space`'s joint
+    actions as one Discrete index (C order over nvec, from its start)."""
+    nvec, start = np.asarray(space.nvec, dtype=np.int64), np.asarray(getattr(space, "start", 0), dtype=np.int64)
+
+    class FlatActions(gym.ActionWrapper):
+        def __init__(self, env):
+            super().__init__(env)
+            self.action_space = gym.spaces.Discrete(int(np.prod(nvec)))
+
+        def action(self, action):
+            return (np.array(np.unravel_index(int(action), tuple(nvec)), dtype=np.int64) + start).astype(space.dtype)
+    return FlatActions
+
+
 def _spaces(make, label):
+    """(obs_dim, vocab, actions, first observation token, normalisable, make)
+    for `make`'s env. A Discrete observation is a token (counted from its
+    start); a Box of any shape, a MultiDiscrete, a MultiBinary, a Tuple or a
+    Dict of them is one float vector, flattened by Gymnasium's
+    FlattenObservation (discrete parts one-hot); only a Box is normalisable.
+    A Discrete action space is taken as it is (counted from its start), a
+    MultiDiscrete one as the one Discrete of its joint actions."""
     gym = _gymnasium()
     probe = make()
     try:
         obs, act = probe.observation_space, probe.action_space
     finally:
         probe.close()
-    if not isinstance(act, gym.spaces.Discrete):
-        raise Error(f"env '{label}': the action space must be Discrete, got {act}")
-    # (obs_dim, vocab, actions, first observation token, first action): Discrete
+    wrappers = []
+    if isinstance(act, gym.spaces.Discrete):
+        actions, act_start = int(act.n), int(act.start)
+    elif isinstance(act, gym.spaces.MultiDiscrete):
+        actions = int(np.prod(np.asarray(act.nvec, dtype=np.float64)))
+        if act.nvec.ndim != 1 or not 1 <= actions <= _MAX_ACTIONS:
+            raise Error(f"env '{label}': the action space {act} has {actions} joint actions; segtape.gym takes a 1-D "
+                        f"MultiDiscrete of at most {_MAX_ACTIONS} (as one Discrete over them)")
+        wrappers.append(_flat_actions(gym, act))
+        act_start = 0
+    else:
+        raise Error(f"env '{label}': the action space must be Discrete or MultiDiscrete, got {act}")
+    # (obs_dim, vocab, actions, first observation token, normalisable): Discrete
     # spaces may start elsewhere than 0; the agent counts from 0.
     if isinstance(obs, gym.spaces.Discrete):
-        return 0, int(obs.n), int(act.n), int(obs.start), int(act.start)
-    if isinstance(obs, gym.spaces.Box) and len(obs.shape) == 1:
-        if obs.shape[0] == 0:
+        shape = (0, int(obs.n), actions, int(obs.start), False)
+    else:
+        try:
+            flat = gym.spaces.flatten_space(obs) if obs.is_np_flattenable else None
+        except (NotImplementedError, TypeError, ValueError):
+            flat = None
+        if not isinstance(flat, gym.spaces.Box) or len(flat.shape) != 1:
+            raise Error(f"env '{label}': the observation space must be Discrete, or one Gymnasium flattens to a vector "
+                        f"(Box, MultiDiscrete, MultiBinary, Tuple or Dict of them), got {obs}")
+        if flat.shape[0] == 0:
             raise Error(f"env '{label}': the observation space {obs} has no dimensions")
-        return int(obs.shape[0]), 0, int(act.n), 0, int(act.start)
-    raise Error(f"env '{label}': the observation space must be Discrete or a 1-D Box, got {obs}")
+        if not (isinstance(obs, gym.spaces.Box) and len(obs.shape) == 1):
+            wrappers.append(gym.wrappers.FlattenObservation)
+        shape = (int(flat.shape[0]), 0, actions, 0, isinstance(obs, gym.spaces.Box))
+
+    def wrapped():
+        env = make()
+        for w in wrappers:
+            env = w(env)
+        return env
+    return shape + (act_start, wrapped if wrappers else make)
 
 
 class TrainResult:
@@ -254,7 +312,14 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     start; 0 is PyTorch's initialisation; docs/agent.md, "Policy").
     normalize_obs: Box observations are normalised by their running mean and
     variance (as SB3's VecNormalize; the statistics are the run's, shared by
-    evaluate()).
+    evaluate()); observations flattened from discrete spaces (MultiDiscrete,
+    Tuple..., one-hot) are not.
+    Spaces: a Discrete observation is a token (embedded); any other space
+    Gymnasium flattens (gymnasium.wrappers.FlattenObservation: a Box of any
+    shape, MultiDiscrete and Tuple one-hot) is a float vector. A MultiDiscrete
+    action space is one Discrete over its joint actions (at most 65,536, in C
+    order: index i is np.unravel_index(i, nvec) + start), where SB3 samples
+    each part from a factorised distribution.
     budget: each segment's arena (bytes or a size such as "64MiB"; as
     `segtape train --budget`, default 64 MiB, for history "full" its growth
     limit, default 1 GiB): a run that needs more is refused when made.
@@ -267,11 +332,11 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     the first evaluation whose mean return is >= stop_at.
     """
     make, label = _maker(env)
-    obs_dim, vocab, actions, obs_start, act_start = _spaces(make, label)
+    obs_dim, vocab, actions, obs_start, normalisable, act_start, make = _spaces(make, label)
     tokens = vocab > 0
     succeed = success or (lambda ret, truncated: truncated)
     name = "gym." + re.sub(r"[^A-Za-z0-9_.-]", "_", label) + "." + str(next(_serial))
-    norm = _RunningNorm(obs_dim) if normalize_obs and not tokens else None
+    norm = _RunningNorm(obs_dim) if normalize_obs and normalisable else None
     _factories[name] = lambda b, s: _Streams(name, make, b, s, succeed, tokens, norm, obs_start, act_start, obs_dim)
     _A.register_python_env(name, obs_dim, vocab, actions, "success")
     c = _A.TrainConfig()

@@ -277,3 +277,71 @@ def test_a_critic_of_its_own():
         assert sum(p.size for p in res.trainer.parameters()) == sum(p.size for p in shared.trainer.parameters()) + 24 * 12 + 48
     with pytest.raises(segtape.Error, match=r"segtape.gym.train: critic 'own': choose shared or separate"):
         sg.train("CartPole-v1", steps=32, critic="own")
+
+
+def test_multidiscrete_actions_and_flattened_observations():
+    """A Tuple observation is one-hot through Gymnasium's flattening, and a
+    MultiDiscrete action one Discrete over its joint actions (starts
+    honoured): a contextual bandit whose reward needs both parts of the
+    action right for a cue shown in both parts of the observation is learned."""
+    class Pairs(gymnasium.Env):
+        observation_space = gymnasium.spaces.Tuple((gymnasium.spaces.Discrete(2), gymnasium.spaces.Discrete(3, start=4)))
+        action_space = gymnasium.spaces.MultiDiscrete([2, 3], start=[1, -1])
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.cue = (int(self.np_random.integers(2)), int(self.np_random.integers(3)))
+            return (self.cue[0], 4 + self.cue[1]), {}
+
+        def step(self, action):
+            assert action.shape == (2,) and action[0] in (1, 2) and action[1] in (-1, 0, 1), action
+            right = action[0] - 1 == self.cue[0] and action[1] + 1 == self.cue[1]
+            return (self.cue[0], 4 + self.cue[1]), float(right), True, False, {}
+
+    res = sg.train(Pairs, steps=3000, batch=8, hidden=16, gamma=0.0, lr=1e-2, seed=3)
+    env = sg._A.make_env(res.name, 1, 1)
+    assert (env.num_actions, env.obs_dim) == (6, 5)
+    wrapped = sg._spaces(Pairs, "Pairs")[-1]()  # joint action i: np.unravel_index(i, nvec) + start, in C order
+    assert [list(wrapped.action(i)) for i in range(6)] == [[1, -1], [1, 0], [1, 1], [2, -1], [2, 0], [2, 1]]
+    assert res.evaluate(episodes=64)["mean_return"] >= 0.95
+
+
+def test_spaces_that_cannot_be_taken_are_named():
+    class Huge(gymnasium.Env):
+        observation_space = gymnasium.spaces.Discrete(2)
+        action_space = gymnasium.spaces.MultiDiscrete([300, 300])
+    with pytest.raises(segtape.Error, match=r"env 'Huge': the action space MultiDiscrete\(\[300 300\]\) has 90000 joint "
+                                            r"actions; segtape.gym takes a 1-D MultiDiscrete of at most 65536"):
+        sg.train(Huge, steps=8)
+
+    class Lists(gymnasium.Env):
+        observation_space = gymnasium.spaces.Sequence(gymnasium.spaces.Discrete(2))
+        action_space = gymnasium.spaces.Discrete(2)
+    with pytest.raises(segtape.Error, match=r"env 'Lists': the observation space must be Discrete, or one Gymnasium "
+                                            r"flattens to a vector .*, got Sequence\("):
+        sg.train(Lists, steps=8)
+
+
+popgym = pytest.importorskip("popgym")  # (installed by tests/setup.sh beside gymnasium)
+
+
+def test_every_popgym_family_runs_or_is_refused_naming_its_space():
+    """POPGym 1.0.7's envs (Easy of each family) through segtape.gym: each
+    trains a few hundred transitions of PPO and evaluates greedily, or (the
+    pendulums' continuous actions) is refused naming the space."""
+    from popgym.envs import ALL
+    ran = []
+    for cls, info in ALL.items():
+        if not cls.__name__.endswith("Easy"):
+            continue
+        if "Pendulum" in cls.__name__:
+            with pytest.raises(segtape.Error, match=rf"env '{info['id']}': the action space must be Discrete or "
+                                                    r"MultiDiscrete, got Box\(-2.0, 2.0, \(1,\), float32\)"):
+                sg.train(info["id"], steps=8)
+            continue
+        res = sg.train(info["id"], steps=64, batch=4, hidden=16, algo="ppo", rollout=16, minibatches=2, epochs=2)
+        assert res.trainer.step == 64, info["id"]
+        ev = res.evaluate(episodes=4)
+        assert ev["episodes"] == 4 and np.isfinite(ev["mean_return"]), (info["id"], ev)
+        ran.append(cls.__name__)
+    assert len(ran) == 12, ran  # 14 families, two of them pendulums
