@@ -1,28 +1,31 @@
 """segtape's recurrent PPO against Stable-Baselines3's RecurrentPPO
-(sb3-contrib) on masked-velocity CartPole: environment steps and training
-wall time to reach a target greedy return, the greedy return over 100 episodes
-at the end, and the workers' peak and growth of resident memory (docs/agent.md,
-"Recurrent PPO").
+(sb3-contrib) on masked-velocity CartPole at RL Zoo's tuned settings:
+environment steps and training wall time to reach a target greedy return,
+the greedy return over 100 episodes at the end, and the workers' peak and
+growth of resident memory (docs/agent.md, "Recurrent PPO").
 
-    python3 bench/sb3_compare.py [--seeds 1 2] [--max-steps 200000] [--out docs/agent.md]
+    build/python/bin/python bench/sb3_compare.py [--seeds 1 2 3 4 5] [--max-steps 100000] [--out docs/agent.md]
 
 Each engine runs in a worker process of its own Python (segtape's: the tests'
 venv build/python; SB3's: build-sb3, made by `bash bench/sb3_setup.sh`), one
 thread each, seeds interleaved (segtape seed 1, SB3 seed 1, segtape seed 2,
-...). Both use the same PPO settings: 8 envs, 32-step rollouts, one
-minibatch of all streams, 20 epochs, gamma 0.99, GAE lambda 0.98, clip 0.2,
-no entropy bonus, lr 1e-3 constant, observations normalised as VecNormalize
-does, gradient norm clipped at 0.5, the same value-loss weight. These are
-not RL Zoo's tuned settings for CartPoleNoVel-v1 (hyperparams/ppo_lstm.yml
-at 038ab16: gamma 0.98, GAE lambda 0.8, lr lin_0.001, clip lin_0.2, no
-normalisation); segtape at those is bench/ppo_ablation.py's. The figures in
-docs/agent.md were measured with these settings before segtape bootstrapped
-an episode cut by its time limit (it now does: docs/agent.md, "Terminated or
-truncated"). Both have a recurrent core of 64 units feeding linear policy and
-value heads: segtape's is Linear(4, 32) + tanh -> GRUCell(32, 64); SB3's one LSTM(4, 64)
-shared by actor and critic (net_arch [], shared_lstm). Every --eval-every
-steps each worker evaluates greedily over 10 episodes (not counted in the
-training time) and stops at the first mean >= --target; then 100 episodes.
+...). Both use RL Zoo's tuned RecurrentPPO entry for CartPoleNoVel-v1
+(hyperparams/ppo_lstm.yml at c94924e, marked "Tuned"; the entry RL Zoo's
+published sb3/ppo_lstm-CartPoleNoVel-v1 agent lists, mean return 500): 8
+envs, 32-step rollouts, one minibatch of all 256 steps, 20 epochs, gamma
+0.98, GAE lambda 0.8, lr lin_0.001, clip lin_0.2 (segtape: 0.2 constant, it
+has no schedule for it), no entropy bonus, observations normalised as
+VecNormalize does (rewards not), SB3's defaults for the rest (gradient norm
+clipped at 0.5, vf_coef 0.5: segtape's value_coef 1.0, as its value loss is
+value_coef / 2 x MSE). Models: SB3 as the entry's policy_kwargs (LSTM 64 for
+the actor and one of its own for the critic, a 64-unit ReLU layer before
+each head, no orthogonal initialisation); segtape Linear(4, 32) + tanh ->
+GRUCell(32, 64) and a GRU of its own for the critic (critic="separate"),
+linear heads. (An older file, 038ab16, had neither normalisation nor these
+policy_kwargs; segtape at those is bench/ppo_ablation.py's.) Every
+--eval-every steps each worker evaluates greedily over 10 episodes (not
+counted in the training time), and with --stop stops at the first mean >=
+--target; then 100 episodes.
 """
 import argparse
 import json
@@ -35,8 +38,8 @@ import time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PPO = dict(batch=8, rollout=32, minibatches=1, epochs=20, gamma=0.99, gae_lambda=0.98, clip_range=0.2, entropy=0.0,
-           lr=1e-3, hidden=64, clip=0.5, vf_coef=0.5)
+PPO = dict(batch=8, rollout=32, minibatches=1, epochs=20, gamma=0.98, gae_lambda=0.8, clip_range=0.2, entropy=0.0,
+           lr=1e-3, hidden=64, clip=0.5, vf_coef=0.5)  # (lr and SB3's clip_range annealed linearly to 0)
 
 
 def rss():
@@ -54,10 +57,11 @@ def worker_segtape(a):
     first_rss = []
     res = sg.train(sg.masked_cartpole, steps=a.max_steps // p["batch"], batch=p["batch"], hidden=p["hidden"], embed=32,
                    lr=p["lr"], history="tbptt:32", gamma=p["gamma"], entropy=p["entropy"], clip=p["clip"], seed=a.seed,
-                   value_coef=2 * p["vf_coef"], lr_schedule="constant",  # segtape's value loss is value_coef / 2 x MSE, SB3's vf_coef x MSE
+                   value_coef=2 * p["vf_coef"], lr_schedule="linear", critic="separate", normalize_obs=True,
+                   # (segtape's value loss is value_coef / 2 x MSE, SB3's vf_coef x MSE)
                    algo="ppo", rollout=p["rollout"], epochs=p["epochs"], minibatches=p["minibatches"],
                    clip_range=p["clip_range"], gae_lambda=p["gae_lambda"], log_every=a.eval_every // p["batch"],
-                   eval_every=a.eval_every // p["batch"], eval_episodes=10, stop_at=a.target,
+                   eval_every=a.eval_every // p["batch"], eval_episodes=10, stop_at=a.target if a.stop else None,
                    callback=lambda r: first_rss.append(rss()))
     return res.trainer.step * p["batch"], res.rows, lambda n: res.evaluate(episodes=n)["mean_return"], first_rss
 
@@ -86,11 +90,11 @@ def worker_sb3(a):
     env.seed(a.seed)
     eval_env = VecNormalize(DummyVecEnv([lambda: Monitor(make())]), training=False, norm_reward=False)
     model = RecurrentPPO("MlpLstmPolicy", env, n_steps=p["rollout"], batch_size=p["batch"] * p["rollout"] // p["minibatches"],
-                         n_epochs=p["epochs"], gamma=p["gamma"], gae_lambda=p["gae_lambda"], clip_range=p["clip_range"],
-                         ent_coef=p["entropy"], vf_coef=p["vf_coef"], learning_rate=p["lr"], max_grad_norm=p["clip"],
-                         seed=a.seed, device="cpu",
-                         policy_kwargs=dict(lstm_hidden_size=p["hidden"], n_lstm_layers=1, shared_lstm=True,
-                                            enable_critic_lstm=False, net_arch=[], ortho_init=False))
+                         n_epochs=p["epochs"], gamma=p["gamma"], gae_lambda=p["gae_lambda"],
+                         clip_range=lambda left: left * p["clip_range"], ent_coef=p["entropy"], vf_coef=p["vf_coef"],
+                         learning_rate=lambda left: left * p["lr"], max_grad_norm=p["clip"], seed=a.seed, device="cpu",
+                         policy_kwargs=dict(ortho_init=False, activation_fn=torch.nn.ReLU, lstm_hidden_size=p["hidden"],
+                                            enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64])))
     rows, rss_at = [], []
 
     def evaluate(n):
@@ -110,7 +114,7 @@ def worker_sb3(a):
             rows.append({"step": self.num_timesteps // p["batch"], "eval_return": ret,
                          "eval_seconds": time.perf_counter() - t0})
             rss_at.append(rss())
-            return ret < a.target
+            return not (a.stop and ret >= a.target)
 
     model.learn(total_timesteps=a.max_steps, callback=Eval())
     return model.num_timesteps, rows, evaluate, rss_at
@@ -136,10 +140,11 @@ def median(v):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--max-steps", type=int, default=300_000, help="environment steps (all streams) at most")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    ap.add_argument("--max-steps", type=int, default=100_000, help="environment steps (all streams) at most")
     ap.add_argument("--eval-every", type=int, default=8192, help="environment steps (all streams)")
-    ap.add_argument("--target", type=float, default=450.0)
+    ap.add_argument("--target", type=float, default=475.0)
+    ap.add_argument("--stop", action="store_true", help="stop each run at its first evaluation >= --target")
     ap.add_argument("--worker", choices=["segtape", "sb3"], help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--json")
@@ -156,6 +161,7 @@ def main():
         for engine in ("segtape", "sb3"):
             cmd = [pythons[engine], os.path.abspath(__file__), "--worker", engine, "--seed", str(seed),
                    "--max-steps", str(a.max_steps), "--eval-every", str(a.eval_every), "--target", str(a.target)]
+            cmd += ["--stop"] if a.stop else []
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
             results.append(json.loads(out.strip().splitlines()[-1]))
             r = results[-1]
@@ -166,7 +172,7 @@ def main():
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)
     rows = []
-    for engine, name in (("segtape", "segtape PPO (GRU 64)"), ("sb3", "SB3 RecurrentPPO (LSTM 64)")):
+    for engine, name in (("segtape", "segtape PPO (GRU 64, critic GRU 64)"), ("sb3", "SB3 RecurrentPPO (LSTM 64, critic LSTM 64)")):
         rs = [r for r in results if r["engine"] == engine]
         fmt_steps = ", ".join(f"{r['reached_at']:,}" if r["reached_at"] else f"not in {r['env_steps']:,}" for r in rs)
         fmt_secs = ", ".join(f"{r['train_seconds']:.0f}" for r in rs)
@@ -178,8 +184,8 @@ def main():
     ratio = median(per_step["sb3"]) / median(per_step["segtape"])
     import platform
     text = "\n".join([
-        f"Generated by `python3 bench/sb3_compare.py --seeds {' '.join(map(str, a.seeds))} --max-steps {a.max_steps}"
-        f"{' --out ' + a.out if a.out else ''}` on {platform.processor() or os.uname().machine} ({os.cpu_count()} CPUs), "
+        f"Generated by `build/python/bin/python bench/sb3_compare.py --seeds {' '.join(map(str, a.seeds))} "
+        f"--max-steps {a.max_steps}{' --stop' if a.stop else ''}{' --out ' + a.out if a.out else ''}` on {platform.processor() or os.uname().machine} ({os.cpu_count()} CPUs), "
         f"one thread per worker, runs interleaved; one value per seed ({', '.join(map(str, a.seeds))}).",
         "",
         f"| engine | env steps to greedy return ≥ {a.target:.0f} (10 episodes) | training seconds (evaluations excluded) "
