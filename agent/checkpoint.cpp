@@ -294,10 +294,12 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
     same(saved.env == config_.env, "--env");
     same(saved.history.str() == config_.history.str(), "--history");
     same(saved.algo == config_.algo && saved.rollout == config_.rollout && saved.epochs == config_.epochs &&
-             saved.minibatches == config_.minibatches && saved.lr_schedule == config_.lr_schedule,
-         "--algo/--rollout/--epochs/--minibatches/--lr-schedule");
-    same(saved.batch == config_.batch && saved.hidden == config_.hidden && saved.embed == config_.embed,
-         "--batch/--hidden/--embed");
+             saved.minibatches == config_.minibatches && saved.lr_schedule == config_.lr_schedule &&
+             saved.clip_schedule == config_.clip_schedule,
+         "--algo/--rollout/--epochs/--minibatches/--lr-schedule/--clip-schedule");
+    same(saved.batch == config_.batch && saved.hidden == config_.hidden && saved.embed == config_.embed &&
+             saved.head_hidden == config_.head_hidden,
+         "--batch/--hidden/--embed/--head-hidden");
     same(saved.env_shards == config_.env_shards, "--env-shards");
     same(saved.cell == config_.cell && saved.layers == config_.layers && saved.dropout == config_.dropout && saved.tied == config_.tied &&
              saved.optim == config_.optim,

@@ -146,6 +146,8 @@ std::map<std::string, std::string> TrainConfig::to_metadata() const {
           {"lr_schedule", lr_schedule},
           {"env_shards", std::to_string(env_shards)}};
   if (critic != "shared") m["critic"] = critic;  // (a run with the shared core writes what runs before --critic wrote)
+  if (clip_schedule != "constant") m["clip_schedule"] = clip_schedule;  // (likewise)
+  if (head_hidden > 0) m["head_hidden"] = std::to_string(head_hidden);  // (likewise)
   lm_metadata(*this, m);
   series_metadata(*this, m);
   return m;
@@ -213,6 +215,12 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
   c.lr_schedule = get("lr_schedule", "constant");
   c.env_shards = i64("env_shards", "1");
   c.critic = get("critic", "shared");
+  c.clip_schedule = get("clip_schedule", "constant");
+  c.head_hidden = i64("head_hidden", "0");
+  if (c.head_hidden < 0 || c.head_hidden > 16384)
+    throw CheckpointError("checkpoint metadata 'head_hidden' is '" + get("head_hidden") + "', not a number in [0, 16384]");
+  if (c.clip_schedule != "constant" && c.clip_schedule != "linear")
+    throw CheckpointError("checkpoint metadata 'clip_schedule' is '" + c.clip_schedule + "', not linear or constant");
   if (c.critic != "shared" && c.critic != "separate")
     throw CheckpointError("checkpoint metadata 'critic' is '" + c.critic + "', not shared or separate");
   // (before these existed: PyTorch's init, dense recall)
@@ -300,6 +308,8 @@ void TrainConfig::validate() const {
            " trains the agent's one-layer GRU with Adam");
   need(update_bias == 0 || (cell == "gru" && layers == 1), "--update-bias sets the one-layer GRU's update gate (not --cell lstm or --layers > 1)");
   need(critic == "shared" || critic == "separate", "--critic '" + critic + "': choose shared or separate");
+  need(head_hidden >= 0 && head_hidden <= 16384, "--head-hidden must be in [0, 16384]");
+  need(head_hidden == 0 || !tied, "--head-hidden puts a layer before the output layer, which --tied makes the embeddings'");
   need(critic == "shared" || ((algo == Algo::A2c || algo == Algo::Ppo) && history_def(history.kind).recurrent),
        "--critic separate gives the value head a GRU of its own: --algo a2c or ppo with a recurrent --history (not " +
            std::string(algo_name(algo)) + " with --history " + history.str() + ")");

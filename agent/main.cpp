@@ -148,7 +148,14 @@ void add_env_and_algo_options(CLI::App* tr, TrainArgs& ta) {
   tr->add_option("--critic", ta.c.critic,
                  "a2c/ppo: the value head reads the policy's GRU (shared) or a GRU of its own over the same embeddings (separate)")
       ->capture_default_str();
+  tr->add_option("--head-hidden", ta.c.head_hidden,
+                 "a hidden layer of N units with ReLU before the action head and one before the value head (SB3's "
+                 "net_arch pi=[N], vf=[N]); 0: the heads read the recurrent state")
+      ->capture_default_str();
   tr->add_option("--lr-schedule", ta.c.lr_schedule, "ppo: linear (Adam's lr from --lr to 0 over --steps) or constant")->capture_default_str();
+  tr->add_option("--clip-schedule", ta.c.clip_schedule,
+                 "ppo: constant, or linear (the clip range from --clip-range to 0 over --steps, as SB3's lin_)")
+      ->capture_default_str();
 }
 
 // Reporting, evaluation and data parallelism.

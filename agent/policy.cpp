@@ -58,11 +58,17 @@ Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& 
       for (int64_t i = s.hidden; i < 2 * s.hidden; ++i) b[size_t(i)] += float(s.update_bias);
       cell->bias_hh.from_host(std::span<const float>(b));
     }
+  if (s.head_hidden < 0 || (s.head_hidden > 0 && s.tied)) throw Error("policy: head_hidden must be >= 0, and 0 with a tied head");
+  const int64_t into_heads = s.head_hidden > 0 ? s.head_hidden : s.hidden;
+  if (s.head_hidden > 0) {
+    pi_ = std::make_unique<nn::Linear>(tape, rng, s.hidden, s.head_hidden);
+    register_module("pi", *pi_);
+  }
   if (s.tied) {  // the output layer's weight is the encoder's [vocab, embed]; its bias is its own, zero (the example's)
     tied_ = std::make_unique<TiedHead>(tape, env.num_actions);
     register_module("head", *tied_);
   } else {
-    head_ = std::make_unique<nn::Linear>(tape, rng, s.hidden, env.num_actions);
+    head_ = std::make_unique<nn::Linear>(tape, rng, into_heads, env.num_actions);
     register_module("head", *head_);
     if (s.lm_init) {
       fill_uniform(head_->weight, rng, 0.1);
@@ -70,8 +76,12 @@ Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& 
       head_->bias.from_host(std::span<const float>(zero));
     }
   }
+  if (s.value_head && s.head_hidden > 0) {
+    vf_ = std::make_unique<nn::Linear>(tape, rng, s.hidden, s.head_hidden);
+    register_module("vf", *vf_);
+  }
   if (s.value_head) {
-    value_ = std::make_unique<nn::Linear>(tape, rng, s.hidden, 1);
+    value_ = std::make_unique<nn::Linear>(tape, rng, into_heads, 1);
     register_module("value", *value_);
   }
 }
@@ -84,8 +94,10 @@ int64_t Policy::parameters_for(const EnvSpec& env, const PolicyShape& s) {
                     : gates * s.hidden * (s.embed + s.hidden) + 2 * gates * s.hidden +             // gru / rnn layer 0
                           (s.layers - 1) * (gates * s.hidden * 2 * s.hidden + 2 * gates * s.hidden);  // rnn layers 1...
   if (s.separate_critic) n += gates * s.hidden * (s.embed + s.hidden) + 2 * gates * s.hidden;     // critic
-  n += s.tied ? env.num_actions : linear(s.hidden, env.num_actions);                                // head
-  if (s.value_head) n += linear(s.hidden, 1);                                          // value
+  const int64_t into_heads = s.head_hidden > 0 ? s.head_hidden : s.hidden;
+  if (s.head_hidden > 0) n += linear(s.hidden, s.head_hidden) * (s.value_head ? 2 : 1);          // pi, vf
+  n += s.tied ? env.num_actions : linear(into_heads, env.num_actions);                              // head
+  if (s.value_head) n += linear(into_heads, 1);                                        // value
   return n;
 }
 
@@ -147,7 +159,10 @@ Tensor Policy::rows_of(const Tensor& feature, bool critic) const {
   return slice(feature, 0, critic ? B : 0, B);
 }
 
-Tensor Policy::value(const Tensor& feature) const { return (*value_)(critic_ ? rows_of(feature, true) : feature); }
+Tensor Policy::value(const Tensor& feature) const {
+  const Tensor x = critic_ ? rows_of(feature, true) : feature;
+  return (*value_)(vf_ ? relu((*vf_)(x)) : x);
+}
 
 Tensor Policy::output(const Tensor& state) const {
   if (gru_ || !shape_.stacked()) return state;
@@ -157,7 +172,8 @@ Tensor Policy::output(const Tensor& state) const {
 
 Tensor Policy::logits(const Tensor& feature) const {
   if (tied_) return add(matmul(feature, token_encoder_->weight, false, true), tied_->bias);
-  return (*head_)(critic_ ? rows_of(feature, false) : feature);
+  const Tensor x = critic_ ? rows_of(feature, false) : feature;
+  return (*head_)(pi_ ? relu((*pi_)(x)) : x);
 }
 
 Tensor Policy::compress(std::span<const Tensor> window) const { return tanh((*compress_)(concat(window, 1))); }

@@ -57,6 +57,7 @@ PolicyShape policy_shape(const TrainConfig& c, const EnvSpec& spec) {
                 c.update_bias};
   s.lstm = c.cell == "lstm", s.layers = c.layers, s.tied = c.tied, s.lm_init = c.algo == Algo::Lm;
   s.separate_critic = c.critic == "separate";
+  s.head_hidden = c.head_hidden;
   if (s.separate_critic && !s.value_head)
     throw Error("--critic separate gives the value head a GRU of its own; --algo " + std::string(algo_name(c.algo)) + " on the env '" +
                 spec.name + "' learns from its targets by cross-entropy and has no value head");
@@ -91,6 +92,8 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
   if (shape.separate_critic)  // the critic's GRU too; the state's two halves sliced, joined, and each head's rows sliced
     e.step_bytes += f32(B * H) + f32(4 * B * H) + 2 * f32(B * H) + f32(2 * B * H) + 2 * f32(B * H);
   if (shape.value_head) e.step_bytes += f32(B);
+  if (shape.head_hidden > 0)  // each head's hidden layer: its product and its ReLU
+    e.step_bytes += (shape.value_head ? 2 : 1) * 2 * f32(B * size_t(shape.head_hidden));
   const size_t steps = history_def(c.history.kind).grows ? 1 : size_t(c.history.k);
   e.segment_bytes = e.step_bytes * steps;
   if (shape.input_table) e.segment_bytes += 2 * f32(size_t(spec.vocab) * G);  // the table: the product, its bias added

@@ -20,6 +20,7 @@
 #include <set>
 #include <sstream>
 
+#include "agent_util.h"
 #include "segtape/blas.h"
 #include "segtape/agent/trainer.h"
 #include "segtape/nn/safetensors.h"
@@ -30,6 +31,7 @@
 
 using namespace segtape;
 using namespace segtape::agent;
+using segtape::test::params_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -61,7 +63,7 @@ Trace run_env(Env& env, int steps, int64_t action = 0) {
 // The count the Trainer's memory check uses before anything is allocated
 // (Policy::parameters_for, computed without building) equals the built
 // policy's, for every env, with and without the window's compress layer and
-// the value head.
+// the value head, and with and without the heads' hidden layers.
 // The built-in envs that make themselves from EnvOptions' defaults and a
 // seed (lm reads a corpus and series a CSV file, --data, and are the same
 // for every seed: their tests are lm_test's and series_test's).
@@ -74,11 +76,13 @@ std::vector<std::string> seeded_envs() {
 
 TEST(Policy, ParameterCountWithoutBuildingMatchesTheBuiltPolicy) {
   for (const std::string& env : seeded_envs())
-    for (int64_t window : {int64_t(0), int64_t(5)}) {
-      SCOPED_TRACE(env + " window " + std::to_string(window));
+    for (int64_t window : {int64_t(0), int64_t(5)})
+      for (int64_t head_hidden : {int64_t(0), int64_t(7)}) {
+      SCOPED_TRACE(env + " window " + std::to_string(window) + " head_hidden " + std::to_string(head_hidden));
       auto e = make_env(env, 2, 1, EnvOptions{});
       const EnvSpec& spec = e->spec();
-      const PolicyShape shape{6, 10, window, !spec.supervised};
+      PolicyShape shape{6, 10, window, !spec.supervised};
+      shape.head_hidden = head_hidden;
       Tape tape;
       nn::Rng rng(1);
       const Policy built(tape, rng, spec, shape);
@@ -356,12 +360,6 @@ TEST(History, FullStopsAtTheBudgetWithTheEnginesReport) {
     EXPECT_NE(std::string(e.what()).find("segment budget exceeded"), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("GruCell"), std::string::npos);
   }
-}
-
-std::vector<float> params_of(Trainer& tr) {
-  std::vector<float> v;
-  for (auto& [n, t] : tr.policy().named_parameters()) v.insert(v.end(), t.span<float>().begin(), t.span<float>().end());
-  return v;
 }
 
 TEST(Resume, ContinuesBitIdentically) {
@@ -1158,6 +1156,9 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
       {"train --seed -1 --out " + d + "x", "--seed: '-1' is not a whole number"},
       {"train --env tmaze --lag 50 --out " + d + "x", "--lag is --env recall's; this run is --env tmaze"},
       {"train --gae-lambda 0.5 --out " + d + "x", "--gae-lambda is --algo ppo's; this run is --algo a2c"},
+      {"train --clip-schedule linear --out " + d + "x", "--clip-schedule is --algo ppo's; this run is --algo a2c"},
+      {"train --resume " + d + " --head-hidden 8", "--head-hidden cannot change on --resume"},
+      {"train --head-hidden -2 --out " + d + "x", "--head-hidden must be in [0, 16384]"},
       {"train --eval-steps 2000000000 --out " + d + "x", "--eval-steps 2000000000: must be in [1, 1e9]"},
       {"train --resume " + d + " --sparse", "--sparse cannot change on --resume"},
       {"train --update-bias nan --out " + d + "x", "--update-bias must be"},

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "agent_util.h"
 #include "segtape/agent/trainer.h"
 #include "segtape/ops.h"
 
@@ -35,13 +36,6 @@ TrainConfig small(const std::string& env, const std::string& history, Algo algo,
   c.critic = "separate";
   if (algo == Algo::Ppo) c.rollout = 16, c.epochs = 2, c.minibatches = 2;
   return c;
-}
-
-std::vector<float> params_of(Trainer& tr) {
-  std::vector<float> all;
-  for (const Tensor& p : tr.policy().parameters())
-    for (float v : p.to_host<float>()) all.push_back(v);
-  return all;
 }
 
 double grad_norm(const Policy& p, const std::string& prefix) {
@@ -137,17 +131,7 @@ TEST(Critic, ResumesBitIdenticallyAndOldCheckpointsAreShared) {
   for (const auto& [algo, history] : {std::pair{Algo::Ppo, "tbptt:4"}, std::pair{Algo::Ppo, "exact:4/8"}, std::pair{Algo::A2c, "tbptt:4"}}) {
     SCOPED_TRACE(std::string(algo == Algo::Ppo ? "ppo " : "a2c ") + history);
     const TrainConfig c = small("tmaze", history, algo, 16 * 4);
-    Trainer straight(c);
-    while (!straight.done()) straight.run_segment();
-    Trainer first(c);
-    while (first.step() < 32) first.run_segment();
-    first.save(dir / "ck.safetensors");
-    const TrainConfig back = Trainer::read_config(dir / "ck.safetensors");
-    EXPECT_EQ(back.critic, "separate");
-    Trainer second(back);
-    second.load(dir / "ck.safetensors");
-    while (!second.done()) second.run_segment();
-    EXPECT_EQ(params_of(straight), params_of(second));
+    EXPECT_EQ(test::expect_resumes_bit_identically(c, dir / "ck.safetensors", 32).critic, "separate");
     TrainConfig shared = c;
     shared.critic = "shared";
     Trainer other(shared);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "agent_util.h"
 #include "segtape/agent/trainer.h"
 #include "segtape/nn/dist.h"
 #include "segtape/nn/layers.h"
@@ -19,6 +20,7 @@
 
 using namespace segtape;
 using namespace segtape::agent;
+using segtape::test::params_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -26,15 +28,6 @@ namespace {
 dist::Communicator& comm() {
   static std::unique_ptr<dist::Communicator> c = dist::mpi({.timeout_s = 60});
   return *c;
-}
-
-std::vector<float> params_of(Trainer& t) {
-  std::vector<float> all;
-  for (const Tensor& p : t.policy().parameters()) {
-    const std::vector<float> v = p.to_host<float>();
-    all.insert(all.end(), v.begin(), v.end());
-  }
-  return all;
 }
 
 double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {

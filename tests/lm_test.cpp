@@ -12,6 +12,7 @@
 #include <iterator>
 #include <map>
 
+#include "agent_util.h"
 #include "alloc_hook.h"
 #include "segtape/agent/sample.h"
 #include "segtape/agent/trainer.h"
@@ -22,6 +23,7 @@
 
 using namespace segtape;
 using namespace segtape::agent;
+using segtape::test::params_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -61,13 +63,6 @@ double unigram_entropy(const std::vector<int32_t>& ids) {
   double entropy = 0;
   for (const auto& [t, n] : counts) entropy -= n / double(ids.size()) * std::log(n / double(ids.size()));
   return entropy;
-}
-
-std::vector<float> params_of(Trainer& tr) {
-  std::vector<float> all;
-  for (const Tensor& p : tr.policy().parameters())
-    for (float v : p.to_host<float>()) all.push_back(v);
-  return all;
 }
 
 std::string message_of(const std::function<void()>& f) {

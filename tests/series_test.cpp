@@ -11,6 +11,7 @@
 #include <functional>
 #include <sstream>
 
+#include "agent_util.h"
 #include "alloc_hook.h"
 #include "segtape/agent/trainer.h"
 #include "segtape/nn/safetensors.h"
@@ -20,6 +21,7 @@
 
 using namespace segtape;
 using namespace segtape::agent;
+using segtape::test::params_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -60,13 +62,6 @@ TrainConfig series_config(const std::string& data, int64_t steps) {
   c.lr = 3e-3;
   c.clip = 1;
   return c;
-}
-
-std::vector<float> params_of(Trainer& tr) {
-  std::vector<float> all;
-  for (const Tensor& p : tr.policy().parameters())
-    for (float v : p.to_host<float>()) all.push_back(v);
-  return all;
 }
 
 std::string message_of(const std::function<void()>& f) {

@@ -52,6 +52,7 @@ class Ppo : public Algorithm {
   // gathered rows [Bm, ...]
   std::span<const int64_t> mb_;
   double mean_ = 0, std_dev_ = 1, inv_n_ = 1;
+  double clip_ = 0.2;  // this iteration's clip range (update() sets it: --clip-range and --clip-schedule)
   bool normalise_ = false;
   std::vector<int64_t> mb_tokens_;
   std::vector<float> mb_vectors_, mb_state_, mb_returns_, mb_weights_, mb_rows_, mb_values_;
@@ -97,7 +98,10 @@ UpdateResult Ppo::update(int64_t remaining) {
   const int64_t n = std::min(c_.config.rollout, remaining);
   if (n <= 0) return r;
   // The learning rate of this iteration's updates: a function of the step, so a resumed run has it too.
-  if (c_.config.lr_schedule == "linear") c_.set_lr(c_.config.lr * (1.0 - double(c_.step) / double(c_.config.steps)));
+  const double left = 1.0 - double(c_.step) / double(c_.config.steps);  // (SB3's progress_remaining)
+  if (c_.config.lr_schedule == "linear") c_.set_lr(c_.config.lr * left);
+  // Likewise the clip range (host_terms reads it): SB3's lin_0.2 is clip_range x left.
+  clip_ = c_.config.clip_schedule == "linear" ? c_.config.clip_range * left : c_.config.clip_range;
   rollout(n, r);
   buf_.compute_advantages(n, c_.config.gamma, c_.config.gae_lambda);
   // The order starts afresh each iteration, so that it is a function of act_rng alone (which checkpoints keep).
@@ -187,7 +191,7 @@ Tensor Ppo::input(int64_t t) {
 // step again (the same values), so each step counts once.
 void Ppo::host_terms(int64_t t, const float* rows, const float* values, float* weights, float* returns) {
   const auto row = size_t(t) * size_t(buf_.B), Bm = mb_.size(), A = size_t(A_);
-  const double eps = c_.config.clip_range;
+  const double eps = clip_;
   std::fill_n(weights, Bm * A, 0.0f);
   double reported = 0, kl = 0, clipped_terms = 0;
   for (size_t i = 0; i < Bm; ++i) {
@@ -327,6 +331,8 @@ void validate(const TrainConfig& c) {
   need(std::isfinite(c.clip_range) && c.clip_range > 0 && c.clip_range < 1, "--clip-range must be in (0, 1)");
   need(c.gae_lambda >= 0 && c.gae_lambda <= 1, "--gae-lambda must be in [0, 1]");
   need(c.lr_schedule == "linear" || c.lr_schedule == "constant", "--lr-schedule '" + c.lr_schedule + "': choose linear or constant");
+  need(c.clip_schedule == "linear" || c.clip_schedule == "constant",
+       "--clip-schedule '" + c.clip_schedule + "': choose linear or constant");
 }
 
 }  // namespace

@@ -288,7 +288,7 @@ class TrainResult:
 
 def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, lr=3e-3, history="tbptt:32", gamma=0.99,
           entropy=0.01, value_coef=0.5, clip=1.0, seed=1, algo="a2c", rollout=128, epochs=10, minibatches=4,
-          clip_range=0.2, gae_lambda=0.95, lr_schedule="linear", critic="shared", success=None, normalize_obs=True, log_every=None,
+          clip_range=0.2, gae_lambda=0.95, lr_schedule="linear", clip_schedule="constant", critic="shared", head_hidden=0, success=None, normalize_obs=True, log_every=None,
           callback=None,
           eval_every=None, eval_episodes=10, stop_at=None, budget=None):
     """Trains segtape's recurrent agent on a Gymnasium env; returns a TrainResult.
@@ -303,10 +303,14 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     passes over `minibatches` minibatches of whole streams, each replayed from
     the states stored at rollout time; `minibatches` divides `batch`;
     lr_schedule "linear" anneals the learning rate to 0 over `steps`, or
-    "constant").
+    "constant"; clip_schedule "linear" anneals the clip range to 0 likewise,
+    as SB3's lin_ schedules, or "constant", the default).
     critic: "shared" (the value head reads the policy's GRU) or "separate"
     (a GRU of its own over the same embeddings, as sb3-contrib's
     RecurrentPPO gives its critic an LSTM of its own).
+    head_hidden: > 0 puts a layer of that many units with ReLU before the
+    action head and one before the value head (SB3's net_arch
+    dict(pi=[N], vf=[N])); 0, the heads read the GRU's state.
     update_bias: added to the GRU's update-gate bias at initialisation (the
     cell keeps about sigmoid(update_bias) of its state per step from the
     start; 0 is PyTorch's initialisation; docs/agent.md, "Policy").
@@ -346,6 +350,7 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
                     "one open segment, so it evaluates only once the run has ended (result.evaluate() after train())")
     c.lr, c.gamma, c.entropy, c.value_coef, c.clip = lr, gamma, entropy, value_coef, clip
     c.clip_range, c.gae_lambda, c.lr_schedule, c.critic = clip_range, gae_lambda, lr_schedule, critic
+    c.clip_schedule = clip_schedule
     c.update_bias = float(update_bias)
     if budget is not None:  # (None: the Trainer's default, 64 MiB, or 1 GiB of growth for history "full")
         c.budget = _bytes(budget, "segtape.gym.train: budget")
@@ -354,6 +359,7 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
         text = _argument_names(str(e)).replace("TrainConfig::budget", "budget")
         return type(e)("segtape.gym.train: " + text)
     ints = (("steps", steps, _INT64), ("batch", batch, _INT64), ("hidden", hidden, _INT64), ("embed", embed, _INT64),
+            ("head_hidden", head_hidden, _INT64),
             ("seed", seed, _UINT64), ("rollout", rollout, _INT64), ("epochs", epochs, _INT64),
             ("minibatches", minibatches, _INT64))
     _set_ints(c, [(k, int(v), kind) for k, v, kind in ints], "segtape.gym.train", named)

@@ -1301,6 +1301,7 @@ NB_MODULE(_segtape, m) {
       .def_rw("clip_range", &agent::TrainConfig::clip_range)
       .def_rw("gae_lambda", &agent::TrainConfig::gae_lambda)
       .def_rw("lr_schedule", &agent::TrainConfig::lr_schedule)
+      .def_rw("clip_schedule", &agent::TrainConfig::clip_schedule)
       .def_rw("env_shards", &agent::TrainConfig::env_shards)
       .def_rw("graph_replay", &agent::TrainConfig::graph_replay)
       // --task lm / series: the files and their reading (EnvOptions), the model
@@ -1313,6 +1314,7 @@ NB_MODULE(_segtape, m) {
 #undef SEGTAPE_OPTION
       .def_rw("cell", &agent::TrainConfig::cell)
       .def_rw("critic", &agent::TrainConfig::critic)
+      .def_rw("head_hidden", &agent::TrainConfig::head_hidden)
       .def_rw("layers", &agent::TrainConfig::layers)
       .def_rw("dropout", &agent::TrainConfig::dropout)
       .def_rw("tied", &agent::TrainConfig::tied)

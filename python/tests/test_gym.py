@@ -302,6 +302,8 @@ def test_multidiscrete_actions_and_flattened_observations():
     env = sg._A.make_env(res.name, 1, 1)
     assert (env.num_actions, env.obs_dim) == (6, 5)
     wrapped = sg._spaces(Pairs, "Pairs")[-1]()  # joint action i: np.unravel_index(i, nvec) + start, in C order
+    while not isinstance(wrapped, gymnasium.ActionWrapper):
+        wrapped = wrapped.env
     assert [list(wrapped.action(i)) for i in range(6)] == [[1, -1], [1, 0], [1, 1], [2, -1], [2, 0], [2, 1]]
     assert res.evaluate(episodes=64)["mean_return"] >= 0.95
 
@@ -345,3 +347,20 @@ def test_every_popgym_family_runs_or_is_refused_naming_its_space():
         assert ev["episodes"] == 4 and np.isfinite(ev["mean_return"]), (info["id"], ev)
         ran.append(cls.__name__)
     assert len(ran) == 12, ran  # 14 families, two of them pendulums
+
+
+def test_the_clip_schedule_and_hidden_layers_before_the_heads():
+    """clip_schedule and head_hidden reach the Trainer (RL Zoo's tuned
+    entry's lin_ clip range and net_arch pi=[N], vf=[N]); bad values are
+    refused naming train()'s arguments."""
+    plain = sg.train("CartPole-v1", steps=64, batch=2, hidden=8, embed=4, algo="ppo", rollout=16, minibatches=1)
+    res = sg.train("CartPole-v1", steps=64, batch=2, hidden=8, embed=4, algo="ppo", rollout=16, minibatches=1,
+                   clip_schedule="linear", head_hidden=5)
+    assert res.trainer.step == 64
+    # pi [5, 8] + 5 and vf [5, 8] + 5 added; the heads read 5 units where they read 8: 2 actions and 1 value, weights only
+    assert (sum(p.size for p in res.trainer.parameters()) - sum(p.size for p in plain.trainer.parameters())
+            == 2 * (5 * 8 + 5) - 3 * (8 - 5))
+    with pytest.raises(segtape.Error, match=r"segtape.gym.train: clip_schedule 'cosine': choose linear or constant"):
+        sg.train("CartPole-v1", steps=32, algo="ppo", clip_schedule="cosine")
+    with pytest.raises(segtape.Error, match=r"segtape.gym.train: head_hidden must be in \[0, 16384\]"):
+        sg.train("CartPole-v1", steps=32, head_hidden=-1)

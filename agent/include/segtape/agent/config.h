@@ -91,6 +91,11 @@ struct TrainConfig {
   // the value loss's gradient then never reaches the policy's core;
   // PolicyShape::separate_critic). Kept in checkpoints only where separate.
   std::string critic = "shared";
+  // > 0: a hidden layer of this many units with ReLU before the action head
+  // ("pi") and another before the value head ("vf"): SB3's net_arch
+  // dict(pi=[N], vf=[N]) (PolicyShape::head_hidden). 0: the heads read the
+  // recurrent state directly. Kept in checkpoints only where > 0.
+  int64_t head_hidden = 0;
   // The model of --algo lm (PolicyShape's): the recurrent cell ("gru" or
   // "lstm"), its layers, the dropout of word_language_model (on the
   // embeddings, between the layers, on the last layer's output; 0: none), the
@@ -130,6 +135,10 @@ struct TrainConfig {
   // ppo: "linear" anneals Adam's lr from `lr` to 0 over the run (CleanRL's
   // default), "constant" keeps it (SB3's)
   std::string lr_schedule = "linear";
+  // ppo: "linear" anneals the clip range from `clip_range` to 0 over the run
+  // as SB3's lin_ schedules do (RL Zoo's tuned recurrent entries); "constant"
+  // keeps it (CleanRL's, and every run before the flag)
+  std::string clip_schedule = "constant";
   // The B streams as env_shards envs of B / env_shards streams, seeded as the
   // ranks of a data-parallel run seed theirs: one process with env_shards N
   // and batch N B runs the streams of N ranks of batch B (docs/distributed.md).

@@ -50,6 +50,10 @@ struct PolicyShape {
   // value head only (--critic separate). Its state is the policy's rows then
   // the critic's, [2 B, hidden].
   bool separate_critic = false;
+  // > 0: Linear(hidden, head_hidden) + ReLU ("pi") before the action head,
+  // and one ("vf") before the value head, which then read head_hidden units
+  // (--head-hidden; not with a tied head).
+  int64_t head_hidden = 0;
   // The state's rows per stream (TrainConfig::state_rows): the state is
   // [state_rows() x B, hidden], layer after layer, an LSTM layer's h rows
   // then its c rows (one layer's [2, B, hidden], lstm_cell's state); with a
@@ -113,6 +117,7 @@ class Policy : public nn::Module {
   std::unique_ptr<nn::GRUCell> gru_, critic_;
   std::unique_ptr<nn::Linear> compress_;
   std::unique_ptr<nn::Linear> head_, value_;
+  std::unique_ptr<nn::Linear> pi_, vf_;  // head_hidden > 0: the layers before the heads
   mutable Tensor table_;  // input_table: E W_ih^T + b_ih of layer 0 in segment table_segment_
   mutable uint32_t table_segment_ = 0;
   mutable bool table_grad_ = false;

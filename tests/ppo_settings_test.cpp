@@ -1,0 +1,167 @@
+// What the reference implementations of PPO do, as segtape's choices
+// (docs/agent.md, "Recurrent PPO"): the clip range's schedule, and a hidden
+// layer before each head (SB3's net_arch).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "agent_util.h"
+#include "segtape/agent/trainer.h"
+#include "segtape/ops.h"
+#include "util.h"
+
+using namespace segtape;
+using namespace segtape::agent;
+using segtape::test::params_of;
+namespace fs = std::filesystem;
+
+namespace {
+
+TrainConfig small_ppo(const std::string& clip_schedule, int64_t iterations) {
+  TrainConfig c;
+  c.env = "tmaze";
+  c.algo = Algo::Ppo;
+  c.history = History::parse("tbptt:8");
+  c.batch = 4, c.hidden = 16, c.embed = 8;
+  c.env_options.corridor = 3;
+  c.rollout = 16, c.epochs = 4, c.minibatches = 1;
+  c.steps = 16 * iterations;
+  c.lr = 0.05;  // (large: the later epochs' ratios move well away from 1)
+  c.lr_schedule = "constant";
+  c.clip_range = 0.1;
+  c.clip_schedule = clip_schedule;
+  return c;
+}
+
+struct Iteration {
+  double loss_sum, approx_kl, clip_fraction;  // (copied: an UpdateResult's metrics live in its trainer)
+};
+
+Iteration run(Trainer& tr) {
+  const UpdateResult r = tr.run_segment();
+  return {r.loss_sum, r.metric("approx_kl"), r.metric("clip_fraction")};
+}
+
+}  // namespace
+
+// --clip-schedule linear is SB3's lin_ schedule: clip_range x (1 - step /
+// steps), set at each iteration's start. Over two iterations of a run of
+// two, the first (step 0) is the constant schedule's bit for bit; the second
+// starts from the same parameters and rollout, so its first epoch is the
+// same too, and its later epochs meet the same ratios with half the clip
+// range (0.05 for 0.1): they clip more terms, and the run ends elsewhere.
+TEST(PpoSettings, TheLinearClipScheduleHalvesTheRangeHalfwayThrough) {
+  Trainer constant(small_ppo("constant", 2)), linear(small_ppo("linear", 2));
+  const Iteration c1 = run(constant), l1 = run(linear);
+  EXPECT_EQ(c1.loss_sum, l1.loss_sum);
+  EXPECT_EQ(c1.clip_fraction, l1.clip_fraction);
+  EXPECT_GT(c1.clip_fraction, 0) << "the ratios must reach the clip range for the test to tell the two apart";
+  EXPECT_EQ(params_of(constant), params_of(linear));
+  const Iteration c2 = run(constant), l2 = run(linear);
+  EXPECT_GT(l2.clip_fraction, c2.clip_fraction);
+  EXPECT_NE(params_of(constant), params_of(linear));
+  // The constant schedule's second iteration at half the clip range (resumed
+  // from its first iteration's checkpoint with --clip-range 0.05) is the
+  // linear one's, bit for bit.
+  const fs::path dir = fs::temp_directory_path() / ("segtape_clip_half_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  Trainer wide(small_ppo("constant", 2));
+  run(wide);
+  wide.save(dir / "ck.safetensors");
+  TrainConfig half = small_ppo("constant", 2);
+  half.clip_range = 0.05;
+  Trainer narrow(half);
+  narrow.load(dir / "ck.safetensors");
+  const Iteration n2 = run(narrow);
+  EXPECT_EQ(n2.clip_fraction, l2.clip_fraction);
+  EXPECT_EQ(n2.loss_sum, l2.loss_sum);
+  EXPECT_EQ(params_of(narrow), params_of(linear));
+  fs::remove_all(dir);
+}
+
+// The schedule is kept in the checkpoint (written only when linear: a
+// constant run's checkpoint is as before the flag, and one without it is
+// constant), a resumed run continues bit for bit, a checkpoint of the other
+// schedule is refused naming the flag, and another word is refused.
+TEST(PpoSettings, TheClipScheduleIsCheckpointedAndChecked) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_clip_schedule_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  EXPECT_EQ(test::expect_resumes_bit_identically(small_ppo("linear", 4), dir / "ck.safetensors", 32).clip_schedule, "linear");
+  Trainer other(small_ppo("constant", 4));
+  EXPECT_NE(test::message_of<CheckpointError>([&] { other.load(dir / "ck.safetensors"); }).find("--clip-schedule"),
+            std::string::npos);
+  std::map<std::string, std::string> m = small_ppo("constant", 4).to_metadata();
+  EXPECT_EQ(m.count("clip_schedule"), 0u) << "a constant schedule's checkpoint is written as before the flag";
+  EXPECT_EQ(TrainConfig::from_metadata(m).clip_schedule, "constant");
+  m["clip_schedule"] = "cosine";
+  EXPECT_THROW(TrainConfig::from_metadata(m), CheckpointError);
+  TrainConfig wrong = small_ppo("cosine", 1);
+  EXPECT_NE(test::message_of<Error>([&] { Trainer t(wrong); }).find("--clip-schedule 'cosine': choose linear or constant"),
+            std::string::npos);
+  fs::remove_all(dir);
+}
+
+// --head-hidden N: Linear(hidden, N) + ReLU ("pi") before the action head and
+// one ("vf") before the value head, which read N units: the logits and the
+// value are those layers composed by hand, the critic's rows feeding "vf"
+// where it has its own GRU.
+TEST(PpoSettings, HiddenLayersBeforeTheHeadsAreLinearThenRelu) {
+  auto env = make_env("tmaze", 3, 1, EnvOptions{});
+  const EnvSpec& spec = env->spec();
+  for (const bool separate : {false, true}) {
+    SCOPED_TRACE(separate ? "separate critic" : "shared core");
+    PolicyShape shape{6, 10, 0, true};
+    shape.head_hidden = 7, shape.separate_critic = separate;
+    Tape tape;
+    nn::Rng rng(2);
+    const Policy p(tape, rng, spec, shape);
+    std::map<std::string, Tensor> w;
+    for (const auto& [name, t] : p.named_parameters()) w[name] = t;
+    EXPECT_EQ(w.at("pi.weight").shape, (Shape{7, 10}));
+    EXPECT_EQ(w.at("vf.weight").shape, (Shape{7, 10}));
+    EXPECT_EQ(w.at("head.weight").shape, (Shape{spec.num_actions, 7}));
+    EXPECT_EQ(w.at("value.weight").shape, (Shape{1, 7}));
+    Segment seg = tape.segment();
+    const std::vector<int64_t> tokens{0, 1, 2};
+    Tensor h = tape.zeros({shape.state_rows() * 3, 10});
+    for (int t = 0; t < 2; ++t) h = p.recur(p.encode(tape.from(std::span<const int64_t>(tokens), {3})), h);
+    const Tensor f = p.output(h);
+    const Tensor mine = separate ? slice(f, 0, 0, 3) : f, critics = separate ? slice(f, 0, 3, 3) : f;
+    auto layer = [&](const Tensor& x, const std::string& name) {
+      return add(matmul(x, w.at(name + ".weight"), false, true), w.at(name + ".bias"));
+    };
+    const std::vector<float> logits = p.logits(f).to_host<float>(), value = p.value(f).to_host<float>();
+    const std::vector<float> want_logits = layer(relu(layer(mine, "pi")), "head").to_host<float>();
+    const std::vector<float> want_value = layer(relu(layer(critics, "vf")), "value").to_host<float>();
+    ASSERT_EQ(logits.size(), want_logits.size());
+    for (size_t i = 0; i < logits.size(); ++i) EXPECT_FLOAT_EQ(logits[i], want_logits[i]) << i;
+    ASSERT_EQ(value.size(), want_value.size());
+    for (size_t i = 0; i < value.size(); ++i) EXPECT_FLOAT_EQ(value[i], want_value[i]) << i;
+  }
+}
+
+// The layers are kept in the checkpoint (the size written only where > 0:
+// a checkpoint without it has none), a resumed run continues bit for bit, a
+// run without them refuses the checkpoint naming the flag, and a tied head
+// or a negative size is refused.
+TEST(PpoSettings, HeadHiddenIsCheckpointedAndChecked) {
+  const fs::path dir = fs::temp_directory_path() / ("segtape_head_hidden_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  TrainConfig c = small_ppo("constant", 4);
+  c.head_hidden = 5;
+  EXPECT_EQ(test::expect_resumes_bit_identically(c, dir / "ck.safetensors", 32).head_hidden, 5);
+  Trainer plain(small_ppo("constant", 4));
+  EXPECT_NE(test::message_of<CheckpointError>([&] { plain.load(dir / "ck.safetensors"); }).find("--head-hidden"),
+            std::string::npos);
+  std::map<std::string, std::string> m = small_ppo("constant", 4).to_metadata();
+  EXPECT_EQ(m.count("head_hidden"), 0u);
+  EXPECT_EQ(TrainConfig::from_metadata(m).head_hidden, 0);
+  m["head_hidden"] = "-3";
+  EXPECT_THROW(TrainConfig::from_metadata(m), CheckpointError);
+  TrainConfig negative = small_ppo("constant", 1);
+  negative.head_hidden = -1;
+  EXPECT_NE(test::message_of<Error>([&] { Trainer t(negative); }).find("--head-hidden must be in [0, 16384]"), std::string::npos);
+  fs::remove_all(dir);
+}
