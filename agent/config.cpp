@@ -149,6 +149,7 @@ std::map<std::string, std::string> TrainConfig::to_metadata() const {
   if (clip_schedule != "constant") m["clip_schedule"] = clip_schedule;  // (likewise)
   if (head_hidden > 0) m["head_hidden"] = std::to_string(head_hidden);  // (likewise)
   lm_metadata(*this, m);
+  if (cell != "gru") m["cell"] = cell;  // (an RL run's LSTM; a GRU run's checkpoint is written as before --cell)
   series_metadata(*this, m);
   return m;
 }
@@ -232,11 +233,13 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
   const std::string sparse = get("sparse", "0");
   if (sparse != "0" && sparse != "1") throw CheckpointError("checkpoint metadata 'sparse' is '" + sparse + "', not 0 or 1");
   c.env_options.sparse = sparse == "1";
+  c.cell = get("cell", "gru");
+  if (c.cell != "gru" && c.cell != "lstm") throw CheckpointError("checkpoint metadata 'cell' is '" + c.cell + "', not gru or lstm");
   if (c.env == "lm") {
     c.env_options.data = get("data"), c.env_options.valid = get("valid"), c.env_options.test = get("test");
     c.env_options.tokens = get("tokens");
     c.env_options.split = f64("split");
-    c.cell = get("cell", "gru"), c.layers = i64("layers", "1"), c.dropout = f64("dropout", "0"), c.optim = get("optim", "adam");
+    c.layers = i64("layers", "1"), c.dropout = f64("dropout", "0"), c.optim = get("optim", "adam");
     const std::string tied = get("tied", "0");
     if (tied != "0" && tied != "1") throw CheckpointError("checkpoint metadata 'tied' is '" + tied + "', not 0 or 1");
     c.tied = tied == "1";
@@ -303,9 +306,14 @@ void TrainConfig::validate() const {
   need(optim == "adam" || optim == "adamw" || optim == "sgd", "--optim '" + optim + "': choose adam, adamw or sgd");
   need(!tied || hidden == embed, "--tied shares the embeddings with the output layer: --hidden " + std::to_string(hidden) +
                                      " must equal --embed " + std::to_string(embed) + " (as word_language_model requires)");
-  need(algo == Algo::Lm || (cell == "gru" && layers == 1 && dropout == 0 && !tied && optim == "adam"),
-       std::string("--cell, --layers, --dropout, --tied and --optim are --task lm's; --algo ") + algo_name(algo) +
-           " trains the agent's one-layer GRU with Adam");
+  const bool rl = algo == Algo::A2c || algo == Algo::Ppo;
+  need(algo == Algo::Lm || ((cell == "gru" || rl) && layers == 1 && dropout == 0 && !tied && optim == "adam"),
+       std::string("--layers, --dropout, --tied and --optim are --task lm's, and --cell lstm is --task lm's or RL's (--algo "
+                   "a2c or ppo); --algo ") + algo_name(algo) + " trains the agent's one-layer " + (rl ? "GRU or LSTM" : "GRU") +
+           " with Adam");
+  need(cell == "gru" || algo == Algo::Lm || history_def(history.kind).recurrent,
+       "--cell lstm recurs; --history " + history.str() + " has no recurrent core");
+  need(cell == "gru" || critic == "shared", "--critic separate gives the value head a GRU of its own: not with --cell lstm");
   need(update_bias == 0 || (cell == "gru" && layers == 1), "--update-bias sets the one-layer GRU's update gate (not --cell lstm or --layers > 1)");
   need(critic == "shared" || critic == "separate", "--critic '" + critic + "': choose shared or separate");
   need(head_hidden >= 0 && head_hidden <= 16384, "--head-hidden must be in [0, 16384]");

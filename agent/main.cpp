@@ -119,7 +119,7 @@ void add_env_and_algo_options(CLI::App* tr, TrainArgs& ta) {
       ->capture_default_str();
   tr->add_option("--tokens", ta.c.env_options.tokens, "lm: bytes, chars (UTF-8 code points) or words (split at whitespace, <eos> at each line's end)")
       ->capture_default_str();
-  tr->add_option("--cell", ta.c.cell, "lm: the recurrent cell, gru or lstm")->capture_default_str();
+  tr->add_option("--cell", ta.c.cell, "lm, a2c, ppo: the recurrent cell, gru or lstm")->capture_default_str();
   tr->add_option("--layers", ta.c.layers, "lm: recurrent layers (default 2 for --task lm)");
   tr->add_option("--dropout", ta.c.dropout, "lm: dropout on the embeddings, between the layers and on the output (word_language_model's)")
       ->capture_default_str();

@@ -409,7 +409,10 @@ TEST(Lm, BadInputNamesTheFileAndWhatIsWrong) {
   EXPECT_NE(refused(model).find("--tied shares the embeddings with the output layer: --hidden 64 must equal --embed 32"), std::string::npos);
   TrainConfig gru_agent;
   gru_agent.layers = 2;
-  EXPECT_NE(refused(gru_agent).find("--cell, --layers, --dropout, --tied and --optim are --task lm's"), std::string::npos);
+  EXPECT_NE(refused(gru_agent).find("--layers, --dropout, --tied and --optim are --task lm's"), std::string::npos);
+  TrainConfig supervised_lstm;  // (an LSTM is RL's too, not the supervised trainer's)
+  supervised_lstm.env = "recall", supervised_lstm.algo = Algo::Supervised, supervised_lstm.cell = "lstm";
+  EXPECT_NE(refused(supervised_lstm).find("--cell lstm is --task lm's or RL's"), std::string::npos);
   TrainConfig recall;
   recall.algo = Algo::Lm;
   EXPECT_NE(refused(recall).find("--algo lm learns a text corpus: --task lm --data FILE"), std::string::npos);

@@ -165,3 +165,54 @@ TEST(PpoSettings, HeadHiddenIsCheckpointedAndChecked) {
   EXPECT_NE(test::message_of<Error>([&] { Trainer t(negative); }).find("--head-hidden must be in [0, 16384]"), std::string::npos);
   fs::remove_all(dir);
 }
+
+// --cell lstm for RL: the agent's one-layer LSTM ("rnn", PyTorch's names),
+// its state each stream's h rows then c rows, [2 B, hidden]; the heads read
+// h. PPO's minibatches replay their windows from both halves of the stored
+// states: with one epoch of one minibatch the first iteration's replay is
+// its rollout again (every ratio 1) and its loss that of a run that stores
+// no state but the first (tbptt:16), under tbptt:4 and exact:4/8. A2C and
+// PPO resume bit for bit; the checkpoint names the cell (a GRU run's, as
+// before, does not); a separate critic or a history without a recurrent core
+// is refused naming the flags.
+TEST(PpoSettings, AnLstmCoreReplaysAndResumesExactly) {
+  auto lstm = [](const char* history, Algo algo) {
+    TrainConfig c = small_ppo("constant", 1);
+    c.algo = algo, c.history = History::parse(history), c.cell = "lstm", c.env_options.corridor = 4;
+    c.epochs = 1, c.minibatches = 1, c.entropy = 0, c.lr = 3e-3;
+    return c;
+  };
+  auto first_iteration = [&](const char* history) {
+    Trainer tr(lstm(history, Algo::Ppo));
+    return run(tr);
+  };
+  const Iteration whole = first_iteration("tbptt:16");
+  EXPECT_GT(whole.loss_sum, 0);
+  for (const char* history : {"tbptt:4", "exact:4/8"}) {
+    SCOPED_TRACE(history);
+    const Iteration r = first_iteration(history);
+    EXPECT_LT(r.approx_kl, 1e-9);
+    EXPECT_EQ(r.clip_fraction, 0.0);
+    EXPECT_NEAR(r.loss_sum, whole.loss_sum, 1e-5 * whole.loss_sum);
+  }
+  Trainer probe(lstm("tbptt:4", Algo::Ppo));
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, t] : probe.policy().named_parameters()) shapes[name] = t.shape;
+  EXPECT_EQ(shapes.at("rnn.weight_ih_l0"), (Shape{4 * 16, 8}));
+  EXPECT_EQ(shapes.count("gru.weight_ih"), 0u);
+  const fs::path dir = fs::temp_directory_path() / ("segtape_rl_lstm_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const auto& [algo, history] : {std::pair{Algo::Ppo, "exact:4/8"}, std::pair{Algo::A2c, "tbptt:4"}}) {
+    SCOPED_TRACE(history);
+    TrainConfig c = lstm(history, algo);
+    c.steps = 64;
+    EXPECT_EQ(test::expect_resumes_bit_identically(c, dir / "ck.safetensors", 32).cell, "lstm");
+  }
+  EXPECT_EQ(small_ppo("constant", 1).to_metadata().count("cell"), 0u) << "a GRU run's checkpoint is written as before";
+  TrainConfig separate = lstm("tbptt:4", Algo::Ppo);
+  separate.critic = "separate";
+  EXPECT_NE(test::message_of<Error>([&] { Trainer t(separate); }).find("not with --cell lstm"), std::string::npos);
+  TrainConfig window = lstm("window:4", Algo::A2c);
+  EXPECT_NE(test::message_of<Error>([&] { Trainer t(window); }).find("--cell lstm recurs"), std::string::npos);
+  fs::remove_all(dir);
+}

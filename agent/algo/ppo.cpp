@@ -233,11 +233,12 @@ Tensor Ppo::loss_of(const Tensor& lp, const Tensor& v, std::span<const float> we
 // (reset where the stream's episode ended) and, with_loss, its loss.
 replay::StepResult Ppo::step(int64_t t, const Tensor& h, bool with_loss) {
   const auto row = size_t(t) * size_t(buf_.B);
-  const Tensor f = step_.feature(input(t), h).state;
+  const Recurred r = step_.feature(input(t), h);  // (the heads read r.feature: an LSTM's h rows of its state)
+  const Tensor& f = r.state;
   for (size_t i = 0; i < mb_.size(); ++i) mb_done_[i] = buf_.done[row + size_t(mb_[i])];
   if (!with_loss) return {step_.reset(f, mb_done_), Tensor{}};
-  const Tensor lp = step_.log_probs(f);  // [Bm, A]
-  const Tensor v = step_.value(f);       // [Bm, 1]
+  const Tensor lp = step_.log_probs(r.feature);  // [Bm, A]
+  const Tensor v = step_.value(r.feature);       // [Bm, 1]
   lp.to_host(std::span<float>(mb_rows_));
   v.to_host(std::span<float>(mb_values_));
   host_terms(t, mb_rows_.data(), mb_values_.data(), mb_weights_.data(), mb_returns_.data());

@@ -68,7 +68,7 @@ class Supervised : public Algorithm {
     keep_.assign(KB, 1.0f);
     encoded_.resize(size_t(c.history.k));
     host_all_.assign(KB * size_t(spec.num_actions), 0.0f);
-    sequence_ = history_.sequence(c.batch);
+    sequence_ = c.state_rows() == 1 && history_.sequence(c.batch);  // (gru_sequence: the GRU's; an LSTM steps)
   }
 
   template <class V>
