@@ -57,7 +57,8 @@ def _neighbour(name):
     return module
 
 
-rss, peak_rss = _neighbour("sb3_compare").rss, _neighbour("sb3_compare").peak_rss
+_sb3_compare = _neighbour("sb3_compare")
+rss, peak_rss = _sb3_compare.rss, _sb3_compare.peak_rss
 
 ENVS = ["RepeatPreviousEasy", "RepeatFirstEasy", "PositionOnlyCartPoleEasy", "NoisyPositionOnlyCartPoleEasy",
         "CountRecallEasy"]
@@ -88,7 +89,6 @@ def worker_sb3(a):
     import popgym  # noqa: F401  (registers popgym-*)
     import torch
     from sb3_contrib import RecurrentPPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
@@ -111,8 +111,7 @@ def worker_sb3(a):
                          gamma=z["gamma"], gae_lambda=z["gae_lambda"], clip_range=lambda p: p * z["clip_range"],
                          ent_coef=z["ent_coef"], vf_coef=z["vf_coef"], learning_rate=lambda p: p * z["learning_rate"],
                          max_grad_norm=z["max_grad_norm"], seed=a.seed, device="cpu",
-                         policy_kwargs=dict(ortho_init=False, activation_fn=torch.nn.ReLU, lstm_hidden_size=z["hidden"],
-                                            enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64])))
+                         policy_kwargs=_sb3_compare.zoo_policy_kwargs(z["hidden"]))
     evals, rss_at = [], []
 
     def evaluate(n):
@@ -121,19 +120,12 @@ def worker_sb3(a):
         mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=n, deterministic=True)
         return float(mean)
 
-    class Eval(BaseCallback):
-        next_at = a.eval_every
+    def record(steps, ret, seconds):
+        evals.append((steps, ret, seconds))
+        rss_at.append(rss())
+        return False  # (the whole budget)
 
-        def _on_step(self):
-            if self.num_timesteps >= self.next_at:
-                self.next_at += a.eval_every
-                t0 = time.perf_counter()
-                ret = evaluate(10)
-                evals.append((self.num_timesteps, ret, time.perf_counter() - t0))
-                rss_at.append(rss())
-            return True
-
-    model.learn(total_timesteps=a.steps, callback=Eval())
+    model.learn(total_timesteps=a.steps, callback=_sb3_compare.evaluations(a.eval_every, evaluate, record))
     return model.num_timesteps, evals, evaluate, rss_at
 
 

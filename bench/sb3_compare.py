@@ -51,6 +51,34 @@ def peak_rss():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def zoo_policy_kwargs(hidden):
+    """SB3's policy in RL Zoo's tuned CartPoleNoVel-v1 entry (ppo_lstm.yml at
+    c94924e): an LSTM for the actor and one for the critic, a 64-unit ReLU
+    layer before each head, no orthogonal initialisation."""
+    import torch
+    return dict(ortho_init=False, activation_fn=torch.nn.ReLU, lstm_hidden_size=hidden, enable_critic_lstm=True,
+                net_arch=dict(pi=[64], vf=[64]))
+
+
+def evaluations(every, evaluate, record):
+    """An SB3 callback: every `every` environment steps, evaluate(10) (a greedy
+    evaluation of 10 episodes), timed; record(steps, mean return, seconds)
+    is told, and training stops where it returns True."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Eval(BaseCallback):
+        next_at = every
+
+        def _on_step(self):
+            if self.num_timesteps < self.next_at:
+                return True
+            self.next_at += every
+            t0 = time.perf_counter()
+            ret = evaluate(10)
+            return not record(self.num_timesteps, ret, time.perf_counter() - t0)
+    return Eval()
+
+
 def worker_segtape(a):
     import segtape.gym as sg
     p = PPO
@@ -72,7 +100,6 @@ def worker_sb3(a):
     import torch
     from sb3_contrib import RecurrentPPO
     from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy  # noqa: F401
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
@@ -93,8 +120,7 @@ def worker_sb3(a):
                          n_epochs=p["epochs"], gamma=p["gamma"], gae_lambda=p["gae_lambda"],
                          clip_range=lambda left: left * p["clip_range"], ent_coef=p["entropy"], vf_coef=p["vf_coef"],
                          learning_rate=lambda left: left * p["lr"], max_grad_norm=p["clip"], seed=a.seed, device="cpu",
-                         policy_kwargs=dict(ortho_init=False, activation_fn=torch.nn.ReLU, lstm_hidden_size=p["hidden"],
-                                            enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64])))
+                         policy_kwargs=zoo_policy_kwargs(p["hidden"]))
     rows, rss_at = [], []
 
     def evaluate(n):
@@ -102,21 +128,12 @@ def worker_sb3(a):
         mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=n, deterministic=True)
         return float(mean)
 
-    class Eval(BaseCallback):
-        next_at = a.eval_every
+    def record(steps, ret, seconds):
+        rows.append({"step": steps // p["batch"], "eval_return": ret, "eval_seconds": seconds})
+        rss_at.append(rss())
+        return a.stop and ret >= a.target
 
-        def _on_step(self):
-            if self.num_timesteps < self.next_at:
-                return True
-            self.next_at += a.eval_every
-            t0 = time.perf_counter()
-            ret = evaluate(10)
-            rows.append({"step": self.num_timesteps // p["batch"], "eval_return": ret,
-                         "eval_seconds": time.perf_counter() - t0})
-            rss_at.append(rss())
-            return not (a.stop and ret >= a.target)
-
-    model.learn(total_timesteps=a.max_steps, callback=Eval())
+    model.learn(total_timesteps=a.max_steps, callback=evaluations(a.eval_every, evaluate, record))
     return model.num_timesteps, rows, evaluate, rss_at
 
 

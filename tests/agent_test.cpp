@@ -32,6 +32,7 @@
 using namespace segtape;
 using namespace segtape::agent;
 using segtape::test::params_of;
+using segtape::test::small_config;
 namespace fs = std::filesystem;
 
 namespace {
@@ -270,23 +271,10 @@ TEST(Env, DialogueToolDependsOnAnEarlierTurn) {
   for (auto& [r, tools] : tools_by_request) EXPECT_GE(tools.size(), 3u) << "request " << r;
 }
 
-TrainConfig small(const std::string& env, const std::string& history, int64_t steps) {
-  TrainConfig c;
-  c.env = env;
-  c.history = History::parse(history);
-  c.steps = steps;
-  c.batch = 4;
-  c.hidden = 16;
-  c.embed = 8;
-  c.env_options.lag = 2;
-  c.env_options.corridor = 3;
-  return c;
-}
-
 TEST(History, TbpttHighWaterIsFlatToTheByte) {
   for (const char* h : {"tbptt:8", "detach", "window:4", "nograd-history"}) {
     for (const char* env : {"recall", "tmaze"}) {
-      TrainConfig c = small(env, h, 0);
+      TrainConfig c = small_config(env, h, 0);
       c.steps = c.history.k * 40;
       Trainer tr(c);
       std::vector<size_t> peaks;
@@ -309,7 +297,7 @@ TEST(History, TbpttHighWaterIsFlatToTheByte) {
 }
 
 TEST(History, FullGrowsEverySegment) {
-  Trainer tr(small("recall", "full", 32 * 6));
+  Trainer tr(small_config("recall", "full", 32 * 6));
   size_t last = 0;
   while (!tr.done()) {
     tr.run_segment();
@@ -337,7 +325,7 @@ TEST(History, ExactsShorterWindowsAddNoPersistentBytes) {
   for (const Run& run : {Run{"recall", "exact:4/16", 37, false}, Run{"tmaze", "exact:4/16", 37, false},
                          Run{"recall", "exact:4/12", 40, true}}) {
     SCOPED_TRACE(std::string(run.env) + " " + run.history + (run.ppo ? " ppo" : ""));
-    TrainConfig c = small(run.env, run.history, run.steps);
+    TrainConfig c = small_config(run.env, run.history, run.steps);
     if (run.ppo) c.algo = Algo::Ppo, c.rollout = 16, c.epochs = 2, c.minibatches = 2;
     Trainer tr(c);
     tr.run_segment();
@@ -350,7 +338,7 @@ TEST(History, ExactsShorterWindowsAddNoPersistentBytes) {
 }
 
 TEST(History, FullStopsAtTheBudgetWithTheEnginesReport) {
-  TrainConfig c = small("recall", "full", 100000);
+  TrainConfig c = small_config("recall", "full", 100000);
   c.budget = 2 << 20;
   Trainer tr(c);
   try {
@@ -367,7 +355,7 @@ TEST(Resume, ContinuesBitIdentically) {
   fs::create_directories(dir);
   for (const char* env : {"recall", "tmaze", "dialogue"}) {
     for (const char* h : {"tbptt:8", "window:3"}) {
-      TrainConfig c = small(env, h, 0);
+      TrainConfig c = small_config(env, h, 0);
       c.steps = c.history.k * 12;
       Trainer straight(c);
       while (!straight.done()) straight.run_segment();
@@ -391,7 +379,7 @@ TEST(Resume, ACheckpointWithoutEpisodeReturnsLoads) {
   namespace st = segtape::safetensors;
   const fs::path dir = fs::temp_directory_path() / ("segtape_old_ck_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  const TrainConfig c = small("tmaze", "tbptt:2", 16);
+  const TrainConfig c = small_config("tmaze", "tbptt:2", 16);
   Trainer first(c);
   for (int i = 0; i < 3; ++i) first.run_segment();
   first.save(dir / "ck.safetensors");
@@ -423,7 +411,7 @@ TEST(Evaluate, MidRunLeavesTrainingUnchangedAndMemoryFlat) {
   for (const char* env : {"recall", "tmaze"}) {
     for (const char* h : {"tbptt:8", "window:3"}) {
       SCOPED_TRACE(std::string(env) + " " + h);
-      TrainConfig c = small(env, h, 0);
+      TrainConfig c = small_config(env, h, 0);
       c.steps = c.history.k * 8;
       Trainer straight(c), paused(c);
       for (int i = 0; i < 3; ++i) straight.run_segment(), paused.run_segment();
@@ -446,7 +434,7 @@ TEST(Sizes, EstimateIsALowerBoundCloseToTheMeasuredSegment) {
   for (const char* env : {"recall", "tmaze", "dialogue"}) {
     for (const char* h : {"tbptt:8", "window:4", "detach"}) {
       SCOPED_TRACE(std::string(env) + " " + h);
-      TrainConfig c = small(env, h, 0);
+      TrainConfig c = small_config(env, h, 0);
       c.steps = c.history.k * 12;
       const SizeEstimate e = Trainer::estimate(c);
       Trainer tr(c);
@@ -461,7 +449,7 @@ TEST(Sizes, EstimateIsALowerBoundCloseToTheMeasuredSegment) {
 }
 
 TEST(Sizes, AModelThatCannotFitIsRefusedBeforeAnythingIsAllocated) {
-  TrainConfig c = small("recall", "tbptt:32", 100);
+  TrainConfig c = small_config("recall", "tbptt:32", 100);
   c.hidden = 16384;
   c.batch = 32;
   c.embed = 32;
@@ -475,7 +463,7 @@ TEST(Sizes, AModelThatCannotFitIsRefusedBeforeAnythingIsAllocated) {
     EXPECT_NE(m.find("more than the 64.0 MiB TrainConfig::budget"), std::string::npos) << m;
   }
   EXPECT_EQ(memory::system_allocations(), chunks);  // no arena was made
-  TrainConfig full = small("recall", "full", 100);
+  TrainConfig full = small_config("recall", "full", 100);
   EXPECT_EQ(Trainer::estimate(full).budget, size_t(1) << 30);  // full's stated default growth limit
 }
 
@@ -487,7 +475,7 @@ TEST(Sizes, AModelThatCannotFitIsRefusedBeforeAnythingIsAllocated) {
 TEST(History, ExactEqualsAFullWindowSegmentAtTheMemoryOfK) {
   for (const char* env : {"recall", "dialogue", "tmaze"}) {
     SCOPED_TRACE(env);
-    TrainConfig ce = small(env, "exact:4/16", 16 * 6), cw = small(env, "tbptt:16", 16 * 6), ck = small(env, "tbptt:4", 16 * 6);
+    TrainConfig ce = small_config(env, "exact:4/16", 16 * 6), cw = small_config(env, "tbptt:16", 16 * 6), ck = small_config(env, "tbptt:4", 16 * 6);
     Trainer exact(ce), window(cw), segment(ck);
     size_t exact_peak = 0, k_peak = 0;
     while (!exact.done()) exact_peak = std::max(exact_peak, exact.run_segment().segment_peak);
@@ -503,7 +491,7 @@ TEST(History, ExactEqualsAFullWindowSegmentAtTheMemoryOfK) {
   }
   const fs::path dir = fs::temp_directory_path() / ("segtape_exact_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  TrainConfig c = small("recall", "exact:4/16", 16 * 8);
+  TrainConfig c = small_config("recall", "exact:4/16", 16 * 8);
   Trainer straight(c), first(c);
   while (!straight.done()) straight.run_segment();
   for (int i = 0; i < 3; ++i) first.run_segment();
@@ -527,7 +515,7 @@ TEST(History, ExactEqualsAFullWindowSegmentAtTheMemoryOfK) {
 TEST(History, OverlappingWindowsUpdateEveryStrideInTheMemoryOfExact) {
   for (const auto& [env, ppo] : {std::pair{"recall", false}, std::pair{"tmaze", false}, std::pair{"tmaze", true}}) {
     SCOPED_TRACE(std::string(env) + (ppo ? " ppo" : ""));
-    TrainConfig co = small(env, "overlap:4/16/16", 16 * 6), ce = small(env, "exact:4/16", 16 * 6);
+    TrainConfig co = small_config(env, "overlap:4/16/16", 16 * 6), ce = small_config(env, "exact:4/16", 16 * 6);
     if (ppo)
       for (TrainConfig* c : {&co, &ce}) c->algo = Algo::Ppo, c->rollout = 32, c->epochs = 2, c->minibatches = 2;
     Trainer overlap(co), exact(ce);
@@ -539,8 +527,8 @@ TEST(History, OverlappingWindowsUpdateEveryStrideInTheMemoryOfExact) {
     EXPECT_TRUE(overlap.done());
     EXPECT_EQ(params_of(overlap), params_of(exact));
   }
-  TrainConfig c = small("recall", "overlap:4/16/8", 8 * 12);
-  Trainer tr(c), ex(small("recall", "exact:4/16", 16 * 6));
+  TrainConfig c = small_config("recall", "overlap:4/16/8", 8 * 12);
+  Trainer tr(c), ex(small_config("recall", "exact:4/16", 16 * 6));
   size_t exact_peak = 0;
   while (!ex.done()) exact_peak = std::max(exact_peak, ex.run_segment().segment_peak);
   const UpdateResult first = tr.run_segment();
@@ -645,7 +633,7 @@ TEST(Resets, EachStreamGetsTheGradientItGetsAlone) {
 TEST(Resets, TheTrainerStartsEachEpisodeFromZero) {
   for (const char* h : {"tbptt:1", "exact:1/1"}) {
     SCOPED_TRACE(h);
-    Trainer tr(small("tmaze", h, 12));
+    Trainer tr(small_config("tmaze", h, 12));
     for (int64_t t = 0; t < 12; ++t) {
       tr.run_segment();
       const std::vector<float> st = tr.state().to_host<float>();
@@ -656,7 +644,7 @@ TEST(Resets, TheTrainerStartsEachEpisodeFromZero) {
 }
 
 TEST(Learning, RecallBeatsChanceClearly) {
-  TrainConfig c = small("recall", "tbptt:16", 3200);
+  TrainConfig c = small_config("recall", "tbptt:16", 3200);
   c.batch = 16;
   c.hidden = 32;
   c.lr = 1e-2;
@@ -695,7 +683,7 @@ Trained train_to_end(const TrainConfig& c, int64_t eval_steps) {
 // three read 99.86 / 99.73 / 99.78 % (2026-12-04).
 TEST(Learning, ExactLearnsALagTruncationCannotAtTheSameSegmentPeak) {
   auto config = [](const char* history) {
-    TrainConfig c = small("recall", history, 48000);
+    TrainConfig c = small_config("recall", history, 48000);
     c.batch = 16;
     c.hidden = 32;
     c.embed = 32;
@@ -713,7 +701,7 @@ TEST(Learning, ExactLearnsALagTruncationCannotAtTheSameSegmentPeak) {
 // The new settings travel in the checkpoint's metadata; a checkpoint written
 // before they existed reads as PyTorch's init and dense recall.
 TEST(Config, UpdateBiasAndSparseRoundTripAndDefaultWhenAbsent) {
-  TrainConfig c = small("recall", "exact:4/16", 64);
+  TrainConfig c = small_config("recall", "exact:4/16", 64);
   c.update_bias = 2.75;
   c.env_options.sparse = true;
   const auto m = c.to_metadata();
@@ -728,18 +716,18 @@ TEST(Config, UpdateBiasAndSparseRoundTripAndDefaultWhenAbsent) {
   EXPECT_FALSE(old.env_options.sparse);
 
   for (double bad : {std::nan(""), 21.0, -1e300}) {
-    TrainConfig b = small("recall", "tbptt:4", 8);
+    TrainConfig b = small_config("recall", "tbptt:4", 8);
     b.update_bias = bad;
     EXPECT_THROW(b.validate(), Error) << bad;
   }
-  TrainConfig t = small("tmaze", "tbptt:4", 8);
+  TrainConfig t = small_config("tmaze", "tbptt:4", 8);
   t.env_options.sparse = true;
   EXPECT_THROW(t.validate(), Error) << "--sparse is recall's";
   auto damaged = m;
   damaged["sparse"] = "yes";
   EXPECT_THROW(TrainConfig::from_metadata(damaged), CheckpointError);
 
-  TrainConfig w = small("recall", "window:3", 8);
+  TrainConfig w = small_config("recall", "window:3", 8);
   w.update_bias = 1;
   try {
     w.validate();
@@ -754,7 +742,7 @@ TEST(Config, UpdateBiasAndSparseRoundTripAndDefaultWhenAbsent) {
 // parameters by its momentum once a step has given it one. Sparse recall at
 // lag 32 asks its questions at steps 32, 64, ...; windows of 16 steps.
 TEST(Exact, AWindowWithoutATargetTakesNoStep) {
-  TrainConfig c = small("recall", "exact:4/16", 64);
+  TrainConfig c = small_config("recall", "exact:4/16", 64);
   c.env_options.lag = 32;
   c.env_options.sparse = true;
   Trainer tr(c);
@@ -771,7 +759,7 @@ TEST(Exact, AWindowWithoutATargetTakesNoStep) {
 // An evaluation that scores nothing says so (NaN), rather than a 0 that
 // reads as every answer wrong: recall asks its first question at step --lag.
 TEST(Evaluate, NothingScoredIsNaNNotZero) {
-  TrainConfig c = small("recall", "tbptt:4", 8);
+  TrainConfig c = small_config("recall", "tbptt:4", 8);
   c.env_options.lag = 8;
   Trainer tr(c);
   EXPECT_TRUE(std::isnan(tr.evaluate(8, 99)));
@@ -782,7 +770,7 @@ TEST(Evaluate, NothingScoredIsNaNNotZero) {
 // Checkpoint metadata is read in full and named by key: a value with
 // trailing characters, or out of its range, is not taken for a number.
 TEST(Config, MalformedMetadataNumbersAreRefusedByKey) {
-  const auto m = small("recall", "tbptt:4", 8).to_metadata();
+  const auto m = small_config("recall", "tbptt:4", 8).to_metadata();
   struct Bad {
     const char* key;
     const char* value;
@@ -805,10 +793,10 @@ TEST(Config, MalformedMetadataNumbersAreRefusedByKey) {
 // name, not by the shape of an embedding that differs by the blank token.
 TEST(Config, ACheckpointOfAnotherEnvSettingIsRefusedByName) {
   const fs::path f = fs::temp_directory_path() / ("segtape_envopts_" + std::to_string(::getpid()) + ".safetensors");
-  TrainConfig sparse = small("recall", "tbptt:4", 8);
+  TrainConfig sparse = small_config("recall", "tbptt:4", 8);
   sparse.env_options.sparse = true;
   Trainer(sparse).save(f);
-  Trainer dense(small("recall", "tbptt:4", 8));
+  Trainer dense(small_config("recall", "tbptt:4", 8));
   try {
     dense.load(f);
     ADD_FAILURE() << "a sparse run's checkpoint was loaded into a dense one";
@@ -828,7 +816,7 @@ TEST(Config, ACheckpointOfAnotherEnvSettingIsRefusedByName) {
 // sparse table has the default configuration (B = 32, H = 128, 24,000 steps).
 TEST(Learning, ExactLearnsSparseRecallAtLags32And64WhereTruncationCannot) {
   auto config = [](const char* history, int64_t lag) {
-    TrainConfig c = small("recall", history, 48000);
+    TrainConfig c = small_config("recall", history, 48000);
     c.batch = 16;
     c.hidden = 32;
     c.embed = 32;
@@ -856,7 +844,7 @@ TEST(Learning, ExactLearnsSparseRecallAtLags32And64WhereTruncationCannot) {
 // ---- recurrent PPO (--algo ppo)
 
 TrainConfig small_ppo(const std::string& env, int64_t steps) {
-  TrainConfig c = small(env, "tbptt:4", steps);
+  TrainConfig c = small_config(env, "tbptt:4", steps);
   c.algo = Algo::Ppo;
   c.rollout = 16;  // four segments per rollout
   c.epochs = 2;
@@ -1265,12 +1253,12 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
   EXPECT_EQ(slurp(dir / "checkpoint.safetensors"), before);
 
   // A checkpoint from another configuration is refused by name.
-  TrainConfig other = small("recall", "tbptt:8", 8);
+  TrainConfig other = small_config("recall", "tbptt:8", 8);
   other.hidden = 24;
   Trainer t(other);
   t.run_segment();
   t.save(dir / "other.safetensors");
-  TrainConfig mine = small("recall", "tbptt:8", 8);
+  TrainConfig mine = small_config("recall", "tbptt:8", 8);
   Trainer m(mine);
   try {
     m.load(dir / "other.safetensors");

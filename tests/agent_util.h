@@ -3,11 +3,59 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "segtape/agent/trainer.h"
 
 namespace segtape::test {
+
+// A run small enough for a test: 4 streams, a GRU of 16 over embeddings of
+// 8, recall's lag 2 and tmaze's corridor 3.
+inline agent::TrainConfig small_config(const std::string& env, const std::string& history, int64_t steps) {
+  agent::TrainConfig c;
+  c.env = env;
+  c.history = agent::History::parse(history);
+  c.steps = steps;
+  c.batch = 4;
+  c.hidden = 16;
+  c.embed = 8;
+  c.env_options.lag = 2;
+  c.env_options.corridor = 3;
+  return c;
+}
+
+// One update's loss and PPO's figures, copied (an UpdateResult's metrics
+// live in its trainer).
+struct PpoIteration {
+  double loss_sum, approx_kl, clip_fraction;
+};
+inline PpoIteration ppo_iteration(agent::Trainer& tr) {
+  const agent::UpdateResult r = tr.run_segment();
+  return {r.loss_sum, r.metric("approx_kl"), r.metric("clip_fraction")};
+}
+
+// PPO's minibatches replay their windows from the states stored at rollout
+// time. With one epoch of one minibatch (make(history) must set that up)
+// the first iteration's replay is its rollout again: every ratio is 1, and
+// its loss is that of a run that stores no state but the first (tbptt:16),
+// under tbptt:4 and exact:4/8, whose windows start from stored states.
+inline void expect_first_ppo_iteration_replays_its_rollout(const std::function<agent::TrainConfig(const char*)>& make) {
+  auto first = [&](const char* history) {
+    agent::Trainer tr(make(history));
+    return ppo_iteration(tr);
+  };
+  const PpoIteration whole = first("tbptt:16");
+  EXPECT_GT(whole.loss_sum, 0);
+  for (const char* history : {"tbptt:4", "exact:4/8"}) {
+    SCOPED_TRACE(history);
+    const PpoIteration r = first(history);
+    EXPECT_LT(r.approx_kl, 1e-9);
+    EXPECT_EQ(r.clip_fraction, 0.0);
+    EXPECT_NEAR(r.loss_sum, whole.loss_sum, 1e-5 * whole.loss_sum);
+  }
+}
 
 // Every parameter of the trainer's policy, in order, copied to the host (a
 // device run's too): two runs agree bit for bit when these are equal.

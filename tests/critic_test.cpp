@@ -23,16 +23,8 @@ namespace fs = std::filesystem;
 namespace {
 
 TrainConfig small(const std::string& env, const std::string& history, Algo algo, int64_t steps) {
-  TrainConfig c;
-  c.env = env;
+  TrainConfig c = test::small_config(env, history, steps);
   c.algo = algo;
-  c.history = History::parse(history);
-  c.steps = steps;
-  c.batch = 4;
-  c.hidden = 16;
-  c.embed = 8;
-  c.env_options.lag = 2;
-  c.env_options.corridor = 3;
   c.critic = "separate";
   if (algo == Algo::Ppo) c.rollout = 16, c.epochs = 2, c.minibatches = 2;
   return c;
@@ -98,26 +90,13 @@ TEST(Critic, EachLossReachesOnlyItsOwnCore) {
 // or in the loss (the critic's).
 TEST(Critic, PpoReplaysBothHalvesOfTheStoredStates) {
   for (const char* env : {"tmaze", "recall"}) {
-    struct First {
-      double loss_sum, approx_kl, clip_fraction;  // (copied: an UpdateResult's metrics live in its trainer)
-    };
-    auto first_iteration = [&](const char* history) {
+    SCOPED_TRACE(env);
+    test::expect_first_ppo_iteration_replays_its_rollout([&](const char* history) {
       TrainConfig c = small(env, history, Algo::Ppo, 16);
       c.epochs = 1, c.minibatches = 1, c.entropy = 0;
       c.env_options.corridor = 4;  // (tmaze's episodes of 5 steps: a window's stored state is not one just reset to zero)
-      Trainer tr(c);
-      const UpdateResult r = tr.run_segment();
-      return First{r.loss_sum, r.metric("approx_kl"), r.metric("clip_fraction")};
-    };
-    const First whole = first_iteration("tbptt:16");
-    for (const char* history : {"tbptt:4", "exact:4/8"}) {
-      SCOPED_TRACE(std::string(env) + " " + history);
-      const First r = first_iteration(history);
-      EXPECT_LT(r.approx_kl, 1e-9);
-      EXPECT_EQ(r.clip_fraction, 0.0);
-      EXPECT_GT(whole.loss_sum, 0);
-      EXPECT_NEAR(r.loss_sum, whole.loss_sum, 1e-5 * whole.loss_sum);
-    }
+      return c;
+    });
   }
 }
 

@@ -20,28 +20,14 @@ namespace fs = std::filesystem;
 namespace {
 
 TrainConfig small_ppo(const std::string& clip_schedule, int64_t iterations) {
-  TrainConfig c;
-  c.env = "tmaze";
+  TrainConfig c = test::small_config("tmaze", "tbptt:8", 16 * iterations);
   c.algo = Algo::Ppo;
-  c.history = History::parse("tbptt:8");
-  c.batch = 4, c.hidden = 16, c.embed = 8;
-  c.env_options.corridor = 3;
   c.rollout = 16, c.epochs = 4, c.minibatches = 1;
-  c.steps = 16 * iterations;
   c.lr = 0.05;  // (large: the later epochs' ratios move well away from 1)
   c.lr_schedule = "constant";
   c.clip_range = 0.1;
   c.clip_schedule = clip_schedule;
   return c;
-}
-
-struct Iteration {
-  double loss_sum, approx_kl, clip_fraction;  // (copied: an UpdateResult's metrics live in its trainer)
-};
-
-Iteration run(Trainer& tr) {
-  const UpdateResult r = tr.run_segment();
-  return {r.loss_sum, r.metric("approx_kl"), r.metric("clip_fraction")};
 }
 
 }  // namespace
@@ -54,12 +40,12 @@ Iteration run(Trainer& tr) {
 // range (0.05 for 0.1): they clip more terms, and the run ends elsewhere.
 TEST(PpoSettings, TheLinearClipScheduleHalvesTheRangeHalfwayThrough) {
   Trainer constant(small_ppo("constant", 2)), linear(small_ppo("linear", 2));
-  const Iteration c1 = run(constant), l1 = run(linear);
+  const test::PpoIteration c1 = test::ppo_iteration(constant), l1 = test::ppo_iteration(linear);
   EXPECT_EQ(c1.loss_sum, l1.loss_sum);
   EXPECT_EQ(c1.clip_fraction, l1.clip_fraction);
   EXPECT_GT(c1.clip_fraction, 0) << "the ratios must reach the clip range for the test to tell the two apart";
   EXPECT_EQ(params_of(constant), params_of(linear));
-  const Iteration c2 = run(constant), l2 = run(linear);
+  const test::PpoIteration c2 = test::ppo_iteration(constant), l2 = test::ppo_iteration(linear);
   EXPECT_GT(l2.clip_fraction, c2.clip_fraction);
   EXPECT_NE(params_of(constant), params_of(linear));
   // The constant schedule's second iteration at half the clip range (resumed
@@ -68,13 +54,13 @@ TEST(PpoSettings, TheLinearClipScheduleHalvesTheRangeHalfwayThrough) {
   const fs::path dir = fs::temp_directory_path() / ("segtape_clip_half_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   Trainer wide(small_ppo("constant", 2));
-  run(wide);
+  test::ppo_iteration(wide);
   wide.save(dir / "ck.safetensors");
   TrainConfig half = small_ppo("constant", 2);
   half.clip_range = 0.05;
   Trainer narrow(half);
   narrow.load(dir / "ck.safetensors");
-  const Iteration n2 = run(narrow);
+  const test::PpoIteration n2 = test::ppo_iteration(narrow);
   EXPECT_EQ(n2.clip_fraction, l2.clip_fraction);
   EXPECT_EQ(n2.loss_sum, l2.loss_sum);
   EXPECT_EQ(params_of(narrow), params_of(linear));
@@ -182,19 +168,7 @@ TEST(PpoSettings, AnLstmCoreReplaysAndResumesExactly) {
     c.epochs = 1, c.minibatches = 1, c.entropy = 0, c.lr = 3e-3;
     return c;
   };
-  auto first_iteration = [&](const char* history) {
-    Trainer tr(lstm(history, Algo::Ppo));
-    return run(tr);
-  };
-  const Iteration whole = first_iteration("tbptt:16");
-  EXPECT_GT(whole.loss_sum, 0);
-  for (const char* history : {"tbptt:4", "exact:4/8"}) {
-    SCOPED_TRACE(history);
-    const Iteration r = first_iteration(history);
-    EXPECT_LT(r.approx_kl, 1e-9);
-    EXPECT_EQ(r.clip_fraction, 0.0);
-    EXPECT_NEAR(r.loss_sum, whole.loss_sum, 1e-5 * whole.loss_sum);
-  }
+  test::expect_first_ppo_iteration_replays_its_rollout([&](const char* history) { return lstm(history, Algo::Ppo); });
   Trainer probe(lstm("tbptt:4", Algo::Ppo));
   std::map<std::string, Shape> shapes;
   for (const auto& [name, t] : probe.policy().named_parameters()) shapes[name] = t.shape;
