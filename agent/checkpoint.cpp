@@ -2,6 +2,7 @@
 // safetensors file (metadata format "segtape-train-1"), written by rank 0
 // for every rank of a data-parallel run.
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <map>
 
@@ -130,6 +131,7 @@ void Trainer::save(const std::filesystem::path& file, const std::map<std::string
   auto meta = t.config.to_metadata();
   meta["format"] = "segtape-train-1";
   algo_->save_metadata(meta);
+  if (t.skipped > 0) meta["skipped_updates"] = std::to_string(t.skipped);  // (--nonfinite skip; none: as before it)
   for (const auto& [k, v] : extra) meta[k] = v;
   std::vector<std::vector<int64_t>> ints(streams.size());
   std::vector<std::vector<float>> floats(streams.size());
@@ -279,6 +281,7 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
   algo_->entries(c.entries);
   for (nn::Entry& e : extra) c.entries.push_back(std::move(e));
   std::fill(c.episode_return.begin(), c.episode_return.end(), 0.0f);  // what a checkpoint without them means
+  int64_t skipped = 0;  // (--nonfinite skip's count; a checkpoint without it skipped none)
   // Is it a checkpoint of this configuration?
   const auto about_file = [&](const nn::Metadata& metadata, std::vector<std::string>& problems) {
     TrainConfig saved;
@@ -302,8 +305,8 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
          "--batch/--hidden/--embed/--head-hidden");
     same(saved.env_shards == config_.env_shards, "--env-shards");
     same(saved.cell == config_.cell && saved.layers == config_.layers && saved.dropout == config_.dropout && saved.tied == config_.tied &&
-             saved.optim == config_.optim,
-         "--cell/--layers/--dropout/--tied/--optim");
+             saved.optim == config_.optim && saved.adam_eps == config_.adam_eps,
+         "--cell/--layers/--dropout/--tied/--optim/--adam-eps");
     const EnvOptions &so = saved.env_options, &o = config_.env_options;
     same(so.lag == o.lag && so.vocab == o.vocab && so.sparse == o.sparse && so.corridor == o.corridor && so.turns == o.turns &&
              so.cities == o.cities,
@@ -317,6 +320,11 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
       if (auto m = metadata.find(key); m == metadata.end() || m->second != value)
         problems.push_back("checkpoint's " + key + " differs from the one this run made from its data (--data, --valid, --test, " +
                            "--tokens, --split, --target, --features): the data changed since it was written?");
+    if (auto s = metadata.find("skipped_updates"); s != metadata.end()) {
+      const auto [end, ec] = std::from_chars(s->second.data(), s->second.data() + s->second.size(), skipped);
+      if (s->second.empty() || ec != std::errc() || end != s->second.data() + s->second.size() || skipped < 0)
+        problems.push_back("checkpoint metadata 'skipped_updates' is '" + s->second + "', not a count");
+    }
     auto it = metadata.find("dist.ranks");
     const std::string written = it == metadata.end() ? "1" : it->second;
     if (check_ranks && written != std::to_string(ranks()))
@@ -351,6 +359,7 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
   t.episode_return = c.episode_return;
   t.h = t.h_home;
   t.step = c.counters[0];
+  t.skipped = skipped, t.skipped_in_a_row = 0;
   t.optim->set_step_count(c.counters[1]);
   history_->set_position(c.counters[2]);
   history_->loaded();

@@ -148,6 +148,7 @@ std::map<std::string, std::string> TrainConfig::to_metadata() const {
   if (critic != "shared") m["critic"] = critic;  // (a run with the shared core writes what runs before --critic wrote)
   if (clip_schedule != "constant") m["clip_schedule"] = clip_schedule;  // (likewise)
   if (head_hidden > 0) m["head_hidden"] = std::to_string(head_hidden);  // (likewise)
+  if (adam_eps != 1e-8) m["adam_eps"] = d(adam_eps);                      // (likewise)
   lm_metadata(*this, m);
   if (cell != "gru") m["cell"] = cell;  // (an RL run's LSTM; a GRU run's checkpoint is written as before --cell)
   series_metadata(*this, m);
@@ -218,6 +219,9 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
   c.critic = get("critic", "shared");
   c.clip_schedule = get("clip_schedule", "constant");
   c.head_hidden = i64("head_hidden", "0");
+  c.adam_eps = f64("adam_eps", "1e-8");
+  if (!(c.adam_eps > 0 && c.adam_eps <= 1))
+    throw CheckpointError("checkpoint metadata 'adam_eps' is '" + get("adam_eps") + "', not a number in (0, 1]");
   if (c.head_hidden < 0 || c.head_hidden > 16384)
     throw CheckpointError("checkpoint metadata 'head_hidden' is '" + get("head_hidden") + "', not a number in [0, 16384]");
   if (c.clip_schedule != "constant" && c.clip_schedule != "linear")
@@ -304,6 +308,10 @@ void TrainConfig::validate() const {
   need(layers >= 1 && layers <= 16, "--layers must be in [1, 16]");
   need(std::isfinite(dropout) && dropout >= 0 && dropout < 1, "--dropout must be in [0, 1)");
   need(optim == "adam" || optim == "adamw" || optim == "sgd", "--optim '" + optim + "': choose adam, adamw or sgd");
+  need(adam_eps > 0 && adam_eps <= 1, "--adam-eps must be in (0, 1]");
+  need(nonfinite == "stop" || nonfinite == "skip", "--nonfinite '" + nonfinite + "': choose stop or skip");
+  need(max_skips >= 1 && max_skips <= kMaxSteps, "--max-skips must be in [1, " + std::to_string(kMaxSteps) + "]");
+  need(adam_eps == 1e-8 || optim != "sgd", "--adam-eps is Adam's and AdamW's; this run's --optim is sgd");
   need(!tied || hidden == embed, "--tied shares the embeddings with the output layer: --hidden " + std::to_string(hidden) +
                                      " must equal --embed " + std::to_string(embed) + " (as word_language_model requires)");
   const bool rl = algo == Algo::A2c || algo == Algo::Ppo;

@@ -45,6 +45,11 @@ struct Context {
   bool graph = false;
   bool committed = false;
   Tensor clip_sq;
+  // Updates whose gradient was not finite (TrainConfig::nonfinite): skipped
+  // in the run (checkpointed) and in a row; the first step of the segment
+  // that runs now (the updates' errors name its steps).
+  int64_t skipped = 0, skipped_in_a_row = 0;
+  int64_t segment_step0 = 0;
 
   int rank() const { return comm ? comm->rank() : 0; }
   int ranks() const { return comm ? comm->size() : 1; }
@@ -53,6 +58,10 @@ struct Context {
   // (under data parallelism it still joins the all-reduce; no rank with a
   // loss: no step).
   void update(bool has_loss);
+  // An update whose gradient's norm is not finite: under --nonfinite stop
+  // (or after --max-skips skipped in a row) throws NonFiniteError naming it;
+  // else its gradients are zeroed and it is counted skipped.
+  void refuse_non_finite(const std::string& what);
 
   // This rank's training env, made as the Trainer makes it: its shards'
   // seeds, and (lm) its streams of the text. An algorithm that steps a copy

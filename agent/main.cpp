@@ -77,6 +77,11 @@ void add_run_options(CLI::App* tr, TrainArgs& ta) {
                  "from the start (3: 95 %), which long lags need; 0 = PyTorch's init; |b| <= 20")->capture_default_str();
   tr->add_option("--lr", ta.c.lr, "Adam learning rate")->capture_default_str();
   tr->add_option("--clip", ta.c.clip, "Gradient norm clip (0 = off)")->capture_default_str();
+  tr->add_option("--nonfinite", ta.c.nonfinite,
+                 "An update whose gradient is not finite (inf or NaN): stop (an error naming it; the last checkpoint kept) or "
+                 "skip (the update left out and counted, as PyTorch's GradScaler; stops after --max-skips in a row)")
+      ->capture_default_str();
+  tr->add_option("--max-skips", ta.c.max_skips, "--nonfinite skip: stop after this many updates skipped in a row")->capture_default_str();
   tr->add_option("--seed", ta.c.seed, "Seed for the model, the env and sampling")->capture_default_str()->check(kSeed);
   tr->add_option("--device", ta.c.device, "cpu, or cuda (a build with the CUDA backend and a GPU; docs/cuda.md)")
       ->capture_default_str();
@@ -125,6 +130,8 @@ void add_env_and_algo_options(CLI::App* tr, TrainArgs& ta) {
       ->capture_default_str();
   tr->add_flag("--tied", ta.c.tied, "lm: the output layer's weights are the embeddings' (--hidden = --embed)")->multi_option_policy(kOnce);
   tr->add_option("--optim", ta.c.optim, "lm: adam, adamw or sgd (sgd: the learning rate / 4 after an epoch whose validation loss did not improve)")
+      ->capture_default_str();
+  tr->add_option("--adam-eps", ta.c.adam_eps, "Adam's and AdamW's eps (PyTorch's 1e-8; SB3's and CleanRL's PPO use 1e-5)")
       ->capture_default_str();
   tr->add_option("--target", ta.c.env_options.target, "series: the column whose next value is predicted");
   tr->add_option("--features", ta.c.env_options.features, "series: the columns observed, a,b,c (default: the target alone)");

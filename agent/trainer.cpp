@@ -25,9 +25,10 @@ uint64_t splitmix64(uint64_t x) {
 // Whether the trainer runs its segments as CUDA graphs (TrainConfig::graph_replay):
 // a segment's steps must be known before it runs (a supervised env that is
 // open loop), repeat from segment to segment (a history whose K-step
-// segments do), and read nothing on the host (one process).
+// segments do), and read nothing on the host (one process; not under
+// --nonfinite skip, which reads each update's gradient norm before its step).
 bool graph_applies(const TrainConfig& c, const EnvSpec& spec, bool distributed) {
-  return c.graph_replay && c.device == "cuda" && c.learner(spec) == Algo::Supervised && spec.open_loop && !distributed &&
+  return c.graph_replay && c.nonfinite != "skip" && c.device == "cuda" && c.learner(spec) == Algo::Supervised && spec.open_loop && !distributed &&
          history_def(c.history.kind).graphs;
 }
 
@@ -45,8 +46,8 @@ Parts build(Context& c) {
   const EnvSpec& spec = c.env->spec();
   c.policy = std::make_unique<Policy>(*c.tape, c.init_rng, spec, policy_shape(cf, spec));
   if (cf.optim == "sgd") c.optim = std::make_unique<nn::SGD>(*c.policy, nn::SGDOptions{.lr = cf.lr});
-  else if (cf.optim == "adamw") c.optim = std::make_unique<nn::AdamW>(*c.policy, nn::AdamWOptions{.lr = cf.lr, .capturable = c.graph});
-  else c.optim = std::make_unique<nn::Adam>(*c.policy, nn::AdamOptions{.lr = cf.lr, .capturable = c.graph});
+  else if (cf.optim == "adamw") c.optim = std::make_unique<nn::AdamW>(*c.policy, nn::AdamWOptions{.lr = cf.lr, .eps = cf.adam_eps, .capturable = c.graph});
+  else c.optim = std::make_unique<nn::Adam>(*c.policy, nn::AdamOptions{.lr = cf.lr, .eps = cf.adam_eps, .capturable = c.graph});
   if (cf.dropout > 0) c.dropout = std::make_unique<nn::Dropout>(*c.tape, cf.dropout, Context::act_seed(cf.seed, c.rank()) ^ 0xd20u);
   c.h = c.h_home = c.tape->persistent({cf.state_rows() * cf.batch, cf.hidden});
   c.eval_h = c.tape->persistent({cf.state_rows() * cf.batch, cf.hidden});
@@ -123,14 +124,45 @@ void Context::update(bool has_loss) {
       return;
     }
   }
-  if (config.clip > 0) {
-    if (graph) nn::clip_grad_norm(*policy, config.clip, clip_sq);  // (the norm stays on the device)
-    else nn::clip_grad_norm(*policy, config.clip);
+  if (graph) {  // (the norm stays on the device: the segment's loss is checked after it, Trainer::run_segment)
+    if (config.clip > 0) nn::clip_grad_norm(*policy, config.clip, clip_sq);
+  } else {
+    // The clip's norm, computed once (with the clip off too), and checked
+    // before anything is scaled or stepped: the gradients are averaged over
+    // the ranks by now, so every rank decides alike.
+    const double norm = nn::grad_norm(*policy);
+    if (!std::isfinite(norm)) [[unlikely]] {
+      refuse_non_finite(std::string("the gradient's norm is ") + (std::isnan(norm) ? "NaN" : "inf"));
+      return;
+    }
+    skipped_in_a_row = 0;
+    if (config.clip > 0) nn::clip_grads_with_norm(*policy, config.clip, norm);
   }
   optim->step();
   optim->zero_grad();
   if (avg && ++updates % Trainer::kReplicaCheckEvery == 0)
     dist::check_replicas(*comm, *policy, "after update " + std::to_string(updates) + " (step " + std::to_string(step) + ")");
+}
+
+void Context::refuse_non_finite(const std::string& what) {
+  const bool skip = config.nonfinite == "skip" && skipped_in_a_row + 1 < config.max_skips;
+  std::string first = nn::first_non_finite_grad(*policy);
+  first = first.empty() ? "every gradient value is finite, but the sum of their squares overflows"
+                        : "the first parameter whose gradient is not finite is " + first;
+  optim->zero_grad();
+  if (skip) {
+    ++skipped, ++skipped_in_a_row;
+    return;
+  }
+  const std::string update = std::to_string(optim->step_count() + skipped + 1);
+  throw NonFiniteError("update " + update + ", in the segment of steps " + std::to_string(segment_step0) + " to " +
+                       std::to_string(step) + ": " + what + " (" + first + "). Rewards too large for float32 (returns that "
+                       "overflow), a learning rate too high or a loss that diverged make this. " +
+                       (config.nonfinite == "skip" ? std::to_string(config.max_skips) + " updates in a row had a gradient that is "
+                                                     "not finite (--max-skips " + std::to_string(config.max_skips) + "). "
+                                                   : std::string("")) +
+                       "The parameters were not updated; a run's checkpoint is kept as it was written. --nonfinite skip skips "
+                       "such updates (as PyTorch's GradScaler does) and stops after --max-skips in a row");
 }
 
 uint64_t Trainer::shard_seed(uint64_t seed, int64_t shard) {
@@ -208,6 +240,7 @@ void Trainer::request_stop() {
 bool Trainer::stop_agreed() const { return c_->avg ? c_->stop_agreed : c_->stop_requested; }
 bool Trainer::done() const { return c_->step >= c_->config.steps; }
 int64_t Trainer::step() const { return c_->step; }
+int64_t Trainer::skipped_updates() const { return c_->skipped; }
 size_t Trainer::budget() const { return applied_budget(c_->config); }
 double Trainer::lr() const { return c_->lr(); }
 const Tensor& Trainer::state() const { return c_->h; }
@@ -239,6 +272,7 @@ UpdateResult Trainer::run_segment() {
   const Busy busy(busy_);
   Context& c = *c_;
   const int64_t remaining = c.config.steps - c.step;
+  c.segment_step0 = c.step;
   if (grows()) return algo_->update(remaining);  // (its one segment holds the state)
   // The state entering the update in its persistent home (a carried value
   // would expire with the segment an error abandons), to go back to on an error.
@@ -246,8 +280,10 @@ UpdateResult Trainer::run_segment() {
   c.h = c.h_home;
   const int64_t step0 = c.step;
   c.committed = false;
+  const int64_t skipped0 = c.skipped;
+  UpdateResult r;
   try {
-    return algo_->update(remaining);
+    r = algo_->update(remaining);
   } catch (...) {
     if (c.committed) {  // (a graph segment, after its update: the segment stands)
       copy_into(c.h_home, c.h);
@@ -259,6 +295,16 @@ UpdateResult Trainer::run_segment() {
     c.optim->zero_grad();  // (a throw after backward, in the update, left them accumulated)
     throw;
   }
+  // The loss, read on the host for the report: one that is not finite with
+  // a finite gradient (its update taken, the segment stands), or a CUDA-graph
+  // segment's (whose norm stayed on the device), ends the run under either
+  // --nonfinite; a segment with a skipped update reports its loss as it was.
+  if (!std::isfinite(r.loss_sum) && c.skipped == skipped0) [[unlikely]]
+    throw NonFiniteError("the segment of steps " + std::to_string(step0) + " to " + std::to_string(c.step) + ": its loss is " +
+                         (std::isnan(r.loss_sum) ? "NaN" : r.loss_sum > 0 ? "inf" : "-inf") + " though its gradient was finite (its update was taken). Rewards too " +
+                         "large for float32, a learning rate too high or a loss that diverged make this; a run's checkpoint " +
+                         "is kept as it was written");
+  return r;
 }
 
 double Trainer::evaluate(int64_t steps, uint64_t seed) {

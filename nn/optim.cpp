@@ -182,11 +182,27 @@ void clip_grad_norm(const Module& m, double max_norm, const Tensor& total_sq) {
 
 double clip_grad_norm(const Module& m, double max_norm) {
   check_max_norm(max_norm);
+  const double total = grad_norm(m);
+  clip_grads_with_norm(m, max_norm, total);
+  return total;
+}
+
+double grad_norm(const Module& m) {
   double sq = 0;
   for_each_param(m, [&](const Tensor& p) { sq += grad_squared_norm(p); });
-  const double total = std::sqrt(sq), coef = max_norm / (total + 1e-6);
+  return std::sqrt(sq);
+}
+
+void clip_grads_with_norm(const Module& m, double max_norm, double total) {
+  check_max_norm(max_norm);
+  const double coef = max_norm / (total + 1e-6);
   if (must_scale(coef)) for_each_param(m, [&](const Tensor& p) { segtape::scale_grad(p, coef); });
-  return total;
+}
+
+std::string first_non_finite_grad(const Module& m) {
+  for (const auto& [name, p] : m.named_parameters())
+    if (p.grad && !std::isfinite(grad_squared_norm(p))) return name + " " + p.shape.str();
+  return "";
 }
 
 }  // namespace segtape::nn

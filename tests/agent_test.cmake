@@ -46,3 +46,6 @@ segtape_test(truncation_test SOURCES truncation_test.cpp LABELS agent LIBS segta
 # --critic separate: the value head's GRU of its own.
 segtape_test(critic_test SOURCES critic_test.cpp LABELS agent LIBS segtape_agent)
 segtape_test(ppo_settings_test SOURCES ppo_settings_test.cpp LABELS agent LIBS segtape_agent)
+
+# Updates whose gradient is not finite (--nonfinite stop|skip, --max-skips).
+segtape_test(nonfinite_test SOURCES nonfinite_test.cpp LABELS agent LIBS segtape_agent)

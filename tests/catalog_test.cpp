@@ -562,6 +562,14 @@ TEST(Catalog, TrainerConfigsAndCheckpoints) {
       {"--lr nan", Kind::Error, "--lr", invalid([](agent::TrainConfig& c) { c.lr = std::nan(""); })},
       {"--clip -1", Kind::Error, "--clip", invalid([](agent::TrainConfig& c) { c.clip = -1; })},
       {"--device tpu", Kind::Error, "--device", invalid([](agent::TrainConfig& c) { c.device = "tpu"; })},
+      {"--nonfinite ignore", Kind::Error, "--nonfinite 'ignore': choose stop or skip",
+       invalid([](agent::TrainConfig& c) { c.nonfinite = "ignore"; })},
+      {"--max-skips 0", Kind::Error, "--max-skips must be in [1, ", invalid([](agent::TrainConfig& c) { c.max_skips = 0; })},
+      {"--adam-eps 0", Kind::Error, "--adam-eps must be in (0, 1]", invalid([](agent::TrainConfig& c) { c.adam_eps = 0; })},
+      {"--adam-eps with --optim sgd", Kind::Error, "--adam-eps is Adam's and AdamW's", invalid([](agent::TrainConfig& c) {
+         c.optim = "sgd";
+         c.adam_eps = 1e-5;
+       })},
       {"--history full on cuda", Kind::Error, "CPU-only", invalid([](agent::TrainConfig& c) {
          c.device = "cuda";
          c.history = agent::History::parse("full");

@@ -190,3 +190,51 @@ TEST(PpoSettings, AnLstmCoreReplaysAndResumesExactly) {
   EXPECT_NE(test::message_of<Error>([&] { Trainer t(window); }).find("--cell lstm recurs"), std::string::npos);
   fs::remove_all(dir);
 }
+
+// --adam-eps reaches Adam: Adam's first step moves each parameter by
+// lr g / (|g| + eps) (m and v bias-corrected are g and g^2), so from the
+// step taken with eps 0.5 the gradient's size is read back (|g| = 0.5 d /
+// (lr - d)) and the step with eps 1 predicted from it. The same gradient (same
+// initial parameters, same segment) feeds all three runs; the default
+// (1e-8) moves each parameter by about lr. The eps is kept in checkpoints
+// only where it is not 1e-8, a resumed run continues bit for bit, and
+// another eps, or one with --optim sgd, is refused naming the flag.
+TEST(PpoSettings, AdamEpsIsAdamsAndCheckpointed) {
+  auto a2c = [](double eps) {
+    TrainConfig c = test::small_config("tmaze", "tbptt:8", 64);
+    c.lr = 0.01;
+    c.adam_eps = eps;
+    return c;
+  };
+  Trainer t0(a2c(1e-8)), t1(a2c(0.5)), t3(a2c(1.0));
+  const std::vector<float> p0 = params_of(t0);
+  ASSERT_EQ(p0, params_of(t1));
+  t0.run_segment(), t1.run_segment(), t3.run_segment();
+  const std::vector<float> a0 = params_of(t0), a1 = params_of(t1), a3 = params_of(t3);
+  int checked = 0;
+  for (size_t i = 0; i < p0.size(); ++i) {
+    const double d1 = double(a1[i]) - p0[i], d3 = double(a3[i]) - p0[i];
+    if (std::abs(d1) < 1e-4) continue;  // (a gradient too small to read back through float32's rounding)
+    const double g = 0.5 * std::abs(d1) / (0.01 - std::abs(d1));
+    EXPECT_NEAR(d3, 0.01 * std::copysign(g, d1) / (g + 1.0), 2e-6) << i;
+    EXPECT_NEAR(std::abs(double(a0[i]) - p0[i]), 0.01, 2e-5) << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, 20);
+  const fs::path dir = fs::temp_directory_path() / ("segtape_adam_eps_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  TrainConfig c = small_ppo("constant", 4);
+  c.adam_eps = 1e-5;
+  EXPECT_EQ(test::expect_resumes_bit_identically(c, dir / "ck.safetensors", 32).adam_eps, 1e-5);
+  Trainer plain(small_ppo("constant", 4));
+  EXPECT_NE(test::message_of<CheckpointError>([&] { plain.load(dir / "ck.safetensors"); }).find("--adam-eps"), std::string::npos);
+  std::map<std::string, std::string> m = small_ppo("constant", 4).to_metadata();
+  EXPECT_EQ(m.count("adam_eps"), 0u) << "the default's checkpoint is written as before the flag";
+  EXPECT_EQ(TrainConfig::from_metadata(m).adam_eps, 1e-8);
+  m["adam_eps"] = "0";
+  EXPECT_THROW(TrainConfig::from_metadata(m), CheckpointError);
+  TrainConfig sgd = a2c(1e-5);
+  sgd.optim = "sgd";
+  EXPECT_NE(test::message_of<Error>([&] { Trainer t(sgd); }).find("--adam-eps is Adam's and AdamW's"), std::string::npos);
+  fs::remove_all(dir);
+}

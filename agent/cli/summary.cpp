@@ -143,6 +143,7 @@ json metrics_json(const RunEnd& e) {
   j["config"] = config_json(e.c, e.tr.budget());
   if (!e.plugin.empty()) j["config"]["env_plugin"] = e.plugin;
   j["steps"] = e.tr.step();
+  j["skipped_updates"] = e.tr.skipped_updates();  // (--nonfinite skip)
   add_finals(j, e);
   add_memory(j, e);
   add_process(j, e);
@@ -210,6 +211,8 @@ void print_training(const RunEnd& e, const json& j) {
   std::printf("  eval %-15s %s (%ld fresh steps x %ld streams, greedy)\n", measure.c_str(), score_text(*e.eval).c_str(), e.eval_steps,
               c.batch);
   for (const auto& [name, value] : e.log.algo_figures()) std::printf("  %-20s %.4f\n", name.c_str(), value);  // (the algorithm's own)
+  if (e.tr.skipped_updates() > 0)
+    std::printf("  skipped updates      %ld (their gradient was not finite; --nonfinite skip)\n", e.tr.skipped_updates());
 }
 
 void print_resources(const RunEnd& e, const json& j) {

@@ -28,6 +28,7 @@ from ._segtape import (  # noqa: F401  (re-exported)
     ExpiredTensorError,
     Explanation,
     IndexError,
+    NonFiniteError,
     OutOfMemoryError,
     SEGMENT_ARENA_POOL,
     Segment,

@@ -258,7 +258,7 @@ struct PyNoGrad {
 // made here with tuple bases so that e.g. ShapeError is also a ValueError.
 struct ErrorClasses {
   PyObject *base = nullptr, *shape = nullptr, *expired = nullptr, *budget = nullptr, *tape = nullptr,
-           *index = nullptr, *checkpoint = nullptr, *anomaly = nullptr,
+           *index = nullptr, *checkpoint = nullptr, *anomaly = nullptr, *non_finite = nullptr,
            *out_of_memory = nullptr, *device = nullptr;
 };
 ErrorClasses& errors() {
@@ -287,6 +287,9 @@ void register_errors(nb::module_& m) {
   e.checkpoint = make_error(m, "CheckpointError", two(PyExc_OSError),
                             "A checkpoint file is missing, corrupt, hostile, or does not match the model.");
   e.anomaly = make_error(m, "AnomalyError", two(PyExc_FloatingPointError), "A NaN or Inf produced under anomaly mode.");
+  e.non_finite = make_error(m, "NonFiniteError", two(PyExc_FloatingPointError),
+                            "A training update whose gradient or loss is not finite (TrainConfig.nonfinite, segtape.gym.train's "
+                            "nonfinite): the message names the update, its steps and the first parameter whose gradient is not finite.");
   e.out_of_memory = make_error(m, "OutOfMemoryError", two(PyExc_MemoryError),
                                "The machine's (or the GPU's) memory cannot hold one of a tape's pools; the message names it "
                                "and the bytes, and .pool is its name (e.g. segtape.SEGMENT_ARENA_POOL).");
@@ -326,6 +329,8 @@ void register_errors(nb::module_& m) {
       set_error(c.checkpoint, x.what());
     } catch (const AnomalyError& x) {
       set_error(c.anomaly, x.what());
+    } catch (const NonFiniteError& x) {
+      set_error(c.non_finite, x.what());
     } catch (const OutOfMemoryError& x) {
       // with the pool as .pool, C++'s field (callers tell pools apart by it)
       PyObject* text = decode(x.what());
@@ -1287,6 +1292,8 @@ NB_MODULE(_segtape, m) {
                    [](agent::TrainConfig& c, bool v) { c.env_options.sparse = v; })
       .def_rw("lr", &agent::TrainConfig::lr)
       .def_rw("clip", &agent::TrainConfig::clip)
+      .def_rw("nonfinite", &agent::TrainConfig::nonfinite)
+      .def_rw("max_skips", &agent::TrainConfig::max_skips)
       .def_rw("seed", &agent::TrainConfig::seed)
       .def_rw("device", &agent::TrainConfig::device)
       .def_rw("budget", &agent::TrainConfig::budget)
@@ -1315,6 +1322,7 @@ NB_MODULE(_segtape, m) {
       .def_rw("cell", &agent::TrainConfig::cell)
       .def_rw("critic", &agent::TrainConfig::critic)
       .def_rw("head_hidden", &agent::TrainConfig::head_hidden)
+      .def_rw("adam_eps", &agent::TrainConfig::adam_eps)
       .def_rw("layers", &agent::TrainConfig::layers)
       .def_rw("dropout", &agent::TrainConfig::dropout)
       .def_rw("tied", &agent::TrainConfig::tied)
@@ -1372,6 +1380,8 @@ NB_MODULE(_segtape, m) {
       })
       .def("done", &agent::Trainer::done)
       .def_prop_ro("step", &agent::Trainer::step)
+      .def_prop_ro("skipped_updates", &agent::Trainer::skipped_updates,
+                   "Updates skipped because their gradient was not finite (nonfinite \"skip\"), in the whole run.")
       .def("score", [](agent::Trainer& t) { return t.env().score(); })
       .def("reset_score", [](agent::Trainer& t) {
         t.refuse_while_running("reset_score");

@@ -25,6 +25,10 @@ struct IndexError : Error { using Error::Error; };
 struct CheckpointError : Error { using Error::Error; };
 // A NaN or Inf produced under anomaly mode.
 struct AnomalyError : Error { using Error::Error; };
+// A training update whose gradient or loss is not finite (the agent's
+// TrainConfig::nonfinite): the message names the update, its steps and the
+// first parameter whose gradient is not finite.
+struct NonFiniteError : Error { using Error::Error; };
 // The machine (host or device) has no memory for one of a tape's pools or
 // workspaces: the message names it and the bytes. `pool` is its name (a
 // string literal, kSegmentArenaPool for the segment arena): callers tell the

@@ -109,6 +109,9 @@ struct TrainConfig {
   bool tied = false;
   std::string optim = "adam";
   double lr = 3e-3;
+  // Adam's and AdamW's eps (PyTorch's 1e-8; SB3's and CleanRL's PPO use
+  // 1e-5). Kept in checkpoints only where it differs from 1e-8.
+  double adam_eps = 1e-8;
   double clip = 1.0;       // gradient norm clip (0 = off)
   uint64_t seed = 1;
   std::string device = "cpu";
@@ -149,6 +152,17 @@ struct TrainConfig {
   // runs every segment eagerly. How the run executes, not what it computes:
   // not in the checkpoint.
   bool graph_replay = true;
+  // An update whose gradient is not finite (its norm, computed for the clip,
+  // is inf or NaN: a loss that overflowed, returns of huge rewards): "stop"
+  // ends the run with an error naming the update, its steps and the first
+  // parameter whose gradient is not finite, nothing updated (a run's last
+  // checkpoint stays as it was); "skip" leaves the parameters and the
+  // optimizer's state as they were, counts the update skipped (as PyTorch's
+  // GradScaler skips such a step) and stops with that error after
+  // max_skips skipped in a row. How the run meets an error, not what it
+  // computes: not in the checkpoint (its count of skipped updates is).
+  std::string nonfinite = "stop";
+  int64_t max_skips = 10;
   // The recurrence of steps known before they run (a CUDA-graph segment's, a
   // PPO update window's) as one gru_sequence even where it does not fuse (a
   // test seam: the emulated device never fuses). How the run executes: not in

@@ -131,6 +131,9 @@ class Trainer {
   // Adam's learning rate now (--lr, or where --lr-schedule has taken it).
   double lr() const;
   int64_t step() const;
+  // Updates skipped because their gradient was not finite (--nonfinite
+  // skip), in the whole run (kept in checkpoints).
+  int64_t skipped_updates() const;
 
   // Greedy evaluation over `steps` fresh steps of a new env seeded `seed` (no
   // gradients): the env's score over them, or NaN where they scored nothing

@@ -118,6 +118,16 @@ class AdamW : public Adam {
 // gradients together and multiplies them by min(1, max_norm / (total + 1e-6)).
 double clip_grad_norm(std::span<const Tensor> params, double max_norm);
 double clip_grad_norm(const Module& m, double max_norm);
+// Its two halves, as PyTorch's get_total_norm and clip_grads_with_norm_: the
+// total L2 norm of the gradients, leaving them as they are (a caller checks
+// it, e.g. for being finite, before anything is scaled), then the scaling by
+// min(1, max_norm / (total + 1e-6)) with that norm. The two together are
+// clip_grad_norm, bit for bit.
+double grad_norm(const Module& m);
+void clip_grads_with_norm(const Module& m, double max_norm, double total);
+// The first parameter (named_parameters' order) whose gradient holds a value
+// that is not finite, with its shape ("rnn.weight_hh [384, 128]"); "" when none.
+std::string first_non_finite_grad(const Module& m);
 // The same clip with no value returning to the host (PyTorch's
 // clip_grad_norm_ with foreach keeps its norm on the device too): the total
 // norm's square goes to `total_sq`, a persistent float64 [1] tensor of the
