@@ -61,6 +61,21 @@ class _RunningNorm:
         return np.clip((obs - self.mean) / np.sqrt(self.var + 1e-8), -10, 10)
 
 
+class _RewardNorm:
+    """Reward normalisation as Stable-Baselines3's VecNormalize does it
+    (norm_reward): each stream keeps its discounted return (return x gamma +
+    reward, zeroed when its episode ends); the variance of those returns over
+    every step and stream so far (_RunningNorm's update) divides each reward,
+    reward / sqrt(var + 1e-8), clipped to [-10, 10]. One per training run;
+    evaluation streams read it without updating it."""
+
+    def __init__(self, gamma):
+        self.gamma, self.stats = gamma, _RunningNorm(1)
+
+    def scale(self):
+        return float(np.sqrt(self.stats.var[0] + 1e-8))
+
+
 class _Streams:
     """B episode streams of a Gymnasium env under the agent's Env contract:
     an ended episode restarts by itself (autoreset in the same step), its
@@ -70,9 +85,13 @@ class _Streams:
     with the observation it was cut at (truncations()), which the trainer
     bootstraps from, as Stable-Baselines3 does."""
 
-    def __init__(self, name, make, batch, seed, success, tokens, norm=None, obs_start=0, act_start=0, obs_dim=0):
+    def __init__(self, name, make, batch, seed, success, tokens, norm=None, obs_start=0, act_start=0, obs_dim=0,
+                 reward_norm=None):
         gym = _gymnasium()
         self.name, self.norm, self.obs_start, self.act_start, self.obs_dim = name, norm, obs_start, act_start, obs_dim
+        self.reward_norm, self.learning = reward_norm, True  # (evaluate() clears learning)
+        self.discounted = np.zeros(batch)
+        self.ended_sum, self.ended = 0.0, 0  # the episodes ended since the last read (ended_returns)
         self.steps = 0
         self.envs = gym.vector.SyncVectorEnv([make] * batch, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         self.batch, self.success, self.tokens = batch, success, tokens
@@ -144,9 +163,32 @@ class _Streams:
         for b in np.flatnonzero(done):
             success[b] = bool(self.success(float(self.returns[b]), bool(truncated[b])))
             self.episode_returns[b].append(float(self.returns[b]))
+            self.ended_sum, self.ended = self.ended_sum + float(self.returns[b]), self.ended + 1
             self.returns[b] = 0.0
         self._set(obs)
+        if self.reward_norm is not None:
+            rn = self.reward_norm
+            reward = np.asarray(reward, dtype=np.float64)
+            with np.errstate(invalid="ignore"):
+                bad = np.flatnonzero(~(np.abs(reward) <= np.finfo(np.float32).max))
+            if len(bad):  # (refused as the Env contract refuses it, before the normalisation would hide it)
+                raise Error(f"env '{self.name}', step {self.steps}: step() gave the reward {reward[bad[0]]} to stream "
+                            f"{int(bad[0])}; rewards must be finite float32 values (the Env contract: segtape/agent/env.h, "
+                            "docs/agent.md)")
+            with np.errstate(over="ignore", invalid="ignore"):  # (a reward float32 cannot hold is refused as it is)
+                self.discounted = self.discounted * rn.gamma + reward
+                if self.learning and np.isfinite(self.discounted).all():
+                    rn.stats(self.discounted[:, None])
+                reward = np.clip(reward / rn.scale(), -10, 10)
+            self.discounted[done] = 0.0
         return np.asarray(reward, dtype=np.float32), done.astype(np.uint8), success
+
+    def ended_returns(self):
+        """(sum, count) of the returns of the episodes ended since the last
+        call: the env's own rewards, before any normalisation."""
+        out = (self.ended_sum, self.ended)
+        self.ended_sum, self.ended = 0.0, 0
+        return out
 
     def close(self):
         self.envs.close()
@@ -260,6 +302,7 @@ class TrainResult:
 
         def recording(batch, s):
             streams = factory(batch, s)
+            streams.learning = False
             made.append(streams)
             return streams
 
@@ -288,7 +331,7 @@ class TrainResult:
 
 def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, lr=3e-3, history="tbptt:32", gamma=0.99,
           entropy=0.01, value_coef=0.5, clip=1.0, seed=1, algo="a2c", rollout=128, epochs=10, minibatches=4,
-          clip_range=0.2, gae_lambda=0.95, lr_schedule="linear", clip_schedule="constant", critic="shared", head_hidden=0, cell="gru", success=None, normalize_obs=True, log_every=None,
+          clip_range=0.2, gae_lambda=0.95, lr_schedule="linear", clip_schedule="constant", critic="shared", head_hidden=0, cell="gru", adam_eps=1e-8, nonfinite="stop", max_skips=10, success=None, normalize_obs=True, normalize_reward=False, log_every=None,
           callback=None,
           eval_every=None, eval_episodes=10, stop_at=None, budget=None):
     """Trains segtape's recurrent agent on a Gymnasium env; returns a TrainResult.
@@ -313,9 +356,20 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     head_hidden: > 0 puts a layer of that many units with ReLU before the
     action head and one before the value head (SB3's net_arch
     dict(pi=[N], vf=[N])); 0, the heads read the GRU's state.
+    nonfinite: an update whose gradient is not finite (inf or NaN, e.g.
+    returns of rewards too large for float32): "stop" raises
+    segtape.NonFiniteError naming it, nothing updated; "skip" leaves it out
+    and counts it (result.trainer.skipped_updates), as PyTorch's GradScaler
+    does, and raises after max_skips skipped in a row.
+    adam_eps: Adam's eps (PyTorch's 1e-8, the default; SB3's and CleanRL's
+    PPO use 1e-5).
     update_bias: added to the GRU's update-gate bias at initialisation (the
     cell keeps about sigmoid(update_bias) of its state per step from the
     start; 0 is PyTorch's initialisation; docs/agent.md, "Policy").
+    normalize_reward: each reward the trainer learns from is divided by the
+    running standard deviation of the discounted return (gamma), clipped to
+    [-10, 10], as SB3's VecNormalize(norm_reward=True) does (RL Zoo's
+    "normalize: true"); rows and evaluate() report the env's own returns.
     normalize_obs: Box observations are normalised by their running mean and
     variance (as SB3's VecNormalize; the statistics are the run's, shared by
     evaluate()); observations flattened from discrete spaces (MultiDiscrete,
@@ -343,7 +397,15 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     succeed = success or (lambda ret, truncated: truncated)
     name = "gym." + re.sub(r"[^A-Za-z0-9_.-]", "_", label) + "." + str(next(_serial))
     norm = _RunningNorm(obs_dim) if normalize_obs and normalisable else None
-    _factories[name] = lambda b, s: _Streams(name, make, b, s, succeed, tokens, norm, obs_start, act_start, obs_dim)
+    reward_norm = _RewardNorm(float(gamma)) if normalize_reward else None
+    training = []  # the training streams (the first made: the Trainer's), whose ended episodes the rows report
+
+    def streams(b, s):
+        made = _Streams(name, make, b, s, succeed, tokens, norm, obs_start, act_start, obs_dim, reward_norm)
+        if not training:
+            training.append(made)
+        return made
+    _factories[name] = streams
     _A.register_python_env(name, obs_dim, vocab, actions, "success")
     c = _A.TrainConfig()
     c.env, c.history = name, history
@@ -352,7 +414,7 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
                     "one open segment, so it evaluates only once the run has ended (result.evaluate() after train())")
     c.lr, c.gamma, c.entropy, c.value_coef, c.clip = lr, gamma, entropy, value_coef, clip
     c.clip_range, c.gae_lambda, c.lr_schedule, c.critic = clip_range, gae_lambda, lr_schedule, critic
-    c.clip_schedule, c.cell = clip_schedule, cell
+    c.clip_schedule, c.cell, c.adam_eps, c.nonfinite = clip_schedule, cell, float(adam_eps), nonfinite
     c.update_bias = float(update_bias)
     if budget is not None:  # (None: the Trainer's default, 64 MiB, or 1 GiB of growth for history "full")
         c.budget = _bytes(budget, "segtape.gym.train: budget")
@@ -361,7 +423,7 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
         text = _argument_names(str(e)).replace("TrainConfig::budget", "budget")
         return type(e)("segtape.gym.train: " + text)
     ints = (("steps", steps, _INT64), ("batch", batch, _INT64), ("hidden", hidden, _INT64), ("embed", embed, _INT64),
-            ("head_hidden", head_hidden, _INT64),
+            ("head_hidden", head_hidden, _INT64), ("max_skips", max_skips, _INT64),
             ("seed", seed, _UINT64), ("rollout", rollout, _INT64), ("epochs", epochs, _INT64),
             ("minibatches", minibatches, _INT64))
     _set_ints(c, [(k, int(v), kind) for k, v, kind in ints], "segtape.gym.train", named)
@@ -382,6 +444,10 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
             raise named(e) from None
         for k in ("steps", "loss_sum", "loss_steps", "return_sum", "episodes"):
             acc[k] += r[k]
+        if reward_norm is not None:  # (the trainer's returns are of the normalised rewards: the env's own instead)
+            acc["return_sum"], acc["episodes"] = acc["return_sum"] - r["return_sum"], acc["episodes"] - r["episodes"]
+            ended_sum, ended = training[0].ended_returns()
+            acc["return_sum"], acc["episodes"] = acc["return_sum"] + ended_sum, acc["episodes"] + ended
         acc["peak"] = max(acc["peak"], r["segment_peak"])
         if trainer.step >= next_row or trainer.done():
             row = {"step": trainer.step,

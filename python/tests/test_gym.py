@@ -1,5 +1,7 @@
 """segtape.gym: the agent's Trainer on Gymnasium envs, and segtape's tmaze as
 a Gymnasium env. Small runs; the figures of longer ones are in docs/python.md."""
+import json
+
 import numpy as np
 import pytest
 
@@ -364,3 +366,135 @@ def test_the_clip_schedule_and_hidden_layers_before_the_heads():
         sg.train("CartPole-v1", steps=32, algo="ppo", clip_schedule="cosine")
     with pytest.raises(segtape.Error, match=r"segtape.gym.train: head_hidden must be in \[0, 16384\]"):
         sg.train("CartPole-v1", steps=32, head_hidden=-1)
+
+
+def test_adam_eps_reaches_the_trainer(tmp_path):
+    """adam_eps is Adam's eps (SB3's PPO uses 1e-5): kept in the run's
+    checkpoint, and it changes the run; a bad value is refused naming
+    train()'s argument."""
+    kw = dict(steps=64, batch=2, hidden=8, embed=4, algo="ppo", rollout=16, minibatches=1)
+    plain, eps = sg.train("CartPole-v1", **kw), sg.train("CartPole-v1", adam_eps=0.1, **kw)
+    assert [p.tolist() for p in plain.trainer.parameters()] != [p.tolist() for p in eps.trainer.parameters()]
+    eps.trainer.save(str(tmp_path / "ck.safetensors"))
+    raw = (tmp_path / "ck.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    assert float(header["__metadata__"]["adam_eps"]) == 0.1
+    with pytest.raises(segtape.Error, match=r"segtape.gym.train: adam_eps must be in \(0, 1\]"):
+        sg.train("CartPole-v1", steps=32, adam_eps=-1)
+
+
+class _Huge(gymnasium.Env):
+    """Token 0; reward 1 at every step, or 3e38 (finite in float32: the env
+    boundary takes it, and two of them overflow a return) at the steps of
+    each stream in [lo, hi) while `on`."""
+    observation_space = gymnasium.spaces.Discrete(2)
+    action_space = gymnasium.spaces.Discrete(2)
+    on, lo, hi = True, 0, 10**9
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return 0, {}
+
+    def step(self, action):
+        self.t += 1
+        huge = self.on and self.lo <= self.t < self.hi
+        return 0, 3e38 if huge else 1.0, False, False, {}
+
+
+def test_returns_that_overflow_stop_the_run_and_keep_its_checkpoint(tmp_path):
+    """A Python env paying 3e38: the update over it raises NonFiniteError
+    naming the update, its steps and the first parameter whose gradient is
+    not finite; nothing is updated, and the checkpoint written before it is
+    as it was and loads."""
+    env = type("Huge_stop", (_Huge,), {"on": False})
+    res = sg.train(env, steps=16, batch=2, hidden=8, embed=4, history="tbptt:8")
+    c = sg._A.TrainConfig()
+    c.env, c.history, c.steps, c.batch, c.hidden, c.embed, c.gamma = res.name, "tbptt:8", 64, 2, 8, 4, 0.99
+    t = sg._A.Trainer(c)
+    t.run_segment()
+    ck = tmp_path / "ck.safetensors"
+    t.save(str(ck))
+    saved = ck.read_bytes()
+    before = [p.copy() for p in t.parameters()]
+    env.on = True
+    with pytest.raises(segtape.NonFiniteError, match=r"^update 2, in the segment of steps 8 to 16: the gradient's norm is "
+                       r"(NaN|inf) \(the first parameter whose gradient is not finite is [a-z_.]+ \[[0-9,]+\]\)"):
+        t.run_segment()
+    assert all(np.array_equal(a, b) for a, b in zip(before, t.parameters()))
+    assert ck.read_bytes() == saved
+    back = sg._A.Trainer(c)
+    back.load(str(ck))
+    assert all(np.array_equal(a, b) for a, b in zip(before, back.parameters()))
+    # through segtape.gym.train: the same error, its arguments' names
+    with pytest.raises(segtape.NonFiniteError, match=r"nonfinite skip skips such updates"):
+        sg.train(type("Huge_all", (_Huge,), {}), steps=64, batch=2, hidden=8, embed=4)
+
+
+def test_the_skip_policy_completes_the_run_and_counts_its_skipped_updates():
+    """nonfinite="skip": the updates over the steps paid 3e38 are left out and
+    counted, as PyTorch's GradScaler skips a step; the run completes with
+    finite parameters. After max_skips in a row it raises."""
+    env = type("Huge_window", (_Huge,), {"lo": 40, "hi": 48})
+    res = sg.train(env, steps=128, batch=2, hidden=8, embed=4, history="tbptt:32", nonfinite="skip")
+    assert res.trainer.step == 128
+    assert res.trainer.skipped_updates == 1  # (the segment of steps 32 to 64)
+    assert all(np.isfinite(p).all() for p in res.trainer.parameters())
+    with pytest.raises(segtape.NonFiniteError, match=r"2 updates in a row had a gradient that is not finite \(max_skips 2\)"):
+        sg.train(type("Huge_all2", (_Huge,), {}), steps=128, batch=2, hidden=8, embed=4, nonfinite="skip", max_skips=2)
+    with pytest.raises(segtape.Error, match=r"segtape.gym.train: nonfinite 'ignore': choose stop or skip"):
+        sg.train("CartPole-v1", steps=32, nonfinite="ignore")
+
+
+class _Ramp(gymnasium.Env):
+    """Token 0; reward t at the t-th step of an episode, which ends (by the
+    task) after 3 steps."""
+    observation_space = gymnasium.spaces.Discrete(1)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return 0, {}
+
+    def step(self, action):
+        self.t += 1
+        return 0, float(self.t), self.t == 3, False, {}
+
+
+def test_reward_normalisation_is_vecnormalizes():
+    """normalize_reward: the rewards the trainer learns from are VecNormalize's
+    (norm_reward=True) computed by hand: the discounted return of each stream
+    updates a running variance (starting at 1 with count 1e-4), the reward is
+    divided by sqrt(var + 1e-8) and clipped to [-10, 10], and the return is
+    zeroed where an episode ends. The rows report the env's own returns
+    (1 + 2 + 3 = 6); an evaluation's streams leave the statistics alone; a
+    reward float32 cannot hold is refused before the normalisation."""
+    gamma, B = 0.9, 2
+    rn = sg._RewardNorm(gamma)
+    streams = sg._Streams("ramp", _Ramp, B, 1, lambda r, t: t, True, reward_norm=rn)
+    mean, var, count, ret = 0.0, 1.0, 1e-4, np.zeros(B)
+    for t in range(1, 10):
+        reward = np.full(B, float((t - 1) % 3 + 1))
+        ret = ret * gamma + reward
+        m, v, n = ret.mean(), ret.var(), B
+        delta, total = m - mean, count + n
+        mean, var = mean + delta * n / total, (var * count + v * n + delta**2 * count * n / total) / total
+        count = total
+        want = np.clip(reward / np.sqrt(var + 1e-8), -10, 10).astype(np.float32)
+        got, done, _ = streams.step([0, 1])
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        ret[done.astype(bool)] = 0.0
+    res = sg.train(_Ramp, steps=48, batch=2, hidden=8, embed=4, normalize_reward=True, log_every=48)
+    assert res.rows[-1]["episode_return"] == 6.0
+    reader = sg._Streams("ramp", _Ramp, B, 2, lambda r, t: t, True, reward_norm=rn)
+    reader.learning = False  # (as evaluate() makes its streams)
+    seen = (rn.stats.count, rn.stats.var.copy())
+    got, _, _ = reader.step([0, 0])
+    assert (rn.stats.count, rn.stats.var.tolist()) == (seen[0], seen[1].tolist())
+    np.testing.assert_allclose(got, np.float32(1 / np.sqrt(seen[1][0] + 1e-8)), rtol=1e-6)
+    with pytest.raises(segtape.Error, match=r"step\(\) gave the reward inf to stream 0; rewards must be finite float32"):
+        class Inf(_Ramp):
+            def step(self, action):
+                return 0, float("inf"), False, False, {}
+        sg.train(Inf, steps=8, batch=2, hidden=8, embed=4, normalize_reward=True)
