@@ -59,9 +59,10 @@ TEST(Formulas, DeviceMathEqualsTheCpusForEveryUnaryOp) {
 
 // The forward formulas at the ends of the range, with both maths, against
 // PyTorch's values there (torch 1.13: torch.tanh(inf) is 1, torch.relu(nan)
-// nan, torch.relu(-0.0) and torch.tanh(-0.0) -0.0, ...). The one known
-// difference: the CPU's float exp of anything below -87 is e^-87 ~ 1.6e-38
-// (PyTorch: a denormal or 0).
+// nan, torch.relu(-0.0) and torch.tanh(-0.0) -0.0, ...). exp(-inf) is 0
+// (the CPU's float exp was e^-87 ~ 1.6e-38 there); below ln(FLT_MIN) the
+// CPU's float exp is 0 where PyTorch's may be a subnormal (under 1.2e-38),
+// and just above it a normal number within its usual error.
 template <class M, class T>
 void check_edges(const std::string& math) {
   const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN(), big = T(1e30);
@@ -85,7 +86,10 @@ void check_edges(const std::string& math) {
     same(f(ops::Relu{}, x), x, "relu(+large)");
     same(f(ops::Relu{}, -x), T(0), "relu(-large)");
   }
-  EXPECT_LE(f(ops::Exp{}, -inf), T(1.7e-38)) << "exp(-inf) " << at;
+  same(f(ops::Exp{}, -inf), T(0), "exp(-inf)");
+  same(f(ops::Exp{}, -big), T(0), "exp(-large)");
+  EXPECT_LE(f(ops::Exp{}, T(-88)), T(6.1e-39)) << "exp(-88) " << at;  // (0 on the CPU in float; 6.05e-39 a subnormal)
+  EXPECT_NEAR(f(ops::Exp{}, T(-87.3)) / std::exp(double(T(-87.3))), 1.0, 1e-6) << "exp(-87.3) " << at;  // (a normal float: kept)
   same(f(ops::Log{}, T(0)), -inf, "log(0)");
   same(f(ops::Log{}, inf), inf, "log(inf)");
   same(f(ops::Log{}, T(-1)), nan, "log(-1)");

@@ -513,3 +513,27 @@ TEST(SegmentBudgetAdvice, TheBudgetIsNamedAsTheCallerSetsIt) {
   EXPECT_NE(m.find("raise --budget"), std::string::npos) << m;
   EXPECT_EQ(m.find("TapeOptions"), std::string::npos) << m;
 }
+
+// The ops that only move values (concat, slice, reshape, transpose) take
+// int64 tensors, as PyTorch's do, with every value moved as it is (values
+// past 2^53, which a double would round, and negative ones); arithmetic on
+// them is still refused, and parts of two dtypes.
+TEST(Int64, DataMovementOpsTakeIntegerTensors) {
+  Tape tape;
+  Segment seg = tape.segment();
+  const int64_t big = (int64_t(1) << 53) + 1;
+  const std::vector<int64_t> av{0, -1, big, 3, -big, 5}, bv{7, 8};
+  const Tensor a = tape.from(std::span<const int64_t>(av), {2, 3}), b = tape.from(std::span<const int64_t>(bv), {2, 1});
+  EXPECT_EQ(concat({a, b}, 1).to_host<int64_t>(), (std::vector<int64_t>{0, -1, big, 7, 3, -big, 5, 8}));
+  EXPECT_EQ(concat({a, a}, 0).shape, (Shape{4, 3}));
+  EXPECT_EQ(slice(a, 1, 1, 2).to_host<int64_t>(), (std::vector<int64_t>{-1, big, -big, 5}));
+  const Tensor r = reshape(a, {3, 2});
+  EXPECT_EQ(r.shape, (Shape{3, 2}));
+  EXPECT_EQ(r.dtype, DType::I64);
+  EXPECT_EQ(r.to_host<int64_t>(), av);
+  EXPECT_EQ(transpose(a).to_host<int64_t>(), (std::vector<int64_t>{0, 3, -1, -big, big, 5}));
+  EXPECT_THROW((void)add(a, a), ShapeError);
+  const std::vector<float> fv{1, 2};
+  const Tensor f = tape.from(std::span<const float>(fv), {2, 1});
+  EXPECT_NE(message_of<ShapeError>([&] { (void)concat({a, f}, 1); }).find("concat: dtypes differ"), std::string::npos);
+}

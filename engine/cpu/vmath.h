@@ -13,8 +13,13 @@
 namespace segtape::cpu {
 
 inline float exp_fast(float x) {
-  // Above ~88.7 the exponent field reaches 255: the result is +Inf, as expf's.
-  x = std::min(std::max(x, -87.0f), 89.0f);
+  // Below ln(FLT_MIN) (-87.3365) the result would be subnormal (expf's are
+  // under 1.2e-38): 0 there, as a flush-to-zero unit gives, so exp(-inf) is
+  // 0 (it was e^-87 ~ 1.6e-38, the clamp's). The choice is a bit mask (NaN
+  // passes through it unchanged), which vectorizes. Above ~88.7 the exponent
+  // field reaches 255: the result is +Inf, as expf's.
+  const uint32_t keep = uint32_t(0) - uint32_t(!(x < -87.33654f));
+  x = std::min(std::max(x, -87.33654f), 89.0f);
   // n = round(x / ln 2), halves away from zero, by truncating conversion
   // (std::floor would block vectorization). copysign is two bit operations;
   // the same choice written `t >= 0 ? 0.5f : -0.5f` became compares and
@@ -31,7 +36,7 @@ inline float exp_fast(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  return p * std::bit_cast<float>((ni + 127) << 23);
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(p * std::bit_cast<float>((ni + 127) << 23)) & keep);
 }
 
 template <class T>

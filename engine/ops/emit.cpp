@@ -21,7 +21,7 @@ void require_segment(const Tape& t, const char* op) {
                     "tape node belong to the open segment)");
 }
 
-Tape& check(const char* op, std::initializer_list<const Tensor*> ts) {
+Tape& check(const char* op, std::initializer_list<const Tensor*> ts, bool integers) {
   Tape* tape = nullptr;
   DType d = DType::F32;
   bool first = true;
@@ -29,7 +29,7 @@ Tape& check(const char* op, std::initializer_list<const Tensor*> ts) {
     t->check_live(op);
     if (!tape) tape = t->tape;
     else if (tape != t->tape) throw TapeError(std::string(op) + ": inputs belong to different tapes");
-    if (t->dtype == DType::I64) throw ShapeError(std::string(op) + ": expects floating-point inputs, got " + t->describe());
+    if (t->dtype == DType::I64 && !integers) throw ShapeError(std::string(op) + ": expects floating-point inputs, got " + t->describe());
     if (first) d = t->dtype, first = false;
     else if (t->dtype != d) throw ShapeError(std::string(op) + ": dtypes differ: " + list(ts));
   }

@@ -23,7 +23,8 @@ class CudaBackend;  // engine/cuda/cuda_backend.h
 
 namespace detail {
 // Calls f.template operator()<T>() with T the C++ type of a floating dtype
-// (float for F32, double otherwise: callers have excluded I64).
+// (float for F32, double otherwise: callers have excluded I64, or move its
+// 8 bytes as a double's, as transpose's device kernel does).
 template <class F>
 void dispatch(DType d, F&& f) {
   if (d == DType::F32) f.template operator()<float>();
@@ -173,7 +174,9 @@ std::string list(std::initializer_list<const Tensor*> ts);
 // Every op needs an open segment, views included.
 void require_segment(const Tape& t, const char* op);
 // Defined, live, one tape, an open segment, and one floating dtype shared by all inputs.
-Tape& check(const char* op, std::initializer_list<const Tensor*> ts);
+// integers: int64 inputs are taken too (the ops that only move values:
+// concat, slice, reshape, transpose); every input has the first's dtype.
+Tape& check(const char* op, std::initializer_list<const Tensor*> ts, bool integers = false);
 // An integer side input (indices, targets): defined, live, and on tape t,
 // whose node will point at it (check() covers the floating inputs only).
 void check_index(const char* op, const Tape& t, const Tensor& idx, std::initializer_list<const Tensor*> ts);

@@ -38,13 +38,13 @@ Tensor concat(std::span<const Tensor> parts, int axis) {
     return concat(std::span<const Tensor>(runs.data(), G), axis);
   }
   const Tensor& a = parts[0];
-  Tape& t = ops::check(op, {&a});
+  Tape& t = ops::check(op, {&a}, true);
   const int ax = ops::norm_axis(op, a, axis);
   if (parts.size() == 1) return a;  // nothing to join: the part itself, like a view (no copy, no node)
   Shape os = a.shape;
   int64_t total = 0;
   for (const Tensor& p : parts) {
-    ops::check(op, {&a, &p});
+    ops::check(op, {&a, &p}, true);
     bool ok = p.rank() == a.rank();
     for (int i = 0; ok && i < a.rank(); ++i) ok = i == ax || p.dim(i) == a.dim(i);
     if (!ok) ops::shape_error(op, "shapes differ outside axis " + std::to_string(ax), {&a, &p});
@@ -63,7 +63,7 @@ Tensor concat(std::span<const Tensor> parts, int axis) {
 
 Tensor slice(const Tensor& a, int axis, int64_t start, int64_t length) {
   const char* op = "slice";
-  Tape& t = ops::check(op, {&a});
+  Tape& t = ops::check(op, {&a}, true);
   const int ax = ops::norm_axis(op, a, axis);
   if (start < 0 || length < 0 || start > a.dim(ax) || length > a.dim(ax) - start)  // (no start + length: it may overflow)
     throw ShapeError("slice: start " + std::to_string(start) + ", length " + std::to_string(length) +
@@ -79,7 +79,7 @@ Tensor slice(const Tensor& a, int axis, int64_t start, int64_t length) {
 // A view: the same bytes under another shape. Recorded (no bytes) so the
 // gradient flows back to a's node; nothing to compute.
 Tensor reshape(const Tensor& a, const Shape& s) {
-  Tape& t = ops::check("reshape", {&a});
+  Tape& t = ops::check("reshape", {&a}, true);
   s.check("reshape");
   if (s.numel() != a.numel()) throw ShapeError("reshape: cannot view " + a.describe() + " as " + s.str());
   Node n = ops::node(OpKind::Reshape, {a});
@@ -105,7 +105,7 @@ Tensor detach(const Tensor& a) {
 }
 
 Tensor transpose(const Tensor& a) {
-  Tape& t = ops::check("transpose", {&a});
+  Tape& t = ops::check("transpose", {&a}, true);
   if (a.rank() != 2) ops::shape_error("transpose", "expects a 2-D tensor", {&a});
   Node n = ops::node(OpKind::Transpose, {a});
   n.reads = 0;
@@ -211,12 +211,14 @@ void reshape_backward_cpu(const Node& n, const void* gout, const Grads& d) {
 
 void transpose_forward_cpu(Node& n) {
   const int64_t R = n.in[0].dim(0), C = n.in[0].dim(1);
-  detail::dispatch(n.out.dtype, [&]<class T>() {
+  auto move = [&]<class T>() {  // (words of the element's size: float32, or float64 and int64 alike)
     const T* x = static_cast<const T*>(n.in[0].ptr);
     T* y = static_cast<T*>(n.out.ptr);
     for (int64_t r = 0; r < R; ++r)
       for (int64_t c = 0; c < C; ++c) y[c * R + r] = x[r * C + c];
-  });
+  };
+  if (dtype_size(n.out.dtype) == 4) move.operator()<uint32_t>();
+  else move.operator()<uint64_t>();
 }
 
 void transpose_backward_cpu(const Node& n, const void* gout, const Grads& d) {
@@ -310,6 +312,7 @@ void reshape_backward_cuda(cuda::CudaBackend& be, const Node& n, const void* g, 
 }
 
 void transpose_forward_cuda(cuda::CudaBackend& be, Node& n) {
+  // (int64 as float64: the kernel's plain load and store move the 8 bytes as they are)
   detail::dispatch(n.out.dtype, [&]<class T>() {
     cuda::transpose<T>(be.stream(), in<T>(n.in[0]), out<T>(n.out), n.in[0].dim(0), n.in[0].dim(1), false);
   });
