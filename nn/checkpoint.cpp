@@ -195,12 +195,15 @@ Entry entry(std::string name, Rng& rng) {
 
 void save_entries(const std::filesystem::path& path, std::span<const Entry> entries, const Metadata& metadata) {
   std::vector<st::TensorRef> refs;
-  std::vector<std::vector<std::byte>> staged(entries.size());  // the tensors' bytes, copied to the host
+  std::vector<std::vector<std::byte>> staged(entries.size());  // a device's tensors' bytes, copied to the host
   refs.reserve(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     const Entry& e = entries[i];
     std::span<const std::byte> bytes(static_cast<const std::byte*>(e.host), entry_bytes(e));
-    if (e.tensor.defined()) {
+    if (e.tensor.defined() && e.tensor.tape->device().kind == Device::Kind::CPU) {
+      e.tensor.check_live("save_entries");
+      bytes = {static_cast<const std::byte*>(e.tensor.ptr), e.tensor.nbytes()};  // (the host's own bytes: no copy)
+    } else if (e.tensor.defined()) {  // a device's, copied to the host
       staged[i].resize(bytes.size());
       e.tensor.to_host_bytes(staged[i]);
       bytes = staged[i];

@@ -252,6 +252,43 @@ struct TempFile {
 std::mutex g_hook_mutex;
 std::function<void(const fs::path&)> g_before_rename_hook;
 
+// The temporary file read back, its cached pages dropped first where the
+// kernel allows (so the read comes from the disk, not from what was just
+// written into memory), and compared with the bytes meant: its size and
+// every byte, which covers each tensor's CRC-32 and the header. A file that
+// differs is not renamed over the previous one. Returns "" when equal, else
+// what differs.
+std::string read_back_differs(const fs::path& tmp, std::span<const std::byte> want) {
+  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "cannot open it again to read it back: " + errno_text(errno);
+  (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  std::vector<std::byte> buf(std::min<size_t>(want.size() + 1, size_t(1) << 20));
+  size_t at = 0;
+  std::string why;
+  while (why.empty()) {
+    const ssize_t r = ::read(fd, buf.data(), buf.size());
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      why = "reading it back failed: " + errno_text(errno);
+      break;
+    }
+    if (r == 0) break;
+    const size_t n = size_t(r);
+    if (at + n > want.size()) {
+      why = "it holds more than the " + std::to_string(want.size()) + " bytes written";
+      break;
+    }
+    const auto mismatch = std::mismatch(buf.begin(), buf.begin() + ptrdiff_t(n), want.begin() + ptrdiff_t(at));
+    if (mismatch.first != buf.begin() + ptrdiff_t(n))
+      why = "byte " + std::to_string(at + size_t(mismatch.first - buf.begin())) + " differs from what was written";
+    at += n;
+  }
+  ::close(fd);
+  if (why.empty() && at != want.size())
+    why = "it holds " + std::to_string(at) + " of the " + std::to_string(want.size()) + " bytes written";
+  return why;
+}
+
 std::vector<std::byte> serialize_impl(std::span<const TensorRef> tensors,
                                       const std::map<std::string, std::string>& metadata,
                                       const std::string& src) {
@@ -638,6 +675,10 @@ void save_atomic(const fs::path& path, std::span<const TensorRef> tensors,
     hook = g_before_rename_hook;
   }
   if (hook) hook(tmp.path);
+  if (const std::string why = read_back_differs(tmp.path, bytes); !why.empty())
+    fail(src, "the file written (" + tmp_name + ") was read back before replacing it, and " + why +
+              "; nothing was replaced (" + (fs::exists(target) ? "the previous file is as it was" : "no file was made") +
+              "): a failing disk or a full or faulty filesystem?");
 
   if (::rename(tmp.path.c_str(), target.c_str()) != 0)
     fail(src, "cannot rename " + tmp_name + " over it: " + errno_text(errno));

@@ -616,6 +616,51 @@ TEST_F(TempDir, CrashBeforeRenameKeepsOldFile) {
   EXPECT_EQ(st::load(p).values<float>("x"), b);
 }
 
+// The file written is read back and compared with the bytes meant before
+// it replaces the previous one: a byte the disk changed, a file cut short
+// or grown (the hook, after the write and its fsync, plays the faulty disk)
+// is refused naming what differs, the previous file is as it was, and the
+// temporary file is removed.
+TEST_F(TempDir, AWriteThatReadsBackWrongReplacesNothing) {
+  const std::vector<float> a{1, 2, 3}, b{4, 5, 6, 7};
+  const std::vector<st::TensorRef> ra{{"x", st::DType::F32, {3}, as_bytes(a)}};
+  const std::vector<st::TensorRef> rb{{"x", st::DType::F32, {4}, as_bytes(b)}};
+  const fs::path p = dir / "ckpt.safetensors";
+  st::save_atomic(p, ra, {{"v", "A"}});
+  const size_t size_b = st::serialize(rb, {{"v", "B"}}).size();
+  const std::vector<std::pair<std::function<void(const fs::path&)>, std::string>> faults = {
+      {[](const fs::path& tmp) {
+         std::fstream f(tmp, std::ios::in | std::ios::out | std::ios::binary);
+         f.seekp(-2, std::ios::end);
+         f.put('\x55');
+       },
+       "byte " + std::to_string(size_b - 2) + " differs from what was written"},
+      {[&](const fs::path& tmp) { fs::resize_file(tmp, size_b - 1); },
+       "it holds " + std::to_string(size_b - 1) + " of the " + std::to_string(size_b) + " bytes written"},
+      {[](const fs::path& tmp) { std::ofstream(tmp, std::ios::app | std::ios::binary) << 'x'; },
+       "it holds more than the " + std::to_string(size_b) + " bytes written"},
+  };
+  for (const auto& [fault, why] : faults) {
+    st::set_before_rename_hook(fault);
+    try {
+      st::save_atomic(p, rb, {{"v", "B"}});
+      ADD_FAILURE() << why;
+    } catch (const CheckpointError& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.rfind(p.string() + ": the file written (", 0), 0u) << m;
+      EXPECT_NE(m.find("was read back before replacing it, and " + why + "; nothing was replaced (the previous file is as it was)"),
+                std::string::npos) << m;
+    }
+    st::set_before_rename_hook({});
+    const st::File f = st::load(p);
+    EXPECT_EQ(f.metadata.at("v"), "A");
+    EXPECT_EQ(f.values<float>("x"), a);
+    EXPECT_EQ(listing(), std::vector<std::string>{"ckpt.safetensors"});
+  }
+  st::save_atomic(p, rb, {{"v", "B"}});  // without a fault B goes through
+  EXPECT_EQ(st::load(p).values<float>("x"), b);
+}
+
 TEST_F(TempDir, UnwritableDirectory) {
   const std::vector<float> a{1, 2, 3};
   const std::vector<st::TensorRef> ra{{"x", st::DType::F32, {3}, as_bytes(a)}};

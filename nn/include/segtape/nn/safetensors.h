@@ -115,9 +115,13 @@ struct TensorRef {
 std::vector<std::byte> serialize(std::span<const TensorRef> tensors,
                                  const std::map<std::string, std::string>& metadata = {});
 
-// Crash-safe write: temp file in the same directory, write + fsync, rename
-// over path, fsync the directory. On any failure the previous file at path is
-// untouched and the temp file is removed; the error names the path and errno text.
+// Crash-safe write: temp file in the same directory, write + fsync, the file
+// read back (its cached pages dropped first where the kernel allows) and
+// compared with the bytes meant, every byte (its size, header and each
+// tensor's CRC-32 with them), rename over path, fsync the directory. On any
+// failure, a read-back that differs among them, the previous file at path is
+// untouched and the temp file is removed; the error names the path and what
+// went wrong (errno text, or the first byte that differs).
 void save_atomic(const std::filesystem::path& path, std::span<const TensorRef> tensors,
                  const std::map<std::string, std::string>& metadata = {});
 
@@ -132,7 +136,9 @@ bool is_temporary_of(std::string_view name, std::string_view target);
 std::size_t utf8_error(std::string_view s);
 
 // Test hook: called by save_atomic after the temp file is written, synced and
-// closed, just before the rename. A hook that throws simulates a crash there.
+// closed, just before it is read back and renamed. A hook that throws
+// simulates a crash there; one that changes the file, a write the disk got
+// wrong (the read-back refuses it).
 // Pass an empty function to clear it.
 void set_before_rename_hook(std::function<void(const std::filesystem::path& tmp)> hook);
 
