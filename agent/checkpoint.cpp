@@ -301,8 +301,8 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
              saved.clip_schedule == config_.clip_schedule,
          "--algo/--rollout/--epochs/--minibatches/--lr-schedule/--clip-schedule");
     same(saved.batch == config_.batch && saved.hidden == config_.hidden && saved.embed == config_.embed &&
-             saved.head_hidden == config_.head_hidden,
-         "--batch/--hidden/--embed/--head-hidden");
+             saved.head_hidden == config_.head_hidden && saved.encoder == config_.encoder,
+         "--batch/--hidden/--embed/--head-hidden/--encoder");
     same(saved.env_shards == config_.env_shards, "--env-shards");
     same(saved.cell == config_.cell && saved.layers == config_.layers && saved.dropout == config_.dropout && saved.tied == config_.tied &&
              saved.optim == config_.optim && saved.adam_eps == config_.adam_eps,

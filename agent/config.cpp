@@ -148,6 +148,7 @@ std::map<std::string, std::string> TrainConfig::to_metadata() const {
   if (critic != "shared") m["critic"] = critic;  // (a run with the shared core writes what runs before --critic wrote)
   if (clip_schedule != "constant") m["clip_schedule"] = clip_schedule;  // (likewise)
   if (head_hidden > 0) m["head_hidden"] = std::to_string(head_hidden);  // (likewise)
+  if (encoder != "linear") m["encoder"] = encoder;                         // (likewise)
   if (adam_eps != 1e-8) m["adam_eps"] = d(adam_eps);                      // (likewise)
   lm_metadata(*this, m);
   if (cell != "gru") m["cell"] = cell;  // (an RL run's LSTM; a GRU run's checkpoint is written as before --cell)
@@ -220,6 +221,9 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
   c.clip_schedule = get("clip_schedule", "constant");
   c.head_hidden = i64("head_hidden", "0");
   c.adam_eps = f64("adam_eps", "1e-8");
+  c.encoder = get("encoder", "linear");
+  if (c.encoder != "linear" && c.encoder != "none")
+    throw CheckpointError("checkpoint metadata 'encoder' is '" + c.encoder + "', not linear or none");
   if (!(c.adam_eps > 0 && c.adam_eps <= 1))
     throw CheckpointError("checkpoint metadata 'adam_eps' is '" + get("adam_eps") + "', not a number in (0, 1]");
   if (c.head_hidden < 0 || c.head_hidden > 16384)
@@ -310,6 +314,10 @@ void TrainConfig::validate() const {
   need(optim == "adam" || optim == "adamw" || optim == "sgd", "--optim '" + optim + "': choose adam, adamw or sgd");
   need(adam_eps > 0 && adam_eps <= 1, "--adam-eps must be in (0, 1]");
   need(nonfinite == "stop" || nonfinite == "skip", "--nonfinite '" + nonfinite + "': choose stop or skip");
+  need(encoder == "linear" || encoder == "none", "--encoder '" + encoder + "': choose linear or none");
+  need(encoder == "linear" || ((algo == Algo::A2c || algo == Algo::Ppo) && history_def(history.kind).recurrent),
+       "--encoder none feeds the observations to the agent's recurrent cell: --algo a2c or ppo with a recurrent --history (not " +
+           std::string(algo_name(algo)) + " with --history " + history.str() + ")");
   need(max_skips >= 1 && max_skips <= kMaxSteps, "--max-skips must be in [1, " + std::to_string(kMaxSteps) + "]");
   need(adam_eps == 1e-8 || optim != "sgd", "--adam-eps is Adam's and AdamW's; this run's --optim is sgd");
   need(!tied || hidden == embed, "--tied shares the embeddings with the output layer: --hidden " + std::to_string(hidden) +

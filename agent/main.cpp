@@ -155,6 +155,10 @@ void add_env_and_algo_options(CLI::App* tr, TrainArgs& ta) {
   tr->add_option("--critic", ta.c.critic,
                  "a2c/ppo: the value head reads the policy's GRU (shared) or a GRU of its own over the same embeddings (separate)")
       ->capture_default_str();
+  tr->add_option("--encoder", ta.c.encoder,
+                 "vector observations into the recurrent cell through linear (Linear(obs, --embed) + tanh) or none (as they are, "
+                 "as SB3's recurrent policies read them)")
+      ->capture_default_str();
   tr->add_option("--head-hidden", ta.c.head_hidden,
                  "a hidden layer of N units with ReLU before the action head and one before the value head (SB3's "
                  "net_arch pi=[N], vf=[N]); 0: the heads read the recurrent state")

@@ -26,10 +26,13 @@ Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& 
   if (s.embed < 1 || s.hidden < 1) throw Error("policy: embed and hidden sizes must be >= 1");
   if (!std::isfinite(s.update_bias) || (s.update_bias != 0 && s.window > 0))
     throw Error("policy: update_bias must be finite, and 0 in window mode (which has no GRU)");
+  if (s.raw_obs && (env.vocab > 0 || s.embed != env.obs_dim || s.stacked() || s.window > 0))
+    throw Error("policy: raw observations are vectors of obs_dim (embed " + std::to_string(s.embed) + ", obs_dim " +
+                std::to_string(env.obs_dim) + ") into the agent's one-layer cell");
   if (env.vocab > 0) {
     token_encoder_ = std::make_unique<nn::Embedding>(tape, rng, env.vocab, s.embed);
     register_module("encoder", *token_encoder_);
-  } else {
+  } else if (!s.raw_obs) {
     vector_encoder_ = std::make_unique<nn::Linear>(tape, rng, env.obs_dim, s.embed);
     register_module("encoder", *vector_encoder_);
   }
@@ -88,7 +91,7 @@ Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& 
 
 int64_t Policy::parameters_for(const EnvSpec& env, const PolicyShape& s) {
   auto linear = [](int64_t in, int64_t out) { return in * out + out; };
-  int64_t n = env.vocab > 0 ? env.vocab * s.embed : linear(env.obs_dim, s.embed);  // encoder
+  int64_t n = env.vocab > 0 ? env.vocab * s.embed : s.raw_obs ? 0 : linear(env.obs_dim, s.embed);  // encoder
   const int64_t gates = s.lstm ? 4 : 3;
   n += s.window > 0 ? linear(s.window * s.embed, s.hidden)                                        // compress
                     : gates * s.hidden * (s.embed + s.hidden) + 2 * gates * s.hidden +             // gru / rnn layer 0
@@ -104,6 +107,7 @@ int64_t Policy::parameters_for(const EnvSpec& env, const PolicyShape& s) {
 Tensor Policy::encode(const Tensor& obs) const {
   if (shape_.input_table) return embedding(input_table(), obs);
   if (token_encoder_) return (*token_encoder_)(obs);
+  if (shape_.raw_obs) return obs;
   return tanh((*vector_encoder_)(obs));
 }
 

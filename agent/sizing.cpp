@@ -58,6 +58,12 @@ PolicyShape policy_shape(const TrainConfig& c, const EnvSpec& spec) {
   s.lstm = c.cell == "lstm", s.layers = c.layers, s.tied = c.tied, s.lm_init = c.algo == Algo::Lm;
   s.separate_critic = c.critic == "separate";
   s.head_hidden = c.head_hidden;
+  if (c.encoder == "none") {
+    if (spec.vocab > 0)
+      throw Error("--encoder none feeds vector observations to the recurrent cell as they are; the env '" + spec.name +
+                  "' observes tokens, which need their embedding (--encoder linear)");
+    s.raw_obs = true, s.embed = spec.obs_dim;
+  }
   if (s.separate_critic && !s.value_head)
     throw Error("--critic separate gives the value head a GRU of its own; --algo " + std::string(algo_name(c.algo)) + " on the env '" +
                 spec.name + "' learns from its targets by cross-entropy and has no value head");
@@ -77,9 +83,11 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
   const size_t G = (shape.lstm ? 4 : 3) * H;  // a recurrent layer's gate columns
   auto f32 = [](size_t n) { return align_up(n * sizeof(float)); };
   SizeEstimate e;
-  e.parameter_bytes = 4 * size_t(Policy::parameters_for(spec, shape)) * sizeof(float);
+  const size_t params = size_t(Policy::parameters_for(spec, shape));
+  e.parameter_bytes = 4 * params * sizeof(float);
+  e.checkpoint_bytes = (c.device == "cuda" ? 2 : 1) * (c.optim == "sgd" ? 1 : 3) * params * sizeof(float);
   e.observation_bytes = spec.obs_dim > 0 ? f32(B * size_t(spec.obs_dim)) : align_up(B * sizeof(int64_t));
-  e.step_bytes = e.observation_bytes + f32(B * E) + f32(B * A);             // observation, embedding, logits
+  e.step_bytes = e.observation_bytes + (shape.raw_obs ? 0 : f32(B * E)) + f32(B * A);  // observation, embedding, logits
   if (shape.window > 0) e.step_bytes += f32(B * size_t(shape.window) * E) + 2 * f32(B * H);  // concat, linear, tanh
   else if (!shape.stacked()) e.step_bytes += f32(B * H) + f32(4 * B * H);                   // GRU output + saved gates
   else {  // a stack (Policy::recur_stack): each layer's state, a slice of it, saved gates, an LSTM's h; the new state, the output
@@ -117,12 +125,13 @@ void check_sizes(const TrainConfig& c, const SizeEstimate& e) {
                       "size, the env's observation) or raise " + c.budget_name);
   std::string has;
   const size_t machine = memory_limit(&has);
-  const size_t need = e.parameter_bytes + std::min(e.segment_bytes, e.budget) + e.rollout_bytes;
+  const size_t need = e.parameter_bytes + std::min(e.segment_bytes, e.budget) + e.rollout_bytes + e.checkpoint_bytes;
   if (machine && need > machine)
     throw Error("the model needs at least " + format_bytes(need) + " (parameters, gradients and Adam's moments " +
                 format_bytes(e.parameter_bytes) + ", plus a segment of " + format_bytes(std::min(e.segment_bytes, e.budget)) +
                 (e.rollout_bytes ? ", plus PPO's rollout of " + format_bytes(e.rollout_bytes) : std::string()) +
-                ") but " + has + " " + format_bytes(machine) + " of memory: make the model smaller (--hidden, --embed)" +
+                ", plus " + format_bytes(e.checkpoint_bytes) + " while it writes a checkpoint) but " + has + " " +
+                format_bytes(machine) + " of memory: make the model smaller (--hidden, --embed)" +
                 (e.rollout_bytes ? " or the rollout shorter (--rollout, --batch)" : ""));
 }
 

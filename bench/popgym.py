@@ -14,11 +14,13 @@ segtape, SB3, ... Both engines run the same PPO settings, RL Zoo's tuned
 RecurrentPPO entry for CartPoleNoVel-v1 (hyperparams/ppo_lstm.yml at
 c94924e; RL Zoo has no POPGym entry, and this is its tuned recurrent-PPO
 setting of a small memory task): 8 envs, 32-step rollouts, one minibatch of
-all 256 steps, 20 epochs, gamma 0.98, GAE lambda 0.8, clip 0.2 (SB3: lin_0.2;
-segtape has no schedule for it, constant), lr lin_0.001, no entropy bonus,
-gradient norm clipped at 0.5, vf_coef 0.5 (segtape's value_coef 1.0: its
-value loss is value_coef / 2 x MSE), observations normalised as VecNormalize
-does where the space is a Box (POPGym's other spaces are discrete: one-hot).
+all 256 steps, 20 epochs, gamma 0.98, GAE lambda 0.8, clip lin_0.2
+(segtape: clip_schedule "linear"), lr lin_0.001, no entropy bonus, gradient
+norm clipped at 0.5, vf_coef 0.5 (segtape's value_coef 1.0: its value loss
+is value_coef / 2 x MSE), Adam's eps 1e-5 (SB3's; segtape's adam_eps),
+rewards normalised as VecNormalize does (RL Zoo's "normalize: true", with
+the algorithm's gamma; segtape's normalize_reward) and observations too where
+the space is a Box (POPGym's other spaces are discrete: one-hot).
 Models: SB3 as the Zoo entry's policy_kwargs (LSTM 64 for the actor and one
 of its own for the critic, a 64-unit ReLU layer before each head, no
 orthogonal initialisation); segtape its default policy, Linear(obs, 32) +
@@ -77,7 +79,8 @@ def worker_segtape(a):
                     lr_schedule="linear", history=f"tbptt:{z['n_steps']}", gamma=z["gamma"], entropy=z["ent_coef"],
                     clip=z["max_grad_norm"], value_coef=2 * z["vf_coef"], seed=a.seed, algo="ppo", rollout=z["n_steps"],
                     epochs=z["n_epochs"], minibatches=z["n_envs"] * z["n_steps"] // z["batch_size"],
-                    clip_range=z["clip_range"], gae_lambda=z["gae_lambda"], critic="separate", normalize_obs=True)
+                    clip_range=z["clip_range"], gae_lambda=z["gae_lambda"], critic="separate", normalize_obs=True,
+                    normalize_reward=True, adam_eps=1e-5, clip_schedule="linear")
     res = sg.train(env_id(a.env), **{**settings, **json.loads(a.segtape_args)}, log_every=a.eval_every // z["n_envs"],
                    eval_every=a.eval_every // z["n_envs"], eval_episodes=10, callback=lambda r: rss_at.append(rss()))
     evals = [(r["step"] * z["n_envs"], r["eval_return"], r["eval_seconds"]) for r in res.rows if "eval_return" in r]
@@ -102,9 +105,8 @@ def worker_sb3(a):
     box = isinstance(make().observation_space, gym.spaces.Box)
     env = DummyVecEnv([make] * z["n_envs"])
     eval_env = DummyVecEnv([lambda: Monitor(make())])
-    if box:
-        env = VecNormalize(env, norm_reward=False)
-        eval_env = VecNormalize(eval_env, training=False, norm_reward=False)
+    env = VecNormalize(env, norm_obs=box, gamma=z["gamma"])  # (RL Zoo's normalize: true; a discrete space stays one-hot)
+    eval_env = VecNormalize(eval_env, norm_obs=box, training=False, norm_reward=False)
     env.seed(a.seed)
     eval_env.seed(12345)
     model = RecurrentPPO("MlpLstmPolicy", env, n_steps=z["n_steps"], batch_size=z["batch_size"], n_epochs=z["n_epochs"],

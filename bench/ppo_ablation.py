@@ -16,7 +16,9 @@ hidden 64, embed 32, and history tbptt:32 (the whole rollout). Each row of
 --configs is a JSON object of segtape.gym.train arguments laid over these.
 With --base tuned, the base is the entry as RL Zoo's later file marks it
 tuned (ppo_lstm.yml at c94924e, the settings of its published agent):
-those with observations normalised as VecNormalize does, the critic's
+those with observations and rewards normalised as VecNormalize does (RL
+Zoo's "normalize: true"; the table in docs/figures/rl/cartpole-novel-tuned
+predates normalize_reward and normalised the observations only), the critic's
 recurrent core of its own (critic="separate") and the clip range annealed
 (clip_schedule="linear", lin_0.2); SB3's policy also puts a 64-unit ReLU
 layer before each head, which segtape's has not.
@@ -47,7 +49,7 @@ ZOO = dict(steps=100_000 // 8, batch=8, hidden=64, embed=32, lr=1e-3, history="t
 # c94924e, the settings of its published sb3/ppo_lstm-CartPoleNoVel-v1
 # agent): observations normalised, the critic's LSTM of its own, clip range
 # annealed (SB3's lin_0.2).
-TUNED = dict(ZOO, normalize_obs=True, critic="separate", clip_schedule="linear")
+TUNED = dict(ZOO, normalize_obs=True, normalize_reward=True, critic="separate", clip_schedule="linear")
 BASES = {"zoo038": ZOO, "tuned": TUNED}
 CONFIGS = ['{}', '{"normalize_obs": true}', '{"hidden": 256}', '{"value_coef": 0.02}', '{"embed": 64, "hidden": 128}',
            '{"normalize_obs": true, "hidden": 256}', '{"critic": "separate"}', '{"critic": "separate", "hidden": 128}',

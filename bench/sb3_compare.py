@@ -13,11 +13,12 @@ thread each, seeds interleaved (segtape seed 1, SB3 seed 1, segtape seed 2,
 (hyperparams/ppo_lstm.yml at c94924e, marked "Tuned"; the entry RL Zoo's
 published sb3/ppo_lstm-CartPoleNoVel-v1 agent lists, mean return 500): 8
 envs, 32-step rollouts, one minibatch of all 256 steps, 20 epochs, gamma
-0.98, GAE lambda 0.8, lr lin_0.001, clip lin_0.2 (segtape: 0.2 constant, it
-has no schedule for it), no entropy bonus, observations normalised as
-VecNormalize does (rewards not), SB3's defaults for the rest (gradient norm
-clipped at 0.5, vf_coef 0.5: segtape's value_coef 1.0, as its value loss is
-value_coef / 2 x MSE). Models: SB3 as the entry's policy_kwargs (LSTM 64 for
+0.98, GAE lambda 0.8, lr lin_0.001, clip lin_0.2 (segtape: clip_schedule
+"linear"), no entropy bonus, observations and rewards normalised as
+VecNormalize does (RL Zoo's "normalize: true", with the algorithm's gamma;
+segtape: normalize_obs and normalize_reward), SB3's defaults for the rest
+(gradient norm clipped at 0.5, vf_coef 0.5: segtape's value_coef 1.0, as its
+value loss is value_coef / 2 x MSE; Adam's eps 1e-5: segtape's adam_eps). Models: SB3 as the entry's policy_kwargs (LSTM 64 for
 the actor and one of its own for the critic, a 64-unit ReLU layer before
 each head, no orthogonal initialisation); segtape Linear(4, 32) + tanh ->
 GRUCell(32, 64) and a GRU of its own for the critic (critic="separate"),
@@ -85,7 +86,8 @@ def worker_segtape(a):
     first_rss = []
     res = sg.train(sg.masked_cartpole, steps=a.max_steps // p["batch"], batch=p["batch"], hidden=p["hidden"], embed=32,
                    lr=p["lr"], history="tbptt:32", gamma=p["gamma"], entropy=p["entropy"], clip=p["clip"], seed=a.seed,
-                   value_coef=2 * p["vf_coef"], lr_schedule="linear", critic="separate", normalize_obs=True,
+                   value_coef=2 * p["vf_coef"], lr_schedule="linear", clip_schedule="linear", critic="separate",
+                   normalize_obs=True, normalize_reward=True, adam_eps=1e-5,
                    # (segtape's value loss is value_coef / 2 x MSE, SB3's vf_coef x MSE)
                    algo="ppo", rollout=p["rollout"], epochs=p["epochs"], minibatches=p["minibatches"],
                    clip_range=p["clip_range"], gae_lambda=p["gae_lambda"], log_every=a.eval_every // p["batch"],
@@ -113,7 +115,7 @@ def worker_sb3(a):
     def make():
         return MaskVelocity(gym.make("CartPole-v1", max_episode_steps=500))
 
-    env = VecNormalize(DummyVecEnv([make] * p["batch"]), norm_reward=False)
+    env = VecNormalize(DummyVecEnv([make] * p["batch"]), gamma=p["gamma"])  # (RL Zoo's normalize: true)
     env.seed(a.seed)
     eval_env = VecNormalize(DummyVecEnv([lambda: Monitor(make())]), training=False, norm_reward=False)
     model = RecurrentPPO("MlpLstmPolicy", env, n_steps=p["rollout"], batch_size=p["batch"] * p["rollout"] // p["minibatches"],

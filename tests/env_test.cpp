@@ -137,7 +137,7 @@ void ensure(const std::string& name, const EnvFactory& f) {
 
 // Echo, broken in one way from a given step on.
 enum class Fault { TokenOutOfRange, TokenNegative, TokenUnwritten, RewardNaN, RewardInf, RewardUnwritten, DoneTwo, DoneUnwritten,
-                   TargetOutOfRange, TargetNegative, ThrowsInt, SpecChanges };
+                   TargetOutOfRange, TargetNegative, ThrowsInt, SpecChanges, StateGrows };
 
 class Broken final : public Echo {
  public:
@@ -183,6 +183,7 @@ class Broken final : public Echo {
     }
     Echo::step(a, reward, done);
     if (!broken) return;
+    if (fault_ == Fault::StateGrows && s_.size() == size_t(2 * batch_)) s_.push_back(0);  // (its checkpoints: unreadable)
     if (fault_ == Fault::RewardNaN) reward[1] = std::nanf("");
     if (fault_ == Fault::RewardInf) reward[1] = -std::numeric_limits<float>::infinity();
     if (fault_ == Fault::DoneTwo) done[1] = 2;
@@ -346,6 +347,16 @@ TEST(EnvContract, ANonFiniteRewardIsRefused) {
 TEST(EnvContract, DoneOtherThanZeroOrOneIsRefused) {
   expect_refused("bad-done", Fault::DoneTwo, "set done of stream 1 to 2; done is 0 or 1");
   expect_refused("bad-done-unwritten", Fault::DoneUnwritten, "step() left done of stream 1 unwritten (or set it to 255, the mark of an unwritten one); done is 0 or 1");
+}
+
+// A step that changes the number of state_ints() is refused at that step,
+// naming the env and the sizes: a checkpoint written after it could not be
+// read back by a fresh env.
+TEST(EnvContract, AStateThatChangesSizeIsRefusedAtItsStep) {
+  auto env = broken("bad-state-grows", Fault::StateGrows, 3);
+  const std::string m = run_until_refused(*env, 10);
+  EXPECT_NE(m.find("env 'bad-state-grows', step 3: step() changed the number of state_ints() from 4 to 5; "), std::string::npos) << m;
+  EXPECT_NE(m.find("docs/agent.md"), std::string::npos) << m;
 }
 
 TEST(EnvContract, ATargetOutOfRangeIsRefused) {

@@ -238,3 +238,57 @@ TEST(PpoSettings, AdamEpsIsAdamsAndCheckpointed) {
   EXPECT_NE(test::message_of<Error>([&] { Trainer t(sgd); }).find("--adam-eps is Adam's and AdamW's"), std::string::npos);
   fs::remove_all(dir);
 }
+
+// --encoder none: a vector observation goes into the GRU as it is (SB3's
+// Flatten features extractor): no "encoder" parameters, the cells read
+// obs_dim inputs (the critic's too), encode() is the observation itself,
+// and a step's state is the GRU cell of the observation by hand. A run
+// resumes bit for bit; the checkpoint names the encoder (a linear one's, as
+// before, does not); token envs and histories without a recurrent core are
+// refused naming the flag.
+TEST(PpoSettings, NoEncoderFeedsTheObservationToTheCell) {
+  auto env = make_env("dialogue", 3, 1, EnvOptions{});
+  const EnvSpec& spec = env->spec();
+  ASSERT_GT(spec.obs_dim, 0);
+  PolicyShape shape{spec.obs_dim, 10, 0, true};
+  shape.raw_obs = true, shape.separate_critic = true;
+  Tape tape;
+  nn::Rng rng(2);
+  const Policy p(tape, rng, spec, shape);
+  std::map<std::string, Tensor> w;
+  for (const auto& [name, t] : p.named_parameters()) w[name] = t;
+  EXPECT_EQ(w.count("encoder.weight"), 0u);
+  EXPECT_EQ(w.at("gru.weight_ih").shape, (Shape{30, spec.obs_dim}));
+  EXPECT_EQ(w.at("critic.weight_ih").shape, (Shape{30, spec.obs_dim}));
+  EXPECT_EQ(p.parameter_count(), Policy::parameters_for(spec, shape));
+  Segment seg = tape.segment();
+  std::vector<float> obs(size_t(3 * spec.obs_dim));
+  for (size_t i = 0; i < obs.size(); ++i) obs[i] = float(i % 7) * 0.1f - 0.3f;
+  const Tensor x = tape.from(std::span<const float>(obs), {3, spec.obs_dim});
+  EXPECT_EQ(p.encode(x).to_host<float>(), obs);
+  const Tensor h = tape.zeros({6, 10});
+  const std::vector<float> got = p.recur(p.encode(x), h).to_host<float>();
+  const std::vector<float> want =
+      gru_cell(x, tape.zeros({3, 10}), w.at("gru.weight_ih"), w.at("gru.weight_hh"), w.at("gru.bias_ih"), w.at("gru.bias_hh")).to_host<float>();
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_FLOAT_EQ(got[i], want[i]) << i;
+
+  const fs::path dir = fs::temp_directory_path() / ("segtape_encoder_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  TrainConfig c = test::small_config("dialogue", "tbptt:8", 64);
+  c.algo = Algo::Ppo, c.rollout = 8, c.epochs = 2, c.minibatches = 2;
+  c.encoder = "none", c.critic = "separate";
+  EXPECT_EQ(test::expect_resumes_bit_identically(c, dir / "ck.safetensors", 32).encoder, "none");
+  TrainConfig linear = c;
+  linear.encoder = "linear";
+  Trainer other(linear);
+  EXPECT_NE(test::message_of<CheckpointError>([&] { other.load(dir / "ck.safetensors"); }).find("--encoder"), std::string::npos);
+  EXPECT_EQ(linear.to_metadata().count("encoder"), 0u);
+  TrainConfig tokens = small_ppo("constant", 1);
+  tokens.encoder = "none";
+  EXPECT_NE(test::message_of<Error>([&] { Trainer t(tokens); }).find("--encoder none feeds vector observations"), std::string::npos);
+  TrainConfig window = c;
+  window.history = History::parse("window:4");
+  EXPECT_NE(test::message_of<Error>([&] { Trainer t(window); }).find("--encoder none feeds the observations to the agent's recurrent cell"),
+            std::string::npos);
+  fs::remove_all(dir);
+}

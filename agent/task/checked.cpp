@@ -44,6 +44,7 @@ class CheckedEnv final : public Env {
     const int64_t made = guarded("batch", [&] { return env_->batch(); });
     if (made != batch) fail_at_make("batch() is " + std::to_string(made) + ", but it was made for " + std::to_string(batch) + " streams");
     spec_ = guarded("spec", [&] { return env_->spec(); });
+    state_size_ = env_->state_size();
     const EnvSpec& s = spec_;
     vocab_ = s.vocab, obs_dim_ = s.obs_dim, actions_ = s.num_actions;
     if ((vocab_ > 0) == (obs_dim_ > 0) || vocab_ < 0 || obs_dim_ < 0)
@@ -146,6 +147,10 @@ class CheckedEnv final : public Env {
         if (done[b] > 1) fail("step() set done" + s + " to " + std::to_string(done[b]) + "; done is 0 or 1");
       }
     std::copy_n(done.begin(), B, last_done_.begin());
+    if (const size_t now = env_->state_size(); now != state_size_) [[unlikely]]
+      fail("step() changed the number of state_ints() from " + std::to_string(state_size_) + " to " + std::to_string(now) +
+           "; an env's state keeps its size for its whole life (a checkpoint saves it, and a fresh env of the same "
+           "configuration reads it back)");
     ++steps_;
   }
 
@@ -262,6 +267,7 @@ class CheckedEnv final : public Env {
   EnvSpec spec_;
   int64_t vocab_ = 0, obs_dim_ = 0, actions_ = 0;
   int64_t steps_ = 0;  // step() calls so far: messages name step steps_ + 1
+  size_t state_size_ = 0;  // the env's state_ints() when made (Env::state_size)
   std::vector<int64_t> no_ints_;
   std::vector<uint8_t> last_done_ = std::vector<uint8_t>(size_t(batch_), 0);  // the last step()'s done flags (truncations)
 };

@@ -331,7 +331,7 @@ class TrainResult:
 
 def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, lr=3e-3, history="tbptt:32", gamma=0.99,
           entropy=0.01, value_coef=0.5, clip=1.0, seed=1, algo="a2c", rollout=128, epochs=10, minibatches=4,
-          clip_range=0.2, gae_lambda=0.95, lr_schedule="linear", clip_schedule="constant", critic="shared", head_hidden=0, cell="gru", adam_eps=1e-8, nonfinite="stop", max_skips=10, success=None, normalize_obs=True, normalize_reward=False, log_every=None,
+          clip_range=0.2, gae_lambda=0.95, lr_schedule="linear", clip_schedule="constant", critic="shared", head_hidden=0, cell="gru", encoder="linear", adam_eps=1e-8, nonfinite="stop", max_skips=10, success=None, normalize_obs=True, normalize_reward=False, log_every=None,
           callback=None,
           eval_every=None, eval_episodes=10, stop_at=None, budget=None):
     """Trains segtape's recurrent agent on a Gymnasium env; returns a TrainResult.
@@ -353,6 +353,9 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     RecurrentPPO gives its critic an LSTM of its own).
     cell: "gru" (the agent's GRUCell) or "lstm" (an LSTM cell of `hidden`
     units, its state h and c; with the shared critic only).
+    encoder: "linear" (a vector observation goes through Linear(obs_dim,
+    embed) + tanh) or "none" (into the recurrent cell as it is, as SB3's
+    recurrent policies read it; embed is then unused); tokens are embedded.
     head_hidden: > 0 puts a layer of that many units with ReLU before the
     action head and one before the value head (SB3's net_arch
     dict(pi=[N], vf=[N])); 0, the heads read the GRU's state.
@@ -414,7 +417,7 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
                     "one open segment, so it evaluates only once the run has ended (result.evaluate() after train())")
     c.lr, c.gamma, c.entropy, c.value_coef, c.clip = lr, gamma, entropy, value_coef, clip
     c.clip_range, c.gae_lambda, c.lr_schedule, c.critic = clip_range, gae_lambda, lr_schedule, critic
-    c.clip_schedule, c.cell, c.adam_eps, c.nonfinite = clip_schedule, cell, float(adam_eps), nonfinite
+    c.clip_schedule, c.cell, c.adam_eps, c.nonfinite, c.encoder = clip_schedule, cell, float(adam_eps), nonfinite, encoder
     c.update_bias = float(update_bias)
     if budget is not None:  # (None: the Trainer's default, 64 MiB, or 1 GiB of growth for history "full")
         c.budget = _bytes(budget, "segtape.gym.train: budget")

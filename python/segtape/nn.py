@@ -5,6 +5,7 @@ layer takes its tape first, and an `rng` (segtape.nn.Rng) that defaults to
 this module's generator, seeded by manual_seed (0 at import)."""
 import os as _os
 
+from ._segtape import Error
 from ._segtape import nn as _N
 
 Rng = _N.Rng
@@ -20,8 +21,12 @@ _default = [Rng(0)]
 
 
 def manual_seed(seed):
-    """Reseeds the generator layers use when no rng is given; returns it."""
-    _default[0] = Rng(int(seed))
+    """Reseeds the generator layers use when no rng is given; returns it.
+    seed: an int in [0, 2^64 - 1] (segtape.Error otherwise)."""
+    seed = int(seed)
+    if not 0 <= seed <= 2**64 - 1:
+        raise Error(f"segtape.nn.manual_seed: seed must be in [0, 2^64 - 1], got {seed}")
+    _default[0] = Rng(seed)
     return _default[0]
 
 

@@ -141,6 +141,43 @@ int64_t at_exit(double timeout_s) {
 
 namespace {
 
+// ---------------------------------------------------------------- ints beyond their C++ type
+// A Python int beyond the C++ type an argument goes into matches none of a
+// function's typed overloads, and nanobind's TypeError then lists
+// signatures, naming neither the call nor the argument. The overloads
+// registered after the typed ones take the int as an object and say what
+// is wrong: the argument and its range, or (a shape) its dimension.
+
+[[noreturn]] void int_beyond(const std::string& call, const char* name, nb::handle v, const char* range) {
+  throw Error(call + ": " + name + " must be in " + range + ", got " + nb::str(v).c_str());
+}
+
+// A shape the typed overload did not take, as a Shape: a sequence of ints
+// (operator.index: NumPy's too), the first that int64 cannot hold named as
+// beyond a dimension's range (2^31 - 1; Shape::of names one beyond that
+// but within int64); anything else is a TypeError naming the call.
+Shape shape_arg(const char* call, nb::handle shape) {
+  const auto not_ints = [&] {
+    return nb::type_error((std::string(call) + ": shape must be a sequence of ints, got " + nb::str(shape).c_str()).c_str());
+  };
+  if (!nb::isinstance<nb::sequence>(shape) || nb::isinstance<nb::str>(shape)) throw not_ints();
+  std::vector<int64_t> dims;
+  const nb::object lo = nb::int_(INT64_MIN), hi = nb::int_(INT64_MAX);
+  for (nb::handle d : nb::iter(shape)) {
+    PyObject* i = PyNumber_Index(d.ptr());
+    if (!i) {
+      PyErr_Clear();
+      throw not_ints();
+    }
+    const nb::object v = nb::steal(i);
+    if (v < lo || v > hi)
+      throw ShapeError(std::string(call) + ": shape " + nb::str(shape).c_str() + " has the dimension " + nb::str(v).c_str() +
+                       ", beyond what a dimension can hold (2^31 - 1)");
+    dims.push_back(nb::cast<int64_t>(v));
+  }
+  return Shape::of(dims, call);
+}
+
 // ---------------------------------------------------------------- lifetimes
 
 struct TapeBox {
@@ -626,23 +663,36 @@ void bind_ops(nb::module_& m, TensorClass& tensor) {
   const auto mean_fn = [](const PyTensor& a, std::optional<int> axis) {
     return wrap(axis ? segtape::mean(a.get(), *axis) : segtape::mean(a.get()), a.box);
   };
+  // An axis beyond int: out of range for any tensor, as the op says of one beyond its rank.
+  const auto axis_beyond = [](const char* op) {
+    return [op](const PyTensor& a, nb::int_ axis) -> PyTensor {
+      throw ShapeError(std::string(op) + ": axis " + nb::str(axis).c_str() + " out of range for " + a.get().describe());
+    };
+  };
   const auto reshape_fn = [](const PyTensor& a, const std::vector<int64_t>& s) {
     return wrap(reshape(a.get(), Shape::of(s, "reshape")), a.box);
   };
+  const auto reshape_beyond = [](const PyTensor& a, nb::object s) { return wrap(reshape(a.get(), shape_arg("reshape", s)), a.box); };
   const auto transpose_fn = [](const PyTensor& a) { return apply(segtape::transpose, a); };
   tensor.def("softmax", softmax_fn)
       .def("log_softmax", log_softmax_fn)
       .def("sum", sum_fn, "axis"_a = nb::none())
+      .def("sum", axis_beyond("sum"), "axis"_a)
       .def("mean", mean_fn, "axis"_a = nb::none())
+      .def("mean", axis_beyond("mean"), "axis"_a)
       .def("reshape", reshape_fn)
+      .def("reshape", reshape_beyond)
       .def("t", transpose_fn)
       .def_prop_ro("T", transpose_fn)
       .def("detach", [](const PyTensor& a) { return apply(segtape::detach, a); });
   m.def("softmax", softmax_fn);
   m.def("log_softmax", log_softmax_fn);
   m.def("sum", sum_fn, "input"_a, "axis"_a = nb::none());
+  m.def("sum", axis_beyond("sum"), "input"_a, "axis"_a);
   m.def("mean", mean_fn, "input"_a, "axis"_a = nb::none());
+  m.def("mean", axis_beyond("mean"), "input"_a, "axis"_a);
   m.def("reshape", reshape_fn);
+  m.def("reshape", reshape_beyond);
   m.def("transpose", transpose_fn);
   m.def("matmul", [](const PyTensor& a, const PyTensor& b, bool ta, bool tb) { return wrap(matmul(a.get(), b.get(), ta, tb), a.box); },
         "a"_a, "b"_a, "transpose_a"_a = false, "transpose_b"_a = false);
@@ -811,11 +861,19 @@ NB_MODULE(_segtape, m) {
       .def("zeros", [](PyTape& t, const std::vector<int64_t>& s, const std::string& d) {
         return wrap(t.tape().zeros(Shape::of(s, "zeros"), dtype_from(d)), t.box);
       }, "shape"_a, "dtype"_a = "float32")
+      .def("zeros", [](PyTape& t, nb::object s, const std::string& d) { return wrap(t.tape().zeros(shape_arg("zeros", s), dtype_from(d)), t.box); },
+           "shape"_a, "dtype"_a = "float32")
       .def("parameter", [](PyTape& t, const std::vector<int64_t>& s, const std::string& d) {
         return wrap(t.tape().parameter(Shape::of(s, "parameter"), dtype_from(d)), t.box);
       }, "shape"_a, "dtype"_a = "float32")
+      .def("parameter", [](PyTape& t, nb::object s, const std::string& d) {
+        return wrap(t.tape().parameter(shape_arg("parameter", s), dtype_from(d)), t.box);
+      }, "shape"_a, "dtype"_a = "float32")
       .def("persistent", [](PyTape& t, const std::vector<int64_t>& s, const std::string& d) {
         return wrap(t.tape().persistent(Shape::of(s, "persistent"), dtype_from(d)), t.box);
+      }, "shape"_a, "dtype"_a = "float32")
+      .def("persistent", [](PyTape& t, nb::object s, const std::string& d) {
+        return wrap(t.tape().persistent(shape_arg("persistent", s), dtype_from(d)), t.box);
       }, "shape"_a, "dtype"_a = "float32")
       .def("next_step", [](PyTape& t) { t.tape().next_step(); })
       .def_prop_ro("step", [](const PyTape& t) { return t.tape().step(); })
@@ -913,6 +971,7 @@ NB_MODULE(_segtape, m) {
   nb::module_ nnm = m.def_submodule("nn", "segtape.nn's C++ classes");
   nb::class_<nn::Rng>(nnm, "Rng", "The seeded, portable generator behind initialisation (splitmix64).")
       .def(nb::init<uint64_t>(), "seed"_a = 0)
+      .def("__init__", [](nn::Rng*, nb::int_ seed) { int_beyond("segtape.nn.Rng", "seed", seed, "[0, 2^64 - 1]"); }, "seed"_a)
       .def("uniform", nb::overload_cast<>(&nn::Rng::uniform))
       .def("uniform", nb::overload_cast<double, double>(&nn::Rng::uniform), "low"_a, "high"_a)
       .def("normal", &nn::Rng::normal, "mean"_a = 0.0, "std"_a = 1.0)
@@ -1323,6 +1382,7 @@ NB_MODULE(_segtape, m) {
       .def_rw("critic", &agent::TrainConfig::critic)
       .def_rw("head_hidden", &agent::TrainConfig::head_hidden)
       .def_rw("adam_eps", &agent::TrainConfig::adam_eps)
+      .def_rw("encoder", &agent::TrainConfig::encoder)
       .def_rw("layers", &agent::TrainConfig::layers)
       .def_rw("dropout", &agent::TrainConfig::dropout)
       .def_rw("tied", &agent::TrainConfig::tied)

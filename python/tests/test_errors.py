@@ -18,6 +18,7 @@ def test_hierarchy_subclasses_the_builtins_where_natural():
     assert issubclass(segtape.IndexError, IndexError) and segtape.IndexError is not IndexError
     assert issubclass(segtape.CheckpointError, OSError)
     assert issubclass(segtape.AnomalyError, FloatingPointError)
+    assert issubclass(segtape.NonFiniteError, (segtape.Error, FloatingPointError))
     assert issubclass(segtape.OutOfMemoryError, MemoryError)
     assert issubclass(segtape.DeviceError, RuntimeError)
     for cls in (segtape.ShapeError, segtape.ExpiredTensorError, segtape.BudgetError, segtape.TapeError,
@@ -176,6 +177,48 @@ def test_shapes_that_overflow_are_refused(tape):
                 segtape.slice(x, 1, start, length)
         with pytest.raises(segtape.ShapeError, match="more than a dimension can hold"):
             segtape.concat([tape.zeros([2**31 - 1, 0])] * 2)
+
+
+def test_ints_beyond_their_cpp_type_are_named(tape):
+    """An int beyond the C++ type it goes into is refused naming the call and
+    the argument (it was nanobind's TypeError listing signatures); the same
+    calls with NumPy ints and tuples still work."""
+    with pytest.raises(segtape.Error, match=r"^segtape.nn.Rng: seed must be in \[0, 2\^64 - 1\], got -1$"):
+        nn.Rng(-1)
+    with pytest.raises(segtape.Error, match=r"^segtape.nn.Rng: seed must be in \[0, 2\^64 - 1\], got 18446744073709551616$"):
+        nn.Rng(2**64)
+    with pytest.raises(segtape.Error, match=r"^segtape.nn.manual_seed: seed must be in \[0, 2\^64 - 1\], got -1$"):
+        nn.manual_seed(-1)
+    nn.manual_seed(0)
+    with tape.segment():
+        for call in (tape.zeros, tape.persistent, tape.parameter):
+            with pytest.raises(segtape.ShapeError, match=r"shape \[9223372036854775808\] has the dimension 9223372036854775808, "
+                               r"beyond what a dimension can hold \(2\^31 - 1\)"):
+                call([2**63])
+        with pytest.raises(TypeError, match=r"^zeros: shape must be a sequence of ints, got \['a'\]$"):
+            tape.zeros(["a"])
+        assert tape.zeros((np.int64(2), 3)).shape == (2, 3)
+        x = tape.zeros([2, 3])
+        with pytest.raises(segtape.ShapeError, match=r"^reshape: shape \[-9223372036854775809\] has the dimension"):
+            x.reshape([-2**63 - 1])
+        assert x.reshape((np.int64(3), 2)).shape == (3, 2)
+        for f in (x.sum, x.mean, lambda axis: segtape.sum(x, axis), lambda axis: segtape.mean(x, axis=axis)):
+            with pytest.raises(segtape.ShapeError, match=r"axis 2147483648 out of range for f32\[2,3\]"):
+                f(axis=2**31) if f in (x.sum, x.mean) else f(2**31)
+        assert x.sum(axis=np.int64(1)).shape == (2,)
+
+
+def test_integer_tensors_move_through_the_data_movement_ops(tape):
+    """concat, slice, reshape and transpose take int64 tensors (they refused
+    them), every value as it is; arithmetic on them is still refused."""
+    with tape.segment():
+        a = tape.tensor(np.array([[0, -1, 2**53 + 1], [3, 4, 5]], dtype=np.int64))
+        assert segtape.concat([a, a], axis=0).numpy().tolist() == [[0, -1, 2**53 + 1], [3, 4, 5]] * 2
+        assert segtape.slice(a, 1, 2, 1).numpy().tolist() == [[2**53 + 1], [5]]
+        assert a.reshape([3, 2]).numpy().tolist() == [[0, -1], [2**53 + 1, 3], [4, 5]]
+        assert a.t().numpy().tolist() == [[0, 3], [-1, 4], [2**53 + 1, 5]]
+        with pytest.raises(segtape.ShapeError, match="floating-point"):
+            a + a
 
 
 def test_a_cycle_of_modules_is_refused(tape):

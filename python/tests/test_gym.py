@@ -225,18 +225,22 @@ def test_non_finite_coefficients_are_refused():
         sg.train("CartPole-v1", steps=32, entropy=float("inf"))
 
 
-class _Pay(gymnasium.Env):
+class _Counting(gymnasium.Env):
+    """An env that shows token 0 at its reset and counts its steps in t."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return 0, {}
+
+
+class _Pay(_Counting):
     """Token 0 and reward 1 at every step; each episode cut after 3 steps by
     a time limit (truncated), or with `terminates` ended by the task
     (terminated; with `both`, both flags set)."""
     observation_space = gymnasium.spaces.Discrete(2)
     action_space = gymnasium.spaces.Discrete(2)
     terminates, both = False, False
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return 0, {}
 
     def step(self, action):
         self.t += 1
@@ -383,18 +387,13 @@ def test_adam_eps_reaches_the_trainer(tmp_path):
         sg.train("CartPole-v1", steps=32, adam_eps=-1)
 
 
-class _Huge(gymnasium.Env):
+class _Huge(_Counting):
     """Token 0; reward 1 at every step, or 3e38 (finite in float32: the env
     boundary takes it, and two of them overflow a return) at the steps of
     each stream in [lo, hi) while `on`."""
     observation_space = gymnasium.spaces.Discrete(2)
     action_space = gymnasium.spaces.Discrete(2)
     on, lo, hi = True, 0, 10**9
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return 0, {}
 
     def step(self, action):
         self.t += 1
@@ -446,16 +445,11 @@ def test_the_skip_policy_completes_the_run_and_counts_its_skipped_updates():
         sg.train("CartPole-v1", steps=32, nonfinite="ignore")
 
 
-class _Ramp(gymnasium.Env):
+class _Ramp(_Counting):
     """Token 0; reward t at the t-th step of an episode, which ends (by the
     task) after 3 steps."""
     observation_space = gymnasium.spaces.Discrete(1)
     action_space = gymnasium.spaces.Discrete(2)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return 0, {}
 
     def step(self, action):
         self.t += 1

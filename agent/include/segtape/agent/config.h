@@ -96,6 +96,11 @@ struct TrainConfig {
   // dict(pi=[N], vf=[N]) (PolicyShape::head_hidden). 0: the heads read the
   // recurrent state directly. Kept in checkpoints only where > 0.
   int64_t head_hidden = 0;
+  // How vector observations reach the recurrent cell: "linear" (Linear(obs,
+  // embed) + tanh, the default) or "none" (as they are: SB3's recurrent
+  // policies read the flattened observation; --embed is then unused; RL with
+  // a recurrent history only). Kept in checkpoints only where "none".
+  std::string encoder = "linear";
   // The model of --algo lm (PolicyShape's): the recurrent cell ("gru" or
   // "lstm"), its layers, the dropout of word_language_model (on the
   // embeddings, between the layers, on the last layer's output; 0: none), the

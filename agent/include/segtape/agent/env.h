@@ -152,6 +152,10 @@ class Env {
   // Everything needed to continue bit-identically (for checkpoints).
   virtual std::vector<int64_t> save_state() const;
   virtual void load_state(std::span<const int64_t> s);
+  // The number of state_ints() now: it must stay the one the env was made
+  // with (a checkpoint saves them and a fresh env of the same configuration
+  // reads them back); make_env's wrapper refuses a step that changes it.
+  size_t state_size() const { return const_cast<Env*>(this)->state_ints().size(); }
 
  protected:
   int64_t draw(int64_t n) { return int64_t(rng_.next_u64() % uint64_t(n)); }

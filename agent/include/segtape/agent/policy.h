@@ -54,6 +54,10 @@ struct PolicyShape {
   // and one ("vf") before the value head, which then read head_hidden units
   // (--head-hidden; not with a tied head).
   int64_t head_hidden = 0;
+  // Vector observations go into the recurrent cell as they are, with no
+  // encoder (--encoder none: SB3's Flatten features extractor; embed is then
+  // the env's obs_dim); false: Linear(obs_dim, embed) + tanh ("encoder").
+  bool raw_obs = false;
   // The state's rows per stream (TrainConfig::state_rows): the state is
   // [state_rows() x B, hidden], layer after layer, an LSTM layer's h rows
   // then its c rows (one layer's [2, B, hidden], lstm_cell's state); with a
@@ -72,7 +76,8 @@ class Policy : public nn::Module {
   // one for every env and history.
   static int64_t parameters_for(const EnvSpec& env, const PolicyShape& shape);
   // obs: int64 tokens [B] or float vectors [B, obs_dim] -> [B, embed]; with
-  // input_table, layer 0's input gates [B, gates] (what recur reads then).
+  // input_table, layer 0's input gates [B, gates] (what recur reads then);
+  // with raw_obs, the vectors themselves.
   Tensor encode(const Tensor& obs) const;
   // The recurrent step: [B, embed], the state [state_rows B, hidden] -> the new
   // state (a one-layer GRU's is its h). `between`: for a stack, the

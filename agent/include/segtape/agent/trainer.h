@@ -55,6 +55,10 @@ struct SizeEstimate {
   size_t segment_bytes = 0;    // step_bytes x the steps a segment keeps (K; 1 for `full`, which grows)
   size_t budget = 0;           // the budget that applies (segment budget, or `full`'s growth limit)
   size_t rollout_bytes = 0;    // the algorithm's host buffers (PPO's rollout: agent/algo/rollout_buffer.h)
+  // What writing a checkpoint holds while it writes: the file in memory
+  // (the parameters and the optimizer's moments; nn::save_entries), and
+  // with --device cuda their copy on the host too.
+  size_t checkpoint_bytes = 0;
 };
 
 // The memory this process may take, to refuse a size that cannot fit before
