@@ -121,6 +121,7 @@ void Trainer::save(const std::filesystem::path& file, const std::map<std::string
   if (grows() && t.tape->segment_open())
     throw Error("save: history '" + t.config.history.str() + "' keeps its whole run in one open segment; it checkpoints only at the end");
   refuse_inside_a_segment(busy_ > 0 || t.tape->segment_open(), "save");
+  refuse_after_non_finite("save");
   // Data parallel: every rank's streams to rank 0, which writes the one file.
   std::vector<std::string> streams;
   if (t.comm) streams = t.comm->gather(stream_state(), 0, "the gather of the ranks' streams for a checkpoint");
@@ -132,6 +133,7 @@ void Trainer::save(const std::filesystem::path& file, const std::map<std::string
   meta["format"] = "segtape-train-1";
   algo_->save_metadata(meta);
   if (t.skipped > 0) meta["skipped_updates"] = std::to_string(t.skipped);  // (--nonfinite skip; none: as before it)
+  if (t.skipped_in_a_row > 0) meta["skipped_in_a_row"] = std::to_string(t.skipped_in_a_row);  // (a streak goes on after --resume)
   for (const auto& [k, v] : extra) meta[k] = v;
   std::vector<std::vector<int64_t>> ints(streams.size());
   std::vector<std::vector<float>> floats(streams.size());
@@ -258,13 +260,15 @@ void Trainer::load_dist(const std::filesystem::path& file) {
   std::vector<Tensor> state = c.policy->parameters();
   for (const auto& [name, t] : c.optim->state()) state.push_back(t);
   c.avg->broadcast(state, "the broadcast of the checkpoint's parameters and optimizer state");
-  int64_t counters[3] = {c.step, c.optim->step_count(), history_->position()};
+  int64_t counters[5] = {c.step, c.optim->step_count(), history_->position(), c.skipped, c.skipped_in_a_row};
   c.comm->broadcast(counters, sizeof counters, 0, "the broadcast of the checkpoint's counters");
   const std::string mine = c.comm->scatter(parts, 0, "the scatter of the ranks' streams from the checkpoint");
   if (rank() != 0) {  // (checked above)
     c.step = counters[0];
     c.optim->set_step_count(counters[1]);
     history_->set_position(counters[2]);
+    c.skipped = counters[3], c.skipped_in_a_row = counters[4];
+    c.stopped_at_non_finite.clear();
     set_stream_state(mine);
   }
 }
@@ -281,7 +285,7 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
   algo_->entries(c.entries);
   for (nn::Entry& e : extra) c.entries.push_back(std::move(e));
   std::fill(c.episode_return.begin(), c.episode_return.end(), 0.0f);  // what a checkpoint without them means
-  int64_t skipped = 0;  // (--nonfinite skip's count; a checkpoint without it skipped none)
+  int64_t skipped = 0, in_a_row = 0;  // (--nonfinite skip's counts; a checkpoint without them skipped none)
   // Is it a checkpoint of this configuration?
   const auto about_file = [&](const nn::Metadata& metadata, std::vector<std::string>& problems) {
     TrainConfig saved;
@@ -320,11 +324,12 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
       if (auto m = metadata.find(key); m == metadata.end() || m->second != value)
         problems.push_back("checkpoint's " + key + " differs from the one this run made from its data (--data, --valid, --test, " +
                            "--tokens, --split, --target, --features): the data changed since it was written?");
-    if (auto s = metadata.find("skipped_updates"); s != metadata.end()) {
-      const auto [end, ec] = std::from_chars(s->second.data(), s->second.data() + s->second.size(), skipped);
-      if (s->second.empty() || ec != std::errc() || end != s->second.data() + s->second.size() || skipped < 0)
-        problems.push_back("checkpoint metadata 'skipped_updates' is '" + s->second + "', not a count");
-    }
+    for (auto [key, count] : {std::pair{"skipped_updates", &skipped}, std::pair{"skipped_in_a_row", &in_a_row}})
+      if (auto s = metadata.find(key); s != metadata.end()) {
+        const auto [end, ec] = std::from_chars(s->second.data(), s->second.data() + s->second.size(), *count);
+        if (s->second.empty() || ec != std::errc() || end != s->second.data() + s->second.size() || *count < 0)
+          problems.push_back("checkpoint metadata '" + std::string(key) + "' is '" + s->second + "', not a count");
+      }
     auto it = metadata.find("dist.ranks");
     const std::string written = it == metadata.end() ? "1" : it->second;
     if (check_ranks && written != std::to_string(ranks()))
@@ -359,7 +364,8 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
   t.episode_return = c.episode_return;
   t.h = t.h_home;
   t.step = c.counters[0];
-  t.skipped = skipped, t.skipped_in_a_row = 0;
+  t.skipped = skipped, t.skipped_in_a_row = in_a_row;
+  t.stopped_at_non_finite.clear();
   t.optim->set_step_count(c.counters[1]);
   history_->set_position(c.counters[2]);
   history_->loaded();

@@ -50,6 +50,11 @@ struct Context {
   // that runs now (the updates' errors name its steps).
   int64_t skipped = 0, skipped_in_a_row = 0;
   int64_t segment_step0 = 0;
+  // Set when a NonFiniteError ended a segment part-way (the env, the
+  // samplers and, in PPO, earlier minibatches' updates moved on; the step
+  // count and the state did not): the trainer then refuses to train, save
+  // or evaluate until a checkpoint is loaded. What stopped it.
+  std::string stopped_at_non_finite;
 
   int rank() const { return comm ? comm->rank() : 0; }
   int ranks() const { return comm ? comm->size() : 1; }

@@ -155,13 +155,15 @@ void Context::refuse_non_finite(const std::string& what) {
     return;
   }
   const std::string update = std::to_string(optim->step_count() + skipped + 1);
+  stopped_at_non_finite = "update " + update + " (steps " + std::to_string(segment_step0) + " to " + std::to_string(step) + ")";
   throw NonFiniteError("update " + update + ", in the segment of steps " + std::to_string(segment_step0) + " to " +
                        std::to_string(step) + ": " + what + " (" + first + "). Rewards too large for float32 (returns that "
                        "overflow), a learning rate too high or a loss that diverged make this. " +
                        (config.nonfinite == "skip" ? std::to_string(config.max_skips) + " updates in a row had a gradient that is "
                                                      "not finite (--max-skips " + std::to_string(config.max_skips) + "). "
                                                    : std::string("")) +
-                       "The parameters were not updated; a run's checkpoint is kept as it was written. --nonfinite skip skips "
+                       "This update was not taken (in PPO, the iteration's earlier minibatches were); a run's checkpoint is "
+                       "kept as it was written, and this trainer trains on only once one is loaded. --nonfinite skip skips "
                        "such updates (as PyTorch's GradScaler does) and stops after --max-skips in a row");
 }
 
@@ -267,13 +269,44 @@ UpdateResult Trainer::stopped_figures() {
   return algo_->stopped();
 }
 
+void Trainer::refuse_after_non_finite(const char* what) const {
+  if (!c_->stopped_at_non_finite.empty())
+    throw NonFiniteError(std::string(what) + ": this trainer stopped at the non-finite " + c_->stopped_at_non_finite +
+                         ", part-way through its segment (its env and samplers moved on); load a checkpoint first");
+}
+
+// The loss, read on the host for the report: one that is not finite though
+// no update of the segment was skipped ends the run under either
+// --nonfinite (the gradient was finite and its update taken; a CUDA-graph
+// segment's gradient norm stays on the device, so there the update was
+// taken unchecked). Under data parallelism each rank's loss is its own:
+// the ranks agree on the averaged gradient's check, and this one is not made.
+void Trainer::check_loss(const UpdateResult& r, int64_t step0, int64_t skipped0) {
+  Context& c = *c_;
+  if (std::isfinite(r.loss_sum) || c.skipped != skipped0 || c.avg) [[likely]]
+    return;
+  c.stopped_at_non_finite = "loss of steps " + std::to_string(step0) + " to " + std::to_string(c.step);
+  throw NonFiniteError("the segment of steps " + std::to_string(step0) + " to " + std::to_string(c.step) + ": its loss is " +
+                       (std::isnan(r.loss_sum) ? "NaN" : r.loss_sum > 0 ? "inf" : "-inf") +
+                       (c.graph ? ", its update taken (a CUDA-graph segment: the gradient's norm is not checked on the host)"
+                                : " though its gradient was finite (its update was taken)") +
+                       ". Rewards too large for float32, a learning rate too high or a loss that diverged make this; a run's "
+                       "checkpoint is kept as it was written, and this trainer trains on only once one is loaded");
+}
+
 UpdateResult Trainer::run_segment() {
   refuse_while_running("run_segment");  // (an env's callback: the outer segment's state, half-done)
+  refuse_after_non_finite("run_segment");
   const Busy busy(busy_);
   Context& c = *c_;
   const int64_t remaining = c.config.steps - c.step;
   c.segment_step0 = c.step;
-  if (grows()) return algo_->update(remaining);  // (its one segment holds the state)
+  if (grows()) {  // (its one segment holds the state)
+    const int64_t step0 = c.step, skipped0 = c.skipped;
+    const UpdateResult r = algo_->update(remaining);
+    check_loss(r, step0, skipped0);
+    return r;
+  }
   // The state entering the update in its persistent home (a carried value
   // would expire with the segment an error abandons), to go back to on an error.
   if (c.h.ptr != c.h_home.ptr) copy_into(c.h_home, c.h);
@@ -295,20 +328,13 @@ UpdateResult Trainer::run_segment() {
     c.optim->zero_grad();  // (a throw after backward, in the update, left them accumulated)
     throw;
   }
-  // The loss, read on the host for the report: one that is not finite with
-  // a finite gradient (its update taken, the segment stands), or a CUDA-graph
-  // segment's (whose norm stayed on the device), ends the run under either
-  // --nonfinite; a segment with a skipped update reports its loss as it was.
-  if (!std::isfinite(r.loss_sum) && c.skipped == skipped0) [[unlikely]]
-    throw NonFiniteError("the segment of steps " + std::to_string(step0) + " to " + std::to_string(c.step) + ": its loss is " +
-                         (std::isnan(r.loss_sum) ? "NaN" : r.loss_sum > 0 ? "inf" : "-inf") + " though its gradient was finite (its update was taken). Rewards too " +
-                         "large for float32, a learning rate too high or a loss that diverged make this; a run's checkpoint " +
-                         "is kept as it was written");
+  check_loss(r, step0, skipped0);
   return r;
 }
 
 double Trainer::evaluate(int64_t steps, uint64_t seed) {
   refuse_while_running("evaluate");  // (before its env and state are swapped for the evaluation's)
+  refuse_after_non_finite("evaluate");
   Context& c = *c_;
   // (the tape's own refusal, "segment 1 is still open; end it", gave advice no caller can follow)
   if (grows() && c.tape->segment_open())

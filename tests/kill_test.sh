@@ -52,7 +52,7 @@ done
 straight_pid=$!
 
 killed=0 attempts=0 finished=0 evals=() mid_write=0
-declare -A by_signal
+declare -A by_signal graceful
 while (( killed < kills )); do
   if [[ -f "$ck" ]]; then
     "$bin" train --resume "$run" --checkpoint-every 32 >"$work/log" 2>&1 &
@@ -78,6 +78,7 @@ while (( killed < kills )); do
     # SIGKILL would)
     wait "$pid" 2>/dev/null || true
     killed=$(( killed + 1 )) by_signal[$sig]=$(( ${by_signal[$sig]:-0} + 1 ))
+    if [[ $sig != KILL ]] && grep -q "stopped by SIG$sig at step" "$work/log"; then graceful[$sig]=$(( ${graceful[$sig]:-0} + 1 )); fi
     # A SIGKILL between creating the temporary file and renaming it leaves the
     # temporary behind (the old checkpoint stays in place; the next --resume
     # removes it): count those.
@@ -113,8 +114,14 @@ if ! cmp -s "$ck" "$work/straight/checkpoint.safetensors"; then
   echo "kill_test: the resumed run's final checkpoint differs from the unbroken run's (seed $seed)" >&2
   exit 1
 fi
-echo "kill_test ($workload): $killed interruptions in $attempts starts (SIGKILL ${by_signal[KILL]:-0}, SIGINT ${by_signal[INT]:-0}," \
-     "SIGTERM ${by_signal[TERM]:-0}; seed $seed, start-up ${startup_ms} ms), $mid_write SIGKILLs mid-write (temporary file left," \
+echo "kill_test ($workload): $killed interruptions in $attempts starts (SIGKILL ${by_signal[KILL]:-0}, SIGINT ${by_signal[INT]:-0}" \
+     "(${graceful[INT]:-0} stopped at a segment boundary), SIGTERM ${by_signal[TERM]:-0} (${graceful[TERM]:-0}); seed $seed, start-up ${startup_ms} ms), $mid_write SIGKILLs mid-write (temporary file left," \
      "checkpoint intact); ${#evals[@]} checkpoints left by them, every one loaded; the resumed run's final checkpoint is" \
      "byte-identical to an unbroken run's"
 (( killed == kills )) || { echo "kill_test: the run ended after only $killed kills: raise steps" >&2; exit 1; }
+# Most SIGINTs and SIGTERMs come after the handlers are installed: each such
+# stop must have been the graceful one (its line), not an abrupt end.
+for s in INT TERM; do
+  (( ${by_signal[$s]:-0} < 4 || ${graceful[$s]:-0} >= 1 )) ||
+    { echo "kill_test: no SIG$s of ${by_signal[$s]} stopped the run at a segment boundary (seed $seed)" >&2; exit 1; }
+done

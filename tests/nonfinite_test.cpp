@@ -31,8 +31,8 @@ namespace {
 
 class HugeRewards final : public Env {
  public:
-  HugeRewards(int64_t batch, uint64_t seed, const std::string& name, int64_t from, int64_t until)
-      : Env(batch, seed), from_(from), until_(until) {
+  HugeRewards(int64_t batch, uint64_t seed, const std::string& name, int64_t from, int64_t until, bool thirds)
+      : Env(batch, seed), from_(from), until_(until), thirds_(thirds) {
     spec_ = {name, 3, 0, 2, false, "success"};
     t_.assign(size_t(batch), 0);
   }
@@ -43,7 +43,9 @@ class HugeRewards final : public Env {
   void step(std::span<const int64_t> a, std::span<float> reward, std::span<uint8_t> done) override {
     for (size_t b = 0; b < size_t(batch_); ++b) {
       const int64_t t = ++t_[b];
-      reward[b] = t > from_ && t <= until_ ? 3e38f : float(a[b]);
+      // (thirds: only in two of every three 8-step segments)
+      const bool huge = t > from_ && t <= until_ && (!thirds_ || (t - 1) / 8 % 3 != 2);
+      reward[b] = huge ? 3e38f : float(a[b]);
       done[b] = 0;
     }
   }
@@ -54,16 +56,18 @@ class HugeRewards final : public Env {
     return std::all_of(v.begin(), v.end(), [](int64_t x) { return x >= 0; });
   }
   int64_t from_, until_;
+  bool thirds_;
   EnvSpec spec_;
   std::vector<int64_t> t_;  // each stream's steps so far
 };
 
-// "huge-F-U": 3e38 at the steps after F up to U.
-std::string huge_env(int64_t from, int64_t until) {
-  const std::string name = "huge-" + std::to_string(from) + "-" + std::to_string(until);
+// "huge-F-U": 3e38 at the steps after F up to U (thirds: in the first two
+// of every three 8-step segments only).
+std::string huge_env(int64_t from, int64_t until, bool thirds = false) {
+  const std::string name = "huge-" + std::to_string(from) + "-" + std::to_string(until) + (thirds ? "-thirds" : "");
   if (!env_registered(name))
-    register_env(name, [name, from, until](int64_t batch, uint64_t seed, const EnvOptions&) -> std::unique_ptr<Env> {
-      return std::make_unique<HugeRewards>(batch, seed, name, from, until);
+    register_env(name, [name, from, until, thirds](int64_t batch, uint64_t seed, const EnvOptions&) -> std::unique_ptr<Env> {
+      return std::make_unique<HugeRewards>(batch, seed, name, from, until, thirds);
     });
   return name;
 }
@@ -128,6 +132,17 @@ TEST(NonFinite, StopNamesTheUpdateAndUpdatesNothing) {
     Trainer back(c);
     back.load(dir / "ck.safetensors");
     EXPECT_EQ(params_of(back), before);
+    // The trainer stopped part-way through the segment (its env moved on):
+    // it trains, saves and evaluates again only once a checkpoint is loaded.
+    const std::string again = update.substr(0, update.size() - 1) + " (steps 16 to 24)";
+    EXPECT_NE(test::message_of<NonFiniteError>([&] { tr.run_segment(); }).find("run_segment: this trainer stopped at the non-finite " + again),
+              std::string::npos);
+    EXPECT_NE(test::message_of<NonFiniteError>([&] { tr.save(dir / "no.safetensors"); }).find("save: this trainer stopped"), std::string::npos);
+    EXPECT_FALSE(fs::exists(dir / "no.safetensors"));
+    EXPECT_NE(test::message_of<NonFiniteError>([&] { (void)tr.evaluate(8, 1); }).find("load a checkpoint first"), std::string::npos);
+    tr.load(dir / "ck.safetensors");
+    EXPECT_EQ(params_of(tr), before);
+    EXPECT_EQ(tr.step(), 16);
   }
   fs::remove_all(dir);
 }
@@ -178,6 +193,13 @@ TEST(NonFinite, SkipStopsAfterMaxSkipsInARow) {
   const std::string m = test::message_of<NonFiniteError>([&] { tr.run_segment(); });
   EXPECT_EQ(m.rfind("update 5, in the segment of steps 32 to 40: ", 0), 0u) << m;
   EXPECT_NE(m.find("3 updates in a row had a gradient that is not finite (--max-skips 3)"), std::string::npos) << m;
+  // Two updates skipped in every three (the third's rewards are finite):
+  // the finite one starts the count again, so --max-skips 3 is never reached.
+  TrainConfig thirds = config(huge_env(0, 1000, true), Algo::A2c, "skip");
+  thirds.max_skips = 3, thirds.steps = 96;
+  Trainer t3(thirds);
+  while (!t3.done()) t3.run_segment();
+  EXPECT_EQ(t3.skipped_updates(), 8);
   TrainConfig bad = c;
   bad.nonfinite = "ignore";
   EXPECT_NE(test::message_of<Error>([&] { Trainer t(bad); }).find("--nonfinite 'ignore': choose stop or skip"), std::string::npos);

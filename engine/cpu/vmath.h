@@ -17,9 +17,13 @@ inline float exp_fast(float x) {
   // under 1.2e-38): 0 there, as a flush-to-zero unit gives, so exp(-inf) is
   // 0 (it was e^-87 ~ 1.6e-38, the clamp's). The choice is a bit mask (NaN
   // passes through it unchanged), which vectorizes. Above ~88.7 the exponent
-  // field reaches 255: the result is +Inf, as expf's.
+  // field reaches 255: the result is +Inf, as expf's. A NaN is computed as
+  // the clamp's low end (converting a NaN to an int is undefined) and comes
+  // out NaN through its own mask.
   const uint32_t keep = uint32_t(0) - uint32_t(!(x < -87.33654f));
-  x = std::min(std::max(x, -87.33654f), 89.0f);
+  const uint32_t nan = (uint32_t(0) - uint32_t(x != x)) & 0x7fc00000u;
+  x = x > -87.33654f ? x : -87.33654f;
+  x = x < 89.0f ? x : 89.0f;
   // n = round(x / ln 2), halves away from zero, by truncating conversion
   // (std::floor would block vectorization). copysign is two bit operations;
   // the same choice written `t >= 0 ? 0.5f : -0.5f` became compares and
@@ -36,7 +40,7 @@ inline float exp_fast(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  return std::bit_cast<float>(std::bit_cast<uint32_t>(p * std::bit_cast<float>((ni + 127) << 23)) & keep);
+  return std::bit_cast<float>((std::bit_cast<uint32_t>(p * std::bit_cast<float>((ni + 127) << 23)) & keep) | nan);
 }
 
 template <class T>

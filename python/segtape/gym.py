@@ -361,7 +361,7 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     dict(pi=[N], vf=[N])); 0, the heads read the GRU's state.
     nonfinite: an update whose gradient is not finite (inf or NaN, e.g.
     returns of rewards too large for float32): "stop" raises
-    segtape.NonFiniteError naming it, nothing updated; "skip" leaves it out
+    segtape.NonFiniteError naming it, that update not taken; "skip" leaves it out
     and counts it (result.trainer.skipped_updates), as PyTorch's GradScaler
     does, and raises after max_skips skipped in a row.
     adam_eps: Adam's eps (PyTorch's 1e-8, the default; SB3's and CleanRL's

@@ -422,6 +422,12 @@ def test_returns_that_overflow_stop_the_run_and_keep_its_checkpoint(tmp_path):
         t.run_segment()
     assert all(np.array_equal(a, b) for a, b in zip(before, t.parameters()))
     assert ck.read_bytes() == saved
+    with pytest.raises(segtape.NonFiniteError, match=r"^run_segment: this trainer stopped at the non-finite update 2 "
+                       r"\(steps 8 to 16\), part-way through its segment .*load a checkpoint first$"):
+        t.run_segment()  # (its env moved on: it goes on from a checkpoint only)
+    env.on = False
+    t.load(str(ck))
+    assert t.step == 8
     back = sg._A.Trainer(c)
     back.load(str(ck))
     assert all(np.array_equal(a, b) for a, b in zip(before, back.parameters()))

@@ -158,6 +158,9 @@ class Trainer {
   // the same refusal), and so does a binding that changes the trainer before
   // it calls one of them (Python's evaluate sets the interrupt check first).
   void refuse_while_running(const char* what) const;
+  // After a NonFiniteError ended a segment part-way: NonFiniteError naming
+  // `what` until a checkpoint is loaded (its env and samplers moved on).
+  void refuse_after_non_finite(const char* what) const;
 
   // Everything to continue bit-identically: parameters, optimizer moments,
   // step, env state, carried history, rngs, config. Atomic write.
@@ -194,6 +197,8 @@ class Trainer {
   bool ppo_sequence() const;
 
  private:
+  // A segment's loss that is not finite: NonFiniteError (run_segment).
+  void check_loss(const UpdateResult& r, int64_t step0, int64_t skipped0);
   // This rank's streams (env state, sampling rng, carried state, episode
   // returns, the history's carried tensors) as bytes, and back: what a
   // data-parallel checkpoint keeps of each rank besides rank 0.
