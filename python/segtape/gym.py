@@ -445,12 +445,12 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
             r = trainer.run_segment()
         except Error as e:  # (a budget a run outgrows, e.g. history "full", named as train() takes it)
             raise named(e) from None
-        for k in ("steps", "loss_sum", "loss_steps", "return_sum", "episodes"):
+        for k in ("steps", "loss_sum", "loss_steps"):
             acc[k] += r[k]
-        if reward_norm is not None:  # (the trainer's returns are of the normalised rewards: the env's own instead)
-            acc["return_sum"], acc["episodes"] = acc["return_sum"] - r["return_sum"], acc["episodes"] - r["episodes"]
-            ended_sum, ended = training[0].ended_returns()
-            acc["return_sum"], acc["episodes"] = acc["return_sum"] + ended_sum, acc["episodes"] + ended
+        # (with normalize_reward the trainer's returns are of the normalised rewards: the env's own instead)
+        ended_sum, ended = training[0].ended_returns() if reward_norm is not None else (r["return_sum"], r["episodes"])
+        acc["return_sum"] += ended_sum
+        acc["episodes"] += ended
         acc["peak"] = max(acc["peak"], r["segment_peak"])
         if trainer.step >= next_row or trainer.done():
             row = {"step": trainer.step,
