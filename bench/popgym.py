@@ -2,10 +2,10 @@
 memory tasks (Morad et al., ICLR 2023; popgym 1.0.7): the greedy return
 every --eval-every environment steps (10 episodes), the greedy return over
 100 episodes at the end, the training time per environment step, and the
-workers' peak and growth of resident memory (docs/agent.md, "POPGym").
+workers' peak and growth of resident memory (docs/results/ppo.md, "POPGym").
 
     build/python/bin/python bench/popgym.py [--envs RepeatPreviousEasy ...] [--seeds 1 2 3 4 5] [--steps 50000]
-                                            [--out docs/figures/rl/popgym] [--doc docs/agent.md]
+                                            [--out docs/figures/rl/popgym] [--doc docs/results/ppo.md]
 
 Each run is a worker process of its own Python (segtape's: the tests' venv
 build/python; SB3's: build-sb3, made by `bash bench/sb3_setup.sh`), one

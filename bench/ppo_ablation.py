@@ -1,7 +1,7 @@
 """segtape's recurrent PPO on masked-velocity CartPole at RL Zoo's tuned
 RecurrentPPO settings for CartPoleNoVel-v1, changing one thing at a time:
 the greedy mean return over 100 episodes after 100k environment steps, for
-each of several seeds (docs/agent.md, "Learning as RL Zoo's settings do").
+each of several seeds (docs/results/ppo.md, "Against Stable-Baselines3's RecurrentPPO").
 
 RL Zoo's hyperparams/ppo_lstm.yml (DLR-RM/rl-baselines3-zoo at 038ab16),
 CartPoleNoVel-v1: 8 envs, n_steps 32, batch_size 256 (one minibatch of all

@@ -2,9 +2,9 @@
 (sb3-contrib) on masked-velocity CartPole at RL Zoo's tuned settings:
 environment steps and training wall time to reach a target greedy return,
 the greedy return over 100 episodes at the end, and the workers' peak and
-growth of resident memory (docs/agent.md, "Recurrent PPO").
+growth of resident memory (docs/results/ppo.md, "Against Stable-Baselines3's RecurrentPPO").
 
-    build/python/bin/python bench/sb3_compare.py [--seeds 1 2 3 4 5] [--max-steps 100000] [--out docs/agent.md]
+    build/python/bin/python bench/sb3_compare.py [--seeds 1 2 3 4 5] [--max-steps 100000] [--out docs/results/ppo.md]
 
 Each engine runs in a worker process of its own Python (segtape's: the tests'
 venv build/python; SB3's: build-sb3, made by `bash bench/sb3_setup.sh`), one

@@ -6,7 +6,8 @@
 #   (no option)  build in ./build and run ctest: every suite, the bad-input
 #                catalog, the soak and kill tests, the package test; then
 #                pip install ./python into build/python (a venv) and pytest;
-#                the code's size (lizard: functions, agent/ files)
+#                the docs site (docs/build.sh, into build/site); the code's size
+#                (lizard: functions, agent/ files)
 #   --sanitize   also build in ./build-asan with ASan + UBSan and run every CPU test there
 #   --fuzz       also run the safetensors parser's libFuzzer target (clang) for 60 s
 #   --tidy       also run clang-tidy over engine/, nn/, agent/
@@ -46,6 +47,9 @@ stage "build and ctest ($SEGTAPE_BUILD)" $rc
 rc=0
 segtape_python_tests || rc=$?
 stage "Python package: pip install ./python and pytest (python/tests, the notebook)" $rc
+rc=0
+bash "$SEGTAPE_ROOT/docs/build.sh" "$SEGTAPE_BUILD/agent/segtape" || rc=$?
+stage "docs: the site, strict (docs/build.sh: the command-line reference from --help, docs/tests, mkdocs build --strict)" $rc
 rc=0
 segtape_size || rc=$?
 stage "code size: functions <= $SEGTAPE_MAX_FUNCTION_NLOC lines of code, agent/ files <= $SEGTAPE_MAX_AGENT_FILE_LINES lines (lizard)" $rc

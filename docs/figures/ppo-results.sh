@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Recurrent PPO in the default configuration (docs/agent.md, "Recurrent PPO"):
+# Recurrent PPO in the default configuration (docs/results/ppo.md, "Default configuration"):
 # tmaze with corridor 10 and recall with lag 8, `segtape train --algo ppo`
-# with every other flag at its default. Rewrites the ppo-results section of docs/agent.md from the runs'
+# with every other flag at its default. Rewrites the ppo-results section of docs/results/ppo.md from the runs'
 # metrics.json and metrics.csv. About 6 minutes on 2 cores, plus the build.
 # Usage: bash docs/figures/ppo-results.sh [segtape binary]  (default: build-main's, built by agent/run.sh)
 set -euo pipefail
@@ -21,7 +21,7 @@ for r in "${runs[@]}"; do
     { echo "ppo-results.sh: $name failed; see $OUT/$name.log" >&2; exit 1; }
   echo "$name done"
 done
-python3 - "$OUT" docs/agent.md "${runs[@]}" <<'PY'
+python3 - "$OUT" docs/results/ppo.md "${runs[@]}" <<'PY'
 import csv, json, os, re, sys
 out, doc, runs = sys.argv[1], sys.argv[2], sys.argv[3:]
 targets = {"success": 0.95, "accuracy": 0.99}
