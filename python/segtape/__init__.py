@@ -80,10 +80,26 @@ def _at_exit():
     pthread_exit, whose unwinding no nanobind call lets through)."""
     left = _C._at_exit(_EXIT_WAIT_SECONDS)
     if left:
+        # Finalization would end that thread inside its call (std::terminate,
+        # rc 134, or a segfault): the process ends here instead, its output
+        # flushed, with status 1 (the status the program would have exited
+        # with cannot be read here). The atexit handlers registered before
+        # `import segtape` do not run.
+        import os
         import sys
 
-        print(f"segtape: {left} call(s) in daemon threads still running {_EXIT_WAIT_SECONDS:g} s after the interpreter "
-              "began to exit; the process may end with std::terminate", file=sys.stderr)
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:  # (a closed stream: nothing to flush)
+                pass
+        try:
+            print(f"segtape: {left} call(s) in daemon threads still running {_EXIT_WAIT_SECONDS:g} s after the interpreter "
+                  "began to exit; the process ends now with status 1 (os._exit), not in std::terminate during "
+                  "finalization", file=sys.stderr, flush=True)
+        except Exception:
+            pass
+        os._exit(1)
 
 
 _atexit.register(_at_exit)

@@ -100,3 +100,26 @@ def test_calls_after_the_exit_handler_are_refused_by_name():
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == [f"segtape: the interpreter is exiting; {name} refused"
                                      for name in ("Trainer.run_segment", "Trainer.evaluate", "Trainer()", "retention.run")]
+
+
+# A call still running when the wait ends (a Python env's step() sleeping
+# past it, then taking the GIL again during finalization): finalization ended
+# its thread inside the call (std::terminate, rc -6, in 3 of 3 runs of this
+# case with the handler that only reported it); the handler ends the process
+# itself, with status 1 and a message. The main thread exits just after the
+# sleep began, so the call outlasts the 0.2 s wait every time.
+def test_a_call_still_running_after_the_wait_ends_the_process_cleanly():
+    code = PYTHON_ENV.replace("sum(range(2000))", "inside.set(); __import__('time').sleep(0.5)").replace(
+        "import numpy as np,", "import threading; inside = threading.Event()\n    import numpy as np,") + """
+    segtape._EXIT_WAIT_SECONDS = 0.2
+    def work():
+        while True:
+            tr.run_segment()
+    """ + MAIN.replace("time.sleep(0.5)  # well inside the call", "inside.wait()  # inside step()'s sleep")
+    for _ in range(3):
+        p = run_child(code)
+        assert p.returncode == 1, (p.returncode, p.stdout, p.stderr[-3000:])
+        assert "main thread exits" in p.stdout
+        assert "1 call(s) in daemon threads still running 0.2 s after the interpreter began to exit; the process ends now " \
+               "with status 1" in p.stderr, p.stderr[-3000:]
+        assert "terminate called" not in p.stderr and "Fatal Python error" not in p.stderr, p.stderr[-3000:]
