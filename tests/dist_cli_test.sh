@@ -127,6 +127,19 @@ kill -0 "$mp" 2>/dev/null && fail "the resumed run still runs 30 s after SIGINT"
 set +e; wait "$mp"; rc=$?; set -e
 grep -q "resume with: mpirun -np 2 segtape train --resume" "$W/killed-resume.log" || { cat "$W/killed-resume.log"; fail "the killed run did not resume and stop cleanly (rc $rc)"; }
 
+# SIGINT to one rank alone (not through mpirun): every rank stops at the
+# same step, and rank 0 records SIGINT, the signal that was sent (it said SIGTERM).
+"$MPI" -np 2 --oversubscribe "$S" train "${small[@]}" --batch 8 --steps 100000000 --log-every 64 --out "$W/int1" > "$W/int1.log" 2>&1 &
+mp=$!; bg+=("$mp")
+wait_rows "$W/int1" 2
+r1=$(rank_pid "$W/int1" 1) || fail "rank 1 of the run in $W/int1 not found"
+kill -INT "$r1"
+for _ in $(seq 300); do kill -0 "$mp" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$mp" 2>/dev/null && fail "the run still runs 30 s after SIGINT to rank 1"
+set +e; wait "$mp"; rc=$?; set -e
+grep -q "stopped by SIGINT at step" "$W/int1.log" && grep -q '"interrupted": "SIGINT"' "$W/int1/metrics.json" ||
+  { cat "$W/int1.log"; fail "SIGINT to rank 1 alone is not recorded as SIGINT (rc $rc)"; }
+
 echo "== 4. a rank that hangs"
 "$MPI" -np 2 --oversubscribe "$S" train "${small[@]}" --batch 8 --steps 100000000 --log-every 64 --dist-timeout 3 --out "$W/hung" > "$W/hung.log" 2>&1 &
 mp=$!; bg+=("$mp")
@@ -181,6 +194,15 @@ set -e
   { cat "$W/resume-mix.log"; fail "--resume on one rank only: exit code $rc, or not named"; }
 [ $(( $(date +%s) - t0 )) -lt 30 ] || fail "--resume on one rank only waited for the collective timeout"
 [ ! -e "$W/other" ] || fail "a refused run left $W/other behind"
+# --log-dir given to rank 1 only: rank 0 alone writes the TensorBoard log, so
+# the flag would be ignored; refused at once, naming it.
+set +e
+"$MPI" -np 1 --oversubscribe "$S" train "${small[@]}" --batch 8 --steps 200 --out "$W/tb-mix" : \
+  -np 1 "$S" train "${small[@]}" --batch 8 --steps 200 --out "$W/tb-mix" --log-dir "$W/tb-mix-log" > "$W/tb-mix.log" 2>&1; rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q -- "--log-dir is 'not given' on rank 0, but rank 1 has '$W/tb-mix-log'" "$W/tb-mix.log" ||
+  { cat "$W/tb-mix.log"; fail "--log-dir on rank 1 only: exit code $rc, or not named"; }
+[ ! -e "$W/tb-mix" ] && [ ! -e "$W/tb-mix-log" ] || fail "a refused run left $W/tb-mix or its log folder behind"
 echo "== 6. a language model over two ranks"
 text="$(dirname "$(realpath "$0")")/data/shakespeare-20k.txt"
 lm=(--task lm --data "$text" --hidden 64 --embed 32 --history tbptt:16)  # (one epoch: 18000 tokens / 16 streams - 1 = 1124 steps)

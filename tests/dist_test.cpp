@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "agent_util.h"
@@ -258,10 +259,31 @@ TEST(Dist, AStopRequestedByOneRankIsAgreedByAll) {
     Trainer t(c, &comm());
     t.run_segment();
     EXPECT_FALSE(t.stop_agreed()) << algo;
+    EXPECT_EQ(t.stop_reason(), 0) << algo;
     if (comm().rank() == 1) t.request_stop();
     t.run_segment();
     EXPECT_TRUE(t.stop_agreed()) << algo;
+    EXPECT_EQ(t.stop_reason(), 1) << algo;  // rank 1's reason, on rank 0 too
   }
+}
+
+// Why the ranks stop travels with the request: SIGINT to rank 1 alone is
+// SIGINT on rank 0 too (the program's reason 1; it was recorded as SIGTERM);
+// where ranks give different reasons, 1 is agreed wherever any rank gave it.
+TEST(Dist, TheReasonForAStopIsAgreedByAll) {
+  for (const auto& [r0, r1, agreed] : {std::tuple{0, 1, 1}, {0, 2, 2}, {2, 1, 1}, {2, 2, 2}, {1, 2, 1}}) {
+    SCOPED_TRACE("rank 0 " + std::to_string(r0) + ", rank 1 " + std::to_string(r1));
+    Trainer t(small(4), &comm());
+    const int mine = comm().rank() == 0 ? r0 : r1;
+    if (mine) t.request_stop(mine);
+    t.run_segment();
+    EXPECT_TRUE(t.stop_agreed());
+    EXPECT_EQ(t.stop_reason(), agreed);
+    t.run_segment();  // (stays agreed)
+    EXPECT_EQ(t.stop_reason(), agreed);
+  }
+  Trainer t(small(4), &comm());
+  EXPECT_THROW(t.request_stop(3), Error);
 }
 
 // Segments in which no stream has a target (recall's first `lag` steps):

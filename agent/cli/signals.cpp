@@ -22,6 +22,8 @@ void catch_stop_signal(int sig, int flags) {
 
 bool stop_requested() { return g_stop_signal != 0; }
 std::string stop_signal_name() { return g_stop_signal == SIGINT ? "SIGINT" : g_stop_signal == SIGPIPE ? "SIGPIPE" : "SIGTERM"; }
+int stop_signal_reason() { return g_stop_signal == SIGINT ? 1 : 2; }
+std::string stop_reason_name(int reason) { return reason == 1 ? "SIGINT" : "SIGTERM"; }
 int stop_exit_code(const std::string& name) { return name == "SIGINT" ? 130 : name == "SIGPIPE" ? 141 : 143; }
 bool is_stop_signal(const std::string& name) { return name == "SIGINT" || name == "SIGTERM" || name == "SIGPIPE"; }
 

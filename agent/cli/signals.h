@@ -15,6 +15,11 @@ bool stop_requested();
 // status a run it stopped ends with (130, 143, 141).
 std::string stop_signal_name();
 int stop_exit_code(const std::string& name);
+// Data parallel: the stop signal as Trainer::request_stop's reason (1
+// SIGINT, 2 SIGTERM; SIGPIPE is not caught under mpirun), and the name of
+// the reason the ranks agreed on (Trainer::stop_reason).
+int stop_signal_reason();
+std::string stop_reason_name(int reason);
 bool is_stop_signal(const std::string& name);
 // SIGINT and SIGTERM, each caught once.
 void catch_stop_signals();

@@ -48,7 +48,7 @@ struct Loop {
       if (stop_requested() && !comm) return stop_signal_name();
       // Data parallel: the request travels with this segment's update, and
       // every rank stops after it (the same step on every rank).
-      if (stop_requested() && comm) tr.request_stop();
+      if (stop_requested() && comm) tr.request_stop(stop_signal_reason());
       try {
         log.update(tr.run_segment());
       } catch (const BudgetError& e) {
@@ -61,7 +61,7 @@ struct Loop {
       }
       if (rows.due(tr)) log.row();
       if (!kind.full) checkpoint_if_due();
-      if (comm && tr.stop_agreed() && !tr.done()) return stop_signal_name();
+      if (comm && tr.stop_agreed() && !tr.done()) return stop_reason_name(tr.stop_reason());
     }
     return "";
   }

@@ -157,11 +157,14 @@ void plan_new(Plan& p, const TrainArgs& a, const Given& given) {
 // The checks before training, which only rank 0 makes where they read
 // files: an error on any rank is every rank's (dist::raise_if_any); then
 // the checkpoint's configuration (read by rank 0) to every rank.
-void share_setup(Plan& p, const std::string& setup_error) {
+void share_setup(Plan& p, const TrainArgs& a, const std::string& setup_error) {
   dist::Communicator& comm = *p.comm;
   dist::raise_if_any(comm, setup_error);
   // (before the broadcast below, which only resumed runs make)
   dist::check_same(comm, {{"--resume", p.resume ? "given" : "not given"}}, "the command line (--resume or --out)");
+  // Rank 0 alone writes the TensorBoard log: a --log-dir the ranks do not
+  // share (given to rank 1 only, or another folder) would be ignored.
+  dist::check_same(comm, {{"--log-dir", a.log_dir.empty() ? "not given" : a.log_dir}}, "the command line (--log-dir: rank 0 writes it)");
   if (!p.resume) return;
   std::string meta;
   if (p.root) meta = nlohmann::json(p.c.to_metadata()).dump() + '\n' + nlohmann::json(p.stored_flags).dump() + '\n' + p.plugin;
@@ -210,7 +213,7 @@ void plan_setup(Plan& p, TrainArgs& a, const Given& given) {
     if (!p.comm) throw;
     setup_error = e.what();
   }
-  if (p.comm) share_setup(p, setup_error);
+  if (p.comm) share_setup(p, a, setup_error);
 }
 
 // The configuration checked: under mpirun an invalid one is every rank's error alike.

@@ -456,14 +456,13 @@ double GradientAverager::average(float count) {
       comm_.allreduce_sum(f, 2, "the all-reduce of the stop flag and the count");
       for (const Tensor& p : params_) scale_grad(p, 1.0 / double(n));
     }
-    seen_ = seen_ || f[0] > 0;
-    flag_ = 0;
+    note_flag(f[0]);
     ++stats_.calls;
     stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return f[1];
   }
   if (n == 1) {  // nothing to average; the flag and the count are this rank's own
-    seen_ = seen_ || flag_ > 0, flag_ = 0;
+    note_flag(flag_);
     ++stats_.calls;
     return count;
   }
@@ -484,7 +483,7 @@ double GradientAverager::average(float count) {
       if (last) pack_[elements++] = flag_, pack_[elements++] = count;
       // the flag is summed: > 0 when any rank raised it
       comm_.allreduce_sum(pack_.data(), elements, "the gradient all-reduce");
-      if (last) seen_ = seen_ || pack_[at] > 0, total = pack_[at + 1], flag_ = 0;
+      if (last) note_flag(pack_[at]), total = pack_[at + 1];
       at = 0;
       for (const Tensor& g : b.grads) {
         g.from_host(std::span<const float>(pack_.data() + at, size_t(g.numel())));

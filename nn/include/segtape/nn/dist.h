@@ -138,9 +138,12 @@ class GradientAverager {
   // A flag that travels with the next average() (an extra element of its
   // last bucket, summed): set by any rank, every rank sees it after that
   // call, and it stays seen - e.g. "stop after this update", agreed at the
-  // same step.
-  void raise_flag() { flag_ = 1; }
+  // same step. `value` (> 0) is summed over the ranks that raised it:
+  // flag_sum() is that sum, the first time any rank raised it (the agent's
+  // trainer encodes why each rank stops in it: Trainer::stop_reason).
+  void raise_flag(float value = 1) { flag_ = value > 0 ? value : 1; }
   bool flag_seen() const { return seen_; }
+  float flag_sum() const { return seen_sum_; }
   // Rank 0's values of these tensors to every rank (parameters, optimizer state).
   void broadcast(const std::vector<Tensor>& tensors, const char* what);
   const AverageStats& stats() const { return stats_; }
@@ -160,6 +163,11 @@ class GradientAverager {
   std::vector<Tensor> f64_;  // f64 gradients: one all-reduce each, in double
   float flag_ = 0;
   bool seen_ = false;
+  float seen_sum_ = 0;
+  void note_flag(float sum) {  // after an average(): the ranks' flags summed
+    if (!seen_ && sum > 0) seen_sum_ = sum;
+    seen_ = seen_ || sum > 0, flag_ = 0;
+  }
   AverageStats stats_;
   std::unique_ptr<detail::Nccl> nccl_;
   std::vector<float*> device_grads_;
