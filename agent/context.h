@@ -28,6 +28,7 @@ struct Context {
   std::unique_ptr<dist::GradientAverager> avg;
   int64_t updates = 0;
   bool stop_requested = false, stop_agreed = false;
+  int stop_reason = 0;  // Trainer::request_stop's: this rank's, then the agreed one
 
   std::unique_ptr<Tape> tape;
   nn::Rng init_rng, act_rng;  // the parameters' initialisation; the actions' sampling (and PPO's shuffles)

@@ -5,8 +5,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include "algo/algorithm.h"
+#include "segtape/blas.h"
 #include "history/history.h"
 
 namespace segtape::agent {
@@ -30,6 +34,7 @@ namespace {
 constexpr size_t kDefaultBudget = size_t(64) << 20;
 constexpr size_t kDefaultLmBudget = size_t(256) << 20;  // --task lm: a stack of layers over long chunks (docs/agent.md)
 constexpr size_t kDefaultFullLimit = size_t(1) << 30;
+constexpr size_t kOtherBytes = size_t(16) << 20;
 }  // namespace
 
 size_t applied_budget(const TrainConfig& c) {
@@ -73,6 +78,61 @@ PolicyShape policy_shape(const TrainConfig& c, const EnvSpec& spec) {
   return s;
 }
 
+namespace {
+// The whole process's resident memory and address space, upper bounds
+// (SizeEstimate::resident_total, address_total; docs/hardening.md, "The size check").
+void whole_process(const TrainConfig& c, const EnvSpec& spec, const PolicyShape& shape, SizeEstimate& e) {
+  const bool cuda = c.device == "cuda";
+  const size_t B = size_t(c.batch), H = size_t(shape.hidden), G = (shape.lstm ? 4 : 3) * H;
+  const size_t steps = history_def(c.history.kind).grows ? size_t(c.steps) : size_t(c.history.k);
+  // The segment arena: the pages its segments touch. The forward's bytes
+  // (segment_bytes) and half as much again for what backward adds (its
+  // gradients of the steps' outputs; measured: 1.01x to 1.4x the forward's
+  // over the built-in tasks, Sizes tests), at most the budget; beside it the
+  // tape's node array (a step records tens of nodes; it counts against the
+  // budget too, and a vector doubles as it grows).
+  const size_t per_step = e.step_bytes + e.step_bytes / 2;
+  const size_t nodes = std::max<size_t>(TapeOptions{}.node_capacity, 64 * steps) * sizeof(Node);
+  const size_t segment = (history_def(c.history.kind).grows ? steps * per_step : e.segment_bytes + e.segment_bytes / 2) + nodes;
+  e.arena_bytes = cuda ? 0 : std::min(e.budget + std::min(nodes, e.budget), segment);  // (a CUDA tape's pools are on the GPU)
+  // The CPU's packed copies of the recurrent cells' weights (one float per
+  // weight, its gate columns rounded up to a panel; engine/ops/gru.cpp
+  // packed_weight); where a size is not a multiple of 32, backward's copy
+  // may not fit the chunk forward's used, and takes one of its own.
+  size_t packed = 0;
+  const size_t in0 = shape.raw_obs ? size_t(std::max<int64_t>(spec.obs_dim, 1)) : size_t(shape.embed);
+  const auto weight = [&](size_t in) {  // a product of B rows by [in, G]
+    if (!packs_weight(int64_t(B), int64_t(G), int64_t(in))) return size_t(0);
+    return (in % 32 || H % 32 ? 2 : 1) * (G + 64) * in * sizeof(float);
+  };
+  for (int64_t l = 0; l < shape.layers; ++l) packed += weight(l == 0 ? in0 : H) + weight(H);
+  if (shape.separate_critic) packed += weight(in0) + weight(H);
+  e.packed_bytes = cuda ? 0 : packed;
+  // Backward's weight-gradient workspace: the rows of d(x W_ih^T) and
+  // d(h W_hh^T) of up to max(128, H) steps' rows at once, per layer (kept).
+  const size_t rows = std::min(steps * B, std::max<size_t>(128, H));
+  const size_t workspace = cuda ? 0 : size_t(shape.layers + (shape.separate_critic ? 1 : 0)) * rows * (2 * G + H + std::max(in0, H)) * sizeof(float);
+  // OpenBLAS's packing buffers: each thread touches at most its 32 MiB
+  // buffer, and no more than a product's weight ([in, G] at most).
+  const size_t largest = G * std::max(in0, H) * sizeof(float);
+  const size_t blas = cuda ? 0 : size_t(std::max(1, blas_threads())) * std::min(largest, size_t(32) << 20);
+  // The carry buffers (the state between segments, twice), the trainer's
+  // homes of it, and the persistent pool's chunk ends (a chunk's unused end
+  // at most per tensor: 4 MiB).
+  const size_t state = 2 * B * H * size_t(shape.layers) * (shape.lstm ? 2 : 1) * (shape.separate_critic ? 2 : 1) * sizeof(float);
+  const size_t carry = cuda ? 0 : 2 * std::max(TapeOptions{}.carry_chunk, state) + 2 * state + (size_t(4) << 20);
+  // The process so far: its peak, not only what it holds now (what it freed,
+  // e.g. a corpus read twice, is still counted by the kernel's peak).
+  e.process_bytes = std::max(resident_bytes(), peak_resident_bytes());
+  e.other_bytes = kOtherBytes + carry + blas + workspace;
+  const size_t host_parameters = cuda ? 0 : e.parameter_bytes;  // (a CUDA tape's are on the GPU)
+  e.resident_total = e.process_bytes + host_parameters + e.packed_bytes + e.arena_bytes + e.rollout_bytes + e.checkpoint_bytes + e.other_bytes;
+  const size_t rest = host_parameters + e.packed_bytes + (cuda ? 0 : e.budget + nodes) + e.rollout_bytes + e.checkpoint_bytes + e.other_bytes;
+  e.address_total = address_space_bytes() + rest;
+  e.data_total = data_segment_bytes() + rest;
+}
+}  // namespace
+
 // A lower bound of what one step keeps in the arena: its observation (the
 // tokens, or the vectors: B x obs_dim floats) and the forward outputs the
 // step's ops allocate (encoder, recurrence or window, head), each aligned;
@@ -107,8 +167,109 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
   if (shape.input_table) e.segment_bytes += 2 * f32(size_t(spec.vocab) * G);  // the table: the product, its bias added
   if (const AlgorithmDef& a = algorithm_def(c.learner(spec)); a.host_bytes) e.rollout_bytes = a.host_bytes(c, spec);
   e.budget = applied_budget(c);
+  whole_process(c, spec, shape, e);
   return e;
 }
+
+namespace {
+// A number in a cgroup file (0 where absent, or "max"), or the value of
+// `key` in a "key value" file (memory.stat).
+size_t cgroup_number(const std::string& file, const char* key = nullptr) {
+  FILE* f = std::fopen(file.c_str(), "r");
+  if (!f) return 0;
+  char line[256];
+  size_t v = 0;
+  const size_t n = key ? std::strlen(key) : 0;
+  while (std::fgets(line, sizeof line, f)) {
+    if (!key) {
+      v = std::strncmp(line, "max", 3) == 0 ? 0 : size_t(std::strtoull(line, nullptr, 10));
+      break;
+    }
+    if (std::strncmp(line, key, n) == 0 && line[n] == ' ') {
+      v = size_t(std::strtoull(line + n + 1, nullptr, 10));
+      break;
+    }
+  }
+  std::fclose(f);
+  return v;
+}
+
+// What this process's memory cgroup and its parents leave (their limit less
+// their usage, the reclaimable page cache not counted as used), the least of
+// them; 0 where no limit applies. cgroup v2 (memory.max) or v1
+// (memory.limit_in_bytes), from the path /proc/self/cgroup names.
+size_t cgroup_room() {
+  FILE* f = std::fopen("/proc/self/cgroup", "r");
+  if (!f) return 0;
+  char line[1024];
+  std::string v2, v1;
+  while (std::fgets(line, sizeof line, f)) {
+    std::string l(line);
+    if (!l.empty() && l.back() == '\n') l.pop_back();
+    const size_t a = l.find(':'), b = a == std::string::npos ? a : l.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = l.substr(a + 1, b - a - 1), path = l.substr(b + 1);
+    if (l.compare(0, a, "0") == 0 && controllers.empty()) v2 = "/sys/fs/cgroup" + path;
+    else if (("," + controllers + ",").find(",memory,") != std::string::npos) v1 = "/sys/fs/cgroup/memory" + path;
+  }
+  std::fclose(f);
+  size_t room = 0;
+  const auto walk = [&](std::string dir, const std::string& top, const char* limit, const char* usage, const char* inactive) {
+    for (;;) {
+      const size_t max = cgroup_number(dir + "/" + limit);
+      if (max && max < (size_t(1) << 60)) {  // (v1 writes "no limit" as about 2^63)
+        const size_t used = cgroup_number(dir + "/" + usage), cache = cgroup_number(dir + "/memory.stat", inactive);
+        const size_t busy = used - std::min(used, cache), left = max - std::min(max, busy);
+        room = room ? std::min(room, left) : std::max<size_t>(left, 1);
+      }
+      if (dir.size() <= top.size()) break;
+      dir = dir.substr(0, dir.find_last_of('/'));
+      if (dir.size() < top.size()) dir = top;
+    }
+  };
+  if (!v2.empty()) walk(v2, "/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file");
+  if (!v1.empty()) walk(v1, "/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file");
+  return room;
+}
+
+// The memory a new run may still take: the machine's available memory
+// (MemAvailable), or less where this process's cgroup leaves less. 0: unknown.
+size_t memory_available(std::string* what) {
+  size_t avail = 0;
+  if (FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (std::strncmp(line, "MemAvailable:", 13) == 0) avail = size_t(std::strtoull(line + 13, nullptr, 10)) * 1024;
+    std::fclose(f);
+  }
+  *what = "this process may reach (this machine's available memory and its own)";
+  if (const size_t room = cgroup_room(); room && (avail == 0 || room < avail))
+    avail = room, *what = "this process may reach (what its cgroup's memory limit leaves, and its own)";
+  return avail;
+}
+
+// The estimate's terms, for messages.
+// resident: the resident estimate's (else the address space's, less the process and the arena named apart).
+std::string parts(const TrainConfig& c, const SizeEstimate& e, bool resident) {
+  (void)c;
+  std::string m = (e.parameter_bytes && c.device == "cuda" ? "on the host: " : "") + std::string("parameters, gradients and the optimizer's state ") +
+                  format_bytes(c.device == "cuda" ? 0 : e.parameter_bytes) + (e.packed_bytes ? ", their packed copies " + format_bytes(e.packed_bytes) : "");
+  if (resident) m += ", the segment arena " + format_bytes(e.arena_bytes);
+  if (e.rollout_bytes) m += ", PPO's rollout " + format_bytes(e.rollout_bytes);
+  m += ", a checkpoint's write " + format_bytes(e.checkpoint_bytes) +
+       (resident ? ", the process so far " + format_bytes(e.process_bytes) : std::string()) + " and " + format_bytes(e.other_bytes) +
+       " of working memory";
+  return m;
+}
+
+// The flags that size the largest term.
+// arena: the arena's share (its touched pages, or for the address space its whole budget).
+std::string advice(const TrainConfig& c, const SizeEstimate& e, size_t arena) {
+  if (e.rollout_bytes > e.parameter_bytes && e.rollout_bytes > arena) return "make the rollout shorter (--rollout, --batch)";
+  if (arena > e.parameter_bytes) return "lower " + std::string(c.budget_name) + ", or make the segment smaller (--history tbptt:K, --batch)";
+  return "make the model smaller (--hidden, --embed)";
+}
+}  // namespace
 
 void check_sizes(const TrainConfig& c, const SizeEstimate& e) {
   const bool full = history_def(c.history.kind).grows;
@@ -123,16 +284,29 @@ void check_sizes(const TrainConfig& c, const SizeEstimate& e) {
                       " (" + format_bytes(e.step_bytes) + " per step " + sizes + "), more than the " + budget +
                       ": shorten the segment (--history tbptt:K with a smaller K), make the step smaller (batch, hidden "
                       "size, the env's observation) or raise " + c.budget_name);
+  // The whole process against what it may take: its resident memory
+  // against the memory available (this machine's, or its cgroup's), its
+  // address space against ulimit -v / -d.
   std::string has;
-  const size_t machine = memory_limit(&has);
-  const size_t need = e.parameter_bytes + std::min(e.segment_bytes, e.budget) + e.rollout_bytes + e.checkpoint_bytes;
-  if (machine && need > machine)
-    throw Error("the model needs at least " + format_bytes(need) + " (parameters, gradients and Adam's moments " +
-                format_bytes(e.parameter_bytes) + ", plus a segment of " + format_bytes(std::min(e.segment_bytes, e.budget)) +
-                (e.rollout_bytes ? ", plus PPO's rollout of " + format_bytes(e.rollout_bytes) : std::string()) +
-                ", plus " + format_bytes(e.checkpoint_bytes) + " while it writes a checkpoint) but " + has + " " +
-                format_bytes(machine) + " of memory: make the model smaller (--hidden, --embed)" +
-                (e.rollout_bytes ? " or the rollout shorter (--rollout, --batch)" : ""));
+  const size_t available = memory_available(&has);
+  // (the process's present pages are its already: what it may reach is those and what is available)
+  const auto refuse = [&](size_t need, size_t limit, const std::string& what) {
+    throw Error("this run needs up to " + format_bytes(need) + " (" + parts(c, e, true) + ") but " + what + " " + format_bytes(limit) +
+                ": " + advice(c, e, e.arena_bytes) + " (Trainer::estimate, docs/hardening.md)");
+  };
+  if (available && e.resident_total > available + e.process_bytes) refuse(e.resident_total, available + e.process_bytes, has);
+  const bool cuda = c.device == "cuda";
+  const auto address = [&](size_t need, size_t so_far, size_t limit, const std::string& what) {
+    throw Error("this run reserves up to " + format_bytes(need) + " of " + what + " (the process's so far " + format_bytes(so_far) +
+                (cuda ? "" : ", the segment arena's whole budget " + format_bytes(e.budget)) + ", and " + parts(c, e, false) +
+                ") but ulimit -" + (what == "address space" ? "v" : "d") + " allows " + format_bytes(limit) + ": " +
+                advice(c, e, cuda ? 0 : e.budget) + " (Trainer::estimate, docs/hardening.md)");
+  };
+  rlimit r{};
+  if (::getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY && e.address_total > size_t(r.rlim_cur))
+    address(e.address_total, address_space_bytes(), size_t(r.rlim_cur), "address space");
+  if (::getrlimit(RLIMIT_DATA, &r) == 0 && r.rlim_cur != RLIM_INFINITY && e.data_total > size_t(r.rlim_cur))
+    address(e.data_total, data_segment_bytes(), size_t(r.rlim_cur), "data segment");
 }
 
 // The host inputs one graph segment stages (tape.from: observations,
@@ -149,6 +323,28 @@ SizeEstimate Trainer::estimate(const TrainConfig& c) {
   c.validate();
   return estimate_sizes(c, make_env(c.env, c.batch, 0, c.env_options)->spec());
 }
+
+namespace {
+// A "Name:   N kB" line of /proc/self/status, in bytes (0 where absent).
+size_t status_kb(const char* name) {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  size_t kb = 0;
+  const size_t n = std::strlen(name);
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, name, n) == 0 && line[n] == ':') {
+      kb = size_t(std::strtoull(line + n + 1, nullptr, 10));
+      break;
+    }
+  std::fclose(f);
+  return kb * 1024;
+}
+}  // namespace
+
+size_t peak_resident_bytes() { return status_kb("VmHWM"); }
+size_t address_space_bytes() { return status_kb("VmSize"); }
+size_t data_segment_bytes() { return status_kb("VmData"); }
 
 size_t resident_bytes() {
   FILE* f = std::fopen("/proc/self/statm", "r");

@@ -22,6 +22,14 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// Why the ranks stop (Trainer::request_stop's reasons), summed over them in
+// the gradient average's flag: reason 1 counts 1, reason 2 counts ranks + 1,
+// so the sum says whether any rank gave reason 1 (exact below 2^24, float's
+// integers: up to 4095 ranks).
+constexpr int kStopReasons = 2;
+float encode_stop_reason(int reason, int ranks) { return reason == 1 ? 1.0f : float(ranks + 1); }
+int decode_stop_reasons(float sum, int ranks) { return std::lround(sum) % (ranks + 1) != 0 ? 1 : 2; }
+
 // Whether the trainer runs its segments as CUDA graphs (TrainConfig::graph_replay):
 // a segment's steps must be known before it runs (a supervised env that is
 // open loop), repeat from segment to segment (a history whose K-step
@@ -118,7 +126,7 @@ std::unique_ptr<Env> Context::make_training_env() const {
 void Context::update(bool has_loss) {
   if (avg) {  // every rank: the mean of the ranks' gradients
     const double with_loss = avg->average(has_loss ? 1.0f : 0.0f);
-    if (avg->flag_seen()) stop_agreed = true;
+    if (avg->flag_seen() && !stop_agreed) stop_agreed = true, stop_reason = decode_stop_reasons(avg->flag_sum(), ranks());
     if (with_loss == 0) {  // no rank had a loss: no step, as in one process
       optim->zero_grad();
       return;
@@ -186,7 +194,17 @@ Trainer::Trainer(const TrainConfig& config, dist::Communicator* comm)
   env_ = c.make_training_env();
   c.env = env_.get();
   const EnvSpec& spec = c.env->spec();
-  check_sizes(cf, estimate_sizes(cf, spec));  // before anything is allocated
+  sizes_ = estimate_sizes(cf, spec);
+  if (!c.comm) check_sizes(cf, sizes_);
+  else {  // a rank that cannot fit is every rank's error (the others would wait in the broadcast below)
+    std::string refused;
+    try {
+      check_sizes(cf, sizes_);
+    } catch (const std::exception& e) {
+      refused = e.what();
+    }
+    dist::raise_if_any(*c.comm, refused);
+  }  // before anything is allocated
   TapeOptions options = tape_options(cf);
   c.graph = graph_applies(cf, spec, c.comm != nullptr);
   if (c.graph) {
@@ -234,15 +252,20 @@ int Trainer::ranks() const { return c_->comm ? c_->comm->size() : 1; }
 const dist::AverageStats* Trainer::dist_stats() const { return c_->avg ? &c_->avg->stats() : nullptr; }
 std::string Trainer::dist_transport() const { return c_->avg ? c_->avg->transport() : "local"; }
 
-void Trainer::request_stop() {
+void Trainer::request_stop(int reason) {
+  if (reason < 1 || reason > kStopReasons) throw Error("Trainer::request_stop: reason " + std::to_string(reason) + " is not 1 or 2");
+  if (stop_agreed()) return;  // (agreed already: its reason stays the one every rank has)
+  if (!c_->stop_requested || reason < c_->stop_reason) c_->stop_reason = reason;
   c_->stop_requested = true;
-  if (c_->avg) c_->avg->raise_flag();
+  if (c_->avg) c_->avg->raise_flag(encode_stop_reason(c_->stop_reason, ranks()));
 }
 
 bool Trainer::stop_agreed() const { return c_->avg ? c_->stop_agreed : c_->stop_requested; }
+int Trainer::stop_reason() const { return stop_agreed() ? c_->stop_reason : 0; }
 bool Trainer::done() const { return c_->step >= c_->config.steps; }
 int64_t Trainer::step() const { return c_->step; }
 int64_t Trainer::skipped_updates() const { return c_->skipped; }
+const SizeEstimate& Trainer::size_estimate() const { return sizes_; }
 size_t Trainer::budget() const { return applied_budget(c_->config); }
 double Trainer::lr() const { return c_->lr(); }
 const Tensor& Trainer::state() const { return c_->h; }

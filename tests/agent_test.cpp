@@ -442,6 +442,8 @@ TEST(Sizes, EstimateIsALowerBoundCloseToTheMeasuredSegment) {
       while (!tr.done()) tr.run_segment(), peak = std::max(peak, tr.tape().stats().last_segment_peak);
       EXPECT_LE(e.segment_bytes, peak);      // a lower bound: never refuses a run that fits
       EXPECT_GE(e.segment_bytes, peak / 3);  // and close enough to be worth checking
+      EXPECT_GE(e.arena_bytes, peak);        // the whole process's estimate counts an upper bound
+      EXPECT_LE(e.arena_bytes, 2 * peak + TapeOptions{}.node_capacity * sizeof(Node));
       EXPECT_EQ(e.parameter_bytes, 4 * size_t(tr.policy().parameter_count()) * sizeof(float));
       // A checkpoint's file in memory while it is written: the parameters and Adam's two moments (CPU: no staged copy).
       EXPECT_EQ(e.checkpoint_bytes, 3 * size_t(tr.policy().parameter_count()) * sizeof(float));

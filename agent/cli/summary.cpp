@@ -124,6 +124,14 @@ void add_memory(json& j, const RunEnd& e) {
 void add_process(json& j, const RunEnd& e) {
   j["parameters"] = e.tr.policy().parameter_count();
   j["rss_bytes"] = resident_bytes();
+  j["peak_rss_bytes"] = peak_resident_bytes();  // (this process's: a resumed run's from its resume)
+  const SizeEstimate& s = e.tr.size_estimate();  // what the size check counted, before anything was allocated
+  j["memory_estimate"] = {{"resident_bytes", s.resident_total}, {"address_bytes", s.address_total},
+                          {"process_bytes", s.process_bytes},   {"parameter_bytes", s.parameter_bytes},
+                          {"arena_bytes", s.arena_bytes},       {"segment_bytes", s.segment_bytes},
+                          {"packed_bytes", s.packed_bytes},
+                          {"rollout_bytes", s.rollout_bytes},   {"checkpoint_bytes", s.checkpoint_bytes},
+                          {"other_bytes", s.other_bytes}};
   j["wall_seconds"] = e.wall;
   j["blas_kernels"] = segtape::blas_kernels();
   j["resumed"] = e.resume;

@@ -20,6 +20,8 @@ std::string blas_kernels() {
 }
 
 std::string packed_kernel() { return cpu::packed_kernel(); }
+bool packs_weight(int64_t M, int64_t N, int64_t K) { return cpu::packed_worthwhile(M, N, K); }
+int blas_threads() { return openblas_get_num_threads(); }
 
 std::string blas_better_kernels() {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return {};

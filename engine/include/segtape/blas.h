@@ -4,6 +4,7 @@
 // times slower (docs/benchmarks.md). OPENBLAS_CORETYPE in the environment of
 // a process, before it starts, chooses instead.
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace segtape {
@@ -15,6 +16,14 @@ std::string blas_kernels();
 // "avx512", "avx2" or "none" (docs/design.md, "Packed weights";
 // kernels::Options::packed in segtape/kernels.h chooses).
 std::string packed_kernel();
+
+// Whether a recurrent cell's weight product of M rows by a weight [K, N]
+// takes a packed copy of the weight in this process (one float per weight,
+// kept: the size check counts it; docs/design.md, "Packed weights").
+bool packs_weight(int64_t M, int64_t N, int64_t K);
+
+// The threads OpenBLAS runs its products on in this process.
+int blas_threads();
 
 // "SkylakeX" (AVX-512) or "Haswell" (AVX2 + FMA) when OpenBLAS chose kernels
 // older than AVX2 on a CPU that has it, and OPENBLAS_CORETYPE was not set;

@@ -59,6 +59,17 @@ struct SizeEstimate {
   // (the parameters and the optimizer's moments; nn::save_entries), and
   // with --device cuda their copy on the host too.
   size_t checkpoint_bytes = 0;
+  // The whole process (docs/hardening.md, "The size check"), what the
+  // kernel counts, each an upper bound:
+  size_t arena_bytes = 0;     // the segment arena's pages its segments touch (at most the budget)
+  size_t packed_bytes = 0;    // the CPU's packed copies of the recurrent weights (segtape::packs_weight)
+  size_t process_bytes = 0;   // this process's resident memory when the estimate was made (libraries, the env, Python)
+  size_t other_bytes = 0;     // the tape's other pools, the env's buffers, BLAS's and the allocator's working memory
+  // process + parameters (in the persistent pool's chunks) + arena + rollout
+  // + checkpoint + other: the peak resident set size the run reaches, at most.
+  size_t resident_total = 0;
+  size_t address_total = 0;   // the address space it reserves (the arena whole): what ulimit -v limits
+  size_t data_total = 0;      // of which its data segment (VmData, no files mapped): what ulimit -d limits
 };
 
 // The memory this process may take, to refuse a size that cannot fit before
@@ -120,8 +131,12 @@ class Trainer {
   // Data parallelism: this rank's stop request travels with the next update's
   // gradients, and every rank sees any rank's after it (stop_agreed), so all
   // stop at the same step. Without a communicator the request is agreed at once.
-  void request_stop();
+  // `reason` travels too (1 or 2, the caller's code for why: the program's
+  // 1 SIGINT, 2 SIGTERM): stop_reason() is 1 where any rank gave 1, else 2
+  // (0 before a stop is agreed), the same on every rank.
+  void request_stop(int reason = 1);
   bool stop_agreed() const;
+  int stop_reason() const;
   // The gradient averaging's counts and times (nullptr with one rank), and
   // how it moves the gradients ("mpi", "nccl"; "local" with one rank).
   const dist::AverageStats* dist_stats() const;
@@ -177,6 +192,8 @@ class Trainer {
   // numbers, a configuration whose segment cannot fit its budget or whose
   // parameters and segment cannot fit this machine's memory.
   static SizeEstimate estimate(const TrainConfig& c);
+  // The estimate this trainer's constructor checked (its process_bytes measured then).
+  const SizeEstimate& size_estimate() const;
   // The budget this trainer's tape applies (TrainConfig::budget, or its default).
   size_t budget() const;
 
@@ -226,9 +243,14 @@ class Trainer {
   std::unique_ptr<HistoryRunner> history_;
   std::unique_ptr<Step> step_;
   std::unique_ptr<Algorithm> algo_;
+  SizeEstimate sizes_;  // what the constructor checked
 };
 
-// Resident set size of this process, bytes (from /proc/self/statm).
+// Resident set size of this process, bytes (from /proc/self/statm), its
+// peak so far (VmHWM in /proc/self/status) and its address space (VmSize).
 size_t resident_bytes();
+size_t peak_resident_bytes();
+size_t address_space_bytes();
+size_t data_segment_bytes();  // (VmData)
 
 }  // namespace segtape::agent
