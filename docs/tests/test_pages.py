@@ -1,6 +1,7 @@
 """User pages speak to users: Home, Quickstart, Guides and Reference carry no
-commit hashes and no dates. Results and Lab may (that is where provenance and
-the lab notebook live). The sections are read from mkdocs.yml's nav."""
+commit hashes, no dates and no test names. Results and Lab may (that is where
+provenance, the lab notebook and the tests that back each claim live). The
+sections are read from mkdocs.yml's nav."""
 import re
 
 import pytest
@@ -26,6 +27,31 @@ NOT_HASHES = {
     "checkpoint-format.md": {"302dbfc8", "cbf43926", "472a8f5e"},
 }
 
+# A test cited by name. A GoogleTest name in backticks, `Suite.NameOfTheTest`:
+# the part after the dot starts with at least three CamelCase words (capitals
+# then lower case, so `Cli.AFolderWith...` and `...IsALowerBound...` count and
+# an acronym such as GRU does not), so API names (`nn::GRU`,
+# `segtape.nn`, `Trainer.evaluate`, `TapeOptions.segment_budget`, `np.float32`,
+# a `Foo.GRUCell`) do not match; or a whole suite, `Suite.*`.
+GTEST = re.compile(r"`[A-Z][A-Za-z0-9]*\.(?:(?:[A-Z]+[a-z0-9]+){3}|\*)")
+# A test's file or program: test_x.py, x_test.cpp / .cu / .sh, a ctest
+# program `x_test`, or a path under tests/ or python/tests/.
+TEST_FILE = re.compile(r"\btest_\w+\.py\b|\b\w+_test(?:\.(?:cpp|cu|sh)\b|`)")
+TEST_PATH = re.compile(r"(?<![\w/.-])(?:python/)?tests/[\w./*-]*")
+# tests/ paths a user page may name, because they are what a reader runs or
+# reads rather than a test's evidence: the script that runs the suites, the
+# data files shipped with them, the command that redraws the notebook's
+# figures, and (for a contributor) the op table to edit and the fuzzer's build
+# and run commands. A test file inside an allowed path is allowed with it.
+ALLOWED_TEST_PATHS = {
+    "quickstart.md": {"tests/run.sh"},
+    "python.md": {"tests/run.sh", "python/tests/test_notebook.py"},
+    "distributed.md": {"tests/run.sh"},
+    "text-and-series.md": {"tests/data/sunspots.csv"},
+    "design.md": {"tests/run.sh", "tests/op_cases.h"},
+    "checkpoint-format.md": {"tests/fuzz/corpus", "tests/fuzz/corpus/", "tests/fuzz/safetensors_fuzz.cpp"},
+}
+
 
 def user_pages():
     sections = nav_sections()
@@ -36,19 +62,28 @@ def user_pages():
 
 def findings(page):
     allowed = NOT_HASHES.get(page, set())
+    allowed_paths = ALLOWED_TEST_PATHS.get(page, set())
     found = []
     for number, line in enumerate((DOCS / page).read_text().splitlines(), 1):
         found += [f"{page}:{number}: commit hash? {m.group()!r}: {line.strip()[:120]}"
                   for m in HASH.finditer(line) if m.group() not in allowed]
         found += [f"{page}:{number}: date {m.group()!r}: {line.strip()[:120]}" for m in DATE.finditer(line)]
+        paths = list(TEST_PATH.finditer(line))
+        allowed_spans = [m.span() for m in paths if m.group().rstrip(".") in allowed_paths]
+        found += [f"{page}:{number}: test path {m.group()!r}: {line.strip()[:120]}"
+                  for m in paths if m.group().rstrip(".") not in allowed_paths]
+        found += [f"{page}:{number}: test name {m.group()!r}: {line.strip()[:120]}"
+                  for rx in (GTEST, TEST_FILE) for m in rx.finditer(line)
+                  if not any(a <= m.start() and m.end() <= b for a, b in allowed_spans)]
     return found
 
 
 @pytest.mark.parametrize("page", user_pages())
-def test_user_page_has_no_commit_hashes_or_dates(page):
+def test_user_page_has_no_commit_hashes_dates_or_test_names(page):
     found = findings(page)
-    assert not found, ("a user page (Home, Quickstart, Guides, Reference) names a commit or a date; "
-                       "move that text to a Results or Lab page (docs/lab/), or drop the provenance:\n  "
+    assert not found, ("a user page (Home, Quickstart, Guides, Reference) names a commit, a date or a test; "
+                       "state the behaviour plainly and link the Lab page that cites the test (docs/lab/, "
+                       "docs/hardening.md), or drop the provenance:\n  "
                        + "\n  ".join(found))
 
 
@@ -61,3 +96,11 @@ def test_the_patterns_catch_what_they_should():
         assert DATE.search(text), text
     for text in ["ICLR 2023", "100,000 steps", "lag 8"]:
         assert not DATE.search(text), text
+    for text in ["`Sizes.EstimateIsALowerBoundCloseToTheMeasuredSegment`", "`Cli.AFolderWithMetricsRowsIsKeptAHeaderAloneIsTaken`",
+                 "`CudaTraining.TbpttTwentyStepsReplayEqualsEager`", "(`Ppo.*`)", "tests/agent_test.cpp",
+                 "python/tests/test_lm.py", "test_notebook.py", "`exact_test`", "dist_cli_test.sh", "cuda_test.cu"]:
+        assert GTEST.search(text) or TEST_FILE.search(text) or TEST_PATH.search(text), text
+    for text in ["`nn::GRU`", "`segtape.nn`", "`Trainer.evaluate`", "`TapeOptions.segment_budget`", "`np.float32`",
+                 "`nn.GRUCell`", "`Foo.GRUCell`", "`Trainer.Config`", "`test_mse`", "`segtape.*`", "latest_tests/x",
+                 "build/tests/x"]:
+        assert not (GTEST.search(text) or TEST_FILE.search(text) or TEST_PATH.search(text)), text
