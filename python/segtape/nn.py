@@ -31,6 +31,8 @@ def manual_seed(seed):
 
 
 def default_rng():
+    """The generator layers draw their initial weights from when no rng is
+    given (segtape.nn.Rng, seeded 0 until manual_seed reseeds it)."""
     return _default[0]
 
 
@@ -52,6 +54,8 @@ class Module(_N.Module):
         return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
+        """The module's computation, called by module(...): a subclass defines it
+        (NotImplementedError here)."""
         raise NotImplementedError(f"{type(self).__name__}.forward is not defined")
 
     def state_dict(self):

@@ -611,6 +611,28 @@ class PyEnv final : public agent::Env {
 // checks that each one is here. The elementwise ops' functions (and the
 // unary ones' Tensor methods) are made from the list; the others are
 // written out, each with its own arguments. The Tensor's operators too.
+// Each op's docstring (the elementwise ops' functions and methods are made
+// from the op list; python/tests/test_docstrings.py requires one for every public name).
+const char* op_doc(std::string_view name) {
+  static const std::pair<std::string_view, const char*> docs[] = {
+      {"add", "a + b, elementwise, with broadcasting of b's rows (recorded on the tape; its gradient flows in backward)."},
+      {"sub", "a - b, elementwise, with broadcasting of b's rows."},
+      {"mul", "a * b, elementwise, with broadcasting of b's rows."},
+      {"div", "a / b, elementwise, with broadcasting of b's rows (a / 0 is inf or nan, as in PyTorch)."},
+      {"neg", "-x, elementwise."},
+      {"scale", "s * x for a float s, elementwise."},
+      {"tanh", "tanh(x), elementwise."},
+      {"sigmoid", "1 / (1 + exp(-x)), elementwise."},
+      {"relu", "max(x, 0), elementwise (gradient 0 at 0, as PyTorch's)."},
+      {"exp", "exp(x), elementwise."},
+      {"log", "log(x), elementwise (-inf at 0, nan below)."},
+      {"softplus", "log(1 + exp(x)), elementwise (x itself above 20, as torch.nn.functional.softplus)."},
+  };
+  for (const auto& [n, d] : docs)
+    if (n == name) return d;
+  return "A segtape op (docs/python.md).";
+}
+
 template <class TensorClass>
 void bind_ops(nb::module_& m, TensorClass& tensor) {
   nb::list ops;
@@ -620,16 +642,16 @@ void bind_ops(nb::module_& m, TensorClass& tensor) {
   m.attr("_ops") = nb::tuple(ops);
 
 #define SEGTAPE_BIND_UNARY(Kind, name, ...)                                       \
-  tensor.def(#name, [](const PyTensor& a) { return apply(segtape::name, a); }); \
-  m.def(#name, [](const PyTensor& a) { return apply(segtape::name, a); });
+  tensor.def(#name, [](const PyTensor& a) { return apply(segtape::name, a); }, op_doc(#name)); \
+  m.def(#name, [](const PyTensor& a) { return apply(segtape::name, a); }, op_doc(#name));
   SEGTAPE_UNARY_PLAIN_OPS(SEGTAPE_BIND_UNARY)
 #undef SEGTAPE_BIND_UNARY
 #define SEGTAPE_BIND_UNARY_SCALAR(Kind, name, ...) \
-  m.def(#name, [](const PyTensor& a, double s) { return wrap(segtape::name(a.get(), s), a.box); });
+  m.def(#name, [](const PyTensor& a, double s) { return wrap(segtape::name(a.get(), s), a.box); }, op_doc(#name));
   SEGTAPE_UNARY_SCALAR_OPS(SEGTAPE_BIND_UNARY_SCALAR)
 #undef SEGTAPE_BIND_UNARY_SCALAR
 #define SEGTAPE_BIND_BINARY(Kind, name, ...) \
-  m.def(#name, [](const PyTensor& a, const PyTensor& b) { return apply(segtape::name, a, b); });
+  m.def(#name, [](const PyTensor& a, const PyTensor& b) { return apply(segtape::name, a, b); }, op_doc(#name));
   SEGTAPE_BINARY_OPS(SEGTAPE_BIND_BINARY)
 #undef SEGTAPE_BIND_BINARY
 
@@ -674,72 +696,90 @@ void bind_ops(nb::module_& m, TensorClass& tensor) {
   };
   const auto reshape_beyond = [](const PyTensor& a, nb::object s) { return wrap(reshape(a.get(), shape_arg("reshape", s)), a.box); };
   const auto transpose_fn = [](const PyTensor& a) { return apply(segtape::transpose, a); };
-  tensor.def("softmax", softmax_fn)
-      .def("log_softmax", log_softmax_fn)
-      .def("sum", sum_fn, "axis"_a = nb::none())
+  const char* const softmax_doc = "softmax over the last axis (each row sums to 1).";
+  const char* const log_softmax_doc = "log(softmax(x)) over the last axis, computed stably.";
+  const char* const sum_doc = "The sum of all elements (a 0-d tensor), or along `axis` (removed from the shape); ShapeError for an axis out of range.";
+  const char* const mean_doc = "The mean of all elements (a 0-d tensor), or along `axis` (removed from the shape); ShapeError for an axis out of range.";
+  const char* const reshape_doc = "The same values in a new shape with as many elements (no copy); ShapeError naming both shapes otherwise.";
+  const char* const transpose_doc = "The transpose of a 2-d tensor.";
+  const char* const detach_doc = "The same values without history: no gradient flows back through it (torch.detach).";
+  tensor.def("softmax", softmax_fn, softmax_doc)
+      .def("log_softmax", log_softmax_fn, log_softmax_doc)
+      .def("sum", sum_fn, "axis"_a = nb::none(), sum_doc)
       .def("sum", axis_beyond("sum"), "axis"_a)
-      .def("mean", mean_fn, "axis"_a = nb::none())
+      .def("mean", mean_fn, "axis"_a = nb::none(), mean_doc)
       .def("mean", axis_beyond("mean"), "axis"_a)
-      .def("reshape", reshape_fn)
+      .def("reshape", reshape_fn, reshape_doc)
       .def("reshape", reshape_beyond)
-      .def("t", transpose_fn)
-      .def_prop_ro("T", transpose_fn)
-      .def("detach", [](const PyTensor& a) { return apply(segtape::detach, a); });
-  m.def("softmax", softmax_fn);
-  m.def("log_softmax", log_softmax_fn);
-  m.def("sum", sum_fn, "input"_a, "axis"_a = nb::none());
+      .def("t", transpose_fn, transpose_doc)
+      .def_prop_ro("T", transpose_fn, transpose_doc)
+      .def("detach", [](const PyTensor& a) { return apply(segtape::detach, a); }, detach_doc);
+  m.def("softmax", softmax_fn, softmax_doc);
+  m.def("log_softmax", log_softmax_fn, log_softmax_doc);
+  m.def("sum", sum_fn, "input"_a, "axis"_a = nb::none(), sum_doc);
   m.def("sum", axis_beyond("sum"), "input"_a, "axis"_a);
-  m.def("mean", mean_fn, "input"_a, "axis"_a = nb::none());
+  m.def("mean", mean_fn, "input"_a, "axis"_a = nb::none(), mean_doc);
   m.def("mean", axis_beyond("mean"), "input"_a, "axis"_a);
-  m.def("reshape", reshape_fn);
+  m.def("reshape", reshape_fn, reshape_doc);
   m.def("reshape", reshape_beyond);
-  m.def("transpose", transpose_fn);
+  m.def("transpose", transpose_fn, transpose_doc);
   m.def("matmul", [](const PyTensor& a, const PyTensor& b, bool ta, bool tb) { return wrap(matmul(a.get(), b.get(), ta, tb), a.box); },
-        "a"_a, "b"_a, "transpose_a"_a = false, "transpose_b"_a = false);
+        "a"_a, "b"_a, "transpose_a"_a = false, "transpose_b"_a = false,
+        "a @ b for 2-d tensors, either operand transposed in place of a copy; ShapeError naming both shapes when they do not match.");
   m.def("cross_entropy", [](const PyTensor& logits, const PyTensor& target, const std::string& reduction, int64_t ignore_index) {
     if (reduction != "mean" && reduction != "sum")
       throw ShapeError("cross_entropy: reduction '" + reduction + "': expected 'mean' or 'sum'");
     return wrap(cross_entropy(logits.get(), target.get(), reduction == "sum" ? Reduction::Sum : Reduction::Mean, ignore_index),
                 logits.box);
-  }, "input"_a, "target"_a, "reduction"_a = "mean", "ignore_index"_a = -100);
+  }, "input"_a, "target"_a, "reduction"_a = "mean", "ignore_index"_a = -100,
+        "Cross-entropy of logits [N, C] against int64 class indices [N], as torch.nn.functional.cross_entropy: mean or sum "
+        "over the rows whose target is not ignore_index; IndexError naming a target out of [0, C).");
   m.def("mse_loss", [](const PyTensor& a, const PyTensor& b, const std::string& reduction) {
     if (reduction != "mean" && reduction != "sum")
       throw ShapeError("mse_loss: reduction '" + reduction + "': expected 'mean' or 'sum'");
     return wrap(mse_loss(a.get(), b.get(), reduction == "sum" ? Reduction::Sum : Reduction::Mean), a.box);
-  }, "input"_a, "target"_a, "reduction"_a = "mean");
+  }, "input"_a, "target"_a, "reduction"_a = "mean",
+        "Mean (or sum) of (input - target)^2 over every element, as torch.nn.functional.mse_loss.");
   m.def("concat", [](const std::vector<PyTensor>& parts, int axis) {
     if (parts.empty()) throw ShapeError("concat: no tensors given");
     std::vector<Tensor> v;
     v.reserve(parts.size());
     for (const PyTensor& p : parts) v.push_back(p.get());
     return wrap(concat(std::span<const Tensor>(v), axis), parts.front().box);
-  }, "tensors"_a, "axis"_a = 0);
+  }, "tensors"_a, "axis"_a = 0, "The tensors joined along `axis` (their other dimensions equal), as torch.cat.");
   m.def("slice", [](const PyTensor& a, int axis, int64_t start, int64_t length) { return wrap(slice(a.get(), axis, start, length), a.box); },
-        "input"_a, "axis"_a, "start"_a, "length"_a);
+        "input"_a, "axis"_a, "start"_a, "length"_a, "`length` entries of `input` from `start` along `axis` (input.narrow).");
   m.def("embedding", [](const PyTensor& w, const PyTensor& idx) { return apply(segtape::embedding, w, idx); },
-        "weight"_a, "indices"_a);
+        "weight"_a, "indices"_a, "The rows of weight [V, E] at int64 indices [N]: [N, E] (torch.nn.functional.embedding).");
   m.def("gru_cell", [](const PyTensor& x, const PyTensor& h, const PyTensor& wih, const PyTensor& whh,
                        const PyTensor& bih, const PyTensor& bhh, bool recompute) {
     return wrap(gru_cell(x.get(), h.get(), wih.get(), whh.get(), bih.get(), bhh.get(), recompute), x.box);
-  }, "x"_a, "h"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a, "recompute"_a = false);
+  }, "x"_a, "h"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a, "recompute"_a = false,
+        "One GRU step, as torch.nn.GRUCell (PyTorch's gate order r, z, n): the new state [B, H]. recompute: keep less for "
+        "backward and compute the gates again there.");
   m.def("gru_sequence", [](const PyTensor& x, const PyTensor& h, const PyTensor& wih, const PyTensor& whh,
                            const PyTensor& bih, const PyTensor& bhh, const std::optional<PyTensor>& keep) {
     return wrap(segtape::gru_sequence(x.get(), h.get(), wih.get(), whh.get(), bih.get(), bhh.get(), keep ? keep->get() : Tensor{}),
                 x.box);
-  }, "x"_a, "h0"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a, "keep"_a = nb::none());
+  }, "x"_a, "h0"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a, "keep"_a = nb::none(),
+        "A GRU over a whole sequence x [T, B, I] from h0 [B, H]: the states [T, B, H] (one op; cuDNN's on a GPU). keep [T, B]: "
+        "per step and stream, 0 resets the state before that step.");
   // The fused op on a state [2, B, H] (h and c), or torch.lstm_cell's form: hx = (h, c) -> (h', c').
   m.def("lstm_cell", [](const PyTensor& x, const PyTensor& state, const PyTensor& wih, const PyTensor& whh, const PyTensor& bih,
                         const PyTensor& bhh) {
     return wrap(lstm_cell(x.get(), state.get(), wih.get(), whh.get(), bih.get(), bhh.get()), x.box);
-  }, "x"_a, "state"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a);
+  }, "x"_a, "state"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a,
+        "One LSTM step, as torch.nn.LSTMCell (gate order i, f, g, o), on a state [2, B, H] (h and c; lstm_state makes one), or "
+        "on hx = (h, c), returning (h', c').");
   m.def("lstm_cell", [](const PyTensor& x, const std::pair<PyTensor, PyTensor>& hx, const PyTensor& wih, const PyTensor& whh,
                         const PyTensor& bih, const PyTensor& bhh) {
     const LstmPair p = lstm_cell(x.get(), hx.first.get(), hx.second.get(), wih.get(), whh.get(), bih.get(), bhh.get());
     return std::make_pair(wrap(p.h, x.box), wrap(p.c, x.box));
   }, "x"_a, "hx"_a, "weight_ih"_a, "weight_hh"_a, "bias_ih"_a, "bias_hh"_a);
-  m.def("lstm_state", [](const PyTensor& h, const PyTensor& c) { return wrap(lstm_state(h.get(), c.get()), h.box); }, "h"_a, "c"_a);
-  m.def("lstm_h", [](const PyTensor& s) { return wrap(lstm_h(s.get()), s.box); }, "state"_a);
-  m.def("lstm_c", [](const PyTensor& s) { return wrap(lstm_c(s.get()), s.box); }, "state"_a);
+  m.def("lstm_state", [](const PyTensor& h, const PyTensor& c) { return wrap(lstm_state(h.get(), c.get()), h.box); }, "h"_a, "c"_a,
+        "The LSTM state [2, B, H] of h and c [B, H] each (lstm_cell's first form).");
+  m.def("lstm_h", [](const PyTensor& s) { return wrap(lstm_h(s.get()), s.box); }, "state"_a, "h [B, H] of an LSTM state [2, B, H].");
+  m.def("lstm_c", [](const PyTensor& s) { return wrap(lstm_c(s.get()), s.box); }, "state"_a, "c [B, H] of an LSTM state [2, B, H].");
 }
 
 }  // namespace
@@ -759,7 +799,7 @@ NB_MODULE(_segtape, m) {
   m.def("cuda_built", &Device::cuda_built, "Whether this build has the CUDA backend (a GPU is still needed).");
   m.def("parse_bytes", [](const std::string& s, const std::string& what) { return agent::parse_bytes(s, what.c_str()); },
         "text"_a, "what"_a = "segment_budget");
-  m.def("format_bytes", &format_bytes);
+  m.def("format_bytes", &format_bytes, "bytes"_a, "A byte count as segtape's messages write it, e.g. '64.0 MiB'.");
   m.def("blas_kernels", &blas_kernels, "OpenBLAS's kernel set in this process, e.g. 'SkylakeX', 'Haswell', 'Prescott'.");
   m.def("packed_kernel", &packed_kernel,
         "segtape's own kernel for the GRU's packed weight products in this process: 'avx512', 'avx2' or 'none' "
@@ -797,7 +837,7 @@ NB_MODULE(_segtape, m) {
       .def_prop_ro("shape", [](const PyTensor& p) { return nb::tuple(nb::cast(dims(p.t))); })
       .def_prop_ro("dtype", [](const PyTensor& p) { return dtype_str(p.t.dtype); })
       .def_prop_ro("ndim", [](const PyTensor& p) { return p.t.rank(); })
-      .def("numel", [](const PyTensor& p) { return p.t.numel(); })
+      .def("numel", [](const PyTensor& p) { return p.t.numel(); }, "The number of elements.")
       .def("__len__", [](const PyTensor& p) {
         if (p.t.rank() == 0) throw nb::type_error("len() of a 0-d tensor");
         return p.t.dim(0);
@@ -828,7 +868,8 @@ NB_MODULE(_segtape, m) {
           return nb::int_(t.to_host<int64_t>()[0]);  // (on a device too)
         }
         return nb::float_(t.item());
-      })
+      }, "The value of a one-element tensor: a float (an int for int64); an error for more elements, or while its segment's "
+         "values are not yet computed (a CUDA graph segment).")
       .def("__float__", [](const PyTensor& p) { return p.get().item(); })
       .def("_copy_", &copy_from<float>, "values"_a.noconvert())
       .def("_copy_", &copy_from<double>, "values"_a.noconvert())
@@ -838,7 +879,8 @@ NB_MODULE(_segtape, m) {
         if (!p.box || !p.box->tape) return "segtape.Tensor(" + std::string(dtype_name(p.t.dtype)) + p.t.shape.str() + ", tape gone)";
         return "segtape.Tensor(" + p.t.describe() + (p.t.is_live() ? "" : ", expired") + ")";
       })
-      .def("describe", [](const PyTensor& p) { return p.get().describe(); });
+      .def("describe", [](const PyTensor& p) { return p.get().describe(); },
+           "A one-line description: dtype, shape, where its values live (persistent, segment, carry), its segment and step.");
   bind_ops(m, tensor);
 
   // ------------------------------------------------------------ Tape
@@ -928,10 +970,12 @@ NB_MODULE(_segtape, m) {
            nb::arg().none());
 
   nb::class_<Explanation>(m, "Explanation", "Who holds the memory: the open segment's tape by op, step and node.")
-      .def("report", &Explanation::report, "max_rows"_a = 8)
+      .def("report", &Explanation::report, "max_rows"_a = 8,
+           "The explanation as plain text: the segment's arena bytes by op kind and by step, and its largest tensors (max_rows of them).")
       .def("__str__", [](const Explanation& e) { return e.report(); })
-      .def("to_dict", [](const Explanation& e) { return to_dict(e); })
-      .def("bytes_per_step", &Explanation::bytes_per_step)
+      .def("to_dict", [](const Explanation& e) { return to_dict(e); }, "The explanation's figures as a dict (by op kind, by step, the largest nodes).")
+      .def("bytes_per_step", &Explanation::bytes_per_step,
+           "The least-squares slope of the segment's bytes over its steps: how fast it grows per step (0 for one step).")
       .def_ro("node_bytes", &Explanation::node_bytes)
       .def_ro("arena_bytes", &Explanation::arena_bytes)
       .def_ro("node_count", &Explanation::node_count);
@@ -944,7 +988,7 @@ NB_MODULE(_segtape, m) {
       }, nb::arg().none(), nb::arg().none(), nb::arg().none())
       .def("end", [](PySegment& s) {
         if (s.box->open && s.box->open_index == s.index) s.box->open.reset();
-      })
+      }, "Ends the segment (as leaving its `with` block): its arena is reset and its tensors expire; carried ones stay.")
       .def_prop_ro("index", [](const PySegment& s) { return s.index; })
       .def_prop_ro("open", [](const PySegment& s) { return bool(s.box->open) && s.box->open_index == s.index; })
       .def("_backward", [](PySegment& s, std::optional<PyTensor> loss, const std::vector<std::pair<PyTensor, PyTensor>>& seeds,
@@ -972,14 +1016,14 @@ NB_MODULE(_segtape, m) {
   nb::class_<nn::Rng>(nnm, "Rng", "The seeded, portable generator behind initialisation (splitmix64).")
       .def(nb::init<uint64_t>(), "seed"_a = 0)
       .def("__init__", [](nn::Rng*, nb::int_ seed) { int_beyond("segtape.nn.Rng", "seed", seed, "[0, 2^64 - 1]"); }, "seed"_a)
-      .def("uniform", nb::overload_cast<>(&nn::Rng::uniform))
+      .def("uniform", nb::overload_cast<>(&nn::Rng::uniform), "The next uniform draw in [0, 1), or in [low, high).")
       .def("uniform", nb::overload_cast<double, double>(&nn::Rng::uniform), "low"_a, "high"_a)
-      .def("normal", &nn::Rng::normal, "mean"_a = 0.0, "std"_a = 1.0)
-      .def("next_u64", &nn::Rng::next_u64)
+      .def("normal", &nn::Rng::normal, "mean"_a = 0.0, "std"_a = 1.0, "The next normal draw of this mean and standard deviation.")
+      .def("next_u64", &nn::Rng::next_u64, "The next 64 random bits, as an int (the generator's counter moves on by one).")
       .def_prop_rw("state", [](const nn::Rng& r) { return std::make_pair(r.state().seed, r.state().counter); },
                    [](nn::Rng& r, std::pair<uint64_t, uint64_t> s) { r.set_state({s.first, s.second}); });
 
-  nb::class_<nn::Module>(nnm, "Module", nb::dynamic_attr())
+  nb::class_<nn::Module>(nnm, "Module", nb::dynamic_attr(), "The base of every module: parameters with PyTorch's names, children, train/eval mode.")
       .def("__init__", [](nn::Module* self, PyTape& t) { new (self) nn::Module(t.tape()); }, nb::keep_alive<1, 2>())
       .def("_register_module", [](nn::Module& self, const std::string& name, nn::Module& child) {
         self.register_module(name, child);
@@ -987,23 +1031,25 @@ NB_MODULE(_segtape, m) {
       .def("register_parameter", [](nn::Module& self, const std::string& name, const std::vector<int64_t>& shape) {
         return wrap(self.register_parameter(name, Shape::of(shape, "register_parameter")));
       }, "name"_a, "shape"_a, "A zero-filled parameter of this module (fill it with .copy_(array)).")
-      .def("named_parameters", [](const nn::Module& self) { return named(self.named_parameters()); })
+      .def("named_parameters", [](const nn::Module& self) { return named(self.named_parameters()); },
+           "A list of (name, tensor) of this module's parameters and its children's, with PyTorch's dotted names.")
       .def("parameters", [](const nn::Module& self) {
         nb::list l;
         for (const Tensor& t : self.parameters()) l.append(wrap(t));
         return l;
-      })
-      .def("parameter_count", &nn::Module::parameter_count)
-      .def("zero_grad", &nn::Module::zero_grad)
+      }, "This module's parameters and its children's, in named_parameters' order.")
+      .def("parameter_count", &nn::Module::parameter_count, "The number of parameter elements, children's included.")
+      .def("zero_grad", &nn::Module::zero_grad, "Sets every parameter's gradient to zero.")
       // torch.nn.Module's train(mode) / eval(): this module and every one below it; each returns the module.
       .def("train", [](nn::Module& self, bool mode) -> nn::Module& {
         self.train(mode);
         return self;
-      }, "mode"_a = true, nb::rv_policy::reference)
+      }, "mode"_a = true, nb::rv_policy::reference,
+           "Training mode (dropout active) for this module and every one below it, or eval mode with mode=False; returns the module.")
       .def("eval", [](nn::Module& self) -> nn::Module& {
         self.eval();
         return self;
-      }, nb::rv_policy::reference)
+      }, nb::rv_policy::reference, "Eval mode (dropout off) for this module and every one below it; returns the module.")
       .def_prop_ro("training", &nn::Module::is_training);
 
   nb::class_<nn::Linear, nn::Module>(nnm, "Linear")
@@ -1159,13 +1205,14 @@ NB_MODULE(_segtape, m) {
       .def_ro("num_layers", &nn::LSTM::num_layers)
       .def_ro("dropout", &nn::LSTM::dropout);
 
-  nb::class_<nn::Optimizer>(nnm, "Optimizer")
-      .def("step", &nn::Optimizer::step)
-      .def("zero_grad", &nn::Optimizer::zero_grad)
+  nb::class_<nn::Optimizer>(nnm, "Optimizer", "The base of SGD, Adam and AdamW: an update of a module's parameters from their gradients.")
+      .def("step", &nn::Optimizer::step, "One update of every parameter from its gradient (after backward).")
+      .def("zero_grad", &nn::Optimizer::zero_grad, "Sets the module's parameters' gradients to zero.")
       .def_prop_ro("kind", &nn::Optimizer::kind)
       .def_prop_ro("step_count", &nn::Optimizer::step_count)
-      .def("state", [](const nn::Optimizer& o) { return named(o.state()); });
-  nb::class_<nn::SGD, nn::Optimizer>(nnm, "SGD")
+      .def("state", [](const nn::Optimizer& o) { return named(o.state()); },
+           "The optimizer's state tensors as (name, tensor) pairs (e.g. Adam's moments), with PyTorch's names.");
+  nb::class_<nn::SGD, nn::Optimizer>(nnm, "SGD", "torch.optim.SGD: lr, momentum, dampening, weight decay, Nesterov.")
       .def("__init__", [](nn::SGD* self, const nn::Module& mod, double lr, double momentum, double dampening,
                           double weight_decay, bool nesterov) {
         new (self) nn::SGD(mod, nn::SGDOptions{.lr = lr, .momentum = momentum, .dampening = dampening,
@@ -1182,13 +1229,14 @@ NB_MODULE(_segtape, m) {
     o.capturable = capturable;
     new (self) T(mod, o);
   };
-  nb::class_<nn::Adam, nn::Optimizer>(nnm, "Adam")
+  nb::class_<nn::Adam, nn::Optimizer>(nnm, "Adam",
+                                      "torch.optim.Adam (L2 weight decay). capturable: the step count on the device, for CUDA graphs.")
       .def("__init__", [adam_like](nn::Adam* self, const nn::Module& mod, double lr, std::pair<double, double> betas,
                                    double eps, double wd, bool capturable) { adam_like(self, mod, lr, betas, eps, wd, capturable); },
            "module"_a, "lr"_a = 1e-3, "betas"_a = std::make_pair(0.9, 0.999), "eps"_a = 1e-8, "weight_decay"_a = 0.0,
            "capturable"_a = false, nb::keep_alive<1, 2>())
       .def_prop_rw("lr", [](nn::Adam& o) { return o.options().lr; }, [](nn::Adam& o, double v) { o.options().lr = v; });
-  nb::class_<nn::AdamW, nn::Adam>(nnm, "AdamW")
+  nb::class_<nn::AdamW, nn::Adam>(nnm, "AdamW", "torch.optim.AdamW (decoupled weight decay, default 1e-2).")
       .def("__init__", [adam_like](nn::AdamW* self, const nn::Module& mod, double lr, std::pair<double, double> betas,
                                    double eps, double wd, bool capturable) { adam_like(self, mod, lr, betas, eps, wd, capturable); },
            "module"_a, "lr"_a = 1e-3, "betas"_a = std::make_pair(0.9, 0.999), "eps"_a = 1e-8, "weight_decay"_a = 1e-2,
@@ -1200,7 +1248,9 @@ NB_MODULE(_segtape, m) {
     if (!total_sq) return nb::cast(nn::clip_grad_norm(mod, max_norm));
     nn::clip_grad_norm(mod, max_norm, total_sq->get());
     return nb::none();
-  }, "module"_a, "max_norm"_a, "total_sq"_a = nb::none());
+  }, "module"_a, "max_norm"_a, "total_sq"_a = nb::none(),
+          "Scales the module's gradients so that their global L2 norm is at most max_norm, as torch.nn.utils.clip_grad_norm_; "
+          "returns the norm before clipping (with total_sq, a persistent float64 [1] tensor, it stays there and None is returned).");
   nnm.def("save", [](const nn::Module& mod, const std::filesystem::path& path, const nn::Metadata& meta) { nn::save(mod, path, meta); },
           "module"_a, "path"_a, "metadata"_a = nn::Metadata{});
   nnm.def("load", [](nn::Module& mod, const std::filesystem::path& path, bool strict) {
@@ -1529,10 +1579,10 @@ NB_MODULE(_segtape, m) {
   dm.def("mpi", [](double timeout_s) { return dist::mpi({.timeout_s = timeout_s}); }, "timeout_s"_a = 300.0,
          "MPI_COMM_WORLD (MPI initialised on the first call); collectives end the job after timeout_s.");
   dm.def("local", &dist::local, "One rank: every collective is the identity.");
-  dm.def("mpi_built", &dist::mpi_built);
-  dm.def("nccl_built", &dist::nccl_built);
-  dm.def("launched_by_mpirun", &dist::launched_by_mpirun);
-  dm.def("local_rank", &dist::local_rank);
+  dm.def("mpi_built", &dist::mpi_built, "Whether this build has Open MPI (segtape.dist.mpi() needs it).");
+  dm.def("nccl_built", &dist::nccl_built, "Whether this build has NCCL (gradients averaged on the GPUs).");
+  dm.def("launched_by_mpirun", &dist::launched_by_mpirun, "Whether this process is a rank started by mpirun (its environment says so).");
+  dm.def("local_rank", &dist::local_rank, "This rank's place among the ranks on its machine (0 outside mpirun).");
   dm.def("check_same", [](dist::Communicator& c, const std::map<std::string, std::string>& s, const std::string& what) {
     const ExitGuard running("dist.check_same");
     nb::gil_scoped_release release;
@@ -1540,8 +1590,10 @@ NB_MODULE(_segtape, m) {
     dist::check_same(c, s, what);
   }, "comm"_a, "settings"_a, "what"_a, "Raises segtape.Error on every rank when the settings differ between ranks.");
   dm.def("check_replicas", [](dist::Communicator& c, const nn::Module& m, const std::string& when) { dist::check_replicas(c, m, when); },
-         "comm"_a, "module"_a, "when"_a);
-  dm.def("parameter_checksum", &dist::parameter_checksum, "module"_a);
+         "comm"_a, "module"_a, "when"_a,
+         "Compares the ranks' parameter checksums; raises segtape.Error on every rank, naming the ranks that differ from rank 0 and `when`.");
+  dm.def("parameter_checksum", &dist::parameter_checksum, "module"_a,
+         "An FNV-1a checksum of the module's parameters' bytes (equal on replicas that hold the same values).");
   nb::class_<dist::GradientAverager>(dm, "GradientAverager",
                                      "Averages a module's gradients over the ranks (broadcasts rank 0's parameters when made).")
       .def(nb::init<dist::Communicator&, const nn::Module&, size_t>(), "comm"_a, "module"_a, "bucket_bytes"_a = size_t(4) << 20,
