@@ -47,6 +47,7 @@ ALLOWED_TEST_PATHS = {
     "quickstart.md": {"tests/run.sh"},
     "python.md": {"tests/run.sh", "python/tests/test_notebook.py"},
     "distributed.md": {"tests/run.sh"},
+    "cuda.md": {"tests/run.sh"},
     "text-and-series.md": {"tests/data/sunspots.csv"},
     "design.md": {"tests/run.sh", "tests/op_cases.h"},
     "checkpoint-format.md": {"tests/fuzz/corpus", "tests/fuzz/corpus/", "tests/fuzz/safetensors_fuzz.cpp"},
