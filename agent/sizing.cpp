@@ -35,6 +35,22 @@ constexpr size_t kDefaultBudget = size_t(64) << 20;
 constexpr size_t kDefaultLmBudget = size_t(256) << 20;  // --task lm: a stack of layers over long chunks (docs/agent.md)
 constexpr size_t kDefaultFullLimit = size_t(1) << 30;
 constexpr size_t kOtherBytes = size_t(16) << 20;
+
+// A "Name:   N kB" line of a /proc file (/proc/self/status, /proc/meminfo), in bytes (0 where absent).
+size_t proc_kb(const char* file, const char* name) {
+  FILE* f = std::fopen(file, "r");
+  if (!f) return 0;
+  char line[256];
+  size_t kb = 0;
+  const size_t n = std::strlen(name);
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, name, n) == 0 && line[n] == ':') {
+      kb = size_t(std::strtoull(line + n + 1, nullptr, 10));
+      break;
+    }
+  std::fclose(f);
+  return kb * 1024;
+}
 }  // namespace
 
 size_t applied_budget(const TrainConfig& c) {
@@ -84,7 +100,8 @@ namespace {
 void whole_process(const TrainConfig& c, const EnvSpec& spec, const PolicyShape& shape, SizeEstimate& e) {
   const bool cuda = c.device == "cuda";
   const size_t B = size_t(c.batch), H = size_t(shape.hidden), G = (shape.lstm ? 4 : 3) * H;
-  const size_t steps = history_def(c.history.kind).grows ? size_t(c.steps) : size_t(c.history.k);
+  const bool grows = history_def(c.history.kind).grows;
+  const size_t steps = grows ? size_t(c.steps) : size_t(c.history.k);
   // The segment arena: the pages its segments touch. The forward's bytes
   // (segment_bytes) and half as much again for what backward adds (its
   // gradients of the steps' outputs; measured: 1.01x to 1.4x the forward's
@@ -93,7 +110,7 @@ void whole_process(const TrainConfig& c, const EnvSpec& spec, const PolicyShape&
   // budget too, and a vector doubles as it grows).
   const size_t per_step = e.step_bytes + e.step_bytes / 2;
   const size_t nodes = std::max<size_t>(TapeOptions{}.node_capacity, 64 * steps) * sizeof(Node);
-  const size_t segment = (history_def(c.history.kind).grows ? steps * per_step : e.segment_bytes + e.segment_bytes / 2) + nodes;
+  const size_t segment = (grows ? steps * per_step : e.segment_bytes + e.segment_bytes / 2) + nodes;
   e.arena_bytes = cuda ? 0 : std::min(e.budget + std::min(nodes, e.budget), segment);  // (a CUDA tape's pools are on the GPU)
   // The CPU's packed copies of the recurrent cells' weights (one float per
   // weight, its gate columns rounded up to a panel; engine/ops/gru.cpp
@@ -235,13 +252,7 @@ size_t cgroup_room() {
 // The memory a new run may still take: the machine's available memory
 // (MemAvailable), or less where this process's cgroup leaves less. 0: unknown.
 size_t memory_available(std::string* what) {
-  size_t avail = 0;
-  if (FILE* f = std::fopen("/proc/meminfo", "r")) {
-    char line[256];
-    while (std::fgets(line, sizeof line, f))
-      if (std::strncmp(line, "MemAvailable:", 13) == 0) avail = size_t(std::strtoull(line + 13, nullptr, 10)) * 1024;
-    std::fclose(f);
-  }
+  size_t avail = proc_kb("/proc/meminfo", "MemAvailable");
   *what = "this process may reach (this machine's available memory and its own)";
   if (const size_t room = cgroup_room(); room && (avail == 0 || room < avail))
     avail = room, *what = "this process may reach (what its cgroup's memory limit leaves, and its own)";
@@ -251,7 +262,6 @@ size_t memory_available(std::string* what) {
 // The estimate's terms, for messages.
 // resident: the resident estimate's (else the address space's, less the process and the arena named apart).
 std::string parts(const TrainConfig& c, const SizeEstimate& e, bool resident) {
-  (void)c;
   std::string m = (e.parameter_bytes && c.device == "cuda" ? "on the host: " : "") + std::string("parameters, gradients and the optimizer's state ") +
                   format_bytes(c.device == "cuda" ? 0 : e.parameter_bytes) + (e.packed_bytes ? ", their packed copies " + format_bytes(e.packed_bytes) : "");
   if (resident) m += ", the segment arena " + format_bytes(e.arena_bytes);
@@ -324,27 +334,9 @@ SizeEstimate Trainer::estimate(const TrainConfig& c) {
   return estimate_sizes(c, make_env(c.env, c.batch, 0, c.env_options)->spec());
 }
 
-namespace {
-// A "Name:   N kB" line of /proc/self/status, in bytes (0 where absent).
-size_t status_kb(const char* name) {
-  FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  size_t kb = 0;
-  const size_t n = std::strlen(name);
-  while (std::fgets(line, sizeof line, f))
-    if (std::strncmp(line, name, n) == 0 && line[n] == ':') {
-      kb = size_t(std::strtoull(line + n + 1, nullptr, 10));
-      break;
-    }
-  std::fclose(f);
-  return kb * 1024;
-}
-}  // namespace
-
-size_t peak_resident_bytes() { return status_kb("VmHWM"); }
-size_t address_space_bytes() { return status_kb("VmSize"); }
-size_t data_segment_bytes() { return status_kb("VmData"); }
+size_t peak_resident_bytes() { return proc_kb("/proc/self/status", "VmHWM"); }
+size_t address_space_bytes() { return proc_kb("/proc/self/status", "VmSize"); }
+size_t data_segment_bytes() { return proc_kb("/proc/self/status", "VmData"); }
 
 size_t resident_bytes() {
   FILE* f = std::fopen("/proc/self/statm", "r");

@@ -64,9 +64,10 @@ struct SizeEstimate {
   size_t arena_bytes = 0;     // the segment arena's pages its segments touch (at most the budget)
   size_t packed_bytes = 0;    // the CPU's packed copies of the recurrent weights (segtape::packs_weight)
   size_t process_bytes = 0;   // this process's resident memory when the estimate was made (libraries, the env, Python)
-  size_t other_bytes = 0;     // the tape's other pools, the env's buffers, BLAS's and the allocator's working memory
-  // process + parameters (in the persistent pool's chunks) + arena + rollout
-  // + checkpoint + other: the peak resident set size the run reaches, at most.
+  size_t other_bytes = 0;     // the carry buffers, the persistent pool's chunk ends, the weight-gradient workspace,
+                              // BLAS's buffers, the env's and the allocator's working memory
+  // process + parameters (on the host) + packed + arena + rollout + checkpoint
+  // + other: the peak resident set size the run reaches, at most.
   size_t resident_total = 0;
   size_t address_total = 0;   // the address space it reserves (the arena whole): what ulimit -v limits
   size_t data_total = 0;      // of which its data segment (VmData, no files mapped): what ulimit -d limits
