@@ -61,6 +61,12 @@ def user_pages():
     return [p for s in USER_SECTIONS for p in sections.get(s, [])]
 
 
+# The C++ reference (generated from the public headers) shows their comments
+# as written, and a header's comment may name the test that keeps it true (a
+# contributor's pointer): only hashes and dates are checked there.
+SOURCE_PAGES = {"reference/cpp.md"}
+
+
 def findings(page):
     allowed = NOT_HASHES.get(page, set())
     allowed_paths = ALLOWED_TEST_PATHS.get(page, set())
@@ -69,6 +75,8 @@ def findings(page):
         found += [f"{page}:{number}: commit hash? {m.group()!r}: {line.strip()[:120]}"
                   for m in HASH.finditer(line) if m.group() not in allowed]
         found += [f"{page}:{number}: date {m.group()!r}: {line.strip()[:120]}" for m in DATE.finditer(line)]
+        if page in SOURCE_PAGES:
+            continue
         paths = list(TEST_PATH.finditer(line))
         allowed_spans = [m.span() for m in paths if m.group().rstrip(".") in allowed_paths]
         found += [f"{page}:{number}: test path {m.group()!r}: {line.strip()[:120]}"
