@@ -67,11 +67,12 @@ def user_pages():
 SOURCE_PAGES = {"reference/cpp.md"}
 
 
-def findings(page):
+def findings(page, text=None):
+    """What `page` (its Markdown, or `text`: a rendered page's) names that a user page must not."""
     allowed = NOT_HASHES.get(page, set())
     allowed_paths = ALLOWED_TEST_PATHS.get(page, set())
     found = []
-    for number, line in enumerate((DOCS / page).read_text().splitlines(), 1):
+    for number, line in enumerate((DOCS / page).read_text().splitlines() if text is None else text.splitlines(), 1):
         found += [f"{page}:{number}: commit hash? {m.group()!r}: {line.strip()[:120]}"
                   for m in HASH.finditer(line) if m.group() not in allowed]
         found += [f"{page}:{number}: date {m.group()!r}: {line.strip()[:120]}" for m in DATE.finditer(line)]

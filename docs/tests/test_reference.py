@@ -1,5 +1,13 @@
-"""The generated reference pages name what they document (docs/build.sh
-runs these tests after `mkdocs build`; SEGTAPE_SITE is the site's folder).
+"""The generated reference pages name what they document, read from the
+built site (docs/build.sh runs these tests after `mkdocs build`; SEGTAPE_SITE
+is the site's folder).
+
+Python (reference/python.md, rendered by mkdocstrings from the installed
+package): an entry for every public name that the package's own docstring
+test walks (python/tests/test_docstrings.py: each function, class, method and
+property of segtape, segtape.nn, segtape.gym, segtape.retention, segtape.dist
+and segtape.lm), found by its anchor; and, as on the hand-written user pages,
+no commit hash, date or test name in the rendered text.
 
 C++ (reference/cpp.md, docs/gen_cpp.py): every class, struct, enum and
 function the public headers declare at namespace scope, found by a reading
@@ -7,16 +15,19 @@ of the headers that does not share the generator's (a regular expression
 over their text, where the generator uses libclang), and the main classes by
 name.
 
-The check is also run on the page with names taken out, to show that it
+Each check is also run on the page with one name taken out, to show that it
 fails.
 """
+import html
 import os
 import pathlib
 import re
+import sys
 
 import pytest
 
 from conftest import DOCS, ROOT
+from test_pages import findings
 
 SITE = pathlib.Path(os.environ.get("SEGTAPE_SITE", ROOT / "build" / "site"))
 
@@ -26,6 +37,52 @@ def built(page):
     if not path.is_file():
         pytest.fail(f"{path} is missing: build the site first (docs/build.sh runs these tests after mkdocs build)")
     return path.read_text()
+
+
+# ---- Python ---------------------------------------------------------------------------------
+
+def walked_names():
+    """The names python/tests/test_docstrings.py checks, walked the same way."""
+    sys.path.insert(0, str(ROOT / "python" / "tests"))
+    try:
+        import test_docstrings
+    finally:
+        sys.path.pop(0)
+    return [name for module in test_docstrings.MODULES for name, _ in test_docstrings.public(module)]
+
+
+def missing_python_names(page_html, names):
+    anchors = set(re.findall(r'\bid="([^"]+)"', page_html))
+    return [n for n in names if n not in anchors]
+
+
+@pytest.fixture(scope="module")
+def python_page():
+    return built("reference/python")
+
+
+@pytest.fixture(scope="module")
+def python_names():
+    names = walked_names()
+    assert len(names) > 150, len(names)  # (the walk found the package's names)
+    return names
+
+
+def test_the_python_page_has_an_entry_for_every_public_name(python_page, python_names):
+    missing = missing_python_names(python_page, python_names)
+    assert not missing, f"the Python reference has no entry for {len(missing)} public names: {missing}"
+
+
+def test_a_python_name_left_out_is_found(python_page, python_names):
+    without = python_page.replace('id="segtape.tanh"', "").replace('id="segtape.Segment.backward"', "")
+    assert sorted(missing_python_names(without, python_names)) == ["segtape.Segment.backward", "segtape.tanh"]
+
+
+def test_the_python_page_names_no_commit_date_or_test(python_page):
+    main = re.search(r"<article.*?</article>", python_page, flags=re.S).group()
+    text = html.unescape(re.sub(r"<[^>]+>", "", main))
+    found = findings("reference/python.md", text)
+    assert not found, "the rendered Python reference names a commit, a date or a test:\n  " + "\n  ".join(found)
 
 
 # ---- C++ ------------------------------------------------------------------------------------
