@@ -86,7 +86,7 @@ TEST(Series, TheLoaderNormalisesOnTheTrainingPartAndTheStreamsAreContiguous) {
   const fs::path f = write("f.csv", "date,temp,load\n"
                                     "2020-01,1,10\n2020-02,3,20\n2020-03,5,30\n2020-04,7,40\n2020-05,9,50\n"
                                     "2020-06,11,60\n2020-07,13,70\n\n2020-08,15,80\n2020-09,100,90\n2020-10,200,100\n");
-  const Series s = *load_series(f.string(), "", "", "load", "temp,load", 0.2);
+  const SeriesData s = *load_series(f.string(), "", "", "load", "temp,load", 0.2);
   EXPECT_EQ(s.rows, 10);
   EXPECT_EQ(s.train_end, 8);
   EXPECT_EQ(s.valid_end, 10);
@@ -100,11 +100,11 @@ TEST(Series, TheLoaderNormalisesOnTheTrainingPartAndTheStreamsAreContiguous) {
   EXPECT_FLOAT_EQ(s.x[9 * 2 + 1], s.y[9]);
   EXPECT_FLOAT_EQ(s.y[9], float((100 - 45) / std::sqrt(525.0)));
   EXPECT_NE(s.normalisation_json().find("\"target\":\"load\""), std::string::npos);
-  const Series alone = *load_series(f.string(), "", "", "temp", "", 0.2);
+  const SeriesData alone = *load_series(f.string(), "", "", "temp", "", 0.2);
   EXPECT_EQ(alone.features, std::vector<std::string>{"temp"});
   // --valid and --test: their rows after --data's, normalised by --data's
   const fs::path v = write("v.csv", "load,temp\n110,300\n"), t = write("t.csv", "temp,load,note\n400,120,x\n500,130,y\n");
-  const Series parts = *load_series(f.string(), v.string(), t.string(), "load", "", 0.2);
+  const SeriesData parts = *load_series(f.string(), v.string(), t.string(), "load", "", 0.2);
   EXPECT_EQ(parts.train_end, 10);
   EXPECT_EQ(parts.valid_end, 11);
   EXPECT_EQ(parts.rows, 13);

@@ -118,7 +118,7 @@ class SeriesAlgo : public Algorithm {
   // The model's mean squared error over the targets of rows [lo, hi): one
   // stream from the zero state through rows [0, hi - 1), no gradient.
   double evaluate(int64_t lo, int64_t hi) {
-    const Series& s = *series_;
+    const SeriesData& s = *series_;
     const int64_t F = s.dim();
     eval_h_.from_host(std::span<const float>(eval_zero_));
     Tensor h = eval_h_;
@@ -145,7 +145,7 @@ class SeriesAlgo : public Algorithm {
     return total / double(hi - lo);
   }
 
-  std::shared_ptr<const Series> series_;
+  std::shared_ptr<const SeriesData> series_;
   int64_t epoch_ = 0;  // steps per epoch: the training part's rows per stream, less one
   int64_t loss_steps_ = 0;
   std::array<double, 2> naive_{};  // the naive forecast's MSE on the validation and test parts

@@ -19,7 +19,7 @@ class SeriesEnv final : public Env {
  public:
   SeriesEnv(int64_t B, uint64_t seed, const EnvOptions& o) : Env(B, seed) {
     series_ = load_series(o.data, o.valid, o.test, o.target, o.features, o.split);
-    const Series& s = *series_;
+    const SeriesData& s = *series_;
     const bool train = o.part == EnvOptions::Part::Train, valid = o.part == EnvOptions::Part::Valid;
     begin_ = train ? 0 : valid ? s.train_end : s.valid_end;
     const int64_t end = train ? s.train_end : valid ? s.valid_end : s.rows;
@@ -55,7 +55,7 @@ class SeriesEnv final : public Env {
  private:
   int64_t row(int64_t b) const { return begin_ + b * per_ + s_[0]; }
 
-  std::shared_ptr<const Series> series_;
+  std::shared_ptr<const SeriesData> series_;
   int64_t begin_ = 0, per_ = 0;  // the part's first row; rows per stream
   EnvSpec spec_;
   std::vector<int64_t> s_;  // the step in the epoch

@@ -19,7 +19,7 @@
 
 namespace segtape::agent {
 
-std::string Series::normalisation_json() const {
+std::string SeriesData::normalisation_json() const {
   nlohmann::json j;
   j["target"] = target, j["target_mean"] = target_mean, j["target_std"] = target_std;
   j["features"] = features, j["mean"] = mean, j["std"] = std;
@@ -136,9 +136,9 @@ void read_csv(const std::string& file, const std::vector<std::string>& wanted, s
   if (rows == 0) throw Error(file + ": no rows (only a header)");
 }
 
-std::shared_ptr<Series> read_series(const std::string& data, const std::string& valid, const std::string& test, const std::string& target,
+std::shared_ptr<SeriesData> read_series(const std::string& data, const std::string& valid, const std::string& test, const std::string& target,
                                     const std::string& features, double split) {
-  auto s = std::make_shared<Series>();
+  auto s = std::make_shared<SeriesData>();
   s->target = target;
   s->features = parse_features(features);
   if (s->features.empty()) s->features = {target};
@@ -192,18 +192,18 @@ std::shared_ptr<Series> read_series(const std::string& data, const std::string& 
 
 }  // namespace
 
-std::shared_ptr<const Series> load_series(const std::string& data, const std::string& valid, const std::string& test,
+std::shared_ptr<const SeriesData> load_series(const std::string& data, const std::string& valid, const std::string& test,
                                           const std::string& target, const std::string& features, double split) {
   if (data.empty()) throw Error("--task series needs a CSV file to learn: --data FILE.csv");
   if (target.empty()) throw Error("--task series needs the column to predict: --target COLUMN");
   // One per process and set of arguments (the trainer and its evaluations share it).
   static std::mutex lock;
-  static std::map<std::tuple<std::string, std::string, std::string, std::string, std::string, double>, std::weak_ptr<const Series>> loaded;
+  static std::map<std::tuple<std::string, std::string, std::string, std::string, std::string, double>, std::weak_ptr<const SeriesData>> loaded;
   const std::lock_guard<std::mutex> hold(lock);
   const auto key = std::make_tuple(data, valid, test, target, features, split);
   if (auto it = loaded.find(key); it != loaded.end())
-    if (std::shared_ptr<const Series> s = it->second.lock()) return s;
-  std::shared_ptr<const Series> s = read_series(data, valid, test, target, features, split);
+    if (std::shared_ptr<const SeriesData> s = it->second.lock()) return s;
+  std::shared_ptr<const SeriesData> s = read_series(data, valid, test, target, features, split);
   loaded[key] = s;
   return s;
 }

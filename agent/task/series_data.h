@@ -16,10 +16,10 @@
 
 namespace segtape::agent {
 
-// The checkpoint metadata key of a series run's normalisation (Series::normalisation_json).
+// The checkpoint metadata key of a series run's normalisation (SeriesData::normalisation_json).
 inline constexpr const char* kSeriesNormalisationKey = "series.normalisation";
 
-struct Series {
+struct SeriesData {
   std::string target;
   std::vector<std::string> features;
   int64_t rows = 0;         // all the parts'
@@ -45,7 +45,7 @@ std::vector<std::string> parse_features(const std::string& s);
 // `target` or a feature, a row with another number of cells than the header,
 // a cell that is not a number or not finite (NaN, inf), a validation part
 // with no rows.
-std::shared_ptr<const Series> load_series(const std::string& data, const std::string& valid, const std::string& test,
+std::shared_ptr<const SeriesData> load_series(const std::string& data, const std::string& valid, const std::string& test,
                                           const std::string& target, const std::string& features, double split);
 
 }  // namespace segtape::agent
