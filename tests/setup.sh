@@ -63,14 +63,18 @@ segtape_install_pytest_deps() {
 # over python/tests (the notebook included). Extra arguments go to pip's
 # --config-settings (e.g. cmake.define.SEGTAPE_SANITIZE=address,undefined).
 SEGTAPE_PYTHON_EXE=${SEGTAPE_PYTHON_EXE:-/usr/bin/python3}
-segtape_python_install() {  # VENV PKG_BUILD_DIR [config settings...]
-  local venv=$1 pkg=$2
-  shift 2
+segtape_python_venv() {  # VENV: the virtual environment and the packages above, where missing
+  local venv=$1
   if [[ ! -x "$venv/bin/python" ]]; then
     "$SEGTAPE_PYTHON_EXE" -m venv --system-site-packages "$venv" || return 1
   fi
   "$venv/bin/python" -c "import nanobind, scikit_build_core, safetensors, tensorboard, gymnasium, popgym" 2>/dev/null ||
     "$venv/bin/python" -m pip install -q nanobind scikit-build-core safetensors tensorboard gymnasium popgym==1.0.7 || return 1
+}
+segtape_python_install() {  # VENV PKG_BUILD_DIR [config settings...]
+  local venv=$1 pkg=$2
+  shift 2
+  segtape_python_venv "$venv" || return 1
   local settings=(--config-settings=build-dir="$pkg") s
   for s in "$@"; do settings+=(--config-settings="$s"); done
   CMAKE_BUILD_PARALLEL_LEVEL=$SEGTAPE_JOBS "$venv/bin/python" -m pip install -q --no-build-isolation --force-reinstall \
@@ -87,21 +91,40 @@ segtape_python_tests() {
 # The same tests that load no LibTorch, with the extension and the C++ library
 # built with ASan + UBSan (Python itself is not instrumented: libasan is
 # preloaded; leak checking is off, since CPython keeps memory until exit).
+# The extension is the sanitizer build's own target (_segtape, SEGTAPE_PYTHON=ON
+# there), linked to the library that segtape_sanitize compiled and tested, not
+# a second compilation of it by pip; it runs from a copy of python/segtape in
+# $SEGTAPE_SANITIZE_BUILD/python-stage, put first on PYTHONPATH.
 segtape_python_sanitize() {
-  local venv=$SEGTAPE_SANITIZE_BUILD/python preload
-  segtape_python_install "$venv" "$SEGTAPE_SANITIZE_BUILD/python-pkg" cmake.define.SEGTAPE_SANITIZE=address,undefined \
-    cmake.define.SEGTAPE_WITH_CUDA=OFF cmake.build-type=RelWithDebInfo || return 1
+  local venv=$SEGTAPE_BUILD/python stage=$SEGTAPE_SANITIZE_BUILD/python-stage preload so
+  segtape_python_venv "$venv" || return 1
+  segtape_sanitize_configure || return 1
+  cmake --build "$SEGTAPE_SANITIZE_BUILD" -j "$SEGTAPE_JOBS" --target _segtape || return 1
+  so=$(find "$SEGTAPE_SANITIZE_BUILD/python" -maxdepth 1 -name '_segtape*.so' | head -1)
+  [[ -n "$so" ]] || { echo "segtape: no _segtape module in $SEGTAPE_SANITIZE_BUILD/python" >&2; return 1; }
+  rm -rf "$stage" && mkdir -p "$stage" && cp -r "$SEGTAPE_ROOT/python/segtape" "$stage/segtape" &&
+    cp "$so" "$stage/segtape/" && mkdir -p "$stage/segtape/include" &&
+    cp "$SEGTAPE_ROOT/agent/torch_memory.h" "$stage/segtape/include/" || return 1
   # libstdc++ preloaded too: ASan's __cxa_throw interceptor needs it loaded
   # first, and python3 itself does not link it.
   preload="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libstdc++.so)"
   (cd "$SEGTAPE_ROOT/python/tests" &&
-    LD_PRELOAD=$preload ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    export PYTHONPATH=$stage${PYTHONPATH:+:$PYTHONPATH} LD_PRELOAD=$preload ASAN_OPTIONS=detect_leaks=0 &&
+    # (the staged package, or this stage would test the Release one again)
+    { [[ "$("$venv/bin/python" -c 'import segtape; print(segtape._C.__file__)')" == "$stage"/* ]] ||
+      { echo "segtape: import segtape did not load $stage" >&2; false; }; } &&
+    UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     SEGTAPE_README_CURVE=$SEGTAPE_SANITIZE_BUILD/tests/readme_curve OPENBLAS_NUM_THREADS=1 \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider -p no:hypothesispytest test_api.py test_errors.py test_readme_loop.py)
 }
 
+# The test build: RelWithDebInfo with line tables only (-g1, in place of -g):
+# file:line in gdb's and perf's stacks, at three quarters of the compile time
+# (tests/agent_test.cpp: 35 s of CPU at -g, 28 s at -g1); LibTorch's files at
+# -g0 (CMakeLists.txt, segtape_torch).
 segtape_configure_build() {
-  cmake -S "$SEGTAPE_ROOT" -B "$SEGTAPE_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "$@" >/dev/null
+  cmake -S "$SEGTAPE_ROOT" -B "$SEGTAPE_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" "$@" >/dev/null
   cmake --build "$SEGTAPE_BUILD" -j "$SEGTAPE_JOBS"
 }
 
@@ -143,13 +166,16 @@ segtape_size() {
 SEGTAPE_SANITIZE_BUILD=${SEGTAPE_SANITIZE_BUILD:-$SEGTAPE_ROOT/build-asan}
 SEGTAPE_FUZZ_BUILD=${SEGTAPE_FUZZ_BUILD:-$SEGTAPE_ROOT/build-fuzz}
 
-# The sanitizer build: engine, nn, agent and the tests with AddressSanitizer
-# (leaks included) and UndefinedBehaviorSanitizer; no LibTorch (it is not
-# built with ASan), no CUDA, no benchmarks.
+# The sanitizer build: engine, nn, agent, the tests and the Python extension
+# with AddressSanitizer (leaks included) and UndefinedBehaviorSanitizer; no
+# LibTorch (it is not built with ASan), no CUDA, no benchmarks. The extension
+# needs nanobind: the Python package's virtual environment provides it.
 segtape_sanitize_configure() {
+  segtape_python_venv "$SEGTAPE_BUILD/python" || return 1
   cmake -S "$SEGTAPE_ROOT" -B "$SEGTAPE_SANITIZE_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DSEGTAPE_SANITIZE=address,undefined -DSEGTAPE_WITH_TORCH=OFF -DSEGTAPE_WITH_CUDA=OFF \
-    -DSEGTAPE_BUILD_BENCH=OFF -DSEGTAPE_NATIVE=ON -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null || return 1
+    -DSEGTAPE_BUILD_BENCH=OFF -DSEGTAPE_NATIVE=ON -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+    -DSEGTAPE_PYTHON=ON -DPython_EXECUTABLE="$SEGTAPE_BUILD/python/bin/python" >/dev/null || return 1
 }
 
 # Every CPU test (not `parity`: LibTorch; not GPU tests) under the sanitizers.
