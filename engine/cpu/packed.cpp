@@ -27,7 +27,7 @@ namespace {
 // rows: 11, 11, 11, 11, 10, 10), never a short tail. The inner dimension is
 // cut into blocks of 512 when it is longer than 768, so a panel's block
 // (64 KiB) stays near the core while every block of rows of A passes over it.
-// Chosen by measurement on AVX-512 (docs/benchmarks.md, change 10): 12 × 32
+// Chosen by measurement on AVX-512 (docs/lab/benchmarks-changelog.md, item 10): 12 × 32
 // ran at 140-170 GFLOP/s on one thread, 8 × 32 a few percent slower, 16 × 16
 // slower still. The AVX2 kernel (16 vector registers of 8 floats) reads the
 // same packing: blocks of up to 6 rows × half a panel (12 accumulators).

@@ -1,8 +1,8 @@
 // Products with a weight operand packed once and reused: a segment multiplies
 // by the same W_hh at every step, forward and backward, and OpenBLAS repacks
 // it on every call (0.3.21 has no packed-GEMM API). segtape's own kernel
-// reads a copy packed in the order it consumes it (docs/benchmarks.md,
-// changes 10 and 14), with AVX-512F or with AVX2 + FMA; elsewhere, and in
+// reads a copy packed in the order it consumes it (docs/lab/benchmarks-changelog.md,
+// items 10 and 14), with AVX-512F or with AVX2 + FMA; elsewhere, and in
 // double, GEMM stays OpenBLAS's.
 #pragma once
 #include <cstddef>
@@ -34,7 +34,7 @@ bool threads_do_not_pay(int64_t M, int64_t N, int64_t K);
 // pays only when a pass reuses it: the GRU packs such a weight at its
 // kPackAfter-th product in a pass (detail::packed_weight) and leaves the
 // products before to BLAS. Packing W_hh at H = 128 costs about four of its
-// products through OpenBLAS (docs/benchmarks.md, change 11).
+// products through OpenBLAS (docs/lab/benchmarks-changelog.md, item 11).
 constexpr int64_t kFewRows = 4;
 constexpr int kPackAfter = 8;
 

@@ -273,7 +273,7 @@ void start_batch(CellBatch& cb, int64_t remaining, const Node& n, const ops::Gra
   // 256 rows spent a quarter of the GEMM's time on that traffic (OpenBLAS
   // 0.3.21, one thread, the GRU: 109 GFLOP/s at 256 rows, 151 at 1024); at
   // H = 128, where dW_hh stays in L2, 64, 128 and 256 rows ran a step at the
-  // same speed (docs/benchmarks.md, change 12). The workspace is rows * (2G +
+  // same speed (docs/lab/benchmarks-changelog.md, item 12). The workspace is rows * (2G +
   // H + I) elements (the LSTM's rows * (G + H + I)), about 2.3 times W_hh's
   // size at rows = H for the GRU.
   const int64_t rows = std::max<int64_t>(128, H);

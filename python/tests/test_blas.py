@@ -1,6 +1,6 @@
 """OpenBLAS's kernel choice: segtape.blas_kernels(), blas_better_kernels() and
 the warning at import when OpenBLAS fell back to kernels older than AVX2 on a
-CPU that has AVX2 (docs/benchmarks.md, change 9), each case a fresh Python
+CPU that has AVX2 (docs/lab/benchmarks-changelog.md, item 9), each case a fresh Python
 process (OpenBLAS reads OPENBLAS_CORETYPE only when it loads);
 segtape.packed_kernel() and set_kernel_options(packed=...), in this process."""
 import os

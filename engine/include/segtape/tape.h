@@ -127,13 +127,13 @@ struct TapeStats {
 
 class Segment;
 
-// One term of a seeded backward: the objective's gradient with respect to
-// `out` (a tensor of the segment), e.g. dL/dh at the state leaving it, handed
-// back by the segment after it.
 // Allocation tag of backward's gradient buffers (TapeStats::grad_bytes): arena
 // bytes that belong to no op.
 struct GradBuffers {};
 
+// One term of a seeded backward: the objective's gradient with respect to
+// `out` (a tensor of the segment), e.g. dL/dh at the state leaving it, handed
+// back by the segment after it.
 struct Seed {
   Tensor out;
   Tensor grad;  // out's shape and dtype
