@@ -834,15 +834,15 @@ NB_MODULE(_segtape, m) {
   // ------------------------------------------------------------ Tensor
   auto tensor = nb::class_<PyTensor>(m, "Tensor", "A handle to values a tape owns (docs/python.md: lifetimes).");
   tensor
-      .def_prop_ro("shape", [](const PyTensor& p) { return nb::tuple(nb::cast(dims(p.t))); })
-      .def_prop_ro("dtype", [](const PyTensor& p) { return dtype_str(p.t.dtype); })
-      .def_prop_ro("ndim", [](const PyTensor& p) { return p.t.rank(); })
+      .def_prop_ro("shape", [](const PyTensor& p) { return nb::tuple(nb::cast(dims(p.t))); }, "The tensor's dimensions, as a tuple of ints.")
+      .def_prop_ro("dtype", [](const PyTensor& p) { return dtype_str(p.t.dtype); }, "The element type: \"float32\", \"float64\" or \"int64\".")
+      .def_prop_ro("ndim", [](const PyTensor& p) { return p.t.rank(); }, "The number of dimensions (0 for a scalar).")
       .def("numel", [](const PyTensor& p) { return p.t.numel(); }, "The number of elements.")
       .def("__len__", [](const PyTensor& p) {
         if (p.t.rank() == 0) throw nb::type_error("len() of a 0-d tensor");
         return p.t.dim(0);
       })
-      .def_prop_ro("requires_grad", [](const PyTensor& p) { return p.t.requires_grad; })
+      .def_prop_ro("requires_grad", [](const PyTensor& p) { return p.t.requires_grad; }, "Whether backward computes a gradient for this tensor.")
       .def_prop_ro("space", [](const PyTensor& p) {
         switch (p.t.space) {
           case Space::None: return "none";
@@ -851,9 +851,9 @@ NB_MODULE(_segtape, m) {
           case Space::Carry: return "carry";
         }
         return "?";
-      })
-      .def_prop_ro("is_live", [](const PyTensor& p) { return p.box && p.box->tape && p.t.is_live(); })
-      .def_prop_ro("device", [](const PyTensor& p) { return p.get().tape->device().str(); })
+      }, "Where the data lives: \"persistent\" (parameters), \"segment\" (expires with its segment), \"carry\" (kept for the next segment) or \"none\".")
+      .def_prop_ro("is_live", [](const PyTensor& p) { return p.box && p.box->tape && p.t.is_live(); }, "False once the tensor has expired (its segment ended, or its tape is gone): reading it then raises.")
+      .def_prop_ro("device", [](const PyTensor& p) { return p.get().tape->device().str(); }, "The device the data lives on, e.g. \"cpu\" or \"cuda:0\".")
       .def_prop_ro("grad", [](const PyTensor& p) -> std::optional<PyTensor> {
         const Tensor& t = p.get();
         if (!t.grad) return std::nullopt;
@@ -918,11 +918,11 @@ NB_MODULE(_segtape, m) {
         return wrap(t.tape().persistent(shape_arg("persistent", s), dtype_from(d)), t.box);
       }, "shape"_a, "dtype"_a = "float32")
       .def("next_step", [](PyTape& t) { t.tape().next_step(); })
-      .def_prop_ro("step", [](const PyTape& t) { return t.tape().step(); })
-      .def_prop_ro("segment_open", [](const PyTape& t) { return t.tape().segment_open(); })
-      .def_prop_ro("segment_index", [](const PyTape& t) { return t.tape().segment_index(); })
-      .def_prop_ro("device", [](const PyTape& t) { return t.tape().device().str(); })
-      .def_prop_ro("segment_budget", [](const PyTape& t) { return t.tape().options().segment_budget; })
+      .def_prop_ro("step", [](const PyTape& t) { return t.tape().step(); }, "The tape's step counter (next_step() adds one).")
+      .def_prop_ro("segment_open", [](const PyTape& t) { return t.tape().segment_open(); }, "Whether a segment is open now.")
+      .def_prop_ro("segment_index", [](const PyTape& t) { return t.tape().segment_index(); }, "The number of the open segment, or of the last one.")
+      .def_prop_ro("device", [](const PyTape& t) { return t.tape().device().str(); }, "The device this tape records on, e.g. \"cpu\" or \"cuda:0\".")
+      .def_prop_ro("segment_budget", [](const PyTape& t) { return t.tape().options().segment_budget; }, "The arena's byte budget for one segment (TapeOptions::segment_budget).")
       .def("stats", [](const PyTape& t) { return to_dict(t.tape().stats()); })
       .def("zero_grad", [](PyTape& t) { t.tape().zero_grad(); })
       .def("synchronize", [](PyTape& t) { t.tape().synchronize(); })
@@ -976,9 +976,9 @@ NB_MODULE(_segtape, m) {
       .def("to_dict", [](const Explanation& e) { return to_dict(e); }, "The explanation's figures as a dict (by op kind, by step, the largest nodes).")
       .def("bytes_per_step", &Explanation::bytes_per_step,
            "The least-squares slope of the segment's bytes over its steps: how fast it grows per step (0 for one step).")
-      .def_ro("node_bytes", &Explanation::node_bytes)
-      .def_ro("arena_bytes", &Explanation::arena_bytes)
-      .def_ro("node_count", &Explanation::node_count);
+      .def_ro("node_bytes", &Explanation::node_bytes, "Bytes of the segment's graph nodes.")
+      .def_ro("arena_bytes", &Explanation::arena_bytes, "Bytes of the segment's arena in use (its tensors' data).")
+      .def_ro("node_count", &Explanation::node_count, "How many ops the segment recorded.");
 
   // ------------------------------------------------------------ Segment
   nb::class_<PySegment>(m, "Segment", "One segment of a tape: its tensors expire when it ends.")
@@ -989,8 +989,8 @@ NB_MODULE(_segtape, m) {
       .def("end", [](PySegment& s) {
         if (s.box->open && s.box->open_index == s.index) s.box->open.reset();
       }, "Ends the segment (as leaving its `with` block): its arena is reset and its tensors expire; carried ones stay.")
-      .def_prop_ro("index", [](const PySegment& s) { return s.index; })
-      .def_prop_ro("open", [](const PySegment& s) { return bool(s.box->open) && s.box->open_index == s.index; })
+      .def_prop_ro("index", [](const PySegment& s) { return s.index; }, "This segment's number on its tape, in the order the segments opened.")
+      .def_prop_ro("open", [](const PySegment& s) { return bool(s.box->open) && s.box->open_index == s.index; }, "True until the segment ends (its `with` block is left, or end() is called).")
       .def("_backward", [](PySegment& s, std::optional<PyTensor> loss, const std::vector<std::pair<PyTensor, PyTensor>>& seeds,
                            bool retain, bool allow_overwritten) {
         Segment& seg = s.get();
@@ -1021,7 +1021,8 @@ NB_MODULE(_segtape, m) {
       .def("normal", &nn::Rng::normal, "mean"_a = 0.0, "std"_a = 1.0, "The next normal draw of this mean and standard deviation.")
       .def("next_u64", &nn::Rng::next_u64, "The next 64 random bits, as an int (the generator's counter moves on by one).")
       .def_prop_rw("state", [](const nn::Rng& r) { return std::make_pair(r.state().seed, r.state().counter); },
-                   [](nn::Rng& r, std::pair<uint64_t, uint64_t> s) { r.set_state({s.first, s.second}); });
+                   [](nn::Rng& r, std::pair<uint64_t, uint64_t> s) { r.set_state({s.first, s.second}); },
+                   "(seed, counter): the whole state of the generator; assigning it back replays the same draws.");
 
   nb::class_<nn::Module>(nnm, "Module", nb::dynamic_attr(), "The base of every module: parameters with PyTorch's names, children, train/eval mode.")
       .def("__init__", [](nn::Module* self, PyTape& t) { new (self) nn::Module(t.tape()); }, nb::keep_alive<1, 2>())
@@ -1050,7 +1051,7 @@ NB_MODULE(_segtape, m) {
         self.eval();
         return self;
       }, nb::rv_policy::reference, "Eval mode (dropout off) for this module and every one below it; returns the module.")
-      .def_prop_ro("training", &nn::Module::is_training);
+      .def_prop_ro("training", &nn::Module::is_training, "True in training mode (dropout on), False after eval().");
 
   nb::class_<nn::Linear, nn::Module>(nnm, "Linear")
       .def("__init__", [](nn::Linear* self, PyTape& t, int64_t in, int64_t out, bool bias, nn::Rng& rng) {
@@ -1208,8 +1209,8 @@ NB_MODULE(_segtape, m) {
   nb::class_<nn::Optimizer>(nnm, "Optimizer", "The base of SGD, Adam and AdamW: an update of a module's parameters from their gradients.")
       .def("step", &nn::Optimizer::step, "One update of every parameter from its gradient (after backward).")
       .def("zero_grad", &nn::Optimizer::zero_grad, "Sets the module's parameters' gradients to zero.")
-      .def_prop_ro("kind", &nn::Optimizer::kind)
-      .def_prop_ro("step_count", &nn::Optimizer::step_count)
+      .def_prop_ro("kind", &nn::Optimizer::kind, "The optimizer's name: \"SGD\", \"Adam\" or \"AdamW\".")
+      .def_prop_ro("step_count", &nn::Optimizer::step_count, "How many steps this optimizer has taken (Adam's bias correction counts from it).")
       .def("state", [](const nn::Optimizer& o) { return named(o.state()); },
            "The optimizer's state tensors as (name, tensor) pairs (e.g. Adam's moments), with PyTorch's names.");
   nb::class_<nn::SGD, nn::Optimizer>(nnm, "SGD", "torch.optim.SGD: lr, momentum, dampening, weight decay, Nesterov.")
@@ -1219,7 +1220,8 @@ NB_MODULE(_segtape, m) {
                                                .weight_decay = weight_decay, .nesterov = nesterov});
       }, "module"_a, "lr"_a, "momentum"_a = 0.0, "dampening"_a = 0.0, "weight_decay"_a = 0.0, "nesterov"_a = false,
       nb::keep_alive<1, 2>())
-      .def_prop_rw("lr", [](nn::SGD& o) { return o.options().lr; }, [](nn::SGD& o, double v) { o.options().lr = v; });
+      .def_prop_rw("lr", [](nn::SGD& o) { return o.options().lr; }, [](nn::SGD& o, double v) { o.options().lr = v; },
+                   "The learning rate; assigning it takes effect at the next step().");
   auto adam_like = [](auto* self, const nn::Module& mod, double lr, std::pair<double, double> betas, double eps,
                       double weight_decay, bool capturable) {
     using T = std::remove_pointer_t<decltype(self)>;
@@ -1235,7 +1237,8 @@ NB_MODULE(_segtape, m) {
                                    double eps, double wd, bool capturable) { adam_like(self, mod, lr, betas, eps, wd, capturable); },
            "module"_a, "lr"_a = 1e-3, "betas"_a = std::make_pair(0.9, 0.999), "eps"_a = 1e-8, "weight_decay"_a = 0.0,
            "capturable"_a = false, nb::keep_alive<1, 2>())
-      .def_prop_rw("lr", [](nn::Adam& o) { return o.options().lr; }, [](nn::Adam& o, double v) { o.options().lr = v; });
+      .def_prop_rw("lr", [](nn::Adam& o) { return o.options().lr; }, [](nn::Adam& o, double v) { o.options().lr = v; },
+                   "The learning rate; assigning it takes effect at the next step().");
   nb::class_<nn::AdamW, nn::Adam>(nnm, "AdamW", "torch.optim.AdamW (decoupled weight decay, default 1e-2).")
       .def("__init__", [adam_like](nn::AdamW* self, const nn::Module& mod, double lr, std::pair<double, double> betas,
                                    double eps, double wd, bool capturable) { adam_like(self, mod, lr, betas, eps, wd, capturable); },
@@ -1466,8 +1469,8 @@ NB_MODULE(_segtape, m) {
         new (self) agent::Trainer(c, comm);
       }, "config"_a, "comm"_a.none() = nullptr, nb::keep_alive<1, 3>(),
            "With a communicator of several ranks: one rank of a data-parallel run (docs/distributed.md).")
-      .def_prop_ro("rank", &agent::Trainer::rank)
-      .def_prop_ro("ranks", &agent::Trainer::ranks)
+      .def_prop_ro("rank", &agent::Trainer::rank, "This process's rank, from 0.")
+      .def_prop_ro("ranks", &agent::Trainer::ranks, "How many ranks the run has (1 without a communicator).")
       .def("load", [](agent::Trainer& t, const std::filesystem::path& path) { t.load(path); })
       .def("parameters", [](agent::Trainer& t) {
         nb::list l;
@@ -1489,7 +1492,7 @@ NB_MODULE(_segtape, m) {
                         {"segment_peak", nb::cast(r.segment_peak ? r.segment_peak : t.tape().stats().last_segment_peak)}});
       })
       .def("done", &agent::Trainer::done)
-      .def_prop_ro("step", &agent::Trainer::step)
+      .def_prop_ro("step", &agent::Trainer::step, "The training step the run has reached (one step moves every stream on by one).")
       .def_prop_ro("skipped_updates", &agent::Trainer::skipped_updates,
                    "Updates skipped because their gradient was not finite (nonfinite \"skip\"), in the whole run.")
       .def("score", [](agent::Trainer& t) { return t.env().score(); })
@@ -1531,9 +1534,9 @@ NB_MODULE(_segtape, m) {
   // ------------------------------------------------------------ dist (docs/distributed.md)
   nb::module_ dm = m.def_submodule("dist", "Data parallelism over MPI: segtape::dist");
   nb::class_<dist::Communicator>(dm, "Communicator", "The ranks of a job (MPI_COMM_WORLD, or one process).")
-      .def_prop_ro("rank", &dist::Communicator::rank)
-      .def_prop_ro("size", &dist::Communicator::size)
-      .def_prop_ro("backend", &dist::Communicator::backend)
+      .def_prop_ro("rank", &dist::Communicator::rank, "This process's rank in the job, from 0.")
+      .def_prop_ro("size", &dist::Communicator::size, "How many ranks the job has.")
+      .def_prop_ro("backend", &dist::Communicator::backend, "The transport: \"mpi\", or \"local\" for one process without MPI.")
       // Each call first compares the collective and its size across the ranks
       // (one small allgather): a rank that calls another collective, or sums
       // another length, gets a CollectiveError on every rank instead of MPI
@@ -1605,10 +1608,10 @@ NB_MODULE(_segtape, m) {
         return avg.average(count);
       }, "count"_a = 0.0f,
            "After backward, before clipping and the optimizer step; returns the sum of `count` over the ranks.")
-      .def_prop_ro("transport", &dist::GradientAverager::transport)
+      .def_prop_ro("transport", &dist::GradientAverager::transport, "How gradients travel between ranks: \"nccl\" (CUDA tapes), \"mpi\" or \"local\".")
       .def_prop_ro("stats", [](const dist::GradientAverager& a) {
         const dist::AverageStats& s = a.stats();
         return dict_of({{"calls", nb::cast(s.calls)}, {"collectives", nb::cast(s.collectives)}, {"bytes", nb::cast(s.bytes)},
                         {"seconds", nb::cast(s.seconds)}});
-      });
+      }, "What averaging has cost so far, as a dict: calls, collectives, bytes and seconds.");
 }
