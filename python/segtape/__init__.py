@@ -1,7 +1,7 @@
 """segtape: a reverse-mode autograd engine whose tape is cut into segments.
 
 Everything a segment records lives in one arena that is reset when the
-segment ends, so memory per segment is fixed by construction::
+segment ends, so memory per segment is fixed by construction:
 
     import segtape
     tape = segtape.Tape(device="cpu", segment_budget="64MiB")
