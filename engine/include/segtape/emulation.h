@@ -8,8 +8,8 @@ namespace segtape::emulation {
 // host memory the host may not touch directly (data<T>() raises, as on a
 // GPU), copies, fills and parameter updates go through the backend
 // interface, and the ops compute with the CPU code. It lets the CPU-only CI
-// run the device code paths of the tape, nn and the agent (tests/
-// cuda_nn_test.cpp built as emulated_device_test). It is not a model of a
+// run the device code paths of the tape, nn and the agent (the device
+// tests, built a second time against it). It is not a model of a
 // GPU's numerics or streams. With TapeOptions::graph_replay it keeps the
 // CUDA backend's graph schedule (engine/graph_schedule.h): calls are signed,
 // captured and checked against the capture, and what a graph segment cannot

@@ -4,8 +4,8 @@
 // and CUDA kernels (engine/ops/elementwise.h, .cpp, cuda/kernels.cu) and
 // both backends' dispatch cases for them; their Python functions and
 // methods; and the list of ops the Python package exports
-// (python/src/segtape_py.cpp's _ops, python/segtape/__init__.py), which
-// python/tests/test_op_list.py checks against the bindings.
+// (python/src/segtape_py.cpp's _ops, python/segtape/__init__.py), which the
+// Python package's tests check against the bindings.
 //
 //   X(A, Family, Kind, name, formulas...)    A: passed through (see below)
 //
@@ -27,8 +27,8 @@
 // wrongly. The formulas are compiled by g++ (C++20) and nvcc (C++17).
 //
 // Adding a unary op: its line here, and its case in tests/op_cases.h (which
-// puts it in gradcheck, LibTorch parity and the device comparison;
-// OpTable.EveryOpKindHasACase fails without it). docs/design.md, "Adding an
+// puts it in gradcheck, LibTorch parity and the device comparison; the
+// op table's own test fails without it). docs/design.md, "Adding an
 // op", lists what is made from the line.
 #pragma once
 

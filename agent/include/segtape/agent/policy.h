@@ -72,8 +72,8 @@ class Policy : public nn::Module {
   ~Policy() override;
   // The number of parameters such a policy has, without building it (the
   // Trainer refuses a model too large for the machine before allocating
-  // it); tests/agent_test.cpp keeps it equal to parameter_count() of a built
-  // one for every env and history.
+  // it); a test keeps it equal to parameter_count() of a built one for
+  // every env and history.
   static int64_t parameters_for(const EnvSpec& env, const PolicyShape& shape);
   // obs: int64 tokens [B] or float vectors [B, obs_dim] -> [B, embed]; with
   // input_table, layer 0's input gates [B, gates] (what recur reads then);

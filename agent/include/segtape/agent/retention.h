@@ -1,8 +1,8 @@
 // The retention lab: every graph-retention pitfall of recurrent agent loops
 // beside its fix, run on segtape and (when built with it) on LibTorch with the
 // same model, sizes and data, measuring memory after every step.
-// `segtape retention` runs it; tests/retention_test.cpp calls the same
-// functions; docs/retention.md explains the results.
+// `segtape retention` runs it, and its tests call the same functions;
+// docs/retention.md explains the results.
 //
 // The model: tokens of the delayed-recall env -> Embedding(vocab, embed) ->
 // GRUCell(embed, hidden) -> Linear(hidden, vocab), cross-entropy on the token
