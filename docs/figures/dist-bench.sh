@@ -2,7 +2,7 @@
 # Builds bench/dist_bench.cpp (Release) and measures data-parallel training
 # on this machine, then regenerates
 #   docs/figures/dist-bench.json   every run's figures
-#   docs/distributed.md            the section between the dist-bench markers
+#   docs/benchmarks.md             the section between the dist-bench markers
 # For each (B, H): 5 rounds (SEGTAPE_DIST_ROUNDS), each running 1 rank and then 2 ranks (mpirun,
 # one OpenBLAS thread per rank), interleaved; weak scaling (every rank has
 # B streams), efficiency = t(1 rank) / t(2 ranks) per segment, median and
@@ -20,7 +20,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${SEGTAPE_BENCH_BUILD:-$root/build-bench}
 jobs=${SEGTAPE_JOBS:-$(nproc 2>/dev/null || echo 2)}
 json=$root/docs/figures/dist-bench.json
-doc=$root/docs/distributed.md
+doc=$root/docs/benchmarks.md
 out=$(mktemp -d)
 trap 'rm -rf "$out"; ip netns del stb-a 2>/dev/null || true; ip netns del stb-b 2>/dev/null || true' EXIT
 if [[ "${1:-}" == "--rewrite" ]]; then

@@ -27,7 +27,7 @@ for name, what in [("two-ranks", "`mpirun -np 2 segtape train --env recall --bat
     j = json.load(open(f"{out}/{name}/metrics.json"))
     rows.append(f"| {what} | {100 * j['eval_accuracy']:.2f} % | {100 * j['final_accuracy']:.2f} % | {j['final_loss']:.4f} | {j['wall_seconds']:.1f} s |")
 text = "\n".join(["Measured by `bash docs/figures/dist-recall.sh` (recall, lag 8, tbptt:32, 24,000 steps, seed 1; greedy "
-                  "evaluation of 500 fresh steps on rank 0's batch; wall times on the 2-core machine, one run each):", "",
+                  "evaluation of 500 fresh steps on rank 0's batch; one run each; the wall times are not a benchmark):", "",
                   "| run | eval accuracy | train accuracy (last row) | final loss | wall time |", "|---|---|---|---|---|"] + rows)
 replace_section(doc, "dist-recall", text)
 PY
