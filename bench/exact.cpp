@@ -1,5 +1,5 @@
 // Exact BPTT by segment replay against full-graph BPTT and truncated BPTT
-// (docs/exact-bptt.md, "Benchmarks"). One window of T steps is one update's
+// (docs/benchmarks.md, "Exact BPTT against full BPTT and LibTorch"). One window of T steps is one update's
 // gradients (no optimizer step, for every variant alike) of GRUCell(I = 32, H)
 // -> Linear(H, 16) -> cross-entropy at every step, summed over the window,
 // float32, one thread:
