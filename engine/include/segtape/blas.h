@@ -1,6 +1,6 @@
 // The CPU's BLAS (OpenBLAS) as it loaded. OpenBLAS picks its kernels for the
 // CPU it sees when it loads; one that does not know the CPU (Debian 12's
-// 0.3.21 on some newer Xeons) falls back to generic SSE3 kernels, several
+// 0.3.21 on some newer Intel CPUs) falls back to generic SSE3 kernels, several
 // times slower (docs/benchmarks.md). OPENBLAS_CORETYPE in the environment of
 // a process, before it starts, chooses instead.
 #pragma once
