@@ -82,6 +82,10 @@ void add_run_options(CLI::App* tr, TrainArgs& ta) {
                  "skip (the update left out and counted, as PyTorch's GradScaler; stops after --max-skips in a row)")
       ->capture_default_str();
   tr->add_option("--max-skips", ta.c.max_skips, "--nonfinite skip: stop after this many updates skipped in a row")->capture_default_str();
+  tr->add_option("--size-check", ta.c.size_check,
+                 "on: refuse, before anything is allocated, a run whose estimated memory does not fit what this machine has "
+                 "free (or its cgroup, or ulimit -v / -d; ranks on one machine counted together); off: run without that check. "
+                 "Default: on");
   tr->add_option("--seed", ta.c.seed, "Seed for the model, the env and sampling")->capture_default_str()->check(kSeed);
   tr->add_option("--device", ta.c.device, "cpu, or cuda (a build with the CUDA backend and a GPU; docs/cuda.md)")
       ->capture_default_str();

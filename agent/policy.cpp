@@ -1,5 +1,6 @@
 #include "segtape/agent/policy.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <vector>
@@ -102,6 +103,15 @@ int64_t Policy::parameters_for(const EnvSpec& env, const PolicyShape& s) {
   n += s.tied ? env.num_actions : linear(into_heads, env.num_actions);                              // head
   if (s.value_head) n += linear(into_heads, 1);                                        // value
   return n;
+}
+
+int64_t Policy::largest_parameter_for(const EnvSpec& env, const PolicyShape& s) {
+  const int64_t gates = s.lstm ? 4 : 3, into_heads = s.head_hidden > 0 ? s.head_hidden : s.hidden;
+  int64_t n = env.vocab > 0 ? env.vocab * s.embed : s.raw_obs ? 0 : env.obs_dim * s.embed;  // encoder
+  if (s.window > 0) n = std::max(n, s.window * s.embed * s.hidden);                         // compress
+  else n = std::max({n, gates * s.hidden * s.embed, gates * s.hidden * s.hidden});           // W_ih (any layer), W_hh
+  if (s.head_hidden > 0) n = std::max(n, s.hidden * s.head_hidden);
+  return std::max(n, s.tied ? env.num_actions : into_heads * env.num_actions);  // head
 }
 
 Tensor Policy::encode(const Tensor& obs) const {

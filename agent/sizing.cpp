@@ -97,7 +97,7 @@ PolicyShape policy_shape(const TrainConfig& c, const EnvSpec& spec) {
 namespace {
 // The whole process's resident memory and address space, upper bounds
 // (SizeEstimate::resident_total, address_total; docs/hardening.md, "The size check").
-void whole_process(const TrainConfig& c, const EnvSpec& spec, const PolicyShape& shape, SizeEstimate& e) {
+void whole_process(const TrainConfig& c, const EnvSpec& spec, const PolicyShape& shape, int ranks, SizeEstimate& e) {
   const bool cuda = c.device == "cuda";
   const size_t B = size_t(c.batch), H = size_t(shape.hidden), G = (shape.lstm ? 4 : 3) * H;
   const bool grows = history_def(c.history.kind).grows;
@@ -142,9 +142,19 @@ void whole_process(const TrainConfig& c, const EnvSpec& spec, const PolicyShape&
   // e.g. a corpus read twice, is still counted by the kernel's peak).
   e.process_bytes = std::max(resident_bytes(), peak_resident_bytes());
   e.other_bytes = kOtherBytes + carry + blas + workspace;
+  // Data parallel over MPI (host tensors; NCCL reduces a CUDA tape's in
+  // place): the averager's packing buffer, as large as its largest bucket
+  // (4 MiB, or a gradient larger than that, reduced whole), and as much
+  // again for MPI's scratch while it all-reduces it (dist::GradientAverager).
+  if (ranks > 1 && !cuda) {
+    const size_t largest = size_t(Policy::largest_parameter_for(spec, shape)) * sizeof(float);
+    e.dist_bytes = 2 * (std::max(largest, size_t(4) << 20) + 2 * sizeof(float));
+  }
   const size_t host_parameters = cuda ? 0 : e.parameter_bytes;  // (a CUDA tape's are on the GPU)
-  e.resident_total = e.process_bytes + host_parameters + e.packed_bytes + e.arena_bytes + e.rollout_bytes + e.checkpoint_bytes + e.other_bytes;
-  const size_t rest = host_parameters + e.packed_bytes + (cuda ? 0 : e.budget + nodes) + e.rollout_bytes + e.checkpoint_bytes + e.other_bytes;
+  e.resident_total = e.process_bytes + host_parameters + e.packed_bytes + e.arena_bytes + e.rollout_bytes + e.checkpoint_bytes +
+                     e.other_bytes + e.dist_bytes;
+  const size_t rest = host_parameters + e.packed_bytes + (cuda ? 0 : e.budget + nodes) + e.rollout_bytes + e.checkpoint_bytes +
+                      e.other_bytes + e.dist_bytes;
   e.address_total = address_space_bytes() + rest;
   e.data_total = data_segment_bytes() + rest;
 }
@@ -154,7 +164,7 @@ void whole_process(const TrainConfig& c, const EnvSpec& spec, const PolicyShape&
 // tokens, or the vectors: B x obs_dim floats) and the forward outputs the
 // step's ops allocate (encoder, recurrence or window, head), each aligned;
 // backward's buffers and the loss come on top.
-SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
+SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec, int ranks) {
   const PolicyShape shape = policy_shape(c, spec);
   const size_t B = size_t(c.batch), E = size_t(c.embed), H = size_t(c.hidden), A = size_t(spec.num_actions);
   const size_t G = (shape.lstm ? 4 : 3) * H;  // a recurrent layer's gate columns
@@ -184,7 +194,7 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec) {
   if (shape.input_table) e.segment_bytes += 2 * f32(size_t(spec.vocab) * G);  // the table: the product, its bias added
   if (const AlgorithmDef& a = algorithm_def(c.learner(spec)); a.host_bytes) e.rollout_bytes = a.host_bytes(c, spec);
   e.budget = applied_budget(c);
-  whole_process(c, spec, shape, e);
+  whole_process(c, spec, shape, ranks, e);
   return e;
 }
 
@@ -266,6 +276,7 @@ std::string parts(const TrainConfig& c, const SizeEstimate& e, bool resident) {
                   format_bytes(c.device == "cuda" ? 0 : e.parameter_bytes) + (e.packed_bytes ? ", their packed copies " + format_bytes(e.packed_bytes) : "");
   if (resident) m += ", the segment arena " + format_bytes(e.arena_bytes);
   if (e.rollout_bytes) m += ", PPO's rollout " + format_bytes(e.rollout_bytes);
+  if (e.dist_bytes) m += ", the all-reduce's buffers " + format_bytes(e.dist_bytes);
   m += ", a checkpoint's write " + format_bytes(e.checkpoint_bytes) +
        (resident ? ", the process so far " + format_bytes(e.process_bytes) : std::string()) + " and " + format_bytes(e.other_bytes) +
        " of working memory";
@@ -281,7 +292,7 @@ std::string advice(const TrainConfig& c, const SizeEstimate& e, size_t arena) {
 }
 }  // namespace
 
-void check_sizes(const TrainConfig& c, const SizeEstimate& e) {
+void check_sizes(const TrainConfig& c, const SizeEstimate& e, const MachineShare& others) {
   const bool full = history_def(c.history.kind).grows;
   const std::string sizes = "at batch " + std::to_string(c.batch) + ", hidden " + std::to_string(c.hidden) + ", embed " +
                             std::to_string(c.embed) + "; the observations alone " + format_bytes(e.observation_bytes) + " per step";
@@ -294,23 +305,31 @@ void check_sizes(const TrainConfig& c, const SizeEstimate& e) {
                       " (" + format_bytes(e.step_bytes) + " per step " + sizes + "), more than the " + budget +
                       ": shorten the segment (--history tbptt:K with a smaller K), make the step smaller (batch, hidden "
                       "size, the env's observation) or raise " + c.budget_name);
+  if (!c.size_check) return;
   // The whole process against what it may take: its resident memory
   // against the memory available (this machine's, or its cgroup's), its
   // address space against ulimit -v / -d.
   std::string has;
   const size_t available = memory_available(&has);
   // (the process's present pages are its already: what it may reach is those and what is available)
+  // Ranks on this machine share its memory: what the others will take
+  // beyond what they hold now is counted with this process's need.
+  const std::string beside =
+      others.ranks ? ", and the " + std::to_string(others.ranks) + " other rank" + (others.ranks > 1 ? "s" : "") +
+                         " of this run on this machine " + format_bytes(others.bytes) + " beyond what they hold now"
+                   : std::string();
   const auto refuse = [&](size_t need, size_t limit, const std::string& what) {
-    throw Error("this run needs up to " + format_bytes(need) + " (" + parts(c, e, true) + ") but " + what + " " + format_bytes(limit) +
-                ": " + advice(c, e, e.arena_bytes) + " (Trainer::estimate, docs/hardening.md)");
+    throw Error("this run needs up to " + format_bytes(need) + " (" + parts(c, e, true) + ")" + beside + ", but " + what + " " +
+                format_bytes(limit) + ": " + advice(c, e, e.arena_bytes) + (others.ranks ? ", or fewer ranks on this machine" : "") +
+                "; or --size-check off to run without this check (Trainer::estimate, docs/hardening.md)");
   };
-  if (available && e.resident_total > available + e.process_bytes) refuse(e.resident_total, available + e.process_bytes, has);
+  if (available && e.resident_total + others.bytes > available + e.process_bytes) refuse(e.resident_total, available + e.process_bytes, has);
   const bool cuda = c.device == "cuda";
   const auto address = [&](size_t need, size_t so_far, size_t limit, const std::string& what) {
     throw Error("this run reserves up to " + format_bytes(need) + " of " + what + " (the process's so far " + format_bytes(so_far) +
                 (cuda ? "" : ", the segment arena's whole budget " + format_bytes(e.budget)) + ", and " + parts(c, e, false) +
                 ") but ulimit -" + (what == "address space" ? "v" : "d") + " allows " + format_bytes(limit) + ": " +
-                advice(c, e, cuda ? 0 : e.budget) + " (Trainer::estimate, docs/hardening.md)");
+                advice(c, e, cuda ? 0 : e.budget) + "; or --size-check off to run without this check (Trainer::estimate, docs/hardening.md)");
   };
   rlimit r{};
   if (::getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY && e.address_total > size_t(r.rlim_cur))
@@ -332,6 +351,19 @@ size_t graph_staging(const TrainConfig& c, const EnvSpec& spec) {
 SizeEstimate Trainer::estimate(const TrainConfig& c) {
   c.validate();
   return estimate_sizes(c, make_env(c.env, c.batch, 0, c.env_options)->spec());
+}
+
+std::string machine_id() {
+  std::string id;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char line[128];
+    if (std::fgets(line, sizeof line, f)) id = std::string("boot ") + std::string(line, std::strcspn(line, "\n"));
+    std::fclose(f);
+  }
+  if (!id.empty()) return id;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return std::string("host ") + host;
 }
 
 size_t peak_resident_bytes() { return proc_kb("/proc/self/status", "VmHWM"); }

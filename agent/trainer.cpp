@@ -194,12 +194,21 @@ Trainer::Trainer(const TrainConfig& config, dist::Communicator* comm)
   env_ = c.make_training_env();
   c.env = env_.get();
   const EnvSpec& spec = c.env->spec();
-  sizes_ = estimate_sizes(cf, spec);
+  sizes_ = estimate_sizes(cf, spec, c.comm ? c.comm->size() : 1);
   if (!c.comm) check_sizes(cf, sizes_);
   else {  // a rank that cannot fit is every rank's error (the others would wait in the broadcast below)
+    // Ranks on one machine share its memory: each counts what the others
+    // will take (their estimates less what they hold already) with its own.
+    const size_t more = sizes_.resident_total - std::min(sizes_.resident_total, sizes_.process_bytes);
+    const std::string me = machine_id();
+    const std::vector<std::string> all = c.comm->allgather(me + '\n' + std::to_string(more), "the exchange of the ranks' memory estimates");
+    MachineShare others;
+    for (size_t r = 0; r < all.size(); ++r)
+      if (int(r) != c.comm->rank() && all[r].compare(0, me.size() + 1, me + '\n') == 0)
+        ++others.ranks, others.bytes += size_t(std::strtoull(all[r].c_str() + me.size() + 1, nullptr, 10));
     std::string refused;
     try {
-      check_sizes(cf, sizes_);
+      check_sizes(cf, sizes_, others);
     } catch (const std::exception& e) {
       refused = e.what();
     }

@@ -64,7 +64,8 @@ Trace run_env(Env& env, int steps, int64_t action = 0) {
 // The count the Trainer's memory check uses before anything is allocated
 // (Policy::parameters_for, computed without building) equals the built
 // policy's, for every env, with and without the window's compress layer and
-// the value head, and with and without the heads' hidden layers.
+// the value head, and with and without the heads' hidden layers; so does
+// its largest parameter's.
 // The built-in envs that make themselves from EnvOptions' defaults and a
 // seed (lm reads a corpus and series a CSV file, --data, and are the same
 // for every seed: their tests are lm_test's and series_test's).
@@ -88,6 +89,7 @@ TEST(Policy, ParameterCountWithoutBuildingMatchesTheBuiltPolicy) {
       nn::Rng rng(1);
       const Policy built(tape, rng, spec, shape);
       EXPECT_EQ(Policy::parameters_for(spec, shape), built.parameter_count());
+      EXPECT_EQ(Policy::largest_parameter_for(spec, shape), test::largest_parameter(built));
     }
 }
 

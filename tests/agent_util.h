@@ -2,6 +2,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -24,6 +25,14 @@ inline agent::TrainConfig small_config(const std::string& env, const std::string
   c.env_options.lag = 2;
   c.env_options.corridor = 3;
   return c;
+}
+
+// The elements of a built policy's largest parameter (what
+// Policy::largest_parameter_for says without building it).
+inline int64_t largest_parameter(const nn::Module& m) {
+  int64_t n = 0;
+  for (const Tensor& p : m.parameters()) n = std::max(n, p.numel());
+  return n;
 }
 
 // One update's loss and PPO's figures, copied (an UpdateResult's metrics

@@ -708,6 +708,7 @@ TEST(Catalog, ProgramArgumentsAndPaths) {
        "a segment of 32 steps keeps at least 320.1 MiB"},
       {"a model larger than the machine's memory", "train --vocab 1000000 --embed 16384 --history tbptt:1 --batch 1" + fresh,
        segtape, "but this process may reach ("},
+      {"--size-check maybe", "train --size-check maybe" + fresh, segtape, "--size-check = maybe"},
       {"one step larger than the budget", "train --batch 65536 --budget 1MiB --history tbptt:1" + fresh, segtape,
        "more than the 1.0 MiB --budget"},
       {"--device cuda", "train --device cuda" + fresh, segtape,

@@ -54,6 +54,7 @@ TEST(Critic, EachLossReachesOnlyItsOwnCore) {
   nn::Rng rng(1);
   const Policy p(tape, rng, spec, shape);
   EXPECT_EQ(Policy::parameters_for(spec, shape), p.parameter_count());
+  EXPECT_EQ(Policy::largest_parameter_for(spec, shape), test::largest_parameter(p));
   EXPECT_EQ(shape.state_rows(), 2);
   int critic_params = 0;
   for (const auto& [name, w] : p.named_parameters()) critic_params += name.rfind("critic.", 0) == 0;

@@ -15,6 +15,8 @@
 #   6. a language model (--task lm): two ranks of B streams read the text's
 #      streams as one process of 2B does (parameters within 1e-5 relative L2);
 #      with dropout (each rank's masks its own) resume is bit-identical
+#   7. ranks on one machine share its memory: two that each fit alone but
+#      not together are refused up front, each counting the other's need
 # Usage: dist_cli_test.sh path/to/segtape [mpiexec]
 set -euo pipefail
 S=$(realpath "$1")
@@ -216,4 +218,29 @@ run2 train "${lm[@]}" --batch 8 --dropout 0.3 --out "$W/lmb" --steps 592 > /dev/
 run2 train --resume "$W/lmb" --steps 1124 > /dev/null
 [ "$(rel_l2 "$W/lmb/checkpoint.safetensors" "$W/lmu/checkpoint.safetensors")" = "0.000e+00" ] ||
   fail "lm with dropout: the resumed two-rank run is not bit-identical to the unbroken one"
+echo "== 7. two ranks that fit this machine alone, not together"
+# history full's estimate is its growth limit's arena (about twice --budget:
+# the arena and its nodes), which it would only reach step by step: a run
+# whose estimate is about 0.6 of the memory available is refused before it
+# allocates, and would be slow to reach it if it were not.
+avail=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
+budget=$(( avail * 3 / 10 ))KiB
+set +e
+timeout 120 "$MPI" -np 2 --oversubscribe "$S" train --history full --budget "$budget" --steps 1000000 --out "$W/shared" > "$W/shared.log" 2>&1; rc=$?
+set -e
+line=$(grep -m1 "other rank of this run on this machine" "$W/shared.log" || true)
+[ "$rc" != 0 ] && [ -n "$line" ] || { cat "$W/shared.log"; fail "two ranks of --budget $budget each were not refused up front (rc $rc)"; }
+[ ! -e "$W/shared" ] || fail "the refused run made its folder"
+# Its numbers: this rank's need alone fits (need <= reach), with the other's it does not.
+python3 - "$line" <<'EOF2' || fail "the refusal's numbers do not say that one rank fits and two do not: $line"
+import re, sys
+units = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+b = lambda v, u: float(v) * units[u]
+line = sys.argv[1]
+need = b(*re.search(r"this run needs up to ([0-9.]+) (\w+)", line).groups())
+other = b(*re.search(r"other rank of this run on this machine ([0-9.]+) (\w+)", line).groups())
+reach = b(*re.search(r"may reach \(.*?\) ([0-9.]+) (\w+):", line).groups())
+print(f"one rank needs {need / 2**30:.2f} GiB, the other {other / 2**30:.2f} GiB more, this process may reach {reach / 2**30:.2f} GiB")
+sys.exit(0 if need <= reach < need + other else 1)
+EOF2
 echo "all passed"

@@ -212,6 +212,7 @@ TEST(Lm, LstmStacksWithDropoutAndTiedWeightsLearnAndResume) {
     Trainer tr(c), first(c);
     EXPECT_EQ(tr.policy().parameter_count(),
               Policy::parameters_for(tr.env().spec(), policy_shape(c, tr.env().spec())));
+    EXPECT_EQ(test::largest_parameter(tr.policy()), Policy::largest_parameter_for(tr.env().spec(), policy_shape(c, tr.env().spec())));
     const auto names = tr.policy().named_parameters();
     EXPECT_TRUE(std::any_of(names.begin(), names.end(), [](const auto& n) { return n.first == "rnn.weight_hh_l1"; }));
     EXPECT_TRUE(std::none_of(names.begin(), names.end(), [](const auto& n) { return n.first == "head.weight"; })) << "tied";

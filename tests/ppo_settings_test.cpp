@@ -261,6 +261,7 @@ TEST(PpoSettings, NoEncoderFeedsTheObservationToTheCell) {
   EXPECT_EQ(w.at("gru.weight_ih").shape, (Shape{30, spec.obs_dim}));
   EXPECT_EQ(w.at("critic.weight_ih").shape, (Shape{30, spec.obs_dim}));
   EXPECT_EQ(p.parameter_count(), Policy::parameters_for(spec, shape));
+  EXPECT_EQ(test::largest_parameter(p), Policy::largest_parameter_for(spec, shape));
   Segment seg = tape.segment();
   std::vector<float> obs(size_t(3 * spec.obs_dim));
   for (size_t i = 0; i < obs.size(); ++i) obs[i] = float(i % 7) * 0.1f - 0.3f;

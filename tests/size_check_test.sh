@@ -9,10 +9,13 @@
 # allowances weigh most in a small run). Then runs the
 # check must refuse before anything is written: a model beyond the memory
 # available, and one whose address space passes `ulimit -v`, each naming the
-# number it needs.
-# Usage: size_check_test.sh SEGTAPE_BINARY
+# number it needs; with --size-check off the first of them is stopped by its
+# allocation instead.
+# With MPIEXEC (a build with MPI), two data-parallel configurations too.
+# Usage: size_check_test.sh SEGTAPE_BINARY [MPIEXEC]
 set -euo pipefail
 S=$(realpath "$1")
+MPI=${2:-}
 D="$(dirname "$(realpath "$0")")/data"
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
@@ -20,10 +23,11 @@ export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 fail() { echo "FAIL: $*"; exit 1; }
 n=0 skipped=0
 printf '%-34s %10s %10s %6s\n' "configuration" "estimate" "peak" "ratio"
+launch=()  # (a data-parallel configuration: mpirun -np 2)
 check() {
   local name="$1"; shift
   n=$((n + 1))
-  if ! "$S" train "$@" --out "$W/$n" > "$W/$n.log" 2>&1; then
+  if ! "${launch[@]}" "$S" train "$@" --out "$W/$n" > "$W/$n.log" 2>&1; then
     # (a machine or container too small for it: refused up front, as it must be; not counted)
     if grep -q "this run needs up to .* but this process may reach (" "$W/$n.log"; then echo "$name: refused for this machine's memory, not run"; skipped=$((skipped + 1)); return; fi
     cat "$W/$n.log"; fail "$name: the run failed"
@@ -53,6 +57,15 @@ check "recall hidden 512 batch 256 512MiB" --hidden 512 --batch 256 --budget 512
 check "recall hidden 4096 batch 4" --hidden 4096 --batch 4 --history tbptt:8 --steps 16 --eval-steps 16
 check "series" --task series --data "$D/sunspots.csv" --target sunactivity --steps 64
 [ $((n - skipped)) -ge 12 ] || fail "only $((n - skipped)) of $n configurations ran on this machine"
+# Two ranks of a data-parallel run on this machine (rank 0's estimate and
+# peak, in its metrics.json): the all-reduce's buffers counted.
+if [ -n "$MPI" ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  launch=("$MPI" -np 2 --oversubscribe)
+  check "2 ranks, hidden 1024 batch 16" --hidden 1024 --batch 16 --history tbptt:16 --steps 32
+  check "2 ranks, hidden 2048 batch 4" --hidden 2048 --batch 4 --history tbptt:8 --steps 16 --eval-steps 16
+  launch=()
+fi
 echo "$((n - skipped)) configurations: the estimate at or above the peak, within 10 % + 64 MiB"
 
 # Refused up front, before the run folder is made, with the number it needs.
@@ -64,6 +77,15 @@ set -e
 [ "$rc" != 0 ] && grep -q "this run \(needs\|reserves\) up to .* but \(this process may reach (\|ulimit -v allows\)" "$W/huge.log" ||
   { cat "$W/huge.log"; fail "a 262 GB model was not refused for the machine's memory (rc $rc)"; }
 [ ! -e "$W/huge" ] || fail "the refused run made its folder"
+# --size-check off runs without the check: the same model is then stopped
+# by its first allocation, the persistent pool's 65.5 GB chunk (under a
+# 60 GB ulimit -v, on any machine), with that error and nothing written.
+set +e
+(ulimit -v $((60 * 1000 * 1000)); "$S" train --vocab 1000000 --embed 16384 --history tbptt:1 --batch 1 --size-check off --out "$W/huge") > "$W/unchecked.log" 2>&1; rc=$?
+set -e
+[ "$rc" != 0 ] && grep -q "could not reserve an arena chunk of .* (persistent pool)" "$W/unchecked.log" && ! grep -q "this run \(needs\|reserves\)" "$W/unchecked.log" ||
+  { cat "$W/unchecked.log"; fail "--size-check off: the run was not stopped by its allocation alone (rc $rc)"; }
+[ ! -e "$W/huge" ] || fail "the run stopped by its allocation made its folder"
 # Under a 22 GB address-space limit (ulimit -v), --hidden 16384 --batch 4
 # passed the check, started, and ended in std::bad_alloc, leaving its folder
 # (on a 24 GB machine the kernel killed it): refused up front, by the memory

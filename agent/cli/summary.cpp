@@ -131,7 +131,7 @@ void add_process(json& j, const RunEnd& e) {
                           {"arena_bytes", s.arena_bytes},       {"segment_bytes", s.segment_bytes},
                           {"packed_bytes", s.packed_bytes},
                           {"rollout_bytes", s.rollout_bytes},   {"checkpoint_bytes", s.checkpoint_bytes},
-                          {"other_bytes", s.other_bytes}};
+                          {"other_bytes", s.other_bytes},       {"dist_bytes", s.dist_bytes}};
   j["wall_seconds"] = e.wall;
   j["blas_kernels"] = segtape::blas_kernels();
   j["resumed"] = e.resume;

@@ -1405,6 +1405,7 @@ NB_MODULE(_segtape, m) {
       .def_rw("lr", &agent::TrainConfig::lr)
       .def_rw("clip", &agent::TrainConfig::clip)
       .def_rw("nonfinite", &agent::TrainConfig::nonfinite)
+      .def_rw("size_check", &agent::TrainConfig::size_check)
       .def_rw("max_skips", &agent::TrainConfig::max_skips)
       .def_rw("seed", &agent::TrainConfig::seed)
       .def_rw("device", &agent::TrainConfig::device)

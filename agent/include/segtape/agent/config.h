@@ -168,6 +168,13 @@ struct TrainConfig {
   // computes: not in the checkpoint (its count of skipped updates is).
   std::string nonfinite = "stop";
   int64_t max_skips = 10;
+  // The memory check made before anything is allocated (Trainer::estimate
+  // against the memory the process may reach and its ulimits; ranks on one
+  // machine counted together): false runs without it, for a machine whose
+  // free memory the check cannot see (swap, a reclaimable cache it does not
+  // count). The budget's checks of a segment stay. How the run meets an
+  // error: not in the checkpoint.
+  bool size_check = true;
   // The recurrence of steps known before they run (a CUDA-graph segment's, a
   // PPO update window's) as one gru_sequence even where it does not fuse (a
   // test seam: the emulated device never fuses). How the run executes: not in

@@ -75,6 +75,9 @@ class Policy : public nn::Module {
   // it); a test keeps it equal to parameter_count() of a built one for
   // every env and history.
   static int64_t parameters_for(const EnvSpec& env, const PolicyShape& shape);
+  // The elements of its largest parameter (the size check's data-parallel
+  // buffers: a gradient at least the bucket's size is all-reduced whole).
+  static int64_t largest_parameter_for(const EnvSpec& env, const PolicyShape& shape);
   // obs: int64 tokens [B] or float vectors [B, obs_dim] -> [B, embed]; with
   // input_table, layer 0's input gates [B, gates] (what recur reads then);
   // with raw_obs, the vectors themselves.

@@ -66,8 +66,11 @@ struct SizeEstimate {
   size_t process_bytes = 0;   // this process's resident memory when the estimate was made (libraries, the env, Python)
   size_t other_bytes = 0;     // the carry buffers, the persistent pool's chunk ends, the weight-gradient workspace,
                               // BLAS's buffers, the env's and the allocator's working memory
+  // Data parallel over MPI, host tensors: the gradient averager's packing
+  // buffer and MPI's scratch for the all-reduce of its largest bucket.
+  size_t dist_bytes = 0;
   // process + parameters (on the host) + packed + arena + rollout + checkpoint
-  // + other: the peak resident set size the run reaches, at most.
+  // + other + dist: the peak resident set size the run reaches, at most.
   size_t resident_total = 0;
   size_t address_total = 0;   // the address space it reserves (the arena whole): what ulimit -v limits
   size_t data_total = 0;      // of which its data segment (VmData, no files mapped): what ulimit -d limits
