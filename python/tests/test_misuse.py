@@ -188,6 +188,31 @@ def test_a_trainer_refuses_save_and_load_from_inside_a_segment(tmp_path):
     assert tr.step == 8
 
 
+def test_a_trainer_read_from_inside_a_segment_shows_its_last_update(tmp_path):
+    # What a Trainer shows from an env's step(), inside run_segment: the run
+    # as its last completed update left it (step, parameters, counts), not a
+    # half-done segment's; its properties cannot be set, there or anywhere.
+    tr, box = _trainer_whose_env_calls("misuse.reader")
+    before = [p.copy() for p in tr.parameters()]
+    seen = {}
+
+    def read():
+        seen.update(step=tr.step, done=tr.done(), skipped=tr.skipped_updates, count=tr.parameter_count,
+                    params=tr.parameters(), rank=(tr.rank, tr.ranks))
+    box["call"] = read
+    tr.run_segment()
+    assert "refused" not in box
+    assert seen["step"] == 8 and not seen["done"] and seen["skipped"] == 0 and seen["rank"] == (0, 1)
+    assert seen["count"] == sum(p.size for p in before)
+    assert all(np.array_equal(a, b) for a, b in zip(seen["params"], before))  # not the update the segment then made
+    assert tr.step == 16 and any(not np.array_equal(a, b) for a, b in zip(tr.parameters(), before))
+    for name in ("step", "skipped_updates", "parameter_count", "rank", "ranks"):
+        box["call"] = lambda: setattr(tr, name, 0)
+        with pytest.raises(AttributeError):
+            tr.run_segment()
+        box.pop("call", None)
+
+
 def test_gym_train_names_its_budget_argument():
     gym = pytest.importorskip("gymnasium")
     import segtape.gym as sg
