@@ -32,7 +32,8 @@
 #      windows as fused sequences where they fit and with the kernel switch
 #      fused_gru off (step by step: `--kernel fused_gru=off`, where the program
 #      has that option; segtape/kernels.h); `segtape retention --device cuda --no-libtorch` (100 steps)
-#   6. $OUT/results.md: the test summary, the benchmark table, the agent's summary
+#   6. $OUT/results.md: the test summary, the benchmark table, the agent's summary,
+#      the size check's host estimate against each GPU run's peak resident memory
 #
 # Every step has a time limit under one overall deadline (6 min by default,
 # SEGTAPE_DEVICE_DEADLINE seconds), so the script ends well inside 8 minutes
@@ -328,6 +329,18 @@ runs() {
   echo
   runs "The agent on the GPU (segtape train --device cuda --steps 6000; then with --cuda-graphs off)" agent-train agent-train-eager
   runs "PPO on the GPU (segtape train --device cuda --algo ppo --steps 1024; then with --kernel fused_gru=off)" agent-ppo agent-ppo-steps
+  echo "## The size check with --device cuda (host memory: the estimate against the measured peak)"
+  echo
+  for run in agent-run agent-run-eager agent-ppo; do
+    "$PY" - "$OUT/$run/metrics.json" "$run" <<'PY' 2>/dev/null || echo "- $run: no metrics.json"
+import json, sys
+j = json.load(open(sys.argv[1]))
+e, p = j["memory_estimate"]["resident_bytes"], j["peak_rss_bytes"]
+print(f"- {sys.argv[2]}: estimate {e / 2**20:.1f} MiB, peak RSS {p / 2**20:.1f} MiB, ratio {e / p:.3f}"
+      + ("" if e >= p else " (BELOW the peak: the CUDA libraries' host memory is not counted)"))
+PY
+  done
+  echo
   echo "## The retention lab, segtape on the GPU (--steps 100)"
   echo
   tail -n 20 "$OUT/retention.log" 2>/dev/null | sed 's/^/    /'
