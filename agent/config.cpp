@@ -147,7 +147,9 @@ std::map<std::string, std::string> TrainConfig::to_metadata() const {
           {"env_shards", std::to_string(env_shards)}};
   if (critic != "shared") m["critic"] = critic;  // (a run with the shared core writes what runs before --critic wrote)
   if (clip_schedule != "constant") m["clip_schedule"] = clip_schedule;  // (likewise)
+  if (value_clip != 0) m["value_clip"] = d(value_clip);                  // (likewise)
   if (head_hidden > 0) m["head_hidden"] = std::to_string(head_hidden);  // (likewise)
+  if (ortho_init) m["ortho_init"] = "1";                                   // (likewise)
   if (encoder != "linear") m["encoder"] = encoder;                         // (likewise)
   if (adam_eps != 1e-8) m["adam_eps"] = d(adam_eps);                      // (likewise)
   lm_metadata(*this, m);
@@ -219,7 +221,12 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
   c.env_shards = i64("env_shards", "1");
   c.critic = get("critic", "shared");
   c.clip_schedule = get("clip_schedule", "constant");
+  c.value_clip = f64("value_clip", "0");
+  if (!(c.value_clip >= 0 && c.value_clip < 1e30))
+    throw CheckpointError("checkpoint metadata 'value_clip' is '" + get("value_clip") + "', not a number in [0, 1e30)");
   c.head_hidden = i64("head_hidden", "0");
+  if (const std::string o = get("ortho_init", "0"); o == "0" || o == "1") c.ortho_init = o == "1";
+  else throw CheckpointError("checkpoint metadata 'ortho_init' is '" + o + "', not 0 or 1");
   c.adam_eps = f64("adam_eps", "1e-8");
   c.encoder = get("encoder", "linear");
   if (c.encoder != "linear" && c.encoder != "none")
@@ -334,6 +341,7 @@ void TrainConfig::validate() const {
   need(critic == "shared" || critic == "separate", "--critic '" + critic + "': choose shared or separate");
   need(head_hidden >= 0 && head_hidden <= 16384, "--head-hidden must be in [0, 16384]");
   need(head_hidden == 0 || !tied, "--head-hidden puts a layer before the output layer, which --tied makes the embeddings'");
+  need(!ortho_init || algo != Algo::Lm, "--ortho-init is the agents' (SB3's ortho_init); --task lm initialises as word_language_model");
   need(critic == "shared" || ((algo == Algo::A2c || algo == Algo::Ppo) && history_def(history.kind).recurrent),
        "--critic separate gives the value head a GRU of its own: --algo a2c or ppo with a recurrent --history (not " +
            std::string(algo_name(algo)) + " with --history " + history.str() + ")");

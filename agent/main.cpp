@@ -163,6 +163,9 @@ void add_env_and_algo_options(CLI::App* tr, TrainArgs& ta) {
                  "vector observations into the recurrent cell through linear (Linear(obs, --embed) + tanh) or none (as they are, "
                  "as SB3's recurrent policies read them)")
       ->capture_default_str();
+  tr->add_flag("--ortho-init", ta.c.ortho_init,
+               "SB3's ortho_init: the linear layers outside the recurrent core orthogonal (encoder and hidden layers gain "
+               "sqrt(2), action head 0.01, value head 1), biases 0; the recurrent cells as PyTorch's");
   tr->add_option("--head-hidden", ta.c.head_hidden,
                  "a hidden layer of N units with ReLU before the action head and one before the value head (SB3's "
                  "net_arch pi=[N], vf=[N]); 0: the heads read the recurrent state")
@@ -170,6 +173,10 @@ void add_env_and_algo_options(CLI::App* tr, TrainArgs& ta) {
   tr->add_option("--lr-schedule", ta.c.lr_schedule, "ppo: linear (Adam's lr from --lr to 0 over --steps) or constant")->capture_default_str();
   tr->add_option("--clip-schedule", ta.c.clip_schedule,
                  "ppo: constant, or linear (the clip range from --clip-range to 0 over --steps, as SB3's lin_)")
+      ->capture_default_str();
+  tr->add_option("--value-clip", ta.c.value_clip,
+                 "ppo: > 0 clips the value's move from its rollout value by this much, as PPO2 and CleanRL (the larger of "
+                 "the clipped and unclipped value losses); 0: off, as SB3's default")
       ->capture_default_str();
 }
 

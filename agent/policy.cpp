@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 namespace segtape::agent {
@@ -12,6 +13,37 @@ void fill_uniform(const Tensor& t, nn::Rng& rng, double bound) {
   std::vector<float> v(size_t(t.numel()));
   for (float& x : v) x = float(rng.uniform(-bound, bound));
   t.from_host(std::span<const float>(v));
+}
+
+// torch.nn.init.orthogonal_ of a [rows, cols] weight: a normal matrix's QR
+// (the larger side first), Q's columns signed by R's diagonal (modified
+// Gram-Schmidt, twice, gives R's diagonal positive), times gain; the bias 0.
+void fill_orthogonal(const nn::Linear& l, nn::Rng& rng, double gain) {
+  const int64_t rows = l.weight.dim(0), cols = l.weight.dim(1);
+  const bool wide = rows < cols;
+  const auto n = size_t(wide ? cols : rows), m = size_t(wide ? rows : cols);
+  std::vector<double> q(n * m);  // column j: q[j * n, (j + 1) * n)
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < m; ++j) q[j * n + i] = rng.normal();  // (row-major [n, m], as torch draws it)
+  for (size_t j = 0; j < m; ++j) {
+    double* c = &q[j * n];
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t k = 0; k < j; ++k) {
+        const double* o = &q[k * n];
+        double dot = 0;
+        for (size_t i = 0; i < n; ++i) dot += o[i] * c[i];
+        for (size_t i = 0; i < n; ++i) c[i] -= dot * o[i];
+      }
+    double norm = 0;
+    for (size_t i = 0; i < n; ++i) norm += c[i] * c[i];
+    norm = std::sqrt(norm);
+    for (size_t i = 0; i < n; ++i) c[i] /= norm;
+  }
+  std::vector<float> w(size_t(rows * cols));
+  for (size_t r = 0; r < size_t(rows); ++r)
+    for (size_t c = 0; c < size_t(cols); ++c) w[r * size_t(cols) + c] = float(gain * (wide ? q[r * n + c] : q[c * n + r]));
+  l.weight.from_host(std::span<const float>(w));
+  if (l.bias.defined()) l.bias.from_host(std::span<const float>(std::vector<float>(size_t(l.bias.numel()), 0.0f)));
 }
 }  // namespace
 
@@ -87,6 +119,14 @@ Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& 
   if (s.value_head) {
     value_ = std::make_unique<nn::Linear>(tape, rng, into_heads, 1);
     register_module("value", *value_);
+  }
+  if (s.ortho_init) {  // (SB3's module gains: features and MLP sqrt(2), action 0.01, value 1)
+    if (s.lm_init) throw Error("policy: ortho_init is the agents' (SB3's ortho_init); a language model initialises as word_language_model");
+    const double root2 = std::sqrt(2.0);
+    using Gain = std::pair<const nn::Linear*, double>;
+    for (const auto& [layer, gain] : {Gain{vector_encoder_.get(), root2}, Gain{pi_.get(), root2}, Gain{vf_.get(), root2},
+                                      Gain{head_.get(), 0.01}, Gain{value_.get(), 1.0}})
+      if (layer) fill_orthogonal(*layer, rng, gain);
   }
 }
 

@@ -79,6 +79,7 @@ PolicyShape policy_shape(const TrainConfig& c, const EnvSpec& spec) {
   s.lstm = c.cell == "lstm", s.layers = c.layers, s.tied = c.tied, s.lm_init = c.algo == Algo::Lm;
   s.separate_critic = c.critic == "separate";
   s.head_hidden = c.head_hidden;
+  s.ortho_init = c.ortho_init;
   if (c.encoder == "none") {
     if (spec.vocab > 0)
       throw Error("--encoder none feeds vector observations to the recurrent cell as they are; the env '" + spec.name +

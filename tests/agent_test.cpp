@@ -1151,6 +1151,7 @@ TEST(Cli, BadInputGivesAOneLineErrorAndLosesNothing) {
       {"train --env tmaze --lag 50 --out " + d + "x", "--lag is --env recall's; this run is --env tmaze"},
       {"train --gae-lambda 0.5 --out " + d + "x", "--gae-lambda is --algo ppo's; this run is --algo a2c"},
       {"train --clip-schedule linear --out " + d + "x", "--clip-schedule is --algo ppo's; this run is --algo a2c"},
+      {"train --value-clip 0.2 --out " + d + "x", "--value-clip is --algo ppo's; this run is --algo a2c"},
       {"train --resume " + d + " --head-hidden 8", "--head-hidden cannot change on --resume"},
       {"train --head-hidden -2 --out " + d + "x", "--head-hidden must be in [0, 16384]"},
       {"train --eval-steps 2000000000 --out " + d + "x", "--eval-steps 2000000000: must be in [1, 1e9]"},

@@ -89,6 +89,95 @@ TEST(PpoSettings, TheClipScheduleIsCheckpointedAndChecked) {
   fs::remove_all(dir);
 }
 
+// --value-clip c: the value loss is the larger of (v - R)^2 and the clipped
+// value's (v_old + clamp(v - v_old, +-c) - R)^2. A clip too wide to bind
+// changes nothing, bit for bit; a clip of 1e-6 binds from each iteration's
+// second epoch on (the first replays the rollout: v = v_old) and the run
+// ends elsewhere; it is kept in the checkpoint only when on, resumes bit for
+// bit, and a negative clip is refused.
+TEST(PpoSettings, ValueClipBindsOnlyWhereTheValueMovedPastIt) {
+  const auto with_clip = [](double clip) {
+    TrainConfig c = small_ppo("constant", 2);
+    c.value_clip = clip;
+    return c;
+  };
+  Trainer off(with_clip(0)), wide(with_clip(1e29)), tight(with_clip(1e-6));
+  for (int i = 0; i < 2; ++i) {
+    const test::PpoIteration o = test::ppo_iteration(off), w = test::ppo_iteration(wide), t = test::ppo_iteration(tight);
+    EXPECT_EQ(o.loss_sum, w.loss_sum);
+    EXPECT_NE(o.loss_sum, t.loss_sum);
+  }
+  EXPECT_EQ(params_of(off), params_of(wide));
+  EXPECT_NE(params_of(off), params_of(tight));
+  // One epoch: every value is its rollout value, and the clip cannot bind.
+  TrainConfig one_epoch = with_clip(1e-6), unclipped = with_clip(0);
+  one_epoch.epochs = unclipped.epochs = 1;
+  Trainer a(one_epoch), b(unclipped);
+  test::ppo_iteration(a), test::ppo_iteration(b);
+  EXPECT_EQ(params_of(a), params_of(b));
+
+  std::map<std::string, std::string> m = with_clip(0).to_metadata();
+  EXPECT_EQ(m.count("value_clip"), 0u) << "an unclipped run's checkpoint is written as before the flag";
+  const fs::path dir = fs::temp_directory_path() / ("segtape_value_clip_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  TrainConfig four = with_clip(0.05);
+  four.steps = 64;
+  EXPECT_EQ(test::expect_resumes_bit_identically(four, dir / "ck.safetensors", 32).value_clip, 0.05);
+  fs::remove_all(dir);
+  m["value_clip"] = "-1";
+  EXPECT_THROW(TrainConfig::from_metadata(m), CheckpointError);
+  EXPECT_NE(test::message_of<Error>([&] { Trainer t(with_clip(-1)); }).find("--value-clip must be in [0, 1e30)"), std::string::npos);
+}
+
+// --ortho-init (SB3's ortho_init): the encoder and the heads' hidden layers
+// orthogonal with gain sqrt(2), the action head 0.01, the value head 1
+// (W W^T or W^T W, the smaller side, is gain^2 I), every bias of theirs 0;
+// the recurrent cell is PyTorch's, the same draws as without it. Kept in
+// the checkpoint only when on; a language model refuses it.
+TEST(PpoSettings, OrthoInitDrawsTheLinearLayersOutsideTheCoreOrthogonal) {
+  auto env = make_env("dialogue", 3, 1, EnvOptions{});  // (vector observations: a linear encoder)
+  ASSERT_GT(env->spec().obs_dim, 0);
+  const EnvSpec& spec = env->spec();
+  PolicyShape shape{6, 10, 0, true};
+  shape.head_hidden = 7;
+  Tape tape;
+  nn::Rng r1(3), r2(3);
+  const Policy plain(tape, r1, spec, shape);
+  shape.ortho_init = true;
+  const Policy ortho(tape, r2, spec, shape);
+  std::map<std::string, Tensor> a, b;
+  for (const auto& [name, t] : plain.named_parameters()) a[name] = t;
+  for (const auto& [name, t] : ortho.named_parameters()) b[name] = t;
+  for (const char* cell : {"gru.weight_ih", "gru.weight_hh", "gru.bias_ih", "gru.bias_hh"})
+    EXPECT_EQ(a.at(cell).to_host<float>(), b.at(cell).to_host<float>()) << cell;
+  for (const auto& [layer, gain] : std::vector<std::pair<std::string, double>>{
+           {"encoder", std::sqrt(2.0)}, {"pi", std::sqrt(2.0)}, {"vf", std::sqrt(2.0)}, {"head", 0.01}, {"value", 1.0}}) {
+    SCOPED_TRACE(layer);
+    const Tensor& w = b.at(layer + ".weight");
+    const int64_t rows = w.dim(0), cols = w.dim(1), m = std::min(rows, cols);
+    const std::vector<float> v = w.to_host<float>();
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < m; ++j) {  // the smaller side's Gram matrix
+        double dot = 0;
+        for (int64_t k = 0; k < std::max(rows, cols); ++k)
+          dot += rows <= cols ? double(v[size_t(i * cols + k)]) * v[size_t(j * cols + k)]
+                              : double(v[size_t(k * cols + i)]) * v[size_t(k * cols + j)];
+        EXPECT_NEAR(dot, i == j ? gain * gain : 0.0, 1e-5 * gain * gain) << i << ", " << j;
+      }
+    EXPECT_NE(v, a.at(layer + ".weight").to_host<float>());
+    for (const float x : b.at(layer + ".bias").to_host<float>()) EXPECT_EQ(x, 0.0f);
+  }
+  TrainConfig c = small_ppo("constant", 1);
+  EXPECT_EQ(c.to_metadata().count("ortho_init"), 0u) << "a run without it writes its checkpoint as before the flag";
+  c.ortho_init = true;
+  std::map<std::string, std::string> m = c.to_metadata();
+  EXPECT_TRUE(TrainConfig::from_metadata(m).ortho_init);
+  m["ortho_init"] = "2";
+  EXPECT_THROW(TrainConfig::from_metadata(m), CheckpointError);
+  c.algo = Algo::Lm;
+  EXPECT_NE(test::message_of<Error>([&] { c.validate(); }).find("--ortho-init is the agents'"), std::string::npos);
+}
+
 // --head-hidden N: Linear(hidden, N) + ReLU ("pi") before the action head and
 // one ("vf") before the value head, which read N units: the logits and the
 // value are those layers composed by hand, the critic's rows feeding "vf"

@@ -208,9 +208,18 @@ void Ppo::host_terms(int64_t t, const float* rows, const float* values, float* w
     // The clip bounds the objective where it is the smaller of the two: no gradient there.
     const bool bounded = (adv > 0 && ratio > 1.0 + eps) || (adv < 0 && ratio < 1.0 - eps);
     if (!bounded) weights[i * A + a] = float(-adv * ratio * inv_n_);
+    // The value loss, (v - R)^2, or with --value-clip the larger of it and
+    // the clipped value's; where the clipped one is larger, v is outside
+    // v_old +- value_clip and that term is constant in v: its target is then
+    // v itself (the loss's gradient 0).
     returns[i] = buf_.returns[k];
     const double dv = double(values[i]) - double(buf_.returns[k]);
-    reported += 0.5 * c_.config.value_coef * dv * dv * inv_n_;
+    double value_loss = dv * dv;
+    if (const double vc = c_.config.value_clip; vc > 0) {
+      const double old = buf_.values[k], moved = old + std::clamp(double(values[i]) - old, -vc, vc) - double(buf_.returns[k]);
+      if (moved * moved > value_loss) value_loss = moved * moved, returns[i] = values[i];
+    }
+    reported += 0.5 * c_.config.value_coef * value_loss * inv_n_;
     for (size_t j = 0; j < A; ++j) {
       const double l = rows[i * A + j];
       reported += c_.config.entropy * std::exp(l) * l * inv_n_;  // -entropy bonus
@@ -334,6 +343,7 @@ void validate(const TrainConfig& c) {
   need(c.lr_schedule == "linear" || c.lr_schedule == "constant", "--lr-schedule '" + c.lr_schedule + "': choose linear or constant");
   need(c.clip_schedule == "linear" || c.clip_schedule == "constant",
        "--clip-schedule '" + c.clip_schedule + "': choose linear or constant");
+  need(c.value_clip >= 0 && c.value_clip < 1e30, "--value-clip must be in [0, 1e30) (0: off)");
 }
 
 }  // namespace

@@ -66,7 +66,7 @@ void read_resumed(Plan& p, const TrainArgs& a, const Given& given) {
   for (const char* opt : {"--env", "--task", "--data", "--valid", "--test", "--split", "--tokens", "--history", "--batch", "--hidden", "--embed", "--update-bias", "--lag", "--sparse", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget",
                           "--gamma", "--entropy", "--algo", "--rollout", "--epochs", "--minibatches", "--clip-range", "--gae-lambda",
                           "--lr-schedule", "--env-shards", "--clip", "--out", "--force", "--cell", "--layers", "--dropout", "--tied", "--optim", "--adam-eps", "--encoder",
-                          "--critic", "--clip-schedule", "--head-hidden"})
+                          "--critic", "--clip-schedule", "--head-hidden", "--value-clip", "--ortho-init"})
     if (given(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
   for (const char* opt : {"--target", "--features"})
     if (given(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
@@ -79,7 +79,7 @@ void refuse_other_flags(const TrainConfig& c, const Given& given) {
     throw Error("--epochs and --steps both say how long --task lm trains: give one of them");
   if (!RunKind::of(c).ppo)
     for (const char* opt : {"--rollout", c.algo == segtape::agent::Algo::Lm ? "--rollout" : "--epochs", "--minibatches", "--clip-range", "--gae-lambda", "--lr-schedule",
-                            "--clip-schedule"})
+                            "--clip-schedule", "--value-clip"})
       if (given(opt)) throw Error(std::string(opt) + " is --algo ppo's; this run is --algo " + algo_name(c.algo));
   const std::map<std::string, std::vector<const char*>> env_flags = {
       {"recall", {"--lag", "--vocab", "--sparse"}}, {"tmaze", {"--corridor"}}, {"dialogue", {"--turns", "--cities"}},

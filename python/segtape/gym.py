@@ -331,7 +331,7 @@ class TrainResult:
 
 def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, lr=3e-3, history="tbptt:32", gamma=0.99,
           entropy=0.01, value_coef=0.5, clip=1.0, seed=1, algo="a2c", rollout=128, epochs=10, minibatches=4,
-          clip_range=0.2, gae_lambda=0.95, lr_schedule="linear", clip_schedule="constant", critic="shared", head_hidden=0, cell="gru", encoder="linear", adam_eps=1e-8, nonfinite="stop", max_skips=10, success=None, normalize_obs=True, normalize_reward=False, log_every=None,
+          clip_range=0.2, gae_lambda=0.95, lr_schedule="linear", clip_schedule="constant", value_clip=0.0, critic="shared", head_hidden=0, ortho_init=False, cell="gru", encoder="linear", adam_eps=1e-8, nonfinite="stop", max_skips=10, success=None, normalize_obs=True, normalize_reward=False, log_every=None,
           callback=None,
           eval_every=None, eval_episodes=10, stop_at=None, budget=None, size_check=True):
     """Trains segtape's recurrent agent on a Gymnasium env; returns a TrainResult.
@@ -347,7 +347,10 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     the states stored at rollout time; `minibatches` divides `batch`;
     lr_schedule "linear" anneals the learning rate to 0 over `steps`, or
     "constant"; clip_schedule "linear" anneals the clip range to 0 likewise,
-    as SB3's lin_ schedules, or "constant", the default).
+    as SB3's lin_ schedules, or "constant", the default); value_clip > 0
+    clips the value's move from its rollout value as PPO2 and CleanRL do
+    (the larger of the clipped and unclipped value losses; 0, the default,
+    is SB3's: off).
     critic: "shared" (the value head reads the policy's GRU) or "separate"
     (a GRU of its own over the same embeddings, as sb3-contrib's
     RecurrentPPO gives its critic an LSTM of its own).
@@ -359,6 +362,9 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     head_hidden: > 0 puts a layer of that many units with ReLU before the
     action head and one before the value head (SB3's net_arch
     dict(pi=[N], vf=[N])); 0, the heads read the GRU's state.
+    ortho_init: SB3's ortho_init (the encoder and hidden layers drawn
+    orthogonal with gain sqrt(2), the action head 0.01, the value head 1,
+    biases 0; the recurrent cell as PyTorch's); off by default.
     nonfinite: an update whose gradient is not finite (inf or NaN, e.g.
     returns of rewards too large for float32): "stop" raises
     segtape.NonFiniteError naming it, that update not taken; "skip" leaves it out
@@ -421,7 +427,8 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     c.lr, c.gamma, c.entropy, c.value_coef, c.clip = lr, gamma, entropy, value_coef, clip
     c.clip_range, c.gae_lambda, c.lr_schedule, c.critic = clip_range, gae_lambda, lr_schedule, critic
     c.clip_schedule, c.cell, c.adam_eps, c.nonfinite, c.encoder = clip_schedule, cell, float(adam_eps), nonfinite, encoder
-    c.update_bias, c.size_check = float(update_bias), bool(size_check)
+    c.update_bias, c.size_check, c.value_clip = float(update_bias), bool(size_check), float(value_clip)
+    c.ortho_init = bool(ortho_init)
     if budget is not None:  # (None: the Trainer's default, 64 MiB, or 1 GiB of growth for history "full")
         c.budget = _bytes(budget, "segtape.gym.train: budget")
 
@@ -522,12 +529,16 @@ def _make_segtape_env_class():
             return int(tokens[0]) if self._env.vocab > 0 else np.asarray(vectors, dtype=np.float32)
 
         def reset(self, *, seed=None, options=None):
+            """(observation, {}): the stream's present observation; a seed
+            makes the env afresh from that seed."""
             super().reset(seed=seed)
             if seed is not None:
                 self._env = _A.make_env(batch=1, seed=int(seed), **self._args)
             return self._obs(), {}
 
         def step(self, action):
+            """(observation, reward, terminated, False, {}) after the action;
+            an episode is never truncated here."""
             reward, done = self._env.step([int(action)])
             return self._obs(), float(reward[0]), bool(done[0]), False, {}
 

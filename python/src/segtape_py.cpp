@@ -1422,6 +1422,7 @@ NB_MODULE(_segtape, m) {
       .def_rw("gae_lambda", &agent::TrainConfig::gae_lambda)
       .def_rw("lr_schedule", &agent::TrainConfig::lr_schedule)
       .def_rw("clip_schedule", &agent::TrainConfig::clip_schedule)
+      .def_rw("value_clip", &agent::TrainConfig::value_clip)
       .def_rw("env_shards", &agent::TrainConfig::env_shards)
       .def_rw("graph_replay", &agent::TrainConfig::graph_replay)
       // --task lm / series: the files and their reading (EnvOptions), the model
@@ -1435,6 +1436,7 @@ NB_MODULE(_segtape, m) {
       .def_rw("cell", &agent::TrainConfig::cell)
       .def_rw("critic", &agent::TrainConfig::critic)
       .def_rw("head_hidden", &agent::TrainConfig::head_hidden)
+      .def_rw("ortho_init", &agent::TrainConfig::ortho_init)
       .def_rw("adam_eps", &agent::TrainConfig::adam_eps)
       .def_rw("encoder", &agent::TrainConfig::encoder)
       .def_rw("layers", &agent::TrainConfig::layers)

@@ -96,6 +96,10 @@ struct TrainConfig {
   // dict(pi=[N], vf=[N]) (PolicyShape::head_hidden). 0: the heads read the
   // recurrent state directly. Kept in checkpoints only where > 0.
   int64_t head_hidden = 0;
+  // SB3's ortho_init (PolicyShape::ortho_init): the linear layers outside
+  // the recurrent core drawn orthogonal, their biases 0; not --task lm's.
+  // Kept in checkpoints only where on.
+  bool ortho_init = false;
   // How vector observations reach the recurrent cell: "linear" (Linear(obs,
   // embed) + tanh, the default) or "none" (as they are: SB3's recurrent
   // policies read the flattened observation; --embed is then unused; RL with
@@ -147,6 +151,12 @@ struct TrainConfig {
   // as SB3's lin_ schedules do (RL Zoo's tuned recurrent entries); "constant"
   // keeps it (CleanRL's, and every run before the flag)
   std::string clip_schedule = "constant";
+  // ppo: > 0 clips the value's move from its rollout value as PPO2 and
+  // CleanRL do: the value loss is the larger of (v - R)^2 and
+  // (v_old + clamp(v - v_old, -value_clip, value_clip) - R)^2, so an update
+  // that pulls v further than value_clip from v_old gets no value gradient
+  // from it; 0 (the default, SB3's) leaves the value loss unclipped
+  double value_clip = 0;
   // The B streams as env_shards envs of B / env_shards streams, seeded as the
   // ranks of a data-parallel run seed theirs: one process with env_shards N
   // and batch N B runs the streams of N ranks of batch B (docs/distributed.md).

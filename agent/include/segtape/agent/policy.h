@@ -58,6 +58,13 @@ struct PolicyShape {
   // encoder (--encoder none: SB3's Flatten features extractor; embed is then
   // the env's obs_dim); false: Linear(obs_dim, embed) + tanh ("encoder").
   bool raw_obs = false;
+  // SB3's ortho_init: once every module is made (PyTorch's init, from the
+  // same draws as without it), the linear layers outside the recurrent core
+  // are drawn again orthogonal (torch.nn.init.orthogonal_), their biases 0:
+  // the vector encoder and the heads' hidden layers with gain sqrt(2), the
+  // action head 0.01, the value head 1. The recurrent cells, the window's
+  // compress layer and token embeddings keep PyTorch's (--ortho-init).
+  bool ortho_init = false;
   // The state's rows per stream (TrainConfig::state_rows): the state is
   // [state_rows() x B, hidden], layer after layer, an LSTM layer's h rows
   // then its c rows (one layer's [2, B, hidden], lstm_cell's state); with a
