@@ -188,7 +188,7 @@ def test_a_trainer_refuses_save_and_load_from_inside_a_segment(tmp_path):
     assert tr.step == 8
 
 
-def test_a_trainer_read_from_inside_a_segment_shows_its_last_update(tmp_path):
+def test_a_trainer_read_from_inside_a_segment_shows_its_last_update():
     # What a Trainer shows from an env's step(), inside run_segment: the run
     # as its last completed update left it (step, parameters, counts), not a
     # half-done segment's; its properties cannot be set, there or anywhere.
