@@ -182,10 +182,15 @@ std::string mode_name(Mode mode, const char* name, int64_t B, int64_t H) {
   if (g_cpu || (mode != Mode::Sequence && mode != Mode::SequenceGraph && mode != Mode::SequenceGraphTf32)) return name;
   const cuda::fused::Plan p = cuda::fused::device_plan(B, H, sizeof(float));
   const bool fused = kernels::options().fused_gru && p.use;
-  if (fused)  // (stderr: the plan, beside the CSV)
+  if (fused && p.grid)  // (stderr: the plan, beside the CSV)
+    std::fprintf(stderr, "B=%lld H=%lld %s: fused grid plan %d groups of %lld rows x %d blocks of %lld units, %d lanes per output, tiles of %lld\n",
+                 (long long)B, (long long)H, name, p.G, (long long)p.Bg, p.C, (long long)p.Hs, p.S, (long long)p.kt);
+  else if (fused)
     std::fprintf(stderr, "B=%lld H=%lld %s: fused plan %d clusters of %d blocks, %lld rows each, %d lanes per output; %d clusters resident at once\n",
                  (long long)B, (long long)H, name, p.G, p.C, (long long)p.Bg, p.S, p.resident);
-  return std::string(name) + (fused ? " (fused)" : " (cuDNN)");
+  else
+    std::fprintf(stderr, "B=%lld H=%lld %s: cuDNN (%s)\n", (long long)B, (long long)H, name, p.why_not.c_str());
+  return std::string(name) + (fused ? (p.grid ? " (fused grid)" : " (fused)") : " (cuDNN)");
 }
 
 void run(int64_t B, int64_t H, int segments, Mode mode, const char* mode_label) {

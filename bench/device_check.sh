@@ -18,8 +18,9 @@
 #      (without the deliberate out-of-memory test) where it is installed
 #   3. cuda_bench: segtape's training step on the GPU at issue 19's five sizes,
 #      stepped (eager, graph-replayed) and as one gru_sequence per segment (the
-#      fused kernels where they fit); the sequence modes again at (1, 128) and
-#      (32, 128) with --fused-gru off (cuDNN's GRU), one run
+#      fused kernels where they fit: a cluster, or the grid plan at (32, 512)
+#      and (64, 1024)); the sequence modes again at (1, 128), (32, 128),
+#      (32, 512) and (64, 1024) with --fused-gru off (cuDNN's GRU), one run
 #   4. when python3's torch has CUDA: bench/torch_cuda (a project of its own,
 #      -DCMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path) builds
 #      cuda_bench_torch, the same workload in LibTorch: eager, CUDA-graph
@@ -251,8 +252,9 @@ if ((built)); then
     fi
   done
   # the sequence modes again on cuDNN's GRU where the fused kernels ran above
-  step bench-segtape-cudnn 60 "$(prog bench/cuda_bench)" --fused-gru off --segments 50 --sizes 1x128,32x128 \
-    --modes sequence,sequence-graph || status=1
+  # (32, 512) and (64, 1024): the grid plan's sizes (fused_gru.h's grid_plan), TF32 beside it as cuDNN may use it
+  step bench-segtape-cudnn 90 "$(prog bench/cuda_bench)" --fused-gru off --segments 50 --sizes 1x128,32x128,32x512,64x1024 \
+    --modes sequence,sequence-graph,sequence-graph-tf32 || status=1
   grep -E '^segtape,' "$OUT/bench-segtape-cudnn.log" >"$OUT/bench-segtape-cudnn.csv" || true
 fi
 

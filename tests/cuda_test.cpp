@@ -339,6 +339,65 @@ TEST(CudaGru, FusedCellSteppedMatchesCpu) {
 // the gradients stay those of the keep the forward used); and graph replay
 // with keep's values changed at the same address before each segment (the
 // replayed copy must read them).
+// The grid plan (fused_gru.h's grid_plan: W_hh over the blocks of one
+// cooperative launch) at sizes no cluster holds, on a GPU that has
+// cooperative launches: chosen in float32, and against the CPU in float32
+// and float64 (float64 takes whichever plan fits, or cuDNN), values and every
+// gradient, training and inference; and in CUDA-graph segments (a cooperative
+// kernel node), each replayed segment's y against the CPU's, at (32, 512).
+TEST(CudaGru, GridPlanSequenceMatchesTheCpuAndReplays) {
+  REQUIRE_GPU();
+  TapeOptions big = cuda_options();  // W_hh of H = 1024 in float64 is 24 MiB
+  big.segment_budget = big.device_persistent = size_t(256) << 20;
+  struct Size {
+    int64_t K, B, I, H;
+  };
+  for (const Size s : {Size{6, 32, 16, 512}, Size{4, 64, 16, 1024}}) {
+    Tape cpu;
+    const GruRun ref = run_gru(cpu, DType::F64, s.K, s.B, s.I, s.H, true, false, true, 91);
+    for (DType dt : {DType::F32, DType::F64}) {
+      const cuda::fused::Plan plan = kEmulated ? cuda::fused::Plan{} : cuda::fused::device_plan(s.B, s.H, dtype_size(dt));
+      if (!kEmulated && dt == DType::F32) {
+        EXPECT_TRUE(plan.use && plan.grid) << "B " << s.B << ", H " << s.H << ": " << plan.why_not;
+      }
+      const std::string what = std::string(plan.use ? (plan.grid ? "fused grid" : "fused") : "cuDNN") + " GRU " + dtype_name(dt) +
+                               " B=" + std::to_string(s.B) + " H=" + std::to_string(s.H);
+      Tape gpu(Device::cuda(), big);
+      const double tol = dt == DType::F32 ? 5e-5 : 1e-11;
+      expect_gru_close(run_gru(gpu, dt, s.K, s.B, s.I, s.H, true, false, true, 91), ref, tol, what);
+      EXPECT_LE(rel_error(run_gru(gpu, dt, s.K, s.B, s.I, s.H, true, false, false, 91).out, ref.out), tol) << what << " (inference)";
+    }
+    if (s.H != 512) continue;  // (the same kernels: one size in graphs is enough)
+    // graph segments: 1 eager, 2 and 3 captured, then replayed; x new before each
+    TapeOptions o = big;
+    o.graph_replay = true;
+    Tape g(Device::cuda(), o);
+    std::mt19937 rng(5);
+    const double bound = 1 / std::sqrt(double(s.H));
+    const std::vector<Shape> shapes = {{s.K, s.B, s.I}, {s.B, s.H}, {3 * s.H, s.I}, {3 * s.H, s.H}, {3 * s.H}, {3 * s.H}};
+    std::vector<std::vector<double>> vals;
+    for (size_t k = 0; k < shapes.size(); ++k) vals.push_back(uniform(rng, shapes[k].numel(), k < 2 ? -1 : -bound, k < 2 ? 1 : bound));
+    std::vector<Tensor> p;
+    for (size_t k = 0; k < shapes.size(); ++k) p.push_back(param(g, shapes[k], DType::F32, vals[k]));
+    Tensor out = g.persistent({s.K, s.B, s.H}, DType::F32);
+    for (int seg_no = 0; seg_no < 5; ++seg_no) {
+      std::vector<double> x = uniform(rng, shapes[0].numel(), -1, 1);
+      set(p[0], x);
+      {
+        Segment seg = g.segment();
+        NoGradGuard ng(g);
+        copy_into(out, gru_sequence(p[0], p[1], p[2], p[3], p[4], p[5]));
+      }
+      Tape c;
+      std::vector<Tensor> q;
+      for (size_t k = 0; k < shapes.size(); ++k) q.push_back(param(c, shapes[k], DType::F64, k == 0 ? x : vals[k]));
+      Segment cs = c.segment();
+      EXPECT_LE(rel_error(get(out), get(gru_sequence(q[0], q[1], q[2], q[3], q[4], q[5]))), 5e-5)
+          << "graph segment " << seg_no << ", B " << s.B << ", H " << s.H;
+    }
+  }
+}
+
 TEST(CudaGru, SequenceWithResetsMatchesTheCpuFusedComposedInferenceAndReplayed) {
   REQUIRE_GPU();
   const int64_t K = 12, B = 4, I = 8, H = 32;

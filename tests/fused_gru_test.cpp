@@ -89,6 +89,9 @@ Result cpu_reference(const Problem& p) {
   return r;
 }
 
+void run_clusters(const fz::Args<double>& all, const fz::Plan& plan);
+void run_grid(const fz::Args<double>& all, const fz::Plan& plan);
+
 // The fused path as the CUDA backend runs it (gru_sequence.cpp), with the
 // kernels simulated block by block and the GEMMs around them written out.
 Result simulate(const Problem& p, const fz::Plan& plan) {
@@ -107,9 +110,40 @@ Result simulate(const Problem& p, const fz::Plan& plan) {
   all.keep = p.keep.empty() ? nullptr : p.keep.data();
   all.gout = p.gout.data(), all.dgi = dgi.data(), all.dgh = dgh.data(), all.dh0 = dh0.data();
   all.hk = all.keep ? hk.data() : nullptr;
+  if (plan.grid) {
+    run_grid(all, plan);
+  } else {
+    run_clusters(all, plan);
+  }
+  const fz::Args<double>& a = all;
+
+  // the GEMMs and column sums after the backward launch
+  Result r;
+  r.y = y, r.dh0 = dh0;
+  r.dx.assign(size_t(T * B * I), 0), r.dw_ih.assign(size_t(R * I), 0), r.dw_hh.assign(size_t(R * H), 0);
+  r.db_ih.assign(size_t(R), 0), r.db_hh.assign(size_t(R), 0);
+  for (int64_t row = 0; row < T * B; ++row) {  // with keep, dW_hh's rows are the masked states the kernel wrote
+    const double* hp = a.hk ? &hk[size_t(row * H)] : row < B ? &p.h0[size_t(row * H)] : &y[size_t((row - B) * H)];
+    for (int64_t q = 0; q < R; ++q) {
+      const double di = dgi[size_t(row * R + q)], dh = dgh[size_t(row * R + q)];
+      for (int64_t i = 0; i < I; ++i) {
+        r.dx[size_t(row * I + i)] += di * p.w_ih[size_t(q * I + i)];
+        r.dw_ih[size_t(q * I + i)] += di * p.x[size_t(row * I + i)];
+      }
+      for (int64_t k = 0; k < H; ++k) r.dw_hh[size_t(q * H + k)] += dh * hp[k];
+      r.db_ih[size_t(q)] += di, r.db_hh[size_t(q)] += dh;
+    }
+  }
+  return r;
+}
+
+// The cluster plan's launches: its clusters one after the other (they share
+// nothing: any order is theirs), each block's shared memory, the cluster
+// barriers between the phases.
+void run_clusters(const fz::Args<double>& all, const fz::Plan& plan) {
+  const int64_t T = all.steps, H = all.H;
   const int C = plan.C, S = plan.S;
   const int64_t outs = plan.Bg * plan.Hs;  // outputs per block
-  // The clusters one after the other (they share nothing: any order is theirs)
   for (int g = plan.G - 1; g >= 0; --g) {
     fz::Args<double> a = fz::group_args(all, g);
     std::vector<std::vector<double>> sm(static_cast<size_t>(C));
@@ -185,26 +219,96 @@ Result simulate(const Problem& p, const fz::Plan& plan) {
         a.dh0[w.b * H + w.j] = carry[size_t(c * outs + o)];
       }
   }
-  const fz::Args<double>& a = all;
+}
 
-  // the GEMMs and column sums after the backward launch
-  Result r;
-  r.y = y, r.dh0 = dh0;
-  r.dx.assign(size_t(T * B * I), 0), r.dw_ih.assign(size_t(R * I), 0), r.dw_hh.assign(size_t(R * H), 0);
-  r.db_ih.assign(size_t(R), 0), r.db_hh.assign(size_t(R), 0);
-  for (int64_t row = 0; row < T * B; ++row) {  // with keep, dW_hh's rows are the masked states the kernel wrote
-    const double* hp = a.hk ? &hk[size_t(row * H)] : row < B ? &p.h0[size_t(row * H)] : &y[size_t((row - B) * H)];
-    for (int64_t q = 0; q < R; ++q) {
-      const double di = dgi[size_t(row * R + q)], dh = dgh[size_t(row * R + q)];
-      for (int64_t i = 0; i < I; ++i) {
-        r.dx[size_t(row * I + i)] += di * p.w_ih[size_t(q * I + i)];
-        r.dw_ih[size_t(q * I + i)] += di * p.x[size_t(row * I + i)];
-      }
-      for (int64_t k = 0; k < H; ++k) r.dw_hh[size_t(q * H + k)] += dh * hp[k];
-      r.db_ih[size_t(q)] += di, r.db_hh[size_t(q)] += dh;
-    }
+// The grid plan's launches: G C blocks, each with its shared memory, the
+// grid barrier of each step between the phases, the step's vector read from
+// the arrays other blocks wrote (y, dgh), a tile at a time. A barrier
+// allows a block to run ahead: after step t's barrier, block 0 does all of
+// step t + 1 (up to its barrier) before any other block starts it, and the
+// other blocks run in reverse order; a read of an array before its step's
+// barrier would show (the arrays start as NaN).
+void run_grid(const fz::Args<double>& all, const fz::Plan& plan) {
+  const int64_t T = all.steps, H = all.H, kt = plan.kt;
+  const int C = plan.C, S = plan.S, nb = plan.G * plan.C;
+  const int64_t outs = plan.Bg * plan.Hs;
+  auto args = [&](int blk) { return fz::group_args(all, blk / C); };
+  auto who = [&](int blk, int64_t o, int lane) { return fz::who(args(blk), blk % C, int(o * S + lane)); };
+  std::vector<std::vector<double>> sm(static_cast<size_t>(nb));
+  const int64_t words = std::max(fz::GridSmem(false, plan.Bg, H, plan.Hs, S, kt).total, fz::GridSmem(true, plan.Bg, H, plan.Hs, S, kt).total);
+  EXPECT_EQ(size_t(words) * sizeof(double), std::max(plan.fwd_smem, plan.bwd_smem)) << "the plan's shared memory (planned in float64)";
+  // forward
+  for (int blk = 0; blk < nb; ++blk) {
+    sm[size_t(blk)].assign(size_t(words), NAN);
+    fz::grid_fwd_load(args(blk), sm[size_t(blk)].data(), blk % C, 0, 1);
   }
-  return r;
+  auto fwd_step = [&](int blk, int64_t t) {
+    const fz::Args<double> a = args(blk);
+    double* m = sm[size_t(blk)].data();
+    std::vector<double> acc(size_t(outs * S * 3), 0.0);
+    for (int64_t k0 = 0; k0 < H; k0 += kt) {
+      fz::grid_fwd_tile(a, m, kt, t, k0, 0, 1);
+      for (int64_t o = 0; o < outs; ++o)
+        for (int lane = 0; lane < S; ++lane) fz::grid_fwd_partial(a, m, kt, who(blk, o, lane), k0, &acc[size_t((o * S + lane) * 3)]);
+    }
+    for (int64_t o = 0; o < outs; ++o) {
+      double gh[3];
+      for (int k = 0; k < 3; ++k) {
+        std::vector<double> part;
+        for (int lane = 0; lane < S; ++lane) part.push_back(acc[size_t((o * S + lane) * 3 + k)]);
+        gh[k] = butterfly(part, S);
+      }
+      const fz::Who w = who(blk, o, 0);
+      fz::grid_fwd_finish(a, w, t, gh, fz::fwd_inputs(a, w, t), fz::fwd_bias(a, w));
+    }
+  };
+  for (int blk = nb - 1; blk >= 0; --blk) fwd_step(blk, 0);
+  for (int64_t t = 0; t + 1 < T; ++t) {  // after step t's barrier
+    fwd_step(0, t + 1);
+    for (int blk = nb - 1; blk >= 1; --blk) fwd_step(blk, t + 1);
+  }
+  // backward
+  for (int blk = 0; blk < nb; ++blk) {
+    std::fill(sm[size_t(blk)].begin(), sm[size_t(blk)].end(), NAN);
+    fz::bwd_load(args(blk), sm[size_t(blk)].data(), blk % C, 0, 1);
+  }
+  std::vector<double> carry(size_t(nb * outs), 0), direct(size_t(nb * outs)), factor(size_t(nb * outs));
+  auto bwd_before = [&](int blk, int64_t t) {  // before step t's barrier: the gate gradients, dgh[t]
+    const fz::Args<double> a = args(blk);
+    for (int64_t o = 0; o < outs; ++o) {
+      const fz::BwdIn<double> in = fz::bwd_inputs(a, who(blk, o, 0), t);
+      direct[size_t(blk * outs + o)] = fz::grid_bwd_gates(a, who(blk, o, 0), t, carry[size_t(blk * outs + o)], in);
+      factor[size_t(blk * outs + o)] = in.k;
+    }
+  };
+  auto bwd_after = [&](int blk, int64_t t) {  // after it: dgh[t] W_hh in tiles, the carried dh
+    const fz::Args<double> a = args(blk);
+    double* m = sm[size_t(blk)].data();
+    std::vector<double> acc(size_t(outs * S), 0.0);
+    for (int64_t r0 = 0; r0 < 3 * H; r0 += kt) {
+      fz::grid_bwd_tile(a, m, kt, t, r0, 0, 1);
+      for (int64_t o = 0; o < outs; ++o)
+        for (int lane = 0; lane < S; ++lane)
+          acc[size_t(o * S + lane)] = fz::grid_bwd_partial(a, m, kt, who(blk, o, lane), r0, acc[size_t(o * S + lane)]);
+    }
+    for (int64_t o = 0; o < outs; ++o) {
+      const std::vector<double> part(acc.begin() + o * S, acc.begin() + (o + 1) * S);
+      carry[size_t(blk * outs + o)] = fz::bwd_carry(direct[size_t(blk * outs + o)], butterfly(part, S), factor[size_t(blk * outs + o)]);
+    }
+  };
+  for (int blk = nb - 1; blk >= 0; --blk) bwd_before(blk, T - 1);
+  for (int64_t t = T - 1; t >= 0; --t) {  // block 0 runs ahead again
+    bwd_after(0, t);
+    if (t > 0) bwd_before(0, t - 1);
+    for (int blk = nb - 1; blk >= 1; --blk) bwd_after(blk, t);
+    for (int blk = nb - 1; blk >= 1; --blk)
+      if (t > 0) bwd_before(blk, t - 1);
+  }
+  for (int blk = 0; blk < nb; ++blk)
+    for (int64_t o = 0; o < outs; ++o) {
+      const fz::Who w = who(blk, o, 0);
+      args(blk).dh0[w.b * H + w.j] = carry[size_t(blk * outs + o)];
+    }
 }
 
 double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
@@ -346,6 +450,116 @@ TEST(FusedGru, PlanRunsFusedWhereTheWeightsFitAndSaysWhyNotElsewhere) {
         EXPECT_EQ(p.S & (p.S - 1), 0);
         EXPECT_LE(p.threads, 1024);
         EXPECT_LE(std::max(p.fwd_smem, p.bwd_smem), kH200.smem);
+      }
+}
+
+// The grid plan (W_hh over the blocks of a cooperative grid, the step's
+// vector streamed in tiles), simulated block by block against the CPU in
+// float64: one tile and several (the last one partial), lane groups of 32
+// down to 1, one group of rows and several, with and without resets. Each
+// of these mutations of fused_gru.h's grid functions fails it (tried by
+// hand when it was written): the state read from y[t] instead of y[t - 1];
+// a tile without its keep factor; the last term of each tile dropped; the
+// backward tile's offset r0 ignored; the offset into W^T ignored; h_{t-1}
+// in the gates without its keep factor; every block loading block 0's rows
+// of W_hh; one gate's dgh written twice.
+TEST(FusedGru, SimulatedGridEqualsTheCpuInFloat64) {
+  struct Case {
+    int64_t T, B, I, H;
+    int sms;
+    bool tight;  // shared memory for tiles of 32 only
+  };
+  const Case cases[] = {
+      {5, 3, 4, 40, 8, false},  // one tile (kt 256 > H)
+      {4, 2, 3, 96, 6, true},   // 3 tiles forward, 9 backward
+      {3, 4, 5, 70, 7, true},   // the last tile partial (70 = 2 x 32 + 6; 210 = 6 x 32 + 18)
+      {6, 8, 3, 24, 16, false}, // rows in groups (G > 1)
+      {4, 5, 2, 64, 2, true},   // few blocks: many outputs a block, lanes below 32
+      {2, 1, 3, 8, 3, false},
+  };
+  int multi_tile = 0, groups = 0, lanes_below_32 = 0;
+  for (const Case& k : cases)
+    for (const bool resets : {false, true}) {
+      SCOPED_TRACE("T " + std::to_string(k.T) + ", B " + std::to_string(k.B) + ", I " + std::to_string(k.I) + ", H " +
+                   std::to_string(k.H) + ", " + std::to_string(k.sms) + " multiprocessors" + (resets ? ", resets" : ""));
+      fz::Limits lim{kH200.smem, 8, false, k.sms, true};  // no clusters: the grid plan
+      fz::Plan plan = fz::best_plan(k.B, k.H, sizeof(double), lim);
+      ASSERT_TRUE(plan.use && plan.grid) << plan.why_not;
+      if (k.tight) {  // as little shared memory as tiles of 32 need
+        lim.smem = size_t(std::max(fz::GridSmem(false, plan.Bg, k.H, plan.Hs, plan.S, 32).total,
+                                   fz::GridSmem(true, plan.Bg, k.H, plan.Hs, plan.S, 32).total)) * sizeof(double);
+        plan = fz::best_plan(k.B, k.H, sizeof(double), lim);
+        ASSERT_TRUE(plan.use && plan.grid) << plan.why_not;
+        EXPECT_EQ(plan.kt, 32);
+      }
+      EXPECT_EQ(plan.G * plan.Bg, k.B);
+      EXPECT_LE(plan.G * plan.C, k.sms);
+      multi_tile += plan.kt < k.H;
+      groups += plan.G > 1;
+      lanes_below_32 += plan.S < 32;
+      Problem p = draw(k.T, k.B, k.I, k.H, unsigned(k.T * 31 + k.H));
+      if (resets) {
+        std::mt19937 g(unsigned(k.B));
+        p.keep.resize(size_t(k.T * k.B));
+        for (double& v : p.keep) {
+          const unsigned u = g() % 8;
+          v = u < 2 ? 0.0 : u == 2 ? 0.5 : 1.0;
+        }
+        p.keep[0] = 0;  // stream 0 starts from zero
+      }
+      const Result want = cpu_reference(p), got = simulate(p, plan);
+      expect_same(got, want);
+      if (resets) {
+        for (int64_t j = 0; j < k.H; ++j) EXPECT_EQ(got.dh0[size_t(j)], 0.0) << "dh0 of the stream reset at step 0, unit " << j;
+      }
+    }
+  EXPECT_GE(multi_tile, 4);
+  EXPECT_GE(groups, 2);
+  EXPECT_GE(lanes_below_32, 2);
+}
+
+TEST(FusedGru, GridPlanTakesWhatNoClusterHoldsAndSaysWhyNot) {
+  const fz::Limits h200{kH200.smem, 8, true, 132, true};
+  // issue 51's larger sizes in float32: W_hh 3 and 12 MiB, over 32 and 128 blocks
+  const fz::Plan a = fz::best_plan(64, 1024, 4, h200), b = fz::best_plan(32, 512, 4, h200);
+  ASSERT_TRUE(a.use && a.grid) << a.why_not;
+  ASSERT_TRUE(b.use && b.grid) << b.why_not;
+  // 2 groups of 32 rows x 64 blocks of 16 units (as few terms a block as 1 x 128 of 8, half the reads from L2)
+  EXPECT_EQ(std::tuple(a.G, a.Bg, a.C, a.Hs, a.S), std::tuple(2, int64_t(32), 64, int64_t(16), 2));
+  EXPECT_LE(a.G * a.C, 132);
+  EXPECT_LE(std::max(a.fwd_smem, a.bwd_smem), h200.smem);
+  EXPECT_EQ(a.threads, 1024);
+  EXPECT_EQ(std::tuple(b.G, b.Bg, b.C, b.Hs, b.S, b.kt), std::tuple(8, int64_t(4), 16, int64_t(32), 8, int64_t(256)));
+  EXPECT_EQ(a.kt, 256);
+  EXPECT_LE(std::max(b.fwd_smem, b.bwd_smem), h200.smem);
+  // where a cluster holds it, the cluster plan
+  const fz::Plan small = fz::best_plan(32, 128, 4, h200);
+  EXPECT_TRUE(small.use && !small.grid);
+  // without cooperative launches, cuDNN's path, with both reasons
+  const fz::Plan none = fz::best_plan(64, 1024, 4, kH200);
+  EXPECT_FALSE(none.use);
+  EXPECT_NE(none.why_not.find("W_hh (12582912 bytes)"), std::string::npos) << none.why_not;
+  EXPECT_NE(none.why_not.find("cooperative launch"), std::string::npos) << none.why_not;
+  // (512, 1024): 512 rows x 8 units a block of 128 is over 1024 threads
+  const fz::Plan big = fz::best_plan(512, 1024, 4, h200);
+  EXPECT_FALSE(big.use);
+  EXPECT_NE(big.why_not.find("1024 threads a block"), std::string::npos) << big.why_not;
+  // every grid plan: its blocks divide H, fit the device, its lanes a power of two, its tile a multiple of them
+  for (int64_t H : {40, 96, 256, 384, 512, 768, 1024})
+    for (int64_t B : {1, 2, 5, 16, 32, 64})
+      for (size_t e : {size_t(4), size_t(8)}) {
+        const fz::Plan p = fz::grid_plan(B, H, e, h200);
+        if (!p.use) continue;
+        EXPECT_TRUE(p.grid);
+        EXPECT_EQ(H % p.C, 0);
+        EXPECT_EQ(p.G * p.Bg, B);
+        EXPECT_LE(p.G * p.C, h200.sms);
+        EXPECT_EQ(p.S & (p.S - 1), 0);
+        EXPECT_EQ(p.kt % p.S, 0);
+        EXPECT_LE(p.threads, 1024);
+        EXPECT_EQ(std::max(p.fwd_smem, p.bwd_smem),
+                  size_t(std::max(fz::GridSmem(false, p.Bg, H, p.Hs, p.S, p.kt).total, fz::GridSmem(true, p.Bg, H, p.Hs, p.S, p.kt).total)) * e);
+        EXPECT_LE(std::max(p.fwd_smem, p.bwd_smem), h200.smem);
       }
 }
 

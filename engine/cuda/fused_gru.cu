@@ -5,6 +5,9 @@
 // through distributed shared memory, one cluster barrier per step.
 // Thread-block clusters need sm_90: built for an older architecture the
 // kernels are empty, and plan() (Limits::sm90) never chooses them there.
+// The grid plan's two kernels (fused::grid_plan) have no cluster: one
+// cooperative launch of G C blocks, a grid barrier per step, the step's
+// vector read from global memory in tiles.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -126,24 +129,102 @@ __global__ void __launch_bounds__(1024) fused_gru_backward_kernel(fused::Args<T>
 #endif
 }
 
+// ---- the grid plan
+//
+// Block blockIdx.x = g C + c: group of rows g, units of block c.
+template <class T>
+struct GridThread {
+  T* sm;
+  int c, tid = int(threadIdx.x), n = int(blockDim.x);
+  bool active;
+  fused::Who w;
+  fused::Args<T> a;
+  __device__ GridThread(const fused::Args<T>& all, int C, T* smem)
+      : sm(smem), c(int(blockIdx.x) % C), a(fused::group_args(all, int64_t(blockIdx.x) / C)) {
+    active = tid < a.B * a.Hs * a.S;
+    w = fused::who(a, c, tid);
+  }
+};
+
+template <class T>
+__global__ void __launch_bounds__(1024) fused_gru_grid_forward_kernel(fused::Args<T> all, int C, int64_t kt) {
+  extern __shared__ __align__(16) unsigned char grid_smem[];
+  GridThread<T> th(all, C, reinterpret_cast<T*>(grid_smem));
+  const fused::Args<T>& a = th.a;
+  cg::grid_group grid = cg::this_grid();
+  fused::grid_fwd_load(a, th.sm, th.c, th.tid, th.n);
+  const bool first = th.active && th.w.lane == 0;
+  fused::FwdIn<T> in{}, bias{};
+  if (first) bias = fused::fwd_bias(a, th.w);
+  for (int64_t t = 0; t < a.steps; ++t) {
+    if (first) in = fused::fwd_inputs(a, th.w, t);
+    T acc[3] = {T(0), T(0), T(0)};
+    for (int64_t k0 = 0; k0 < a.H; k0 += kt) {
+      __syncthreads();  // (the tile before is read; W loaded)
+      fused::grid_fwd_tile(a, th.sm, kt, t, k0, th.tid, th.n);
+      __syncthreads();
+      if (th.active) fused::grid_fwd_partial(a, th.sm, kt, th.w, k0, acc);
+    }
+    group_sum3(acc, a.S);
+    if (first) fused::grid_fwd_finish(a, th.w, t, acc, in, bias);
+    grid.sync();  // y[t] complete: step t + 1's state
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(1024) fused_gru_grid_backward_kernel(fused::Args<T> all, int C, int64_t kt) {
+  extern __shared__ __align__(16) unsigned char grid_smem[];
+  GridThread<T> th(all, C, reinterpret_cast<T*>(grid_smem));
+  const fused::Args<T>& a = th.a;
+  cg::grid_group grid = cg::this_grid();
+  fused::bwd_load(a, th.sm, th.c, th.tid, th.n);
+  const bool first = th.active && th.w.lane == 0;
+  T carry = 0;  // dL/dh of (b, j) from the steps after t
+  for (int64_t t = a.steps - 1; t >= 0; --t) {
+    T direct = 0, k = 0;
+    if (first) {
+      const fused::BwdIn<T> in = fused::bwd_inputs(a, th.w, t);
+      direct = fused::grid_bwd_gates(a, th.w, t, carry, in);
+      k = in.k;
+    }
+    grid.sync();  // dgh[t] complete
+    T p = 0;
+    for (int64_t r0 = 0; r0 < 3 * a.H; r0 += kt) {
+      __syncthreads();
+      fused::grid_bwd_tile(a, th.sm, kt, t, r0, th.tid, th.n);
+      __syncthreads();
+      if (th.active) p = fused::grid_bwd_partial(a, th.sm, kt, th.w, r0, p);
+    }
+    p = group_sum(p, a.S);
+    carry = first ? fused::bwd_carry(direct, p, k) : T(0);
+  }
+  if (first) a.dh0[th.w.b * a.H + th.w.j] = carry;
+}
+
 template <class T>
 using Kernel = void (*)(fused::Args<T>);
 template <class T>
 Kernel<T> kernel(bool backward) {
   return backward ? fused_gru_backward_kernel<T> : fused_gru_forward_kernel<T>;
 }
+template <class T>
+using GridKernel = void (*)(fused::Args<T>, int, int64_t);
+template <class T>
+GridKernel<T> grid_kernel(bool backward) {
+  return backward ? fused_gru_grid_backward_kernel<T> : fused_gru_grid_forward_kernel<T>;
+}
 
 // Allows kernel k `smem` bytes of dynamic shared memory on the current
 // device: once per kernel and device, raised to the largest size asked for
 // (so a graph segment, which repeats its warm-up's shapes, makes no such
 // call while it is captured).
-template <class T>
-void allow_smem(Kernel<T> k, bool backward, size_t smem) {
+template <class K>
+void allow_smem(K k, int which, size_t smem) {  // which: 0 forward, 1 backward, 2 and 3 the grid plan's
   constexpr int kDevices = 64;
-  static std::atomic<size_t> allowed[2][kDevices] = {};
+  static std::atomic<size_t> allowed[4][kDevices] = {};
   int dev = 0;
   SEGTAPE_CHECK(cudaGetDevice(&dev));
-  std::atomic<size_t>* now = dev < kDevices ? &allowed[backward ? 1 : 0][dev] : nullptr;
+  std::atomic<size_t>* now = dev < kDevices ? &allowed[which][dev] : nullptr;
   if (now && smem <= now->load()) return;
   SEGTAPE_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   if (now) now->store(smem);
@@ -172,12 +253,57 @@ struct Launch {
 
 template <class T>
 void launch(cudaStream_t s, const fused::Plan& p, const fused::Args<T>& a, bool backward) {
-  const Kernel<T> k = kernel<T>(backward);
   const size_t smem = backward ? p.bwd_smem : p.fwd_smem;
-  allow_smem<T>(k, backward, smem);
+  if (p.grid) {  // one cooperative launch of G C blocks (capturable in a graph: a cooperative kernel node)
+    const GridKernel<T> k = grid_kernel<T>(backward);
+    allow_smem(k, backward ? 3 : 2, smem);
+    cudaLaunchConfig_t cfg{};
+    cudaLaunchAttribute attr[1]{};
+    cfg.gridDim = dim3(unsigned(p.G * p.C));
+    cfg.blockDim = dim3(block_threads(p));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    SEGTAPE_CHECK(cudaLaunchKernelEx(&cfg, k, a, p.C, p.kt));
+    check_launch(backward ? "fused_gru_grid_backward" : "fused_gru_grid_forward");
+    return;
+  }
+  const Kernel<T> k = kernel<T>(backward);
+  allow_smem(k, backward ? 1 : 0, smem);
   Launch l(p, smem, s);
   SEGTAPE_CHECK(cudaLaunchKernelEx(&l.cfg, k, a));
   check_launch(backward ? "fused_gru_backward" : "fused_gru_forward");
+}
+
+// Whether all G C blocks of the grid plan p are resident at once on the
+// current device (cooperative launches require it), or why not.
+template <class T>
+std::string grid_unusable(const fused::Plan& p) {
+  int dev = 0, coop = 0, sms = 0;
+  SEGTAPE_CHECK(cudaGetDevice(&dev));
+  if (cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || !coop) {
+    (void)cudaGetLastError();
+    return "this device has no cooperative launch (the grid plan)";
+  }
+  for (const bool backward : {false, true}) {
+    const GridKernel<T> k = grid_kernel<T>(backward);
+    const size_t smem = backward ? p.bwd_smem : p.fwd_smem;
+    allow_smem(k, backward ? 3 : 2, smem);
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, int(block_threads(p)), smem) != cudaSuccess) {
+      (void)cudaGetLastError();
+      per_sm = 0;
+    }
+    if (int64_t(per_sm) * sms < int64_t(p.G) * p.C)
+      return "the grid plan's " + std::to_string(p.G * p.C) + " blocks of " + std::to_string(block_threads(p)) + " threads and " +
+             std::to_string(smem) + " bytes of shared memory cannot all be resident on this device (" + std::to_string(per_sm) +
+             " per multiprocessor, " + std::to_string(sms) + " multiprocessors)";
+  }
+  return {};
 }
 
 // How many clusters of plan p the current device holds at once for one
@@ -186,7 +312,7 @@ template <class T>
 int active_clusters(const fused::Plan& p, bool backward) {
   const Kernel<T> k = kernel<T>(backward);
   const size_t smem = backward ? p.bwd_smem : p.fwd_smem;
-  allow_smem<T>(k, backward, smem);
+  allow_smem(k, backward ? 1 : 0, smem);
   Launch l(p, smem, nullptr);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, k, &l.cfg) != cudaSuccess) {
@@ -204,6 +330,7 @@ template <class T> void fused_gru_backward(cudaStream_t s, const fused::Plan& p,
 std::string fused_gru_unusable(const fused::Plan& p, size_t elem) {
   auto check = [&](auto tag) -> std::string {
     using T = decltype(tag);
+    if (p.grid) return grid_unusable<T>(p);
     for (const bool backward : {false, true}) {
       // Built without sm_90 code (CMAKE_CUDA_ARCHITECTURES below 90), the kernels are empty.
       cudaFuncAttributes fa{};

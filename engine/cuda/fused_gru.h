@@ -30,9 +30,27 @@
 // rows of the dW_hh GEMM, written to `hk`), and scales the carried dL/dh by
 // keep[t, b] as it leaves step t for step t - 1 (and dh0).
 //
+// The grid plan (Plan::grid), where W_hh and the state do not fit one
+// cluster: C blocks of a cooperative launch (all resident at once, any
+// compute capability with cooperative launches) each hold their units' rows
+// of W_hh (forward) or columns (backward) in shared memory, as above, but
+// the step's shared vector is not gathered into every block: it stays in
+// global memory (L2), where the step's owners wrote it (y[t] forward, dgh[t]
+// backward: each step's at addresses of its own, so no slot is reused), and
+// each block streams it through a tile of `kt` elements per row. One
+// grid-wide barrier per step (cooperative_groups' grid sync), no cluster;
+// G groups of Bg rows as above, G C blocks in all.
+//
+//   forward, per step t:  for each tile of the state entering step t (h0 or
+//                         y[t-1], scaled by keep): load, partial sums; lane 0
+//                         finishes its output (y[t], the saved gates); grid barrier.
+//   backward, per step t: lane 0's gate gradients (dgi, dgh[t]); grid barrier;
+//                         for each tile of dgh[t]'s rows: load, partial sums of
+//                         dgh W_hh; the carried dh.
+//
 // The per-thread work below is written once, for the host (a host simulation
-// of the whole cluster, tests/fused_gru_test.cpp, in every build) and for the
-// kernels (fused_gru.cu). Compiled by g++ (C++20) and nvcc (C++17).
+// of the whole cluster or grid, tests/fused_gru_test.cpp, in every build) and
+// for the kernels (fused_gru.cu). Compiled by g++ (C++20) and nvcc (C++17).
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -57,16 +75,21 @@ struct Plan {
   int64_t Bg = 0;         // rows per cluster (B = G Bg)
   int resident = 0;       // device_plan: how many such clusters the device holds at once (0: not asked)
   std::string why_not;    // when !use: the first limit that failed
+  bool grid = false;      // the grid plan: G C blocks of one cooperative launch, no clusters
+  int64_t kt = 0;         // grid: the tile (elements of a row) of the shared vector streamed per load
 };
 
 // Limits of the device: `smem` the opt-in shared memory per block, `cluster`
 // the largest cluster (8 is portable), `sm90`: compute capability >= 9.0,
-// `sms` its multiprocessors (G C blocks at most, one wave; 1: one cluster).
+// `sms` its multiprocessors (G C blocks at most, one wave; 1: one cluster),
+// `coop`: cooperative launches (the grid plan; its G C blocks, one per
+// multiprocessor, all resident).
 struct Limits {
   size_t smem = 0;
   int cluster = 8;
   bool sm90 = false;
   int sms = 1;
+  bool coop = false;
 };
 
 // Padded row lengths: with S < 32 lanes per output, the rows of one warp's
@@ -84,8 +107,15 @@ struct BwdSmem {  // W^T [Hs][Rp] (W_hh's columns of its units), dgh [B][Rp], pu
   SEGTAPE_HD BwdSmem(int64_t B, int64_t H, int64_t Hs, int S)
       : Rp(pad(3 * H, S)), w(0), dg(Hs * Rp), pub(dg + B * Rp), total(pub + 2 * B * 3 * Hs) {}
 };
+// The grid plan's: W (forward's rows or backward's columns, as above, at the
+// same place) and one tile of the shared vector, [B][Kp].
+struct GridSmem {
+  int64_t Kp, w, tile, total;
+  SEGTAPE_HD GridSmem(bool backward, int64_t B, int64_t H, int64_t Hs, int S, int64_t kt)
+      : Kp(pad(kt, S)), w(0), tile(backward ? Hs * pad(3 * H, S) : 3 * Hs * pad(H, S)), total(tile + B * Kp) {}
+};
 
-// The plan gru_sequence takes on the current CUDA device: plan() with its
+// The plan gru_sequence takes on the current CUDA device: best_plan() with its
 // limits, refused (with the reason) where this build's kernels cannot run it
 // there (no sm_90 code; the cluster cannot be resident). Not used in a build
 // without the CUDA backend, or where the device cannot be queried.
@@ -133,6 +163,58 @@ inline Plan plan(int64_t B, int64_t H, size_t elem, const Limits& lim) {
     best.why_not = "W_hh (" + std::to_string(3 * H * H * int64_t(elem)) + " bytes) with the state does not fit the shared memory of " +
                    std::to_string(lim.cluster < 8 ? lim.cluster : 8) + " blocks (" + std::to_string(lim.smem) + " bytes each)";
   return best;
+}
+
+// The grid plan, where no cluster plan fits: G groups of Bg rows times C
+// blocks of Hs units, G C <= sms (one block per multiprocessor, all resident),
+// a block's Bg Hs outputs at most 1024 threads, its W (3 Hs H elements) and
+// a tile of kt (the largest of 256, 128, 64, 32 that fits; a multiple of
+// every S) per row in its shared memory. The fewest terms per block (the
+// most blocks), then the fewest blocks per group of rows (each block reads
+// its rows' whole vector each step: C B H elements from L2 a step); its
+// lanes the most that 1024 threads allow.
+inline Plan grid_plan(int64_t B, int64_t H, size_t elem, const Limits& lim) {
+  Plan best;
+  best.why_not = "the device has no cooperative launch (the grid plan)";
+  if (!lim.coop) return best;
+  for (int64_t C = 1; C <= H && C <= lim.sms; ++C) {
+    if (H % C) continue;
+    const int64_t Hs = H / C;
+    for (int64_t Bg = 1; Bg <= B; ++Bg) {  // the fewest rows per block the multiprocessors allow
+      const int64_t G = B / Bg;
+      if (B % Bg || G * C > lim.sms) continue;
+      if (Bg * Hs > 1024) break;
+      int S = 32;
+      while (S > 1 && Bg * Hs * S > 1024) S /= 2;
+      int64_t kt = 256;
+      const auto bytes = [&](bool bwd) { return size_t(GridSmem(bwd, Bg, H, Hs, S, kt).total) * elem; };
+      while (kt > 32 && std::max(bytes(false), bytes(true)) > lim.smem) kt /= 2;
+      if (std::max(bytes(false), bytes(true)) > lim.smem) break;
+      const auto terms = [&](int64_t bg, int64_t hs) { return bg * hs * 3 * H; };
+      const bool better = !best.use || terms(Bg, Hs) < terms(best.Bg, best.Hs) ||
+                          (terms(Bg, Hs) == terms(best.Bg, best.Hs) && C < best.C);
+      if (better) {
+        best = Plan{true, int(C), Hs, S, int(Bg * Hs * S), bytes(false), bytes(true), int(G), Bg, 0, {}};
+        best.grid = true, best.kt = kt;
+      }
+      break;
+    }
+  }
+  if (!best.use)
+    best.why_not = "W_hh (" + std::to_string(3 * H * H * int64_t(elem)) + " bytes) with a tile of the state does not fit the shared memory of " +
+                   std::to_string(lim.sms) + " blocks (" + std::to_string(lim.smem) + " bytes each) with B H = " + std::to_string(B * H) +
+                   " rows x units in 1024 threads a block";
+  return best;
+}
+
+// What gru_sequence runs: the cluster plan where it fits, else the grid
+// plan, else neither (cuDNN), with both reasons.
+inline Plan best_plan(int64_t B, int64_t H, size_t elem, const Limits& lim) {
+  Plan p = plan(B, H, elem, lim);
+  if (p.use) return p;
+  Plan g = grid_plan(B, H, elem, lim);
+  if (!g.use) g.why_not = p.why_not + "; " + g.why_not;
+  return g;
 }
 
 // What the kernels read and write. Device pointers (host pointers in the
@@ -255,22 +337,28 @@ SEGTAPE_HD void fwd_partial(const Args<T>& a, const T* sm, const Who& w, T acc[3
 // Lane 0, with the summed gh (no bias) and its inputs: the gates at step t,
 // h' to y and to the block's published slot `buf`, the gates saved for
 // backward. (The sums in the order of x W_ih^T + b_ih + h W_hh^T + b_hh.)
+// The gates and h' of (b, j) at step t, hp its state entering the step:
+// writes y and the saved gates, returns h'.
 template <class T>
-SEGTAPE_HD void fwd_finish(const Args<T>& a, T* sm, const Who& w, int64_t t, const T gh[3], int buf, const FwdIn<T>& in,
-                           const FwdIn<T>& bias) {
-  const FwdSmem L(a.B, a.H, a.Hs, a.S);
+SEGTAPE_HD T fwd_gates(const Args<T>& a, const Who& w, int64_t t, const T gh[3], T hp, const FwdIn<T>& in, const FwdIn<T>& bias) {
   const int64_t H = a.H, j = w.j, row = t * a.ld + w.b;
   const T r = sigmoid<T>(in.r + gh[0] + bias.r);
   const T z = sigmoid<T>(in.z + gh[1] + bias.z);
   const T hn = gh[2] + bias.n;
   const T n = ops::DeviceMath::tanh(in.n + r * hn);
-  const T hp = sm[L.h + w.b * L.Hp + j];
   const T h1 = (T(1) - z) * n + z * hp;
   if (a.saved) {
     T* S = a.saved + row * 4 * H;
     S[j] = r, S[H + j] = z, S[2 * H + j] = n, S[3 * H + j] = hn;
   }
   a.y[row * H + j] = h1;
+  return h1;
+}
+template <class T>
+SEGTAPE_HD void fwd_finish(const Args<T>& a, T* sm, const Who& w, int64_t t, const T gh[3], int buf, const FwdIn<T>& in,
+                           const FwdIn<T>& bias) {
+  const FwdSmem L(a.B, a.H, a.Hs, a.S);
+  const T h1 = fwd_gates(a, w, t, gh, sm[L.h + w.b * L.Hp + w.j], in, bias);
   sm[L.pub + (buf * a.B + w.b) * a.Hs + w.jl] = h1;
 }
 
@@ -331,9 +419,10 @@ SEGTAPE_HD BwdIn<T> bwd_inputs(const Args<T>& a, const Who& w, int64_t t) {
 // Lane 0 at step t with the carried dh of its (b, j) and its inputs: the gate
 // gradients (dgi, dgh to global memory, dgh to the published slot `buf`);
 // returns the direct term of dL/dh_{t-1}, g z.
+// (The gradients to global memory, the three of dgh in d; the grid plan's
+// exchange is dgh itself.)
 template <class T>
-SEGTAPE_HD T bwd_gates(const Args<T>& a, T* sm, const Who& w, int64_t t, T carry, int buf, const BwdIn<T>& in) {
-  const BwdSmem L(a.B, a.H, a.Hs, a.S);
+SEGTAPE_HD T bwd_gate_grads(const Args<T>& a, const Who& w, int64_t t, T carry, const BwdIn<T>& in, T d[3]) {
   const int64_t H = a.H, j = w.j, row = t * a.ld + w.b;
   const T r = in.r, z = in.z, n = in.n, hn = in.hn, hp = in.hp;
   if (a.hk) a.hk[row * H + j] = hp;
@@ -344,10 +433,18 @@ SEGTAPE_HD T bwd_gates(const Args<T>& a, T* sm, const Who& w, int64_t t, T carry
   T* dgi = a.dgi + row * 3 * H;
   T* dgh = a.dgh + row * 3 * H;
   dgi[j] = dr, dgi[H + j] = dz, dgi[2 * H + j] = dn;
-  dgh[j] = dr, dgh[H + j] = dz, dgh[2 * H + j] = dn * r;
-  T* pub = sm + L.pub + (buf * a.B + w.b) * 3 * a.Hs;
-  pub[w.jl] = dr, pub[a.Hs + w.jl] = dz, pub[2 * a.Hs + w.jl] = dn * r;
+  d[0] = dr, d[1] = dz, d[2] = dn * r;
+  dgh[j] = d[0], dgh[H + j] = d[1], dgh[2 * H + j] = d[2];
   return g * z;
+}
+template <class T>
+SEGTAPE_HD T bwd_gates(const Args<T>& a, T* sm, const Who& w, int64_t t, T carry, int buf, const BwdIn<T>& in) {
+  const BwdSmem L(a.B, a.H, a.Hs, a.S);
+  T d[3];
+  const T direct = bwd_gate_grads(a, w, t, carry, in, d);
+  T* pub = sm + L.pub + (buf * a.B + w.b) * 3 * a.Hs;
+  pub[w.jl] = d[0], pub[a.Hs + w.jl] = d[1], pub[2 * a.Hs + w.jl] = d[2];
+  return direct;
 }
 
 template <class T, class Remote>
@@ -379,6 +476,102 @@ SEGTAPE_HD T bwd_partial(const Args<T>& a, const T* sm, const Who& w) {
   T s = 0;
   for (int r = w.lane; r < R; r += S) s += wr[r] * dg[r];
   return s;
+}
+
+// ---- the grid plan (grid_plan)
+//
+// What other blocks wrote in this launch (y, dgh) is read past the L1 cache
+// (__ldcg): each address is written once, before the grid barrier, and read
+// after it.
+template <class T>
+SEGTAPE_HD T load_exchanged(const T* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldcg(p);
+#else
+  return *p;
+#endif
+}
+
+// Block c's rows of W_hh (forward; backward's columns: bwd_load, the same place).
+template <class T>
+SEGTAPE_HD void grid_fwd_load(const Args<T>& a, T* sm, int c, int tid, int n) {
+  const int64_t Hp = pad(a.H, a.S);
+  for (int64_t i = tid; i < 3 * a.Hs * a.H; i += n) {
+    const int64_t row = i / a.H, k = i % a.H;  // row = g Hs + jl
+    const int64_t g = row / a.Hs, jl = row % a.Hs;
+    sm[row * Hp + k] = a.w_hh[(g * a.H + int64_t(c) * a.Hs + jl) * a.H + k];
+  }
+}
+
+// Row b of the state entering step t, before its keep factor: h0 or y[t - 1].
+template <class T>
+SEGTAPE_HD const T* grid_state(const Args<T>& a, int64_t t, int64_t b) {
+  return t == 0 ? a.h0 + b * a.H : a.y + ((t - 1) * a.ld + b) * a.H;
+}
+
+// The tile [k0, k0 + kt) of every row's state entering step t, masked, into
+// the block's shared memory (columns past H are not loaded, nor read).
+template <class T>
+SEGTAPE_HD void grid_fwd_tile(const Args<T>& a, T* sm, int64_t kt, int64_t t, int64_t k0, int tid, int n) {
+  const GridSmem L(false, a.B, a.H, a.Hs, a.S, kt);
+  const int64_t len = a.H - k0 < kt ? a.H - k0 : kt;
+  for (int64_t i = tid; i < a.B * len; i += n) {
+    const int64_t b = i / len, kk = i % len;
+    sm[L.tile + b * L.Kp + kk] = load_exchanged(grid_state(a, t, b) + k0 + kk) * keep_at(a, t, b);
+  }
+}
+
+// The lane's terms of the tile at k0 added to its partial sums, gates r, z, n.
+template <class T>
+SEGTAPE_HD void grid_fwd_partial(const Args<T>& a, const T* sm, int64_t kt, const Who& w, int64_t k0, T acc[3]) {
+  const GridSmem L(false, a.B, a.H, a.Hs, a.S, kt);
+  const int64_t Hp = pad(a.H, a.S);
+  const T* h = sm + L.tile + w.b * L.Kp;
+  const int len = int(a.H - k0 < kt ? a.H - k0 : kt), S = a.S;
+  for (int g = 0; g < 3; ++g) {
+    const T* wr = sm + L.w + (g * a.Hs + w.jl) * Hp + k0;
+    T s = acc[g];
+    for (int k = w.lane; k < len; k += S) s += wr[k] * h[k];
+    acc[g] = s;
+  }
+}
+
+// Lane 0 at step t with the summed gh: the gates, y[t] and the saved gates.
+template <class T>
+SEGTAPE_HD void grid_fwd_finish(const Args<T>& a, const Who& w, int64_t t, const T gh[3], const FwdIn<T>& in, const FwdIn<T>& bias) {
+  const T hp = load_exchanged(grid_state(a, t, w.b) + w.j) * keep_at(a, t, w.b);
+  fwd_gates(a, w, t, gh, hp, in, bias);
+}
+
+// Backward: lane 0's gate gradients at step t (dgh[t] is the exchange);
+// returns the direct term g z.
+template <class T>
+SEGTAPE_HD T grid_bwd_gates(const Args<T>& a, const Who& w, int64_t t, T carry, const BwdIn<T>& in) {
+  T d[3];
+  return bwd_gate_grads(a, w, t, carry, in, d);
+}
+
+// The tile [r0, r0 + kt) of every row's dgh[t] (r over 3H) into shared memory.
+template <class T>
+SEGTAPE_HD void grid_bwd_tile(const Args<T>& a, T* sm, int64_t kt, int64_t t, int64_t r0, int tid, int n) {
+  const GridSmem L(true, a.B, a.H, a.Hs, a.S, kt);
+  const int64_t R = 3 * a.H, len = R - r0 < kt ? R - r0 : kt;
+  for (int64_t i = tid; i < a.B * len; i += n) {
+    const int64_t b = i / len, rr = i % len;
+    sm[L.tile + b * L.Kp + rr] = load_exchanged(a.dgh + (t * a.ld + b) * R + r0 + rr);
+  }
+}
+
+// The lane's terms of dgh W_hh in the tile at r0, added to its partial.
+template <class T>
+SEGTAPE_HD T grid_bwd_partial(const Args<T>& a, const T* sm, int64_t kt, const Who& w, int64_t r0, T acc) {
+  const GridSmem L(true, a.B, a.H, a.Hs, a.S, kt);
+  const int64_t R = 3 * a.H;
+  const T* wr = sm + L.w + w.jl * pad(R, a.S) + r0;
+  const T* dg = sm + L.tile + w.b * L.Kp;
+  const int len = int(R - r0 < kt ? R - r0 : kt), S = a.S;
+  for (int r = w.lane; r < len; r += S) acc += wr[r] * dg[r];
+  return acc;
 }
 
 }  // namespace segtape::cuda::fused

@@ -18,8 +18,9 @@
 // are saved in the segment arena with the node; cuDNN's workspace is taken
 // from the arena too (forward: the op's bytes; backward: Grad bytes).
 //
-// Where the shapes fit (fused_gru.h's plan: sm_90, W_hh and the state in the
-// shared memory of a cluster of up to 8 blocks), the fused kernels run
+// Where the shapes fit (fused_gru.h's best_plan: sm_90, W_hh and the state in
+// the shared memory of a cluster of up to 8 blocks; else W_hh over the blocks
+// of a cooperative grid, the state streamed from L2), the fused kernels run
 // instead: x W_ih^T for all steps in one GEMM, the recurrence in one
 // persistent launch, and in backward the recurrence in one launch in reverse
 // followed by the GEMMs of dx and the weight gradients over all steps.
@@ -120,6 +121,10 @@ Blocks blocks(const GruPlan& p, const Node& nd) {
 // ---- the fused path
 size_t arena_bytes(int64_t n, DType d) { return align_up(size_t(n) * dtype_size(d)); }
 
+// The plan's blocks per group of rows as the node records them: C for a
+// cluster, -C for the grid plan.
+int64_t plan_blocks(const fused::Plan& p) { return p.grid ? -int64_t(p.C) : int64_t(p.C); }
+
 // The whole batch's arguments, B the plan's rows per cluster (fused_gru.h).
 template <class T>
 fused::Args<T> fused_args(const Node& n, const fused::Plan& p) {
@@ -164,7 +169,7 @@ void fused_forward(CudaBackend& be, Tape& tape, Node& n, const fused::Plan& p) {
   void* keep = !keep_src ? nullptr
                : training ? static_cast<char*>(n.saved) + saved_bytes
                           : In::alloc(tape, keep_bytes, OpKind::GruSequence, "gru_sequence");
-  n.ia = {training, p.C, p.S, keep ? 2 : 1};  // the plan's cluster and lanes, for backward; 2: keep's copy follows the gates
+  n.ia = {training, plan_blocks(p), p.S, keep ? 2 : 1};  // the plan's blocks and lanes, for backward; 2: keep's copy follows the gates
   n.bytes += gi_bytes + saved_bytes + keep_bytes;
   // (a signed call of its own: a graph replay checks the source's address)
   if (keep) be.copy(keep, keep_src, size_t(T * B) * dtype_size(x.dtype), detail::Backend::Copy::DeviceToDevice);
@@ -183,9 +188,9 @@ void fused_backward(CudaBackend& be, Tape& tape, const Node& n, const void* gout
   const Tensor &x = n.in[0], &h0 = n.in[1];
   const int64_t T = x.dim(0), B = x.dim(1), I = x.dim(2), H = h0.dim(1);
   const fused::Plan p = be.fused_gru_plan(B, H, x.dtype, /*honour_switch=*/false);  // what the forward ran, whatever the switch says now
-  if (!p.use || p.C != n.ia[1] || p.S != n.ia[2])
+  if (!p.use || plan_blocks(p) != n.ia[1] || p.S != n.ia[2])
     throw TapeError("gru_sequence: backward of a fused forward that its plan no longer gives (" +
-                    (p.use ? "cluster " + std::to_string(p.C) + ", " + std::to_string(p.S) + " lanes" : p.why_not) + ")");
+                    (p.use ? (p.grid ? "grid of " : "cluster ") + std::to_string(p.C) + ", " + std::to_string(p.S) + " lanes" : p.why_not) + ")");
   void* dgi = In::alloc(tape, arena_bytes(T * B * 3 * H, x.dtype), GradBuffers{}, "backward");
   void* dgh = In::alloc(tape, arena_bytes(T * B * 3 * H, x.dtype), GradBuffers{}, "backward");
   void* dh0 = In::alloc(tape, h0.nbytes(), GradBuffers{}, "backward");
@@ -221,10 +226,11 @@ void fused_backward(CudaBackend& be, Tape& tape, const Node& n, const void* gout
 }  // namespace
 
 fused::Plan fused::device_plan(int64_t B, int64_t H, size_t elem) {
-  int dev = 0, major = 0, smem = 0, sms = 0;
+  int dev = 0, major = 0, smem = 0, sms = 0, coop = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess) {
     (void)cudaGetLastError();  // not sticky: clear it
     Plan none;
     none.why_not = "the CUDA device cannot be queried";
@@ -239,11 +245,11 @@ fused::Plan fused::device_plan(int64_t B, int64_t H, size_t elem) {
     none.why_not = std::move(why);
     return none;
   };
-  Limits lim{size_t(smem), 8, major >= 9, sms};
-  Plan p = usable(plan(B, H, elem, lim));
+  Limits lim{size_t(smem), 8, major >= 9, sms, coop != 0};
+  Plan p = usable(best_plan(B, H, elem, lim));
   // One wave: a cluster's blocks share a GPC, so fewer clusters than
   // multiprocessors / C may fit at once; plan again for as many as do.
-  for (int k = 0; k < 4 && p.use && p.G > 1; ++k) {
+  for (int k = 0; k < 4 && p.use && !p.grid && p.G > 1; ++k) {
     const int fit = fused_gru_resident_clusters(p, elem);
     p.resident = fit;
     if (fit <= 0 || fit >= p.G) break;
