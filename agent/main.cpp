@@ -104,8 +104,8 @@ void add_run_options(CLI::App* tr, TrainArgs& ta) {
             segtape::kernels::set_option(std::string_view(v).substr(0, eq), std::string_view(v).substr(eq + 1));
           }
         },
-        "a kernel switch, NAME=VALUE: gemv=auto|on|off, packed=best|avx2|off, fused_gru=on|off (segtape/kernels.h; every "
-        "choice computes the same training, to rounding); repeatable")
+        "a kernel switch, NAME=VALUE: gemv=auto|on|off, packed=best|avx2|off, fused_gru=on|off, "
+        "fused_gru_grid=on|off (segtape/kernels.h; every choice computes the same training, to rounding); repeatable")
       ->type_name("NAME=VALUE");
   tr->add_option("--out", ta.out, "Output directory (default runs/<env>-<time>)");
   tr->add_option("--resume", ta.resume, "Continue the run in this directory from its checkpoint");

@@ -28,9 +28,11 @@
 // made to after the run (cudaMemGetInfo; includes cuBLAS / cuDNN handles).
 //
 //   cuda_bench [--segments N] [--sizes 1x128,32x128,32x512,64x1024,512x1024] [--modes eager,...] [--device cpu]
-//              [--fused-gru on|off]
+//              [--fused-gru on|off] [--fused-gru-grid on|off]
 // segtape's sequence modes run the fused GRU kernels where they fit (mode
-// "sequence (fused)"), cuDNN's GRU elsewhere or with --fused-gru off
+// "sequence (fused)"; "sequence (fused grid)" where the grid plan runs, which
+// takes --fused-gru-grid on: kernels::Options::fused_gru_grid, off by
+// default), cuDNN's GRU elsewhere or with --fused-gru off
 // (kernels::Options::fused_gru, segtape/kernels.h) ("sequence (cuDNN)").
 // --device cpu (segtape only) runs the same segments on the CPU, where graph
 // replay is ignored: a check without a GPU that every mode computes the same
@@ -181,7 +183,7 @@ const std::vector<std::pair<Mode, const char*>> kModes = {{Mode::Eager, "eager"}
 std::string mode_name(Mode mode, const char* name, int64_t B, int64_t H) {
   if (g_cpu || (mode != Mode::Sequence && mode != Mode::SequenceGraph && mode != Mode::SequenceGraphTf32)) return name;
   const cuda::fused::Plan p = cuda::fused::device_plan(B, H, sizeof(float));
-  const bool fused = kernels::options().fused_gru && p.use;
+  const bool fused = kernels::options().fused_gru && p.use && (!p.grid || kernels::options().fused_gru_grid);
   if (fused && p.grid)  // (stderr: the plan, beside the CSV)
     std::fprintf(stderr, "B=%lld H=%lld %s: fused grid plan %d groups of %lld rows x %d blocks of %lld units, %d lanes per output, tiles of %lld\n",
                  (long long)B, (long long)H, name, p.G, (long long)p.Bg, p.C, (long long)p.Hs, p.S, (long long)p.kt);
@@ -340,6 +342,13 @@ int main(int argc, char** argv) {
         segtape::kernels::set_option("fused_gru", argv[i + 1]);
       } catch (const segtape::Error& e) {
         std::fprintf(stderr, "cuda_bench: --fused-gru: %s\n", e.what());
+        return 2;
+      }
+    } else if (a == "--fused-gru-grid") {
+      try {
+        segtape::kernels::set_option("fused_gru_grid", argv[i + 1]);
+      } catch (const segtape::Error& e) {
+        std::fprintf(stderr, "cuda_bench: --fused-gru-grid: %s\n", e.what());
         return 2;
       }
     }

@@ -244,7 +244,7 @@ fi
 ROUNDS=${SEGTAPE_DEVICE_ROUNDS:-3}
 if ((built)); then
   for ((r = 1; r <= ROUNDS; ++r)); do
-    step "bench-segtape-$r" 90 "$(prog bench/cuda_bench)" --segments 50 || status=1
+    step "bench-segtape-$r" 90 "$(prog bench/cuda_bench)" --segments 50 --fused-gru-grid on || status=1
     grep -E '^segtape,' "$OUT/bench-segtape-$r.log" >"$OUT/bench-segtape-$r.csv" || true
     if ((torch_ok)); then
       step "bench-libtorch-$r" 90 "$BUILD_TORCH/cuda_bench_torch" --segments 50 &&

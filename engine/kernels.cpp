@@ -13,6 +13,7 @@ namespace {
 std::atomic<Gemv> g_gemv{Gemv::Auto};
 std::atomic<Packed> g_packed{Packed::Best};
 std::atomic<bool> g_fused_gru{true};
+std::atomic<bool> g_fused_gru_grid{false};
 
 const char* text(Gemv g) {
   switch (g) {
@@ -39,13 +40,14 @@ const char* text(Packed p) {
 
 Options options() {
   return {g_gemv.load(std::memory_order_relaxed), g_packed.load(std::memory_order_relaxed),
-          g_fused_gru.load(std::memory_order_relaxed)};
+          g_fused_gru.load(std::memory_order_relaxed), g_fused_gru_grid.load(std::memory_order_relaxed)};
 }
 
 void set_options(const Options& o) {
   g_gemv.store(o.gemv, std::memory_order_relaxed);
   g_packed.store(o.packed, std::memory_order_relaxed);
   g_fused_gru.store(o.fused_gru, std::memory_order_relaxed);
+  g_fused_gru_grid.store(o.fused_gru_grid, std::memory_order_relaxed);
 }
 
 void set_option(std::string_view name, std::string_view value) {
@@ -64,8 +66,12 @@ void set_option(std::string_view name, std::string_view value) {
     if (value == "on") o.fused_gru = true;
     else if (value == "off") o.fused_gru = false;
     else refuse(name, value, "on or off");
+  } else if (name == "fused_gru_grid") {
+    if (value == "on") o.fused_gru_grid = true;
+    else if (value == "off") o.fused_gru_grid = false;
+    else refuse(name, value, "on or off");
   } else {
-    throw Error("kernel option '" + std::string(name) + "': expected gemv, packed or fused_gru");
+    throw Error("kernel option '" + std::string(name) + "': expected gemv, packed, fused_gru or fused_gru_grid");
   }
   set_options(o);
 }
@@ -75,7 +81,8 @@ std::string option_text(std::string_view name) {
   if (name == "gemv") return text(o.gemv);
   if (name == "packed") return text(o.packed);
   if (name == "fused_gru") return o.fused_gru ? "on" : "off";
-  throw Error("kernel option '" + std::string(name) + "': expected gemv, packed or fused_gru");
+  if (name == "fused_gru_grid") return o.fused_gru_grid ? "on" : "off";
+  throw Error("kernel option '" + std::string(name) + "': expected gemv, packed, fused_gru or fused_gru_grid");
 }
 
 }  // namespace segtape::kernels

@@ -696,7 +696,7 @@ TEST(Catalog, ProgramArgumentsAndPaths) {
       {"--history overlap with S > T", "train --history overlap:8/32/64" + fresh, segtape, "S = 64 is more than T = 32"},
       {"--history overlap with S = 0", "train --history overlap:8/32/0" + fresh, segtape, "S must be an integer in [1, 1000000]"},
       {"--kernel without NAME=VALUE", "train --kernel fused_gru" + fresh, segtape, "--kernel fused_gru: give NAME=VALUE"},
-      {"--kernel of no switch", "train --kernel bogus=1" + fresh, segtape, "kernel option 'bogus': expected gemv, packed or fused_gru"},
+      {"--kernel of no switch", "train --kernel bogus=1" + fresh, segtape, "kernel option 'bogus': expected gemv, packed, fused_gru or fused_gru_grid"},
       {"--budget lots", "train --budget lots" + fresh, segtape, "--budget 'lots'"},
       {"--budget 0", "train --budget 0" + fresh, segtape, "--budget '0': must be a positive size"},
       {"--budget on --resume", "train --resume " + good + " --budget 1MiB", segtape, "--budget cannot change on --resume"},

@@ -347,8 +347,20 @@ TEST(CudaGru, FusedCellSteppedMatchesCpu) {
 // kernel node), each replayed segment's y against the CPU's, at (32, 512).
 TEST(CudaGru, GridPlanSequenceMatchesTheCpuAndReplays) {
   REQUIRE_GPU();
+  kernels::Options k = kernels::options();
+  k.fused_gru_grid = true;  // (off by default until this test has passed on a GPU)
+  const kernels::Scope scope(k);
   TapeOptions big = cuda_options();  // W_hh of H = 1024 in float64 is 24 MiB
   big.segment_budget = big.device_persistent = size_t(256) << 20;
+  if (!kEmulated) {  // the switch decides (a gru_sequence with keep: fused, else composed cells)
+    Tape t(Device::cuda(), big);
+    EXPECT_TRUE(gru_sequence_fused(t, 64, 1024, DType::F32));
+    kernels::Options off = kernels::options();
+    off.fused_gru_grid = false;
+    const kernels::Scope by_default(off);
+    EXPECT_FALSE(gru_sequence_fused(t, 64, 1024, DType::F32)) << "fused_gru_grid off: cuDNN's GRU";
+    EXPECT_TRUE(gru_sequence_fused(t, 32, 128, DType::F32)) << "a cluster plan, whatever fused_gru_grid says";
+  }
   struct Size {
     int64_t K, B, I, H;
   };

@@ -269,10 +269,16 @@ fused::Plan CudaBackend::fused_gru_plan(int64_t B, int64_t H, DType d, bool hono
     off.why_not = "kernels::Options::fused_gru is off";
     return off;
   }
+  const auto switched = [&](const fused::Plan& p) {
+    if (!honour_switch || !p.grid || kernels::options().fused_gru_grid) return p;
+    fused::Plan off;
+    off.why_not = "the grid plan fits, but kernels::Options::fused_gru_grid is off (it has not run on a GPU yet)";
+    return off;
+  };
   for (const FusedPlan& f : fused_plans_)
-    if (f.B == B && f.H == H && f.dtype == d) return f.plan;
+    if (f.B == B && f.H == H && f.dtype == d) return switched(f.plan);
   fused_plans_.push_back({B, H, d, fused::device_plan(B, H, dtype_size(d))});
-  return fused_plans_.back().plan;
+  return switched(fused_plans_.back().plan);
 }
 
 GruPlan::~GruPlan() {

@@ -806,24 +806,27 @@ NB_MODULE(_segtape, m) {
         "(set_kernel_options(packed=...) chooses).");
   m.def("kernel_options", [] {
     nb::dict d;
-    for (const char* name : {"gemv", "packed", "fused_gru"}) d[name] = kernels::option_text(name);
+    for (const char* name : {"gemv", "packed", "fused_gru", "fused_gru_grid"}) d[name] = kernels::option_text(name);
     return d;
-  }, "segtape's kernel switches (segtape/kernels.h) as a dict: gemv, packed, fused_gru.");
+  }, "segtape's kernel switches (segtape/kernels.h) as a dict: gemv, packed, fused_gru, fused_gru_grid.");
   m.def("set_kernel_options", [](const std::optional<std::string>& gemv, const std::optional<std::string>& packed,
-                                 const std::optional<std::string>& fused_gru) {
+                                 const std::optional<std::string>& fused_gru, const std::optional<std::string>& fused_gru_grid) {
     const kernels::Options before = kernels::options();
     try {  // all or none
       if (gemv) kernels::set_option("gemv", *gemv);
       if (packed) kernels::set_option("packed", *packed);
       if (fused_gru) kernels::set_option("fused_gru", *fused_gru);
+      if (fused_gru_grid) kernels::set_option("fused_gru_grid", *fused_gru_grid);
     } catch (...) {
       kernels::set_options(before);
       throw;
     }
-  }, "gemv"_a = nb::none(), "packed"_a = nb::none(), "fused_gru"_a = nb::none(),
+  }, "gemv"_a = nb::none(), "packed"_a = nb::none(), "fused_gru"_a = nb::none(), "fused_gru_grid"_a = nb::none(),
         "Sets segtape's kernel switches, process-wide (segtape/kernels.h; those not given stay): gemv 'auto', 'on' or "
         "'off' (CPU products with one row or column through BLAS's GEMV or GEMM); packed 'best', 'avx2' or 'off' (the "
-        "GRU's packed weight products); fused_gru 'on' or 'off' (CUDA: gru_sequence's fused kernels, or cuDNN's GRU).");
+        "GRU's packed weight products); fused_gru 'on' or 'off' (CUDA: gru_sequence's fused kernels, or cuDNN's GRU); "
+        "fused_gru_grid 'on' or 'off' (CUDA: also the fused kernels' grid plan where no cluster fits; off by default "
+        "until it has run on a GPU).");
   m.def("blas_better_kernels", &blas_better_kernels,
         "'SkylakeX' or 'Haswell' when OpenBLAS fell back to kernels older than AVX2 on a CPU that has it "
         "(and OPENBLAS_CORETYPE was not set); else ''.");

@@ -80,7 +80,7 @@ def test_packed_kernel_is_the_best_the_cpu_has_unless_the_kernel_options_choose(
         best = "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma"} <= flags else "none"
     elif platform.machine() in ("x86_64", "AMD64"):
         pytest.skip("no /proc/cpuinfo to tell the CPU's vector extensions")
-    assert segtape.kernel_options() == {"gemv": "auto", "packed": "best", "fused_gru": "on"}
+    assert segtape.kernel_options() == {"gemv": "auto", "packed": "best", "fused_gru": "on", "fused_gru_grid": "off"}
     assert segtape.packed_kernel() == best
     assert packed_kernel_with("best") == best
     assert packed_kernel_with("off") == "none"

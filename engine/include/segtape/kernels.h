@@ -42,6 +42,12 @@ struct Options {
   // gru_sequence with keep composes gru_cell steps (gru_sequence_fused() is
   // false).
   bool fused_gru = true;
+  // CUDA: with fused_gru, also the grid plan (fused_gru.h's grid_plan: W_hh
+  // over the blocks of one cooperative launch) where no cluster holds the
+  // shape, e.g. (32, 512) and (64, 1024). Off until it has run on a GPU
+  // (docs/lab/cuda-verification.md, "Pending GPU verification"): those
+  // shapes take cuDNN's GRU.
+  bool fused_gru_grid = false;
 };
 
 // The switches now: the defaults until set_options() changes them.
@@ -53,7 +59,8 @@ Options options();
 void set_options(const Options& o);
 
 // One switch from text, as command lines and Python give it: name "gemv"
-// (auto, on, off), "packed" (best, avx2, off) or "fused_gru" (on, off).
+// (auto, on, off), "packed" (best, avx2, off), "fused_gru" or
+// "fused_gru_grid" (on, off).
 // Raises segtape::Error naming the accepted names or values.
 void set_option(std::string_view name, std::string_view value);
 // The value of one switch as set_option() takes it ("auto", "avx2", "on", ...).
