@@ -336,14 +336,13 @@ void TrainConfig::validate() const {
            " with Adam");
   need(cell == "gru" || algo == Algo::Lm || history_def(history.kind).recurrent,
        "--cell lstm recurs; --history " + history.str() + " has no recurrent core");
-  need(cell == "gru" || critic == "shared", "--critic separate gives the value head a GRU of its own: not with --cell lstm");
   need(update_bias == 0 || (cell == "gru" && layers == 1), "--update-bias sets the one-layer GRU's update gate (not --cell lstm or --layers > 1)");
   need(critic == "shared" || critic == "separate", "--critic '" + critic + "': choose shared or separate");
   need(head_hidden >= 0 && head_hidden <= 16384, "--head-hidden must be in [0, 16384]");
   need(head_hidden == 0 || !tied, "--head-hidden puts a layer before the output layer, which --tied makes the embeddings'");
   need(!ortho_init || algo != Algo::Lm, "--ortho-init is the agents' (SB3's ortho_init); --task lm initialises as word_language_model");
   need(critic == "shared" || ((algo == Algo::A2c || algo == Algo::Ppo) && history_def(history.kind).recurrent),
-       "--critic separate gives the value head a GRU of its own: --algo a2c or ppo with a recurrent --history (not " +
+       "--critic separate gives the value head a cell of its own: --algo a2c or ppo with a recurrent --history (not " +
            std::string(algo_name(algo)) + " with --history " + history.str() + ")");
   if (hd.validate) hd.validate(*this);
   const AlgorithmDef& ad = algorithm_def(algo);

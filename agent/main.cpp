@@ -157,7 +157,8 @@ void add_env_and_algo_options(CLI::App* tr, TrainArgs& ta) {
   tr->add_option("--clip-range", ta.c.clip_range, "ppo: the surrogate's clip epsilon")->capture_default_str();
   tr->add_option("--gae-lambda", ta.c.gae_lambda, "ppo: GAE lambda")->capture_default_str();
   tr->add_option("--critic", ta.c.critic,
-                 "a2c/ppo: the value head reads the policy's GRU (shared) or a GRU of its own over the same embeddings (separate)")
+                 "a2c/ppo: the value head reads the policy's GRU or LSTM (shared) or a cell of its own of the same kind over the same "
+                 "embeddings (separate)")
       ->capture_default_str();
   tr->add_option("--encoder", ta.c.encoder,
                  "vector observations into the recurrent cell through linear (Linear(obs, --embed) + tanh) or none (as they are, "

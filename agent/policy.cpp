@@ -84,9 +84,10 @@ Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& 
     register_module("gru", *gru_);
   }
   if (s.separate_critic) {
-    if (!gru_ || !s.value_head) throw Error("policy: a separate critic is the one-layer GRU's, with a value head");
-    critic_ = std::make_unique<nn::GRUCell>(tape, rng, s.embed, s.hidden);
-    register_module("critic", *critic_);
+    if (!(gru_ || (lstm_stack_ && s.layers == 1 && !s.tied && !s.input_table)) || !s.value_head)
+      throw Error("policy: a separate critic is the one-layer GRU's or LSTM's, with a value head");
+    if (gru_) register_module("critic", *(critic_ = std::make_unique<nn::GRUCell>(tape, rng, s.embed, s.hidden)));
+    else register_module("critic", *(lstm_critic_ = std::make_unique<nn::LSTMCell>(tape, rng, s.embed, s.hidden)));
   }
   for (nn::GRUCell* cell : {gru_.get(), critic_.get()})
     if (cell && s.update_bias != 0) {  // the gates are r, z, n (PyTorch's order): z is the second block
@@ -201,11 +202,14 @@ Tensor Policy::recur_stack(const Tensor& e, const Tensor& h, std::span<const Ten
 }
 
 Tensor Policy::recur_with_critic(const Tensor& e, const Tensor& h) const {
-  const int64_t B = e.dim(0), H = shape_.hidden;
-  if (h.rank() != 2 || h.dim(0) != 2 * B || h.dim(1) != H)
-    throw ShapeError("policy: the state " + h.describe() + " must be [" + std::to_string(2 * B) + ", " + std::to_string(H) +
-                     "] (the policy's GRU and the critic's, " + std::to_string(B) + " streams each)");
-  return concat({(*gru_)(e, slice(h, 0, 0, B)), (*critic_)(e, slice(h, 0, B, B))}, 0);
+  const int64_t B = e.dim(0), H = shape_.hidden, P = lstm_critic_ ? 2 : 1;
+  if (h.rank() != 2 || h.dim(0) != 2 * P * B || h.dim(1) != H)
+    throw ShapeError("policy: the state " + h.describe() + " must be [" + std::to_string(2 * P * B) + ", " + std::to_string(H) +
+                     "] (the policy's " + (lstm_critic_ ? "LSTM" : "GRU") + " and the critic's, " + std::to_string(B) + " streams each)");
+  if (critic_) return concat({(*gru_)(e, slice(h, 0, 0, B)), (*critic_)(e, slice(h, 0, B, B))}, 0);
+  const Tensor mine = recur_stack(e, slice(h, 0, 0, 2 * B), {});
+  const Tensor theirs = reshape((*lstm_critic_)(e, reshape(slice(h, 0, 2 * B, 2 * B), {2, B, H})), {2 * B, H});
+  return concat({mine, theirs}, 0);
 }
 
 Tensor Policy::rows_of(const Tensor& feature, bool critic) const {
@@ -214,19 +218,23 @@ Tensor Policy::rows_of(const Tensor& feature, bool critic) const {
 }
 
 Tensor Policy::value(const Tensor& feature) const {
-  const Tensor x = critic_ ? rows_of(feature, true) : feature;
+  const Tensor x = critic_ || lstm_critic_ ? rows_of(feature, true) : feature;
   return (*value_)(vf_ ? relu((*vf_)(x)) : x);
 }
 
 Tensor Policy::output(const Tensor& state) const {
   if (gru_ || !shape_.stacked()) return state;
+  if (lstm_critic_) {  // [h; c; critic's h; critic's c] -> [h; critic's h]
+    const int64_t B = state.dim(0) / 4;
+    return concat({slice(state, 0, 0, B), slice(state, 0, 2 * B, B)}, 0);
+  }
   const int64_t P = shape_.lstm ? 2 : 1, B = state.dim(0) / (P * shape_.layers);
   return shape_.layers == 1 && !shape_.lstm ? state : slice(state, 0, (shape_.layers - 1) * P * B, B);
 }
 
 Tensor Policy::logits(const Tensor& feature) const {
   if (tied_) return add(matmul(feature, token_encoder_->weight, false, true), tied_->bias);
-  const Tensor x = critic_ ? rows_of(feature, false) : feature;
+  const Tensor x = critic_ || lstm_critic_ ? rows_of(feature, false) : feature;
   return (*head_)(pi_ ? relu((*pi_)(x)) : x);
 }
 

@@ -87,7 +87,7 @@ PolicyShape policy_shape(const TrainConfig& c, const EnvSpec& spec) {
     s.raw_obs = true, s.embed = spec.obs_dim;
   }
   if (s.separate_critic && !s.value_head)
-    throw Error("--critic separate gives the value head a GRU of its own; --algo " + std::string(algo_name(c.algo)) + " on the env '" +
+    throw Error("--critic separate gives the value head a cell of its own; --algo " + std::string(algo_name(c.algo)) + " on the env '" +
                 spec.name + "' learns from its targets by cross-entropy and has no value head");
   // A language model without dropout whose vocabulary is smaller than a
   // segment's tokens reads layer 0's input gates from a table (PolicyShape::input_table).
@@ -185,8 +185,11 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec, int ranks
     if (c.dropout > 0) e.step_bytes += f32(B * (E + L * H)) + 2 * f32(B * E) + 2 * L * f32(B * H);  // the masks, on the tape and applied
     if (shape.input_table) e.step_bytes += f32(B * G) - f32(B * E);  // layer 0's input gates, not the embedding
   }
-  if (shape.separate_critic)  // the critic's GRU too; the state's two halves sliced, joined, and each head's rows sliced
+  if (shape.separate_critic && !shape.lstm)  // the critic's GRU too; the state's two halves sliced, joined, and each head's rows sliced
     e.step_bytes += f32(B * H) + f32(4 * B * H) + 2 * f32(B * H) + f32(2 * B * H) + 2 * f32(B * H);
+  if (shape.separate_critic && shape.lstm)  // the critic's LSTM (its state, gates, h); the halves sliced, joined; output's h rows; each head's rows
+    e.step_bytes += f32(2 * B * H) + f32(4 * B * H) + f32(B * H) + 2 * f32(2 * B * H) + f32(4 * B * H) + 2 * f32(B * H) + f32(2 * B * H) +
+                    2 * f32(B * H);
   if (shape.value_head) e.step_bytes += f32(B);
   if (shape.head_hidden > 0)  // each head's hidden layer: its product and its ReLU
     e.step_bytes += (shape.value_head ? 2 : 1) * 2 * f32(B * size_t(shape.head_hidden));

@@ -1,9 +1,11 @@
-// --critic separate: the value head reads a GRU of its own ("critic", over
-// the same embeddings) instead of the policy's, as sb3-contrib's
-// RecurrentPPO gives its critic an LSTM of its own. The state is the
-// policy's rows then the critic's, [2 B, hidden]; each loss reaches only its
-// own core; PPO replays minibatches from both halves of the stored states;
-// checkpoints keep the choice (and one without it is the shared core's).
+// --critic separate: the value head reads a GRU (or, with --cell lstm, an
+// LSTM) of its own ("critic", over the same embeddings) instead of the
+// policy's, as sb3-contrib's RecurrentPPO gives its critic an LSTM of its
+// own. The state is the policy's rows then the critic's, [2 B, hidden]
+// ([4 B, hidden] for LSTMs: h, c, then the critic's h, c); each loss
+// reaches only its own core; PPO replays minibatches from both halves of
+// the stored states; checkpoints keep the choice (and one without it is the
+// shared core's).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -46,36 +48,46 @@ double grad_norm(const Policy& p, const std::string& prefix) {
 // loss's the policy's GRU and not the critic or the value head; the
 // embeddings get both.
 TEST(Critic, EachLossReachesOnlyItsOwnCore) {
-  auto env = make_env("tmaze", 3, 1, EnvOptions{});
-  const EnvSpec& spec = env->spec();
-  PolicyShape shape{6, 10, 0, true};
-  shape.separate_critic = true;
-  Tape tape;
-  nn::Rng rng(1);
-  const Policy p(tape, rng, spec, shape);
-  EXPECT_EQ(Policy::parameters_for(spec, shape), p.parameter_count());
-  EXPECT_EQ(Policy::largest_parameter_for(spec, shape), test::largest_parameter(p));
-  EXPECT_EQ(shape.state_rows(), 2);
-  int critic_params = 0;
-  for (const auto& [name, w] : p.named_parameters()) critic_params += name.rfind("critic.", 0) == 0;
-  EXPECT_EQ(critic_params, 4);
-  for (const bool value_loss : {true, false}) {
-    SCOPED_TRACE(value_loss ? "value loss" : "policy loss");
-    for (const Tensor& w : p.parameters()) {
-      const std::vector<float> zero(size_t(w.numel()), 0.0f);
-      w.grad_tensor().from_host(std::span<const float>(zero));
+  for (const bool lstm : {false, true}) {
+    SCOPED_TRACE(lstm ? "lstm" : "gru");
+    auto env = make_env("tmaze", 3, 1, EnvOptions{});
+    const EnvSpec& spec = env->spec();
+    PolicyShape shape{6, 10, 0, true};
+    shape.separate_critic = true, shape.lstm = lstm;
+    Tape tape;
+    nn::Rng rng(1);
+    const Policy p(tape, rng, spec, shape);
+    EXPECT_EQ(Policy::parameters_for(spec, shape), p.parameter_count());
+    EXPECT_EQ(Policy::largest_parameter_for(spec, shape), test::largest_parameter(p));
+    EXPECT_EQ(shape.state_rows(), lstm ? 4 : 2);
+    int critic_params = 0;
+    for (const auto& [name, w] : p.named_parameters()) {
+      critic_params += name.rfind("critic.", 0) == 0;
+      if (name == "critic.weight_hh") {
+        EXPECT_EQ(w.shape, (Shape{(lstm ? 4 : 3) * 10, 10}));
+      }
     }
-    Segment seg = tape.segment();
-    const std::vector<int64_t> tokens{0, 1, 2};
-    Tensor h = tape.zeros({2 * 3, 10});
-    for (int t = 0; t < 3; ++t) h = p.recur(p.encode(tape.from(std::span<const int64_t>(tokens), {3})), h);
-    const Tensor f = p.output(h);
-    seg.backward(value_loss ? sum(p.value(f)) : sum(log_softmax(p.logits(f))));
-    EXPECT_GT(grad_norm(p, value_loss ? "critic." : "gru."), 0);
-    EXPECT_EQ(grad_norm(p, value_loss ? "gru." : "critic."), 0);
-    EXPECT_EQ(grad_norm(p, value_loss ? "head." : "value."), 0);
-    EXPECT_GT(grad_norm(p, value_loss ? "value." : "head."), 0);
-    EXPECT_GT(grad_norm(p, "encoder."), 0);
+    EXPECT_EQ(critic_params, 4);
+    const std::string core = lstm ? "rnn." : "gru.";
+    for (const bool value_loss : {true, false}) {
+      SCOPED_TRACE(value_loss ? "value loss" : "policy loss");
+      for (const Tensor& w : p.parameters()) {
+        const std::vector<float> zero(size_t(w.numel()), 0.0f);
+        w.grad_tensor().from_host(std::span<const float>(zero));
+      }
+      Segment seg = tape.segment();
+      const std::vector<int64_t> tokens{0, 1, 2};
+      Tensor h = tape.zeros({shape.state_rows() * 3, 10});
+      for (int t = 0; t < 3; ++t) h = p.recur(p.encode(tape.from(std::span<const int64_t>(tokens), {3})), h);
+      const Tensor f = p.output(h);
+      EXPECT_EQ(f.shape, (Shape{2 * 3, 10})) << "the policy's h rows, then the critic's";
+      seg.backward(value_loss ? sum(p.value(f)) : sum(log_softmax(p.logits(f))));
+      EXPECT_GT(grad_norm(p, value_loss ? "critic." : core), 0);
+      EXPECT_EQ(grad_norm(p, value_loss ? core : "critic."), 0);
+      EXPECT_EQ(grad_norm(p, value_loss ? "head." : "value."), 0);
+      EXPECT_GT(grad_norm(p, value_loss ? "value." : "head."), 0);
+      EXPECT_GT(grad_norm(p, "encoder."), 0);
+    }
   }
 }
 
@@ -90,15 +102,16 @@ TEST(Critic, EachLossReachesOnlyItsOwnCore) {
 // at 8. A half put back in the wrong rows would show in the KL (the policy's)
 // or in the loss (the critic's).
 TEST(Critic, PpoReplaysBothHalvesOfTheStoredStates) {
-  for (const char* env : {"tmaze", "recall"}) {
-    SCOPED_TRACE(env);
-    test::expect_first_ppo_iteration_replays_its_rollout([&](const char* history) {
-      TrainConfig c = small(env, history, Algo::Ppo, 16);
-      c.epochs = 1, c.minibatches = 1, c.entropy = 0;
-      c.env_options.corridor = 4;  // (tmaze's episodes of 5 steps: a window's stored state is not one just reset to zero)
-      return c;
-    });
-  }
+  for (const char* env : {"tmaze", "recall"})
+    for (const char* cell : {"gru", "lstm"}) {
+      SCOPED_TRACE(std::string(env) + ", " + cell);
+      test::expect_first_ppo_iteration_replays_its_rollout([&](const char* history) {
+        TrainConfig c = small(env, history, Algo::Ppo, 16);
+        c.epochs = 1, c.minibatches = 1, c.entropy = 0, c.cell = cell;
+        c.env_options.corridor = 4;  // (tmaze's episodes of 5 steps: a window's stored state is not one just reset to zero)
+        return c;
+      });
+    }
 }
 
 // A run with its own critic resumes bit-identically from its checkpoint,
@@ -108,15 +121,17 @@ TEST(Critic, PpoReplaysBothHalvesOfTheStoredStates) {
 TEST(Critic, ResumesBitIdenticallyAndOldCheckpointsAreShared) {
   const fs::path dir = fs::temp_directory_path() / ("segtape_critic_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  for (const auto& [algo, history] : {std::pair{Algo::Ppo, "tbptt:4"}, std::pair{Algo::Ppo, "exact:4/8"}, std::pair{Algo::A2c, "tbptt:4"}}) {
-    SCOPED_TRACE(std::string(algo == Algo::Ppo ? "ppo " : "a2c ") + history);
-    const TrainConfig c = small("tmaze", history, algo, 16 * 4);
-    EXPECT_EQ(test::expect_resumes_bit_identically(c, dir / "ck.safetensors", 32).critic, "separate");
-    TrainConfig shared = c;
-    shared.critic = "shared";
-    Trainer other(shared);
-    EXPECT_THROW(other.load(dir / "ck.safetensors"), CheckpointError);
-  }
+  for (const auto& [algo, history] : {std::pair{Algo::Ppo, "tbptt:4"}, std::pair{Algo::Ppo, "exact:4/8"}, std::pair{Algo::A2c, "tbptt:4"}})
+    for (const char* cell : {"gru", "lstm"}) {
+      SCOPED_TRACE(std::string(algo == Algo::Ppo ? "ppo " : "a2c ") + history + ", " + cell);
+      TrainConfig c = small("tmaze", history, algo, 16 * 4);
+      c.cell = cell;
+      EXPECT_EQ(test::expect_resumes_bit_identically(c, dir / "ck.safetensors", 32).critic, "separate");
+      TrainConfig shared = c;
+      shared.critic = "shared";
+      Trainer other(shared);
+      EXPECT_THROW(other.load(dir / "ck.safetensors"), CheckpointError);
+    }
   TrainConfig shared = small("tmaze", "tbptt:4", Algo::A2c, 16);
   shared.critic = "shared";
   std::map<std::string, std::string> m = shared.to_metadata();

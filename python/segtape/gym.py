@@ -351,11 +351,12 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     clips the value's move from its rollout value as PPO2 and CleanRL do
     (the larger of the clipped and unclipped value losses; 0, the default,
     is SB3's: off).
-    critic: "shared" (the value head reads the policy's GRU) or "separate"
-    (a GRU of its own over the same embeddings, as sb3-contrib's
-    RecurrentPPO gives its critic an LSTM of its own).
+    critic: "shared" (the value head reads the policy's GRU or LSTM) or
+    "separate" (a cell of its own of the same kind over the same
+    embeddings, as sb3-contrib's RecurrentPPO gives its critic an LSTM of
+    its own).
     cell: "gru" (the agent's GRUCell) or "lstm" (an LSTM cell of `hidden`
-    units, its state h and c; with the shared critic only).
+    units, its state h and c).
     encoder: "linear" (a vector observation goes through Linear(obs_dim,
     embed) + tanh) or "none" (into the recurrent cell as it is, as SB3's
     recurrent policies read it; embed is then unused); tokens are embedded.

@@ -86,10 +86,11 @@ struct TrainConfig {
   int64_t hidden = 128;
   int64_t embed = 32;
   double update_bias = 0;  // added to the GRU's update-gate bias at init (PolicyShape::update_bias)
-  // a2c / ppo: the value head reads the policy's GRU ("shared") or a GRU of
-  // its own over the same embeddings ("separate", sb3-contrib's default:
-  // the value loss's gradient then never reaches the policy's core;
-  // PolicyShape::separate_critic). Kept in checkpoints only where separate.
+  // a2c / ppo: the value head reads the policy's GRU or LSTM ("shared") or a
+  // cell of its own of the same kind over the same embeddings ("separate",
+  // sb3-contrib's default: the value loss's gradient then never reaches the
+  // policy's core; PolicyShape::separate_critic). Kept in checkpoints only
+  // where separate.
   std::string critic = "shared";
   // > 0: a hidden layer of this many units with ReLU before the action head
   // ("pi") and another before the value head ("vf"): SB3's net_arch
@@ -198,8 +199,8 @@ struct TrainConfig {
   // The recurrent state's rows per stream: one per layer, two for an LSTM's
   // (its h and its c). The state is [state_rows() x B, hidden]: layer by
   // layer, an LSTM layer's h rows then its c rows ([B, hidden] for the
-  // agent's one-layer GRU).
-  int64_t state_rows() const { return (cell == "lstm" ? 2 : 1) * layers + (critic == "separate" ? 1 : 0); }
+  // agent's one-layer GRU); a separate critic's rows after the policy's.
+  int64_t state_rows() const { return (cell == "lstm" ? 2 : 1) * (layers + (critic == "separate" ? 1 : 0)); }
   // The algorithm that learns on an env of this spec: a2c on a supervised env is Supervised.
   Algo learner(const EnvSpec& spec) const;
   std::map<std::string, std::string> to_metadata() const;

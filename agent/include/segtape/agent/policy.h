@@ -45,10 +45,11 @@ struct PolicyShape {
   // is smaller than a segment's tokens; not with dropout on the embeddings
   // (policy_shape decides: docs/agent.md, "Language models").
   bool input_table = false;
-  // The value head reads a GRU of its own ("critic", over the same
-  // embeddings) instead of the policy's: the agent's one-layer GRU with a
-  // value head only (--critic separate). Its state is the policy's rows then
-  // the critic's, [2 B, hidden].
+  // The value head reads a cell of its own ("critic", over the same
+  // embeddings) instead of the policy's: the agent's one-layer GRU or LSTM
+  // with a value head only (--critic separate). Its state is the policy's
+  // rows then the critic's: [2 B, hidden] (GRU), [4 B, hidden] (LSTM: the
+  // policy's h, c, then the critic's h, c).
   bool separate_critic = false;
   // > 0: Linear(hidden, head_hidden) + ReLU ("pi") before the action head,
   // and one ("vf") before the value head, which then read head_hidden units
@@ -69,7 +70,7 @@ struct PolicyShape {
   // [state_rows() x B, hidden], layer after layer, an LSTM layer's h rows
   // then its c rows (one layer's [2, B, hidden], lstm_cell's state); with a
   // separate critic, the policy's rows then the critic's.
-  int64_t state_rows() const { return (lstm ? 2 : 1) * layers + (separate_critic ? 1 : 0); }
+  int64_t state_rows() const { return (lstm ? 2 : 1) * (layers + (separate_critic ? 1 : 0)); }
   bool stacked() const { return lstm || layers > 1 || tied; }
 };
 
@@ -94,17 +95,17 @@ class Policy : public nn::Module {
   // dropout masks [B, hidden] applied to each layer's output but the last's
   // (none, or layers - 1 of them).
   Tensor recur(const Tensor& e, const Tensor& h, std::span<const Tensor> between = {}) const {
-    if (critic_) return recur_with_critic(e, h);
+    if (critic_ || lstm_critic_) return recur_with_critic(e, h);
     return gru_ ? (*gru_)(e, h) : recur_stack(e, h, between);
   }
   // What the heads read from a state: the last layer's h ([B, hidden]; the
-  // state itself for the one-layer GRU, and with a separate critic, whose
-  // heads each read their rows of it).
+  // state itself for the one-layer GRU), and with a separate critic the
+  // policy's h then the critic's ([2 B, hidden]: each head reads its rows).
   Tensor output(const Tensor& state) const;
   // recur over T steps at once: e [T, B, embed] -> the states [T, B, hidden],
   // the state entering step t multiplied by keep[t, b] (gru_sequence).
   Tensor recur_sequence(const Tensor& e, const Tensor& h0, const Tensor& keep) const {
-    if (!gru_ || critic_) throw Error("policy: recur_sequence is the one-layer GRU's (this policy is a stack, or has a critic of its own)");
+    if (!gru_ || critic_ || lstm_critic_) throw Error("policy: recur_sequence is the one-layer GRU's (this policy is a stack, or has a critic of its own)");
     return gru_sequence(e, h0, gru_->weight_ih, gru_->weight_hh, gru_->bias_ih, gru_->bias_hh, keep);
   }
   // Window mode: the last N embeddings, oldest first -> [B, hidden]
@@ -130,6 +131,7 @@ class Policy : public nn::Module {
   std::unique_ptr<nn::Embedding> token_encoder_;
   std::unique_ptr<nn::Linear> vector_encoder_;
   std::unique_ptr<nn::GRUCell> gru_, critic_;
+  std::unique_ptr<nn::LSTMCell> lstm_critic_;  // --critic separate with --cell lstm
   std::unique_ptr<nn::Linear> compress_;
   std::unique_ptr<nn::Linear> head_, value_;
   std::unique_ptr<nn::Linear> pi_, vf_;  // head_hidden > 0: the layers before the heads
