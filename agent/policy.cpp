@@ -59,9 +59,9 @@ Policy::Policy(Tape& tape, nn::Rng& rng, const EnvSpec& env, const PolicyShape& 
   if (s.embed < 1 || s.hidden < 1) throw Error("policy: embed and hidden sizes must be >= 1");
   if (!std::isfinite(s.update_bias) || (s.update_bias != 0 && s.window > 0))
     throw Error("policy: update_bias must be finite, and 0 in window mode (which has no GRU)");
-  if (s.raw_obs && (env.vocab > 0 || s.embed != env.obs_dim || s.stacked() || s.window > 0))
+  if (s.raw_obs && (env.vocab > 0 || s.embed != env.obs_dim || s.layers > 1 || s.tied || s.window > 0))
     throw Error("policy: raw observations are vectors of obs_dim (embed " + std::to_string(s.embed) + ", obs_dim " +
-                std::to_string(env.obs_dim) + ") into the agent's one-layer cell");
+                std::to_string(env.obs_dim) + ") into the agent's one-layer GRU or LSTM");
   if (env.vocab > 0) {
     token_encoder_ = std::make_unique<nn::Embedding>(tape, rng, env.vocab, s.embed);
     register_module("encoder", *token_encoder_);

@@ -328,10 +328,11 @@ TEST(PpoSettings, AdamEpsIsAdamsAndCheckpointed) {
 // --encoder none: a vector observation goes into the GRU as it is (SB3's
 // Flatten features extractor): no "encoder" parameters, the cells read
 // obs_dim inputs (the critic's too), encode() is the observation itself,
-// and a step's state is the GRU cell of the observation by hand. A run
-// resumes bit for bit; the checkpoint names the encoder (a linear one's, as
-// before, does not); token envs and histories without a recurrent core are
-// refused naming the flag.
+// and a step's state is the GRU cell of the observation by hand; the same
+// with an LSTM and an LSTM critic (sb3-contrib's RecurrentPPO's whole
+// architecture with --head-hidden). A run resumes bit for bit; the
+// checkpoint names the encoder (a linear one's, as before, does not); token
+// envs and histories without a recurrent core are refused naming the flag.
 TEST(PpoSettings, NoEncoderFeedsTheObservationToTheCell) {
   auto env = make_env("dialogue", 3, 1, EnvOptions{});
   const EnvSpec& spec = env->spec();
@@ -358,6 +359,27 @@ TEST(PpoSettings, NoEncoderFeedsTheObservationToTheCell) {
   const std::vector<float> want =
       gru_cell(x, tape.zeros({3, 10}), w.at("gru.weight_ih"), w.at("gru.weight_hh"), w.at("gru.bias_ih"), w.at("gru.bias_hh")).to_host<float>();
   for (size_t i = 0; i < want.size(); ++i) EXPECT_FLOAT_EQ(got[i], want[i]) << i;
+  {
+    PolicyShape ls = shape;
+    ls.lstm = true, ls.head_hidden = 5;
+    const Policy q(tape, rng, spec, ls);
+    std::map<std::string, Tensor> v;
+    for (const auto& [name, t] : q.named_parameters()) v[name] = t;
+    EXPECT_EQ(v.count("encoder.weight"), 0u);
+    EXPECT_EQ(v.at("rnn.weight_ih_l0").shape, (Shape{40, spec.obs_dim}));
+    EXPECT_EQ(v.at("critic.weight_ih").shape, (Shape{40, spec.obs_dim}));
+    EXPECT_EQ(q.parameter_count(), Policy::parameters_for(spec, ls));
+    const Tensor s = q.recur(q.encode(x), tape.zeros({12, 10}));
+    const std::vector<float> mine = slice(s, 0, 0, 6).to_host<float>(), theirs = slice(s, 0, 6, 6).to_host<float>();
+    const std::vector<float> want_mine =
+        lstm_cell(x, tape.zeros({2, 3, 10}), v.at("rnn.weight_ih_l0"), v.at("rnn.weight_hh_l0"), v.at("rnn.bias_ih_l0"), v.at("rnn.bias_hh_l0"))
+            .to_host<float>();
+    const std::vector<float> want_theirs =
+        lstm_cell(x, tape.zeros({2, 3, 10}), v.at("critic.weight_ih"), v.at("critic.weight_hh"), v.at("critic.bias_ih"), v.at("critic.bias_hh"))
+            .to_host<float>();
+    for (size_t i = 0; i < want_mine.size(); ++i) EXPECT_FLOAT_EQ(mine[i], want_mine[i]) << "the policy's LSTM, " << i;
+    for (size_t i = 0; i < want_theirs.size(); ++i) EXPECT_FLOAT_EQ(theirs[i], want_theirs[i]) << "the critic's LSTM, " << i;
+  }
 
   const fs::path dir = fs::temp_directory_path() / ("segtape_encoder_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -365,6 +387,9 @@ TEST(PpoSettings, NoEncoderFeedsTheObservationToTheCell) {
   c.algo = Algo::Ppo, c.rollout = 8, c.epochs = 2, c.minibatches = 2;
   c.encoder = "none", c.critic = "separate";
   EXPECT_EQ(test::expect_resumes_bit_identically(c, dir / "ck.safetensors", 32).encoder, "none");
+  TrainConfig sb3 = c;  // sb3-contrib's architecture: the observation into an LSTM, an LSTM critic, a layer before each head
+  sb3.cell = "lstm", sb3.head_hidden = 8;
+  EXPECT_EQ(test::expect_resumes_bit_identically(sb3, dir / "ck.safetensors", 32).cell, "lstm");
   TrainConfig linear = c;
   linear.encoder = "linear";
   Trainer other(linear);
