@@ -476,8 +476,9 @@ TEST(FusedGru, SimulatedGridEqualsTheCpuInFloat64) {
       {6, 8, 3, 24, 16, false}, // rows in groups (G > 1)
       {4, 5, 2, 64, 2, true},   // few blocks: many outputs a block, lanes below 32
       {2, 1, 3, 8, 3, false},
+      {2, 20, 3, 40, 1, false},  // one block of 800 outputs: one lane each
   };
-  int multi_tile = 0, groups = 0, lanes_below_32 = 0;
+  int multi_tile = 0, groups = 0, lanes_below_32 = 0, one_lane = 0;
   for (const Case& k : cases)
     for (const bool resets : {false, true}) {
       SCOPED_TRACE("T " + std::to_string(k.T) + ", B " + std::to_string(k.B) + ", I " + std::to_string(k.I) + ", H " +
@@ -497,6 +498,7 @@ TEST(FusedGru, SimulatedGridEqualsTheCpuInFloat64) {
       multi_tile += plan.kt < k.H;
       groups += plan.G > 1;
       lanes_below_32 += plan.S < 32;
+      one_lane += plan.S == 1;
       Problem p = draw(k.T, k.B, k.I, k.H, unsigned(k.T * 31 + k.H));
       if (resets) {
         std::mt19937 g(unsigned(k.B));
@@ -516,6 +518,7 @@ TEST(FusedGru, SimulatedGridEqualsTheCpuInFloat64) {
   EXPECT_GE(multi_tile, 4);
   EXPECT_GE(groups, 2);
   EXPECT_GE(lanes_below_32, 2);
+  EXPECT_GE(one_lane, 1);
 }
 
 TEST(FusedGru, GridPlanTakesWhatNoClusterHoldsAndSaysWhyNot) {
