@@ -185,11 +185,13 @@ SizeEstimate estimate_sizes(const TrainConfig& c, const EnvSpec& spec, int ranks
     if (c.dropout > 0) e.step_bytes += f32(B * (E + L * H)) + 2 * f32(B * E) + 2 * L * f32(B * H);  // the masks, on the tape and applied
     if (shape.input_table) e.step_bytes += f32(B * G) - f32(B * E);  // layer 0's input gates, not the embedding
   }
-  if (shape.separate_critic && !shape.lstm)  // the critic's GRU too; the state's two halves sliced, joined, and each head's rows sliced
-    e.step_bytes += f32(B * H) + f32(4 * B * H) + 2 * f32(B * H) + f32(2 * B * H) + 2 * f32(B * H);
-  if (shape.separate_critic && shape.lstm)  // the critic's LSTM (its state, gates, h); the halves sliced, joined; output's h rows; each head's rows
+  // the critic's cell too (an LSTM's state, gates and h); the state's two halves sliced, joined (an LSTM's
+  // output: its two h rows sliced and joined), and each head's rows sliced
+  if (shape.separate_critic && shape.lstm)
     e.step_bytes += f32(2 * B * H) + f32(4 * B * H) + f32(B * H) + 2 * f32(2 * B * H) + f32(4 * B * H) + 2 * f32(B * H) + f32(2 * B * H) +
                     2 * f32(B * H);
+  else if (shape.separate_critic)
+    e.step_bytes += f32(B * H) + f32(4 * B * H) + 2 * f32(B * H) + f32(2 * B * H) + 2 * f32(B * H);
   if (shape.value_head) e.step_bytes += f32(B);
   if (shape.head_hidden > 0)  // each head's hidden layer: its product and its ReLU
     e.step_bytes += (shape.value_head ? 2 : 1) * 2 * f32(B * size_t(shape.head_hidden));

@@ -196,9 +196,9 @@ def table(results, a, at=None):
             f"{' --out ' + a.out if a.out else ''}{' --doc ' + a.doc if a.doc else ''}` at {at or commit()} on "
             f"{platform.processor() or os.uname().machine} ({os.cpu_count()} CPUs), one thread per worker, one run at a "
             f"time, interleaved; {a.steps:,} environment steps per run, the final greedy return over 100 episodes.")
-    both = ["SB3's training time per environment step over segtape's (medians): " + ", ".join(speed) + ".",
+    both = ["", "SB3's training time per environment step over segtape's (medians): " + ", ".join(speed) + ".",
             "segtape's mean below SB3's: " + (", ".join(short) if short else "none") + "."] if speed else []
-    return "\n".join([head, "", *lines, *([""] + both if both else [])])
+    return "\n".join([head, "", *lines, *both])
 
 
 def plot(results, a, path):

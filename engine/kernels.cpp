@@ -36,6 +36,12 @@ const char* text(Packed p) {
   throw Error("kernel option " + std::string(name) + " = '" + std::string(value) + "': expected " + accepted);
 }
 
+bool on_off(std::string_view name, std::string_view value) {
+  if (value == "on") return true;
+  if (value == "off") return false;
+  refuse(name, value, "on or off");
+}
+
 }  // namespace
 
 Options options() {
@@ -63,13 +69,9 @@ void set_option(std::string_view name, std::string_view value) {
     else if (value == "off") o.packed = Packed::Off;
     else refuse(name, value, "best, avx2 or off");
   } else if (name == "fused_gru") {
-    if (value == "on") o.fused_gru = true;
-    else if (value == "off") o.fused_gru = false;
-    else refuse(name, value, "on or off");
+    o.fused_gru = on_off(name, value);
   } else if (name == "fused_gru_grid") {
-    if (value == "on") o.fused_gru_grid = true;
-    else if (value == "off") o.fused_gru_grid = false;
-    else refuse(name, value, "on or off");
+    o.fused_gru_grid = on_off(name, value);
   } else {
     throw Error("kernel option '" + std::string(name) + "': expected gemv, packed, fused_gru or fused_gru_grid");
   }

@@ -240,7 +240,7 @@ void run_grid(const fz::Args<double>& all, const fz::Plan& plan) {
   // forward
   for (int blk = 0; blk < nb; ++blk) {
     sm[size_t(blk)].assign(size_t(words), NAN);
-    fz::grid_fwd_load(args(blk), sm[size_t(blk)].data(), blk % C, 0, 1);
+    fz::fwd_load_w(args(blk), sm[size_t(blk)].data(), blk % C, 0, 1);
   }
   auto fwd_step = [&](int blk, int64_t t) {
     const fz::Args<double> a = args(blk);

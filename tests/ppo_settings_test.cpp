@@ -371,12 +371,12 @@ TEST(PpoSettings, NoEncoderFeedsTheObservationToTheCell) {
     EXPECT_EQ(q.parameter_count(), Policy::parameters_for(spec, ls));
     const Tensor s = q.recur(q.encode(x), tape.zeros({12, 10}));
     const std::vector<float> mine = slice(s, 0, 0, 6).to_host<float>(), theirs = slice(s, 0, 6, 6).to_host<float>();
-    const std::vector<float> want_mine =
-        lstm_cell(x, tape.zeros({2, 3, 10}), v.at("rnn.weight_ih_l0"), v.at("rnn.weight_hh_l0"), v.at("rnn.bias_ih_l0"), v.at("rnn.bias_hh_l0"))
-            .to_host<float>();
-    const std::vector<float> want_theirs =
-        lstm_cell(x, tape.zeros({2, 3, 10}), v.at("critic.weight_ih"), v.at("critic.weight_hh"), v.at("critic.bias_ih"), v.at("critic.bias_hh"))
-            .to_host<float>();
+    const auto by_hand = [&](const std::string& cell, const std::string& suffix) {  // one lstm_cell step from zeros
+      return lstm_cell(x, tape.zeros({2, 3, 10}), v.at(cell + "weight_ih" + suffix), v.at(cell + "weight_hh" + suffix),
+                       v.at(cell + "bias_ih" + suffix), v.at(cell + "bias_hh" + suffix))
+          .to_host<float>();
+    };
+    const std::vector<float> want_mine = by_hand("rnn.", "_l0"), want_theirs = by_hand("critic.", "");
     for (size_t i = 0; i < want_mine.size(); ++i) EXPECT_FLOAT_EQ(mine[i], want_mine[i]) << "the policy's LSTM, " << i;
     for (size_t i = 0; i < want_theirs.size(); ++i) EXPECT_FLOAT_EQ(theirs[i], want_theirs[i]) << "the critic's LSTM, " << i;
   }

@@ -291,15 +291,23 @@ SEGTAPE_HD T sigmoid(T x) {
 // are staged in shared memory before the barrier (fwd_stage_keep). Index
 // arithmetic inside the step loop is 32-bit (a block's sizes are small).
 
-// Loads block c's rows of W_hh and h0 into its shared memory (thread tid of n).
+// Loads block c's rows of W_hh (r, z, n of its units) into its shared
+// memory at 0, rows of pad(H, S) (thread tid of n): the cluster's layout
+// (FwdSmem::w) and the grid plan's (GridSmem::w).
 template <class T>
-SEGTAPE_HD void fwd_load(const Args<T>& a, T* sm, int c, int tid, int n) {
-  const FwdSmem L(a.B, a.H, a.Hs, a.S);
+SEGTAPE_HD void fwd_load_w(const Args<T>& a, T* sm, int c, int tid, int n) {
+  const int64_t Hp = pad(a.H, a.S);
   for (int64_t i = tid; i < 3 * a.Hs * a.H; i += n) {
     const int64_t row = i / a.H, k = i % a.H;   // row = g Hs + jl
     const int64_t g = row / a.Hs, jl = row % a.Hs;
-    sm[L.w + row * L.Hp + k] = a.w_hh[(g * a.H + int64_t(c) * a.Hs + jl) * a.H + k];
+    sm[row * Hp + k] = a.w_hh[(g * a.H + int64_t(c) * a.Hs + jl) * a.H + k];
   }
+}
+// ... and, for a cluster, h0 too.
+template <class T>
+SEGTAPE_HD void fwd_load(const Args<T>& a, T* sm, int c, int tid, int n) {
+  const FwdSmem L(a.B, a.H, a.Hs, a.S);
+  fwd_load_w(a, sm + L.w, c, tid, n);
   for (int64_t i = tid; i < a.B * a.H; i += n) sm[L.h + (i / a.H) * L.Hp + i % a.H] = a.h0[i] * keep_at(a, 0, i / a.H);
 }
 
@@ -334,11 +342,10 @@ SEGTAPE_HD void fwd_partial(const Args<T>& a, const T* sm, const Who& w, T acc[3
   }
 }
 
-// Lane 0, with the summed gh (no bias) and its inputs: the gates at step t,
-// h' to y and to the block's published slot `buf`, the gates saved for
-// backward. (The sums in the order of x W_ih^T + b_ih + h W_hh^T + b_hh.)
-// The gates and h' of (b, j) at step t, hp its state entering the step:
-// writes y and the saved gates, returns h'.
+// The gates and h' of (b, j) at step t from the summed gh (no bias), its
+// inputs and hp, its state entering the step: writes y and the gates saved
+// for backward, returns h'. (The sums in the order of x W_ih^T + b_ih +
+// h W_hh^T + b_hh.)
 template <class T>
 SEGTAPE_HD T fwd_gates(const Args<T>& a, const Who& w, int64_t t, const T gh[3], T hp, const FwdIn<T>& in, const FwdIn<T>& bias) {
   const int64_t H = a.H, j = w.j, row = t * a.ld + w.b;
@@ -354,6 +361,7 @@ SEGTAPE_HD T fwd_gates(const Args<T>& a, const Who& w, int64_t t, const T gh[3],
   a.y[row * H + j] = h1;
   return h1;
 }
+// Lane 0 in a cluster: the gates, h' to y and to the block's published slot `buf`.
 template <class T>
 SEGTAPE_HD void fwd_finish(const Args<T>& a, T* sm, const Who& w, int64_t t, const T gh[3], int buf, const FwdIn<T>& in,
                            const FwdIn<T>& bias) {
@@ -417,10 +425,8 @@ SEGTAPE_HD BwdIn<T> bwd_inputs(const Args<T>& a, const Who& w, int64_t t) {
 }
 
 // Lane 0 at step t with the carried dh of its (b, j) and its inputs: the gate
-// gradients (dgi, dgh to global memory, dgh to the published slot `buf`);
-// returns the direct term of dL/dh_{t-1}, g z.
-// (The gradients to global memory, the three of dgh in d; the grid plan's
-// exchange is dgh itself.)
+// gradients to global memory (dgi; dgh, also into d: the grid plan's
+// exchange is dgh itself); returns the direct term of dL/dh_{t-1}, g z.
 template <class T>
 SEGTAPE_HD T bwd_gate_grads(const Args<T>& a, const Who& w, int64_t t, T carry, const BwdIn<T>& in, T d[3]) {
   const int64_t H = a.H, j = w.j, row = t * a.ld + w.b;
@@ -437,6 +443,7 @@ SEGTAPE_HD T bwd_gate_grads(const Args<T>& a, const Who& w, int64_t t, T carry, 
   dgh[j] = d[0], dgh[H + j] = d[1], dgh[2 * H + j] = d[2];
   return g * z;
 }
+// ... in a cluster, dgh to the published slot `buf` too.
 template <class T>
 SEGTAPE_HD T bwd_gates(const Args<T>& a, T* sm, const Who& w, int64_t t, T carry, int buf, const BwdIn<T>& in) {
   const BwdSmem L(a.B, a.H, a.Hs, a.S);
@@ -492,16 +499,10 @@ SEGTAPE_HD T load_exchanged(const T* p) {
 #endif
 }
 
-// Block c's rows of W_hh (forward; backward's columns: bwd_load, the same place).
-template <class T>
-SEGTAPE_HD void grid_fwd_load(const Args<T>& a, T* sm, int c, int tid, int n) {
-  const int64_t Hp = pad(a.H, a.S);
-  for (int64_t i = tid; i < 3 * a.Hs * a.H; i += n) {
-    const int64_t row = i / a.H, k = i % a.H;  // row = g Hs + jl
-    const int64_t g = row / a.Hs, jl = row % a.Hs;
-    sm[row * Hp + k] = a.w_hh[(g * a.H + int64_t(c) * a.Hs + jl) * a.H + k];
-  }
-}
+// (Block c's W: fwd_load_w forward, bwd_load backward, at the same place.)
+
+// The length of the tile at k0 of a row of n elements.
+SEGTAPE_HD int64_t tile_len(int64_t n, int64_t k0, int64_t kt) { return n - k0 < kt ? n - k0 : kt; }
 
 // Row b of the state entering step t, before its keep factor: h0 or y[t - 1].
 template <class T>
@@ -514,7 +515,7 @@ SEGTAPE_HD const T* grid_state(const Args<T>& a, int64_t t, int64_t b) {
 template <class T>
 SEGTAPE_HD void grid_fwd_tile(const Args<T>& a, T* sm, int64_t kt, int64_t t, int64_t k0, int tid, int n) {
   const GridSmem L(false, a.B, a.H, a.Hs, a.S, kt);
-  const int64_t len = a.H - k0 < kt ? a.H - k0 : kt;
+  const int64_t len = tile_len(a.H, k0, kt);
   for (int64_t i = tid; i < a.B * len; i += n) {
     const int64_t b = i / len, kk = i % len;
     sm[L.tile + b * L.Kp + kk] = load_exchanged(grid_state(a, t, b) + k0 + kk) * keep_at(a, t, b);
@@ -527,7 +528,7 @@ SEGTAPE_HD void grid_fwd_partial(const Args<T>& a, const T* sm, int64_t kt, cons
   const GridSmem L(false, a.B, a.H, a.Hs, a.S, kt);
   const int64_t Hp = pad(a.H, a.S);
   const T* h = sm + L.tile + w.b * L.Kp;
-  const int len = int(a.H - k0 < kt ? a.H - k0 : kt), S = a.S;
+  const int len = int(tile_len(a.H, k0, kt)), S = a.S;
   for (int g = 0; g < 3; ++g) {
     const T* wr = sm + L.w + (g * a.Hs + w.jl) * Hp + k0;
     T s = acc[g];
@@ -555,7 +556,7 @@ SEGTAPE_HD T grid_bwd_gates(const Args<T>& a, const Who& w, int64_t t, T carry, 
 template <class T>
 SEGTAPE_HD void grid_bwd_tile(const Args<T>& a, T* sm, int64_t kt, int64_t t, int64_t r0, int tid, int n) {
   const GridSmem L(true, a.B, a.H, a.Hs, a.S, kt);
-  const int64_t R = 3 * a.H, len = R - r0 < kt ? R - r0 : kt;
+  const int64_t R = 3 * a.H, len = tile_len(R, r0, kt);
   for (int64_t i = tid; i < a.B * len; i += n) {
     const int64_t b = i / len, rr = i % len;
     sm[L.tile + b * L.Kp + rr] = load_exchanged(a.dgh + (t * a.ld + b) * R + r0 + rr);
@@ -569,7 +570,7 @@ SEGTAPE_HD T grid_bwd_partial(const Args<T>& a, const T* sm, int64_t kt, const W
   const int64_t R = 3 * a.H;
   const T* wr = sm + L.w + w.jl * pad(R, a.S) + r0;
   const T* dg = sm + L.tile + w.b * L.Kp;
-  const int len = int(R - r0 < kt ? R - r0 : kt), S = a.S;
+  const int len = int(tile_len(R, r0, kt)), S = a.S;
   for (int r = w.lane; r < len; r += S) acc += wr[r] * dg[r];
   return acc;
 }
