@@ -18,6 +18,7 @@
 #include <string>
 #include <utility>
 
+#include "segtape/device_call.h"
 #include "segtape/tape.h"
 #include "segtape/update.h"
 
@@ -91,6 +92,10 @@ class Backend {
   // c = max_norm / (sqrt(*sum_sq) + 1e-6) where !(c >= 1) (NaN included).
   virtual void add_sum_squares(const void* x, int64_t n, DType d, double* acc, bool first) = 0;
   virtual void clip_scale(void* x, int64_t n, DType d, const double* sum_sq, double max_norm) = 0;
+
+  // A device function of a library above the engine (segtape/device_call.h),
+  // in the stream's order; the CPU and the host-emulated device run its host form.
+  virtual void device_call(const DeviceFunction& fn, const CallArgs& a) = 0;
 
   // ---- segment boundaries: CUDA-graph capture and replay (TapeOptions::graph_replay).
   // graph = false: tape.eager_segment() (runs eagerly, the graphs kept).

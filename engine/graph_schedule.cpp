@@ -73,6 +73,13 @@ uint64_t add_sum_squares(const void* x, int64_t n, DType d, const double* acc, b
 uint64_t clip_scale(const void* x, int64_t n, DType d, const double* sum_sq, double max_norm) {
   return mix4(10, ptr_bits(x), uint64_t(n) << 8 | uint64_t(d), mix4(ptr_bits(sum_sq), bits_of(max_norm), 0, 0));
 }
+uint64_t device_function(const DeviceFunction& fn, const CallArgs& a) {
+  uint64_t h = mix4(11, ptr_bits(fn.name), 0, 0);
+  for (size_t k = 0; k < a.ptr.size(); ++k) h = mix4(h, ptr_bits(a.ptr[k]), uint64_t(a.numel[k]), k);
+  for (size_t k = 0; k < a.i.size(); ++k) h = mix4(h, uint64_t(a.i[k]), k, 1);
+  for (size_t k = 0; k < a.f.size(); ++k) h = mix4(h, bits_of(a.f[k]), k, 2);
+  return h;
+}
 }  // namespace call
 
 void check_graph_options(const Device& device, const TapeOptions& options) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ops/op.h"
+#include "segtape/device_call.h"
 #include "segtape/tape.h"
 #include "segtape/update.h"
 
@@ -43,6 +44,8 @@ uint64_t scale(const void* x, int64_t n, DType d, double factor);
 uint64_t add_scalar(const void* x, int64_t n, DType d, double value);
 uint64_t add_sum_squares(const void* x, int64_t n, DType d, const double* acc, bool first);
 uint64_t clip_scale(const void* x, int64_t n, DType d, const double* sum_sq, double max_norm);
+// segtape/device_call.h's: the function, its tensors' addresses and sizes, its scalars
+uint64_t device_function(const DeviceFunction& fn, const CallArgs& a);
 }  // namespace call
 
 // What graph replay cannot have, refused by both backends at setup: anomaly

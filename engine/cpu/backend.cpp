@@ -230,6 +230,10 @@ class CpuBackend final : public detail::Backend {
     if (c >= 1.0) return;
     scale_values(x, n, d, c);
   }
+  void device_call(const DeviceFunction& fn, const CallArgs& a) override {
+    if (schedule_.on()) (void)schedule_.issue(detail::call::device_function(fn, a), fn.name);
+    fn.host(a);
+  }
   double sum_squares(const void* x, int64_t n, DType d) override {
     schedule_.check_norm();
     raise_pending();

@@ -329,6 +329,12 @@ void CudaBackend::clip_scale(void* x, int64_t n, DType d, const double* sum_sq, 
   detail::dispatch(d, [&]<class T>() { cuda::clip_scale<T>(stream_, static_cast<T*>(x), n, sum_sq, max_norm); });
 }
 
+void CudaBackend::device_call(const DeviceFunction& fn, const CallArgs& a) {
+  if (!issue(detail::call::device_function(fn, a), fn.name)) return;
+  fn.cuda(a, stream_);  // (device_call() refused a function without a CUDA form)
+  cuda::check_launch(fn.name);
+}
+
 double CudaBackend::sum_squares(const void* x, int64_t n, DType d) {
   schedule_.check_norm();
   raise_pending();

@@ -65,6 +65,7 @@ class CudaBackend final : public detail::Backend {
   double sum_squares(const void* x, int64_t n, DType d) override;
   void add_sum_squares(const void* x, int64_t n, DType d, double* acc, bool first) override;
   void clip_scale(void* x, int64_t n, DType d, const double* sum_sq, double max_norm) override;
+  void device_call(const DeviceFunction& fn, const CallArgs& a) override;
   void segment_begin(uint32_t index, bool graph) override;
   void segment_end(bool abandoned) noexcept override;
   void discard_graph() override;
