@@ -55,7 +55,8 @@ CLI::Validator env_check() {
 
 std::string env_help() {
   std::string help = "Environment: recall (delayed recall), tmaze (T-maze, RL), dialogue (tool use), lm (a text corpus: --task lm), "
-                     "series (a CSV time series: --task series)";
+                     "series (a CSV time series: --task series), device-recall and device-tmaze (recall and tmaze by the device loop's "
+                     "rules: docs/device-loop.md)";
   for (const auto& [name, file] : plugin_envs()) help += ", " + name + " (from " + std::filesystem::path(file).filename().string() + ")";
   return help;
 }

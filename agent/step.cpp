@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "device/rules.h"
 #include "history/history.h"
 
 namespace segtape::agent {
@@ -96,19 +97,8 @@ void Step::greedy(const Tensor& logits, std::span<int64_t> a) {
 
 void Step::sample(const Tensor& lp, std::span<int64_t> a) {
   lp.to_host(std::span<float>(rows));
-  const float* p = rows.data();
-  for (int64_t b = 0; b < B_; ++b) {
-    double u = c_.act_rng.uniform(), acc = 0;
-    int64_t pick = A_ - 1;
-    for (int64_t k = 0; k < A_; ++k) {
-      acc += std::exp(double(p[b * A_ + k]));
-      if (u < acc) {
-        pick = k;
-        break;
-      }
-    }
-    a[size_t(b)] = pick;
-  }
+  for (int64_t b = 0; b < B_; ++b)  // (act_rng's uniform() is rules::uniform of its next word)
+    a[size_t(b)] = rules::sample_row(rows.data() + b * A_, A_, c_.act_rng.next_u64());
 }
 
 void Step::act(std::span<const int64_t> a) { c_.env->step(a, rewards, done); }

@@ -9,7 +9,7 @@
 #      cuDNN and NCCL wheels); otherwise configure and build here with CUDA (no
 #      LibTorch in this build: its CUDA runtime and segtape's never share a
 #      process), CMAKE_CUDA_ARCHITECTURES 90
-#   2. the cuda tests (cuda_test, cuda_nn_test; they must pass, none skipped for
+#   2. the cuda tests (cuda_test, cuda_nn_test, cuda_device_loop_test; they must pass, none skipped for
 #      want of a GPU: three skip by design where one is present, the tests of
 #      the no-GPU message and of the emulated device), then the CPU engine suites of
 #      the same build; CudaDist.* again on its own: data parallelism's gradient
@@ -27,7 +27,9 @@
 #      captured, and torch::nn::GRU (cuDNN) over the segment, with TF32 (its
 #      default) and without; steps 3 and 4 in SEGTAPE_DEVICE_ROUNDS (3)
 #      interleaved rounds, segtape then LibTorch, the table their medians
-#   5. the agent on the GPU: `segtape train --device cuda` (recall, 6000 steps), with
+#   5. the agent on the GPU: device_loop_bench (the rollout and GAE on the device,
+#      B = 4096, H = 128, graphs on and off; docs/device-loop.md);
+#      `segtape train --device cuda` (recall, 6000 steps), with
 #      its segments as CUDA graphs (the default) and with --cuda-graphs off;
 #      `segtape train --device cuda --algo ppo` (recall, 1024 steps), its update
 #      windows as fused sequences where they fit and with the kernel switch
@@ -184,7 +186,7 @@ else
     status=1
   fi
   # shellcheck disable=SC2046 # builder's words are meant to split
-  if ((status == 0)) && step build 240 $(builder "$BUILD") cuda_test cuda_nn_test cuda_bench segtape gradcheck_test packed_test \
+  if ((status == 0)) && step build 240 $(builder "$BUILD") cuda_test cuda_nn_test cuda_device_loop_test cuda_bench device_loop_bench segtape gradcheck_test packed_test \
     formula_test segment_test memory_test errors_test safetensors_test; then
     built=1
     # nvcc's code generation: sm_90 SASS and compute_90 PTX.
@@ -200,7 +202,8 @@ if ((built)); then
   if [[ -n "$PACK" ]]; then  # the test programs themselves (the pack has no ctest files)
     step cuda-test 150 "$(prog tests/cuda_test)" || status=1
     step cuda-nn-test 150 "$(prog tests/cuda_nn_test)" || status=1
-    skipped=$(cat "$OUT/cuda-test.log" "$OUT/cuda-nn-test.log" 2>/dev/null | grep -c '^no usable GPU:' || true)
+    step cuda-device-loop-test 60 "$(prog tests/cuda_device_loop_test)" || status=1
+    skipped=$(cat "$OUT/cuda-test.log" "$OUT/cuda-nn-test.log" "$OUT/cuda-device-loop-test.log" 2>/dev/null | grep -c '^no usable GPU:' || true)
   else
     step cuda-tests 180 ctest --test-dir "$BUILD" -L cuda --output-on-failure -j 8 --output-junit "$OUT/cuda-tests.xml" || status=1
     skipped=$(grep '(Skipped)' "$OUT/cuda-tests.log" 2>/dev/null | grep -cvE 'WithoutAGpu|RefusesHostAccessLikeAGpu' || true)
@@ -271,6 +274,10 @@ if ((built)); then
   else
     log "agent-ppo-steps skipped: segtape train has no --kernel option to turn the fused GRU off (segtape/kernels.h)"
   fi
+  # the agent loop on the device (docs/device-loop.md): rollout + GAE at issue 51's B = 4096, H = 128, graphs on and off
+  step device-loop 60 "$(prog bench/device_loop_bench)" --device cuda --batch 4096 --hidden 128 --rollout 128 --segment 32 || status=1
+  step device-loop-eager 60 "$(prog bench/device_loop_bench)" --device cuda --graphs off --batch 4096 --hidden 128 --rollout 128 \
+    --segment 32 || status=1
   step retention 90 "$(prog agent/segtape)" retention --device cuda --no-libtorch --steps 100 --out "$OUT/retention" || status=1
   # compute-sanitizer, last (the slowest step): no invalid device access in cuda_test (the out-of-memory test reports its deliberate failures)
   if [[ -n "$SANITIZER" ]]; then
@@ -331,6 +338,7 @@ runs() {
   echo
   runs "The agent on the GPU (segtape train --device cuda --steps 6000; then with --cuda-graphs off)" agent-train agent-train-eager
   runs "PPO on the GPU (segtape train --device cuda --algo ppo --steps 1024; then with --kernel fused_gru=off)" agent-ppo agent-ppo-steps
+  runs "The agent loop on the device (device_loop_bench: rollout + GAE, B = 4096, H = 128; graphs on, then off)" device-loop device-loop-eager
   echo "## The size check with --device cuda (host memory: the estimate against the measured peak)"
   echo
   for run in agent-run agent-run-eager agent-ppo; do

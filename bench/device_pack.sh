@@ -30,8 +30,8 @@ BUILD=${SEGTAPE_PACK_BUILD:-$ROOT/build-pack}
 PACK=${SEGTAPE_PACK:-$ROOT/.device-pack}
 JOBS=${SEGTAPE_JOBS:-2}
 # The programs device_check.sh runs from a pack (its `prog` names them).
-PROGRAMS=(tests/cuda_test tests/cuda_nn_test tests/gradcheck_test tests/packed_test tests/segment_test tests/memory_test
-  tests/errors_test bench/cuda_bench agent/segtape)
+PROGRAMS=(tests/cuda_test tests/cuda_nn_test tests/cuda_device_loop_test tests/gradcheck_test tests/packed_test tests/segment_test tests/memory_test
+  tests/errors_test bench/cuda_bench bench/device_loop_bench agent/segtape)
 
 mkdir -p "$BUILD"
 echo "device_pack: configuring $BUILD (Release, sm_90, no -march=native, no LibTorch)"

@@ -1,5 +1,7 @@
 #include "rollout_buffer.h"
 
+#include "../device/rules.h"
+
 namespace segtape::agent {
 
 RolloutBuffer::RolloutBuffer(const TrainConfig& c, const EnvSpec& spec)
@@ -21,20 +23,10 @@ size_t RolloutBuffer::bytes(const TrainConfig& c, const EnvSpec& spec) {
   return T * B * (2 * 8 + 5 * 4 + 1 + size_t(spec.obs_dim) * 4) + S * size_t(c.state_rows()) * B * H * 4;
 }
 
-void RolloutBuffer::compute_advantages(int64_t n, double gamma_, double lambda_) {
-  const auto g = float(gamma_), lambda = float(lambda_);
-  for (size_t b = 0; b < size_t(B); ++b) {
-    float gae = 0, next_value = bootstrap[b];
-    for (int64_t t = n - 1; t >= 0; --t) {
-      const size_t k = size_t(t) * size_t(B) + b;
-      const float go_on = done[k] ? 0.0f : 1.0f;
-      const float delta = rewards[k] + g * next_value * go_on - values[k];
-      gae = delta + g * lambda * go_on * gae;
-      advantages[k] = gae;
-      returns[k] = gae + values[k];
-      next_value = values[k];
-    }
-  }
+void RolloutBuffer::compute_advantages(int64_t n, double gamma, double lambda) {
+  for (size_t b = 0; b < size_t(B); ++b)  // (the device loop's GAE is the same function, agent/device/rules.h)
+    rules::gae_stream(n, B, float(gamma), float(lambda), bootstrap[b], rewards.data() + b, values.data() + b, done.data() + b,
+                      advantages.data() + b, returns.data() + b);
 }
 
 }  // namespace segtape::agent

@@ -21,6 +21,8 @@ namespace segtape::agent {
   X("dialogue", dialogue_task)          \
   X("lm", lm_task)                      \
   X("series", series_task)              \
+  X("device-recall", device_recall_task) \
+  X("device-tmaze", device_tmaze_task)   \
   /* (the list ends here) */
 
 #define SEGTAPE_DECLARE(N, F) std::unique_ptr<Env> F(int64_t batch, uint64_t seed, const EnvOptions& o);

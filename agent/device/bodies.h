@@ -1,0 +1,128 @@
+// The device agent loop's per-element work (private to the agent library):
+// each body is a plain struct of pointers and scalars whose operator()(i)
+// does element i, run by a host loop (agent/device/functions.cpp, the CPU
+// and the host-emulated device) or by one CUDA thread each
+// (agent/device/functions.cu). Plain C++17 (nvcc compiles it too), no
+// engine header. Pointers are the tape's: device memory on a GPU.
+//
+// The rollout buffers are [T, B] arrays; `cursor` (one int64 where the
+// tensors live) is the row the step now writes, so every step of every
+// rollout issues the same calls (a CUDA graph replays them).
+#pragma once
+#include <cstdint>
+
+#include "rules.h"
+
+namespace segtape::agent::device {
+
+// Element b: stream b's observation, into obs[b] and the rollout's tokens
+// row (none: tokens null, the look-ahead after the rollout's last step).
+template <class Rules>
+struct Observe {
+  Rules rules;
+  const int64_t* state;  // [B, Rules::kWidth]
+  const int64_t* cursor;
+  int64_t* obs;     // [B]
+  int64_t* tokens;  // [T, B]
+  int64_t B;
+  SEGTAPE_AGENT_HD void operator()(int64_t b) const {
+    const int64_t tok = rules.observe(state + b * Rules::kWidth, b);
+    obs[b] = tok;
+    if (tokens) tokens[*cursor * B + b] = tok;
+  }
+};
+
+// Element b: stream b's action applied; its reward and done flag into the
+// rollout's rows, its state factor (1 - done) into keep[b], and its episode
+// return into stats[b] = {the return so far, finished returns' sum, episodes}
+// (the host Step::note_rewards's sums, one stream each).
+template <class Rules>
+struct EnvStep {
+  Rules rules;
+  int64_t* state;
+  const int64_t* actions;  // [B]
+  const int64_t* cursor;
+  float* rewards;  // [T, B]
+  float* done;     // [T, B]: 0 or 1
+  float* keep;     // [B]
+  double* stats;   // [B, 3]
+  int64_t B;
+  SEGTAPE_AGENT_HD void operator()(int64_t b) const {
+    float r = 0;
+    uint8_t d = 0;
+    rules.step(state + b * Rules::kWidth, b, actions[b], r, d);
+    const int64_t k = *cursor * B + b;
+    rewards[k] = r, done[k] = d ? 1.0f : 0.0f, keep[b] = d ? 0.0f : 1.0f;
+    double* s = stats + 3 * b;
+    const float g = float(s[0]) + r;  // (in float, as the host's episode_return)
+    if (d) s[1] += double(g), s[2] += 1, s[0] = 0;
+    else s[0] = double(g);
+  }
+};
+
+// Element b: an action for stream b from its row of log-probabilities lp
+// [B, A], with draw counters[b] of its stream (then counted); the action
+// into actions[b] and the rollout's row, its log-probability too.
+struct Sample {
+  uint64_t seed;
+  const float* lp;
+  const int64_t* cursor;
+  int64_t* counters;  // [B]
+  int64_t* actions;   // [B]
+  int64_t* taken;     // [T, B]
+  float* logp;        // [T, B]
+  int64_t B, A;
+  SEGTAPE_AGENT_HD void operator()(int64_t b) const {
+    const int64_t a = rules::sample_row(lp + b * A, A, rules::draw(seed, b, counters[b]));
+    counters[b] += 1;
+    actions[b] = a;
+    taken[*cursor * B + b] = a;
+    logp[*cursor * B + b] = lp[b * A + a];
+  }
+};
+
+// Element b: v[b] into the rollout's row (cursor), or into out[b] (no cursor).
+struct Store {
+  const float* v;
+  const int64_t* cursor;  // nullptr: row 0
+  float* out;
+  int64_t B;
+  SEGTAPE_AGENT_HD void operator()(int64_t b) const { out[(cursor ? *cursor : 0) * B + b] = v[b]; }
+};
+
+// Element i of a state [rows, H] (rows: R blocks of B streams): times keep
+// of its stream, the episode reset h * (1 - done) of reset_finished.
+struct Reset {
+  float* h;
+  const float* keep;  // [B]
+  int64_t B, H;
+  SEGTAPE_AGENT_HD void operator()(int64_t i) const { h[i] = h[i] * keep[(i / H) % B]; }
+};
+
+// The one element: the cursor's next row, back to 0 after row T - 1.
+struct Advance {
+  int64_t* cursor;
+  int64_t T;
+  SEGTAPE_AGENT_HD void operator()(int64_t) const { *cursor = *cursor + 1 == T ? 0 : *cursor + 1; }
+};
+
+// Element b: GAE(lambda) of stream b over the rollout's T rows.
+struct Gae {
+  const float* rewards;
+  const float* values;
+  const float* done;
+  const float* bootstrap;  // [B]
+  float* advantages;
+  float* returns;
+  int64_t T, B;
+  float gamma, lambda;
+  SEGTAPE_AGENT_HD void operator()(int64_t b) const {
+    rules::gae_stream(T, B, gamma, lambda, bootstrap[b], rewards + b, values + b, done + b, advantages + b, returns + b);
+  }
+};
+
+// nvcc's launch of n elements of a body on a stream (functions.cu).
+template <class Body>
+void launch(const Body& body, int64_t n, void* stream);
+
+}  // namespace segtape::agent::device

@@ -1,0 +1,192 @@
+#include "device_loop.h"
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "bodies.h"
+#include "segtape/device_call.h"
+#include "segtape/ops.h"
+
+namespace segtape::agent::device {
+namespace {
+
+// ---- the device functions: each body made from a call's arguments, run by
+// a host loop or launched by nvcc's code (functions.cu).
+
+template <class Rules> Rules rules_from(const CallArgs& a);
+template <> rules::Recall rules_from(const CallArgs& a) { return {uint64_t(a.i[0]), a.i[1], a.i[2], a.i[3] != 0}; }
+template <> rules::TMaze rules_from(const CallArgs& a) { return {uint64_t(a.i[0]), a.i[1]}; }
+constexpr size_t kB = 5;  // an env call's B (after the rules' integers)
+
+template <class Body> Body body_from(const CallArgs& a);
+template <class Body> int64_t extent(const CallArgs& a);
+
+template <class R> struct ObserveOf {
+  static Observe<R> make(const CallArgs& a) {
+    return {rules_from<R>(a), a.at<const int64_t>(0), a.at<const int64_t>(1), a.at<int64_t>(2), a.at<int64_t>(3), a.i[kB]};
+  }
+};
+template <class R> struct StepOf {
+  static EnvStep<R> make(const CallArgs& a) {
+    return {rules_from<R>(a), a.at<int64_t>(2), a.at<const int64_t>(0), a.at<const int64_t>(1), a.at<float>(3),
+            a.at<float>(4), a.at<float>(5), a.at<double>(6), a.i[kB]};
+  }
+};
+template <> Observe<rules::Recall> body_from(const CallArgs& a) { return ObserveOf<rules::Recall>::make(a); }
+template <> Observe<rules::TMaze> body_from(const CallArgs& a) { return ObserveOf<rules::TMaze>::make(a); }
+template <> EnvStep<rules::Recall> body_from(const CallArgs& a) { return StepOf<rules::Recall>::make(a); }
+template <> EnvStep<rules::TMaze> body_from(const CallArgs& a) { return StepOf<rules::TMaze>::make(a); }
+template <> Sample body_from(const CallArgs& a) {
+  return {uint64_t(a.i[0]), a.at<const float>(0), a.at<const int64_t>(1), a.at<int64_t>(2), a.at<int64_t>(3),
+          a.at<int64_t>(4), a.at<float>(5), a.i[1], a.i[2]};
+}
+template <> Store body_from(const CallArgs& a) {
+  return a.i[1] ? Store{a.at<const float>(0), a.at<const int64_t>(1), a.at<float>(2), a.i[0]}
+                : Store{a.at<const float>(0), nullptr, a.at<float>(1), a.i[0]};
+}
+template <> Reset body_from(const CallArgs& a) { return {a.at<float>(1), a.at<const float>(0), a.i[0], a.i[1]}; }
+template <> Advance body_from(const CallArgs& a) { return {a.at<int64_t>(0), a.i[0]}; }
+template <> Gae body_from(const CallArgs& a) {
+  return {a.at<const float>(0), a.at<const float>(1), a.at<const float>(2), a.at<const float>(3), a.at<float>(4), a.at<float>(5),
+          a.i[0], a.i[1], float(a.f[0]), float(a.f[1])};
+}
+
+// How many elements a call runs: one per stream, the state's elements
+// (Reset), or one (Advance).
+template <class Body> int64_t extent(const CallArgs& a) {
+  if constexpr (std::is_same_v<Body, Reset>) return a.numel[1];
+  else if constexpr (std::is_same_v<Body, Advance>) return 1;
+  else if constexpr (std::is_same_v<Body, Sample> || std::is_same_v<Body, Gae>) return a.i[1];
+  else if constexpr (std::is_same_v<Body, Store>) return a.i[0];
+  else return a.i[kB];
+}
+
+template <class Body> void host_form(const CallArgs& a) {
+  const Body body = body_from<Body>(a);
+  const int64_t n = extent<Body>(a);
+  for (int64_t i = 0; i < n; ++i) body(i);
+}
+#ifdef SEGTAPE_AGENT_CUDA
+template <class Body> void cuda_form(const CallArgs& a, void* stream) { launch(body_from<Body>(a), extent<Body>(a), stream); }
+#define SEGTAPE_FUNCTION(name, Body) DeviceFunction{name, host_form<Body>, cuda_form<Body>}
+#else
+#define SEGTAPE_FUNCTION(name, Body) DeviceFunction{name, host_form<Body>, nullptr}
+#endif
+
+const DeviceFunction kObserve[2] = {SEGTAPE_FUNCTION("device recall: observe", Observe<rules::Recall>),
+                                    SEGTAPE_FUNCTION("device tmaze: observe", Observe<rules::TMaze>)};
+const DeviceFunction kStep[2] = {SEGTAPE_FUNCTION("device recall: step", EnvStep<rules::Recall>),
+                                 SEGTAPE_FUNCTION("device tmaze: step", EnvStep<rules::TMaze>)};
+const DeviceFunction kSample = SEGTAPE_FUNCTION("device rollout: sample actions", Sample);
+const DeviceFunction kStore = SEGTAPE_FUNCTION("device rollout: store values", Store);
+const DeviceFunction kReset = SEGTAPE_FUNCTION("device rollout: reset finished streams", Reset);
+const DeviceFunction kAdvance = SEGTAPE_FUNCTION("device rollout: next row", Advance);
+const DeviceFunction kGae = SEGTAPE_FUNCTION("device rollout: GAE", Gae);
+#undef SEGTAPE_FUNCTION
+
+}  // namespace
+
+bool device_env_built(const std::string& name) { return name == "recall" || name == "tmaze"; }
+
+DeviceEnv::DeviceEnv(Tape& tape, const std::string& name, int64_t batch, uint64_t seed, const EnvOptions& o) : B_(batch) {
+  if (!device_env_built(name))
+    throw Error("device env '" + name + "': not built for the device (the device envs: recall, tmaze); the host loop runs every env");
+  // The twin checks the options and makes the state; the device starts from its rows.
+  const std::unique_ptr<Env> twin = make_env("device-" + name, batch, seed, o);
+  spec_ = twin->spec();
+  spec_.name = name;
+  const std::vector<int64_t> rows = twin->save_state();  // (the base's: the rng's and the score's 4, then the state ints)
+  if (name == "recall") {
+    kind_ = Kind::Recall, width_ = rules::Recall::kWidth;
+    ints_ = {int64_t(seed), o.lag, o.vocab, o.sparse ? 1 : 0, 0};
+  } else {
+    kind_ = Kind::TMaze, width_ = rules::TMaze::kWidth;
+    ints_ = {int64_t(seed), o.corridor, 0, 0, 0};
+  }
+  twin_ = make_env("device-" + name, batch, seed, o);
+  state_ = tape.persistent({B_, width_}, DType::I64);
+  load_rows(std::span<const int64_t>(rows).last(size_t(B_ * width_)));
+}
+
+void DeviceEnv::load_rows(std::span<const int64_t> rows) {
+  std::vector<int64_t> saved = twin_->save_state();
+  if (rows.size() != size_t(B_ * width_))
+    throw Error("device env '" + spec_.name + "': " + std::to_string(rows.size()) + " state integers, expected " +
+                std::to_string(B_ * width_) + " (" + std::to_string(B_) + " streams of " + std::to_string(width_) + ")");
+  std::copy(rows.begin(), rows.end(), saved.end() - ptrdiff_t(rows.size()));
+  twin_->load_state(saved);  // (its range checks; it throws, naming the env, before the device's state changes)
+  state_.from_host(rows);
+}
+
+void DeviceEnv::observe(const Tensor& obs, const Tensor& tokens, const Tensor& cursor) const {
+  const auto& f = kObserve[size_t(kind_)];
+  const auto& i = ints_;
+  if (tokens.defined()) device_call(f, {state_, cursor}, {obs, tokens}, {i[0], i[1], i[2], i[3], i[4], B_});
+  else device_call(f, {state_, cursor}, {obs}, {i[0], i[1], i[2], i[3], i[4], B_});
+}
+
+void DeviceEnv::step(const Tensor& actions, const Tensor& cursor, const Tensor& rewards, const Tensor& done, const Tensor& keep,
+                     const Tensor& stats) const {
+  const auto& i = ints_;
+  device_call(kStep[size_t(kind_)], {actions, cursor}, {state_, rewards, done, keep, stats}, {i[0], i[1], i[2], i[3], i[4], B_});
+}
+
+std::pair<int64_t, int64_t> DeviceEnv::score_counts() const {
+  const std::vector<int64_t> rows = state_.to_host<int64_t>();
+  int64_t num = 0, den = 0;
+  for (int64_t b = 0; b < B_; ++b) num += rows[size_t((b + 1) * width_ - 2)], den += rows[size_t((b + 1) * width_ - 1)];
+  return {num, den};
+}
+
+DeviceRollout::DeviceRollout(Tape& tape, const Policy& policy, DeviceEnv& env, int64_t T_, int64_t K_, uint64_t sample_seed)
+    : T(T_), K(K_), B(env.batch()), A(env.spec().num_actions), tape_(tape), policy_(policy), env_(env), seed_(sample_seed) {
+  if (T < 1 || K < 1) throw Error("device rollout: needs T >= 1 and K >= 1 steps");
+  if (env.spec().vocab <= 0) throw Error("device rollout: the device envs built show tokens; " + env.spec().name + " does not");
+  tokens = tape.persistent({T, B}, DType::I64);
+  actions = tape.persistent({T, B}, DType::I64);
+  for (Tensor* t : {&logp, &values, &rewards, &done, &advantages_, &returns}) *t = tape.persistent({T, B});
+  bootstrap = tape.persistent({B});
+  stats = tape.persistent({B, 3}, DType::F64);
+  counters = tape.persistent({B}, DType::I64);
+  cursor = tape.persistent({1}, DType::I64);
+  keep_ = tape.persistent({B});
+}
+
+void DeviceRollout::run(const Tensor& h_home) {
+  const int64_t H = h_home.dim(1);
+  segment_peak = 0;
+  for (int64_t t0 = 0; t0 < T; t0 += K, segment_peak = std::max(segment_peak, tape_.stats().last_segment_peak)) {
+    Segment seg = tape_.segment();
+    NoGradGuard ng(tape_);
+    Tensor h = h_home;
+    for (int64_t t = t0; t < std::min(T, t0 + K); ++t, tape_.next_step()) {
+      const Tensor obs = tape_.empty({B}, DType::I64);
+      env_.observe(obs, tokens, cursor);
+      const Tensor state = policy_.recur(policy_.encode(obs), h);
+      const Tensor f = policy_.output(state);
+      const Tensor lp = log_softmax(policy_.logits(f));  // [B, A]
+      device_call(kStore, {policy_.value(f), cursor}, {values}, {B, 1});
+      const Tensor a = tape_.empty({B}, DType::I64);
+      device_call(kSample, {lp, cursor}, {counters, a, actions, logp}, {int64_t(seed_), B, A});
+      env_.step(a, cursor, rewards, done, keep_, stats);
+      device_call(kReset, {keep_}, {state}, {B, H});
+      device_call(kAdvance, {}, {cursor}, {T});
+      h = state;
+    }
+    copy_into(h_home, h);
+  }
+  // The look-ahead: a segment of another shape, eager under graph replay.
+  Segment seg = tape_.eager_segment();
+  NoGradGuard ng(tape_);
+  const Tensor obs = tape_.empty({B}, DType::I64);
+  env_.observe(obs, Tensor{}, cursor);
+  device_call(kStore, {policy_.value(policy_.output(policy_.recur(policy_.encode(obs), h_home)))}, {bootstrap}, {B, 0});
+}
+
+void DeviceRollout::advantages(double gamma, double lambda) {
+  const Segment seg = tape_.eager_segment();
+  device_call(kGae, {rewards, values, done, bootstrap}, {advantages_, returns}, {T, B}, {gamma, lambda});
+}
+
+}  // namespace segtape::agent::device

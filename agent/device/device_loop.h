@@ -1,0 +1,101 @@
+// The agent loop on the device (issue 51, item 3; docs/agent.md "The device
+// loop"), private to the agent library: device envs whose B streams live
+// on a tape, and PPO's rollout run step after step with no host read —
+// observations, the policy's step, sampled actions, the envs' steps,
+// episode resets, rewards and GAE all where the tape lives. On a GPU each
+// piece is a kernel on the tape's stream; on the CPU and the host-emulated
+// device the same rules (rules.h) run as host loops, which is how CI runs
+// the device loop's logic.
+//
+// Built so far: the device envs recall and tmaze, their host twins (the
+// envs "device-recall" and "device-tmaze", task/device_twins.cpp), the
+// rollout and GAE. Not yet: dialogue on the device, PPO's minibatch update
+// on the device (its loss terms are computed on the host, agent/algo/ppo.cpp).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "segtape/agent/env.h"
+#include "segtape/agent/policy.h"
+#include "segtape/tape.h"
+
+namespace segtape::agent::device {
+
+// The names of the envs built for the device ("recall", "tmaze"), and
+// whether `name` is one.
+bool device_env_built(const std::string& name);
+
+// B streams of a device env on a tape: their state one persistent int64
+// tensor [B, width], made from the seed as the host twin
+// (make_env("device-" + name, B, seed, o)) makes its state.
+class DeviceEnv {
+ public:
+  // Throws Error naming the env when it has no device form (device_env_built).
+  DeviceEnv(Tape& tape, const std::string& name, int64_t batch, uint64_t seed, const EnvOptions& o);
+  const EnvSpec& spec() const { return spec_; }
+  int64_t batch() const { return B_; }
+  // The streams' observations into obs (int64 [B]) and, where tokens is
+  // defined, into its row *cursor (tokens int64 [T, B], cursor int64 [1]).
+  void observe(const Tensor& obs, const Tensor& tokens, const Tensor& cursor) const;
+  // actions (int64 [B]) applied: rewards and done flags (0 or 1) into row
+  // *cursor of rewards and done (float [T, B]), 1 - done into keep (float
+  // [B]), each stream's episode return into stats (float64 [B, 3]: the
+  // return so far, the finished episodes' returns summed, their count).
+  void step(const Tensor& actions, const Tensor& cursor, const Tensor& rewards, const Tensor& done, const Tensor& keep,
+            const Tensor& stats) const;
+  // The state [B, width] (its rows are the host twin's state_ints).
+  const Tensor& state() const { return state_; }
+  // Sets the state to rows [B x width] of a host twin's state_ints (its
+  // save_state() after the rng's and score's 4), as the twin's load_state
+  // checks them: throws Error, the state left as it was, where they are
+  // not a state of this env.
+  void load_rows(std::span<const int64_t> rows);
+  // Score so far: the rows' numerators and denominators summed (reads the device).
+  std::pair<int64_t, int64_t> score_counts() const;
+
+ private:
+  enum class Kind : uint8_t { Recall, TMaze } kind_;
+  int64_t B_, width_;
+  EnvSpec spec_;
+  std::array<int64_t, 5> ints_{};  // the rules' integers (device_loop.cpp's order)
+  std::unique_ptr<Env> twin_;      // load_rows' checks
+  Tensor state_;
+};
+
+// PPO's rollout of T steps over a device env's B streams, in segments of K
+// steps (no gradient), into [T, B] tensors on the tape; the actions drawn
+// from each stream's own counter of rules::draw(seed, b, ...) (the host
+// twin's sampler draws the same). run() reads nothing back to the host:
+// every call of a rollout repeats the previous rollout's (CUDA-graph
+// segments replay them).
+class DeviceRollout {
+ public:
+  DeviceRollout(Tape& tape, const Policy& policy, DeviceEnv& env, int64_t T, int64_t K, uint64_t sample_seed);
+  // T steps from the state in h_home (persistent [state_rows B, hidden]),
+  // which holds the state after them; then the value after the last step
+  // into bootstrap.
+  void run(const Tensor& h_home);
+  // GAE(lambda) over the rollout into advantages and returns.
+  void advantages(double gamma, double lambda);
+
+  int64_t T, K, B, A;
+  // What the streams saw and did: tokens, actions (int64), log-probabilities
+  // of the actions, values, rewards, done flags (0 or 1), advantages and
+  // returns (float), all [T, B]; the value after the rollout [B]; each
+  // stream's episode returns (float64 [B, 3], DeviceEnv::step); the
+  // sampler's counters [B] and the row now written [1] (int64).
+  Tensor tokens, actions, logp, values, rewards, done, advantages_, returns, bootstrap, stats, counters, cursor;
+  // The largest arena high-water of the last run()'s K-step segments (the tape's bookkeeping: no device read).
+  size_t segment_peak = 0;
+
+ private:
+  Tape& tape_;
+  const Policy& policy_;
+  DeviceEnv& env_;
+  uint64_t seed_;
+  Tensor keep_;  // [B]: the step's 1 - done
+};
+
+}  // namespace segtape::agent::device

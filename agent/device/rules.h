@@ -1,0 +1,133 @@
+// The device agent loop's rules, written once for the host and the device
+// (private to the agent library): a counter-based generator, the device
+// envs' per-stream steps, the sampler's per-row draw, and GAE's per-stream
+// pass. The host forms (agent/device/functions.cpp), the CUDA kernels
+// (agent/device/functions.cu), the host twins of the device envs
+// (device_env.cpp) and PPO's host rollout buffer (algo/rollout_buffer.cpp)
+// all call these, so that a device loop and its host twin compute the same
+// values by the same expressions.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define SEGTAPE_AGENT_HD __host__ __device__ inline
+#else
+#define SEGTAPE_AGENT_HD inline
+#endif
+
+namespace segtape::agent::rules {
+
+// ---- a counter-based generator: draw k of stream b under a seed is a pure
+// function of (seed, b, k), so B streams draw in parallel, in any order, and
+// the host twin draws the same numbers. SplitMix64's finaliser (Steele,
+// Lea and Flood 2014) applied to the seed, the stream and the counter in
+// turn; a hash for simulation, not for cryptography.
+SEGTAPE_AGENT_HD uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+SEGTAPE_AGENT_HD uint64_t draw(uint64_t seed, int64_t stream, int64_t k) {
+  return mix64(mix64(mix64(seed) ^ uint64_t(stream)) ^ uint64_t(k));
+}
+// A uniform double in [0, 1) from the draw's top 53 bits.
+SEGTAPE_AGENT_HD double uniform(uint64_t bits) { return double(bits >> 11) * 0x1.0p-53; }
+SEGTAPE_AGENT_HD int64_t below(uint64_t bits, int64_t n) { return int64_t(bits % uint64_t(n)); }
+
+// ---- device envs. Each stream's state is a row of int64 of a fixed width;
+// observe() gives the stream's token now, step() applies its action and
+// gives its reward and whether its episode ended (it restarts by itself).
+// score counts: the row's last two integers (numerator, denominator).
+
+// recall: the token at step t is draw(seed, b, t) mod V; the target at t
+// (t >= lag, and in sparse form only where t is a multiple of lag) is the
+// token of t - lag; the reward is 1 for the target (the reward PPO gives a
+// supervised env's target, agent/algo/ppo.cpp), and the episode never ends.
+// Row: t, numerator, denominator.
+struct Recall {
+  static constexpr int kWidth = 3;
+  uint64_t seed;
+  int64_t lag, vocab;
+  bool sparse;
+  SEGTAPE_AGENT_HD bool shown(int64_t t) const { return !sparse || t % lag == 0; }
+  SEGTAPE_AGENT_HD bool asked(int64_t t) const { return t >= lag && shown(t); }
+  SEGTAPE_AGENT_HD int64_t token(int64_t b, int64_t t) const { return below(draw(seed, b, t), vocab); }
+  SEGTAPE_AGENT_HD void start(int64_t* /*row*/, int64_t /*b*/) const {}
+  SEGTAPE_AGENT_HD bool valid(const int64_t* row) const { return row[0] >= 0 && row[1] >= 0 && row[1] <= row[2]; }
+  SEGTAPE_AGENT_HD int64_t observe(const int64_t* row, int64_t b) const { return shown(row[0]) ? token(b, row[0]) : vocab; }
+  SEGTAPE_AGENT_HD int64_t target(const int64_t* row, int64_t b) const { return asked(row[0]) ? token(b, row[0] - lag) : -100; }
+  SEGTAPE_AGENT_HD void step(int64_t* row, int64_t b, int64_t a, float& reward, uint8_t& done) const {
+    const int64_t y = target(row, b);
+    reward = y >= 0 && a == y ? 1.0f : 0.0f;
+    if (y >= 0) row[1] += a == y, row[2] += 1;
+    row[0] += 1;
+    done = 0;
+  }
+};
+
+// tmaze: a cue (token 0 or 1) at the corridor's start, N - 1 corridor steps
+// (token 2), the junction (token 3), where the action ends the episode:
+// +1 for the cued arm, -1 else. Episode e's cue is draw(seed, b, e) mod 2.
+// Row: cue, position, episode, numerator, denominator.
+struct TMaze {
+  static constexpr int kWidth = 5;
+  uint64_t seed;
+  int64_t corridor;
+  SEGTAPE_AGENT_HD void start(int64_t* row, int64_t b) const {
+    row[0] = below(draw(seed, b, row[2]), 2);
+    row[1] = 0;
+  }
+  SEGTAPE_AGENT_HD bool valid(const int64_t* row) const {
+    return (row[0] == 0 || row[0] == 1) && row[1] >= 0 && row[1] <= corridor && row[2] >= 0 && row[3] >= 0 && row[3] <= row[4];
+  }
+  SEGTAPE_AGENT_HD int64_t observe(const int64_t* row, int64_t /*b*/) const {
+    return row[1] == 0 ? row[0] : row[1] < corridor ? 2 : 3;
+  }
+  SEGTAPE_AGENT_HD int64_t target(const int64_t*, int64_t) const { return -100; }
+  SEGTAPE_AGENT_HD void step(int64_t* row, int64_t b, int64_t a, float& reward, uint8_t& done) const {
+    reward = 0.0f, done = 0;
+    if (row[1] < corridor) {
+      row[1] += 1;
+      return;
+    }
+    const bool ok = a == row[0];
+    reward = ok ? 1.0f : -1.0f, done = 1;
+    row[3] += ok, row[4] += 1, row[2] += 1;
+    start(row, b);
+  }
+};
+
+// ---- the sampler: a ~ softmax(lp) of a row of A log-probabilities, by the
+// host Step::sample's rule (the first k whose running sum of exp(lp) in
+// double passes u; the last where rounding leaves none), u = uniform(bits).
+SEGTAPE_AGENT_HD int64_t sample_row(const float* lp, int64_t A, uint64_t bits) {
+  const double u = uniform(bits);
+  double acc = 0;
+  for (int64_t k = 0; k < A; ++k) {
+    acc += ::exp(double(lp[k]));
+    if (u < acc) return k;
+  }
+  return A - 1;
+}
+
+// ---- GAE(lambda) of one stream over n steps (rows t * stride): a done
+// step does not bootstrap from the next (the next episode's); returns =
+// advantages + values. In float, as PPO's host buffer has always computed it.
+template <class Done>
+SEGTAPE_AGENT_HD void gae_stream(int64_t n, int64_t stride, float gamma, float lambda, float bootstrap, const float* rewards,
+                                 const float* values, const Done* done, float* advantages, float* returns) {
+  float gae = 0, next_value = bootstrap;
+  for (int64_t t = n - 1; t >= 0; --t) {
+    const int64_t k = t * stride;
+    const float go_on = done[k] ? 0.0f : 1.0f;
+    const float delta = rewards[k] + gamma * next_value * go_on - values[k];
+    gae = delta + gamma * lambda * go_on * gae;
+    advantages[k] = gae;
+    returns[k] = gae + values[k];
+    next_value = values[k];
+  }
+}
+
+}  // namespace segtape::agent::rules

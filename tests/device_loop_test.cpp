@@ -1,0 +1,290 @@
+// The agent loop on the device (agent/device/device_loop.h) against the host
+// loop, on a tape of Device::cuda(): the host-emulated device in every build
+// (device_loop_test, label `emulated`), a GPU where there is one
+// (cuda_device_loop_test, label `cuda`; it skips without one).
+//
+//  - each device env's streams equal its host twin's (make_env("device-" +
+//    name)) step for step: observations, rewards, done flags, the state rows
+//    and the score, under random actions;
+//  - a device rollout (observe, the policy's step, sampled actions, env
+//    steps, resets, the values, the look-ahead value, GAE) equals the host
+//    loop's by the host pieces (the twin env, the policy on a CPU tape, the
+//    sampler and GAE's rules): bit for bit on the emulated device, whose
+//    ops are the CPU's; on a GPU the integers exactly and the reals to 1e-5;
+//  - the rollout issues the same calls every iteration and reads nothing
+//    on the host: under graph replay its segments are captured and replayed
+//    (a changed call or a host read in a graph segment would throw), with
+//    the same results as without.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "../agent/device/device_loop.h"
+#include "../agent/device/rules.h"
+#include "../agent/algo/rollout_buffer.h"
+#include "gpu.h"
+#include "segtape/agent/env.h"
+#include "segtape/agent/policy.h"
+#include "segtape/nn/random.h"
+#include "segtape/ops.h"
+
+using namespace segtape;
+using namespace segtape::agent;
+
+namespace {
+
+using test::small_device_pools;
+
+struct Case {
+  std::string name;
+  EnvOptions o;
+};
+std::vector<Case> cases() {
+  EnvOptions dense, sparse, maze;
+  dense.lag = 3, dense.vocab = 4;
+  sparse.lag = 4, sparse.vocab = 3, sparse.sparse = true;
+  maze.corridor = 3;
+  return {{"recall", dense}, {"recall", sparse}, {"tmaze", maze}};
+}
+
+// Reals equal bit for bit on the emulated device (the CPU's ops), within tol on a GPU.
+void expect_close(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (test::kEmulated) ASSERT_EQ(a[i], b[i]) << what << " [" << i << "]";
+    else ASSERT_NEAR(a[i], b[i], 1e-5 * std::max(1.0f, std::abs(b[i]))) << what << " [" << i << "]";
+  }
+}
+
+TEST(DeviceLoop, DeviceEnvsEqualTheirHostTwinsStepForStep) {
+  REQUIRE_GPU();
+  constexpr int64_t B = 5, kSteps = 60;
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name + (c.o.sparse ? " sparse" : ""));
+    Tape tape(Device::cuda(), small_device_pools());
+    device::DeviceEnv denv(tape, c.name, B, 17, c.o);
+    const std::unique_ptr<Env> twin = make_env("device-" + c.name, B, 17, c.o);
+    ASSERT_EQ(denv.spec().vocab, twin->spec().vocab);
+    const Tensor tokens = tape.persistent({1, B}, DType::I64), cursor = tape.persistent({1}, DType::I64);
+    const Tensor rewards = tape.persistent({1, B}), done = tape.persistent({1, B}), keep = tape.persistent({B});
+    const Tensor stats = tape.persistent({B, 3}, DType::F64);
+    nn::Rng pick(5);
+    std::vector<int64_t> tok(B), want_tok(B), y(B), a(B);
+    std::vector<float> r(B);
+    std::vector<uint8_t> d(B);
+    int64_t rewarded = 0, ended = 0;
+    for (int64_t t = 0; t < kSteps; ++t) {
+      Segment seg = tape.segment();
+      const Tensor obs = tape.empty({B}, DType::I64);
+      denv.observe(obs, tokens, cursor);
+      obs.to_host(std::span<int64_t>(tok));
+      twin->observe(want_tok, {});
+      ASSERT_EQ(tok, want_tok) << "step " << t;
+      ASSERT_EQ(tokens.to_host<int64_t>(), want_tok) << "step " << t;
+      twin->targets(y);
+      for (int64_t b = 0; b < B; ++b) a[size_t(b)] = int64_t(pick.next_u64() % uint64_t(twin->spec().num_actions));
+      denv.step(tape.from(a, {B}), cursor, rewards, done, keep, stats);
+      twin->step(a, r, d);
+      const std::vector<float> got_r = rewards.to_host<float>(), got_d = done.to_host<float>(), got_k = keep.to_host<float>();
+      for (int64_t b = 0; b < B; ++b) {
+        const auto i = size_t(b);
+        // the device env's reward is PPO's for a supervised env: 1 for the target
+        const float want = twin->spec().supervised ? (y[i] != kNoTarget && a[i] == y[i] ? 1.0f : 0.0f) : r[i];
+        ASSERT_EQ(got_r[i], want) << "step " << t << " stream " << b;
+        ASSERT_EQ(got_d[i], float(d[i])) << "step " << t << " stream " << b;
+        ASSERT_EQ(got_k[i], d[i] ? 0.0f : 1.0f);
+        rewarded += want != 0, ended += d[i];
+      }
+      const std::vector<int64_t> saved = twin->save_state();
+      ASSERT_EQ(denv.state().to_host<int64_t>(), std::vector<int64_t>(saved.end() - B * denv.state().dim(1), saved.end())) << "step " << t;
+    }
+    EXPECT_EQ(denv.score_counts(), twin->score_counts());
+    EXPECT_GT(rewarded, 0);  // (the comparisons above saw rewards, and tmaze's episodes end)
+    if (c.name == "tmaze") {
+      EXPECT_GT(ended, 0);
+    }
+  }
+}
+
+// The env's start with its streams out of step (tmaze: stream b at
+// position b mod (corridor + 1)), so that episodes end at different steps
+// and each stream's reset is its own.
+std::vector<int64_t> staggered(const Env& env) {
+  std::vector<int64_t> s = env.save_state();
+  if (env.spec().name == "device-tmaze")
+    for (size_t b = 0; 4 + 5 * b < s.size(); ++b) s[4 + 5 * b + 1] = int64_t(b) % 4;  // (the cases' corridor: 3)
+  return s;
+}
+
+// The host loop by the host pieces, as agent/algo/ppo.cpp's rollout runs it
+// (its sampler's draws from the device's counters): T steps over the twin env
+// on a CPU tape, the buffers [T, B], GAE by PPO's host rollout buffer.
+struct HostRollout {
+  std::vector<int64_t> tokens, actions;
+  std::vector<float> logp, values, rewards, done, advantages, returns, bootstrap, h;
+  std::vector<double> stats;
+};
+HostRollout host_rollout(const Case& c, int64_t B, int64_t T, const PolicyShape& shape, uint64_t sample_seed, double gamma, double lambda) {
+  Tape tape;
+  const std::unique_ptr<Env> env = make_env("device-" + c.name, B, 17, c.o);
+  env->load_state(staggered(*env));
+  nn::Rng init(3);
+  const Policy policy(tape, init, env->spec(), shape);
+  const int64_t A = env->spec().num_actions, H = shape.hidden;
+  HostRollout out;
+  const auto TB = size_t(T * B);
+  out.tokens.assign(TB, 0), out.actions.assign(TB, 0);
+  for (auto* v : {&out.logp, &out.values, &out.rewards, &out.done, &out.advantages, &out.returns}) v->assign(TB, 0.0f);
+  out.bootstrap.assign(size_t(B), 0.0f), out.stats.assign(size_t(B * 3), 0.0);
+  const auto nB = static_cast<size_t>(B);
+  std::vector<float> h(nB * size_t(H), 0.0f), lp(nB * size_t(A)), v(nB), r(nB);
+  std::vector<int64_t> tok(nB), y(nB), a(nB), counter(nB, 0);
+  std::vector<uint8_t> d(nB);
+  for (int64_t t = 0; t < T; ++t) {
+    Segment seg = tape.segment();
+    NoGradGuard ng(tape);
+    env->observe(tok, {});
+    env->targets(y);
+    const Tensor state = policy.recur(policy.encode(tape.from(tok, {B})), tape.from(h, {B, H}));
+    const Tensor f = policy.output(state);
+    log_softmax(policy.logits(f)).to_host(std::span<float>(lp));
+    policy.value(f).to_host(std::span<float>(v));
+    for (int64_t b = 0; b < B; ++b) {
+      const auto i = size_t(b), k = size_t(t * B + b);
+      a[i] = rules::sample_row(lp.data() + b * A, A, rules::draw(sample_seed, b, counter[i]++));
+      out.tokens[k] = tok[i], out.actions[k] = a[i], out.logp[k] = lp[size_t(b * A + a[i])], out.values[k] = v[i];
+    }
+    env->step(a, r, d);
+    std::vector<float> s = state.to_host<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      const auto i = size_t(b), k = size_t(t * B + b);
+      if (env->spec().supervised) r[i] += y[i] != kNoTarget && a[i] == y[i] ? 1.0f : 0.0f;
+      out.rewards[k] = r[i], out.done[k] = d[i] ? 1.0f : 0.0f;
+      const float g = float(out.stats[3 * i]) + r[i];
+      if (d[i]) out.stats[3 * i + 1] += double(g), out.stats[3 * i + 2] += 1, out.stats[3 * i] = 0;
+      else out.stats[3 * i] = double(g);
+      for (int64_t j = 0; j < H; ++j) s[size_t(b * H + j)] = s[size_t(b * H + j)] * (d[i] ? 0.0f : 1.0f);
+    }
+    h = s;
+    tape.next_step();
+  }
+  {
+    Segment seg = tape.segment();
+    NoGradGuard ng(tape);
+    env->observe(tok, {});
+    policy.value(policy.output(policy.recur(policy.encode(tape.from(tok, {B})), tape.from(h, {B, H})))).to_host(std::span<float>(out.bootstrap));
+  }
+  // GAE by the host PPO's own buffer (agent/algo/rollout_buffer.h)
+  TrainConfig config;
+  config.rollout = T, config.batch = B, config.hidden = H;
+  RolloutBuffer buf(config, env->spec());
+  buf.rewards = out.rewards, buf.values = out.values, buf.bootstrap = out.bootstrap;
+  std::transform(out.done.begin(), out.done.end(), buf.done.begin(), [](float x) { return uint8_t(x != 0); });
+  buf.compute_advantages(T, gamma, lambda);
+  out.advantages = buf.advantages, out.returns = buf.returns;
+  out.h = h;
+  return out;
+}
+
+void expect_rollout(device::DeviceRollout& dr, const Tensor& h_home, const HostRollout& want) {
+  EXPECT_EQ(dr.tokens.to_host<int64_t>(), want.tokens);
+  EXPECT_EQ(dr.actions.to_host<int64_t>(), want.actions);
+  expect_close(dr.logp.to_host<float>(), want.logp, "logp");
+  expect_close(dr.values.to_host<float>(), want.values, "values");
+  expect_close(dr.rewards.to_host<float>(), want.rewards, "rewards");
+  expect_close(dr.done.to_host<float>(), want.done, "done");
+  expect_close(dr.bootstrap.to_host<float>(), want.bootstrap, "bootstrap");
+  expect_close(dr.advantages_.to_host<float>(), want.advantages, "advantages");
+  expect_close(dr.returns.to_host<float>(), want.returns, "returns");
+  expect_close(h_home.to_host<float>(), want.h, "state after the rollout");
+  const std::vector<double> stats = dr.stats.to_host<double>();
+  for (size_t i = 0; i < stats.size(); ++i) EXPECT_NEAR(stats[i], want.stats[i], test::kEmulated ? 0.0 : 1e-4) << "stats " << i;
+}
+
+TEST(DeviceLoop, RolloutEqualsTheHostLoop) {
+  REQUIRE_GPU();
+  constexpr int64_t B = 6, T = 12, K = 4;
+  const PolicyShape shape{6, 10, 0, true};
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name + (c.o.sparse ? " sparse" : ""));
+    const HostRollout want = host_rollout(c, B, T, shape, 99, 0.9, 0.8);
+    Tape tape(Device::cuda(), small_device_pools());
+    device::DeviceEnv denv(tape, c.name, B, 17, c.o);
+    const std::vector<int64_t> start = staggered(*make_env("device-" + c.name, B, 17, c.o));
+    denv.load_rows(std::span<const int64_t>(start).subspan(4));
+    nn::Rng init(3);
+    const Policy policy(tape, init, denv.spec(), shape);
+    device::DeviceRollout dr(tape, policy, denv, T, K, 99);
+    const Tensor h_home = tape.persistent({B, shape.hidden});
+    dr.run(h_home);
+    dr.advantages(0.9, 0.8);
+    expect_rollout(dr, h_home, want);
+    // the rollout is not vacuous: actions of both kinds, rewards, and (tmaze) ended episodes
+    const std::vector<int64_t> acts = dr.actions.to_host<int64_t>();
+    EXPECT_NE(std::count(acts.begin(), acts.end(), acts[0]), int64_t(acts.size()));
+    const std::vector<float> rw = dr.rewards.to_host<float>(), dn = dr.done.to_host<float>();
+    EXPECT_GT(std::count_if(rw.begin(), rw.end(), [](float x) { return x != 0; }), 0);
+    if (c.name == "tmaze") {
+      EXPECT_GT(std::count(dn.begin(), dn.end(), 1.0f), 0);
+    }
+  }
+}
+
+TEST(DeviceLoop, RolloutReplaysAsCudaGraphsWithTheSameResults) {
+  REQUIRE_GPU();
+  constexpr int64_t B = 4, T = 8, K = 4, kIterations = 3;
+  const PolicyShape shape{6, 10, 0, true};
+  const Case c = cases()[2];
+  std::vector<std::vector<float>> runs[2];
+  for (const bool graph : {false, true}) {
+    TapeOptions o = small_device_pools();
+    o.graph_replay = graph;
+    Tape tape(Device::cuda(), o);
+    device::DeviceEnv denv(tape, c.name, B, 17, c.o);
+    nn::Rng init(3);
+    const Policy policy(tape, init, denv.spec(), shape);
+    device::DeviceRollout dr(tape, policy, denv, T, K, 99);
+    const Tensor h_home = tape.persistent({B, shape.hidden});
+    for (int64_t i = 0; i < kIterations; ++i) {
+      dr.run(h_home);
+      dr.advantages(0.9, 0.8);
+      runs[graph].push_back(dr.advantages_.to_host<float>());
+      runs[graph].push_back(dr.logp.to_host<float>());
+    }
+    if (graph) {  // 6 segments: one warm-up, two captured, three replayed
+      EXPECT_EQ(tape.stats().graph_captures, 2u);
+      EXPECT_EQ(tape.stats().graph_replays, 3u);
+    }
+  }
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  for (size_t i = 0; i < runs[0].size(); ++i) expect_close(runs[1][i], runs[0][i], "iteration " + std::to_string(i / 2));
+  EXPECT_NE(runs[0][0], runs[0][2]);  // (the iterations differ: the env and the state move on)
+}
+
+TEST(DeviceLoop, RefusesWhatItDoesNotBuild) {
+  REQUIRE_GPU();
+  Tape tape(Device::cuda(), small_device_pools());
+  EnvOptions o;
+  try {
+    device::DeviceEnv e(tape, "dialogue", 4, 1, o);
+    FAIL() << "dialogue has no device form";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not built for the device"), std::string::npos) << e.what();
+  }
+  o.corridor = 3;
+  device::DeviceEnv maze(tape, "tmaze", 2, 1, o);
+  const std::vector<int64_t> before = maze.state().to_host<int64_t>();
+  for (const std::vector<int64_t>& bad : {std::vector<int64_t>{0, 4, 0, 0, 0, 1, 0, 0, 0, 0},  // position past the junction
+                                          std::vector<int64_t>{2, 0, 0, 0, 0, 1, 0, 0, 0, 0},  // no such cue
+                                          std::vector<int64_t>{0, 0, 0, 0, 0}}) {            // one stream of two
+    EXPECT_THROW(maze.load_rows(bad), Error);
+    EXPECT_EQ(maze.state().to_host<int64_t>(), before);
+  }
+  o.vocab = 1;
+  EXPECT_THROW(device::DeviceEnv(tape, "recall", 4, 1, o), Error);  // the twin's checks: vocab >= 2
+}
+
+}  // namespace
