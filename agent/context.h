@@ -32,6 +32,12 @@ struct Context {
 
   std::unique_ptr<Tape> tape;
   nn::Rng init_rng, act_rng;  // the parameters' initialisation; the actions' sampling (and PPO's shuffles)
+  // A device env's host twin (device-recall, device-tmaze: agent/device/):
+  // the actions are drawn as the device loop draws them, stream b's at step
+  // `step` from rules::draw(act_seed, b, step) (Step::sample), so that a
+  // run's rollouts are the same on the host and on the device
+  // (TrainConfig::device_loop); act_rng then only shuffles PPO's streams.
+  bool counter_draws = false;
   Env* env = nullptr;         // the B streams (the Trainer's; evaluate's own while it runs)
   std::unique_ptr<Policy> policy;
   std::unique_ptr<nn::Optimizer> optim;  // Adam (AdamW, or SGD: --task lm's --optim)

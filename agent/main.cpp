@@ -95,6 +95,11 @@ void add_run_options(CLI::App* tr, TrainArgs& ta) {
                  "tbptt or detach, a2c, one process; docs/agent.md), off runs every segment eagerly")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "off"}));
+  tr->add_option("--device-loop", ta.device_loop,
+                 "ppo on device-recall or device-tmaze: on runs each rollout (the env's streams, sampling, resets, GAE) on the "
+                 "--device with nothing read back per step, the same run as off (docs/device-loop.md)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   // (how the run executes, not what it computes: not in the checkpoint)
   tr->add_option_function<std::vector<std::string>>(
         "--kernel",

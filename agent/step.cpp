@@ -97,6 +97,11 @@ void Step::greedy(const Tensor& logits, std::span<int64_t> a) {
 
 void Step::sample(const Tensor& lp, std::span<int64_t> a) {
   lp.to_host(std::span<float>(rows));
+  if (c_.counter_draws) {  // a twin env's: the device loop's draws (Context::counter_draws)
+    const uint64_t seed = Context::act_seed(c_.config.seed, c_.rank());
+    for (int64_t b = 0; b < B_; ++b) a[size_t(b)] = rules::sample_row(rows.data() + b * A_, A_, rules::draw(seed, b, c_.step));
+    return;
+  }
   for (int64_t b = 0; b < B_; ++b)  // (act_rng's uniform() is rules::uniform of its next word)
     a[size_t(b)] = rules::sample_row(rows.data() + b * A_, A_, c_.act_rng.next_u64());
 }

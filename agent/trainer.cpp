@@ -8,6 +8,7 @@
 
 #include "algo/algorithm.h"
 #include "context.h"
+#include "device/device_loop.h"
 #include "history/history.h"
 #include "sizing.h"
 #include "step.h"
@@ -193,6 +194,7 @@ Trainer::Trainer(const TrainConfig& config, dist::Communicator* comm)
   }
   env_ = c.make_training_env();
   c.env = env_.get();
+  c.counter_draws = device::is_twin(cf.env);
   const EnvSpec& spec = c.env->spec();
   sizes_ = estimate_sizes(cf, spec, c.comm ? c.comm->size() : 1);
   if (!c.comm) check_sizes(cf, sizes_);

@@ -17,7 +17,11 @@
 //    the same results as without.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <functional>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -26,7 +30,9 @@
 #include "../agent/device/rules.h"
 #include "../agent/algo/rollout_buffer.h"
 #include "gpu.h"
+#include "agent_util.h"
 #include "segtape/agent/env.h"
+#include "segtape/agent/trainer.h"
 #include "segtape/agent/policy.h"
 #include "segtape/nn/random.h"
 #include "segtape/ops.h"
@@ -264,6 +270,60 @@ TEST(DeviceLoop, RolloutReplaysAsCudaGraphsWithTheSameResults) {
   EXPECT_NE(runs[0][0], runs[0][2]);  // (the iterations differ: the env and the state move on)
 }
 
+// A PPO run with --device-loop on is the host loop's run: the same
+// iterations' figures and the same parameters after each; its last
+// rollout, shorter than --rollout, takes the host loop. On a CPU tape and
+// on Device::cuda() (the emulated device: bit for bit; a GPU: within
+// rounding, its device sampler's exp and GAE being nvcc's).
+TEST(DeviceLoop, PpoWithTheDeviceLoopIsTheHostLoopsRun) {
+  REQUIRE_GPU();
+  const bool exact = test::kEmulated;
+  for (const char* env : {"device-tmaze", "device-recall"})
+    for (const char* dev : {"cpu", "cuda"}) {
+      SCOPED_TRACE(std::string(env) + " on " + dev);
+      TrainConfig c = test::small_config(env, "tbptt:4", 72);  // (4 iterations of 16 steps, then 8 by the host loop)
+      c.algo = Algo::Ppo, c.rollout = 16, c.epochs = 2, c.minibatches = 2, c.device = dev;
+      std::vector<std::vector<double>> figures[2];
+      std::vector<std::vector<float>> params[2];
+      for (const bool on : {false, true}) {
+        c.device_loop = on;
+        Trainer t(c);
+        while (!t.done()) {
+          const UpdateResult r = t.run_segment();
+          figures[on].push_back({r.loss_sum, r.return_sum, double(r.episodes), r.metric("approx_kl"), r.metric("clip_fraction"),
+                                 t.env().score()});
+          params[on].push_back(test::params_of(t));
+        }
+      }
+      ASSERT_EQ(figures[0].size(), 5u);
+      ASSERT_EQ(figures[1].size(), 5u);
+      for (size_t i = 0; i < 5; ++i) {
+        SCOPED_TRACE("iteration " + std::to_string(i));
+        if (exact || std::string(dev) == "cpu") {
+          EXPECT_EQ(figures[1][i], figures[0][i]);
+          EXPECT_EQ(params[1][i], params[0][i]);
+        } else {
+          EXPECT_NEAR(figures[1][i][0], figures[0][i][0], 1e-3);
+        }
+      }
+      if (std::string(env) == "device-tmaze") {
+        EXPECT_GT(figures[1][0][2], 0);  // (episodes ended in the device loop's first rollout)
+      }
+    }
+}
+
+// A device-loop run's checkpoint resumes bit for bit; the resumed run
+// takes the host loop (--device-loop is not in the checkpoint), the same run.
+TEST(DeviceLoop, PpoResumesFromADeviceLoopCheckpointBitForBit) {
+  TrainConfig c = test::small_config("device-tmaze", "tbptt:4", 64);
+  c.algo = Algo::Ppo, c.rollout = 16, c.epochs = 2, c.minibatches = 2, c.device_loop = true;
+  const std::filesystem::path ck = std::filesystem::temp_directory_path() / ("segtape-device-loop-" + std::to_string(::getpid())) / "ck";
+  std::filesystem::create_directories(ck.parent_path());
+  const TrainConfig back = test::expect_resumes_bit_identically(c, ck, 32);
+  EXPECT_FALSE(back.device_loop);
+  std::filesystem::remove_all(ck.parent_path());
+}
+
 TEST(DeviceLoop, RefusesWhatItDoesNotBuild) {
   REQUIRE_GPU();
   Tape tape(Device::cuda(), small_device_pools());
@@ -285,6 +345,21 @@ TEST(DeviceLoop, RefusesWhatItDoesNotBuild) {
   }
   o.vocab = 1;
   EXPECT_THROW(device::DeviceEnv(tape, "recall", 4, 1, o), Error);  // the twin's checks: vocab >= 2
+  // --device-loop: PPO on a twin env, one env's streams
+  for (const auto& [set, says] : std::vector<std::pair<std::function<void(TrainConfig&)>, std::string>>{
+           {[](TrainConfig& t) { t.env = "tmaze"; }, "--env tmaze has no device form"},
+           {[](TrainConfig& t) { t.algo = Algo::A2c; }, "--device-loop on runs PPO's rollouts on the device: --algo ppo (not a2c)"},
+           {[](TrainConfig& t) { t.env_shards = 2; }, "not --env-shards 2"}}) {
+    TrainConfig t = test::small_config("device-tmaze", "tbptt:4", 64);
+    t.algo = Algo::Ppo, t.rollout = 16, t.device_loop = true;
+    set(t);
+    try {
+      t.validate();
+      FAIL() << says;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "../device/device_loop.h"
 #include "algorithm.h"
 #include "rollout_buffer.h"
 #include "segtape/ops.h"
@@ -38,6 +39,7 @@ class Ppo : public Algorithm {
 
  private:
   void rollout(int64_t n, UpdateResult& r);
+  void device_rollout(int64_t n, UpdateResult& r);
   void minibatch(int64_t n, std::span<const int64_t> streams, UpdateResult& r);
   Tensor input(int64_t t);
   void host_terms(int64_t t, const float* rows, const float* values, float* weights, float* returns);
@@ -67,6 +69,18 @@ class Ppo : public Algorithm {
   std::vector<Tensor> seq_encoded_;
   std::vector<float> seq_rows_, seq_values_, seq_weights_, seq_returns_, seq_keep_;
   std::array<Metric, 2> metrics_{Metric{"approx_kl", 0}, Metric{"clip_fraction", 0}};
+  // --device-loop (TrainConfig::device_loop): the twin env's device form and
+  // the rollout on the tape's device; the rollout's float done flags read back.
+  struct OnDevice {
+    OnDevice(Context& c, const RolloutBuffer& buf)
+        : env(*c.tape, *c.env, c.config.env_options),
+          rollout(*c.tape, *c.policy, env, buf.T, c.config.history.k, Context::act_seed(c.config.seed, c.rank()), buf.W, buf.R) {}
+    device::DeviceEnv env;
+    device::DeviceRollout rollout;
+    std::vector<float> done, starts;
+    std::vector<double> stats;
+  };
+  std::unique_ptr<OnDevice> dev_;
 };
 
 Ppo::Ppo(Context& c, HistoryRunner& h, Step& s)
@@ -91,6 +105,7 @@ Ppo::Ppo(Context& c, HistoryRunner& h, Step& s)
   }
   // a history that replays stores a minibatch window's boundary states like its start state (persistent)
   if (history_.replays()) history_.prepare(c.tape->persistent({int64_t(R) * Bm_, c.config.hidden}), false);
+  if (c.config.device_loop) dev_ = std::make_unique<OnDevice>(c, buf_);
 }
 
 UpdateResult Ppo::update(int64_t remaining) {
@@ -102,8 +117,11 @@ UpdateResult Ppo::update(int64_t remaining) {
   if (c_.config.lr_schedule == "linear") c_.set_lr(c_.config.lr * left);
   // Likewise the clip range (host_terms reads it): SB3's lin_0.2 is clip_range x left.
   clip_ = c_.config.clip_schedule == "linear" ? c_.config.clip_range * left : c_.config.clip_range;
-  rollout(n, r);
-  buf_.compute_advantages(n, c_.config.gamma, c_.config.gae_lambda);
+  if (dev_ && n == buf_.T) device_rollout(n, r);  // (GAE too)
+  else {
+    rollout(n, r);
+    buf_.compute_advantages(n, c_.config.gamma, c_.config.gae_lambda);
+  }
   // The order starts afresh each iteration, so that it is a function of act_rng alone (which checkpoints keep).
   std::iota(streams_.begin(), streams_.end(), int64_t(0));
   double kl = 0, clipped = 0;
@@ -169,6 +187,42 @@ void Ppo::rollout(int64_t n, UpdateResult& r) {
   const Segment seg = c_.tape->segment();
   NoGradGuard ng(*c_.tape);
   step_.value(step_.feature(step_.observe(), c_.h, false).feature).to_host(std::span<float>(buf_.bootstrap));
+}
+
+// The same rollout on the tape's device (--device-loop, agent/device/), and
+// GAE there: the twin env's state and the streams' returns so far go to the
+// device, the rollout and its advantages run with nothing read back, then
+// each buffer comes back in one read and the twin takes the device env's
+// state (and the score it counted).
+void Ppo::device_rollout(int64_t n, UpdateResult& r) {
+  OnDevice& d = *dev_;
+  const std::vector<int64_t> twin = c_.env->save_state();
+  d.env.load_rows(std::span<const int64_t>(twin).last(size_t(d.env.state().numel())));
+  d.rollout.start_at(c_.step, c_.episode_return);
+  if (c_.h.ptr != c_.h_home.ptr) copy_into(c_.h_home, c_.h);
+  d.rollout.run(c_.h_home);
+  c_.h = c_.h_home;
+  d.rollout.advantages(c_.config.gamma, c_.config.gae_lambda);
+  d.rollout.tokens.to_host(std::span<int64_t>(buf_.tokens));
+  d.rollout.actions.to_host(std::span<int64_t>(buf_.actions));
+  d.rollout.logp.to_host(std::span<float>(buf_.logp));
+  d.rollout.values.to_host(std::span<float>(buf_.values));
+  d.rollout.rewards.to_host(std::span<float>(buf_.rewards));
+  d.rollout.advantages_.to_host(std::span<float>(buf_.advantages));
+  d.rollout.returns.to_host(std::span<float>(buf_.returns));
+  d.rollout.bootstrap.to_host(std::span<float>(buf_.bootstrap));
+  d.done.resize(buf_.done.size());
+  d.rollout.done.to_host(std::span<float>(d.done));
+  std::transform(d.done.begin(), d.done.end(), buf_.done.begin(), [](float x) { return uint8_t(x != 0); });
+  const size_t per = size_t(buf_.R * buf_.B * buf_.H);
+  for (size_t s = 0; s < d.rollout.starts.size(); ++s) d.rollout.starts[s].to_host(std::span<float>(buf_.start_state).subspan(s * per, per));
+  d.stats.resize(size_t(buf_.B) * 3);
+  d.rollout.stats.to_host(std::span<double>(d.stats));
+  for (size_t b = 0; b < size_t(buf_.B); ++b)
+    c_.episode_return[b] = float(d.stats[3 * b]), r.return_sum += d.stats[3 * b + 1], r.episodes += int64_t(d.stats[3 * b + 2]);
+  d.env.sync_to(*c_.env);
+  c_.step += n;
+  r.segment_peak = std::max(r.segment_peak, d.rollout.segment_peak);
 }
 
 // Step t's observation rows of the minibatch, on the tape.
@@ -344,6 +398,10 @@ void validate(const TrainConfig& c) {
   need(c.clip_schedule == "linear" || c.clip_schedule == "constant",
        "--clip-schedule '" + c.clip_schedule + "': choose linear or constant");
   need(c.value_clip >= 0 && c.value_clip < 1e30, "--value-clip must be in [0, 1e30) (0: off)");
+  need(!c.device_loop || device::is_twin(c.env),
+       "--device-loop on runs the rollouts of a device env's host twin (--env device-recall or device-tmaze); --env " + c.env +
+           " has no device form");
+  need(!c.device_loop || c.env_shards == 1, "--device-loop on runs one env's streams (not --env-shards " + std::to_string(c.env_shards) + ")");
 }
 
 }  // namespace

@@ -35,6 +35,7 @@ struct TrainArgs {
   segtape::agent::TrainConfig c;
   std::string history = "tbptt:32", budget, out, resume, log_dir;
   std::string graphs = "auto";  // --cuda-graphs (TrainConfig::graph_replay; not in the checkpoint)
+  std::string device_loop = "off";  // --device-loop (TrainConfig::device_loop; not in the checkpoint)
   std::string task;             // --task lm: --env lm --algo lm
   std::vector<std::string> env_plugins;  // loaded before parsing (plugin_args); here for CLI11
   int64_t log_every = 0, checkpoint_every = 0, eval_steps = 500;

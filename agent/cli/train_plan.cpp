@@ -254,6 +254,7 @@ Plan plan_run(TrainArgs& a, const Given& given) {
   check_config_on_every_rank(p, a, given);
   default_gamma(p, given);
   p.c.graph_replay = a.graphs == "auto";  // (also on --resume: how the run executes, not what it computes)
+  p.c.device_loop = a.device_loop == "on";  // (likewise)
   return p;
 }
 

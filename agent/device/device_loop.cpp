@@ -88,6 +88,26 @@ const DeviceFunction kGae = SEGTAPE_FUNCTION("device rollout: GAE", Gae);
 }  // namespace
 
 bool device_env_built(const std::string& name) { return name == "recall" || name == "tmaze"; }
+bool is_twin(const std::string& env_name) { return env_name == "device-recall" || env_name == "device-tmaze"; }
+
+DeviceEnv::DeviceEnv(Tape& tape, const Env& twin, const EnvOptions& o)
+    : DeviceEnv(tape, is_twin(twin.spec().name) ? twin.spec().name.substr(7) : twin.spec().name, twin.batch(),
+                uint64_t(twin.save_state()[0]), o) {  // (the twin's seed: its rng's first word, its rules' seed)
+  const std::vector<int64_t> saved = twin.save_state();
+  load_rows(std::span<const int64_t>(saved).last(size_t(B_ * width_)));
+}
+
+void DeviceEnv::sync_to(Env& twin) const {
+  const std::vector<int64_t> rows = state_.to_host<int64_t>();
+  std::vector<int64_t> saved = twin.save_state();
+  std::span<int64_t> old = std::span<int64_t>(saved).last(rows.size());
+  for (int64_t b = 0; b < B_; ++b) {  // the score counted since: the rows' counters' growth
+    const auto num = size_t((b + 1) * width_ - 2), den = num + 1;
+    saved[2] += rows[num] - old[num], saved[3] += rows[den] - old[den];
+  }
+  std::copy(rows.begin(), rows.end(), old.begin());
+  twin.load_state(saved);
+}
 
 DeviceEnv::DeviceEnv(Tape& tape, const std::string& name, int64_t batch, uint64_t seed, const EnvOptions& o) : B_(batch) {
   if (!device_env_built(name))
@@ -139,9 +159,14 @@ std::pair<int64_t, int64_t> DeviceEnv::score_counts() const {
   return {num, den};
 }
 
-DeviceRollout::DeviceRollout(Tape& tape, const Policy& policy, DeviceEnv& env, int64_t T_, int64_t K_, uint64_t sample_seed)
-    : T(T_), K(K_), B(env.batch()), A(env.spec().num_actions), tape_(tape), policy_(policy), env_(env), seed_(sample_seed) {
-  if (T < 1 || K < 1) throw Error("device rollout: needs T >= 1 and K >= 1 steps");
+DeviceRollout::DeviceRollout(Tape& tape, const Policy& policy, DeviceEnv& env, int64_t T_, int64_t K_, uint64_t sample_seed, int64_t W_,
+                             int64_t state_rows)
+    : T(T_), K(K_), B(env.batch()), A(env.spec().num_actions), W(W_), tape_(tape), policy_(policy), env_(env), seed_(sample_seed) {
+  if (T < 1 || K < 1 || W < 0) throw Error("device rollout: needs T >= 1 and K >= 1 steps, and W >= 0");
+  if (W > 0)
+    for (int64_t s = 0; s < (T + W - 1) / W; ++s) starts.push_back(tape.persistent({state_rows * B, policy.shape().hidden}));
+  counters_host_.assign(size_t(B), 0);
+  stats_host_.assign(size_t(B) * 3, 0.0);
   if (env.spec().vocab <= 0) throw Error("device rollout: the device envs built show tokens; " + env.spec().name + " does not");
   tokens = tape.persistent({T, B}, DType::I64);
   actions = tape.persistent({T, B}, DType::I64);
@@ -156,11 +181,15 @@ DeviceRollout::DeviceRollout(Tape& tape, const Policy& policy, DeviceEnv& env, i
 void DeviceRollout::run(const Tensor& h_home) {
   const int64_t H = h_home.dim(1);
   segment_peak = 0;
-  for (int64_t t0 = 0; t0 < T; t0 += K, segment_peak = std::max(segment_peak, tape_.stats().last_segment_peak)) {
+  for (int64_t t0 = 0, end = 0; t0 < T; t0 = end, segment_peak = std::max(segment_peak, tape_.stats().last_segment_peak)) {
+    // segments of at most K steps, cut where a window starts too (as PPO's host rollout cuts them)
+    end = std::min(T, (t0 / K + 1) * K);
+    if (W > 0) end = std::min(end, (t0 / W + 1) * W);
     Segment seg = tape_.segment();
     NoGradGuard ng(tape_);
+    if (W > 0 && t0 % W == 0) copy_into(starts[size_t(t0 / W)], h_home);
     Tensor h = h_home;
-    for (int64_t t = t0; t < std::min(T, t0 + K); ++t, tape_.next_step()) {
+    for (int64_t t = t0; t < end; ++t, tape_.next_step()) {
       const Tensor obs = tape_.empty({B}, DType::I64);
       env_.observe(obs, tokens, cursor);
       const Tensor state = policy_.recur(policy_.encode(obs), h);
@@ -182,6 +211,14 @@ void DeviceRollout::run(const Tensor& h_home) {
   const Tensor obs = tape_.empty({B}, DType::I64);
   env_.observe(obs, Tensor{}, cursor);
   device_call(kStore, {policy_.value(policy_.output(policy_.recur(policy_.encode(obs), h_home)))}, {bootstrap}, {B, 0});
+}
+
+void DeviceRollout::start_at(int64_t step, std::span<const float> returns) {
+  if (returns.size() != size_t(B)) throw Error("device rollout: start_at needs " + std::to_string(B) + " returns, one a stream");
+  std::fill(counters_host_.begin(), counters_host_.end(), step);
+  for (size_t b = 0; b < size_t(B); ++b) stats_host_[3 * b] = returns[b], stats_host_[3 * b + 1] = 0, stats_host_[3 * b + 2] = 0;
+  counters.from_host(std::span<const int64_t>(counters_host_));
+  stats.from_host(std::span<const double>(stats_host_));
 }
 
 void DeviceRollout::advantages(double gamma, double lambda) {

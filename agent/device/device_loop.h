@@ -9,13 +9,16 @@
 //
 // Built so far: the device envs recall and tmaze, their host twins (the
 // envs "device-recall" and "device-tmaze", task/device_twins.cpp), the
-// rollout and GAE. Not yet: dialogue on the device, PPO's minibatch update
-// on the device (its loss terms are computed on the host, agent/algo/ppo.cpp).
+// rollout and GAE, and PPO's use of them (--device-loop on: agent/algo/ppo.cpp
+// takes its rollouts here and its update as before). Not yet: dialogue on
+// the device, PPO's minibatch update on the device (its loss terms are
+// computed on the host).
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "segtape/agent/env.h"
 #include "segtape/agent/policy.h"
@@ -23,9 +26,12 @@
 
 namespace segtape::agent::device {
 
-// The names of the envs built for the device ("recall", "tmaze"), and
-// whether `name` is one.
+// Whether `name` is an env built for the device ("recall", "tmaze"), and
+// whether it is a host twin's ("device-recall", "device-tmaze": the envs
+// whose sampler draws as the device's, Step::sample, and whose runs may
+// take their rollouts on the device, TrainConfig::device_loop).
 bool device_env_built(const std::string& name);
+bool is_twin(const std::string& env_name);
 
 // B streams of a device env on a tape: their state one persistent int64
 // tensor [B, width], made from the seed as the host twin
@@ -34,6 +40,9 @@ class DeviceEnv {
  public:
   // Throws Error naming the env when it has no device form (device_env_built).
   DeviceEnv(Tape& tape, const std::string& name, int64_t batch, uint64_t seed, const EnvOptions& o);
+  // The device form of a host twin (an env made as "device-recall" or
+  // "device-tmaze" with options o), in the twin's state now.
+  DeviceEnv(Tape& tape, const Env& twin, const EnvOptions& o);
   const EnvSpec& spec() const { return spec_; }
   int64_t batch() const { return B_; }
   // The streams' observations into obs (int64 [B]) and, where tokens is
@@ -54,6 +63,10 @@ class DeviceEnv {
   void load_rows(std::span<const int64_t> rows);
   // Score so far: the rows' numerators and denominators summed (reads the device).
   std::pair<int64_t, int64_t> score_counts() const;
+  // The device's state into the twin it was made from (after a rollout),
+  // the score it counted since the last sync added to the twin's: the twin
+  // then continues where the device left off. Reads the device.
+  void sync_to(Env& twin) const;
 
  private:
   enum class Kind : uint8_t { Recall, TMaze } kind_;
@@ -72,11 +85,19 @@ class DeviceEnv {
 // segments replay them).
 class DeviceRollout {
  public:
-  DeviceRollout(Tape& tape, const Policy& policy, DeviceEnv& env, int64_t T, int64_t K, uint64_t sample_seed);
+  // W > 0: the state entering every W-th step is stored (starts, PPO's
+  // windows); segments end every K steps and where a window starts.
+  DeviceRollout(Tape& tape, const Policy& policy, DeviceEnv& env, int64_t T, int64_t K, uint64_t sample_seed, int64_t W = 0,
+                int64_t state_rows = 1);
   // T steps from the state in h_home (persistent [state_rows B, hidden]),
   // which holds the state after them; then the value after the last step
   // into bootstrap.
   void run(const Tensor& h_home);
+  // Where each stream's draws and episode returns stand before a run: the
+  // sampler's counters all `step` (a stream draws once a step: draw k is
+  // the run's step k, as the host Step::sample draws for a twin env), the
+  // returns so far `returns` [B], the finished ones' sums and counts zero.
+  void start_at(int64_t step, std::span<const float> returns);
   // GAE(lambda) over the rollout into advantages and returns.
   void advantages(double gamma, double lambda);
 
@@ -89,6 +110,9 @@ class DeviceRollout {
   Tensor tokens, actions, logp, values, rewards, done, advantages_, returns, bootstrap, stats, counters, cursor;
   // The largest arena high-water of the last run()'s K-step segments (the tape's bookkeeping: no device read).
   size_t segment_peak = 0;
+  // The stored states (W > 0): T / W of them (rounded up), persistent [state_rows B, hidden].
+  std::vector<Tensor> starts;
+  int64_t W;
 
  private:
   Tape& tape_;
@@ -96,6 +120,8 @@ class DeviceRollout {
   DeviceEnv& env_;
   uint64_t seed_;
   Tensor keep_;  // [B]: the step's 1 - done
+  std::vector<int64_t> counters_host_;
+  std::vector<double> stats_host_;
 };
 
 }  // namespace segtape::agent::device

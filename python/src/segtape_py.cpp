@@ -1428,6 +1428,7 @@ NB_MODULE(_segtape, m) {
       .def_rw("value_clip", &agent::TrainConfig::value_clip)
       .def_rw("env_shards", &agent::TrainConfig::env_shards)
       .def_rw("graph_replay", &agent::TrainConfig::graph_replay)
+      .def_rw("device_loop", &agent::TrainConfig::device_loop)
       // --task lm / series: the files and their reading (EnvOptions), the model
 #define SEGTAPE_OPTION(name, type)                                                          \
   .def_prop_rw(#name, [](const agent::TrainConfig& c) { return c.env_options.name; }, \

@@ -168,6 +168,15 @@ struct TrainConfig {
   // runs every segment eagerly. How the run executes, not what it computes:
   // not in the checkpoint.
   bool graph_replay = true;
+  // --algo ppo on a device env's host twin (--env device-recall or
+  // device-tmaze): each rollout runs on the tape's device (agent/device/,
+  // docs/device-loop.md): the env's streams, the sampled actions, the
+  // resets, the rewards and GAE there, nothing read back until the rollout
+  // has ended; the update as without it. The same run as the host loop's
+  // (the twin's draws are the device's): how it executes, not what it
+  // computes, so not in the checkpoint. A rollout shorter than --rollout
+  // (the run's last) takes the host loop.
+  bool device_loop = false;
   // An update whose gradient is not finite (its norm, computed for the clip,
   // is inf or NaN: a loss that overflowed, returns of huge rewards): "stop"
   // ends the run with an error naming the update, its steps and the first
