@@ -294,7 +294,7 @@ void TrainConfig::validate() const {
   need(env_options.lag >= 1 && env_options.lag <= 100000, "--lag must be in [1, 100000]");
   need(!device_loop || algo == Algo::Ppo, "--device-loop on runs PPO's rollouts on the device: --algo ppo (not " +
                                                std::string(algo_name(algo)) + ")");
-  need(!env_options.sparse || (env != "tmaze" && env != "dialogue" && env != "device-tmaze"),
+  need(!env_options.sparse || (env != "tmaze" && env != "dialogue" && env != "device-tmaze" && env != "device-dialogue"),
        "--sparse is recall's (a token every lag steps); --env " + env + " has no sparse form");
   need(env_options.vocab >= 2 && env_options.vocab <= 1'000'000, "--vocab must be in [2, 1e6]");
   need(env_options.corridor >= 1 && env_options.corridor <= 100000, "--corridor must be in [1, 100000]");

@@ -55,8 +55,8 @@ CLI::Validator env_check() {
 
 std::string env_help() {
   std::string help = "Environment: recall (delayed recall), tmaze (T-maze, RL), dialogue (tool use), lm (a text corpus: --task lm), "
-                     "series (a CSV time series: --task series), device-recall and device-tmaze (recall and tmaze by the device loop's "
-                     "rules: docs/device-loop.md)";
+                     "series (a CSV time series: --task series), device-recall, device-tmaze and device-dialogue (recall, tmaze and "
+                     "dialogue by the device loop's rules: docs/device-loop.md)";
   for (const auto& [name, file] : plugin_envs()) help += ", " + name + " (from " + std::filesystem::path(file).filename().string() + ")";
   return help;
 }
@@ -96,7 +96,7 @@ void add_run_options(CLI::App* tr, TrainArgs& ta) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "off"}));
   tr->add_option("--device-loop", ta.device_loop,
-                 "ppo on device-recall or device-tmaze: on runs each rollout (the env's streams, sampling, resets, GAE) on the "
+                 "ppo on device-recall, device-tmaze or device-dialogue: on runs each rollout (the env's streams, sampling, resets, GAE) on the "
                  "--device with nothing read back per step, the same run as off (docs/device-loop.md)")
       ->capture_default_str()
       ->check(CLI::IsMember({"on", "off"}));

@@ -674,7 +674,7 @@ TEST(Catalog, ProgramArgumentsAndPaths) {
       {"a word for a number", "train --steps many", cli11, "Could not convert"},
       {"an unknown env", "train --env chess" + fresh, cli11, "chess"},
       {"an unknown env lists the registered ones", "train --env chess" + fresh, cli11,
-       "unknown env 'chess' (registered: recall, tmaze, dialogue, lm, series, device-recall, device-tmaze; an env of your own: --env-plugin FILE)"},
+       "unknown env 'chess' (registered: recall, tmaze, dialogue, lm, series, device-recall, device-tmaze, device-dialogue; an env of your own: --env-plugin FILE)"},
       {"--env-plugin of a missing file", "train --env-plugin " + d + "/none.so --env recall" + fresh, segtape,
        "--env-plugin " + d + "/none.so: no such file"},
       {"--env-plugin of a file that is no library", "train --env-plugin " + d + "/a-file" + fresh, segtape,

@@ -203,7 +203,8 @@ void Ppo::device_rollout(int64_t n, UpdateResult& r) {
   d.rollout.run(c_.h_home);
   c_.h = c_.h_home;
   d.rollout.advantages(c_.config.gamma, c_.config.gae_lambda);
-  d.rollout.tokens.to_host(std::span<int64_t>(buf_.tokens));
+  if (d.rollout.D == 0) d.rollout.tokens.to_host(std::span<int64_t>(buf_.tokens));
+  else d.rollout.vectors.to_host(std::span<float>(buf_.vectors));
   d.rollout.actions.to_host(std::span<int64_t>(buf_.actions));
   d.rollout.logp.to_host(std::span<float>(buf_.logp));
   d.rollout.values.to_host(std::span<float>(buf_.values));
@@ -399,7 +400,7 @@ void validate(const TrainConfig& c) {
        "--clip-schedule '" + c.clip_schedule + "': choose linear or constant");
   need(c.value_clip >= 0 && c.value_clip < 1e30, "--value-clip must be in [0, 1e30) (0: off)");
   need(!c.device_loop || device::is_twin(c.env),
-       "--device-loop on runs the rollouts of a device env's host twin (--env device-recall or device-tmaze); --env " + c.env +
+       "--device-loop on runs the rollouts of a device env's host twin (--env device-recall, device-tmaze or device-dialogue); --env " + c.env +
            " has no device form");
   need(!c.device_loop || c.env_shards == 1, "--device-loop on runs one env's streams (not --env-shards " + std::to_string(c.env_shards) + ")");
 }

@@ -17,18 +17,27 @@ namespace segtape::agent::device {
 
 // Element b: stream b's observation, into obs[b] and the rollout's tokens
 // row (none: tokens null, the look-ahead after the rollout's last step).
+// Vector envs (Rules::kVector): its row of D reals, into obs [B, D] and
+// the rollout's vectors [T, B, D].
 template <class Rules>
 struct Observe {
   Rules rules;
   const int64_t* state;  // [B, Rules::kWidth]
   const int64_t* cursor;
-  int64_t* obs;     // [B]
-  int64_t* tokens;  // [T, B]
-  int64_t B;
+  void* obs;  // int64 [B], or float [B, D]
+  void* buffer;  // int64 [T, B], or float [T, B, D]; null: none
+  int64_t B, D;
   SEGTAPE_AGENT_HD void operator()(int64_t b) const {
-    const int64_t tok = rules.observe(state + b * Rules::kWidth, b);
-    obs[b] = tok;
-    if (tokens) tokens[*cursor * B + b] = tok;
+    if constexpr (Rules::kVector) {
+      float* o = static_cast<float*>(obs) + b * D;
+      rules.observe(state + b * Rules::kWidth, b, o);
+      if (buffer)
+        for (int64_t d = 0; d < D; ++d) static_cast<float*>(buffer)[(*cursor * B + b) * D + d] = o[d];
+    } else {
+      const int64_t tok = rules.observe(state + b * Rules::kWidth, b);
+      static_cast<int64_t*>(obs)[b] = tok;
+      if (buffer) static_cast<int64_t*>(buffer)[*cursor * B + b] = tok;
+    }
   }
 };
 

@@ -17,26 +17,32 @@ namespace {
 template <class Rules> Rules rules_from(const CallArgs& a);
 template <> rules::Recall rules_from(const CallArgs& a) { return {uint64_t(a.i[0]), a.i[1], a.i[2], a.i[3] != 0}; }
 template <> rules::TMaze rules_from(const CallArgs& a) { return {uint64_t(a.i[0]), a.i[1]}; }
-constexpr size_t kB = 5;  // an env call's B (after the rules' integers)
+template <> rules::Dialogue rules_from(const CallArgs& a) { return {uint64_t(a.i[0]), a.i[1], a.i[2], a.i[3], a.at<const float>(2)}; }
+// An env call's tensors: observe {state, cursor, table} -> {obs, buffer};
+// step {actions, cursor, table} -> {state, rewards, done, keep, stats};
+// its integers: the rules' five, then B and (observe) the vector's D.
+constexpr size_t kB = 5;
 
 template <class Body> Body body_from(const CallArgs& a);
 template <class Body> int64_t extent(const CallArgs& a);
 
 template <class R> struct ObserveOf {
   static Observe<R> make(const CallArgs& a) {
-    return {rules_from<R>(a), a.at<const int64_t>(0), a.at<const int64_t>(1), a.at<int64_t>(2), a.at<int64_t>(3), a.i[kB]};
+    return {rules_from<R>(a), a.at<const int64_t>(0), a.at<const int64_t>(1), a.ptr[3], a.ptr[4], a.i[kB], a.i[kB + 1]};
   }
 };
 template <class R> struct StepOf {
   static EnvStep<R> make(const CallArgs& a) {
-    return {rules_from<R>(a), a.at<int64_t>(2), a.at<const int64_t>(0), a.at<const int64_t>(1), a.at<float>(3),
-            a.at<float>(4), a.at<float>(5), a.at<double>(6), a.i[kB]};
+    return {rules_from<R>(a), a.at<int64_t>(3), a.at<const int64_t>(0), a.at<const int64_t>(1), a.at<float>(4),
+            a.at<float>(5), a.at<float>(6), a.at<double>(7), a.i[kB]};
   }
 };
 template <> Observe<rules::Recall> body_from(const CallArgs& a) { return ObserveOf<rules::Recall>::make(a); }
 template <> Observe<rules::TMaze> body_from(const CallArgs& a) { return ObserveOf<rules::TMaze>::make(a); }
 template <> EnvStep<rules::Recall> body_from(const CallArgs& a) { return StepOf<rules::Recall>::make(a); }
 template <> EnvStep<rules::TMaze> body_from(const CallArgs& a) { return StepOf<rules::TMaze>::make(a); }
+template <> Observe<rules::Dialogue> body_from(const CallArgs& a) { return ObserveOf<rules::Dialogue>::make(a); }
+template <> EnvStep<rules::Dialogue> body_from(const CallArgs& a) { return StepOf<rules::Dialogue>::make(a); }
 template <> Sample body_from(const CallArgs& a) {
   return {uint64_t(a.i[0]), a.at<const float>(0), a.at<const int64_t>(1), a.at<int64_t>(2), a.at<int64_t>(3),
           a.at<int64_t>(4), a.at<float>(5), a.i[1], a.i[2]};
@@ -74,10 +80,12 @@ template <class Body> void cuda_form(const CallArgs& a, void* stream) { launch(b
 #define SEGTAPE_FUNCTION(name, Body) DeviceFunction{name, host_form<Body>, nullptr}
 #endif
 
-const DeviceFunction kObserve[2] = {SEGTAPE_FUNCTION("device recall: observe", Observe<rules::Recall>),
-                                    SEGTAPE_FUNCTION("device tmaze: observe", Observe<rules::TMaze>)};
-const DeviceFunction kStep[2] = {SEGTAPE_FUNCTION("device recall: step", EnvStep<rules::Recall>),
-                                 SEGTAPE_FUNCTION("device tmaze: step", EnvStep<rules::TMaze>)};
+const DeviceFunction kObserve[3] = {SEGTAPE_FUNCTION("device recall: observe", Observe<rules::Recall>),
+                                    SEGTAPE_FUNCTION("device tmaze: observe", Observe<rules::TMaze>),
+                                    SEGTAPE_FUNCTION("device dialogue: observe", Observe<rules::Dialogue>)};
+const DeviceFunction kStep[3] = {SEGTAPE_FUNCTION("device recall: step", EnvStep<rules::Recall>),
+                                 SEGTAPE_FUNCTION("device tmaze: step", EnvStep<rules::TMaze>),
+                                 SEGTAPE_FUNCTION("device dialogue: step", EnvStep<rules::Dialogue>)};
 const DeviceFunction kSample = SEGTAPE_FUNCTION("device rollout: sample actions", Sample);
 const DeviceFunction kStore = SEGTAPE_FUNCTION("device rollout: store values", Store);
 const DeviceFunction kReset = SEGTAPE_FUNCTION("device rollout: reset finished streams", Reset);
@@ -87,8 +95,10 @@ const DeviceFunction kGae = SEGTAPE_FUNCTION("device rollout: GAE", Gae);
 
 }  // namespace
 
-bool device_env_built(const std::string& name) { return name == "recall" || name == "tmaze"; }
-bool is_twin(const std::string& env_name) { return env_name == "device-recall" || env_name == "device-tmaze"; }
+bool device_env_built(const std::string& name) { return name == "recall" || name == "tmaze" || name == "dialogue"; }
+bool is_twin(const std::string& env_name) {
+  return env_name == "device-recall" || env_name == "device-tmaze" || env_name == "device-dialogue";
+}
 
 DeviceEnv::DeviceEnv(Tape& tape, const Env& twin, const EnvOptions& o)
     : DeviceEnv(tape, is_twin(twin.spec().name) ? twin.spec().name.substr(7) : twin.spec().name, twin.batch(),
@@ -111,7 +121,7 @@ void DeviceEnv::sync_to(Env& twin) const {
 
 DeviceEnv::DeviceEnv(Tape& tape, const std::string& name, int64_t batch, uint64_t seed, const EnvOptions& o) : B_(batch) {
   if (!device_env_built(name))
-    throw Error("device env '" + name + "': not built for the device (the device envs: recall, tmaze); the host loop runs every env");
+    throw Error("device env '" + name + "': not built for the device (the device envs: recall, tmaze, dialogue); the host loop runs every env");
   // The twin checks the options and makes the state; the device starts from its rows.
   const std::unique_ptr<Env> twin = make_env("device-" + name, batch, seed, o);
   spec_ = twin->spec();
@@ -120,10 +130,17 @@ DeviceEnv::DeviceEnv(Tape& tape, const std::string& name, int64_t batch, uint64_
   if (name == "recall") {
     kind_ = Kind::Recall, width_ = rules::Recall::kWidth;
     ints_ = {int64_t(seed), o.lag, o.vocab, o.sparse ? 1 : 0, 0};
-  } else {
+  } else if (name == "tmaze") {
     kind_ = Kind::TMaze, width_ = rules::TMaze::kWidth;
     ints_ = {int64_t(seed), o.corridor, 0, 0, 0};
+  } else {
+    kind_ = Kind::Dialogue, width_ = rules::Dialogue::kWidth;
+    ints_ = {int64_t(seed), o.turns, o.cities, o.embed_dim, 0};
   }
+  // the message table of dialogue (its rows on the device), a placeholder element for the others
+  const std::vector<float> table = kind_ == Kind::Dialogue ? dialogue_table(o.cities, o.embed_dim) : std::vector<float>{0.0f};
+  table_ = tape.persistent({int64_t(table.size())});
+  table_.from_host(std::span<const float>(table));
   twin_ = make_env("device-" + name, batch, seed, o);
   state_ = tape.persistent({B_, width_}, DType::I64);
   load_rows(std::span<const int64_t>(rows).last(size_t(B_ * width_)));
@@ -139,17 +156,18 @@ void DeviceEnv::load_rows(std::span<const int64_t> rows) {
   state_.from_host(rows);
 }
 
-void DeviceEnv::observe(const Tensor& obs, const Tensor& tokens, const Tensor& cursor) const {
+void DeviceEnv::observe(const Tensor& obs, const Tensor& buffer, const Tensor& cursor) const {
   const auto& f = kObserve[size_t(kind_)];
   const auto& i = ints_;
-  if (tokens.defined()) device_call(f, {state_, cursor}, {obs, tokens}, {i[0], i[1], i[2], i[3], i[4], B_});
-  else device_call(f, {state_, cursor}, {obs}, {i[0], i[1], i[2], i[3], i[4], B_});
+  const int64_t D = spec_.obs_dim;
+  if (buffer.defined()) device_call(f, {state_, cursor, table_}, {obs, buffer}, {i[0], i[1], i[2], i[3], i[4], B_, D});
+  else device_call(f, {state_, cursor, table_}, {obs}, {i[0], i[1], i[2], i[3], i[4], B_, D});
 }
 
 void DeviceEnv::step(const Tensor& actions, const Tensor& cursor, const Tensor& rewards, const Tensor& done, const Tensor& keep,
                      const Tensor& stats) const {
   const auto& i = ints_;
-  device_call(kStep[size_t(kind_)], {actions, cursor}, {state_, rewards, done, keep, stats}, {i[0], i[1], i[2], i[3], i[4], B_});
+  device_call(kStep[size_t(kind_)], {actions, cursor, table_}, {state_, rewards, done, keep, stats}, {i[0], i[1], i[2], i[3], i[4], B_});
 }
 
 std::pair<int64_t, int64_t> DeviceEnv::score_counts() const {
@@ -167,8 +185,9 @@ DeviceRollout::DeviceRollout(Tape& tape, const Policy& policy, DeviceEnv& env, i
     for (int64_t s = 0; s < (T + W - 1) / W; ++s) starts.push_back(tape.persistent({state_rows * B, policy.shape().hidden}));
   counters_host_.assign(size_t(B), 0);
   stats_host_.assign(size_t(B) * 3, 0.0);
-  if (env.spec().vocab <= 0) throw Error("device rollout: the device envs built show tokens; " + env.spec().name + " does not");
-  tokens = tape.persistent({T, B}, DType::I64);
+  D = env.spec().vocab > 0 ? 0 : env.spec().obs_dim;
+  if (D == 0) tokens = tape.persistent({T, B}, DType::I64);
+  else vectors = tape.persistent({T, B, D});
   actions = tape.persistent({T, B}, DType::I64);
   for (Tensor* t : {&logp, &values, &rewards, &done, &advantages_, &returns}) *t = tape.persistent({T, B});
   bootstrap = tape.persistent({B});
@@ -190,8 +209,8 @@ void DeviceRollout::run(const Tensor& h_home) {
     if (W > 0 && t0 % W == 0) copy_into(starts[size_t(t0 / W)], h_home);
     Tensor h = h_home;
     for (int64_t t = t0; t < end; ++t, tape_.next_step()) {
-      const Tensor obs = tape_.empty({B}, DType::I64);
-      env_.observe(obs, tokens, cursor);
+      const Tensor obs = D == 0 ? tape_.empty({B}, DType::I64) : tape_.empty({B, D});
+      env_.observe(obs, D == 0 ? tokens : vectors, cursor);
       const Tensor state = policy_.recur(policy_.encode(obs), h);
       const Tensor f = policy_.output(state);
       const Tensor lp = log_softmax(policy_.logits(f));  // [B, A]
@@ -208,7 +227,7 @@ void DeviceRollout::run(const Tensor& h_home) {
   // The look-ahead: a segment of another shape, eager under graph replay.
   Segment seg = tape_.eager_segment();
   NoGradGuard ng(tape_);
-  const Tensor obs = tape_.empty({B}, DType::I64);
+  const Tensor obs = D == 0 ? tape_.empty({B}, DType::I64) : tape_.empty({B, D});
   env_.observe(obs, Tensor{}, cursor);
   device_call(kStore, {policy_.value(policy_.output(policy_.recur(policy_.encode(obs), h_home)))}, {bootstrap}, {B, 0});
 }

@@ -7,8 +7,8 @@
 // device the same rules (rules.h) run as host loops, which is how CI runs
 // the device loop's logic.
 //
-// Built so far: the device envs recall and tmaze, their host twins (the
-// envs "device-recall" and "device-tmaze", task/device_twins.cpp), the
+// Built so far: the device envs recall, tmaze and dialogue, their host twins
+// (the envs "device-recall", "device-tmaze", "device-dialogue", task/device_twins.cpp), the
 // rollout and GAE, and PPO's use of them (--device-loop on: agent/algo/ppo.cpp
 // takes its rollouts here and its update as before). Not yet: dialogue on
 // the device, PPO's minibatch update on the device (its loss terms are
@@ -26,12 +26,15 @@
 
 namespace segtape::agent::device {
 
-// Whether `name` is an env built for the device ("recall", "tmaze"), and
-// whether it is a host twin's ("device-recall", "device-tmaze": the envs
+// Whether `name` is an env built for the device ("recall", "tmaze",
+// "dialogue"), and whether it is a host twin's ("device-recall",
+// "device-tmaze", "device-dialogue": the envs
 // whose sampler draws as the device's, Step::sample, and whose runs may
 // take their rollouts on the device, TrainConfig::device_loop).
 bool device_env_built(const std::string& name);
 bool is_twin(const std::string& env_name);
+// dialogue's message table [messages, dim] (task/device_twins.cpp): fixed, as `dialogue`'s.
+std::vector<float> dialogue_table(int64_t cities, int64_t dim);
 
 // B streams of a device env on a tape: their state one persistent int64
 // tensor [B, width], made from the seed as the host twin
@@ -45,9 +48,10 @@ class DeviceEnv {
   DeviceEnv(Tape& tape, const Env& twin, const EnvOptions& o);
   const EnvSpec& spec() const { return spec_; }
   int64_t batch() const { return B_; }
-  // The streams' observations into obs (int64 [B]) and, where tokens is
-  // defined, into its row *cursor (tokens int64 [T, B], cursor int64 [1]).
-  void observe(const Tensor& obs, const Tensor& tokens, const Tensor& cursor) const;
+  // The streams' observations into obs (int64 [B]; a vector env's float
+  // [B, obs_dim]) and, where buffer is defined, into its row *cursor
+  // (int64 [T, B] or float [T, B, obs_dim]; cursor int64 [1]).
+  void observe(const Tensor& obs, const Tensor& buffer, const Tensor& cursor) const;
   // actions (int64 [B]) applied: rewards and done flags (0 or 1) into row
   // *cursor of rewards and done (float [T, B]), 1 - done into keep (float
   // [B]), each stream's episode return into stats (float64 [B, 3]: the
@@ -69,12 +73,12 @@ class DeviceEnv {
   void sync_to(Env& twin) const;
 
  private:
-  enum class Kind : uint8_t { Recall, TMaze } kind_;
+  enum class Kind : uint8_t { Recall, TMaze, Dialogue } kind_;
   int64_t B_, width_;
   EnvSpec spec_;
   std::array<int64_t, 5> ints_{};  // the rules' integers (device_loop.cpp's order)
   std::unique_ptr<Env> twin_;      // load_rows' checks
-  Tensor state_;
+  Tensor state_, table_;           // table_: dialogue's messages [messages x dim] (a placeholder element for the others)
 };
 
 // PPO's rollout of T steps over a device env's B streams, in segments of K
@@ -101,13 +105,13 @@ class DeviceRollout {
   // GAE(lambda) over the rollout into advantages and returns.
   void advantages(double gamma, double lambda);
 
-  int64_t T, K, B, A;
-  // What the streams saw and did: tokens, actions (int64), log-probabilities
+  int64_t T, K, B, A, D;  // D: a vector env's obs_dim (0: tokens)
+  // What the streams saw and did: tokens (or a vector env's vectors [T, B, D]), actions (int64), log-probabilities
   // of the actions, values, rewards, done flags (0 or 1), advantages and
   // returns (float), all [T, B]; the value after the rollout [B]; each
   // stream's episode returns (float64 [B, 3], DeviceEnv::step); the
   // sampler's counters [B] and the row now written [1] (int64).
-  Tensor tokens, actions, logp, values, rewards, done, advantages_, returns, bootstrap, stats, counters, cursor;
+  Tensor tokens, vectors, actions, logp, values, rewards, done, advantages_, returns, bootstrap, stats, counters, cursor;
   // The largest arena high-water of the last run()'s K-step segments (the tape's bookkeeping: no device read).
   size_t segment_peak = 0;
   // The stored states (W > 0): T / W of them (rounded up), persistent [state_rows B, hidden].

@@ -24,6 +24,8 @@ void launch(const Body& body, int64_t n, void* stream) {
 
 template void launch(const Observe<rules::Recall>&, int64_t, void*);
 template void launch(const Observe<rules::TMaze>&, int64_t, void*);
+template void launch(const Observe<rules::Dialogue>&, int64_t, void*);
+template void launch(const EnvStep<rules::Dialogue>&, int64_t, void*);
 template void launch(const EnvStep<rules::Recall>&, int64_t, void*);
 template void launch(const EnvStep<rules::TMaze>&, int64_t, void*);
 template void launch(const Sample&, int64_t, void*);

@@ -37,7 +37,8 @@ SEGTAPE_AGENT_HD double uniform(uint64_t bits) { return double(bits >> 11) * 0x1
 SEGTAPE_AGENT_HD int64_t below(uint64_t bits, int64_t n) { return int64_t(bits % uint64_t(n)); }
 
 // ---- device envs. Each stream's state is a row of int64 of a fixed width;
-// observe() gives the stream's token now, step() applies its action and
+// observe() gives the stream's token now (or, kVector, writes its vector),
+// step() applies its action and
 // gives its reward and whether its episode ended (it restarts by itself).
 // score counts: the row's last two integers (numerator, denominator).
 
@@ -48,6 +49,7 @@ SEGTAPE_AGENT_HD int64_t below(uint64_t bits, int64_t n) { return int64_t(bits %
 // Row: t, numerator, denominator.
 struct Recall {
   static constexpr int kWidth = 3;
+  static constexpr bool kVector = false;
   uint64_t seed;
   int64_t lag, vocab;
   bool sparse;
@@ -73,6 +75,7 @@ struct Recall {
 // Row: cue, position, episode, numerator, denominator.
 struct TMaze {
   static constexpr int kWidth = 5;
+  static constexpr bool kVector = false;
   uint64_t seed;
   int64_t corridor;
   SEGTAPE_AGENT_HD void start(int64_t* row, int64_t b) const {
@@ -96,6 +99,65 @@ struct TMaze {
     reward = ok ? 1.0f : -1.0f, done = 1;
     row[3] += ok, row[4] += 1, row[2] += 1;
     start(row, b);
+  }
+};
+
+// dialogue: each turn's message as its row of a fixed table [messages, dim]
+// plus a small jitter (the jitter id's draws, one a dimension), as
+// `dialogue`'s frozen embeddings; turn 0 names a city, later turns are a
+// new city (15 %), a request (35 %) or small talk; the target is the tool
+// for a request (1 + r cities + the last city named), else 0 (reply); the
+// reward is 1 for the target; an episode is `turns` turns. Each stream
+// draws from its own counter (the row's fifth integer).
+// Row: turn, city, message, jitter id, draws, numerator, denominator.
+struct Dialogue {
+  static constexpr int kWidth = 7;
+  static constexpr bool kVector = true;
+  static constexpr int64_t kFillers = 6, kRequests = 2;
+  uint64_t seed;
+  int64_t turns, cities, dim;
+  const float* table;  // [messages(), dim], where the rows live
+  SEGTAPE_AGENT_HD int64_t messages() const { return cities + kFillers + kRequests; }
+  SEGTAPE_AGENT_HD uint64_t next(int64_t* row, int64_t b) const { return draw(seed, b, row[4]++); }
+  SEGTAPE_AGENT_HD void set_msg(int64_t* row, int64_t b, int64_t m) const {
+    row[2] = m;
+    row[3] = int64_t(next(row, b) >> 1);
+  }
+  SEGTAPE_AGENT_HD void set_city(int64_t* row, int64_t b, int64_t c) const {
+    row[1] = c;
+    set_msg(row, b, c);
+  }
+  SEGTAPE_AGENT_HD void start(int64_t* row, int64_t b) const {
+    row[0] = 0;
+    set_city(row, b, below(next(row, b), cities));
+  }
+  SEGTAPE_AGENT_HD bool valid(const int64_t* row) const {
+    return row[0] >= 0 && row[0] < turns && row[1] >= 0 && row[1] < cities && row[2] >= 0 && row[2] < messages() && row[4] >= 0 &&
+           row[5] >= 0 && row[5] <= row[6];
+  }
+  SEGTAPE_AGENT_HD void observe(const int64_t* row, int64_t /*b*/, float* out) const {
+    const float* e = table + row[2] * dim;
+    for (int64_t d = 0; d < dim; ++d)
+      out[d] = e[d] + float(0.05 * (uniform(draw(uint64_t(row[3]), 0, d)) - 0.5) / ::sqrt(double(dim)));
+  }
+  SEGTAPE_AGENT_HD int64_t target(const int64_t* row, int64_t /*b*/) const {
+    const int64_t r = row[2] - (cities + kFillers);
+    return r >= 0 ? 1 + r * cities + row[1] : 0;
+  }
+  SEGTAPE_AGENT_HD void step(int64_t* row, int64_t b, int64_t a, float& reward, uint8_t& done) const {
+    const int64_t y = target(row, b);
+    if (y != 0) row[5] += a == y, row[6] += 1;  // (the measure is tool choice on requests)
+    reward = a == y ? 1.0f : 0.0f;
+    done = row[0] + 1 >= turns;
+    if (done) {
+      start(row, b);
+      return;
+    }
+    row[0] += 1;
+    const int64_t u = below(next(row, b), 100);
+    if (u < 15) set_city(row, b, below(next(row, b), cities));
+    else if (u < 50) set_msg(row, b, cities + kFillers + below(next(row, b), kRequests));
+    else set_msg(row, b, cities + below(next(row, b), kFillers));
   }
 };
 

@@ -23,6 +23,7 @@ namespace segtape::agent {
   X("series", series_task)              \
   X("device-recall", device_recall_task) \
   X("device-tmaze", device_tmaze_task)   \
+  X("device-dialogue", device_dialogue_task) \
   /* (the list ends here) */
 
 #define SEGTAPE_DECLARE(N, F) std::unique_ptr<Env> F(int64_t batch, uint64_t seed, const EnvOptions& o);
