@@ -415,7 +415,13 @@ const AlgorithmDef PpoAlgorithm{
     .help = "ppo (recurrent PPO: rollouts, GAE, clipped surrogate, minibatches of whole streams replayed from their stored states; on a supervised env the reward is 1 for the target class)",
     .value_head = true,
     .validate = validate,
-    .host_bytes = RolloutBuffer::bytes,
+    .host_bytes = [](const TrainConfig& c, const EnvSpec& spec) {
+      // --device-loop: the rollout's tensors on the tape (host memory on the CPU) and the done flags read back
+      const size_t T = size_t(c.rollout), B = size_t(c.batch), W = size_t(c.history.stored_every()), S = (T + W - 1) / W;
+      const size_t obs = spec.vocab > 0 ? 8 : 4 * size_t(spec.obs_dim);
+      const size_t tape = T * B * (obs + 8 + 6 * 4) + S * size_t(c.state_rows()) * B * size_t(c.hidden) * 4 + B * 64;
+      return RolloutBuffer::bytes(c, spec) + (c.device_loop ? T * B * 4 + (c.device == "cpu" ? tape : 0) : 0);
+    },
     .make = [](Context& c, HistoryRunner& h, Step& s) -> std::unique_ptr<Algorithm> { return std::make_unique<Ppo>(c, h, s); },
 };
 

@@ -13,6 +13,8 @@ export OPENBLAS_NUM_THREADS=1
 runs=(
   "tmaze|--env tmaze --corridor 10"
   "recall|--env recall --lag 8"
+  "device-tmaze|--env device-tmaze --corridor 10 --device-loop on"
+  "device-recall|--env device-recall --lag 8 --device-loop on"
 )
 for r in "${runs[@]}"; do
   name=${r%%|*} args=${r#*|}
