@@ -28,7 +28,8 @@
 #      default) and without; steps 3 and 4 in SEGTAPE_DEVICE_ROUNDS (3)
 #      interleaved rounds, segtape then LibTorch, the table their medians
 #   5. the agent on the GPU: device_loop_bench (the rollout and GAE on the device,
-#      B = 4096, H = 128, graphs on and off; docs/device-loop.md);
+#      B = 4096, H = 128, graphs on and off; docs/device-loop.md); PPO on
+#      device-recall (B = 1024) with --device-loop on and off;
 #      `segtape train --device cuda` (recall, 6000 steps), with
 #      its segments as CUDA graphs (the default) and with --cuda-graphs off;
 #      `segtape train --device cuda --algo ppo` (recall, 1024 steps), its update
@@ -274,6 +275,11 @@ if ((built)); then
   else
     log "agent-ppo-steps skipped: segtape train has no --kernel option to turn the fused GRU off (segtape/kernels.h)"
   fi
+  # PPO on device-recall with each rollout on the device, then on the host (the same run; docs/device-loop.md)
+  step agent-ppo-device-loop 90 "$(prog agent/segtape)" train --device cuda --algo ppo --env device-recall --batch 1024 \
+    --steps 4096 --device-loop on --out "$OUT/agent-ppo-device-loop" --force || status=1
+  step agent-ppo-host-loop 90 "$(prog agent/segtape)" train --device cuda --algo ppo --env device-recall --batch 1024 \
+    --steps 4096 --device-loop off --out "$OUT/agent-ppo-host-loop" --force || status=1
   # the agent loop on the device (docs/device-loop.md): rollout + GAE at issue 51's B = 4096, H = 128, graphs on and off
   step device-loop 60 "$(prog bench/device_loop_bench)" --device cuda --batch 4096 --hidden 128 --rollout 128 --segment 32 || status=1
   step device-loop-eager 60 "$(prog bench/device_loop_bench)" --device cuda --graphs off --batch 4096 --hidden 128 --rollout 128 \
@@ -339,6 +345,7 @@ runs() {
   runs "The agent on the GPU (segtape train --device cuda --steps 6000; then with --cuda-graphs off)" agent-train agent-train-eager
   runs "PPO on the GPU (segtape train --device cuda --algo ppo --steps 1024; then with --kernel fused_gru=off)" agent-ppo agent-ppo-steps
   runs "The agent loop on the device (device_loop_bench: rollout + GAE, B = 4096, H = 128; graphs on, then off)" device-loop device-loop-eager
+  runs "PPO on device-recall, B = 1024, 4096 steps: --device-loop on, then off" agent-ppo-device-loop agent-ppo-host-loop
   echo "## The size check with --device cuda (host memory: the estimate against the measured peak)"
   echo
   for run in agent-run agent-run-eager agent-ppo; do

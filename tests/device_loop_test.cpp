@@ -409,6 +409,29 @@ TEST(DeviceLoop, PpoWithTheDeviceLoopIsTheHostLoopsRun) {
     }
 }
 
+// The same with an LSTM and a critic of its own (a state of 4 B rows, each
+// block reset), under exact:4/16 (one stored state a rollout) and overlap.
+TEST(DeviceLoop, PpoWithTheDeviceLoopIsTheHostLoopsRunForOtherCoresAndHistories) {
+  REQUIRE_GPU();
+  for (const char* history : {"exact:4/16", "overlap:4/8"})
+    for (const char* dev : {"cpu", "cuda"}) {
+      SCOPED_TRACE(std::string(history) + " on " + dev);
+      TrainConfig c = test::small_config("device-dialogue", history, 48);
+      c.algo = Algo::Ppo, c.rollout = 16, c.epochs = 2, c.minibatches = 2, c.device = dev, c.cell = "lstm", c.critic = "separate";
+      c.env_options.turns = 3;
+      std::vector<float> params[2];
+      for (const bool on : {false, true}) {
+        c.device_loop = on;
+        Trainer t(c);
+        while (!t.done()) t.run_segment();
+        params[on] = test::params_of(t);
+      }
+      if (test::kEmulated || std::string(dev) == "cpu") {
+        EXPECT_EQ(params[1], params[0]);
+      }
+    }
+}
+
 // A device-loop run's checkpoint resumes bit for bit; the resumed run
 // takes the host loop (--device-loop is not in the checkpoint), the same run.
 TEST(DeviceLoop, PpoResumesFromADeviceLoopCheckpointBitForBit) {
