@@ -222,6 +222,9 @@ Trainer::Trainer(const TrainConfig& config, dist::Communicator* comm)
     options.graph_replay = true;
     options.graph_staging = std::max(options.graph_staging, graph_staging(cf, spec));
   }
+  // PPO's rollouts on the device (--device-loop on) as CUDA graphs, the
+  // rest of the run's segments eager (TapeOptions::graph_explicit)
+  if (cf.device_loop && cf.device == "cuda" && cf.graph_replay) options.graph_replay = options.graph_explicit = true;
   if (cf.device == "cuda") size_device_pools(options, c);
   // Data parallel on GPUs: one GPU per rank, the rank's place on its
   // machine; device 0 where CUDA_VISIBLE_DEVICES shows the rank one GPU (a

@@ -102,8 +102,9 @@ Tape::Tape(Device device, TapeOptions options)
 
 Tape::~Tape() = default;
 
-Segment Tape::segment() { return open_segment(true); }
+Segment Tape::segment() { return open_segment(!options_.graph_explicit); }
 Segment Tape::eager_segment() { return open_segment(false); }
+Segment Tape::graph_segment() { return open_segment(true); }
 
 Segment Tape::open_segment(bool graph) {
   if (open_)

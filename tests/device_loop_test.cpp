@@ -369,7 +369,8 @@ TEST(DeviceLoop, RolloutReplaysAsCudaGraphsWithTheSameResults) {
 
 // A PPO run with --device-loop on is the host loop's run: the same
 // iterations' figures and the same parameters after each; its last
-// rollout, shorter than --rollout, takes the host loop. On a CPU tape and
+// rollout, shorter than --rollout, takes the host loop. On Device::cuda()
+// the rollouts' segments are CUDA graphs, the rest of the run eager. On a CPU tape and
 // on Device::cuda() (the emulated device: bit for bit; a GPU: the first
 // iteration's loss within 1e-3, its device sampler's exp and GAE being nvcc's).
 TEST(DeviceLoop, PpoWithTheDeviceLoopIsTheHostLoopsRun) {
@@ -390,6 +391,10 @@ TEST(DeviceLoop, PpoWithTheDeviceLoopIsTheHostLoopsRun) {
           figures[on].push_back({r.loss_sum, r.return_sum, double(r.episodes), r.metric("approx_kl"), r.metric("clip_fraction"),
                                  t.env().score()});
           params[on].push_back(test::params_of(t));
+        }
+        if (on && std::string(dev) == "cuda") {  // the rollouts' 16 segments: a warm-up, two captured, 13 replayed
+          EXPECT_EQ(t.tape().stats().graph_captures, 2u);
+          EXPECT_EQ(t.tape().stats().graph_replays, 13u);
         }
       }
       ASSERT_EQ(figures[0].size(), 5u);

@@ -215,8 +215,7 @@ void Ppo::device_rollout(int64_t n, UpdateResult& r) {
   d.done.resize(buf_.done.size());
   d.rollout.done.to_host(std::span<float>(d.done));
   std::transform(d.done.begin(), d.done.end(), buf_.done.begin(), [](float x) { return uint8_t(x != 0); });
-  const size_t per = size_t(buf_.R * buf_.B * buf_.H);
-  for (size_t s = 0; s < d.rollout.starts.size(); ++s) d.rollout.starts[s].to_host(std::span<float>(buf_.start_state).subspan(s * per, per));
+  d.rollout.starts.to_host(std::span<float>(buf_.start_state));
   d.stats.resize(size_t(buf_.B) * 3);
   d.rollout.stats.to_host(std::span<double>(d.stats));
   for (size_t b = 0; b < size_t(buf_.B); ++b)

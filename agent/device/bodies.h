@@ -108,6 +108,19 @@ struct Reset {
   SEGTAPE_AGENT_HD void operator()(int64_t i) const { h[i] = h[i] * keep[(i / H) % B]; }
 };
 
+// Element i of a state [rows, H] (n = rows H elements): into its slot of
+// the stored states [S, rows, H] where the row now (cursor) starts a
+// window of W steps; nothing elsewhere.
+struct StoreState {
+  const float* h;
+  const int64_t* cursor;
+  float* starts;
+  int64_t n, W;
+  SEGTAPE_AGENT_HD void operator()(int64_t i) const {
+    if (*cursor % W == 0) starts[(*cursor / W) * n + i] = h[i];
+  }
+};
+
 // The one element: the cursor's next row, back to 0 after row T - 1.
 struct Advance {
   int64_t* cursor;

@@ -53,6 +53,7 @@ template <> Store body_from(const CallArgs& a) {
 }
 template <> Reset body_from(const CallArgs& a) { return {a.at<float>(1), a.at<const float>(0), a.i[0], a.i[1]}; }
 template <> Advance body_from(const CallArgs& a) { return {a.at<int64_t>(0), a.i[0]}; }
+template <> StoreState body_from(const CallArgs& a) { return {a.at<const float>(0), a.at<const int64_t>(1), a.at<float>(2), a.numel[0], a.i[0]}; }
 template <> Gae body_from(const CallArgs& a) {
   return {a.at<const float>(0), a.at<const float>(1), a.at<const float>(2), a.at<const float>(3), a.at<float>(4), a.at<float>(5),
           a.i[0], a.i[1], float(a.f[0]), float(a.f[1])};
@@ -62,6 +63,7 @@ template <> Gae body_from(const CallArgs& a) {
 // (Reset), or one (Advance).
 template <class Body> int64_t extent(const CallArgs& a) {
   if constexpr (std::is_same_v<Body, Reset>) return a.numel[1];
+  else if constexpr (std::is_same_v<Body, StoreState>) return a.numel[0];
   else if constexpr (std::is_same_v<Body, Advance>) return 1;
   else if constexpr (std::is_same_v<Body, Sample> || std::is_same_v<Body, Gae>) return a.i[1];
   else if constexpr (std::is_same_v<Body, Store>) return a.i[0];
@@ -90,6 +92,7 @@ const DeviceFunction kSample = SEGTAPE_FUNCTION("device rollout: sample actions"
 const DeviceFunction kStore = SEGTAPE_FUNCTION("device rollout: store values", Store);
 const DeviceFunction kReset = SEGTAPE_FUNCTION("device rollout: reset finished streams", Reset);
 const DeviceFunction kAdvance = SEGTAPE_FUNCTION("device rollout: next row", Advance);
+const DeviceFunction kStoreState = SEGTAPE_FUNCTION("device rollout: store the state a window starts from", StoreState);
 const DeviceFunction kGae = SEGTAPE_FUNCTION("device rollout: GAE", Gae);
 #undef SEGTAPE_FUNCTION
 
@@ -181,8 +184,15 @@ DeviceRollout::DeviceRollout(Tape& tape, const Policy& policy, DeviceEnv& env, i
                              int64_t state_rows)
     : T(T_), K(K_), B(env.batch()), A(env.spec().num_actions), W(W_), tape_(tape), policy_(policy), env_(env), seed_(sample_seed) {
   if (T < 1 || K < 1 || W < 0) throw Error("device rollout: needs T >= 1 and K >= 1 steps, and W >= 0");
-  if (W > 0)
-    for (int64_t s = 0; s < (T + W - 1) / W; ++s) starts.push_back(tape.persistent({state_rows * B, policy.shape().hidden}));
+  if (W > 0) starts = tape.persistent({(T + W - 1) / W, state_rows * B, policy.shape().hidden});
+  // CUDA-graph segments where every segment has the same steps (the calls of
+  // a segment name no step: the row is the device's cursor)
+  int64_t first = 0;
+  graphs = true;
+  for (int64_t t0 = 0; t0 < T; t0 = segment_end(t0)) {
+    if (t0 == 0) first = segment_end(0);
+    graphs = graphs && segment_end(t0) - t0 == first;
+  }
   counters_host_.assign(size_t(B), 0);
   stats_host_.assign(size_t(B) * 3, 0.0);
   D = env.spec().vocab > 0 ? 0 : env.spec().obs_dim;
@@ -201,12 +211,10 @@ void DeviceRollout::run(const Tensor& h_home) {
   const int64_t H = h_home.dim(1);
   segment_peak = 0;
   for (int64_t t0 = 0, end = 0; t0 < T; t0 = end, segment_peak = std::max(segment_peak, tape_.stats().last_segment_peak)) {
-    // segments of at most K steps, cut where a window starts too (as PPO's host rollout cuts them)
-    end = std::min(T, (t0 / K + 1) * K);
-    if (W > 0) end = std::min(end, (t0 / W + 1) * W);
-    Segment seg = tape_.segment();
+    end = segment_end(t0);
+    Segment seg = graphs ? tape_.graph_segment() : tape_.segment();
     NoGradGuard ng(tape_);
-    if (W > 0 && t0 % W == 0) copy_into(starts[size_t(t0 / W)], h_home);
+    if (W > 0) device_call(kStoreState, {h_home, cursor}, {starts}, {W});
     Tensor h = h_home;
     for (int64_t t = t0; t < end; ++t, tape_.next_step()) {
       const Tensor obs = D == 0 ? tape_.empty({B}, DType::I64) : tape_.empty({B, D});
@@ -230,6 +238,12 @@ void DeviceRollout::run(const Tensor& h_home) {
   const Tensor obs = D == 0 ? tape_.empty({B}, DType::I64) : tape_.empty({B, D});
   env_.observe(obs, Tensor{}, cursor);
   device_call(kStore, {policy_.value(policy_.output(policy_.recur(policy_.encode(obs), h_home)))}, {bootstrap}, {B, 0});
+}
+
+// Segments of at most K steps, cut where a window starts too (as PPO's host rollout cuts them).
+int64_t DeviceRollout::segment_end(int64_t t0) const {
+  const int64_t end = std::min(T, (t0 / K + 1) * K);
+  return W > 0 ? std::min(end, (t0 / W + 1) * W) : end;
 }
 
 void DeviceRollout::start_at(int64_t step, std::span<const float> returns) {

@@ -114,11 +114,15 @@ class DeviceRollout {
   Tensor tokens, vectors, actions, logp, values, rewards, done, advantages_, returns, bootstrap, stats, counters, cursor;
   // The largest arena high-water of the last run()'s K-step segments (the tape's bookkeeping: no device read).
   size_t segment_peak = 0;
-  // The stored states (W > 0): T / W of them (rounded up), persistent [state_rows B, hidden].
-  std::vector<Tensor> starts;
+  // The stored states (W > 0): [T / W (rounded up), state_rows B, hidden].
+  Tensor starts;
   int64_t W;
+  // Whether the K-step segments are graph_segment()s (CUDA graphs under
+  // TapeOptions::graph_replay): where they all have the same steps.
+  bool graphs = false;
 
  private:
+  int64_t segment_end(int64_t t0) const;
   Tape& tape_;
   const Policy& policy_;
   DeviceEnv& env_;

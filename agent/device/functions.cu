@@ -31,6 +31,7 @@ template void launch(const EnvStep<rules::TMaze>&, int64_t, void*);
 template void launch(const Sample&, int64_t, void*);
 template void launch(const Store&, int64_t, void*);
 template void launch(const Reset&, int64_t, void*);
+template void launch(const StoreState&, int64_t, void*);
 template void launch(const Advance&, int64_t, void*);
 template void launch(const Gae&, int64_t, void*);
 

@@ -101,6 +101,11 @@ struct TapeOptions {
   // exist only once it has ended: no item() / to_host() inside one. See
   // docs/cuda.md for the restrictions.
   bool graph_replay = false;
+  // With graph_replay: segment() runs eagerly as eager_segment() does, and
+  // only graph_segment() is captured and replayed. For a program whose
+  // segments mostly cannot be graphs (host reads, shapes that change) with
+  // a few that can (PPO's rollout on the device, agent/device/).
+  bool graph_explicit = false;
   size_t graph_staging = size_t(4) << 20;  // pinned host bytes per segment for tape.from() under graph_replay
 };
 
@@ -161,6 +166,10 @@ class Tape {
   // between graph segments: an evaluation, a shorter last segment, host reads.
   // Without graph replay (and on the CPU) the same as segment().
   Segment eager_segment();
+  // A segment that is captured and replayed under graph_replay (as
+  // segment() is, unless TapeOptions::graph_explicit); without graph
+  // replay, and on the CPU, the same as segment().
+  Segment graph_segment();
 
   // Persistent tensors (valid as long as the tape). Zero-filled.
   Tensor parameter(const Shape& s, DType d = DType::F32);   // requires grad; gradient buffer zeroed
