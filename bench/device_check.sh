@@ -29,7 +29,8 @@
 #      interleaved rounds, segtape then LibTorch, the table their medians
 #   5. the agent on the GPU: device_loop_bench (the rollout and GAE on the device,
 #      B = 4096, H = 128, graphs on and off; docs/device-loop.md); PPO on
-#      device-recall (B = 1024) with --device-loop on and off;
+#      device-recall (B = 1024) with --device-loop on and off; bench/lm_cuda.py
+#      (issue 47: --task lm's tokens/s against PyTorch's cuDNN GRU and LSTM);
 #      `segtape train --device cuda` (recall, 6000 steps), with
 #      its segments as CUDA graphs (the default) and with --cuda-graphs off;
 #      `segtape train --device cuda --algo ppo` (recall, 1024 steps), its update
@@ -280,6 +281,13 @@ if ((built)); then
     --steps 4096 --device-loop on --out "$OUT/agent-ppo-device-loop" --force || status=1
   step agent-ppo-host-loop 90 "$(prog agent/segtape)" train --device cuda --algo ppo --env device-recall --batch 1024 \
     --steps 4096 --device-loop off --out "$OUT/agent-ppo-host-loop" --force || status=1
+  # issue 47's language models: segtape's --task lm against PyTorch's cuDNN GRU and LSTM, tokens/s (bench/lm_cuda.py)
+  if "$PY" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    step lm-cuda 150 "$PY" "$ROOT/bench/lm_cuda.py" --segtape "$(prog agent/segtape)" --data "$ROOT/tests/data/shakespeare-20k.txt" \
+      --out "$OUT/lm-cuda" || status=1
+  else
+    log "lm-cuda skipped: $PY has no CUDA torch"
+  fi
   # the agent loop on the device (docs/device-loop.md): rollout + GAE at issue 51's B = 4096, H = 128, graphs on and off
   step device-loop 60 "$(prog bench/device_loop_bench)" --device cuda --batch 4096 --hidden 128 --rollout 128 --segment 32 || status=1
   step device-loop-eager 60 "$(prog bench/device_loop_bench)" --device cuda --graphs off --batch 4096 --hidden 128 --rollout 128 \
@@ -346,6 +354,10 @@ runs() {
   runs "PPO on the GPU (segtape train --device cuda --algo ppo --steps 1024; then with --kernel fused_gru=off)" agent-ppo agent-ppo-steps
   runs "The agent loop on the device (device_loop_bench: rollout + GAE, B = 4096, H = 128; graphs on, then off)" device-loop device-loop-eager
   runs "PPO on device-recall, B = 1024, 4096 steps: --device-loop on, then off" agent-ppo-device-loop agent-ppo-host-loop
+  echo "## Language models: segtape against PyTorch's cuDNN GRU and LSTM (bench/lm_cuda.py)"
+  echo
+  cat "$OUT/lm-cuda/lm-cuda.md" 2>/dev/null || echo "(not run)"
+  echo
   echo "## The size check with --device cuda (host memory: the estimate against the measured peak)"
   echo
   for run in agent-run agent-run-eager agent-ppo; do
