@@ -52,5 +52,5 @@ segtape_test(nonfinite_test SOURCES nonfinite_test.cpp LABELS agent LIBS segtape
 
 # The agent loop on the device (agent/device/): on the host-emulated device
 # in every build, and on a GPU where the CUDA backend is built (cuda_test.cmake).
-segtape_test(device_loop_test SOURCES device_loop_test.cpp LABELS emulated LIBS segtape_agent PREFIX "emulated.")
+segtape_test(device_loop_test SOURCES device_loop_test.cpp alloc_hook.cpp LABELS emulated LIBS segtape_agent PREFIX "emulated.")
 target_compile_definitions(device_loop_test PRIVATE SEGTAPE_TEST_EMULATED_DEVICE)

@@ -6,7 +6,7 @@ if(SEGTAPE_HAVE_CUDA)
   target_include_directories(cuda_test PRIVATE ${PROJECT_SOURCE_DIR}/engine)  # cuda/fused_gru.h: the fused GRU's plan
   # nn, the agent Trainer and the retention lab on CUDA against the CPU.
   segtape_test(cuda_nn_test SOURCES cuda_nn_test.cpp LABELS cuda LIBS segtape_agent)
-  segtape_test(cuda_device_loop_test SOURCES device_loop_test.cpp LABELS cuda LIBS segtape_agent)
+  segtape_test(cuda_device_loop_test SOURCES device_loop_test.cpp alloc_hook.cpp LABELS cuda LIBS segtape_agent)
 endif()
 
 # The same nn / agent / retention-lab device tests on the host-emulated device

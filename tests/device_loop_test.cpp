@@ -31,7 +31,9 @@
 #include "../agent/algo/rollout_buffer.h"
 #include "gpu.h"
 #include "agent_util.h"
+#include "alloc_hook.h"
 #include "segtape/agent/env.h"
+#include "segtape/device_call.h"
 #include "segtape/agent/trainer.h"
 #include "segtape/agent/policy.h"
 #include "segtape/nn/random.h"
@@ -447,6 +449,61 @@ TEST(DeviceLoop, PpoResumesFromADeviceLoopCheckpointBitForBit) {
   const TrainConfig back = test::expect_resumes_bit_identically(c, ck, 32);
   EXPECT_FALSE(back.device_loop);
   std::filesystem::remove_all(ck.parent_path());
+}
+
+// segtape/device_call.h: a call runs its host form on the tensors, in
+// place, and every refusal names the function.
+void add_one(const CallArgs& a) {
+  for (int64_t i = 0; i < a.numel[1]; ++i) a.at<float>(1)[i] = a.at<const float>(0)[i] + float(a.i[0]);
+}
+TEST(DeviceCall, RunsTheHostFormAndRefusesByName) {
+  const DeviceFunction fn{"test: add", add_one, nullptr};
+  Tape tape, other;
+  const Tensor x = tape.persistent({3}), y = tape.persistent({3});
+  x.from_host(std::span<const float>(std::vector<float>{1, 2, 3}));
+  device_call(fn, {x}, {y}, {10});
+  EXPECT_EQ(y.to_host<float>(), (std::vector<float>{11, 12, 13}));
+  const Tensor p = tape.parameter({3}), z = other.persistent({3});
+  const auto refused = [&](const std::function<void()>& call, const std::string& says, const std::string& also = "") {
+    try {
+      call();
+      ADD_FAILURE() << "not refused: " << says;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("test: add: " + says), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(also), std::string::npos) << e.what();
+    }
+  };
+  refused([&] { device_call(fn, {p}, {y}, {10}); }, "tensor 0 ", "requires a gradient");
+  refused([&] { device_call(fn, {x}, {z}, {10}); }, "tensor 1 belongs to another tape");
+  refused([&] { device_call(fn, {x}, {Tensor{}}, {10}); }, "tensor 1 is undefined");
+  refused([&] { device_call(fn, {}, {}); }, "no tensors");
+  refused([&] { device_call(fn, {x}, {y}, {1, 2, 3, 4, 5, 6, 7, 8, 9}); }, "at most 10 tensors, 8 integers and 4 reals");
+  EXPECT_EQ(y.to_host<float>(), (std::vector<float>{11, 12, 13}));  // (nothing ran)
+}
+
+// After the first rollout a rollout and its GAE take nothing from the heap,
+// on a CPU tape and on the device (the device calls' checks build no string
+// unless they refuse).
+TEST(DeviceLoop, RolloutAllocatesNothingAfterTheFirst) {
+  REQUIRE_GPU();
+  const PolicyShape shape{6, 10, 0, true};
+  for (const Device& dev : {Device::cpu(), Device::cuda()}) {
+    SCOPED_TRACE(dev.str());
+    Tape tape(dev, small_device_pools());
+    device::DeviceEnv denv(tape, "dialogue", 4, 17, cases()[3].o);
+    nn::Rng init(3);
+    const Policy policy(tape, init, denv.spec(), shape);
+    device::DeviceRollout dr(tape, policy, denv, 8, 4, 99, 4);
+    const Tensor h_home = tape.persistent({4, shape.hidden});
+    dr.run(h_home);
+    dr.advantages(0.9, 0.8);
+    const uint64_t heap = alloc_hook::count();
+    alloc_hook::enable(true);
+    dr.run(h_home);
+    dr.advantages(0.9, 0.8);
+    alloc_hook::enable(false);
+    EXPECT_EQ(alloc_hook::count() - heap, 0u) << "heap allocations in a rollout after the first";
+  }
 }
 
 TEST(DeviceLoop, RefusesWhatItDoesNotBuild) {

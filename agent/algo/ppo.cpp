@@ -77,7 +77,7 @@ class Ppo : public Algorithm {
           rollout(*c.tape, *c.policy, env, buf.T, c.config.history.k, Context::act_seed(c.config.seed, c.rank()), buf.W, buf.R) {}
     device::DeviceEnv env;
     device::DeviceRollout rollout;
-    std::vector<float> done, starts;
+    std::vector<float> done;
     std::vector<double> stats;
   };
   std::unique_ptr<OnDevice> dev_;

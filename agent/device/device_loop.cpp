@@ -126,10 +126,9 @@ DeviceEnv::DeviceEnv(Tape& tape, const std::string& name, int64_t batch, uint64_
   if (!device_env_built(name))
     throw Error("device env '" + name + "': not built for the device (the device envs: recall, tmaze, dialogue); the host loop runs every env");
   // The twin checks the options and makes the state; the device starts from its rows.
-  const std::unique_ptr<Env> twin = make_env("device-" + name, batch, seed, o);
-  spec_ = twin->spec();
+  twin_ = make_env("device-" + name, batch, seed, o);
+  spec_ = twin_->spec();
   spec_.name = name;
-  const std::vector<int64_t> rows = twin->save_state();  // (the base's: the rng's and the score's 4, then the state ints)
   if (name == "recall") {
     kind_ = Kind::Recall, width_ = rules::Recall::kWidth;
     ints_ = {int64_t(seed), o.lag, o.vocab, o.sparse ? 1 : 0, 0};
@@ -144,9 +143,9 @@ DeviceEnv::DeviceEnv(Tape& tape, const std::string& name, int64_t batch, uint64_
   const std::vector<float> table = kind_ == Kind::Dialogue ? dialogue_table(o.cities, o.embed_dim) : std::vector<float>{0.0f};
   table_ = tape.persistent({int64_t(table.size())});
   table_.from_host(std::span<const float>(table));
-  twin_ = make_env("device-" + name, batch, seed, o);
+  const std::vector<int64_t> saved = twin_->save_state();  // (the base's: the rng's and the score's 4, then the state ints)
   state_ = tape.persistent({B_, width_}, DType::I64);
-  load_rows(std::span<const int64_t>(rows).last(size_t(B_ * width_)));
+  state_.from_host(std::span<const int64_t>(saved).last(size_t(B_ * width_)));
 }
 
 void DeviceEnv::load_rows(std::span<const int64_t> rows) {
@@ -187,12 +186,8 @@ DeviceRollout::DeviceRollout(Tape& tape, const Policy& policy, DeviceEnv& env, i
   if (W > 0) starts = tape.persistent({(T + W - 1) / W, state_rows * B, policy.shape().hidden});
   // CUDA-graph segments where every segment has the same steps (the calls of
   // a segment name no step: the row is the device's cursor)
-  int64_t first = 0;
   graphs = true;
-  for (int64_t t0 = 0; t0 < T; t0 = segment_end(t0)) {
-    if (t0 == 0) first = segment_end(0);
-    graphs = graphs && segment_end(t0) - t0 == first;
-  }
+  for (int64_t t0 = 0, first = segment_end(0); t0 < T; t0 = segment_end(t0)) graphs = graphs && segment_end(t0) - t0 == first;
   counters_host_.assign(size_t(B), 0);
   stats_host_.assign(size_t(B) * 3, 0.0);
   D = env.spec().vocab > 0 ? 0 : env.spec().obs_dim;
