@@ -60,8 +60,12 @@ segtape_install_pytest_deps() {
 # segtape.gym; it needs only numpy and gymnasium) from PyPI,
 # then `pip install ./python` with its CMake build kept in
 # $SEGTAPE_BUILD/python-pkg (so a rerun rebuilds only what changed), then pytest
-# over python/tests (the notebook included). Extra arguments go to pip's
-# --config-settings (e.g. cmake.define.SEGTAPE_SANITIZE=address,undefined).
+# over python/tests (the notebook included). segtape_python_tests builds the
+# extension alone, against the test build's own libraries (cmake --install
+# into $SEGTAPE_BUILD/python-prefix, SEGTAPE_PYTHON_PREBUILT): a user's
+# `pip install ./python` compiles the same sources in its own CMake build, as
+# the sanitizer build compiles them with SEGTAPE_PYTHON. Extra arguments of
+# segtape_python_install go to pip's --config-settings.
 SEGTAPE_PYTHON_EXE=${SEGTAPE_PYTHON_EXE:-/usr/bin/python3}
 segtape_python_venv() {  # VENV: the virtual environment and the packages above, where missing
   local venv=$1
@@ -87,7 +91,9 @@ segtape_python_tests() {
   # here would test nothing more on a machine without a GPU; CI's 30 minutes
   # are tight (docs/hardening.md, "Time in CI"). A user's `pip install
   # ./python` still builds it where nvcc is found.
-  segtape_python_install "$venv" "$SEGTAPE_BUILD/python-pkg" cmake.define.SEGTAPE_WITH_CUDA=OFF || return 1
+  local prefix=$SEGTAPE_BUILD/python-prefix
+  cmake --install "$SEGTAPE_BUILD" --prefix "$prefix" >/dev/null || return 1
+  segtape_python_install "$venv" "$SEGTAPE_BUILD/python-pkg" cmake.define.SEGTAPE_PYTHON_PREBUILT="$prefix" || return 1
   # Run from the tests folder, so that `import segtape` is the installed package, not python/segtape.
   (cd "$SEGTAPE_ROOT/python/tests" &&
     SEGTAPE_README_CURVE=$SEGTAPE_BUILD/tests/readme_curve SEGTAPE_CLI=$SEGTAPE_BUILD/agent/segtape \
@@ -189,15 +195,32 @@ segtape_sanitize_configure() {
 # run under ASan too (the exact histories' replay, LSTM stacks, dropout, resume);
 # they run in the main build.
 SEGTAPE_SANITIZE_SKIP=${SEGTAPE_SANITIZE_SKIP-'^(Learning\.ExactLearns.*|Lm\.LstmStacksWithDropoutAndTiedWeightsLearnAndResume)$'}
-segtape_sanitize() {
+SEGTAPE_SANITIZE_BUILT=0
+SEGTAPE_SANITIZE_SELECT=(-LE 'parity|cuda|gpu' ${SEGTAPE_SANITIZE_SKIP:+-E "$SEGTAPE_SANITIZE_SKIP"})
+segtape_sanitize() {  # sets SEGTAPE_SANITIZE_BUILT=1 once the build is made
   # (|| return: errexit is off inside a function called from `f || ...`)
   segtape_sanitize_configure || return 1
   cmake --build "$SEGTAPE_SANITIZE_BUILD" -j "$SEGTAPE_JOBS" || return 1
+  SEGTAPE_SANITIZE_BUILT=1
   (cd "$SEGTAPE_SANITIZE_BUILD" &&
     ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1 \
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 LSAN_OPTIONS=report_objects=1 \
     OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
-    ctest --output-on-failure -j "$SEGTAPE_JOBS" -LE 'parity|cuda|gpu' ${SEGTAPE_SANITIZE_SKIP:+-E "$SEGTAPE_SANITIZE_SKIP"} "$@")
+    ctest --output-on-failure -j "$SEGTAPE_JOBS" "${SEGTAPE_SANITIZE_SELECT[@]}" "$@")
+}
+# segtape_unsanitized_tests [ctest arguments]: writes, for the main build's
+# `ctest -I FILE`, the numbers of its tests that segtape_sanitize's selection
+# does not name, and prints FILE. (ctest -E cannot take hundreds of names.)
+segtape_unsanitized_tests() {
+  local file=$SEGTAPE_BUILD/unsanitized-tests.txt
+  local listed='s/^ *Test *#\([0-9]*\): \([^ ]*\).*$/\1 \2/p'
+  (cd "$SEGTAPE_SANITIZE_BUILD" && ctest -N "${SEGTAPE_SANITIZE_SELECT[@]}" "$@") | sed -n "$listed" | cut -d' ' -f2 \
+    >"$file.sanitized" || return 1
+  [[ -s "$file.sanitized" ]] || return 1
+  (cd "$SEGTAPE_BUILD" && ctest -N) | sed -n "$listed" |
+    awk 'NR == FNR { ran[$1] = 1; next } !($2 in ran) { printf ",%s", $1 }' "$file.sanitized" - |
+    sed 's/^/0,0,1/' >"$file" || return 1
+  echo "$file"
 }
 
 # The safetensors parser's libFuzzer target, built with clang (ASan + UBSan),
