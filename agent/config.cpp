@@ -148,6 +148,7 @@ std::map<std::string, std::string> TrainConfig::to_metadata() const {
   if (critic != "shared") m["critic"] = critic;  // (a run with the shared core writes what runs before --critic wrote)
   if (clip_schedule != "constant") m["clip_schedule"] = clip_schedule;  // (likewise)
   if (value_clip != 0) m["value_clip"] = d(value_clip);                  // (likewise)
+  if (precision != "f32") m["precision"] = precision;                    // (likewise)
   if (head_hidden > 0) m["head_hidden"] = std::to_string(head_hidden);  // (likewise)
   if (ortho_init) m["ortho_init"] = "1";                                   // (likewise)
   if (encoder != "linear") m["encoder"] = encoder;                         // (likewise)
@@ -194,6 +195,8 @@ TrainConfig TrainConfig::from_metadata(const std::map<std::string, std::string>&
   c.clip = f64("clip");
   c.seed = u64("seed");
   c.device = get("device");
+  c.precision = get("precision", "f32");
+  if (!parse_precision(c.precision)) throw CheckpointError("checkpoint metadata 'precision' is '" + c.precision + "', not f32 or bf16");
   c.budget = u64("budget");
   c.env_options.lag = i64("lag");
   c.env_options.vocab = i64("vocab");
@@ -291,6 +294,10 @@ void TrainConfig::validate() const {
        "--history " + history.str() + " keeps its run in one growing arena (the teaching policy), which is CPU-only: use "
        "--device cpu or a bounded history (" + history_choices([](const HistoryDef& d) { return !d.grows; }) + ")");
   check_device_flag(device);
+  need(parse_precision(precision).has_value(), "--precision '" + precision + "': choose f32 or bf16");
+  need(precision == "f32" || device != "cuda" || emulation::emulating_cuda_on_host(),
+       "--precision " + precision + " is not built for --device cuda yet (it runs on the CPU): use --precision f32 on the GPU "
+       "(or --device cpu)");
   need(env_options.lag >= 1 && env_options.lag <= 100000, "--lag must be in [1, 100000]");
   need(!device_loop || algo == Algo::Ppo, "--device-loop on runs PPO's rollouts on the device: --algo ppo (not " +
                                                std::string(algo_name(algo)) + ")");

@@ -90,6 +90,12 @@ void add_run_options(CLI::App* tr, TrainArgs& ta) {
   tr->add_option("--seed", ta.c.seed, "Seed for the model, the env and sampling")->capture_default_str()->check(kSeed);
   tr->add_option("--device", ta.c.device, "cpu, or cuda (a build with the CUDA backend and a GPU; docs/cuda.md)")
       ->capture_default_str();
+  tr->add_option("--precision", ta.c.precision,
+                 "f32, or bf16: every matrix product on bfloat16 operands, accumulated in float32 and rounded to bfloat16, "
+                 "the rest (recurrent state, losses, gradient sums, master weights) float32; the CPU only for now "
+                 "(docs/precision.md)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   tr->add_option("--cuda-graphs", ta.graphs,
                  "cuda: auto runs each training segment as a CUDA graph where the run allows it (a supervised open-loop env, "
                  "tbptt or detach, a2c, one process; docs/agent.md), off runs every segment eagerly")

@@ -62,6 +62,7 @@ size_t applied_budget(const TrainConfig& c) {
 TapeOptions tape_options(const TrainConfig& c) {
   TapeOptions o;
   o.budget_name = c.budget_name;
+  o.precision = parse_precision(c.precision).value_or(Precision::F32);  // (validate() refuses any other name)
   if (history_def(c.history.kind).grows) {
     // Teaching policy: one segment for the whole run, the arena grows; the budget stops it.
     o.grow = true;

@@ -10,6 +10,14 @@ namespace segtape {
 
 using In = detail::TapeInternals;
 
+const char* precision_name(Precision p) { return p == Precision::Bf16 ? "bf16" : "f32"; }
+
+std::optional<Precision> parse_precision(std::string_view s) {
+  if (s == "f32") return Precision::F32;
+  if (s == "bf16") return Precision::Bf16;
+  return std::nullopt;
+}
+
 const char* dtype_name(DType d) {
   switch (d) {
     case DType::F32: return "f32";

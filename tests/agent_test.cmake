@@ -32,8 +32,9 @@ segtape_test(golden_test SOURCES golden_test.cpp LABELS agent LIBS segtape_agent
 target_compile_definitions(golden_test PRIVATE SEGTAPE_BIN="$<TARGET_FILE:segtape>")
 add_dependencies(golden_test segtape)
 
-# Language models on a text corpus (--task lm): tests/data/shakespeare-20k.txt.
-segtape_test(lm_test SOURCES lm_test.cpp alloc_hook.cpp LABELS agent LIBS segtape_agent)
+# Language models on a text corpus (--task lm): tests/data/shakespeare-20k.txt;
+# TapeOptions::precision and --precision (precision_test.cpp).
+segtape_test(lm_test SOURCES lm_test.cpp precision_test.cpp alloc_hook.cpp LABELS agent LIBS segtape_agent)
 
 # Time series (--task series): tests/data/sunspots.csv.
 segtape_test(series_test SOURCES series_test.cpp alloc_hook.cpp LABELS agent LIBS segtape_agent)

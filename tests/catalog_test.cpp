@@ -565,6 +565,10 @@ TEST(Catalog, TrainerConfigsAndCheckpoints) {
       {"--nonfinite ignore", Kind::Error, "--nonfinite 'ignore': choose stop or skip",
        invalid([](agent::TrainConfig& c) { c.nonfinite = "ignore"; })},
       {"--max-skips 0", Kind::Error, "--max-skips must be in [1, ", invalid([](agent::TrainConfig& c) { c.max_skips = 0; })},
+      {"--precision fp16", Kind::Error, "--precision 'fp16': choose f32 or bf16", invalid([](agent::TrainConfig& c) { c.precision = "fp16"; })},
+      {"--precision bf16 on cuda", Kind::Error,
+       Device::cuda_built() ? "--precision bf16 is not built for --device cuda yet" : "this build of segtape has no CUDA backend",
+       invalid([](agent::TrainConfig& c) { c.device = "cuda", c.precision = "bf16"; })},
       {"--adam-eps 0", Kind::Error, "--adam-eps must be in (0, 1]", invalid([](agent::TrainConfig& c) { c.adam_eps = 0; })},
       {"--adam-eps with --optim sgd", Kind::Error, "--adam-eps is Adam's and AdamW's", invalid([](agent::TrainConfig& c) {
          c.optim = "sgd";
@@ -700,6 +704,7 @@ TEST(Catalog, ProgramArgumentsAndPaths) {
       {"--budget lots", "train --budget lots" + fresh, segtape, "--budget 'lots'"},
       {"--budget 0", "train --budget 0" + fresh, segtape, "--budget '0': must be a positive size"},
       {"--budget on --resume", "train --resume " + good + " --budget 1MiB", segtape, "--budget cannot change on --resume"},
+      {"--precision on --resume", "train --resume " + good + " --precision bf16", segtape, "--precision cannot change on --resume"},
       {"--eval-steps 0", "train --eval-steps 0" + fresh, segtape, "--eval-steps 0: must be in [1, 1e9]"},
       {"--log-every 0", "train --log-every 0" + fresh, segtape, "--log-every 0: must be in [1, 1e9]"},
       {"--checkpoint-every 0", "train --checkpoint-every 0" + fresh, segtape, "--checkpoint-every 0: must be in [1, 1e9]"},

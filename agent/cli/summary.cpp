@@ -227,6 +227,8 @@ void print_resources(const RunEnd& e, const json& j) {
   const TapeStats st = e.tr.tape().stats();
   std::printf("  segment peak         %s%s\n", format_bytes(e.log.run_peak()).c_str(), e.full() ? " (one growing segment)" : " (fixed per segment)");
   std::printf("  persistent memory    %s (%ld parameters)\n", format_bytes(st.persistent_bytes).c_str(), e.tr.policy().parameter_count());
+  if (e.c.precision != "f32")
+    std::printf("  precision            %s matrix products (the rest float32; docs/precision.md)\n", e.c.precision.c_str());
   if (e.c.device == "cuda")
     std::printf("  cuda graphs          %s\n", e.tr.graph_segments() ? (std::to_string(st.graph_replays) + " of " + std::to_string(st.segment_index) +
                                                                           " segments replayed a graph (" + std::to_string(st.graph_captures) +

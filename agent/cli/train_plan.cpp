@@ -66,7 +66,7 @@ void read_resumed(Plan& p, const TrainArgs& a, const Given& given) {
   for (const char* opt : {"--env", "--task", "--data", "--valid", "--test", "--split", "--tokens", "--history", "--batch", "--hidden", "--embed", "--update-bias", "--lag", "--sparse", "--vocab", "--corridor", "--turns", "--cities", "--seed", "--lr", "--budget",
                           "--gamma", "--entropy", "--algo", "--rollout", "--epochs", "--minibatches", "--clip-range", "--gae-lambda",
                           "--lr-schedule", "--env-shards", "--clip", "--out", "--force", "--cell", "--layers", "--dropout", "--tied", "--optim", "--adam-eps", "--encoder",
-                          "--critic", "--clip-schedule", "--head-hidden", "--value-clip", "--ortho-init"})
+                          "--critic", "--clip-schedule", "--head-hidden", "--value-clip", "--ortho-init", "--precision"})
     if (given(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");
   for (const char* opt : {"--target", "--features"})
     if (given(opt)) throw Error(std::string(opt) + " cannot change on --resume: the run continues with the configuration in its checkpoint");

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "backend.h"
+#include "cpu/blas.h"
 #include "graph_schedule.h"
 #include "ops/elementwise.h"
 #include "ops/op.h"
@@ -55,6 +56,7 @@ class CpuBackend final : public detail::Backend {
   // One case per OpKind, no default: -Wswitch-enum names a kind left out.
   void forward(Tape& t, Node& n) override {
     if (schedule_.on()) (void)schedule_.issue(detail::op_signature(n, nullptr, nullptr), op_name(n.op));
+    const cpu::Bf16Products products(t.options().precision == Precision::Bf16);
     switch (n.op) {
 #define SEGTAPE_UNARY_CASE(Kind, ...) \
   case OpKind::Kind: return ops::unary_forward_cpu<ops::Kind>(n);
@@ -87,6 +89,7 @@ class CpuBackend final : public detail::Backend {
 
   void backward(Tape& t, const Node& n, const void* g, const ops::Grads& d) override {
     if (schedule_.on()) (void)schedule_.issue(detail::op_signature(n, g, &d), op_name(n.op));
+    const cpu::Bf16Products products(t.options().precision == Precision::Bf16);
     switch (n.op) {
 #define SEGTAPE_UNARY_CASE(Kind, ...) \
   case OpKind::Kind: return ops::unary_backward_cpu<ops::Kind>(n, g, d);

@@ -3,6 +3,7 @@
 
 #include "segtape/blas.h"
 #include "segtape/kernels.h"
+#include "segtape/precision.h"
 
 #include <cblas.h>
 
@@ -10,6 +11,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace segtape {
 
@@ -121,10 +123,44 @@ void gemm_impl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const
   }
 }
 
+thread_local bool t_bf16 = false;
+
+// The rows x cols matrix at `src` (leading dimension ld) rounded to bfloat16,
+// packed (leading dimension cols) into `dst`.
+void round_into(std::vector<float>& dst, const float* src, int64_t rows, int64_t cols, int64_t ld) {
+  dst.resize(size_t(rows * cols));  // (grows, then reused: no allocation once the largest product has run)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[size_t(r * cols + c)] = bf16_round(src[r * ld + c]);
+}
+
+// Precision::Bf16: C = alpha bf16(op(bf16(A)) op(bf16(B))) + beta C. The
+// product of two bfloat16 values is exact in float32, so the GEMM below
+// accumulates exact products in float32, as a bfloat16 tensor core does; the
+// product is rounded before it is added to C (a gradient's sum stays float32).
+void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+               int64_t ldb, float beta, float* C, int64_t ldc) {
+  thread_local std::vector<float> a, b, p;
+  round_into(a, A, ta ? K : M, ta ? M : K, lda);
+  round_into(b, B, tb ? N : K, tb ? K : N, ldb);
+  p.resize(size_t(M * N));
+  gemm_impl(ta, tb, M, N, K, 1.0f, a.data(), ta ? M : K, b.data(), tb ? K : N, 0.0f, p.data(), N);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      const float v = alpha * bf16_round(p[size_t(i * N + j)]);
+      float& c = C[i * ldc + j];
+      c = beta == 0.0f ? v : v + beta * c;  // (beta = 0 never reads C: it may hold anything)
+    }
+}
+
 }  // namespace
+
+bool bf16_products() { return t_bf16; }
+Bf16Products::Bf16Products(bool on) : was_(t_bf16) { t_bf16 = on; }
+Bf16Products::~Bf16Products() { t_bf16 = was_; }
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
           float beta, float* C, int64_t ldc) {
+  if (t_bf16 && M > 0 && N > 0) return gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   gemm_impl(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 

@@ -11,4 +11,20 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
           const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
 
+// Precision::Bf16 (TapeOptions::precision) for this thread's float32 GEMMs:
+// while a Bf16Products is alive, gemm(float) rounds its operands and its
+// product to bfloat16 (segtape/precision.h). The CPU backend opens one around
+// each op's forward and backward on a bf16 tape; off, gemm is OpenBLAS's.
+bool bf16_products();
+class Bf16Products {
+ public:
+  explicit Bf16Products(bool on);
+  ~Bf16Products();
+  Bf16Products(const Bf16Products&) = delete;
+  Bf16Products& operator=(const Bf16Products&) = delete;
+
+ private:
+  bool was_;
+};
+
 }  // namespace segtape::cpu

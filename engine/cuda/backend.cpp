@@ -63,6 +63,10 @@ CudaBackend::CudaBackend(const Device& device, const TapeOptions& options)
     throw Error("Tape(" + device.str() + "): TapeOptions::grow (the teaching policy) is CPU-only: a device arena is one "
                 "allocation of segment_budget bytes made at setup");
   detail::check_graph_options(device, options);
+  if (options.precision != Precision::F32)
+    throw Error("Tape(" + device.str() + "): TapeOptions::precision " + precision_name(options.precision) +
+                " is not built for CUDA tapes yet (it runs on the CPU and the host-emulated device): use f32, with "
+                "TapeOptions::allow_tf32 for tensor-core products");
   // Without a driver (or a GPU) this is where it shows: cudaErrorInsufficientDriver, cudaErrorNoDevice, ...
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);

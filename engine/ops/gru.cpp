@@ -299,7 +299,7 @@ void start_batch(CellBatch& cb, int64_t remaining, const Node& n, const ops::Gra
 // one). dg is read in place as the kernel's transposed A; v is packed into
 // `spare` (the batch's arena, reset with the batch). False where it does not apply.
 bool weight_grad_on_one_thread(Arena& spare, int64_t rows, int64_t G, int64_t N, const float* dg, const float* v, float* dW) {
-  if (!cpu::threads_do_not_pay(G, N, rows)) return false;
+  if (!cpu::threads_do_not_pay(G, N, rows) || cpu::bf16_products()) return false;
   auto* pv = static_cast<float*>(batch_take(spare, cpu::packed_floats(rows, N) * sizeof(float)));
   cpu::pack_b(v, rows, N, false, pv);
   cpu::packed_gemm(G, N, rows, dg, G, pv, 1.0f, dW, N, true);
@@ -312,7 +312,7 @@ CellGrads cell_grads(Tape& tape, CellBatches& batches, const Node& n, const ops:
   const size_t es = dtype_size(n.out.dtype);
   // Deferred weight gradients: this step's rows go into its group's batch
   // (see CellBatches); not a cell on input gates computed beforehand.
-  const bool batch = tape.options().batch_weight_grads && !cell_inputs(n).pre && w_ih.node < 0 && w_hh.node < 0 && dst[2] && dst[3] &&
+  const bool batch = batches_weight_grads(tape) && !cell_inputs(n).pre && w_ih.node < 0 && w_hh.node < 0 && dst[2] && dst[3] &&
                      (!dst[4] || n.in[4].node < 0) && (!dst[5] || n.in[5].node < 0);
   if (!batch) {
     void* dgi = TapeInternals::scratch(tape, size_t(B * G) * es);              // d(x W_ih^T + b_ih)
@@ -385,7 +385,7 @@ void packed_written(PackedWeights& pw, const void* p, size_t bytes) {
 }
 
 const float* packed_weight(PackedWeights& pw, const Tensor& w, int64_t M, int64_t K, int64_t N, bool trans) {
-  if (w.dtype != DType::F32 || w.space != Space::Persistent || !cpu::packed_worthwhile(M, N, K)) return nullptr;
+  if (w.dtype != DType::F32 || w.space != Space::Persistent || !cpu::packed_worthwhile(M, N, K) || cpu::bf16_products()) return nullptr;
   PackedWeights::Entry* e = nullptr;
   for (int i = 0; i < pw.count && !e; ++i) {
     PackedWeights::Entry& c = pw.entries[size_t(i)];
@@ -412,7 +412,7 @@ void prepare_cell_batch(CellBatches& cb, const Tape& tape, int64_t last_node) {
   for (CellBatch& b : cb.open) b.first = nullptr, b.count = 0;
   cb.remaining = 0;
   cb.next = 0;
-  if (!tape.options().batch_weight_grads) return;
+  if (!batches_weight_grads(tape)) return;
   const auto& nodes = tape.nodes();
   for (int64_t i = 0; i <= last_node; ++i)
     if ((nodes[size_t(i)].op == OpKind::GruCell || nodes[size_t(i)].op == OpKind::LstmCell) && !cell_inputs(nodes[size_t(i)]).pre)

@@ -150,6 +150,8 @@ void packed_written(PackedWeights& pw, const void* p, size_t bytes);
 // several) the weight is packed at its cpu::kPackAfter-th such product in the
 // pass; the ones before take BLAS, so a short segment never packs.
 const float* packed_weight(PackedWeights& pw, const Tensor& w, int64_t M, int64_t K, int64_t N, bool trans);
+// TapeOptions::batch_weight_grads where it applies: a float32 path, off under Precision::Bf16.
+inline bool batches_weight_grads(const Tape& t) { return t.options().batch_weight_grads && t.options().precision == Precision::F32; }
 
 // What the CPU backend (engine/cpu/backend.cpp, also the host-emulated
 // device) keeps for the recurrent cells (GRU, LSTM), one per tape: backward's

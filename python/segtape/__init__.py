@@ -209,11 +209,13 @@ class Tape(_C._Tape):
     saying what filled the segment. grow=True is the teaching policy: the arena
     grows instead of refusing (to reproduce PyTorch's retained-graph growth),
     up to grow_limit bytes if given. anomaly=True checks every op's output for
-    NaN and Inf.
+    NaN and Inf. precision="bf16" runs every matrix product on bfloat16
+    operands, rounded to bfloat16, the rest in float32 (docs/precision.md;
+    the CPU only for now).
     """
 
     def __init__(self, device="cpu", segment_budget="64MiB", *, grow=False, grow_limit=None, anomaly=False,
-                 node_capacity=None, allow_tf32=False):
+                 node_capacity=None, allow_tf32=False, precision="f32"):
         options = _C.TapeOptions()
         options.segment_budget = _bytes(segment_budget, "segtape.Tape: segment_budget")
         options.grow = bool(grow)
@@ -226,6 +228,7 @@ class Tape(_C._Tape):
                 raise _out_of_range("segtape.Tape", "node_capacity", node_capacity, *_UINT64)
             options.node_capacity = node_capacity
         options.allow_tf32 = bool(allow_tf32)
+        options.precision = precision
         super().__init__(_device(device), options)
 
     def tensor(self, values, dtype=None):

@@ -962,7 +962,15 @@ NB_MODULE(_segtape, m) {
       .def_rw("device_persistent", &TapeOptions::device_persistent)
       .def_rw("device_carry", &TapeOptions::device_carry)
       .def_rw("device_workspace", &TapeOptions::device_workspace)
-      .def_rw("allow_tf32", &TapeOptions::allow_tf32);
+      .def_rw("allow_tf32", &TapeOptions::allow_tf32)
+      .def_prop_rw(
+          "precision", [](const TapeOptions& o) { return std::string(precision_name(o.precision)); },
+          [](TapeOptions& o, const std::string& name) {
+            const std::optional<Precision> p = parse_precision(name);
+            if (!p) throw Error("TapeOptions.precision: '" + name + "' is not a precision (f32 or bf16)");
+            o.precision = *p;
+          },
+          "'f32', or 'bf16': matrix products on bfloat16 operands, rounded to bfloat16 (docs/precision.md)");
 
   nb::class_<PyNoGrad>(m, "NoGrad")
       .def("__enter__", [](PyNoGrad& g) {
@@ -1429,6 +1437,7 @@ NB_MODULE(_segtape, m) {
       .def_rw("env_shards", &agent::TrainConfig::env_shards)
       .def_rw("graph_replay", &agent::TrainConfig::graph_replay)
       .def_rw("device_loop", &agent::TrainConfig::device_loop)
+      .def_rw("precision", &agent::TrainConfig::precision)
       // --task lm / series: the files and their reading (EnvOptions), the model
 #define SEGTAPE_OPTION(name, type)                                                          \
   .def_prop_rw(#name, [](const agent::TrainConfig& c) { return c.env_options.name; }, \

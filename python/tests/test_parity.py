@@ -272,3 +272,44 @@ def test_dropout_module_train_eval_and_masks():
         assert drop.training
     with pytest.raises(Exception, match=r"nn::Dropout: the dropout probability must be in \[0, 1\), got 1"):
         nn.Dropout(tape, 1.0)
+
+
+def bf16(a):
+    """float32 values rounded to bfloat16 (ties to even), as float32."""
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).bfloat16().float().numpy()
+
+
+def test_bf16_linear_is_torch_autocast_bfloat16_on_the_cpu():
+    """A Linear layer (no bias) on a Tape(precision="bf16") against the same
+    layer under torch.autocast("cpu", torch.bfloat16): the forward products of
+    bfloat16 operands accumulated in float32 and rounded to bfloat16 on both
+    sides, so within a bfloat16 rounding of each other (summation orders
+    differ); float32's values are further off. The weight gradients below."""
+    tape = segtape.Tape(precision="bf16")
+    net = nn.Linear(tape, 64, 32, bias=False, rng=nn.Rng(5))
+    ref = torch.nn.Linear(64, 32, bias=False)
+    copy_weights(net, ref)
+    x = np.random.default_rng(1).standard_normal((16, 64)).astype(np.float32)
+    g = np.random.default_rng(2).standard_normal((16, 32)).astype(np.float32)
+    with tape.segment() as seg:
+        y = net(tape.tensor(x))
+        seg.backward(y, grad_output=tape.tensor(g))
+        got = y.numpy()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ty = ref(torch.from_numpy(x))
+    assert ty.dtype == torch.bfloat16
+    ty.float().backward(torch.from_numpy(g))
+    want = ty.float().detach().numpy()
+    assert (np.abs(got - want) <= 2.0**-7 * np.abs(want) + 1e-6).all(), np.abs(got - want).max()
+    f32 = x @ ref.weight.detach().numpy().T
+    assert np.abs(f32 - want).max() > 1e-3 and np.abs(got - f32).max() > 1e-3  # (bf16 on both sides, not float32)
+    # The weight gradient: segtape's is the exact product of the rounded
+    # operands, rounded (within half a bfloat16 step); PyTorch 1.13's CPU
+    # GEMM for bfloat16 adds that product up in bfloat16 (0.8 % of the
+    # largest value off the exact product here), so the two agree to 2 %.
+    got_grad, want_grad = dict(net.named_parameters())["weight"].grad.numpy(), ref.weight.grad.numpy()
+    exact = bf16(g).T.astype(np.float64) @ bf16(x).astype(np.float64)
+    assert (np.abs(got_grad - exact) <= 2.0**-8 * np.abs(exact) + 1e-6).all(), np.abs(got_grad - exact).max()
+    assert np.abs(got_grad - want_grad).max() <= 0.02 * np.abs(exact).max()
+    with pytest.raises(segtape.Error, match="'fp16' is not a precision"):
+        segtape.Tape(precision="fp16")

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "segtape/arena.h"
+#include "segtape/precision.h"
 #include "segtape/op_list.h"
 #include "segtape/tensor.h"
 
@@ -83,6 +84,17 @@ struct TapeOptions {
   // CUDA each gru_cell's backward makes its own weight GEMMs (a GRU layer is
   // one gru_sequence there, whose cuDNN backward covers the whole sequence).
   bool batch_weight_grads = true;
+  // Precision::Bf16: every matrix product (matmul, the GRU and LSTM cells'
+  // products; forward and backward) reads its float32 operands rounded to
+  // bfloat16, accumulates in float32 and rounds its product to bfloat16, as
+  // PyTorch's autocast does; the rest (the recurrent state, elementwise ops,
+  // reductions, losses, gradient sums, the optimizer on float32 master
+  // weights) stays float32. The CPU and the host-emulated device hold the
+  // rounded values in float32 storage (no memory saved); a CUDA tape refuses
+  // it (not built yet). The products run on OpenBLAS: batch_weight_grads
+  // and packed weights (float32 kernels of segtape's own) are off under it.
+  // segtape/precision.h, docs/precision.md.
+  Precision precision = Precision::F32;
 
   // ---- CUDA tapes (Device::cuda()); ignored on the CPU. Every pool is one
   // device allocation made when the tape is made, sized here, and never

@@ -162,6 +162,13 @@ struct TrainConfig {
   // ranks of a data-parallel run seed theirs: one process with env_shards N
   // and batch N B runs the streams of N ranks of batch B (docs/distributed.md).
   int64_t env_shards = 1;
+  // --precision: f32, or bf16 (TapeOptions::precision, docs/precision.md):
+  // every matrix product on bfloat16 operands, accumulated in float32 and
+  // rounded to bfloat16; the recurrent state, the losses, the gradients'
+  // sums and the optimizer's master weights float32. What the run computes:
+  // in the checkpoint (written when not f32), fixed on --resume. The CPU
+  // (and the host-emulated device) only, for now.
+  std::string precision = "f32";
   // --device cuda: run each training segment as a CUDA graph where the run
   // allows it (a supervised env whose spec is open_loop, --history tbptt:K
   // or detach, one process; docs/agent.md, "CUDA graphs"); false
