@@ -308,6 +308,7 @@ void Trainer::load_file(const std::filesystem::path& file, std::vector<nn::Entry
              saved.head_hidden == config_.head_hidden && saved.encoder == config_.encoder,
          "--batch/--hidden/--embed/--head-hidden/--encoder");
     same(saved.env_shards == config_.env_shards, "--env-shards");
+    same(saved.precision == config_.precision, "--precision");
     same(saved.cell == config_.cell && saved.layers == config_.layers && saved.dropout == config_.dropout && saved.tied == config_.tied &&
              saved.optim == config_.optim && saved.adam_eps == config_.adam_eps,
          "--cell/--layers/--dropout/--tied/--optim/--adam-eps");

@@ -28,8 +28,8 @@ void sample(const std::filesystem::path& checkpoint, const SampleOptions& o, con
   Vocab vocab = Vocab::from_json(parse_tokens(c.env_options.tokens), it->second);
   std::vector<int32_t> ids;
   tokenize(o.prompt, "--prompt", vocab, false, ids);
-  // The model on the CPU, its parameters the checkpoint's.
-  Tape tape(Device::cpu(), {.segment_budget = size_t(16) << 20});
+  // The model on the CPU, its parameters the checkpoint's, at its --precision.
+  Tape tape(Device::cpu(), {.segment_budget = size_t(16) << 20, .precision = parse_precision(c.precision).value_or(Precision::F32)});
   nn::Rng init(c.seed), draw(o.seed);
   const int64_t V = vocab.size();
   const EnvSpec spec{"lm", V, 0, V, true, "accuracy", true};

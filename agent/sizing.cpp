@@ -126,11 +126,21 @@ void whole_process(const TrainConfig& c, const EnvSpec& spec, const PolicyShape&
   };
   for (int64_t l = 0; l < shape.layers; ++l) packed += weight(l == 0 ? in0 : H) + weight(H);
   if (shape.separate_critic) packed += weight(in0) + weight(H);
-  e.packed_bytes = cuda ? 0 : packed;
+  const bool bf16 = c.precision == "bf16";  // (no packed weights, no batched weight gradients: below)
+  e.packed_bytes = cuda || bf16 ? 0 : packed;
   // Backward's weight-gradient workspace: the rows of d(x W_ih^T) and
   // d(h W_hh^T) of up to max(128, H) steps' rows at once, per layer (kept).
+  // Under --precision bf16, the rounded copies of a product's two operands
+  // and its product instead (cpu/blas.h's Bf16Scratch, kept at the largest):
+  // three matrices, each at most a segment's rows (a language model's head
+  // takes its chunk's at once) by the widest of the layers' and the head's
+  // columns, or the largest weight.
   const size_t rows = std::min(steps * B, std::max<size_t>(128, H));
-  const size_t workspace = cuda ? 0 : size_t(shape.layers + (shape.separate_critic ? 1 : 0)) * rows * (2 * G + H + std::max(in0, H)) * sizeof(float);
+  const size_t widest = std::max({size_t(std::max<int64_t>(spec.num_actions, 1)), G, in0, H});
+  const size_t bf16_copies = 3 * std::max(steps * B * widest, widest * std::max(in0, H)) * sizeof(float);
+  const size_t workspace = cuda ? 0
+                           : bf16 ? bf16_copies
+                                  : size_t(shape.layers + (shape.separate_critic ? 1 : 0)) * rows * (2 * G + H + std::max(in0, H)) * sizeof(float);
   // OpenBLAS's packing buffers: each thread touches at most its 32 MiB
   // buffer, and no more than a product's weight ([in, G] at most).
   const size_t largest = G * std::max(in0, H) * sizeof(float);

@@ -696,6 +696,28 @@ TEST(CudaErrors, WithoutAGpuTheTapeSaysWhy) {
   EXPECT_THROW(Tape(Device::cuda()), DeviceError);
 }
 
+// TapeOptions::precision bf16 runs on the host-emulated device (the CPU's
+// kernels) and is refused by the CUDA backend, GPU or not, naming the fallback.
+TEST(CudaErrors, Bf16IsRefusedByTheCudaBackendNamingTheFallback) {
+  TapeOptions o = cuda_options();
+  o.precision = Precision::Bf16;
+  if (kEmulated) {
+    Tape tape(Device::cuda(), o);
+    Segment seg = tape.segment();
+    const std::vector<float> a = {1.00390625f, 3.14159265f}, b = {1.0f, 1.0f};
+    EXPECT_EQ(matmul(tape.from(std::span<const float>(a), {1, 2}), tape.from(std::span<const float>(b), {2, 1})).item(),
+              double(bf16_round(1.0f + 3.140625f)));
+    return;
+  }
+  try {
+    Tape tape(Device::cuda(), o);
+    FAIL() << "a CUDA tape took precision bf16";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TapeOptions::precision bf16 is not built for CUDA tapes yet"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("allow_tf32"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CudaErrors, HostAccessToDeviceMemorySaysUseToHost) {
   REQUIRE_GPU();
   Tape tape(Device::cuda(), cuda_options());

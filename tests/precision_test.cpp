@@ -264,8 +264,8 @@ TEST(Precision, Bf16DefaultAgentLearnsAsFloat32Does) {
 }
 
 // --precision is in the checkpoint (only when not f32: float32 checkpoints
-// are as before), a resumed bf16 run continues bit for bit, and the bad
-// values are refused by name.
+// are as before), a resumed bf16 run continues bit for bit, a trainer of
+// another precision refuses it, and the bad values are refused by name.
 TEST(Precision, IsInTheCheckpointResumesAndRefusesBadValues) {
   const fs::path dir = fs::temp_directory_path() / ("segtape_precision_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -284,6 +284,12 @@ TEST(Precision, IsInTheCheckpointResumesAndRefusesBadValues) {
   EXPECT_EQ(test::params_of(second), test::params_of(straight));
   c.precision = "f32";
   Trainer f32(c);
+  EXPECT_THROW(
+      try { f32.load(dir / "bf16.safetensors"); } catch (const CheckpointError& e) {
+        EXPECT_NE(std::string(e.what()).find("another --precision"), std::string::npos) << e.what();
+        throw;
+      },
+      CheckpointError);
   f32.save(dir / "f32.safetensors");
   EXPECT_EQ(safetensors::load(dir / "f32.safetensors").metadata.count("precision"), 0u);
   c.precision = "fp16";

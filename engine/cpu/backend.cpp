@@ -56,7 +56,7 @@ class CpuBackend final : public detail::Backend {
   // One case per OpKind, no default: -Wswitch-enum names a kind left out.
   void forward(Tape& t, Node& n) override {
     if (schedule_.on()) (void)schedule_.issue(detail::op_signature(n, nullptr, nullptr), op_name(n.op));
-    const cpu::Bf16Products products(t.options().precision == Precision::Bf16);
+    const cpu::Bf16Products products(t.options().precision == Precision::Bf16 ? &bf16_ : nullptr);
     switch (n.op) {
 #define SEGTAPE_UNARY_CASE(Kind, ...) \
   case OpKind::Kind: return ops::unary_forward_cpu<ops::Kind>(n);
@@ -89,7 +89,7 @@ class CpuBackend final : public detail::Backend {
 
   void backward(Tape& t, const Node& n, const void* g, const ops::Grads& d) override {
     if (schedule_.on()) (void)schedule_.issue(detail::op_signature(n, g, &d), op_name(n.op));
-    const cpu::Bf16Products products(t.options().precision == Precision::Bf16);
+    const cpu::Bf16Products products(t.options().precision == Precision::Bf16 ? &bf16_ : nullptr);
     switch (n.op) {
 #define SEGTAPE_UNARY_CASE(Kind, ...) \
   case OpKind::Kind: return ops::unary_backward_cpu<ops::Kind>(n, g, d);
@@ -266,7 +266,7 @@ class CpuBackend final : public detail::Backend {
   std::pair<uint64_t, uint64_t> graph_counts() const override { return {schedule_.captures(), schedule_.replays()}; }
   size_t internal_device_bytes() const override { return 0; }
   size_t workspace_bytes() const override {
-    size_t n = cells_.packed.buffers.reserved();
+    size_t n = cells_.packed.buffers.reserved() + bf16_.bytes();
     for (const detail::CellBatch& b : cells_.batch.open) n += b.buffers.reserved();
     return n;
   }
@@ -289,6 +289,7 @@ class CpuBackend final : public detail::Backend {
   detail::GraphSchedule schedule_;
   std::string pending_;
   detail::CpuCells cells_;
+  cpu::Bf16Scratch bf16_;  // Precision::Bf16's rounded copies (cpu/blas.h)
 };
 
 }  // namespace

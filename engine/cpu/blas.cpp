@@ -123,7 +123,7 @@ void gemm_impl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const
   }
 }
 
-thread_local bool t_bf16 = false;
+thread_local Bf16Scratch* t_bf16 = nullptr;  // the open Bf16Products scope's
 
 // The rows x cols matrix at `src` (leading dimension ld) rounded to bfloat16,
 // packed (leading dimension cols) into `dst`.
@@ -139,7 +139,7 @@ void round_into(std::vector<float>& dst, const float* src, int64_t rows, int64_t
 // product is rounded before it is added to C (a gradient's sum stays float32).
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
                int64_t ldb, float beta, float* C, int64_t ldc) {
-  thread_local std::vector<float> a, b, p;
+  std::vector<float>&a = t_bf16->a, &b = t_bf16->b, &p = t_bf16->p;
   round_into(a, A, ta ? K : M, ta ? M : K, lda);
   round_into(b, B, tb ? N : K, tb ? K : N, ldb);
   p.resize(size_t(M * N));
@@ -154,13 +154,13 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
 
 }  // namespace
 
-bool bf16_products() { return t_bf16; }
-Bf16Products::Bf16Products(bool on) : was_(t_bf16) { t_bf16 = on; }
+bool bf16_products() { return t_bf16 != nullptr; }
+Bf16Products::Bf16Products(Bf16Scratch* scratch) : was_(t_bf16) { t_bf16 = scratch; }
 Bf16Products::~Bf16Products() { t_bf16 = was_; }
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
           float beta, float* C, int64_t ldc) {
-  if (t_bf16 && M > 0 && N > 0) return gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (t_bf16 != nullptr && M > 0 && N > 0) return gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   gemm_impl(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 

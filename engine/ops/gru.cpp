@@ -299,7 +299,7 @@ void start_batch(CellBatch& cb, int64_t remaining, const Node& n, const ops::Gra
 // one). dg is read in place as the kernel's transposed A; v is packed into
 // `spare` (the batch's arena, reset with the batch). False where it does not apply.
 bool weight_grad_on_one_thread(Arena& spare, int64_t rows, int64_t G, int64_t N, const float* dg, const float* v, float* dW) {
-  if (!cpu::threads_do_not_pay(G, N, rows) || cpu::bf16_products()) return false;
+  if (!cpu::threads_do_not_pay(G, N, rows)) return false;
   auto* pv = static_cast<float*>(batch_take(spare, cpu::packed_floats(rows, N) * sizeof(float)));
   cpu::pack_b(v, rows, N, false, pv);
   cpu::packed_gemm(G, N, rows, dg, G, pv, 1.0f, dW, N, true);

@@ -333,7 +333,7 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
           entropy=0.01, value_coef=0.5, clip=1.0, seed=1, algo="a2c", rollout=128, epochs=10, minibatches=4,
           clip_range=0.2, gae_lambda=0.95, lr_schedule="linear", clip_schedule="constant", value_clip=0.0, critic="shared", head_hidden=0, ortho_init=False, cell="gru", encoder="linear", adam_eps=1e-8, nonfinite="stop", max_skips=10, success=None, normalize_obs=True, normalize_reward=False, log_every=None,
           callback=None,
-          eval_every=None, eval_episodes=10, stop_at=None, budget=None, size_check=True):
+          eval_every=None, eval_episodes=10, stop_at=None, budget=None, size_check=True, precision="f32"):
     """Trains segtape's recurrent agent on a Gymnasium env; returns a TrainResult.
 
     env: a Gymnasium id ("CartPole-v1") or a function returning a
@@ -396,6 +396,7 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     size_check: False skips the check, made before anything is allocated,
     that the run's estimated memory fits what the machine has free (its
     cgroup's, ulimit -v / -d; docs/hardening.md, "The size check").
+    precision: "f32", or "bf16" (matrix products in bfloat16; docs/precision.md).
     log_every (default steps // 20) rows: step, loss, mean return of the
     episodes that ended in the interval, success rate, segment peak bytes;
     callback(row) is called with each.
@@ -429,6 +430,7 @@ def train(env, *, steps=50_000, batch=8, hidden=64, embed=32, update_bias=0.0, l
     c.clip_range, c.gae_lambda, c.lr_schedule, c.critic = clip_range, gae_lambda, lr_schedule, critic
     c.clip_schedule, c.cell, c.adam_eps, c.nonfinite, c.encoder = clip_schedule, cell, float(adam_eps), nonfinite, encoder
     c.update_bias, c.size_check, c.value_clip = float(update_bias), bool(size_check), float(value_clip)
+    c.precision = str(precision)
     c.ortho_init = bool(ortho_init)
     if budget is not None:  # (None: the Trainer's default, 64 MiB, or 1 GiB of growth for history "full")
         c.budget = _bytes(budget, "segtape.gym.train: budget")

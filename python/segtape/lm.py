@@ -106,14 +106,14 @@ def _steps(data, valid, test, tokens, split, batch, epochs, steps):
 
 def trainer(data, *, valid="", test="", tokens="chars", split=0.1, epochs=1, steps=None, batch=32, bptt=64, history=None,
             cell="gru", layers=2, hidden=256, embed=128, dropout=0.0, tied=False, optim="adam", lr=2e-3, clip=0.25, seed=1,
-            budget="256MiB", size_check=True):
+            budget="256MiB", size_check=True, precision="f32"):
     """train()'s Trainer, made and not run: run_segment() trains the next
     chunk and returns its figures (its "segment_peak", and at an epoch's end
     "metrics" with the validation loss), save(path) writes its checkpoint."""
     settings = {"history": history or f"tbptt:{bptt}", "tokens": tokens, "split": float(split), "valid": os.fspath(valid),
                 "test": os.fspath(test), "cell": cell, "dropout": float(dropout), "tied": bool(tied), "optim": optim,
                 "lr": float(lr), "clip": float(clip), "budget": _bytes(budget, "segtape.lm.train: budget"),
-                "size_check": bool(size_check)}
+                "size_check": bool(size_check), "precision": str(precision)}
     total = _steps(data, valid, test, tokens, split, batch, epochs, steps)
     ints = [("steps", int(total), _INT64), ("batch", int(batch), _INT64), ("layers", int(layers), _INT64),
             ("hidden", int(hidden), _INT64), ("embed", int(embed), _INT64), ("seed", int(seed), _UINT64)]
@@ -133,20 +133,21 @@ def train(data, *, out=None, callback=None, **settings):
     arguments are trainer()'s: valid, test, tokens, split, epochs, steps,
     batch, bptt, history, cell, layers, hidden, embed, dropout, tied, optim,
     lr, clip, seed, budget, size_check (False: without the memory check made
-    before anything is allocated; docs/hardening.md, "The size check")."""
+    before anything is allocated; docs/hardening.md, "The size check"),
+    precision ("f32", or "bf16": docs/precision.md)."""
     return _run(trainer(data, **settings), out, callback)
 
 
 def series(data, *, target, features="", valid="", test="", split=0.1, steps=5000, batch=4, bptt=16, history=None,
-           hidden=64, embed=16, lr=3e-3, clip=1.0, seed=1, out=None, callback=None, size_check=True):
+           hidden=64, embed=16, lr=3e-3, clip=1.0, seed=1, out=None, callback=None, size_check=True, precision="f32"):
     """Next-value regression on a CSV's column, as `segtape train --task
     series` (the same defaults): the model's and the naive last-value
     forecast's error on the validation part, by epoch (run.valid_mse,
     run.naive_mse in normalised units; valid_rmse, naive_rmse in the
-    column's). size_check: as train()'s."""
+    column's). size_check, precision: as train()'s."""
     settings = {"history": history or f"tbptt:{bptt}", "target": target, "features": features, "split": float(split),
                 "valid": os.fspath(valid), "test": os.fspath(test), "lr": float(lr), "clip": float(clip),
-                "size_check": bool(size_check)}
+                "size_check": bool(size_check), "precision": str(precision)}
     ints = [("steps", int(steps), _INT64), ("batch", int(batch), _INT64), ("hidden", int(hidden), _INT64),
             ("embed", int(embed), _INT64), ("seed", int(seed), _UINT64)]
     return _run(_trainer("series", data, settings, ints), out, callback)

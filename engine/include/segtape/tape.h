@@ -92,7 +92,9 @@ struct TapeOptions {
   // weights) stays float32. The CPU and the host-emulated device hold the
   // rounded values in float32 storage (no memory saved); a CUDA tape refuses
   // it (not built yet). The products run on OpenBLAS: batch_weight_grads
-  // and packed weights (float32 kernels of segtape's own) are off under it.
+  // and packed weights (float32 kernels of segtape's own) are off under it,
+  // and the rounded copies of the largest product's operands and product
+  // are kept (TapeStats::workspace_bytes) until the tape is destroyed.
   // segtape/precision.h, docs/precision.md.
   Precision precision = Precision::F32;
 
@@ -130,7 +132,7 @@ struct TapeStats {
   size_t node_peak_bytes = 0;    // high-water of node_bytes in the current (or last) segment
   size_t persistent_bytes = 0;   // persistent pool bytes in use
   size_t carry_bytes = 0;        // carry buffers in use
-  size_t workspace_bytes = 0;    // op workspace, backward's batching buffers, packed weights (reserved, reused)
+  size_t workspace_bytes = 0;    // op workspace, backward's batching buffers, packed weights, bf16's rounded copies (reserved, reused)
   size_t grad_bytes = 0;         // arena bytes of backward's gradient buffers in the current segment (in no op's bytes_by_op)
   uint64_t system_allocations = 0;  // chunks taken from the system, all arenas, process-wide
   uint64_t segment_index = 0;    // 1 for the first segment
