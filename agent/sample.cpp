@@ -29,7 +29,7 @@ void sample(const std::filesystem::path& checkpoint, const SampleOptions& o, con
   std::vector<int32_t> ids;
   tokenize(o.prompt, "--prompt", vocab, false, ids);
   // The model on the CPU, its parameters the checkpoint's, at its --precision.
-  Tape tape(Device::cpu(), {.segment_budget = size_t(16) << 20, .precision = parse_precision(c.precision).value_or(Precision::F32)});
+  Tape tape(Device::cpu(), {.segment_budget = size_t(16) << 20, .precision = tape_options(c).precision});
   nn::Rng init(c.seed), draw(o.seed);
   const int64_t V = vocab.size();
   const EnvSpec spec{"lm", V, 0, V, true, "accuracy", true};

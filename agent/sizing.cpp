@@ -131,8 +131,8 @@ void whole_process(const TrainConfig& c, const EnvSpec& spec, const PolicyShape&
   // Backward's weight-gradient workspace: the rows of d(x W_ih^T) and
   // d(h W_hh^T) of up to max(128, H) steps' rows at once, per layer (kept).
   // Under --precision bf16, the rounded copies of a product's two operands
-  // and its product instead (cpu/blas.h's Bf16Scratch, kept at the largest):
-  // three matrices, each at most a segment's rows (a language model's head
+  // and of a product added into a gradient instead (cpu/blas.h's
+  // Bf16Scratch, kept at the largest): at most three matrices, each at most a segment's rows (a language model's head
   // takes its chunk's at once) by the widest of the layers' and the head's
   // columns, or the largest weight.
   const size_t rows = std::min(steps * B, std::max<size_t>(128, H));

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <cstring>
+#include <bit>
 #include <filesystem>
 #include <limits>
 #include <random>
@@ -28,16 +28,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-uint32_t bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-float from_bits(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
+uint32_t bits(float x) { return std::bit_cast<uint32_t>(x); }
+float from_bits(uint32_t u) { return std::bit_cast<float>(u); }
 bool representable(float x) { return (bits(x) & 0xffffu) == 0; }
 
 std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1) {

@@ -137,18 +137,23 @@ void round_into(std::vector<float>& dst, const float* src, int64_t rows, int64_t
 // product of two bfloat16 values is exact in float32, so the GEMM below
 // accumulates exact products in float32, as a bfloat16 tensor core does; the
 // product is rounded before it is added to C (a gradient's sum stays float32).
+// With beta = 0 (C may hold anything) the product is made in C and rounded
+// there; otherwise in the scratch's p first.
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
                int64_t ldb, float beta, float* C, int64_t ldc) {
   std::vector<float>&a = t_bf16->a, &b = t_bf16->b, &p = t_bf16->p;
   round_into(a, A, ta ? K : M, ta ? M : K, lda);
   round_into(b, B, tb ? N : K, tb ? K : N, ldb);
-  p.resize(size_t(M * N));
-  gemm_impl(ta, tb, M, N, K, 1.0f, a.data(), ta ? M : K, b.data(), tb ? K : N, 0.0f, p.data(), N);
+  const bool in_place = beta == 0.0f;
+  if (!in_place) p.resize(size_t(M * N));
+  float* product = in_place ? C : p.data();
+  const int64_t ldp = in_place ? ldc : N;
+  gemm_impl(ta, tb, M, N, K, 1.0f, a.data(), ta ? M : K, b.data(), tb ? K : N, 0.0f, product, ldp);
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
-      const float v = alpha * bf16_round(p[size_t(i * N + j)]);
+      const float v = alpha * bf16_round(product[i * ldp + j]);
       float& c = C[i * ldc + j];
-      c = beta == 0.0f ? v : v + beta * c;  // (beta = 0 never reads C: it may hold anything)
+      c = in_place ? v : v + beta * c;
     }
 }
 

@@ -20,7 +20,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
 // Bf16Products around each op's forward and backward on a bf16 tape; with
 // none open, gemm is OpenBLAS's.
 struct Bf16Scratch {
-  std::vector<float> a, b, p;  // the rounded operands, the product (grown to the largest, then reused)
+  std::vector<float> a, b, p;  // the rounded operands, a product added into C (grown to the largest, then reused)
   size_t bytes() const { return (a.capacity() + b.capacity() + p.capacity()) * sizeof(float); }
 };
 bool bf16_products();

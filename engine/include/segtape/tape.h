@@ -93,8 +93,9 @@ struct TapeOptions {
   // rounded values in float32 storage (no memory saved); a CUDA tape refuses
   // it (not built yet). The products run on OpenBLAS: batch_weight_grads
   // and packed weights (float32 kernels of segtape's own) are off under it,
-  // and the rounded copies of the largest product's operands and product
-  // are kept (TapeStats::workspace_bytes) until the tape is destroyed.
+  // and the rounded copies of the largest product's operands (and of a
+  // product added into a gradient) are kept (TapeStats::workspace_bytes)
+  // until the tape is destroyed.
   // segtape/precision.h, docs/precision.md.
   Precision precision = Precision::F32;
 
