@@ -134,4 +134,6 @@ Tensor Step::reset(const Tensor& h, std::span<const uint8_t> done_flags) {
   return reset_finished(h, done_flags, reset_mask_);
 }
 
+Tensor Step::reset(const Tensor& h, const Tensor& keep) { return history_.carries_state() ? mul(h, keep) : h; }
+
 }  // namespace segtape::agent

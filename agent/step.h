@@ -66,6 +66,9 @@ class Step {
   // The streams whose episode ended start the next from the zero state:
   // h · (1 − done) (reset_finished); nothing where the history carries no state.
   Tensor reset(const Tensor& h, std::span<const uint8_t> done_flags);
+  // The same with the factors on the tape (h's shape, 0 or 1; PPO's device
+  // loop): h · keep, recorded even where no stream's episode ended (h · 1 is h).
+  Tensor reset(const Tensor& h, const Tensor& keep);
 
   int64_t batch() const { return B_; }
   int64_t num_actions() const { return A_; }

@@ -29,7 +29,8 @@
 #      interleaved rounds, segtape then LibTorch, the table their medians
 #   5. the agent on the GPU: device_loop_bench (the rollout and GAE on the device,
 #      B = 4096, H = 128, graphs on and off; docs/device-loop.md); PPO on
-#      device-recall (B = 1024) with --device-loop on and off; bench/lm_cuda.py
+#      device-recall (B = 1024) with --device-loop on and off, and on at
+#      B = 4096, H = 128 (issue 51's training throughput); bench/lm_cuda.py
 #      (issue 47: --task lm's tokens/s against PyTorch's cuDNN GRU and LSTM);
 #      `segtape train --device cuda` (recall, 6000 steps), with
 #      its segments as CUDA graphs (the default) and with --cuda-graphs off;
@@ -281,6 +282,9 @@ if ((built)); then
     --steps 4096 --device-loop on --out "$OUT/agent-ppo-device-loop" --force || status=1
   step agent-ppo-host-loop 90 "$(prog agent/segtape)" train --device cuda --algo ppo --env device-recall --batch 1024 \
     --steps 4096 --device-loop off --out "$OUT/agent-ppo-host-loop" --force || status=1
+  # issue 51's target: PPO training (rollout and update on the device) on device-recall at B = 4096, H = 128, 3 iterations of 128 steps
+  step agent-ppo-device-loop-4096 150 "$(prog agent/segtape)" train --device cuda --algo ppo --env device-recall --batch 4096 \
+    --hidden 128 --rollout 128 --steps 384 --device-loop on --out "$OUT/agent-ppo-device-loop-4096" --force || status=1
   # issue 47's language models: segtape's --task lm against PyTorch's cuDNN GRU and LSTM, tokens/s (bench/lm_cuda.py)
   if "$PY" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     step lm-cuda 150 "$PY" "$ROOT/bench/lm_cuda.py" --segtape "$(prog agent/segtape)" --data "$ROOT/tests/data/shakespeare-20k.txt" \
@@ -354,6 +358,7 @@ runs() {
   runs "PPO on the GPU (segtape train --device cuda --algo ppo --steps 1024; then with --kernel fused_gru=off)" agent-ppo agent-ppo-steps
   runs "The agent loop on the device (device_loop_bench: rollout + GAE, B = 4096, H = 128; graphs on, then off)" device-loop device-loop-eager
   runs "PPO on device-recall, B = 1024, 4096 steps: --device-loop on, then off" agent-ppo-device-loop agent-ppo-host-loop
+  runs "PPO training on the device, device-recall, B = 4096, H = 128, 384 steps (transitions/s: steps/s x 4096)" agent-ppo-device-loop-4096
   echo "## Language models: segtape against PyTorch's cuDNN GRU and LSTM (bench/lm_cuda.py)"
   echo
   cat "$OUT/lm-cuda/lm-cuda.md" 2>/dev/null || echo "(not run)"

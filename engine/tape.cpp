@@ -324,6 +324,7 @@ TapeStats Tape::stats() const {
   s.live_bytes = open_ ? arena_.used() : 0;
   s.peak_bytes = arena_.peak();
   s.last_segment_peak = last_segment_peak_;
+  s.host_reads = host_reads_;
   s.node_count = nodes_.size();
   s.node_bytes = nodes_.size() * sizeof(Node);
   s.node_peak_bytes = node_peak_;

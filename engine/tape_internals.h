@@ -39,6 +39,7 @@ class TapeInternals {
   static void note_write(Tape& t, const void* p, size_t bytes, const char* by) { t.note_write(p, bytes, by); }
   // Device memory: fixed pools the host does not touch (CUDA, the host-emulated device).
   static bool device_pools(const Tape& t) { return t.device_pools(); }
+  static void count_host_read(Tape& t) { ++t.host_reads_; }
 };
 
 }  // namespace segtape::detail

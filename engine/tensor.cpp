@@ -167,6 +167,7 @@ void check_byte_copy(const Tensor& t, size_t bytes, const char* what) {
 void copy_bytes(const Tensor& t, void* host, size_t bytes, bool to_host, const char* written_by = nullptr) {
   if (!bytes) return;
   if (!to_host) tensor_written(t, written_by);  // (also a view of a weight: by its bytes)
+  else In::count_host_read(*t.tape);
   In::backend(*t.tape)->copy(to_host ? host : t.ptr, to_host ? t.ptr : host, bytes,
                              to_host ? Backend::Copy::DeviceToHost : Backend::Copy::HostToDevice);
 }

@@ -375,45 +375,83 @@ TEST(DeviceLoop, RolloutReplaysAsCudaGraphsWithTheSameResults) {
 // the rollouts' segments are CUDA graphs, the rest of the run eager. On a CPU tape and
 // on Device::cuda() (the emulated device: bit for bit; a GPU: the first
 // iteration's loss within 1e-3, its device sampler's exp and GAE being nvcc's).
+// The update's terms run on the device as the host's (agent/device/rules.h):
+// also with the window's recurrence as one gru_sequence (the update's
+// window at once), a value clip, and a learning rate at which the
+// surrogate's clip bounds some rows (a clip fraction above 0).
 TEST(DeviceLoop, PpoWithTheDeviceLoopIsTheHostLoopsRun) {
   REQUIRE_GPU();
   const bool exact = test::kEmulated;
   for (const char* env : {"device-tmaze", "device-recall", "device-dialogue"})
-    for (const char* dev : {"cpu", "cuda"}) {
-      SCOPED_TRACE(std::string(env) + " on " + dev);
-      TrainConfig c = test::small_config(env, "tbptt:4", 72);  // (4 iterations of 16 steps, then 8 by the host loop)
-      c.algo = Algo::Ppo, c.rollout = 16, c.epochs = 2, c.minibatches = 2, c.device = dev;
-      std::vector<std::vector<double>> figures[2];
-      std::vector<std::vector<float>> params[2];
-      for (const bool on : {false, true}) {
-        c.device_loop = on;
-        Trainer t(c);
-        while (!t.done()) {
-          const UpdateResult r = t.run_segment();
-          figures[on].push_back({r.loss_sum, r.return_sum, double(r.episodes), r.metric("approx_kl"), r.metric("clip_fraction"),
-                                 t.env().score()});
-          params[on].push_back(test::params_of(t));
+    for (const char* dev : {"cpu", "cuda"})
+      for (const bool clipping : {false, true}) {
+        SCOPED_TRACE(std::string(env) + " on " + dev + (clipping ? ", as one sequence, clipping" : ""));
+        TrainConfig c = test::small_config(env, "tbptt:4", 72);  // (4 iterations of 16 steps, then 8 by the host loop)
+        c.algo = Algo::Ppo, c.rollout = 16, c.epochs = 2, c.minibatches = 2, c.device = dev;
+        if (clipping) c.force_sequence = true, c.value_clip = 0.1, c.lr = 0.03, c.epochs = 4, c.entropy = 0.05;
+        std::vector<std::vector<double>> figures[2];
+        std::vector<std::vector<float>> params[2];
+        for (const bool on : {false, true}) {
+          c.device_loop = on;
+          Trainer t(c);
+          while (!t.done()) {
+            const UpdateResult r = t.run_segment();
+            figures[on].push_back({r.loss_sum, r.return_sum, double(r.episodes), r.metric("approx_kl"), r.metric("clip_fraction"),
+                                   t.env().score()});
+            params[on].push_back(test::params_of(t));
+          }
+          if (on && std::string(dev) == "cuda") {  // the rollouts' 16 segments: a warm-up, two captured, 13 replayed
+            EXPECT_EQ(t.tape().stats().graph_captures, 2u);
+            EXPECT_EQ(t.tape().stats().graph_replays, 13u);
+          }
         }
-        if (on && std::string(dev) == "cuda") {  // the rollouts' 16 segments: a warm-up, two captured, 13 replayed
-          EXPECT_EQ(t.tape().stats().graph_captures, 2u);
-          EXPECT_EQ(t.tape().stats().graph_replays, 13u);
+        ASSERT_EQ(figures[0].size(), 5u);
+        ASSERT_EQ(figures[1].size(), 5u);
+        for (size_t i = 0; i < 5; ++i) {
+          SCOPED_TRACE("iteration " + std::to_string(i));
+          if (exact || std::string(dev) == "cpu") {
+            EXPECT_EQ(figures[1][i], figures[0][i]);
+            EXPECT_EQ(params[1][i], params[0][i]);
+          } else if (i == 0) {  // (later iterations may part where a draw lands on a boundary the two round differently)
+            EXPECT_NEAR(figures[1][i][0], figures[0][i][0], 1e-3);
+          }
+        }
+        if (std::string(env) == "device-tmaze") {
+          EXPECT_GT(figures[1][0][2], 0);  // (episodes ended in the device loop's first rollout)
+        }
+        if (clipping) {
+          double clip_fraction = 0;
+          for (size_t i = 0; i < 4; ++i) clip_fraction += figures[1][i][4];
+          EXPECT_GT(clip_fraction, 0);
         }
       }
-      ASSERT_EQ(figures[0].size(), 5u);
-      ASSERT_EQ(figures[1].size(), 5u);
-      for (size_t i = 0; i < 5; ++i) {
-        SCOPED_TRACE("iteration " + std::to_string(i));
-        if (exact || std::string(dev) == "cpu") {
-          EXPECT_EQ(figures[1][i], figures[0][i]);
-          EXPECT_EQ(params[1][i], params[0][i]);
-        } else if (i == 0) {  // (later iterations may part where a draw lands on a boundary the two round differently)
-          EXPECT_NEAR(figures[1][i][0], figures[0][i][0], 1e-3);
-        }
+}
+
+// With the device loop an iteration reads back to the host the same number
+// of times whatever its length: nothing per step, in the rollout or in the
+// update's minibatches (the host loop reads every step); per minibatch the
+// gradient's norm (the clip), per iteration the figures, the streams'
+// returns and the env's state. (Under exact and overlap the replay driver
+// still reads a boundary state and a loss per segment, segtape/replay.h.)
+TEST(DeviceLoop, PpoReadsNothingBackPerStep) {
+  REQUIRE_GPU();
+  for (const char* history : {"tbptt:4", "tbptt:8"})
+    for (const char* dev : {"cpu", "cuda"})
+      for (const bool sequence : {false, true}) {
+        SCOPED_TRACE(std::string(history) + " on " + dev + (sequence ? ", as one sequence" : ""));
+        const auto reads = [&](int64_t rollout, bool on) {
+          TrainConfig c = test::small_config("device-tmaze", history, 2 * rollout);
+          c.algo = Algo::Ppo, c.rollout = rollout, c.epochs = 2, c.minibatches = 2, c.device = dev, c.device_loop = on;
+          c.force_sequence = sequence;
+          Trainer t(c);
+          t.run_segment();  // (the first iteration)
+          const uint64_t before = t.tape().stats().host_reads;
+          t.run_segment();
+          return t.tape().stats().host_reads - before;
+        };
+        EXPECT_EQ(reads(16, true), reads(32, true));
+        EXPECT_GT(reads(32, false), reads(16, false));
       }
-      if (std::string(env) == "device-tmaze") {
-        EXPECT_GT(figures[1][0][2], 0);  // (episodes ended in the device loop's first rollout)
-      }
-    }
 }
 
 // The same with an LSTM and a critic of its own (a state of 4 B rows, each
@@ -477,7 +515,7 @@ TEST(DeviceCall, RunsTheHostFormAndRefusesByName) {
   refused([&] { device_call(fn, {x}, {z}, {10}); }, "tensor 1 belongs to another tape");
   refused([&] { device_call(fn, {x}, {Tensor{}}, {10}); }, "tensor 1 is undefined");
   refused([&] { device_call(fn, {}, {}); }, "no tensors");
-  refused([&] { device_call(fn, {x}, {y}, {1, 2, 3, 4, 5, 6, 7, 8, 9}); }, "at most 10 tensors, 8 integers and 4 reals");
+  refused([&] { device_call(fn, {x}, {y}, {1, 2, 3, 4, 5, 6, 7, 8, 9}); }, "at most 12 tensors, 8 integers and 4 reals");
   EXPECT_EQ(y.to_host<float>(), (std::vector<float>{11, 12, 13}));  // (nothing ran)
 }
 

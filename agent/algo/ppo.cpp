@@ -44,6 +44,11 @@ class Ppo : public Algorithm {
   Tensor input(int64_t t);
   void host_terms(int64_t t, const float* rows, const float* values, float* weights, float* returns);
   Tensor loss_of(const Tensor& lp, const Tensor& v, std::span<const float> weights, std::span<const float> returns);
+  Tensor loss_of(const Tensor& lp, const Tensor& v, const Tensor& weights, const Tensor& returns);
+  Tensor device_loss(int64_t t0, const Tensor& lp, const Tensor& v);
+  rules::PpoConstants constants() const {
+    return {clip_, c_.config.value_clip, c_.config.entropy, c_.config.value_coef};
+  }
   replay::StepResult step(int64_t t, const Tensor& h, bool with_loss);
   Tensor window_at_once(const Tensor& h0, int64_t t0, int64_t len);
 
@@ -60,6 +65,7 @@ class Ppo : public Algorithm {
   std::vector<float> mb_vectors_, mb_state_, mb_returns_, mb_weights_, mb_rows_, mb_values_;
   std::vector<uint8_t> mb_done_;
   std::vector<double> step_stats_;  // [T, 3]: each step's share of the reported loss, KL and clip fraction
+  std::vector<double> parts_;       // host_terms': a row's parts (rules::ppo_row)
   // Where the history runs a window's recurrence as one gru_sequence
   // (sequence_): its steps' encodings on the tape; the host copies of its
   // log-probabilities [W, Bm, A] and values [W, Bm], the loss's weights
@@ -70,17 +76,27 @@ class Ppo : public Algorithm {
   std::vector<float> seq_rows_, seq_values_, seq_weights_, seq_returns_, seq_keep_;
   std::array<Metric, 2> metrics_{Metric{"approx_kl", 0}, Metric{"clip_fraction", 0}};
   // --device-loop (TrainConfig::device_loop): the twin env's device form and
-  // the rollout on the tape's device; the rollout's float done flags read back.
+  // the rollout on the tape's device, and the update's tensors there: the
+  // minibatch's streams [Bm], its advantages' normalisation [4], the rows'
+  // loss parts [rows, 4 + A], each step's figures [T, 3], the iteration's
+  // [3], and the state a minibatch's window starts from [R Bm, H].
   struct OnDevice {
-    OnDevice(Context& c, const RolloutBuffer& buf)
+    OnDevice(Context& c, const RolloutBuffer& buf, int64_t Bm, int64_t A, int64_t rows)
         : env(*c.tape, *c.env, c.config.env_options),
-          rollout(*c.tape, *c.policy, env, buf.T, c.config.history.k, Context::act_seed(c.config.seed, c.rank()), buf.W, buf.R) {}
+          rollout(*c.tape, *c.policy, env, buf.T, c.config.history.k, Context::act_seed(c.config.seed, c.rank()), buf.W, buf.R),
+          mb(c.tape->persistent({Bm}, DType::I64)),
+          norm(c.tape->persistent({4}, DType::F64)),
+          parts(c.tape->persistent({rows * (4 + A)}, DType::F64)),
+          step_stats(c.tape->persistent({buf.T, 3}, DType::F64)),
+          totals(c.tape->persistent({3}, DType::F64)),
+          state(c.tape->persistent({buf.R * Bm, buf.H})) {}
     device::DeviceEnv env;
     device::DeviceRollout rollout;
-    std::vector<float> done;
+    Tensor mb, norm, parts, step_stats, totals, state;
     std::vector<double> stats;
   };
   std::unique_ptr<OnDevice> dev_;
+  bool on_device_ = false;  // this iteration's update runs on the device (its rollout did)
 };
 
 Ppo::Ppo(Context& c, HistoryRunner& h, Step& s)
@@ -105,7 +121,7 @@ Ppo::Ppo(Context& c, HistoryRunner& h, Step& s)
   }
   // a history that replays stores a minibatch window's boundary states like its start state (persistent)
   if (history_.replays()) history_.prepare(c.tape->persistent({int64_t(R) * Bm_, c.config.hidden}), false);
-  if (c.config.device_loop) dev_ = std::make_unique<OnDevice>(c, buf_);
+  if (c.config.device_loop) dev_ = std::make_unique<OnDevice>(c, buf_, Bm_, A_, (sequence_ ? buf_.W : 1) * Bm_);
 }
 
 UpdateResult Ppo::update(int64_t remaining) {
@@ -117,8 +133,11 @@ UpdateResult Ppo::update(int64_t remaining) {
   if (c_.config.lr_schedule == "linear") c_.set_lr(c_.config.lr * left);
   // Likewise the clip range (host_terms reads it): SB3's lin_0.2 is clip_range x left.
   clip_ = c_.config.clip_schedule == "linear" ? c_.config.clip_range * left : c_.config.clip_range;
-  if (dev_ && n == buf_.T) device_rollout(n, r);  // (GAE too)
-  else {
+  on_device_ = dev_ && n == buf_.T;
+  if (on_device_) {
+    device_rollout(n, r);  // (GAE too)
+    dev_->totals.from_host(std::span<const double>(std::array<double, 3>{}));
+  } else {
     rollout(n, r);
     buf_.compute_advantages(n, c_.config.gamma, c_.config.gae_lambda);
   }
@@ -130,11 +149,18 @@ UpdateResult Ppo::update(int64_t remaining) {
       std::swap(streams_[i - 1], streams_[size_t(c_.act_rng.next_u64() % i)]);
     for (int64_t m = 0; m < c_.config.minibatches; ++m) {
       minibatch(n, std::span<const int64_t>(streams_).subspan(size_t(m * Bm_), size_t(Bm_)), r);
-      for (int64_t t = 0; t < n; ++t)
-        r.loss_sum += step_stats_[size_t(t) * 3], kl += step_stats_[size_t(t) * 3 + 1], clipped += step_stats_[size_t(t) * 3 + 2];
+      if (on_device_) device::ppo_totals(dev_->step_stats, n, dev_->totals);
+      else
+        for (int64_t t = 0; t < n; ++t)
+          r.loss_sum += step_stats_[size_t(t) * 3], kl += step_stats_[size_t(t) * 3 + 1], clipped += step_stats_[size_t(t) * 3 + 2];
       ++r.loss_steps;
       c_.update(true);
     }
+  }
+  if (on_device_) {  // the iteration's figures: one read (their sums in the host update's order)
+    std::array<double, 3> totals{};
+    dev_->totals.to_host(std::span<double>(totals));
+    r.loss_sum = totals[0], kl = totals[1], clipped = totals[2];
   }
   metrics_[0].value = kl / double(r.loss_steps);
   metrics_[1].value = clipped / double(r.loss_steps);
@@ -191,9 +217,10 @@ void Ppo::rollout(int64_t n, UpdateResult& r) {
 
 // The same rollout on the tape's device (--device-loop, agent/device/), and
 // GAE there: the twin env's state and the streams' returns so far go to the
-// device, the rollout and its advantages run with nothing read back, then
-// each buffer comes back in one read and the twin takes the device env's
-// state (and the score it counted).
+// device, the rollout and its advantages run with nothing read back, and
+// its tensors stay there for the update; the streams' episode returns come
+// back in one read and the twin takes the device env's state (and the
+// score it counted).
 void Ppo::device_rollout(int64_t n, UpdateResult& r) {
   OnDevice& d = *dev_;
   const std::vector<int64_t> twin = c_.env->save_state();
@@ -203,19 +230,6 @@ void Ppo::device_rollout(int64_t n, UpdateResult& r) {
   d.rollout.run(c_.h_home);
   c_.h = c_.h_home;
   d.rollout.advantages(c_.config.gamma, c_.config.gae_lambda);
-  if (d.rollout.D == 0) d.rollout.tokens.to_host(std::span<int64_t>(buf_.tokens));
-  else d.rollout.vectors.to_host(std::span<float>(buf_.vectors));
-  d.rollout.actions.to_host(std::span<int64_t>(buf_.actions));
-  d.rollout.logp.to_host(std::span<float>(buf_.logp));
-  d.rollout.values.to_host(std::span<float>(buf_.values));
-  d.rollout.rewards.to_host(std::span<float>(buf_.rewards));
-  d.rollout.advantages_.to_host(std::span<float>(buf_.advantages));
-  d.rollout.returns.to_host(std::span<float>(buf_.returns));
-  d.rollout.bootstrap.to_host(std::span<float>(buf_.bootstrap));
-  d.done.resize(buf_.done.size());
-  d.rollout.done.to_host(std::span<float>(d.done));
-  std::transform(d.done.begin(), d.done.end(), buf_.done.begin(), [](float x) { return uint8_t(x != 0); });
-  d.rollout.starts.to_host(std::span<float>(buf_.start_state));
   d.stats.resize(size_t(buf_.B) * 3);
   d.rollout.stats.to_host(std::span<double>(d.stats));
   for (size_t b = 0; b < size_t(buf_.B); ++b)
@@ -227,6 +241,12 @@ void Ppo::device_rollout(int64_t n, UpdateResult& r) {
 
 // Step t's observation rows of the minibatch, on the tape.
 Tensor Ppo::input(int64_t t) {
+  if (on_device_) {  // gathered from the rollout's tensors, where they are
+    const device::DeviceRollout& ro = dev_->rollout;
+    const Tensor x = ro.D == 0 ? c_.tape->empty({Bm_}, DType::I64) : c_.tape->empty({Bm_, ro.D});
+    device::gather_rows(ro.D == 0 ? ro.tokens : ro.vectors, dev_->mb, t, x);
+    return x;
+  }
   const auto row = size_t(t) * size_t(buf_.B), Bm = mb_.size();
   if (c_.env->spec().vocab > 0) {
     for (size_t i = 0; i < Bm; ++i) mb_tokens_[i] = buf_.tokens[row + size_t(mb_[i])];
@@ -245,39 +265,15 @@ Tensor Ppo::input(int64_t t) {
 // step again (the same values), so each step counts once.
 void Ppo::host_terms(int64_t t, const float* rows, const float* values, float* weights, float* returns) {
   const auto row = size_t(t) * size_t(buf_.B), Bm = mb_.size(), A = size_t(A_);
-  const double eps = clip_;
-  std::fill_n(weights, Bm * A, 0.0f);
+  const rules::PpoConstants k = constants();
+  const double norm[4] = {mean_, std_dev_, inv_n_, normalise_ ? 1.0 : 0.0};
+  parts_.resize(4 + A);
   double reported = 0, kl = 0, clipped_terms = 0;
   for (size_t i = 0; i < Bm; ++i) {
-    const size_t k = row + size_t(mb_[i]);
-    const double adv = normalise_ ? (buf_.advantages[k] - mean_) / (std_dev_ + 1e-8) : buf_.advantages[k];
-    const auto a = size_t(buf_.actions[k]);
-    // log ratio, bounded so that exp() stays finite (a ratio of e^80 is clipped either way)
-    const double d = std::min(double(rows[i * A + a]) - double(buf_.logp[k]), 80.0);
-    const double ratio = std::exp(d);
-    const double clipped = std::clamp(ratio, 1.0 - eps, 1.0 + eps);
-    reported -= std::min(ratio * adv, clipped * adv) * inv_n_;
-    kl += (std::expm1(d) - d) * inv_n_;
-    clipped_terms += clipped != ratio ? inv_n_ : 0.0;
-    // The clip bounds the objective where it is the smaller of the two: no gradient there.
-    const bool bounded = (adv > 0 && ratio > 1.0 + eps) || (adv < 0 && ratio < 1.0 - eps);
-    if (!bounded) weights[i * A + a] = float(-adv * ratio * inv_n_);
-    // The value loss, (v - R)^2, or with --value-clip the larger of it and
-    // the clipped value's; where the clipped one is larger, v is outside
-    // v_old +- value_clip and that term is constant in v: its target is then
-    // v itself (the loss's gradient 0).
-    returns[i] = buf_.returns[k];
-    const double dv = double(values[i]) - double(buf_.returns[k]);
-    double value_loss = dv * dv;
-    if (const double vc = c_.config.value_clip; vc > 0) {
-      const double old = buf_.values[k], moved = old + std::clamp(double(values[i]) - old, -vc, vc) - double(buf_.returns[k]);
-      if (moved * moved > value_loss) value_loss = moved * moved, returns[i] = values[i];
-    }
-    reported += 0.5 * c_.config.value_coef * value_loss * inv_n_;
-    for (size_t j = 0; j < A; ++j) {
-      const double l = rows[i * A + j];
-      reported += c_.config.entropy * std::exp(l) * l * inv_n_;  // -entropy bonus
-    }
+    const size_t j = row + size_t(mb_[i]);
+    rules::ppo_row(k, norm, buf_.advantages[j], buf_.actions[j], buf_.logp[j], buf_.returns[j], buf_.values[j], rows + i * A, values[i], A_,
+                   weights + i * A, returns + i, parts_.data());
+    rules::ppo_add_row(parts_.data(), A_, reported, kl, clipped_terms);
   }
   step_stats_[size_t(t) * 3 + 0] = reported, step_stats_[size_t(t) * 3 + 1] = kl, step_stats_[size_t(t) * 3 + 2] = clipped_terms;
 }
@@ -286,10 +282,22 @@ void Ppo::host_terms(int64_t t, const float* rows, const float* values, float* w
 // values v [rows, 1], with host_terms' weights and returns of those rows.
 Tensor Ppo::loss_of(const Tensor& lp, const Tensor& v, std::span<const float> weights, std::span<const float> returns) {
   const int64_t rows = lp.dim(0);
-  Tensor pg = sum(mul(lp, c_.tape->from(weights, {rows, A_})));
-  Tensor vl = scale(mse_loss(v, c_.tape->from(returns, {rows, 1}), Reduction::Sum), 0.5 * c_.config.value_coef * inv_n_);
+  return loss_of(lp, v, c_.tape->from(weights, {rows, A_}), c_.tape->from(returns, {rows, 1}));
+}
+Tensor Ppo::loss_of(const Tensor& lp, const Tensor& v, const Tensor& weights, const Tensor& returns) {
+  Tensor pg = sum(mul(lp, weights));
+  Tensor vl = scale(mse_loss(v, returns, Reduction::Sum), 0.5 * c_.config.value_coef * inv_n_);
   Tensor neg_entropy = scale(sum(mul(exp(lp), lp)), c_.config.entropy * inv_n_);
   return add(add(pg, vl), neg_entropy);
+}
+
+// The same loss with its terms computed on the device (host_terms' rules,
+// device::ppo_terms) for the rows of steps t0, t0 + 1, ...: nothing read back.
+Tensor Ppo::device_loss(int64_t t0, const Tensor& lp, const Tensor& v) {
+  const int64_t rows = lp.dim(0);
+  const Tensor weights = c_.tape->empty({rows, A_}), returns = c_.tape->empty({rows, 1});
+  device::ppo_terms(dev_->rollout, dev_->mb, dev_->norm, t0, lp, v, constants(), weights, returns, dev_->parts, dev_->step_stats);
+  return loss_of(lp, v, weights, returns);
 }
 
 // Rollout step t of the minibatch from the state h: the state after it
@@ -298,6 +306,13 @@ replay::StepResult Ppo::step(int64_t t, const Tensor& h, bool with_loss) {
   const auto row = size_t(t) * size_t(buf_.B);
   const Recurred r = step_.feature(input(t), h);  // (the heads read r.feature: an LSTM's h rows of its state)
   const Tensor& f = r.state;
+  if (on_device_) {
+    const Tensor keep = c_.tape->empty(f.shape);
+    device::reset_factors(dev_->rollout.done, dev_->mb, t, keep, false);
+    if (!with_loss) return {step_.reset(f, keep), Tensor{}};
+    const Tensor lp = step_.log_probs(r.feature);
+    return {step_.reset(f, keep), device_loss(t, lp, step_.value(r.feature))};
+  }
   for (size_t i = 0; i < mb_.size(); ++i) mb_done_[i] = buf_.done[row + size_t(mb_[i])];
   if (!with_loss) return {step_.reset(f, mb_done_), Tensor{}};
   const Tensor lp = step_.log_probs(r.feature);  // [Bm, A]
@@ -319,16 +334,23 @@ Tensor Ppo::window_at_once(const Tensor& h0, int64_t t0, int64_t len) {
   const auto B = size_t(buf_.B), Bm = mb_.size(), A = size_t(A_);
   for (int64_t i = 0; i < len; ++i) {
     seq_encoded_[size_t(i)] = c_.policy->encode(input(t0 + i));
-    for (size_t j = 0; j < Bm; ++j)  // the state entering step i is reset where step i - 1 ended an episode
-      seq_keep_[size_t(i) * Bm + j] = i > 0 && buf_.done[size_t(t0 + i - 1) * B + size_t(mb_[j])] ? 0.0f : 1.0f;
+    if (!on_device_)
+      for (size_t j = 0; j < Bm; ++j)  // the state entering step i is reset where step i - 1 ended an episode
+        seq_keep_[size_t(i) * Bm + j] = i > 0 && buf_.done[size_t(t0 + i - 1) * B + size_t(mb_[j])] ? 0.0f : 1.0f;
     if (i + 1 < len) c_.tape->next_step();  // (the sequence and what follows it: the last step)
   }
   const Tensor e = concat(std::span<const Tensor>(seq_encoded_.data(), size_t(len)), 0);
-  const Tensor states = c_.policy->recur_sequence(reshape(e, {len, Bm_, e.dim(1)}), h0,
-                                                  c_.tape->from(std::span<const float>(seq_keep_.data(), size_t(len) * Bm), {len, Bm_}));
+  Tensor keep;
+  if (on_device_) keep = c_.tape->empty({len, Bm_}), device::reset_factors(dev_->rollout.done, dev_->mb, t0, keep, true);
+  else keep = c_.tape->from(std::span<const float>(seq_keep_.data(), size_t(len) * Bm), {len, Bm_});
+  const Tensor states = c_.policy->recur_sequence(reshape(e, {len, Bm_, e.dim(1)}), h0, keep);
   const Tensor f = reshape(states, {len * Bm_, c_.config.hidden});
   const Tensor lp = step_.log_probs(f);  // [len Bm, A]
   const Tensor v = step_.value(f);       // [len Bm, 1]
+  if (on_device_) {
+    for (size_t i = 0; i < size_t(len); ++i) seq_encoded_[i] = Tensor{};
+    return device_loss(t0, lp, v);
+  }
   const size_t rows = size_t(len) * Bm;
   lp.to_host(std::span<float>(seq_rows_).first(rows * A));
   v.to_host(std::span<float>(seq_values_).first(rows));
@@ -346,21 +368,17 @@ Tensor Ppo::window_at_once(const Tensor& h0, int64_t t0, int64_t len) {
 // (surrogate + value + entropy terms, means over its steps and streams), KL
 // estimate and clip fraction, step by step.
 void Ppo::minibatch(int64_t n, std::span<const int64_t> streams, UpdateResult& r) {
-  const auto B = size_t(buf_.B), Bm = streams.size();
   mb_ = streams;
   // The minibatch's advantages are normalised by their mean and standard deviation.
-  double mean = 0, sq = 0;
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t b : streams) mean += buf_.advantages[size_t(t) * B + size_t(b)];
-  const double count = double(n) * double(Bm);
-  mean /= count;
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t b : streams) sq += std::pow(buf_.advantages[size_t(t) * B + size_t(b)] - mean, 2);
-  // (A single term is left as it is, as SB3 does: normalised, it would be 0.)
-  normalise_ = count > 1;
-  mean_ = mean;
-  std_dev_ = normalise_ ? std::sqrt(sq / (count - 1)) : 1.0;
-  inv_n_ = 1.0 / count;
+  if (on_device_) {
+    dev_->mb.from_host(streams);
+    device::advantage_stats(dev_->rollout.advantages_, dev_->mb, n, dev_->norm);
+    inv_n_ = 1.0 / (double(n) * double(streams.size()));  // (the loss's scales; as rules::advantage_stats)
+  } else {
+    double norm[4];
+    rules::advantage_stats(n, buf_.B, int64_t(streams.size()), streams.data(), buf_.advantages.data(), norm);
+    mean_ = norm[0], std_dev_ = norm[1], inv_n_ = norm[2], normalise_ = norm[3] != 0;
+  }
   Steps s;
   s.step = [this](Tape&, int64_t t, const Tensor& h, replay::Inputs& in) { return step(t, h, in.loss_wanted()); };
   s.sequence = [this](const Tensor& h0, int64_t t0, int64_t len) { return window_at_once(h0, t0, len); };
@@ -372,6 +390,11 @@ void Ppo::minibatch(int64_t n, std::span<const int64_t> streams, UpdateResult& r
                     mb_state_.begin() + ptrdiff_t((r * Bm + i) * H));
     return std::span<const float>(mb_state_);
   };
+  if (on_device_)  // (the state stored on the device)
+    s.state_on_tape = [this](int64_t t) {
+      device::gather_state(dev_->rollout.starts, dev_->mb, t / buf_.W, dev_->state);
+      return dev_->state;
+    };
   const int64_t span = c_.config.history.span();  // the steps an update learns from at once
   for (int64_t t0 = 0; t0 < n; t0 += span) {
     const Ran ran = history_.replay(s, t0, std::min(n, t0 + span) - t0);
@@ -415,11 +438,13 @@ const AlgorithmDef PpoAlgorithm{
     .value_head = true,
     .validate = validate,
     .host_bytes = [](const TrainConfig& c, const EnvSpec& spec) {
-      // --device-loop: the rollout's tensors on the tape (host memory on the CPU) and the done flags read back
+      // --device-loop: the rollout's and the update's tensors on the tape (host memory on the CPU)
       const size_t T = size_t(c.rollout), B = size_t(c.batch), W = size_t(c.history.stored_every()), S = (T + W - 1) / W;
-      const size_t obs = spec.vocab > 0 ? 8 : 4 * size_t(spec.obs_dim);
-      const size_t tape = T * B * (obs + 8 + 6 * 4) + S * size_t(c.state_rows()) * B * size_t(c.hidden) * 4 + B * 64;
-      return RolloutBuffer::bytes(c, spec) + (c.device_loop ? T * B * 4 + (c.device == "cpu" ? tape : 0) : 0);
+      const size_t obs = spec.vocab > 0 ? 8 : 4 * size_t(spec.obs_dim), R = size_t(c.state_rows()), H = size_t(c.hidden);
+      const size_t Bm = B / size_t(c.minibatches), A = size_t(spec.num_actions);
+      const size_t update = W * Bm * (4 + A) * 8 + T * 3 * 8 + R * Bm * H * 4 + Bm * 8 + 64;
+      const size_t tape = T * B * (obs + 8 + 6 * 4) + S * R * B * H * 4 + B * 64 + update;
+      return RolloutBuffer::bytes(c, spec) + (c.device_loop && c.device == "cpu" ? tape : 0);
     },
     .make = [](Context& c, HistoryRunner& h, Step& s) -> std::unique_ptr<Algorithm> { return std::make_unique<Ppo>(c, h, s); },
 };

@@ -143,6 +143,109 @@ struct Gae {
   }
 };
 
+// ---- PPO's update on the device (agent/algo/ppo.cpp): a minibatch's rows
+// of the rollout's [T, B] buffers are rows t * B + mb[i], mb [Bm] its streams.
+
+// Element e of out [Bm, D]: row t of a rollout buffer [T, B, D] (D = 1: [T, B]) at the minibatch's streams.
+template <class T>
+struct GatherRows {
+  const T* buffer;
+  const int64_t* mb;
+  T* out;
+  int64_t t, B, D;
+  SEGTAPE_AGENT_HD void operator()(int64_t e) const { out[e] = buffer[(t * B + mb[e / D]) * D + e % D]; }
+};
+
+// Element e of an episode-reset factor, 0 where a stream's episode ended,
+// else 1. A step's (window 0): of its state [R Bm, H], after step t. A
+// window's (window 1): keep [len, Bm] of a window from step t, entering
+// each step i > 0 after step t + i - 1.
+struct ResetFactors {
+  const float* done;  // [T, B], 0 or 1
+  const int64_t* mb;
+  float* out;
+  int64_t t, B, Bm, H, window;
+  SEGTAPE_AGENT_HD void operator()(int64_t e) const {
+    if (window) {
+      const int64_t i = e / Bm;
+      out[e] = i > 0 && done[(t + i - 1) * B + mb[e % Bm]] != 0 ? 0.0f : 1.0f;
+    } else {
+      out[e] = done[t * B + mb[(e / H) % Bm]] != 0 ? 0.0f : 1.0f;
+    }
+  }
+};
+
+// Element e of out [R Bm, H]: the minibatch's rows of the state stored for
+// window w, starts [S, R B, H] (R blocks of B streams each).
+struct GatherState {
+  const float* starts;
+  const int64_t* mb;
+  float* out;
+  int64_t w, R, B, Bm, H;
+  SEGTAPE_AGENT_HD void operator()(int64_t e) const {
+    const int64_t row = e / H, r = row / Bm;
+    out[e] = starts[((w * R + r) * B + mb[row % Bm]) * H + e % H];
+  }
+};
+
+// The one element: the minibatch's advantages' normalisation over n steps (rules::advantage_stats).
+struct AdvantageStats {
+  const float* adv;
+  const int64_t* mb;
+  double* norm;  // [4]
+  int64_t n, B, Bm;
+  SEGTAPE_AGENT_HD void operator()(int64_t) const { rules::advantage_stats(n, B, Bm, mb, adv, norm); }
+};
+
+// Element r of rows [len Bm] (step t0 + r / Bm, stream mb[r % Bm]): the
+// row's loss terms (rules::ppo_row) from its log-probabilities lp [rows, A]
+// and value v [rows] now and the rollout's buffers.
+struct PpoTerms {
+  rules::PpoConstants k;
+  const float* lp;
+  const float* v;
+  const int64_t* mb;
+  const double* norm;
+  const float* adv;
+  const int64_t* actions;
+  const float* logp;
+  const float* returns;
+  const float* values;
+  float* weights;  // [rows, A]
+  float* target;   // [rows]
+  double* parts;   // [rows, 4 + A]
+  int64_t t0, B, Bm, A;
+  SEGTAPE_AGENT_HD void operator()(int64_t r) const {
+    const int64_t k_ = (t0 + r / Bm) * B + mb[r % Bm];
+    rules::ppo_row(k, norm, adv[k_], actions[k_], logp[k_], returns[k_], values[k_], lp + r * A, v[r], A, weights + r * A, target + r,
+                   parts + r * (4 + A));
+  }
+};
+
+// Element s: step t0 + s's figures [3] (the reported loss, the KL estimate,
+// the clip fraction) from its Bm rows' parts, added in the rows' order.
+struct PpoStepSums {
+  const double* parts;
+  double* stats;  // [T, 3]
+  int64_t t0, Bm, A;
+  SEGTAPE_AGENT_HD void operator()(int64_t s) const {
+    double reported = 0, kl = 0, clipped = 0;
+    for (int64_t i = 0; i < Bm; ++i) rules::ppo_add_row(parts + (s * Bm + i) * (4 + A), A, reported, kl, clipped);
+    double* out = stats + (t0 + s) * 3;
+    out[0] = reported, out[1] = kl, out[2] = clipped;
+  }
+};
+
+// The one element: steps [0, n)'s figures added to the iteration's totals [3], step by step.
+struct PpoTotals {
+  const double* stats;
+  double* totals;
+  int64_t n;
+  SEGTAPE_AGENT_HD void operator()(int64_t) const {
+    for (int64_t t = 0; t < n; ++t) totals[0] += stats[t * 3], totals[1] += stats[t * 3 + 1], totals[2] += stats[t * 3 + 2];
+  }
+};
+
 // nvcc's launch of n elements of a body on a stream (functions.cu).
 template <class Body>
 void launch(const Body& body, int64_t n, void* stream);

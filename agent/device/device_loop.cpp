@@ -59,12 +59,41 @@ template <> Gae body_from(const CallArgs& a) {
           a.i[0], a.i[1], float(a.f[0]), float(a.f[1])};
 }
 
+// PPO's update: gather {buffer, mb} -> {out}, ints {t, B, D}; reset
+// factors {done, mb} -> {out}, ints {t, B, Bm, H, window}; state {starts,
+// mb} -> {out}, ints {w, R, B, Bm, H}; advantage stats {adv, mb} -> {norm},
+// ints {n, B, Bm}; terms {lp, v, mb, norm, adv, actions, logp, returns,
+// values} -> {weights, target, parts}, ints {t0, B, Bm, A, rows}, reals the
+// constants; step sums {parts} -> {stats}, ints {t0, Bm, A, len}; totals
+// {stats} -> {totals}, ints {n}.
+template <> GatherRows<int64_t> body_from(const CallArgs& a) { return {a.at<const int64_t>(0), a.at<const int64_t>(1), a.at<int64_t>(2), a.i[0], a.i[1], a.i[2]}; }
+template <> GatherRows<float> body_from(const CallArgs& a) { return {a.at<const float>(0), a.at<const int64_t>(1), a.at<float>(2), a.i[0], a.i[1], a.i[2]}; }
+template <> ResetFactors body_from(const CallArgs& a) {
+  return {a.at<const float>(0), a.at<const int64_t>(1), a.at<float>(2), a.i[0], a.i[1], a.i[2], a.i[3], a.i[4]};
+}
+template <> GatherState body_from(const CallArgs& a) {
+  return {a.at<const float>(0), a.at<const int64_t>(1), a.at<float>(2), a.i[0], a.i[1], a.i[2], a.i[3], a.i[4]};
+}
+template <> AdvantageStats body_from(const CallArgs& a) { return {a.at<const float>(0), a.at<const int64_t>(1), a.at<double>(2), a.i[0], a.i[1], a.i[2]}; }
+template <> PpoTerms body_from(const CallArgs& a) {
+  return {{a.f[0], a.f[1], a.f[2], a.f[3]}, a.at<const float>(0), a.at<const float>(1), a.at<const int64_t>(2), a.at<const double>(3),
+          a.at<const float>(4), a.at<const int64_t>(5), a.at<const float>(6), a.at<const float>(7), a.at<const float>(8),
+          a.at<float>(9), a.at<float>(10), a.at<double>(11), a.i[0], a.i[1], a.i[2], a.i[3]};
+}
+template <> PpoStepSums body_from(const CallArgs& a) { return {a.at<const double>(0), a.at<double>(1), a.i[0], a.i[1], a.i[2]}; }
+template <> PpoTotals body_from(const CallArgs& a) { return {a.at<const double>(0), a.at<double>(1), a.i[0]}; }
+
 // How many elements a call runs: one per stream, the state's elements
 // (Reset), or one (Advance).
 template <class Body> int64_t extent(const CallArgs& a) {
   if constexpr (std::is_same_v<Body, Reset>) return a.numel[1];
   else if constexpr (std::is_same_v<Body, StoreState>) return a.numel[0];
-  else if constexpr (std::is_same_v<Body, Advance>) return 1;
+  else if constexpr (std::is_same_v<Body, Advance> || std::is_same_v<Body, AdvantageStats> || std::is_same_v<Body, PpoTotals>) return 1;
+  else if constexpr (std::is_same_v<Body, GatherRows<int64_t>> || std::is_same_v<Body, GatherRows<float>> ||
+                     std::is_same_v<Body, ResetFactors> || std::is_same_v<Body, GatherState>)
+    return a.numel[2];  // (the output's elements)
+  else if constexpr (std::is_same_v<Body, PpoTerms>) return a.i[4];
+  else if constexpr (std::is_same_v<Body, PpoStepSums>) return a.i[3];
   else if constexpr (std::is_same_v<Body, Sample> || std::is_same_v<Body, Gae>) return a.i[1];
   else if constexpr (std::is_same_v<Body, Store>) return a.i[0];
   else return a.i[kB];
@@ -94,6 +123,14 @@ const DeviceFunction kReset = SEGTAPE_FUNCTION("device rollout: reset finished s
 const DeviceFunction kAdvance = SEGTAPE_FUNCTION("device rollout: next row", Advance);
 const DeviceFunction kStoreState = SEGTAPE_FUNCTION("device rollout: store the state a window starts from", StoreState);
 const DeviceFunction kGae = SEGTAPE_FUNCTION("device rollout: GAE", Gae);
+const DeviceFunction kGatherTokens = SEGTAPE_FUNCTION("device PPO: the minibatch's tokens", GatherRows<int64_t>);
+const DeviceFunction kGatherVectors = SEGTAPE_FUNCTION("device PPO: the minibatch's observations", GatherRows<float>);
+const DeviceFunction kResetFactors = SEGTAPE_FUNCTION("device PPO: the minibatch's episode resets", ResetFactors);
+const DeviceFunction kGatherState = SEGTAPE_FUNCTION("device PPO: the minibatch's stored state", GatherState);
+const DeviceFunction kAdvantageStats = SEGTAPE_FUNCTION("device PPO: the advantages' normalisation", AdvantageStats);
+const DeviceFunction kPpoTerms = SEGTAPE_FUNCTION("device PPO: the loss's terms", PpoTerms);
+const DeviceFunction kPpoStepSums = SEGTAPE_FUNCTION("device PPO: each step's figures", PpoStepSums);
+const DeviceFunction kPpoTotals = SEGTAPE_FUNCTION("device PPO: the iteration's figures", PpoTotals);
 #undef SEGTAPE_FUNCTION
 
 }  // namespace
@@ -252,6 +289,61 @@ void DeviceRollout::start_at(int64_t step, std::span<const float> returns) {
 void DeviceRollout::advantages(double gamma, double lambda) {
   const Segment seg = tape_.eager_segment();
   device_call(kGae, {rewards, values, done, bootstrap}, {advantages_, returns}, {T, B}, {gamma, lambda});
+}
+
+// ---- PPO's update on the device.
+
+namespace {
+void need(bool ok, const char* what, const std::string& why) {
+  if (!ok) throw ShapeError(std::string(what) + ": " + why);
+}
+std::string shape_of(const Tensor& t) { return t.describe(); }
+}  // namespace
+
+void gather_rows(const Tensor& buffer, const Tensor& mb, int64_t t, const Tensor& out) {
+  const bool tokens = buffer.dtype == DType::I64;
+  const int64_t D = tokens ? 1 : buffer.dim(2);
+  need(buffer.dim(0) > t && t >= 0 && out.dtype == buffer.dtype && out.numel() == mb.numel() * D, "device PPO: gather rows",
+       "row " + std::to_string(t) + " of " + shape_of(buffer) + " for " + std::to_string(mb.numel()) + " streams into " + shape_of(out));
+  device_call(tokens ? kGatherTokens : kGatherVectors, {buffer, mb}, {out}, {t, buffer.dim(1), D});
+}
+
+void reset_factors(const Tensor& done, const Tensor& mb, int64_t t, const Tensor& out, bool window) {
+  const int64_t Bm = mb.numel(), H = out.dim(1);
+  need(window ? out.dim(1) == Bm && t + out.dim(0) - 1 <= done.dim(0) : out.dim(0) % Bm == 0 && t < done.dim(0), "device PPO: reset factors",
+       shape_of(out) + " from step " + std::to_string(t) + " of " + shape_of(done) + " for " + std::to_string(Bm) + " streams");
+  device_call(kResetFactors, {done, mb}, {out}, {t, done.dim(1), Bm, H, window ? 1 : 0});
+}
+
+void gather_state(const Tensor& starts, const Tensor& mb, int64_t w, const Tensor& out) {
+  const int64_t Bm = mb.numel(), R = out.dim(0) / Bm, H = out.dim(1);
+  need(out.dim(0) == R * Bm && starts.dim(1) % R == 0 && starts.dim(2) == H && w >= 0 && w < starts.dim(0), "device PPO: stored state",
+       "window " + std::to_string(w) + " of " + shape_of(starts) + " into " + shape_of(out));
+  device_call(kGatherState, {starts, mb}, {out}, {w, R, starts.dim(1) / R, Bm, H});
+}
+
+void advantage_stats(const Tensor& advantages, const Tensor& mb, int64_t n, const Tensor& norm) {
+  need(n >= 1 && n <= advantages.dim(0) && norm.numel() == 4 && norm.dtype == DType::F64, "device PPO: advantage statistics",
+       std::to_string(n) + " steps of " + shape_of(advantages) + " into " + shape_of(norm));
+  device_call(kAdvantageStats, {advantages, mb}, {norm}, {n, advantages.dim(1), mb.numel()});
+}
+
+void ppo_terms(const DeviceRollout& r, const Tensor& mb, const Tensor& norm, int64_t t0, const Tensor& lp, const Tensor& v,
+               const rules::PpoConstants& k, const Tensor& weights, const Tensor& target, const Tensor& parts, const Tensor& stats) {
+  const int64_t Bm = mb.numel(), A = lp.dim(1), rows = lp.dim(0), len = rows / Bm;
+  need(rows == len * Bm && t0 >= 0 && t0 + len <= r.T && v.numel() == rows && weights.numel() == rows * A && target.numel() == rows &&
+           parts.numel() >= rows * (4 + A) && stats.numel() == 3 * r.T,
+       "device PPO: loss terms", "log-probabilities " + shape_of(lp) + ", values " + shape_of(v) + " of steps from " + std::to_string(t0) +
+                                     " of " + std::to_string(Bm) + " streams; weights " + shape_of(weights) + ", targets " +
+                                     shape_of(target) + ", parts " + shape_of(parts));
+  device_call(kPpoTerms, {detach(lp), detach(v), mb, norm, r.advantages_, r.actions, r.logp, r.returns, r.values}, {weights, target, parts},
+              {t0, r.B, Bm, A, rows}, {k.clip_range, k.value_clip, k.entropy, k.value_coef});
+  device_call(kPpoStepSums, {parts}, {stats}, {t0, Bm, A, len});
+}
+
+void ppo_totals(const Tensor& stats, int64_t n, const Tensor& totals) {
+  need(n >= 0 && 3 * n <= stats.numel() && totals.numel() == 3, "device PPO: totals", std::to_string(n) + " steps of " + shape_of(stats));
+  device_call(kPpoTotals, {stats}, {totals}, {n});
 }
 
 }  // namespace segtape::agent::device

@@ -7,12 +7,12 @@
 // device the same rules (rules.h) run as host loops, which is how CI runs
 // the device loop's logic.
 //
-// Built so far: the device envs recall, tmaze and dialogue, their host twins
-// (the envs "device-recall", "device-tmaze", "device-dialogue", task/device_twins.cpp), the
-// rollout and GAE, and PPO's use of them (--device-loop on: agent/algo/ppo.cpp
-// takes its rollouts here and its update as before). Not yet: dialogue on
-// the device, PPO's minibatch update on the device (its loss terms are
-// computed on the host).
+// Built: the device envs recall, tmaze and dialogue, their host twins (the
+// envs "device-recall", "device-tmaze", "device-dialogue",
+// task/device_twins.cpp), the rollout and GAE, and PPO's update terms
+// (--device-loop on: agent/algo/ppo.cpp takes its rollouts here and runs its
+// minibatches on the rollout's tensors where they are). Not yet: the
+// update's segments as CUDA graphs.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "rules.h"
 #include "segtape/agent/env.h"
 #include "segtape/agent/policy.h"
 #include "segtape/tape.h"
@@ -131,5 +132,36 @@ class DeviceRollout {
   std::vector<int64_t> counters_host_;
   std::vector<double> stats_host_;
 };
+
+// ---- PPO's update on the device (agent/algo/ppo.cpp, --device-loop on):
+// a minibatch's rows of a rollout's [T, B] tensors, as device calls, so
+// that its steps read nothing back to the host. mb: the minibatch's
+// streams (int64 [Bm]). Each throws ShapeError naming the call where the
+// shapes do not fit, before it runs.
+
+// Row t of a rollout buffer (tokens int64 [T, B] or vectors [T, B, D]) at
+// the minibatch's streams into out ([Bm] or [Bm, D]).
+void gather_rows(const Tensor& buffer, const Tensor& mb, int64_t t, const Tensor& out);
+// The episode resets from the rollout's done flags [T, B]: a step's (the
+// state [R Bm, H] leaving step t times out, 0 for a stream whose episode
+// ended there) or, window, a window's keep [len, Bm] from step t (the
+// state entering its step i > 0, after step t + i - 1), as
+// reset_finished's masks and PPO's host keep.
+void reset_factors(const Tensor& done, const Tensor& mb, int64_t t, const Tensor& out, bool window);
+// The minibatch's rows of the state stored for window w (starts [S, R B, H]) into out [R Bm, H].
+void gather_state(const Tensor& starts, const Tensor& mb, int64_t w, const Tensor& out);
+// The minibatch's advantages over n steps: norm (float64 [4]) = {mean,
+// standard deviation, 1 / count, normalised} (rules::advantage_stats).
+void advantage_stats(const Tensor& advantages, const Tensor& mb, int64_t n, const Tensor& norm);
+// The loss terms of the steps [t0, t0 + len) (lp [len Bm, A] and v [len Bm,
+// 1] now, len Bm rows, each step's Bm): the surrogate's weights [len Bm, A]
+// and the value targets [len Bm, 1] (constants of the loss), and each
+// step's figures into its row of stats (float64 [T, 3]: the reported loss,
+// the KL estimate, the clip fraction), through parts (float64, at least
+// len Bm (4 + A)): rules::ppo_row and ppo_add_row, as PPO's host update.
+void ppo_terms(const DeviceRollout& r, const Tensor& mb, const Tensor& norm, int64_t t0, const Tensor& lp, const Tensor& v,
+               const rules::PpoConstants& k, const Tensor& weights, const Tensor& target, const Tensor& parts, const Tensor& stats);
+// Steps [0, n)'s figures added to totals (float64 [3]), step by step.
+void ppo_totals(const Tensor& stats, int64_t n, const Tensor& totals);
 
 }  // namespace segtape::agent::device

@@ -34,5 +34,13 @@ template void launch(const Reset&, int64_t, void*);
 template void launch(const StoreState&, int64_t, void*);
 template void launch(const Advance&, int64_t, void*);
 template void launch(const Gae&, int64_t, void*);
+template void launch(const GatherRows<int64_t>&, int64_t, void*);
+template void launch(const GatherRows<float>&, int64_t, void*);
+template void launch(const ResetFactors&, int64_t, void*);
+template void launch(const GatherState&, int64_t, void*);
+template void launch(const AdvantageStats&, int64_t, void*);
+template void launch(const PpoTerms&, int64_t, void*);
+template void launch(const PpoStepSums&, int64_t, void*);
+template void launch(const PpoTotals&, int64_t, void*);
 
 }  // namespace segtape::agent::device

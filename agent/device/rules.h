@@ -192,4 +192,86 @@ SEGTAPE_AGENT_HD void gae_stream(int64_t n, int64_t stride, float gamma, float l
   }
 }
 
+// ---- PPO's update terms (agent/algo/ppo.cpp), written once for the host
+// update and the device's. A minibatch's rows of the rollout's [T, B]
+// buffers are rows t * B + mb[i], mb its Bm streams.
+
+// The minibatch's advantages over its n steps: norm = {mean, standard
+// deviation (1 where not normalised), 1 / count, normalised (1 or 0)}. In
+// double, the steps in order and each step's streams in the minibatch's
+// order; a single term is left as it is, as SB3 does (normalised, it would be 0).
+SEGTAPE_AGENT_HD void advantage_stats(int64_t n, int64_t B, int64_t Bm, const int64_t* mb, const float* adv, double* norm) {
+  double mean = 0, sq = 0;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < Bm; ++i) mean += adv[t * B + mb[i]];
+  const double count = double(n) * double(Bm);
+  mean /= count;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < Bm; ++i) {
+      const double d = adv[t * B + mb[i]] - mean;
+      sq += d * d;
+    }
+  const bool normalise = count > 1;
+  norm[0] = mean, norm[1] = normalise ? ::sqrt(sq / (count - 1)) : 1.0, norm[2] = 1.0 / count, norm[3] = normalise ? 1.0 : 0.0;
+}
+
+// The loss's settings: the surrogate's clip range, --value-clip (0: off),
+// the entropy bonus and the value loss's coefficient.
+struct PpoConstants {
+  double clip_range, value_clip, entropy, value_coef;
+};
+
+// One row's terms: the clipped surrogate's gradient weight for the row's
+// action into weights [A] (0 for the others, and where the clip bounds the
+// objective), the value loss's target into *target, and the row's shares of
+// the reported figures into parts [4 + A], in the order ppo_add_row adds
+// them: the surrogate's min(r A, clip(r) A) / count (subtracted), the KL
+// estimate's term, the clip fraction's (1 / count or 0), the value loss's,
+// then each action's entropy term. lp: the row's log-probabilities now,
+// value its value now; adv, action, logp_old, ret and value_old the
+// rollout's. The log ratio is bounded at 80, so that exp() stays finite (a
+// ratio of e^80 is clipped either way). The value loss is (v - R)^2, or
+// with a value clip the larger of it and the clipped value's; where the
+// clipped one is larger, v is outside v_old +- value_clip and that term is
+// constant in v: its target is then v itself (the loss's gradient 0).
+SEGTAPE_AGENT_HD void ppo_row(const PpoConstants& k, const double* norm, float adv_raw, int64_t action, float logp_old, float ret,
+                              float value_old, const float* lp, float value, int64_t A, float* weights, float* target, double* parts) {
+  const double inv_n = norm[2], eps = k.clip_range;
+  const double adv = norm[3] != 0 ? (adv_raw - norm[0]) / (norm[1] + 1e-8) : adv_raw;
+  const double d0 = double(lp[action]) - double(logp_old);
+  const double d = 80.0 < d0 ? 80.0 : d0;
+  const double ratio = ::exp(d);
+  const double clipped = ratio < 1.0 - eps ? 1.0 - eps : 1.0 + eps < ratio ? 1.0 + eps : ratio;
+  const double ra = ratio * adv, ca = clipped * adv;
+  parts[0] = (ca < ra ? ca : ra) * inv_n;
+  parts[1] = (::expm1(d) - d) * inv_n;
+  parts[2] = clipped != ratio ? inv_n : 0.0;
+  for (int64_t j = 0; j < A; ++j) weights[j] = 0.0f;
+  // The clip bounds the objective where it is the smaller of the two: no gradient there.
+  const bool bounded = (adv > 0 && ratio > 1.0 + eps) || (adv < 0 && ratio < 1.0 - eps);
+  if (!bounded) weights[action] = float(-adv * ratio * inv_n);
+  *target = ret;
+  const double dv = double(value) - double(ret);
+  double value_loss = dv * dv;
+  if (const double vc = k.value_clip; vc > 0) {
+    const double old = value_old, step = double(value) - old;
+    const double moved = old + (step < -vc ? -vc : vc < step ? vc : step) - double(ret);
+    if (moved * moved > value_loss) value_loss = moved * moved, *target = value;
+  }
+  parts[3] = 0.5 * k.value_coef * value_loss * inv_n;
+  for (int64_t j = 0; j < A; ++j) {
+    const double l = lp[j];
+    parts[4 + j] = k.entropy * ::exp(l) * l * inv_n;  // (the entropy bonus, negated)
+  }
+}
+
+// A row's parts (ppo_row) added to a step's figures: the reported loss, the KL estimate, the clip fraction.
+SEGTAPE_AGENT_HD void ppo_add_row(const double* parts, int64_t A, double& reported, double& kl, double& clipped) {
+  reported -= parts[0];
+  kl += parts[1];
+  clipped += parts[2];
+  reported += parts[3];
+  for (int64_t j = 0; j < A; ++j) reported += parts[4 + j];
+}
+
 }  // namespace segtape::agent::rules

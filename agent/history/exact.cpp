@@ -23,7 +23,7 @@ class Exact : public ReplayingHistory {
 
   Ran replay(Steps& s, int64_t first, int64_t n) override {
     running(&s, first, n, first);
-    home_.from_host(s.state_at(first));
+    stored_state(s, first, home_);
     const replay::Report rep = driver_->run(step_, home_, n);
     running(nullptr, 0, 0, 0);
     return ran_of(rep);

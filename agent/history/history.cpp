@@ -51,16 +51,27 @@ Ran HistoryRunner::replay(Steps& s, int64_t first, int64_t n) {
   Ran r;
   {
     Segment seg = c_.tape->segment();
-    const std::span<const float> h0 = s.state_at(first);
-    const int64_t H = c_.config.hidden, rows = int64_t(h0.size()) / H;
-    Tensor h = c_.tape->from(h0, {rows, H});
-    const bool at_once = s.sequence && sequence(rows);
+    Tensor h = stored_state(s, first);
+    const bool at_once = s.sequence && sequence(h.dim(0));
     const Tensor loss = at_once ? s.sequence(h, first, n) : run_steps(s, h, first, n, r, false);
     if (loss.defined()) seg.backward(loss);
     if (at_once) c_.tape->next_step();
   }
   r.segment_peak = c_.tape->stats().last_segment_peak;
   return r;
+}
+
+Tensor HistoryRunner::stored_state(Steps& s, int64_t t, Tensor dst) const {
+  if (s.state_on_tape) {
+    const Tensor src = s.state_on_tape(t);
+    if (!dst.defined()) dst = c_.tape->empty(src.shape);
+    copy_into(dst, src);
+    return dst;
+  }
+  const std::span<const float> h0 = s.state_at(t);
+  if (!dst.defined()) return c_.tape->from(h0, {int64_t(h0.size()) / c_.config.hidden, c_.config.hidden});
+  dst.from_host(h0);
+  return dst;
 }
 
 void ReplayingHistory::make_driver(const Tensor& state, int64_t stride) {

@@ -41,6 +41,10 @@ struct Steps {
   // Replays from stored states (PPO): the host rows [rows, hidden] of the
   // state entering step t, a multiple of History::stored_every().
   std::function<std::span<const float>(int64_t t)> state_at;
+  // The same where the states are stored on the tape (PPO's device loop): a
+  // tensor [rows, hidden] of the tape holding the state entering step t,
+  // valid until the next call. Where set, state_at is not called.
+  std::function<Tensor(int64_t t)> state_on_tape;
   // The steps [first, first + n) from h at once, where a history runs them
   // as one gru_sequence (sequence()): their loss. Optional.
   std::function<Tensor(const Tensor& h, int64_t first, int64_t n)> sequence;
@@ -116,6 +120,9 @@ class HistoryRunner {
   // their loss (and Steps::after_forward's) backpropagated, Context::step
   // moved on, Steps::update. The caller carries the state.
   Ran learn(Steps& s, int64_t n, Segment& seg, const BackwardOptions& o = {});
+  // The state stored for step t (Steps::state_on_tape, else state_at)
+  // copied into dst, or where dst is undefined into a new tensor of the open segment.
+  Tensor stored_state(Steps& s, int64_t t, Tensor dst = {}) const;
   Context& c_;
   replay::Inputs live_ = replay::Inputs::live();  // steps that run once: their inputs pass through
 };

@@ -40,7 +40,7 @@ class Overlap : public ReplayingHistory {
     const History& h = c_.config.history;
     const int64_t end = first + n, start = std::max<int64_t>(0, end - h.horizon + h.k - 1) / h.k * h.k;
     running(&s, first, n, start);
-    home_.from_host(s.state_at(start));
+    stored_state(s, start, home_);
     const replay::Report rep = driver_->run(step_, home_, end - start, first - start);
     running(nullptr, 0, 0, 0);
     return ran_of(rep);

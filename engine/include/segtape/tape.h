@@ -143,6 +143,7 @@ struct TapeStats {
   uint64_t device_allocations = 0;   // device chunks taken, process-wide (memory::device_allocations())
   uint64_t graph_captures = 0;       // graph replay: segments captured as CUDA graphs so far
   uint64_t graph_replays = 0;        // graph replay: segments that replayed a captured graph so far
+  uint64_t host_reads = 0;           // reads of the tape's tensors into host memory so far (to_host, item): each waits for the device
 };
 
 class Segment;
@@ -288,6 +289,7 @@ class Tape {
   };
   std::vector<Write> writes_;
   size_t last_segment_peak_ = 0;
+  uint64_t host_reads_ = 0;  // TapeStats::host_reads
   bool open_ = false;
   bool grad_enabled_ = true;
 };
