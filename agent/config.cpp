@@ -295,9 +295,6 @@ void TrainConfig::validate() const {
        "--device cpu or a bounded history (" + history_choices([](const HistoryDef& d) { return !d.grows; }) + ")");
   check_device_flag(device);
   need(parse_precision(precision).has_value(), "--precision '" + precision + "': choose f32 or bf16");
-  need(precision == "f32" || device != "cuda" || emulation::emulating_cuda_on_host(),
-       "--precision " + precision + " is not built for --device cuda yet (it runs on the CPU): run it with --device cpu; a "
-       "run on the GPU trains with --precision f32");
   need(env_options.lag >= 1 && env_options.lag <= 100000, "--lag must be in [1, 100000]");
   need(!device_loop || algo == Algo::Ppo, "--device-loop on runs PPO's rollouts on the device: --algo ppo (not " +
                                                std::string(algo_name(algo)) + ")");

@@ -92,7 +92,7 @@ void add_run_options(CLI::App* tr, TrainArgs& ta) {
       ->capture_default_str();
   tr->add_option("--precision", ta.c.precision,
                  "f32, or bf16: every matrix product on bfloat16 operands, accumulated in float32 and rounded to bfloat16, "
-                 "the rest (recurrent state, losses, gradient sums, master weights) float32; the CPU only for now "
+                 "the rest (recurrent state, losses, gradient sums, master weights) float32; on --device cuda, cuBLAS's bfloat16 GEMM "
                  "(docs/precision.md)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));

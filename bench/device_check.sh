@@ -33,7 +33,8 @@
 #      B = 4096, H = 128 (issue 51's training throughput); bench/lm_cuda.py
 #      (issue 47: --task lm's tokens/s against PyTorch's cuDNN GRU and LSTM);
 #      `segtape train --device cuda` (recall, 6000 steps), with
-#      its segments as CUDA graphs (the default) and with --cuda-graphs off;
+#      its segments as CUDA graphs (the default), with --cuda-graphs off and
+#      with --precision bf16;
 #      `segtape train --device cuda --algo ppo` (recall, 1024 steps), its update
 #      windows as fused sequences where they fit and with the kernel switch
 #      fused_gru off (step by step: `--kernel fused_gru=off`, where the program
@@ -269,6 +270,8 @@ if ((built)); then
   step agent-train 120 "$(prog agent/segtape)" train --device cuda --steps 6000 --out "$OUT/agent-run" --force || status=1
   # the same run with every segment eager: what the trainer's CUDA graphs buy (docs/agent.md)
   step agent-train-eager 120 "$(prog agent/segtape)" train --device cuda --cuda-graphs off --steps 6000 --out "$OUT/agent-run-eager" --force || status=1
+  # the same run with bfloat16 products (cuBLAS's bf16 GEMM; docs/precision.md): its loss beside float32's
+  step agent-train-bf16 120 "$(prog agent/segtape)" train --device cuda --precision bf16 --steps 6000 --out "$OUT/agent-run-bf16" --force || status=1
   # PPO: the update windows as one fused gru_sequence each, then step by step (docs/agent.md, "Recurrent PPO")
   step agent-ppo 90 "$(prog agent/segtape)" train --device cuda --algo ppo --steps 1024 --out "$OUT/agent-ppo" --force || status=1
   if "$(prog agent/segtape)" train --help 2>/dev/null | grep -q -- '--kernel'; then
@@ -354,7 +357,7 @@ runs() {
   echo "engine reserved: segtape's fixed pools (arena, persistent, carry, workspaces) / LibTorch's reserved peak."
   echo "device footprint: drop of cudaMemGetInfo's free bytes from before the model to after the run (handles included)."
   echo
-  runs "The agent on the GPU (segtape train --device cuda --steps 6000; then with --cuda-graphs off)" agent-train agent-train-eager
+  runs "The agent on the GPU (segtape train --device cuda --steps 6000; then with --cuda-graphs off; then --precision bf16)" agent-train agent-train-eager agent-train-bf16
   runs "PPO on the GPU (segtape train --device cuda --algo ppo --steps 1024; then with --kernel fused_gru=off)" agent-ppo agent-ppo-steps
   runs "The agent loop on the device (device_loop_bench: rollout + GAE, B = 4096, H = 128; graphs on, then off)" device-loop device-loop-eager
   runs "PPO on device-recall, B = 1024, 4096 steps: --device-loop on, then off" agent-ppo-device-loop agent-ppo-host-loop

@@ -566,9 +566,6 @@ TEST(Catalog, TrainerConfigsAndCheckpoints) {
        invalid([](agent::TrainConfig& c) { c.nonfinite = "ignore"; })},
       {"--max-skips 0", Kind::Error, "--max-skips must be in [1, ", invalid([](agent::TrainConfig& c) { c.max_skips = 0; })},
       {"--precision fp16", Kind::Error, "--precision 'fp16': choose f32 or bf16", invalid([](agent::TrainConfig& c) { c.precision = "fp16"; })},
-      {"--precision bf16 on cuda", Kind::Error,
-       Device::cuda_built() ? "--precision bf16 is not built for --device cuda yet" : "this build of segtape has no CUDA backend",
-       invalid([](agent::TrainConfig& c) { c.device = "cuda", c.precision = "bf16"; })},
       {"--adam-eps 0", Kind::Error, "--adam-eps must be in (0, 1]", invalid([](agent::TrainConfig& c) { c.adam_eps = 0; })},
       {"--adam-eps with --optim sgd", Kind::Error, "--adam-eps is Adam's and AdamW's", invalid([](agent::TrainConfig& c) {
          c.optim = "sgd";

@@ -63,10 +63,6 @@ CudaBackend::CudaBackend(const Device& device, const TapeOptions& options)
     throw Error("Tape(" + device.str() + "): TapeOptions::grow (the teaching policy) is CPU-only: a device arena is one "
                 "allocation of segment_budget bytes made at setup");
   detail::check_graph_options(device, options);
-  if (options.precision != Precision::F32)
-    throw Error("Tape(" + device.str() + "): TapeOptions::precision " + precision_name(options.precision) +
-                " is not built for CUDA tapes yet (it runs on the CPU and the host-emulated device): use f32, with "
-                "TapeOptions::allow_tf32 for tensor-core products");
   // Without a driver (or a GPU) this is where it shows: cudaErrorInsufficientDriver, cudaErrorNoDevice, ...
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
@@ -195,7 +191,38 @@ void row_major_gemm(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, in
 
 void CudaBackend::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                        const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (options_.precision == Precision::Bf16 && M > 0 && N > 0) return gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   row_major_gemm(blas_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// Precision::Bf16: C = alpha bf16(op(bf16(A)) op(bf16(B))) + beta C, the
+// CPU's cpu::gemm_bf16. The operands are rounded and packed into the op's
+// temporaries, cuBLAS multiplies them on the tensor cores (bfloat16 inputs,
+// float32 accumulation: CUBLAS_COMPUTE_32F), and one kernel rounds the
+// product and adds it to C. With beta = 0 the product is made in C. The
+// temporaries are given back after the call: the kernels that read them
+// run before anything later on the stream can reuse them.
+void CudaBackend::gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                            const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  for (int64_t v : {M, N, K, lda, ldb, ldc})
+    if (v > INT32_MAX) throw ShapeError("matmul: dimension " + std::to_string(v) + " is too large for cuBLAS");
+  const size_t mark = temp_used_;
+  const int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+  void* a = temp_bytes(size_t(a_rows * a_cols) * 2);
+  void* b = temp_bytes(size_t(b_rows * b_cols) * 2);
+  const bool in_place = beta == 0.0f;
+  float* product = in_place ? C : temp<float>(M * N);
+  const int64_t ldp = in_place ? ldc : N;
+  cuda::round_to_bf16(stream_, a_rows, a_cols, A, lda, a);
+  cuda::round_to_bf16(stream_, b_rows, b_cols, B, ldb, b);
+  const float one = 1.0f, zero = 0.0f;
+  // (row-major as column-major, as row_major_gemm: the operands and sizes swapped)
+  check(cublasGemmEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K), &one, b,
+                     CUDA_R_16BF, int(b_cols < 1 ? 1 : b_cols), a, CUDA_R_16BF, int(a_cols < 1 ? 1 : a_cols), &zero, product, CUDA_R_32F,
+                     int(ldp < 1 ? 1 : ldp), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (bfloat16)");
+  cuda::finish_bf16(stream_, M, N, alpha, product, ldp, beta, C, ldc, in_place);
+  temp_used_ = mark;
 }
 
 void CudaBackend::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,

@@ -48,7 +48,9 @@ class CudaBackend final : public detail::Backend {
 
   // ---- detail::Backend
   ChunkAllocator allocator(const char* what) override;
-  bool has_gru_sequence() const override { return true; }  // cuDNN's (gru_sequence.cpp)
+  // cuDNN's or the fused kernels (gru_sequence.cpp); under Precision::Bf16
+  // neither (their products are float32): the op composes gru_cell steps.
+  bool has_gru_sequence() const override { return options_.precision == Precision::F32; }
   bool gru_sequence_keeps(int64_t B, int64_t H, DType d) override;  // where the fused kernels run (gru_sequence.cpp)
   void forward(Tape& tape, Node& n) override;
   void backward(Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst) override;
@@ -106,6 +108,9 @@ class CudaBackend final : public detail::Backend {
   fused::Plan fused_gru_plan(int64_t B, int64_t H, DType d, bool honour_switch = true);
 
  private:
+  // gemm(float) under Precision::Bf16 (backend.cpp).
+  void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                 int64_t ldb, float beta, float* C, int64_t ldc);
   bool in_graph_segment() const { return schedule_.in_graph_segment(); }
   void raise_device_errors();  // after a sync: what the kernels recorded
   void raise_pending();        // what segment_end could not throw

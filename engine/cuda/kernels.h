@@ -129,6 +129,15 @@ void gru_gates_forward(cudaStream_t s, int64_t B, int64_t H, const T* gi, const 
 template <class T>
 void gru_gates_backward(cudaStream_t s, int64_t B, int64_t H, const T* g, const T* h, const T* S, T* dgi, T* dgh, T* dh);
 
+// ---- Precision::Bf16 (bf16_kernels.cu): the rows x cols matrix at src
+// (leading dimension ld) rounded to bfloat16 (to nearest, ties to even),
+// packed (leading dimension cols) into dst (__nv_bfloat16); and a product P
+// [M, N] (leading dimension ldp) rounded to bfloat16 into C: alpha bf16(P),
+// plus beta C unless in_place (P is C's own memory there, beta 0).
+void round_to_bf16(cudaStream_t s, int64_t rows, int64_t cols, const float* src, int64_t ld, void* dst);
+void finish_bf16(cudaStream_t s, int64_t M, int64_t N, float alpha, const float* P, int64_t ldp, float beta, float* C, int64_t ldc,
+                 bool in_place);
+
 // ---- the LSTM cell's elementwise parts (lstm_kernels.cu); the GEMMs around them are cuBLAS.
 // P [B, 4H] = x W_ih^T + h W_hh^T (no biases), c [B, H] the state's c. S [B, 4H] = i, f, g, o;
 // out [2, B, H] = h', c'.
