@@ -27,7 +27,7 @@
 // footprint: the drop in the device's free memory from before the model was
 // made to after the run (cudaMemGetInfo; includes cuBLAS / cuDNN handles).
 //
-//   cuda_bench [--segments N] [--sizes 1x128,32x128,32x512,64x1024,512x1024] [--modes eager,...] [--device cpu]
+//   cuda_bench [--segments N] [--sizes 1x128,32x128,32x512,64x1024,512x1024] [--modes eager,...,graph-bf16] [--device cpu]
 //              [--fused-gru on|off] [--fused-gru-grid on|off]
 // segtape's sequence modes run the fused GRU kernels where they fit (mode
 // "sequence (fused)"; "sequence (fused grid)" where the grid plan runs, which
@@ -88,7 +88,7 @@ size_t free_device_bytes() {
 using Clock = std::chrono::steady_clock;
 bool g_cpu = false;  // --device cpu
 
-enum class Mode { Eager, Graph, Sequence, SequenceGraph, SequenceGraphTf32, SequenceFp32 };
+enum class Mode { Eager, Graph, Sequence, SequenceGraph, SequenceGraphTf32, SequenceFp32, GraphBf16 };
 
 void row(const char* engine, const char* mode, int64_t B, int64_t H, double us, double peak, double reserved, double footprint,
          double loss) {
@@ -107,7 +107,7 @@ struct Model {
   Tensor h, loss;         // persistent: the carried state's start, the last segment's loss
   const Data& data;
   int64_t H;
-  Model(int64_t H_, const Data& d, bool graph, size_t budget, bool tf32)
+  Model(int64_t H_, const Data& d, bool graph, size_t budget, bool tf32, bool bf16 = false)
       : tape(g_cpu ? Device::cpu() : Device::cuda(), [&] {
           TapeOptions o;
           o.segment_budget = budget;
@@ -116,6 +116,7 @@ struct Model {
           o.device_workspace = size_t(32) << 20;
           o.graph_replay = graph;
           o.allow_tf32 = tf32;
+          o.precision = bf16 ? Precision::Bf16 : Precision::F32;
           return o;
         }()),
         data(d),
@@ -172,11 +173,15 @@ struct Model {
 // sequence-graph-tf32: sequence-graph with TapeOptions::allow_tf32 (cuBLAS
 // and cuDNN may use TF32 tensor cores, PyTorch's cuDNN default; the fused
 // kernels compute in float32 either way), beside LibTorch's cudnn-gru.
+// graph-bf16 (run only where --modes names it: its loss is not float32's):
+// graph with TapeOptions::precision bf16, every product on cuBLAS's bfloat16
+// GEMM (docs/precision.md); a sequence under bf16 is the same cells.
 const std::vector<std::pair<Mode, const char*>> kModes = {{Mode::Eager, "eager"},
                                                           {Mode::Graph, "graph"},
                                                           {Mode::Sequence, "sequence"},
                                                           {Mode::SequenceGraph, "sequence-graph"},
-                                                          {Mode::SequenceGraphTf32, "sequence-graph-tf32"}};
+                                                          {Mode::SequenceGraphTf32, "sequence-graph-tf32"},
+                                                          {Mode::GraphBf16, "graph-bf16"}};
 
 // The sequence modes name the GRU they ran: the fused kernels where their
 // plan fits this GPU (engine/cuda/fused_gru.h) and --fused-gru is not off, else cuDNN's.
@@ -200,13 +205,14 @@ void run(int64_t B, int64_t H, int segments, Mode mode, const char* mode_label) 
   const char* name = label.c_str();
   const Data data(B);
   const size_t free_before = free_device_bytes();
-  const bool graph = mode == Mode::Graph || mode == Mode::SequenceGraph || mode == Mode::SequenceGraphTf32;
+  const bool graph = mode == Mode::Graph || mode == Mode::SequenceGraph || mode == Mode::SequenceGraphTf32 || mode == Mode::GraphBf16;
   const bool sequence = mode == Mode::Sequence || mode == Mode::SequenceGraph || mode == Mode::SequenceGraphTf32;
   // The segment's arena: 512 MiB, or for one gru_sequence 24 times its K B H
   // outputs' bytes (at B 512, H 1024 its forward alone, cuDNN's reserve space
   // and workspace, asked for 679 MiB, 10.6 times: 512 MiB was too little).
   const size_t outputs = size_t(kK * B * H) * sizeof(float);
-  Model m(H, data, graph, std::max(size_t(512) << 20, sequence ? 24 * outputs : 0), mode == Mode::SequenceGraphTf32);
+  Model m(H, data, graph, std::max(size_t(512) << 20, sequence ? 24 * outputs : 0), mode == Mode::SequenceGraphTf32,
+          mode == Mode::GraphBf16);
   const auto one = [&] { sequence ? m.sequence_segment() : m.segment(); };
   for (int s = 0; s < 4; ++s) one();  // warm-up (and, with graphs, the two captures)
   m.tape.synchronize();
@@ -376,7 +382,7 @@ int main(int argc, char** argv) {
   int failures = 0;
   for (const auto& [B, H] : sizes)
     for (const auto& [mode, name] : kModes) {
-      if (!only.empty() && only.find("," + std::string(name) + ",") == std::string::npos) continue;
+      if (only.empty() ? mode == Mode::GraphBf16 : only.find("," + std::string(name) + ",") == std::string::npos) continue;
       try {
         run(B, H, segments, mode, name);
       } catch (const std::exception& e) {
