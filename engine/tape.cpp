@@ -377,6 +377,11 @@ void Tape::note_write(const void* p, size_t bytes, const char* by) {
 // inplace operation"). A refusal found mid-walk would have left the
 // parameters' gradients partly accumulated.
 void Tape::check_reached(size_t count, bool check_writes) {
+  if (check_writes) {  // by address, each with the highest end so far: refuse_overwritten looks up only the writes near an operand
+    std::sort(writes_.begin(), writes_.end(), [](const Write& a, const Write& b) { return a.p < b.p; });
+    uintptr_t reach = 0;
+    for (Write& w : writes_) w.reach = reach = std::max(reach, reinterpret_cast<uintptr_t>(w.p) + w.bytes);
+  }
   for (size_t i = count; i-- > 0;) {
     if (!reach_[i] || nodes_[i].op == OpKind::Input) continue;
     const Node& n = nodes_[i];
@@ -394,12 +399,20 @@ void Tape::check_reached(size_t count, bool check_writes) {
 
 // Refuses node i if an operand its backward reads (Node::reads: in[j], or
 // out at bit kMaxInputs) overlaps a write logged after it was recorded.
+// writes_ is sorted by address (check_reached): the writes that may overlap
+// an operand [a, a + n) start below a + n, and are found walking down from
+// there until no earlier write reaches past a.
 void Tape::refuse_overwritten(size_t i, const Node& n) const {
-  for (const Write& w : writes_) {
-    if (w.nodes <= i) continue;  // written before the node was recorded
-    for (int j = 0; j <= Node::kMaxInputs; ++j) {
-      if (!(n.reads & (1 << j)) || (j < Node::kMaxInputs && j >= n.n_in)) continue;
-      const Tensor& t = j < Node::kMaxInputs ? n.in[size_t(j)] : n.out;
+  for (int j = 0; j <= Node::kMaxInputs; ++j) {
+    if (!(n.reads & (1 << j)) || (j < Node::kMaxInputs && j >= n.n_in)) continue;
+    const Tensor& t = j < Node::kMaxInputs ? n.in[size_t(j)] : n.out;
+    const auto a = reinterpret_cast<uintptr_t>(t.ptr), end = a + t.nbytes();
+    auto k = std::lower_bound(writes_.begin(), writes_.end(), end,
+                              [](const Write& w, uintptr_t e) { return reinterpret_cast<uintptr_t>(w.p) < e; });
+    while (k != writes_.begin()) {
+      const Write& w = *--k;
+      if (w.reach <= a) break;  // (neither this write nor any below it reaches the operand)
+      if (w.nodes <= i) continue;  // written before the node was recorded
       if (!detail::bytes_overlap(t.ptr, t.nbytes(), w.p, w.bytes)) continue;
       const std::string what = j < Node::kMaxInputs ? "its input " + std::to_string(j) : std::string("its output");
       throw TapeError("backward: op '" + std::string(op_name(n.op)) + "' (node " + std::to_string(i) + ", step " +

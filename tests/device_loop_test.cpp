@@ -429,9 +429,10 @@ TEST(DeviceLoop, PpoWithTheDeviceLoopIsTheHostLoopsRun) {
 
 // With the device loop an iteration reads back to the host the same number
 // of times whatever its length: nothing per step, in the rollout or in the
-// update's minibatches (the host loop reads every step); per minibatch the
-// gradient's norm (the clip), per iteration the figures, the streams'
-// returns and the env's state. (Under exact and overlap the replay driver
+// update's minibatches (the host loop reads every step); per iteration the
+// figures, the streams' returns and the env's state. (TapeStats::host_reads
+// counts the tape's tensors read; the gradient norm's read each minibatch
+// is the backend's own and not counted.) (Under exact and overlap the replay driver
 // still reads a boundary state and a loss per segment, segtape/replay.h.)
 TEST(DeviceLoop, PpoReadsNothingBackPerStep) {
   REQUIRE_GPU();

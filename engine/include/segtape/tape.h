@@ -144,6 +144,7 @@ struct TapeStats {
   uint64_t graph_captures = 0;       // graph replay: segments captured as CUDA graphs so far
   uint64_t graph_replays = 0;        // graph replay: segments that replayed a captured graph so far
   uint64_t host_reads = 0;           // reads of the tape's tensors into host memory so far (to_host, item): each waits for the device
+                                     // (not the backend's own scalar reads: a gradient norm's sum of squares, the non-finite scan)
 };
 
 class Segment;
@@ -286,6 +287,7 @@ class Tape {
     size_t bytes;
     size_t nodes;
     const char* by;
+    uintptr_t reach = 0;  // check_reached: the highest end of this and the writes before it, by address
   };
   std::vector<Write> writes_;
   size_t last_segment_peak_ = 0;
