@@ -273,6 +273,9 @@ fi
 
 # ---- 5. the agent and the retention lab on the GPU (after the benchmarks: they matter less)
 if ((built)); then
+  # first (the deadline may skip the later steps): issue 51's target, PPO training (rollout and update on the device) on device-recall at B = 4096, H = 128, 3 iterations of 128 steps
+  step agent-ppo-device-loop-4096 150 "$(prog agent/segtape)" train --device cuda --algo ppo --env device-recall --batch 4096 --budget 1GiB \
+    --hidden 128 --rollout 128 --steps 384 --device-loop on --out "$OUT/agent-ppo-device-loop-4096" --force || status=1
   step agent-train 120 "$(prog agent/segtape)" train --device cuda --steps 6000 --out "$OUT/agent-run" --force || status=1
   # the same run with every segment eager: what the trainer's CUDA graphs buy (docs/agent.md)
   step agent-train-eager 120 "$(prog agent/segtape)" train --device cuda --cuda-graphs off --steps 6000 --out "$OUT/agent-run-eager" --force || status=1
@@ -287,17 +290,17 @@ if ((built)); then
     log "agent-ppo-steps skipped: segtape train has no --kernel option to turn the fused GRU off (segtape/kernels.h)"
   fi
   # PPO on device-recall with each rollout on the device, then on the host (the same run; docs/device-loop.md)
-  step agent-ppo-device-loop 90 "$(prog agent/segtape)" train --device cuda --algo ppo --env device-recall --batch 1024 \
+  step agent-ppo-device-loop 90 "$(prog agent/segtape)" train --device cuda --algo ppo --env device-recall --batch 1024 --budget 256MiB \
     --steps 4096 --device-loop on --out "$OUT/agent-ppo-device-loop" --force || status=1
-  step agent-ppo-host-loop 90 "$(prog agent/segtape)" train --device cuda --algo ppo --env device-recall --batch 1024 \
+  step agent-ppo-host-loop 90 "$(prog agent/segtape)" train --device cuda --algo ppo --env device-recall --batch 1024 --budget 256MiB \
     --steps 4096 --device-loop off --out "$OUT/agent-ppo-host-loop" --force || status=1
-  # issue 51's target: PPO training (rollout and update on the device) on device-recall at B = 4096, H = 128, 3 iterations of 128 steps
-  step agent-ppo-device-loop-4096 150 "$(prog agent/segtape)" train --device cuda --algo ppo --env device-recall --batch 4096 \
-    --hidden 128 --rollout 128 --steps 384 --device-loop on --out "$OUT/agent-ppo-device-loop-4096" --force || status=1
   # issue 47's language models: segtape's --task lm against PyTorch's cuDNN GRU and LSTM, tokens/s (bench/lm_cuda.py)
   if "$PY" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     step lm-cuda 150 "$PY" "$ROOT/bench/lm_cuda.py" --segtape "$(prog agent/segtape)" --data "$ROOT/tests/data/shakespeare-20k.txt" \
       --out "$OUT/lm-cuda" || status=1
+    # issue 51's bf16 at the same precision: segtape --precision bf16 against PyTorch under autocast, one round
+    step lm-cuda-bf16 120 "$PY" "$ROOT/bench/lm_cuda.py" --segtape "$(prog agent/segtape)" --data "$ROOT/tests/data/shakespeare-20k.txt" \
+      --precision bf16 --rounds 1 --out "$OUT/lm-cuda-bf16" || status=1
   else
     log "lm-cuda skipped: $PY has no CUDA torch"
   fi
@@ -371,6 +374,8 @@ runs() {
   echo "## Language models: segtape against PyTorch's cuDNN GRU and LSTM (bench/lm_cuda.py)"
   echo
   cat "$OUT/lm-cuda/lm-cuda.md" 2>/dev/null || echo "(not run)"
+  echo
+  cat "$OUT/lm-cuda-bf16/lm-cuda.md" 2>/dev/null || echo "(bf16: not run)"
   echo
   echo "## The size check with --device cuda (host memory: the estimate against the measured peak)"
   echo

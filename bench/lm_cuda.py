@@ -13,9 +13,17 @@ Each engine trains --epochs epochs of the text's first 90 %; its tokens/s is
 the training loop alone (segtape: its train_tokens_per_s, each epoch's chunks
 timed by the program; PyTorch: each epoch timed between two
 torch.cuda.synchronize()), the median over the epochs after the first.
+Each engine's validation loss (the text's last 10 %, nats per character)
+after its last epoch goes beside it.
+
+--precision bf16 (issue 51's bf16 at the same precision on both sides):
+segtape's `--precision bf16` (bfloat16 matrix products, docs/precision.md)
+against PyTorch under torch.autocast(dtype=torch.bfloat16), forward and
+loss, training and validation.
 
   python3 bench/lm_cuda.py --segtape build/agent/segtape --data tests/data/shakespeare-20k.txt --out /tmp/lm-cuda
   python3 bench/lm_cuda.py ... --device cpu --epochs 2 --rounds 1   (a check of the script without a GPU)
+  python3 bench/lm_cuda.py ... --precision bf16
 
 Writes lm-cuda.md (the table) and lm-cuda.json (every run) under --out.
 bench/device_check.sh runs it on a lent GPU.
@@ -38,12 +46,14 @@ def segtape_run(a, name, r, work):
     cmd = [a.segtape, "train", "--task", "lm", "--data", a.data, "--split", "0.1", "--tokens", "chars", "--cell", r["cell"],
            "--layers", str(r["layers"]), "--hidden", str(r["hidden"]), "--embed", str(r["embed"]), "--history", f"tbptt:{r['bptt']}",
            "--batch", str(r["batch"]), "--optim", "adam", "--lr", str(r["lr"]), "--clip", str(r["clip"]), "--epochs", str(a.epochs),
-           "--device", a.device, "--eval-steps", "1", "--out", out, "--force"]
+           "--device", a.device, "--precision", a.precision, "--eval-steps", "1", "--out", out, "--force"]
     with open(out + ".log", "w") as log:
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True)
     with open(os.path.join(out, "metrics.json")) as f:  # lm_series: [[step, value], ...] at each epoch's end
-        rates = [v for _, v in json.load(f)["lm_series"]["train_tokens_per_s"]]
-    return {"engine": "segtape", "recipe": name, "tokens_per_s": rates, "command": " ".join(cmd)}
+        series = json.load(f)["lm_series"]
+    rates = [v for _, v in series["train_tokens_per_s"]]
+    valid = [v for _, v in series["valid_loss"]]
+    return {"engine": "segtape", "recipe": name, "tokens_per_s": rates, "valid_loss": valid, "command": " ".join(cmd)}
 
 
 def torch_run(a, name, r):
@@ -54,9 +64,13 @@ def torch_run(a, name, r):
     text = open(a.data, encoding="utf-8").read()
     vocab = sorted(set(text))
     index = {c: i for i, c in enumerate(vocab)}
-    ids = torch.tensor([index[c] for c in text[: int(len(text) * 0.9)]], dtype=torch.long)
+    split = int(len(text) * 0.9)
+    ids = torch.tensor([index[c] for c in text[:split]], dtype=torch.long)
+    held = torch.tensor([index[c] for c in text[split:]], dtype=torch.long)
     B, bptt, V = r["batch"], r["bptt"], len(vocab)
     data = ids[: (len(ids) // B) * B].view(B, -1).t().contiguous().to(dev)  # batchify: [L, B]
+    valid_data = held[: (len(held) // B) * B].view(B, -1).t().contiguous().to(dev)
+    cast = torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=a.precision == "bf16")
     emb = torch.nn.Embedding(V, r["embed"]).to(dev)
     rnn = (torch.nn.GRU if r["cell"] == "gru" else torch.nn.LSTM)(r["embed"], r["hidden"], r["layers"]).to(dev)
     dec = torch.nn.Linear(r["hidden"], V).to(dev)
@@ -64,7 +78,7 @@ def torch_run(a, name, r):
     opt = torch.optim.Adam(params, lr=r["lr"])
     loss_fn = torch.nn.CrossEntropyLoss()
     zeros = torch.zeros(r["layers"], B, r["hidden"], device=dev)
-    rates = []
+    rates, valid = [], []
     for _ in range(a.epochs):
         hidden = zeros if r["cell"] == "gru" else (zeros, zeros)
         if dev.type == "cuda":
@@ -74,8 +88,9 @@ def torch_run(a, name, r):
             n = min(bptt, data.size(0) - 1 - i)
             x, y = data[i : i + n], data[i + 1 : i + 1 + n]
             hidden = hidden.detach() if r["cell"] == "gru" else tuple(h.detach() for h in hidden)  # repackage_hidden
-            out, hidden = rnn(emb(x), hidden)
-            loss = loss_fn(dec(out).view(-1, V), y.reshape(-1))
+            with cast:
+                out, hidden = rnn(emb(x), hidden)
+                loss = loss_fn(dec(out).view(-1, V).float(), y.reshape(-1))
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, r["clip"])
@@ -84,7 +99,15 @@ def torch_run(a, name, r):
         if dev.type == "cuda":
             torch.cuda.synchronize()
         rates.append(tokens / (time.perf_counter() - t0))
-    return {"engine": "pytorch", "recipe": name, "tokens_per_s": rates, "torch": torch.__version__,
+        with torch.no_grad(), cast:  # the validation loss: the held-out text in chunks, the state carried
+            hidden, total, count = zeros if r["cell"] == "gru" else (zeros, zeros), 0.0, 0
+            for i in range(0, valid_data.size(0) - 1, bptt):
+                n = min(bptt, valid_data.size(0) - 1 - i)
+                out, hidden = rnn(emb(valid_data[i : i + n]), hidden)
+                total += float(loss_fn(dec(out).view(-1, V).float(), valid_data[i + 1 : i + 1 + n].reshape(-1))) * n * B
+                count += n * B
+            valid.append(total / max(count, 1))
+    return {"engine": "pytorch", "recipe": name, "tokens_per_s": rates, "valid_loss": valid, "torch": torch.__version__,
             "cudnn": torch.backends.cudnn.version() if dev.type == "cuda" else None}
 
 
@@ -102,6 +125,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--recipes", default="char-gru,char-lstm")
+    ap.add_argument("--precision", default="f32", choices=["f32", "bf16"])
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     runs = []
@@ -114,15 +138,19 @@ def main():
                 res["round"] = rnd
                 runs.append(res)
                 print(f"round {rnd + 1}: {res['engine']} {name}: {median_after_first(res['tokens_per_s']):.0f} tokens/s", flush=True)
-    json.dump({"device": a.device, "data": a.data, "epochs": a.epochs, "runs": runs}, open(os.path.join(a.out, "lm-cuda.json"), "w"), indent=1)
-    lines = [f"Training tokens/s on {a.device} ({a.data}, {a.epochs} epochs a run, the median over the epochs after the first; "
-             f"{a.rounds} interleaved rounds: their median, min to max):", "",
-             "| recipe | segtape | PyTorch (cuDNN on a GPU) | segtape / PyTorch |", "|---|---|---|---|"]
+    json.dump({"device": a.device, "precision": a.precision, "data": a.data, "epochs": a.epochs, "runs": runs},
+              open(os.path.join(a.out, "lm-cuda.json"), "w"), indent=1)
+    lines = [f"Training tokens/s on {a.device}, precision {a.precision} ({a.data}, {a.epochs} epochs a run, the median over the "
+             f"epochs after the first; {a.rounds} interleaved rounds: their median, min to max), and the validation loss after "
+             f"the last epoch (the first round's):", "",
+             "| recipe | segtape | PyTorch (cuDNN on a GPU) | segtape / PyTorch | valid loss: segtape, PyTorch |", "|---|---|---|---|---|"]
     for name in a.recipes.split(","):
         per = {e: [median_after_first(x["tokens_per_s"]) for x in runs if x["engine"] == e and x["recipe"] == name] for e in ("segtape", "pytorch")}
         s, p = statistics.median(per["segtape"]), statistics.median(per["pytorch"])
+        last = {e: next(x["valid_loss"][-1] for x in runs if x["engine"] == e and x["recipe"] == name) for e in ("segtape", "pytorch")}
         lines.append(f"| {name} | {s:,.0f} ({min(per['segtape']):,.0f} to {max(per['segtape']):,.0f}) | "
-                     f"{p:,.0f} ({min(per['pytorch']):,.0f} to {max(per['pytorch']):,.0f}) | {s / p:.2f}x |")
+                     f"{p:,.0f} ({min(per['pytorch']):,.0f} to {max(per['pytorch']):,.0f}) | {s / p:.2f}x | "
+                     f"{last['segtape']:.4f}, {last['pytorch']:.4f} |")
     open(os.path.join(a.out, "lm-cuda.md"), "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
