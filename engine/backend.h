@@ -98,8 +98,9 @@ class Backend {
   virtual void device_call(const DeviceFunction& fn, const CallArgs& a) = 0;
 
   // ---- segment boundaries: CUDA-graph capture and replay (TapeOptions::graph_replay).
-  // graph = false: tape.eager_segment() (runs eagerly, the graphs kept).
-  virtual void segment_begin(uint32_t index, bool graph) = 0;
+  // graph = false: tape.eager_segment() (runs eagerly, the graphs kept);
+  // slot: tape.graph_segment(slot)'s (GraphSchedule::kSlots).
+  virtual void segment_begin(uint32_t index, bool graph, unsigned slot) = 0;
   // Must not throw (it runs from ~Segment); an error is kept and raised by
   // the next segment_begin() or synchronize(). abandoned: the segment is
   // ending because an exception is unwinding through it.

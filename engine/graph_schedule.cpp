@@ -88,13 +88,13 @@ void check_graph_options(const Device& device, const TapeOptions& options) {
                 "segment cannot do: turn off TapeOptions::anomaly or graph_replay");
 }
 
-GraphSchedule::Mode GraphSchedule::begin(uint32_t index, bool graph) {
+GraphSchedule::Mode GraphSchedule::begin(uint32_t index, bool graph, unsigned slot) {
   segment_ = index;
   mode_ = Mode::Eager;
   staging_used_ = 0;
   eager_asked_ = !graph;
   if (!on_ || !graph) return mode_;
-  Graph& g = graphs_[index % 2];
+  Graph& g = graphs_[2 * size_t(slot % kSlots) + index % 2];
   if (g.ready) {
     graph_ = &g;
     mode_ = Mode::Replaying;

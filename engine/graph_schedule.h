@@ -10,7 +10,10 @@
 // next two are captured, one per parity (carried values alternate between
 // two buffers, so segment s repeats the addresses of segment s - 2); every
 // later segment replays the graph of its parity. In a replayed segment each
-// device call must match the captured one, in order (issue()).
+// device call must match the captured one, in order (issue()). A program
+// with two patterns of graph segments gives each a slot
+// (tape.graph_segment(slot)): each slot has its own two graphs, captured the
+// first time a segment of that slot and parity runs after the warm-up.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -69,10 +72,13 @@ class GraphSchedule {
   Mode mode() const { return mode_; }
   bool in_graph_segment() const { return mode_ != Mode::Eager; }
 
+  static constexpr unsigned kSlots = 2;
   // Segment `index` opens: the mode it runs in (Capturing: the device starts
   // capturing). graph = false (tape.eager_segment()): Eager, and the segment
-  // leaves the graphs and the warm-up as they are.
-  Mode begin(uint32_t index, bool graph = true);
+  // leaves the graphs and the warm-up as they are. slot < kSlots: whose graphs.
+  Mode begin(uint32_t index, bool graph = true, unsigned slot = 0);
+  // The graph being captured or replayed: its index in [0, 2 kSlots) (the device's graph of it).
+  size_t graph_index() const { return size_t(graph_ - graphs_.data()); }
   // Before a device call (after its arena allocations): true = issue the work
   // (eager, or being captured); false = the replayed graph holds it (the call
   // matched the capture). A call that does not match raises TapeError.
@@ -86,7 +92,6 @@ class GraphSchedule {
   // the next segment runs eagerly and the two after it are captured again).
   void forget();
   void discard();
-  bool has_graph(uint32_t index) const { return graphs_[index % 2].ready; }
   // Segments captured (their graph made) and replayed (their graph launched) so far (TapeStats).
   uint64_t captures() const { return captures_; }
   uint64_t replays() const { return replays_; }
@@ -112,7 +117,7 @@ class GraphSchedule {
   bool warm_ = false;  // an eager segment has run: lazy initialisations are done
   bool eager_asked_ = false;  // this segment is an eager_segment(): it does not warm the schedule
   uint64_t captures_ = 0, replays_ = 0;
-  std::array<Graph, 2> graphs_;
+  std::array<Graph, 2 * kSlots> graphs_;  // slot s, parity p: [2 s + p]
   Graph* graph_ = nullptr;  // the one being captured or replayed
   uint32_t segment_ = 0;
   size_t replay_pos_ = 0;

@@ -104,13 +104,16 @@ Tape::~Tape() = default;
 
 Segment Tape::segment() { return open_segment(!options_.graph_explicit); }
 Segment Tape::eager_segment() { return open_segment(false); }
-Segment Tape::graph_segment() { return open_segment(true); }
+Segment Tape::graph_segment(unsigned slot) {
+  if (slot > 1) throw Error("tape.graph_segment(" + std::to_string(slot) + "): the slots are 0 and 1");
+  return open_segment(true, slot);
+}
 
-Segment Tape::open_segment(bool graph) {
+Segment Tape::open_segment(bool graph, unsigned slot) {
   if (open_)
     throw TapeError("tape.segment(): segment " + std::to_string(seg_index_) +
                     " is still open; end it (let its Segment go out of scope, or call end()) before opening the next");
-  backend_->segment_begin(seg_index_ + 1, graph);  // may raise what the last segment left behind
+  backend_->segment_begin(seg_index_ + 1, graph, slot);  // may raise what the last segment left behind
   ++seg_index_;
   open_ = true;
   arena_.reset();

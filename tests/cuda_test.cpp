@@ -922,6 +922,43 @@ TEST(CudaGraphs, AnEagerSegmentBetweenGraphSegmentsLeavesTheGraphsAlone) {
   EXPECT_EQ(plain.stats().graph_captures + plain.stats().graph_replays, 0u);
 }
 
+// Two patterns of graph segments in their own slots (tape.graph_segment(0)
+// and (1), as PPO's rollout and update windows): each slot captures its two
+// graphs and replays them, the two patterns interleaved, with the right
+// values; the same two patterns in one slot are refused at the first replay
+// that differs; a slot past 1 is refused.
+TEST(CudaGraphs, TwoSlotsKeepTheirOwnGraphs) {
+  REQUIRE_GPU();
+  TapeOptions o = cuda_options();
+  o.graph_replay = true, o.graph_explicit = true;
+  Tape tape(Device::cuda(), o);
+  Tensor a = tape.parameter({4}), b = tape.parameter({8});
+  a.from_host(std::span<const float>(std::vector<float>{1, 2, 3, 4}));
+  b.from_host(std::span<const float>(std::vector<float>(8, 1.0f)));
+  Tensor out_a = tape.persistent({4}), out_b = tape.persistent({8});
+  auto run_a = [&](unsigned slot) {
+    Segment seg = tape.graph_segment(slot);
+    copy_into(out_a, scale(a, 2.0));
+  };
+  auto run_b = [&](unsigned slot) {
+    Segment seg = tape.graph_segment(slot);
+    copy_into(out_b, add(b, b));
+  };
+  for (int i = 0; i < 6; ++i) {  // A A B B, each pattern's segments at both parities
+    run_a(0), run_a(0), run_b(1), run_b(1);
+  }
+  // the first segment the warm-up (eager), then A at parity 1, B at both, A at parity 0 captured; the 19 others replayed
+  EXPECT_EQ(tape.stats().graph_captures, 4u);
+  EXPECT_EQ(tape.stats().graph_replays, 19u);
+  EXPECT_EQ(out_a.to_host<float>(), (std::vector<float>{2, 4, 6, 8}));
+  EXPECT_EQ(out_b.to_host<float>(), std::vector<float>(8, 2.0f));
+  EXPECT_THROW(tape.graph_segment(2), Error);
+  tape.discard_graph();
+  run_a(0), run_a(0), run_a(0);  // the warm-up, then both of slot 0's graphs captured
+  EXPECT_THROW(run_b(0), TapeError) << "another pattern in the same slot replays a graph it does not match";
+  tape.discard_graph();
+}
+
 // What a graph segment cannot do, refused with its reason, on a GPU and on the
 // emulated device (which keeps the CUDA backend's schedule and checks): host
 // reads, synchronize, clip_grad_norm's norm, a replay that issues fewer calls

@@ -47,7 +47,7 @@ class Ppo : public Algorithm {
   Tensor loss_of(const Tensor& lp, const Tensor& v, const Tensor& weights, const Tensor& returns);
   Tensor device_loss(int64_t t0, const Tensor& lp, const Tensor& v);
   rules::PpoConstants constants() const {
-    return {clip_, c_.config.value_clip, c_.config.entropy, c_.config.value_coef};
+    return {c_.config.value_clip, c_.config.entropy, c_.config.value_coef};
   }
   replay::StepResult step(int64_t t, const Tensor& h, bool with_loss);
   Tensor window_at_once(const Tensor& h0, int64_t t0, int64_t len);
@@ -77,22 +77,24 @@ class Ppo : public Algorithm {
   std::array<Metric, 2> metrics_{Metric{"approx_kl", 0}, Metric{"clip_fraction", 0}};
   // --device-loop (TrainConfig::device_loop): the twin env's device form and
   // the rollout on the tape's device, and the update's tensors there: the
-  // minibatch's streams [Bm], its advantages' normalisation [4], the rows'
-  // loss parts [rows, 4 + A], each step's figures [T, 3], the iteration's
-  // [3], and the state a minibatch's window starts from [R Bm, H].
+  // window (the minibatch's streams [Bm] and the window's first step), the
+  // advantages' normalisation and the clip range [5], the rows' loss parts
+  // [rows, 4 + A], each step's figures [T, 3], the iteration's [3], and the
+  // state a minibatch's window starts from [R Bm, H].
   struct OnDevice {
     OnDevice(Context& c, const RolloutBuffer& buf, int64_t Bm, int64_t A, int64_t rows)
         : env(*c.tape, *c.env, c.config.env_options),
           rollout(*c.tape, *c.policy, env, buf.T, c.config.history.k, Context::act_seed(c.config.seed, c.rank()), buf.W, buf.R),
-          mb(c.tape->persistent({Bm}, DType::I64)),
-          norm(c.tape->persistent({4}, DType::F64)),
+          window{c.tape->persistent({Bm}, DType::I64), c.tape->persistent({1}, DType::I64)},
+          norm(c.tape->persistent({5}, DType::F64)),
           parts(c.tape->persistent({rows * (4 + A)}, DType::F64)),
           step_stats(c.tape->persistent({buf.T, 3}, DType::F64)),
           totals(c.tape->persistent({3}, DType::F64)),
           state(c.tape->persistent({buf.R * Bm, buf.H})) {}
     device::DeviceEnv env;
     device::DeviceRollout rollout;
-    Tensor mb, norm, parts, step_stats, totals, state;
+    device::UpdateWindow window;
+    Tensor norm, parts, step_stats, totals, state;
     std::vector<double> stats;
   };
   std::unique_ptr<OnDevice> dev_;
@@ -244,7 +246,7 @@ Tensor Ppo::input(int64_t t) {
   if (on_device_) {  // gathered from the rollout's tensors, where they are
     const device::DeviceRollout& ro = dev_->rollout;
     const Tensor x = ro.D == 0 ? c_.tape->empty({Bm_}, DType::I64) : c_.tape->empty({Bm_, ro.D});
-    device::gather_rows(ro.D == 0 ? ro.tokens : ro.vectors, dev_->mb, t, x);
+    device::gather_rows(ro.D == 0 ? ro.tokens : ro.vectors, dev_->window, t, x);
     return x;
   }
   const auto row = size_t(t) * size_t(buf_.B), Bm = mb_.size();
@@ -266,7 +268,7 @@ Tensor Ppo::input(int64_t t) {
 void Ppo::host_terms(int64_t t, const float* rows, const float* values, float* weights, float* returns) {
   const auto row = size_t(t) * size_t(buf_.B), Bm = mb_.size(), A = size_t(A_);
   const rules::PpoConstants k = constants();
-  const double norm[4] = {mean_, std_dev_, inv_n_, normalise_ ? 1.0 : 0.0};
+  const double norm[5] = {mean_, std_dev_, inv_n_, normalise_ ? 1.0 : 0.0, clip_};
   parts_.resize(4 + A);
   double reported = 0, kl = 0, clipped_terms = 0;
   for (size_t i = 0; i < Bm; ++i) {
@@ -296,7 +298,7 @@ Tensor Ppo::loss_of(const Tensor& lp, const Tensor& v, const Tensor& weights, co
 Tensor Ppo::device_loss(int64_t t0, const Tensor& lp, const Tensor& v) {
   const int64_t rows = lp.dim(0);
   const Tensor weights = c_.tape->empty({rows, A_}), returns = c_.tape->empty({rows, 1});
-  device::ppo_terms(dev_->rollout, dev_->mb, dev_->norm, t0, lp, v, constants(), weights, returns, dev_->parts, dev_->step_stats);
+  device::ppo_terms(dev_->rollout, dev_->window, dev_->norm, t0, lp, v, constants(), weights, returns, dev_->parts, dev_->step_stats);
   return loss_of(lp, v, weights, returns);
 }
 
@@ -308,7 +310,7 @@ replay::StepResult Ppo::step(int64_t t, const Tensor& h, bool with_loss) {
   const Tensor& f = r.state;
   if (on_device_) {
     const Tensor keep = c_.tape->empty(f.shape);
-    device::reset_factors(dev_->rollout.done, dev_->mb, t, keep, false);
+    device::reset_factors(dev_->rollout.done, dev_->window, t, keep, false);
     if (!with_loss) return {step_.reset(f, keep), Tensor{}};
     const Tensor lp = step_.log_probs(r.feature);
     return {step_.reset(f, keep), device_loss(t, lp, step_.value(r.feature))};
@@ -341,7 +343,7 @@ Tensor Ppo::window_at_once(const Tensor& h0, int64_t t0, int64_t len) {
   }
   const Tensor e = concat(std::span<const Tensor>(seq_encoded_.data(), size_t(len)), 0);
   Tensor keep;
-  if (on_device_) keep = c_.tape->empty({len, Bm_}), device::reset_factors(dev_->rollout.done, dev_->mb, t0, keep, true);
+  if (on_device_) keep = c_.tape->empty({len, Bm_}), device::reset_factors(dev_->rollout.done, dev_->window, t0, keep, true);
   else keep = c_.tape->from(std::span<const float>(seq_keep_.data(), size_t(len) * Bm), {len, Bm_});
   const Tensor states = c_.policy->recur_sequence(reshape(e, {len, Bm_, e.dim(1)}), h0, keep);
   const Tensor f = reshape(states, {len * Bm_, c_.config.hidden});
@@ -371,8 +373,8 @@ void Ppo::minibatch(int64_t n, std::span<const int64_t> streams, UpdateResult& r
   mb_ = streams;
   // The minibatch's advantages are normalised by their mean and standard deviation.
   if (on_device_) {
-    dev_->mb.from_host(streams);
-    device::advantage_stats(dev_->rollout.advantages_, dev_->mb, n, dev_->norm);
+    dev_->window.mb.from_host(streams);
+    device::advantage_stats(dev_->rollout.advantages_, dev_->window.mb, n, clip_, dev_->norm);
     inv_n_ = 1.0 / (double(n) * double(streams.size()));  // (the loss's scales; as rules::advantage_stats)
   } else {
     double norm[4];
@@ -390,11 +392,15 @@ void Ppo::minibatch(int64_t n, std::span<const int64_t> streams, UpdateResult& r
                     mb_state_.begin() + ptrdiff_t((r * Bm + i) * H));
     return std::span<const float>(mb_state_);
   };
-  if (on_device_)  // (the state stored on the device)
+  if (on_device_) {  // (the state stored on the device; each window's first step, where its calls count from)
     s.state_on_tape = [this](int64_t t) {
-      device::gather_state(dev_->rollout.starts, dev_->mb, t / buf_.W, dev_->state);
+      dev_->window.at(t);
+      device::gather_state(dev_->rollout.starts, dev_->window, buf_.W, dev_->state);
       return dev_->state;
     };
+    // Windows of the same steps (the span divides the rollout), each one segment: CUDA graphs in a slot of their own.
+    s.graph_windows = n % c_.config.history.span() == 0;
+  }
   const int64_t span = c_.config.history.span();  // the steps an update learns from at once
   for (int64_t t0 = 0; t0 < n; t0 += span) {
     const Ran ran = history_.replay(s, t0, std::min(n, t0 + span) - t0);

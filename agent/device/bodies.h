@@ -144,16 +144,20 @@ struct Gae {
 };
 
 // ---- PPO's update on the device (agent/algo/ppo.cpp): a minibatch's rows
-// of the rollout's [T, B] buffers are rows t * B + mb[i], mb [Bm] its streams.
+// of the rollout's [T, B] buffers are rows t * B + mb[i], mb [Bm] its
+// streams. A call's step is *row + off: row (one int64 where the tensors
+// live) is the update window's first step, off the step's place in it, so
+// that every window issues the same calls (a CUDA graph replays them).
 
 // Element e of out [Bm, D]: row t of a rollout buffer [T, B, D] (D = 1: [T, B]) at the minibatch's streams.
 template <class T>
 struct GatherRows {
   const T* buffer;
   const int64_t* mb;
+  const int64_t* row;
   T* out;
-  int64_t t, B, D;
-  SEGTAPE_AGENT_HD void operator()(int64_t e) const { out[e] = buffer[(t * B + mb[e / D]) * D + e % D]; }
+  int64_t off, B, D;
+  SEGTAPE_AGENT_HD void operator()(int64_t e) const { out[e] = buffer[((*row + off) * B + mb[e / D]) * D + e % D]; }
 };
 
 // Element e of an episode-reset factor, 0 where a stream's episode ended,
@@ -163,9 +167,11 @@ struct GatherRows {
 struct ResetFactors {
   const float* done;  // [T, B], 0 or 1
   const int64_t* mb;
+  const int64_t* row;
   float* out;
-  int64_t t, B, Bm, H, window;
+  int64_t off, B, Bm, H, window;
   SEGTAPE_AGENT_HD void operator()(int64_t e) const {
+    const int64_t t = *row + off;
     if (window) {
       const int64_t i = e / Bm;
       out[e] = i > 0 && done[(t + i - 1) * B + mb[e % Bm]] != 0 ? 0.0f : 1.0f;
@@ -176,35 +182,43 @@ struct ResetFactors {
 };
 
 // Element e of out [R Bm, H]: the minibatch's rows of the state stored for
-// window w, starts [S, R B, H] (R blocks of B streams each).
+// step *row (a multiple of W: window *row / W), starts [S, R B, H] (R
+// blocks of B streams each).
 struct GatherState {
   const float* starts;
   const int64_t* mb;
+  const int64_t* row;
   float* out;
-  int64_t w, R, B, Bm, H;
+  int64_t W, R, B, Bm, H;
   SEGTAPE_AGENT_HD void operator()(int64_t e) const {
-    const int64_t row = e / H, r = row / Bm;
-    out[e] = starts[((w * R + r) * B + mb[row % Bm]) * H + e % H];
+    const int64_t r_ = e / H, r = r_ / Bm, w = *row / W;
+    out[e] = starts[((w * R + r) * B + mb[r_ % Bm]) * H + e % H];
   }
 };
 
-// The one element: the minibatch's advantages' normalisation over n steps (rules::advantage_stats).
+// The one element: the minibatch's advantages' normalisation over n steps
+// (rules::advantage_stats) into norm[0..3], and the iteration's clip range into norm[4].
 struct AdvantageStats {
   const float* adv;
   const int64_t* mb;
-  double* norm;  // [4]
+  double* norm;  // [5]
   int64_t n, B, Bm;
-  SEGTAPE_AGENT_HD void operator()(int64_t) const { rules::advantage_stats(n, B, Bm, mb, adv, norm); }
+  double clip_range;
+  SEGTAPE_AGENT_HD void operator()(int64_t) const {
+    rules::advantage_stats(n, B, Bm, mb, adv, norm);
+    norm[4] = clip_range;
+  }
 };
 
-// Element r of rows [len Bm] (step t0 + r / Bm, stream mb[r % Bm]): the
-// row's loss terms (rules::ppo_row) from its log-probabilities lp [rows, A]
-// and value v [rows] now and the rollout's buffers.
+// Element r of rows [len Bm] (step *row + off + r / Bm, stream mb[r %
+// Bm]): the row's loss terms (rules::ppo_row) from its log-probabilities lp
+// [rows, A] and value v [rows] now and the rollout's buffers.
 struct PpoTerms {
   rules::PpoConstants k;
   const float* lp;
   const float* v;
   const int64_t* mb;
+  const int64_t* row;
   const double* norm;
   const float* adv;
   const int64_t* actions;
@@ -214,24 +228,25 @@ struct PpoTerms {
   float* weights;  // [rows, A]
   float* target;   // [rows]
   double* parts;   // [rows, 4 + A]
-  int64_t t0, B, Bm, A;
+  int64_t off, B, Bm, A;
   SEGTAPE_AGENT_HD void operator()(int64_t r) const {
-    const int64_t k_ = (t0 + r / Bm) * B + mb[r % Bm];
+    const int64_t k_ = (*row + off + r / Bm) * B + mb[r % Bm];
     rules::ppo_row(k, norm, adv[k_], actions[k_], logp[k_], returns[k_], values[k_], lp + r * A, v[r], A, weights + r * A, target + r,
                    parts + r * (4 + A));
   }
 };
 
-// Element s: step t0 + s's figures [3] (the reported loss, the KL estimate,
-// the clip fraction) from its Bm rows' parts, added in the rows' order.
+// Element s: step *row + off + s's figures [3] (the reported loss, the KL
+// estimate, the clip fraction) from its Bm rows' parts, added in the rows' order.
 struct PpoStepSums {
   const double* parts;
+  const int64_t* row;
   double* stats;  // [T, 3]
-  int64_t t0, Bm, A;
+  int64_t off, Bm, A;
   SEGTAPE_AGENT_HD void operator()(int64_t s) const {
     double reported = 0, kl = 0, clipped = 0;
     for (int64_t i = 0; i < Bm; ++i) rules::ppo_add_row(parts + (s * Bm + i) * (4 + A), A, reported, kl, clipped);
-    double* out = stats + (t0 + s) * 3;
+    double* out = stats + (*row + off + s) * 3;
     out[0] = reported, out[1] = kl, out[2] = clipped;
   }
 };

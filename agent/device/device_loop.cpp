@@ -59,28 +59,35 @@ template <> Gae body_from(const CallArgs& a) {
           a.i[0], a.i[1], float(a.f[0]), float(a.f[1])};
 }
 
-// PPO's update: gather {buffer, mb} -> {out}, ints {t, B, D}; reset
-// factors {done, mb} -> {out}, ints {t, B, Bm, H, window}; state {starts,
-// mb} -> {out}, ints {w, R, B, Bm, H}; advantage stats {adv, mb} -> {norm},
-// ints {n, B, Bm}; terms {lp, v, mb, norm, adv, actions, logp, returns,
-// values} -> {weights, target, parts}, ints {t0, B, Bm, A, rows}, reals the
-// constants; step sums {parts} -> {stats}, ints {t0, Bm, A, len}; totals
-// {stats} -> {totals}, ints {n}.
-template <> GatherRows<int64_t> body_from(const CallArgs& a) { return {a.at<const int64_t>(0), a.at<const int64_t>(1), a.at<int64_t>(2), a.i[0], a.i[1], a.i[2]}; }
-template <> GatherRows<float> body_from(const CallArgs& a) { return {a.at<const float>(0), a.at<const int64_t>(1), a.at<float>(2), a.i[0], a.i[1], a.i[2]}; }
+// PPO's update (row: the window's first step, int64 [1]; off: the step's
+// place in the window): gather {buffer, mb, row} -> {out}, ints {off, B,
+// D}; reset factors {done, mb, row} -> {out}, ints {off, B, Bm, H, window};
+// state {starts, mb, row} -> {out}, ints {W, R, B, Bm, H}; advantage stats
+// {adv, mb} -> {norm}, ints {n, B, Bm}, reals {clip range}; terms {lp, v,
+// mb, row, norm, adv, actions, logp, returns, values} -> {weights, target, parts},
+// ints {off, B, Bm, A, rows}, reals the constants; step sums {parts, row}
+// -> {stats}, ints {off, Bm, A, len}; totals {stats} -> {totals}, ints {n}.
+template <> GatherRows<int64_t> body_from(const CallArgs& a) {
+  return {a.at<const int64_t>(0), a.at<const int64_t>(1), a.at<const int64_t>(2), a.at<int64_t>(3), a.i[0], a.i[1], a.i[2]};
+}
+template <> GatherRows<float> body_from(const CallArgs& a) {
+  return {a.at<const float>(0), a.at<const int64_t>(1), a.at<const int64_t>(2), a.at<float>(3), a.i[0], a.i[1], a.i[2]};
+}
 template <> ResetFactors body_from(const CallArgs& a) {
-  return {a.at<const float>(0), a.at<const int64_t>(1), a.at<float>(2), a.i[0], a.i[1], a.i[2], a.i[3], a.i[4]};
+  return {a.at<const float>(0), a.at<const int64_t>(1), a.at<const int64_t>(2), a.at<float>(3), a.i[0], a.i[1], a.i[2], a.i[3], a.i[4]};
 }
 template <> GatherState body_from(const CallArgs& a) {
-  return {a.at<const float>(0), a.at<const int64_t>(1), a.at<float>(2), a.i[0], a.i[1], a.i[2], a.i[3], a.i[4]};
+  return {a.at<const float>(0), a.at<const int64_t>(1), a.at<const int64_t>(2), a.at<float>(3), a.i[0], a.i[1], a.i[2], a.i[3], a.i[4]};
 }
-template <> AdvantageStats body_from(const CallArgs& a) { return {a.at<const float>(0), a.at<const int64_t>(1), a.at<double>(2), a.i[0], a.i[1], a.i[2]}; }
+template <> AdvantageStats body_from(const CallArgs& a) {
+  return {a.at<const float>(0), a.at<const int64_t>(1), a.at<double>(2), a.i[0], a.i[1], a.i[2], a.f[0]};
+}
 template <> PpoTerms body_from(const CallArgs& a) {
-  return {{a.f[0], a.f[1], a.f[2], a.f[3]}, a.at<const float>(0), a.at<const float>(1), a.at<const int64_t>(2), a.at<const double>(3),
-          a.at<const float>(4), a.at<const int64_t>(5), a.at<const float>(6), a.at<const float>(7), a.at<const float>(8),
-          a.at<float>(9), a.at<float>(10), a.at<double>(11), a.i[0], a.i[1], a.i[2], a.i[3]};
+  return {{a.f[0], a.f[1], a.f[2]}, a.at<const float>(0), a.at<const float>(1), a.at<const int64_t>(2), a.at<const int64_t>(3),
+          a.at<const double>(4), a.at<const float>(5), a.at<const int64_t>(6), a.at<const float>(7), a.at<const float>(8),
+          a.at<const float>(9), a.at<float>(10), a.at<float>(11), a.at<double>(12), a.i[0], a.i[1], a.i[2], a.i[3]};
 }
-template <> PpoStepSums body_from(const CallArgs& a) { return {a.at<const double>(0), a.at<double>(1), a.i[0], a.i[1], a.i[2]}; }
+template <> PpoStepSums body_from(const CallArgs& a) { return {a.at<const double>(0), a.at<const int64_t>(1), a.at<double>(2), a.i[0], a.i[1], a.i[2]}; }
 template <> PpoTotals body_from(const CallArgs& a) { return {a.at<const double>(0), a.at<double>(1), a.i[0]}; }
 
 // How many elements a call runs: one per stream, the state's elements
@@ -91,7 +98,7 @@ template <class Body> int64_t extent(const CallArgs& a) {
   else if constexpr (std::is_same_v<Body, Advance> || std::is_same_v<Body, AdvantageStats> || std::is_same_v<Body, PpoTotals>) return 1;
   else if constexpr (std::is_same_v<Body, GatherRows<int64_t>> || std::is_same_v<Body, GatherRows<float>> ||
                      std::is_same_v<Body, ResetFactors> || std::is_same_v<Body, GatherState>)
-    return a.numel[2];  // (the output's elements)
+    return a.numel[3];  // (the output's elements: after the buffer, the streams and the row)
   else if constexpr (std::is_same_v<Body, PpoTerms>) return a.i[4];
   else if constexpr (std::is_same_v<Body, PpoStepSums>) return a.i[3];
   else if constexpr (std::is_same_v<Body, Sample> || std::is_same_v<Body, Gae>) return a.i[1];
@@ -300,45 +307,53 @@ void need(bool ok, const char* what, const std::string& why) {
 std::string shape_of(const Tensor& t) { return t.describe(); }
 }  // namespace
 
-void gather_rows(const Tensor& buffer, const Tensor& mb, int64_t t, const Tensor& out) {
+void UpdateWindow::at(int64_t t) {
+  row.from_host(std::span<const int64_t>(&t, 1));
+  first = t;
+}
+
+void gather_rows(const Tensor& buffer, const UpdateWindow& w, int64_t t, const Tensor& out) {
   const bool tokens = buffer.dtype == DType::I64;
   const int64_t D = tokens ? 1 : buffer.dim(2);
-  need(buffer.dim(0) > t && t >= 0 && out.dtype == buffer.dtype && out.numel() == mb.numel() * D, "device PPO: gather rows",
-       "row " + std::to_string(t) + " of " + shape_of(buffer) + " for " + std::to_string(mb.numel()) + " streams into " + shape_of(out));
-  device_call(tokens ? kGatherTokens : kGatherVectors, {buffer, mb}, {out}, {t, buffer.dim(1), D});
+  need(buffer.dim(0) > t && t >= w.first && out.dtype == buffer.dtype && out.numel() == w.mb.numel() * D, "device PPO: gather rows",
+       "row " + std::to_string(t) + " (window from " + std::to_string(w.first) + ") of " + shape_of(buffer) + " for " +
+           std::to_string(w.mb.numel()) + " streams into " + shape_of(out));
+  device_call(tokens ? kGatherTokens : kGatherVectors, {buffer, w.mb, w.row}, {out}, {t - w.first, buffer.dim(1), D});
 }
 
-void reset_factors(const Tensor& done, const Tensor& mb, int64_t t, const Tensor& out, bool window) {
-  const int64_t Bm = mb.numel(), H = out.dim(1);
-  need(window ? out.dim(1) == Bm && t + out.dim(0) - 1 <= done.dim(0) : out.dim(0) % Bm == 0 && t < done.dim(0), "device PPO: reset factors",
+void reset_factors(const Tensor& done, const UpdateWindow& w, int64_t t, const Tensor& out, bool window) {
+  const int64_t Bm = w.mb.numel(), H = out.dim(1);
+  need(t >= w.first && (window ? out.dim(1) == Bm && t + out.dim(0) - 1 <= done.dim(0) : out.dim(0) % Bm == 0 && t < done.dim(0)),
+       "device PPO: reset factors",
        shape_of(out) + " from step " + std::to_string(t) + " of " + shape_of(done) + " for " + std::to_string(Bm) + " streams");
-  device_call(kResetFactors, {done, mb}, {out}, {t, done.dim(1), Bm, H, window ? 1 : 0});
+  device_call(kResetFactors, {done, w.mb, w.row}, {out}, {t - w.first, done.dim(1), Bm, H, window ? 1 : 0});
 }
 
-void gather_state(const Tensor& starts, const Tensor& mb, int64_t w, const Tensor& out) {
-  const int64_t Bm = mb.numel(), R = out.dim(0) / Bm, H = out.dim(1);
-  need(out.dim(0) == R * Bm && starts.dim(1) % R == 0 && starts.dim(2) == H && w >= 0 && w < starts.dim(0), "device PPO: stored state",
-       "window " + std::to_string(w) + " of " + shape_of(starts) + " into " + shape_of(out));
-  device_call(kGatherState, {starts, mb}, {out}, {w, R, starts.dim(1) / R, Bm, H});
+void gather_state(const Tensor& starts, const UpdateWindow& w, int64_t W, const Tensor& out) {
+  const int64_t Bm = w.mb.numel(), R = out.dim(0) / Bm, H = out.dim(1);
+  need(out.dim(0) == R * Bm && starts.dim(1) % R == 0 && starts.dim(2) == H && W >= 1 && w.first % W == 0 && w.first / W < starts.dim(0),
+       "device PPO: stored state", "step " + std::to_string(w.first) + " (windows of " + std::to_string(W) + ") of " + shape_of(starts) +
+                                       " into " + shape_of(out));
+  device_call(kGatherState, {starts, w.mb, w.row}, {out}, {W, R, starts.dim(1) / R, Bm, H});
 }
 
-void advantage_stats(const Tensor& advantages, const Tensor& mb, int64_t n, const Tensor& norm) {
-  need(n >= 1 && n <= advantages.dim(0) && norm.numel() == 4 && norm.dtype == DType::F64, "device PPO: advantage statistics",
+void advantage_stats(const Tensor& advantages, const Tensor& mb, int64_t n, double clip_range, const Tensor& norm) {
+  need(n >= 1 && n <= advantages.dim(0) && norm.numel() == 5 && norm.dtype == DType::F64, "device PPO: advantage statistics",
        std::to_string(n) + " steps of " + shape_of(advantages) + " into " + shape_of(norm));
-  device_call(kAdvantageStats, {advantages, mb}, {norm}, {n, advantages.dim(1), mb.numel()});
+  device_call(kAdvantageStats, {advantages, mb}, {norm}, {n, advantages.dim(1), mb.numel()}, {clip_range});
 }
 
-void ppo_terms(const DeviceRollout& r, const Tensor& mb, const Tensor& norm, int64_t t0, const Tensor& lp, const Tensor& v,
+void ppo_terms(const DeviceRollout& r, const UpdateWindow& w, const Tensor& norm, int64_t t0, const Tensor& lp, const Tensor& v,
                const rules::PpoConstants& k, const Tensor& weights, const Tensor& target, const Tensor& parts, const Tensor& stats) {
-  const int64_t Bm = mb.numel(), A = lp.dim(1), rows = lp.dim(0), len = rows / Bm;
-  need(rows == len * Bm && t0 >= 0 && t0 + len <= r.T && v.numel() == rows && weights.numel() == rows * A && target.numel() == rows &&
+  const int64_t Bm = w.mb.numel(), A = lp.dim(1), rows = lp.dim(0), len = rows / Bm;
+  need(rows == len * Bm && t0 >= w.first && t0 + len <= r.T && v.numel() == rows && weights.numel() == rows * A && target.numel() == rows &&
            parts.numel() >= rows * (4 + A) && stats.numel() == 3 * r.T,
        "device PPO: loss terms", "log-probabilities " + shape_of(lp) + ", values " + shape_of(v) + " of steps from " + std::to_string(t0) +
                                      " of " + std::to_string(Bm) + " streams; weights " + shape_of(weights) + ", targets " +
                                      shape_of(target) + ", parts " + shape_of(parts));
-  device_call(kPpoTerms, {detach(lp), detach(v), mb, norm, r.advantages_, r.actions, r.logp, r.returns, r.values}, {weights, target, parts},
-              {t0, r.B, Bm, A, rows}, {k.clip_range, k.value_clip, k.entropy, k.value_coef});
-  device_call(kPpoStepSums, {parts}, {stats}, {t0, Bm, A, len});
+  device_call(kPpoTerms, {detach(lp), detach(v), w.mb, w.row, norm, r.advantages_, r.actions, r.logp, r.returns, r.values},
+              {weights, target, parts}, {t0 - w.first, r.B, Bm, A, rows}, {k.value_clip, k.entropy, k.value_coef});
+  device_call(kPpoStepSums, {parts, w.row}, {stats}, {t0 - w.first, Bm, A, len});
 }
 
 void ppo_totals(const Tensor& stats, int64_t n, const Tensor& totals) {

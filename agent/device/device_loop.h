@@ -135,31 +135,42 @@ class DeviceRollout {
 
 // ---- PPO's update on the device (agent/algo/ppo.cpp, --device-loop on):
 // a minibatch's rows of a rollout's [T, B] tensors, as device calls, so
-// that its steps read nothing back to the host. mb: the minibatch's
-// streams (int64 [Bm]). Each throws ShapeError naming the call where the
-// shapes do not fit, before it runs.
+// that its steps read nothing back to the host. Each throws ShapeError
+// naming the call where the shapes do not fit, before it runs.
+
+// An update window: the minibatch's streams mb (int64 [Bm]) and the
+// window's first step, where the tensors live (row, int64 [1]) and on the
+// host (first). The calls take a step t as row + (t - first), so that every
+// window issues the same calls (its segment may be a CUDA graph).
+struct UpdateWindow {
+  Tensor mb, row;
+  int64_t first = 0;
+  void at(int64_t t);  // the window starts at step t (row's value copied to the device)
+};
 
 // Row t of a rollout buffer (tokens int64 [T, B] or vectors [T, B, D]) at
 // the minibatch's streams into out ([Bm] or [Bm, D]).
-void gather_rows(const Tensor& buffer, const Tensor& mb, int64_t t, const Tensor& out);
+void gather_rows(const Tensor& buffer, const UpdateWindow& w, int64_t t, const Tensor& out);
 // The episode resets from the rollout's done flags [T, B]: a step's (the
 // state [R Bm, H] leaving step t times out, 0 for a stream whose episode
 // ended there) or, window, a window's keep [len, Bm] from step t (the
 // state entering its step i > 0, after step t + i - 1), as
 // reset_finished's masks and PPO's host keep.
-void reset_factors(const Tensor& done, const Tensor& mb, int64_t t, const Tensor& out, bool window);
-// The minibatch's rows of the state stored for window w (starts [S, R B, H]) into out [R Bm, H].
-void gather_state(const Tensor& starts, const Tensor& mb, int64_t w, const Tensor& out);
-// The minibatch's advantages over n steps: norm (float64 [4]) = {mean,
-// standard deviation, 1 / count, normalised} (rules::advantage_stats).
-void advantage_stats(const Tensor& advantages, const Tensor& mb, int64_t n, const Tensor& norm);
+void reset_factors(const Tensor& done, const UpdateWindow& w, int64_t t, const Tensor& out, bool window);
+// The minibatch's rows of the state stored for the window's first step
+// (stored every W steps: starts [S, R B, H]) into out [R Bm, H].
+void gather_state(const Tensor& starts, const UpdateWindow& w, int64_t W, const Tensor& out);
+// The minibatch's advantages over n steps: norm (float64 [5]) = {mean,
+// standard deviation, 1 / count, normalised} (rules::advantage_stats), then
+// the iteration's clip range.
+void advantage_stats(const Tensor& advantages, const Tensor& mb, int64_t n, double clip_range, const Tensor& norm);
 // The loss terms of the steps [t0, t0 + len) (lp [len Bm, A] and v [len Bm,
 // 1] now, len Bm rows, each step's Bm): the surrogate's weights [len Bm, A]
 // and the value targets [len Bm, 1] (constants of the loss), and each
 // step's figures into its row of stats (float64 [T, 3]: the reported loss,
 // the KL estimate, the clip fraction), through parts (float64, at least
 // len Bm (4 + A)): rules::ppo_row and ppo_add_row, as PPO's host update.
-void ppo_terms(const DeviceRollout& r, const Tensor& mb, const Tensor& norm, int64_t t0, const Tensor& lp, const Tensor& v,
+void ppo_terms(const DeviceRollout& r, const UpdateWindow& w, const Tensor& norm, int64_t t0, const Tensor& lp, const Tensor& v,
                const rules::PpoConstants& k, const Tensor& weights, const Tensor& target, const Tensor& parts, const Tensor& stats);
 // Steps [0, n)'s figures added to totals (float64 [3]), step by step.
 void ppo_totals(const Tensor& stats, int64_t n, const Tensor& totals);

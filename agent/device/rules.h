@@ -215,13 +215,14 @@ SEGTAPE_AGENT_HD void advantage_stats(int64_t n, int64_t B, int64_t Bm, const in
   norm[0] = mean, norm[1] = normalise ? ::sqrt(sq / (count - 1)) : 1.0, norm[2] = 1.0 / count, norm[3] = normalise ? 1.0 : 0.0;
 }
 
-// The loss's settings: the surrogate's clip range, --value-clip (0: off),
-// the entropy bonus and the value loss's coefficient.
+// The loss's settings: --value-clip (0: off), the entropy bonus and the
+// value loss's coefficient (the clip range, which a schedule changes, is norm[4]).
 struct PpoConstants {
-  double clip_range, value_clip, entropy, value_coef;
+  double value_clip, entropy, value_coef;
 };
 
-// One row's terms: the clipped surrogate's gradient weight for the row's
+// One row's terms (norm: advantage_stats' four, then the iteration's clip
+// range): the clipped surrogate's gradient weight for the row's
 // action into weights [A] (0 for the others, and where the clip bounds the
 // objective), the value loss's target into *target, and the row's shares of
 // the reported figures into parts [4 + A], in the order ppo_add_row adds
@@ -236,7 +237,7 @@ struct PpoConstants {
 // constant in v: its target is then v itself (the loss's gradient 0).
 SEGTAPE_AGENT_HD void ppo_row(const PpoConstants& k, const double* norm, float adv_raw, int64_t action, float logp_old, float ret,
                               float value_old, const float* lp, float value, int64_t A, float* weights, float* target, double* parts) {
-  const double inv_n = norm[2], eps = k.clip_range;
+  const double inv_n = norm[2], eps = norm[4];
   const double adv = norm[3] != 0 ? (adv_raw - norm[0]) / (norm[1] + 1e-8) : adv_raw;
   const double d0 = double(lp[action]) - double(logp_old);
   const double d = 80.0 < d0 ? 80.0 : d0;

@@ -50,7 +50,7 @@ Ran HistoryRunner::learn(Steps& s, int64_t n, Segment& seg, const BackwardOption
 Ran HistoryRunner::replay(Steps& s, int64_t first, int64_t n) {
   Ran r;
   {
-    Segment seg = c_.tape->segment();
+    Segment seg = s.graph_windows ? c_.tape->graph_segment(1) : c_.tape->segment();
     Tensor h = stored_state(s, first);
     const bool at_once = s.sequence && sequence(h.dim(0));
     const Tensor loss = at_once ? s.sequence(h, first, n) : run_steps(s, h, first, n, r, false);

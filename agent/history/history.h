@@ -45,6 +45,11 @@ struct Steps {
   // tensor [rows, hidden] of the tape holding the state entering step t,
   // valid until the next call. Where set, state_at is not called.
   std::function<Tensor(int64_t t)> state_on_tape;
+  // replay()'s windows as CUDA-graph segments (tape.graph_segment(1): a
+  // slot of their own, beside the rollout's), where a history replays a
+  // window in one segment and the algorithm's windows all issue the same
+  // calls (PPO's device update). Calls state_on_tape inside the segment.
+  bool graph_windows = false;
   // The steps [first, first + n) from h at once, where a history runs them
   // as one gru_sequence (sequence()): their loss. Optional.
   std::function<Tensor(const Tensor& h, int64_t first, int64_t n)> sequence;

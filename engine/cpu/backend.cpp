@@ -253,9 +253,9 @@ class CpuBackend final : public detail::Backend {
 
   // Graph replay emulated: no graph is made or launched (every call ran when
   // it was issued); the schedule, captures and checks are the CUDA backend's.
-  void segment_begin(uint32_t index, bool graph) override {
+  void segment_begin(uint32_t index, bool graph, unsigned slot) override {
     raise_pending();
-    if (schedule_.on()) schedule_.begin(index, graph);
+    if (schedule_.on()) schedule_.begin(index, graph, slot);
     detail::clear_packed(cells_.packed);  // a segment packs its weights anew
   }
   void segment_end(bool abandoned) noexcept override {

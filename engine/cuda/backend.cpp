@@ -420,7 +420,7 @@ void CudaBackend::raise_pending() {
 
 bool CudaBackend::issue(uint64_t sig, const char* what) { return schedule_.issue(sig, what); }
 
-void CudaBackend::segment_begin(uint32_t index, bool graph) {
+void CudaBackend::segment_begin(uint32_t index, bool graph, unsigned slot) {
   raise_pending();
   segment_ = index;
   if (!options_.graph_replay) return;
@@ -428,7 +428,7 @@ void CudaBackend::segment_begin(uint32_t index, bool graph) {
   // host refills it; this is also where device-found errors surface.
   SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
   raise_device_errors();
-  if (schedule_.begin(index, graph) != detail::GraphSchedule::Mode::Capturing) return;
+  if (schedule_.begin(index, graph, slot) != detail::GraphSchedule::Mode::Capturing) return;
   const cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
   if (e != cudaSuccess) {
     schedule_.cancel_capture();
@@ -456,12 +456,12 @@ void CudaBackend::segment_end(bool abandoned) noexcept {
         const cudaError_t ie = cudaGraphInstantiateWithFlags(&exec, g, 0);
         cudaGraphDestroy(g);
         check(ie, "cudaGraphInstantiateWithFlags(&exec, g, 0)");
-        exec_[segment_ % 2] = exec;
+        exec_[schedule_.graph_index()] = exec;
         schedule_.captured();
         SEGTAPE_CHECK(cudaGraphLaunch(exec, stream_));  // the captured segment's own work runs now
         return;
       }
-      case End::Launch: SEGTAPE_CHECK(cudaGraphLaunch(exec_[segment_ % 2], stream_)); return;
+      case End::Launch: SEGTAPE_CHECK(cudaGraphLaunch(exec_[schedule_.graph_index()], stream_)); return;
     }
   } catch (const std::exception& e) {
     pending_ = e.what();

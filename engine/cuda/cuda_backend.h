@@ -68,7 +68,7 @@ class CudaBackend final : public detail::Backend {
   void add_sum_squares(const void* x, int64_t n, DType d, double* acc, bool first) override;
   void clip_scale(void* x, int64_t n, DType d, const double* sum_sq, double max_norm) override;
   void device_call(const DeviceFunction& fn, const CallArgs& a) override;
-  void segment_begin(uint32_t index, bool graph) override;
+  void segment_begin(uint32_t index, bool graph, unsigned slot) override;
   void segment_end(bool abandoned) noexcept override;
   void discard_graph() override;
   std::pair<uint64_t, uint64_t> graph_counts() const override { return {schedule_.captures(), schedule_.replays()}; }
@@ -147,7 +147,7 @@ class CudaBackend final : public detail::Backend {
   // alternate between the two carry buffers, so a segment repeats the
   // addresses of the segment two before it.
   detail::GraphSchedule schedule_;
-  std::array<cudaGraphExec_t, 2> exec_{};
+  std::array<cudaGraphExec_t, 2 * detail::GraphSchedule::kSlots> exec_{};  // GraphSchedule::graph_index()'s
   uint32_t segment_ = 0;
   std::string pending_;  // an error segment_end() could not throw
 };

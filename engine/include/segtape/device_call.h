@@ -24,7 +24,7 @@ namespace segtape {
 // on CUDA) and sizes, in the order the call named them (inputs, then
 // outputs), and up to 8 integers and 4 reals.
 struct CallArgs {
-  static constexpr int kMaxTensors = 12, kMaxInts = 8, kMaxReals = 4;
+  static constexpr int kMaxTensors = 16, kMaxInts = 8, kMaxReals = 4;
   std::array<void*, kMaxTensors> ptr{};
   std::array<int64_t, kMaxTensors> numel{};
   std::array<int64_t, kMaxInts> i{};

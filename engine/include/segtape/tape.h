@@ -185,8 +185,11 @@ class Tape {
   Segment eager_segment();
   // A segment that is captured and replayed under graph_replay (as
   // segment() is, unless TapeOptions::graph_explicit); without graph
-  // replay, and on the CPU, the same as segment().
-  Segment graph_segment();
+  // replay, and on the CPU, the same as segment(). slot (0 or 1): a program
+  // with two patterns of graph segments (PPO's rollout and its update's
+  // windows) gives each its own, whose two graphs are kept apart from the
+  // other's; a segment replays its slot's graph of its parity.
+  Segment graph_segment(unsigned slot = 0);
 
   // Persistent tensors (valid as long as the tape). Zero-filled.
   Tensor parameter(const Shape& s, DType d = DType::F32);   // requires grad; gradient buffer zeroed
@@ -226,7 +229,7 @@ class Tape {
  private:
   friend class Segment;
   friend class detail::TapeInternals;  // engine/tape_internals.h: what the ops and backends use
-  Segment open_segment(bool graph);  // segment() and eager_segment()
+  Segment open_segment(bool graph, unsigned slot = 0);  // segment(), eager_segment() and graph_segment()
   void* alloc(size_t bytes, OpKind kind, const char* op);
   void* alloc(size_t bytes, GradBuffers, const char* op);
   // Both allocs: arena bytes, counted in `counted` (kind names them in a budget report).
