@@ -78,7 +78,8 @@ class Ppo : public Algorithm {
   // --device-loop (TrainConfig::device_loop): the twin env's device form and
   // the rollout on the tape's device, and the update's tensors there: the
   // window (the minibatch's streams [Bm] and the window's first step), the
-  // advantages' normalisation and the clip range [5], the rows' loss parts
+  // advantages' normalisation and the clip range [5], the minibatch's
+  // advantages gathered in order [T Bm], the rows' loss parts
   // [rows, 4 + A], each step's figures [T, 3], the iteration's [3], and the
   // state a minibatch's window starts from [R Bm, H].
   struct OnDevice {
@@ -87,6 +88,7 @@ class Ppo : public Algorithm {
           rollout(*c.tape, *c.policy, env, buf.T, c.config.history.k, Context::act_seed(c.config.seed, c.rank()), buf.W, buf.R),
           window{c.tape->persistent({Bm}, DType::I64), c.tape->persistent({1}, DType::I64)},
           norm(c.tape->persistent({5}, DType::F64)),
+          advantages(c.tape->persistent({buf.T * Bm})),
           parts(c.tape->persistent({rows * (4 + A)}, DType::F64)),
           step_stats(c.tape->persistent({buf.T, 3}, DType::F64)),
           totals(c.tape->persistent({3}, DType::F64)),
@@ -94,7 +96,7 @@ class Ppo : public Algorithm {
     device::DeviceEnv env;
     device::DeviceRollout rollout;
     device::UpdateWindow window;
-    Tensor norm, parts, step_stats, totals, state;
+    Tensor norm, advantages, parts, step_stats, totals, state;
     std::vector<double> stats;
   };
   std::unique_ptr<OnDevice> dev_;
@@ -374,7 +376,7 @@ void Ppo::minibatch(int64_t n, std::span<const int64_t> streams, UpdateResult& r
   // The minibatch's advantages are normalised by their mean and standard deviation.
   if (on_device_) {
     dev_->window.mb.from_host(streams);
-    device::advantage_stats(dev_->rollout.advantages_, dev_->window.mb, n, clip_, dev_->norm);
+    device::advantage_stats(dev_->rollout.advantages_, dev_->window.mb, n, clip_, dev_->advantages, dev_->norm);
     inv_n_ = 1.0 / (double(n) * double(streams.size()));  // (the loss's scales; as rules::advantage_stats)
   } else {
     double norm[4];
@@ -448,7 +450,7 @@ const AlgorithmDef PpoAlgorithm{
       const size_t T = size_t(c.rollout), B = size_t(c.batch), W = size_t(c.history.stored_every()), S = (T + W - 1) / W;
       const size_t obs = spec.vocab > 0 ? 8 : 4 * size_t(spec.obs_dim), R = size_t(c.state_rows()), H = size_t(c.hidden);
       const size_t Bm = B / size_t(c.minibatches), A = size_t(spec.num_actions);
-      const size_t update = W * Bm * (4 + A) * 8 + T * 3 * 8 + R * Bm * H * 4 + Bm * 8 + 64;
+      const size_t update = W * Bm * (4 + A) * 8 + T * 3 * 8 + R * Bm * H * 4 + T * Bm * 4 + Bm * 8 + 64;
       const size_t tape = T * B * (obs + 8 + 6 * 4) + S * R * B * H * 4 + B * 64 + update;
       return RolloutBuffer::bytes(c, spec) + (c.device_loop && c.device == "cpu" ? tape : 0);
     },

@@ -196,16 +196,28 @@ struct GatherState {
   }
 };
 
-// The one element: the minibatch's advantages' normalisation over n steps
-// (rules::advantage_stats) into norm[0..3], and the iteration's clip range into norm[4].
-struct AdvantageStats {
+// Element e of out [n, Bm]: the minibatch's advantages of the rollout's
+// [T, B], step by step, in its streams' order (AdvantageStats' one thread
+// then reads them in order, not scattered).
+struct GatherAdvantages {
   const float* adv;
   const int64_t* mb;
-  double* norm;  // [5]
-  int64_t n, B, Bm;
+  float* out;
+  int64_t B, Bm;
+  SEGTAPE_AGENT_HD void operator()(int64_t e) const { out[e] = adv[(e / Bm) * B + mb[e % Bm]]; }
+};
+
+// The one element: the minibatch's advantages' normalisation over n steps
+// (rules::advantage_stats of GatherAdvantages' [n, Bm], in the host's order
+// of sums: one chain, so one thread) into norm[0..3], and the iteration's
+// clip range into norm[4].
+struct AdvantageStats {
+  const float* adv;  // [n, Bm]
+  double* norm;      // [5]
+  int64_t n, Bm;
   double clip_range;
   SEGTAPE_AGENT_HD void operator()(int64_t) const {
-    rules::advantage_stats(n, B, Bm, mb, adv, norm);
+    rules::advantage_stats(n, Bm, Bm, nullptr, adv, norm);
     norm[4] = clip_range;
   }
 };

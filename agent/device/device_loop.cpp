@@ -62,8 +62,9 @@ template <> Gae body_from(const CallArgs& a) {
 // PPO's update (row: the window's first step, int64 [1]; off: the step's
 // place in the window): gather {buffer, mb, row} -> {out}, ints {off, B,
 // D}; reset factors {done, mb, row} -> {out}, ints {off, B, Bm, H, window};
-// state {starts, mb, row} -> {out}, ints {W, R, B, Bm, H}; advantage stats
-// {adv, mb} -> {norm}, ints {n, B, Bm}, reals {clip range}; terms {lp, v,
+// state {starts, mb, row} -> {out}, ints {W, R, B, Bm, H}; the
+// minibatch's advantages {adv, mb} -> {out}, ints {B, Bm}; their stats
+// {gathered} -> {norm}, ints {n, Bm}, reals {clip range}; terms {lp, v,
 // mb, row, norm, adv, actions, logp, returns, values} -> {weights, target, parts},
 // ints {off, B, Bm, A, rows}, reals the constants; step sums {parts, row}
 // -> {stats}, ints {off, Bm, A, len}; totals {stats} -> {totals}, ints {n}.
@@ -79,9 +80,8 @@ template <> ResetFactors body_from(const CallArgs& a) {
 template <> GatherState body_from(const CallArgs& a) {
   return {a.at<const float>(0), a.at<const int64_t>(1), a.at<const int64_t>(2), a.at<float>(3), a.i[0], a.i[1], a.i[2], a.i[3], a.i[4]};
 }
-template <> AdvantageStats body_from(const CallArgs& a) {
-  return {a.at<const float>(0), a.at<const int64_t>(1), a.at<double>(2), a.i[0], a.i[1], a.i[2], a.f[0]};
-}
+template <> GatherAdvantages body_from(const CallArgs& a) { return {a.at<const float>(0), a.at<const int64_t>(1), a.at<float>(2), a.i[0], a.i[1]}; }
+template <> AdvantageStats body_from(const CallArgs& a) { return {a.at<const float>(0), a.at<double>(1), a.i[0], a.i[1], a.f[0]}; }
 template <> PpoTerms body_from(const CallArgs& a) {
   return {{a.f[0], a.f[1], a.f[2]}, a.at<const float>(0), a.at<const float>(1), a.at<const int64_t>(2), a.at<const int64_t>(3),
           a.at<const double>(4), a.at<const float>(5), a.at<const int64_t>(6), a.at<const float>(7), a.at<const float>(8),
@@ -96,6 +96,7 @@ template <class Body> int64_t extent(const CallArgs& a) {
   if constexpr (std::is_same_v<Body, Reset>) return a.numel[1];
   else if constexpr (std::is_same_v<Body, StoreState>) return a.numel[0];
   else if constexpr (std::is_same_v<Body, Advance> || std::is_same_v<Body, AdvantageStats> || std::is_same_v<Body, PpoTotals>) return 1;
+  else if constexpr (std::is_same_v<Body, GatherAdvantages>) return a.numel[2];
   else if constexpr (std::is_same_v<Body, GatherRows<int64_t>> || std::is_same_v<Body, GatherRows<float>> ||
                      std::is_same_v<Body, ResetFactors> || std::is_same_v<Body, GatherState>)
     return a.numel[3];  // (the output's elements: after the buffer, the streams and the row)
@@ -134,6 +135,7 @@ const DeviceFunction kGatherTokens = SEGTAPE_FUNCTION("device PPO: the minibatch
 const DeviceFunction kGatherVectors = SEGTAPE_FUNCTION("device PPO: the minibatch's observations", GatherRows<float>);
 const DeviceFunction kResetFactors = SEGTAPE_FUNCTION("device PPO: the minibatch's episode resets", ResetFactors);
 const DeviceFunction kGatherState = SEGTAPE_FUNCTION("device PPO: the minibatch's stored state", GatherState);
+const DeviceFunction kGatherAdvantages = SEGTAPE_FUNCTION("device PPO: the minibatch's advantages", GatherAdvantages);
 const DeviceFunction kAdvantageStats = SEGTAPE_FUNCTION("device PPO: the advantages' normalisation", AdvantageStats);
 const DeviceFunction kPpoTerms = SEGTAPE_FUNCTION("device PPO: the loss's terms", PpoTerms);
 const DeviceFunction kPpoStepSums = SEGTAPE_FUNCTION("device PPO: each step's figures", PpoStepSums);
@@ -337,10 +339,12 @@ void gather_state(const Tensor& starts, const UpdateWindow& w, int64_t W, const 
   device_call(kGatherState, {starts, w.mb, w.row}, {out}, {W, R, starts.dim(1) / R, Bm, H});
 }
 
-void advantage_stats(const Tensor& advantages, const Tensor& mb, int64_t n, double clip_range, const Tensor& norm) {
-  need(n >= 1 && n <= advantages.dim(0) && norm.numel() == 5 && norm.dtype == DType::F64, "device PPO: advantage statistics",
-       std::to_string(n) + " steps of " + shape_of(advantages) + " into " + shape_of(norm));
-  device_call(kAdvantageStats, {advantages, mb}, {norm}, {n, advantages.dim(1), mb.numel()}, {clip_range});
+void advantage_stats(const Tensor& advantages, const Tensor& mb, int64_t n, double clip_range, const Tensor& gathered, const Tensor& norm) {
+  need(n >= 1 && n <= advantages.dim(0) && gathered.numel() == n * mb.numel() && norm.numel() == 5 && norm.dtype == DType::F64,
+       "device PPO: advantage statistics",
+       std::to_string(n) + " steps of " + shape_of(advantages) + " through " + shape_of(gathered) + " into " + shape_of(norm));
+  device_call(kGatherAdvantages, {advantages, mb}, {gathered}, {advantages.dim(1), mb.numel()});
+  device_call(kAdvantageStats, {gathered}, {norm}, {n, mb.numel()}, {clip_range});
 }
 
 void ppo_terms(const DeviceRollout& r, const UpdateWindow& w, const Tensor& norm, int64_t t0, const Tensor& lp, const Tensor& v,

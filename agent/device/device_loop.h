@@ -162,8 +162,9 @@ void reset_factors(const Tensor& done, const UpdateWindow& w, int64_t t, const T
 void gather_state(const Tensor& starts, const UpdateWindow& w, int64_t W, const Tensor& out);
 // The minibatch's advantages over n steps: norm (float64 [5]) = {mean,
 // standard deviation, 1 / count, normalised} (rules::advantage_stats), then
-// the iteration's clip range.
-void advantage_stats(const Tensor& advantages, const Tensor& mb, int64_t n, double clip_range, const Tensor& norm);
+// the iteration's clip range. gathered (float [n Bm]): the minibatch's
+// advantages in order, which the one thread of the sums then reads.
+void advantage_stats(const Tensor& advantages, const Tensor& mb, int64_t n, double clip_range, const Tensor& gathered, const Tensor& norm);
 // The loss terms of the steps [t0, t0 + len) (lp [len Bm, A] and v [len Bm,
 // 1] now, len Bm rows, each step's Bm): the surrogate's weights [len Bm, A]
 // and the value targets [len Bm, 1] (constants of the loss), and each

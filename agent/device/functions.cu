@@ -39,6 +39,7 @@ template void launch(const GatherRows<float>&, int64_t, void*);
 template void launch(const ResetFactors&, int64_t, void*);
 template void launch(const GatherState&, int64_t, void*);
 template void launch(const AdvantageStats&, int64_t, void*);
+template void launch(const GatherAdvantages&, int64_t, void*);
 template void launch(const PpoTerms&, int64_t, void*);
 template void launch(const PpoStepSums&, int64_t, void*);
 template void launch(const PpoTotals&, int64_t, void*);

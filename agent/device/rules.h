@@ -199,16 +199,18 @@ SEGTAPE_AGENT_HD void gae_stream(int64_t n, int64_t stride, float gamma, float l
 // The minibatch's advantages over its n steps: norm = {mean, standard
 // deviation (1 where not normalised), 1 / count, normalised (1 or 0)}. In
 // double, the steps in order and each step's streams in the minibatch's
-// order; a single term is left as it is, as SB3 does (normalised, it would be 0).
+// order; a single term is left as it is, as SB3 does (normalised, it would
+// be 0). mb null: adv holds the minibatch's advantages already, [n, Bm]
+// (B = Bm), in that order.
 SEGTAPE_AGENT_HD void advantage_stats(int64_t n, int64_t B, int64_t Bm, const int64_t* mb, const float* adv, double* norm) {
   double mean = 0, sq = 0;
   for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < Bm; ++i) mean += adv[t * B + mb[i]];
+    for (int64_t i = 0; i < Bm; ++i) mean += adv[t * B + (mb ? mb[i] : i)];
   const double count = double(n) * double(Bm);
   mean /= count;
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < Bm; ++i) {
-      const double d = adv[t * B + mb[i]] - mean;
+      const double d = adv[t * B + (mb ? mb[i] : i)] - mean;
       sq += d * d;
     }
   const bool normalise = count > 1;
