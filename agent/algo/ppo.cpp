@@ -344,6 +344,7 @@ Tensor Ppo::window_at_once(const Tensor& h0, int64_t t0, int64_t len) {
     if (i + 1 < len) c_.tape->next_step();  // (the sequence and what follows it: the last step)
   }
   const Tensor e = concat(std::span<const Tensor>(seq_encoded_.data(), size_t(len)), 0);
+  for (size_t i = 0; i < size_t(len); ++i) seq_encoded_[i] = Tensor{};  // (the handles; e holds the steps now)
   Tensor keep;
   if (on_device_) keep = c_.tape->empty({len, Bm_}), device::reset_factors(dev_->rollout.done, dev_->window, t0, keep, true);
   else keep = c_.tape->from(std::span<const float>(seq_keep_.data(), size_t(len) * Bm), {len, Bm_});
@@ -351,10 +352,7 @@ Tensor Ppo::window_at_once(const Tensor& h0, int64_t t0, int64_t len) {
   const Tensor f = reshape(states, {len * Bm_, c_.config.hidden});
   const Tensor lp = step_.log_probs(f);  // [len Bm, A]
   const Tensor v = step_.value(f);       // [len Bm, 1]
-  if (on_device_) {
-    for (size_t i = 0; i < size_t(len); ++i) seq_encoded_[i] = Tensor{};
-    return device_loss(t0, lp, v);
-  }
+  if (on_device_) return device_loss(t0, lp, v);
   const size_t rows = size_t(len) * Bm;
   lp.to_host(std::span<float>(seq_rows_).first(rows * A));
   v.to_host(std::span<float>(seq_values_).first(rows));
@@ -362,7 +360,6 @@ Tensor Ppo::window_at_once(const Tensor& h0, int64_t t0, int64_t len) {
     const size_t at = size_t(i) * Bm;
     host_terms(t0 + i, seq_rows_.data() + at * A, seq_values_.data() + at, seq_weights_.data() + at * A, seq_returns_.data() + at);
   }
-  for (size_t i = 0; i < size_t(len); ++i) seq_encoded_[i] = Tensor{};
   return loss_of(lp, v, std::span<const float>(seq_weights_).first(rows * A), std::span<const float>(seq_returns_).first(rows));
 }
 

@@ -306,7 +306,6 @@ namespace {
 void need(bool ok, const char* what, const std::string& why) {
   if (!ok) throw ShapeError(std::string(what) + ": " + why);
 }
-std::string shape_of(const Tensor& t) { return t.describe(); }
 }  // namespace
 
 void UpdateWindow::at(int64_t t) {
@@ -318,8 +317,8 @@ void gather_rows(const Tensor& buffer, const UpdateWindow& w, int64_t t, const T
   const bool tokens = buffer.dtype == DType::I64;
   const int64_t D = tokens ? 1 : buffer.dim(2);
   need(buffer.dim(0) > t && t >= w.first && out.dtype == buffer.dtype && out.numel() == w.mb.numel() * D, "device PPO: gather rows",
-       "row " + std::to_string(t) + " (window from " + std::to_string(w.first) + ") of " + shape_of(buffer) + " for " +
-           std::to_string(w.mb.numel()) + " streams into " + shape_of(out));
+       "row " + std::to_string(t) + " (window from " + std::to_string(w.first) + ") of " + buffer.describe() + " for " +
+           std::to_string(w.mb.numel()) + " streams into " + out.describe());
   device_call(tokens ? kGatherTokens : kGatherVectors, {buffer, w.mb, w.row}, {out}, {t - w.first, buffer.dim(1), D});
 }
 
@@ -327,22 +326,22 @@ void reset_factors(const Tensor& done, const UpdateWindow& w, int64_t t, const T
   const int64_t Bm = w.mb.numel(), H = out.dim(1);
   need(t >= w.first && (window ? out.dim(1) == Bm && t + out.dim(0) - 1 <= done.dim(0) : out.dim(0) % Bm == 0 && t < done.dim(0)),
        "device PPO: reset factors",
-       shape_of(out) + " from step " + std::to_string(t) + " of " + shape_of(done) + " for " + std::to_string(Bm) + " streams");
+       out.describe() + " from step " + std::to_string(t) + " of " + done.describe() + " for " + std::to_string(Bm) + " streams");
   device_call(kResetFactors, {done, w.mb, w.row}, {out}, {t - w.first, done.dim(1), Bm, H, window ? 1 : 0});
 }
 
 void gather_state(const Tensor& starts, const UpdateWindow& w, int64_t W, const Tensor& out) {
   const int64_t Bm = w.mb.numel(), R = out.dim(0) / Bm, H = out.dim(1);
   need(out.dim(0) == R * Bm && starts.dim(1) % R == 0 && starts.dim(2) == H && W >= 1 && w.first % W == 0 && w.first / W < starts.dim(0),
-       "device PPO: stored state", "step " + std::to_string(w.first) + " (windows of " + std::to_string(W) + ") of " + shape_of(starts) +
-                                       " into " + shape_of(out));
+       "device PPO: stored state", "step " + std::to_string(w.first) + " (windows of " + std::to_string(W) + ") of " + starts.describe() +
+                                       " into " + out.describe());
   device_call(kGatherState, {starts, w.mb, w.row}, {out}, {W, R, starts.dim(1) / R, Bm, H});
 }
 
 void advantage_stats(const Tensor& advantages, const Tensor& mb, int64_t n, double clip_range, const Tensor& gathered, const Tensor& norm) {
   need(n >= 1 && n <= advantages.dim(0) && gathered.numel() == n * mb.numel() && norm.numel() == 5 && norm.dtype == DType::F64,
        "device PPO: advantage statistics",
-       std::to_string(n) + " steps of " + shape_of(advantages) + " through " + shape_of(gathered) + " into " + shape_of(norm));
+       std::to_string(n) + " steps of " + advantages.describe() + " through " + gathered.describe() + " into " + norm.describe());
   device_call(kGatherAdvantages, {advantages, mb}, {gathered}, {advantages.dim(1), mb.numel()});
   device_call(kAdvantageStats, {gathered}, {norm}, {n, mb.numel()}, {clip_range});
 }
@@ -352,16 +351,16 @@ void ppo_terms(const DeviceRollout& r, const UpdateWindow& w, const Tensor& norm
   const int64_t Bm = w.mb.numel(), A = lp.dim(1), rows = lp.dim(0), len = rows / Bm;
   need(rows == len * Bm && t0 >= w.first && t0 + len <= r.T && v.numel() == rows && weights.numel() == rows * A && target.numel() == rows &&
            parts.numel() >= rows * (4 + A) && stats.numel() == 3 * r.T,
-       "device PPO: loss terms", "log-probabilities " + shape_of(lp) + ", values " + shape_of(v) + " of steps from " + std::to_string(t0) +
-                                     " of " + std::to_string(Bm) + " streams; weights " + shape_of(weights) + ", targets " +
-                                     shape_of(target) + ", parts " + shape_of(parts));
+       "device PPO: loss terms", "log-probabilities " + lp.describe() + ", values " + v.describe() + " of steps from " + std::to_string(t0) +
+                                     " of " + std::to_string(Bm) + " streams; weights " + weights.describe() + ", targets " +
+                                     target.describe() + ", parts " + parts.describe());
   device_call(kPpoTerms, {detach(lp), detach(v), w.mb, w.row, norm, r.advantages_, r.actions, r.logp, r.returns, r.values},
               {weights, target, parts}, {t0 - w.first, r.B, Bm, A, rows}, {k.value_clip, k.entropy, k.value_coef});
   device_call(kPpoStepSums, {parts, w.row}, {stats}, {t0 - w.first, Bm, A, len});
 }
 
 void ppo_totals(const Tensor& stats, int64_t n, const Tensor& totals) {
-  need(n >= 0 && 3 * n <= stats.numel() && totals.numel() == 3, "device PPO: totals", std::to_string(n) + " steps of " + shape_of(stats));
+  need(n >= 0 && 3 * n <= stats.numel() && totals.numel() == 3, "device PPO: totals", std::to_string(n) + " steps of " + stats.describe());
   device_call(kPpoTotals, {stats}, {totals}, {n});
 }
 

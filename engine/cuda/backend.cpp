@@ -1,6 +1,7 @@
 // The CUDA backend's setup, memory, copies, synchronisation and CUDA-graph
 // capture / replay (cuda_backend.h; design in docs/cuda.md).
 #include <cstring>
+#include <initializer_list>
 #include <string>
 
 #include "check.h"
@@ -174,15 +175,21 @@ cublasStatus_t blas_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation
   return cublasDgemm(h, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// cuBLAS takes int sizes.
+void check_int_dims(std::initializer_list<int64_t> dims) {
+  for (int64_t v : dims)
+    if (v > INT32_MAX) throw ShapeError("matmul: dimension " + std::to_string(v) + " is too large for cuBLAS");
+}
+
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the
 // operands and the sizes; each row-major matrix is its transpose in
-// column-major with the same leading dimension. The one place this is done.
+// column-major with the same leading dimension. Here and in gemm_bf16 (its
+// packed bfloat16 operands).
 template <class T>
 void row_major_gemm(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
                     const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  for (int64_t v : {M, N, K, lda, ldb, ldc})
-    if (v > INT32_MAX) throw ShapeError("matmul: dimension " + std::to_string(v) + " is too large for cuBLAS");
+  check_int_dims({M, N, K, lda, ldb, ldc});
   check(blas_gemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K), &alpha, B,
                   int(ldb < 1 ? 1 : ldb), A, int(lda < 1 ? 1 : lda), &beta, C, int(ldc < 1 ? 1 : ldc)),
         sizeof(T) == 4 ? "cublasSgemm" : "cublasDgemm");
@@ -204,8 +211,7 @@ void CudaBackend::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float 
 // run before anything later on the stream can reuse them.
 void CudaBackend::gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                             const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  for (int64_t v : {M, N, K, lda, ldb, ldc})
-    if (v > INT32_MAX) throw ShapeError("matmul: dimension " + std::to_string(v) + " is too large for cuBLAS");
+  check_int_dims({M, N, K, lda, ldb, ldc});
   const size_t mark = temp_used_;
   const int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
   void* a = temp_bytes(size_t(a_rows * a_cols) * 2);
