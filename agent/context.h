@@ -52,6 +52,11 @@ struct Context {
   bool graph = false;
   bool committed = false;
   Tensor clip_sq;
+  // --device-loop's PPO update (set per iteration): the gradient's norm stays
+  // on the device too, in clip_sq, and the algorithm checks the iteration's
+  // norms after it (refuse_non_finite_after); not under --nonfinite skip,
+  // whose skip is decided before the step, nor under data parallelism
+  bool norm_on_device = false;
   // Updates whose gradient was not finite (TrainConfig::nonfinite): skipped
   // in the run (checkpointed) and in a row; the first step of the segment
   // that runs now (the updates' errors name its steps).
@@ -74,6 +79,10 @@ struct Context {
   // (or after --max-skips skipped in a row) throws NonFiniteError naming it;
   // else its gradients are zeroed and it is counted skipped.
   void refuse_non_finite(const std::string& what);
+  // norm_on_device: the run's update `update` (counted from 1) had a norm
+  // whose square `sq` is not finite, found after its iteration, whose
+  // updates were all taken: throws NonFiniteError naming it.
+  [[noreturn]] void refuse_non_finite_after(int64_t update, double sq);
 
   // This rank's training env, made as the Trainer makes it: its shards'
   // seeds, and (lm) its streams of the text. An algorithm that steps a copy

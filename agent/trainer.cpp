@@ -60,7 +60,7 @@ Parts build(Context& c) {
   if (cf.dropout > 0) c.dropout = std::make_unique<nn::Dropout>(*c.tape, cf.dropout, Context::act_seed(cf.seed, c.rank()) ^ 0xd20u);
   c.h = c.h_home = c.tape->persistent({cf.state_rows() * cf.batch, cf.hidden});
   c.eval_h = c.tape->persistent({cf.state_rows() * cf.batch, cf.hidden});
-  if (c.graph) c.clip_sq = c.tape->persistent({1}, DType::F64);  // the capturable clip's squared norm
+  if (c.graph || cf.device_loop) c.clip_sq = c.tape->persistent({1}, DType::F64);  // the capturable clip's squared norm
   c.episode_return.assign(size_t(cf.batch), 0.0f);
   Parts p;
   p.history = history_def(cf.history.kind).make(c);
@@ -135,6 +135,9 @@ void Context::update(bool has_loss) {
   }
   if (graph) {  // (the norm stays on the device: the segment's loss is checked after it, Trainer::run_segment)
     if (config.clip > 0) nn::clip_grad_norm(*policy, config.clip, clip_sq);
+  } else if (norm_on_device) {  // (the algorithm reads the norms after the iteration)
+    if (config.clip > 0) nn::clip_grad_norm(*policy, config.clip, clip_sq);
+    else nn::grad_squares(*policy, clip_sq);
   } else {
     // The clip's norm, computed once (with the clip off too), and checked
     // before anything is scaled or stepped: the gradients are averaged over
@@ -174,6 +177,17 @@ void Context::refuse_non_finite(const std::string& what) {
                        "This update was not taken (in PPO, the iteration's earlier minibatches were); a run's checkpoint is "
                        "kept as it was written, and this trainer trains on only once one is loaded. --nonfinite skip skips "
                        "such updates (as PyTorch's GradScaler does) and stops after --max-skips in a row");
+}
+
+void Context::refuse_non_finite_after(int64_t update, double sq) {
+  stopped_at_non_finite = "update " + std::to_string(update) + " (steps " + std::to_string(segment_step0) + " to " + std::to_string(step) + ")";
+  throw NonFiniteError("update " + std::to_string(update) + ", in the segment of steps " + std::to_string(segment_step0) + " to " +
+                       std::to_string(step) + ": the gradient's norm is " + (std::isnan(sq) ? "NaN" : "inf") +
+                       ", found after the iteration (--device-loop on reads the update's norms once an iteration), so this "
+                       "update and the iteration's later ones were taken. Rewards too large for float32 (returns that "
+                       "overflow), a learning rate too high or a loss that diverged make this. A run's checkpoint is kept as "
+                       "it was written, and this trainer trains on only once one is loaded. --device-loop off (or "
+                       "--nonfinite skip) checks each update's norm before its step");
 }
 
 uint64_t Trainer::shard_seed(uint64_t seed, int64_t shard) {

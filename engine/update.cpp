@@ -127,6 +127,7 @@ void scale_grad(const Tensor& param, double factor) {
 
 double grad_squared_norm(const Tensor& param) {
   check_param("grad_squared_norm", param);
+  In::count_host_read(*param.tape);  // (a value returned to the host: TapeStats::host_reads)
   return In::backend(*param.tape)->sum_squares(param.grad, param.numel(), param.dtype);
 }
 

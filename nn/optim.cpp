@@ -173,10 +173,14 @@ void clip_grad_norm(std::span<const Tensor> params, double max_norm, const Tenso
   for (const Tensor& p : params) clip_grad(p, total_sq, max_norm);
 }
 
-void clip_grad_norm(const Module& m, double max_norm, const Tensor& total_sq) {
-  check_max_norm(max_norm);
+void grad_squares(const Module& m, const Tensor& total_sq) {
   bool first = true;
   for_each_param(m, [&](const Tensor& p) { add_grad_squares(p, total_sq, first), first = false; });
+}
+
+void clip_grad_norm(const Module& m, double max_norm, const Tensor& total_sq) {
+  check_max_norm(max_norm);
+  grad_squares(m, total_sq);
   for_each_param(m, [&](const Tensor& p) { clip_grad(p, total_sq, max_norm); });
 }
 

@@ -38,6 +38,7 @@
 #include "segtape/agent/policy.h"
 #include "segtape/nn/random.h"
 #include "segtape/ops.h"
+#include "util.h"
 
 using namespace segtape;
 using namespace segtape::agent;
@@ -432,21 +433,22 @@ TEST(DeviceLoop, PpoWithTheDeviceLoopIsTheHostLoopsRun) {
 }
 
 // With the device loop an iteration reads back to the host the same number
-// of times whatever its length: nothing per step, in the rollout or in the
-// update's minibatches (the host loop reads every step); per iteration the
-// figures, the streams' returns and the env's state. (TapeStats::host_reads
-// counts the tape's tensors read; the gradient norm's read each minibatch
-// is the backend's own and not counted.) (Under exact and overlap the replay driver
-// still reads a boundary state and a loss per segment, segtape/replay.h.)
+// of times whatever its length and however many updates it makes: nothing
+// per step, in the rollout or in the update's minibatches (the host loop
+// reads every step, and each update's gradient norm); per iteration the
+// figures with the updates' norms, the streams' returns and the env's
+// state. (TapeStats::host_reads counts the tape's tensors read and the
+// gradient norms' sums of squares.) (Under exact and overlap the replay
+// driver still reads a boundary state and a loss per segment, segtape/replay.h.)
 TEST(DeviceLoop, PpoReadsNothingBackPerStep) {
   REQUIRE_GPU();
   for (const char* history : {"tbptt:4", "tbptt:8"})
     for (const char* dev : {"cpu", "cuda"})
       for (const bool sequence : {false, true}) {
         SCOPED_TRACE(std::string(history) + " on " + dev + (sequence ? ", as one sequence" : ""));
-        const auto reads = [&](int64_t rollout, bool on) {
+        const auto reads = [&](int64_t rollout, bool on, int64_t epochs = 2) {
           TrainConfig c = test::small_config("device-tmaze", history, 2 * rollout);
-          c.algo = Algo::Ppo, c.rollout = rollout, c.epochs = 2, c.minibatches = 2, c.device = dev, c.device_loop = on;
+          c.algo = Algo::Ppo, c.rollout = rollout, c.epochs = epochs, c.minibatches = 2, c.device = dev, c.device_loop = on;
           c.force_sequence = sequence;
           Trainer t(c);
           t.run_segment();  // (the first iteration)
@@ -455,8 +457,60 @@ TEST(DeviceLoop, PpoReadsNothingBackPerStep) {
           return t.tape().stats().host_reads - before;
         };
         EXPECT_EQ(reads(16, true), reads(32, true));
+        EXPECT_EQ(reads(16, true, 2), reads(16, true, 4));
         EXPECT_GT(reads(32, false), reads(16, false));
+        EXPECT_GT(reads(16, false, 4), reads(16, false, 2));
       }
+}
+
+// The device loop's updates keep their gradient norms on the device and
+// read them once, after the iteration: a norm that is not finite (from a
+// value head of NaNs) stops the run there, naming the update the host loop
+// names (which stops before that update's step), with the clip and
+// without it; the trainer then refuses to train until a checkpoint is
+// loaded. Under --nonfinite skip the device loop reads each norm before its
+// step as the host loop does, and the two runs skip alike.
+TEST(DeviceLoop, PpoChecksItsUpdatesNormsAfterTheIteration) {
+  REQUIRE_GPU();
+  const auto poison = [](Trainer& t) {
+    for (const auto& [name, p] : t.policy().named_parameters())
+      if (name.rfind("value.", 0) == 0) p.from_host(std::span<const float>(std::vector<float>(size_t(p.numel()), std::nanf(""))));
+  };
+  for (const char* dev : {"cpu", "cuda"})
+    for (const double clip : {0.0, 0.5}) {
+      SCOPED_TRACE(std::string(dev) + (clip > 0 ? ", clip 0.5" : ", no clip"));
+      TrainConfig c = test::small_config("device-tmaze", "tbptt:4", 64);
+      c.algo = Algo::Ppo, c.rollout = 16, c.epochs = 2, c.minibatches = 2, c.device = dev, c.clip = clip;
+      std::string stop[2];
+      std::vector<float> skipped[2];
+      for (const bool on : {false, true}) {
+        c.device_loop = on, c.nonfinite = "stop";
+        Trainer t(c);
+        t.run_segment();  // (updates 1 to 4, finite)
+        poison(t);
+        stop[on] = test::message_of<NonFiniteError>([&] { t.run_segment(); });
+        EXPECT_EQ(t.step(), 16);
+        EXPECT_NE(test::message_of<NonFiniteError>([&] { t.run_segment(); }).find("this trainer stopped at the non-finite update 5 (steps 16 to 32)"),
+                  std::string::npos);
+        c.nonfinite = "skip";
+        Trainer s(c);
+        s.run_segment();
+        poison(s);
+        s.run_segment();
+        EXPECT_EQ(s.skipped_updates(), 4);
+        skipped[on] = test::params_of(s);
+      }
+      EXPECT_EQ(stop[0].rfind("update 5, in the segment of steps 16 to 32: the gradient's norm is NaN (", 0), 0u) << stop[0];
+      EXPECT_EQ(stop[1].rfind("update 5, in the segment of steps 16 to 32: the gradient's norm is NaN, found after the iteration "
+                              "(--device-loop on reads the update's norms once an iteration), so this update and the "
+                              "iteration's later ones were taken.", 0),
+                0u)
+          << stop[1];
+      ASSERT_EQ(skipped[1].size(), skipped[0].size());
+      EXPECT_TRUE(std::any_of(skipped[0].begin(), skipped[0].end(), [](float x) { return std::isnan(x); }));
+      for (size_t i = 0; i < skipped[0].size(); ++i)  // (the value head's NaNs in both)
+        ASSERT_TRUE(skipped[1][i] == skipped[0][i] || (std::isnan(skipped[1][i]) && std::isnan(skipped[0][i]))) << i;
+    }
 }
 
 // The same with an LSTM and a critic of its own (a state of 4 B rows, each

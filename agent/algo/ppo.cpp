@@ -80,7 +80,8 @@ class Ppo : public Algorithm {
   // window (the minibatch's streams [Bm] and the window's first step), the
   // advantages' normalisation and the clip range [5], the minibatch's
   // advantages gathered in order [T Bm], the rows' loss parts
-  // [rows, 4 + A], each step's figures [T, 3], the iteration's [3], and the
+  // [rows, 4 + A], each step's figures [T, 3], the iteration's figures and
+  // its updates' squared gradient norms [3 + epochs minibatches], and the
   // state a minibatch's window starts from [R Bm, H].
   struct OnDevice {
     OnDevice(Context& c, const RolloutBuffer& buf, int64_t Bm, int64_t A, int64_t rows)
@@ -91,13 +92,13 @@ class Ppo : public Algorithm {
           advantages(c.tape->persistent({buf.T * Bm})),
           parts(c.tape->persistent({rows * (4 + A)}, DType::F64)),
           step_stats(c.tape->persistent({buf.T, 3}, DType::F64)),
-          totals(c.tape->persistent({3}, DType::F64)),
+          totals(c.tape->persistent({3 + c.config.epochs * c.config.minibatches}, DType::F64)),
           state(c.tape->persistent({buf.R * Bm, buf.H})) {}
     device::DeviceEnv env;
     device::DeviceRollout rollout;
     device::UpdateWindow window;
     Tensor norm, advantages, parts, step_stats, totals, state;
-    std::vector<double> stats;
+    std::vector<double> stats, totals_host;
   };
   std::unique_ptr<OnDevice> dev_;
   bool on_device_ = false;  // this iteration's update runs on the device (its rollout did)
@@ -138,9 +139,13 @@ UpdateResult Ppo::update(int64_t remaining) {
   // Likewise the clip range (host_terms reads it): SB3's lin_0.2 is clip_range x left.
   clip_ = c_.config.clip_schedule == "linear" ? c_.config.clip_range * left : c_.config.clip_range;
   on_device_ = dev_ && n == buf_.T;
+  // The device update keeps the gradient's norms on the device and reads them after the iteration (Context::norm_on_device).
+  c_.norm_on_device = on_device_ && c_.config.nonfinite != "skip" && !c_.avg;
+  const int64_t updates0 = c_.optim->step_count() + c_.skipped;
   if (on_device_) {
     device_rollout(n, r);  // (GAE too)
-    dev_->totals.from_host(std::span<const double>(std::array<double, 3>{}));
+    dev_->totals_host.assign(size_t(dev_->totals.numel()), 0.0);
+    dev_->totals.from_host(std::span<const double>(dev_->totals_host));
   } else {
     rollout(n, r);
     buf_.compute_advantages(n, c_.config.gamma, c_.config.gae_lambda);
@@ -159,12 +164,17 @@ UpdateResult Ppo::update(int64_t remaining) {
           r.loss_sum += step_stats_[size_t(t) * 3], kl += step_stats_[size_t(t) * 3 + 1], clipped += step_stats_[size_t(t) * 3 + 2];
       ++r.loss_steps;
       c_.update(true);
+      if (c_.norm_on_device) device::keep_square(c_.clip_sq, dev_->totals, 3 + e * c_.config.minibatches + m);
     }
   }
-  if (on_device_) {  // the iteration's figures: one read (their sums in the host update's order)
-    std::array<double, 3> totals{};
+  if (on_device_) {  // the iteration's figures and norms: one read (the figures' sums in the host update's order)
+    std::vector<double>& totals = dev_->totals_host;
     dev_->totals.to_host(std::span<double>(totals));
     r.loss_sum = totals[0], kl = totals[1], clipped = totals[2];
+    if (c_.norm_on_device)
+      for (size_t u = 3; u < totals.size(); ++u)
+        if (!std::isfinite(totals[u])) [[unlikely]]
+          c_.refuse_non_finite_after(updates0 + int64_t(u) - 2, totals[u]);
   }
   metrics_[0].value = kl / double(r.loss_steps);
   metrics_[1].value = clipped / double(r.loss_steps);

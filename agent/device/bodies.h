@@ -273,6 +273,14 @@ struct PpoTotals {
   }
 };
 
+// An update's squared gradient norm (sq, float64 [1]) kept at into[at].
+struct KeepSquare {
+  const double* sq;
+  double* into;
+  int64_t at;
+  SEGTAPE_AGENT_HD void operator()(int64_t) const { into[at] = *sq; }
+};
+
 // nvcc's launch of n elements of a body on a stream (functions.cu).
 template <class Body>
 void launch(const Body& body, int64_t n, void* stream);

@@ -67,7 +67,8 @@ template <> Gae body_from(const CallArgs& a) {
 // {gathered} -> {norm}, ints {n, Bm}, reals {clip range}; terms {lp, v,
 // mb, row, norm, adv, actions, logp, returns, values} -> {weights, target, parts},
 // ints {off, B, Bm, A, rows}, reals the constants; step sums {parts, row}
-// -> {stats}, ints {off, Bm, A, len}; totals {stats} -> {totals}, ints {n}.
+// -> {stats}, ints {off, Bm, A, len}; totals {stats} -> {totals}, ints {n};
+// an update's norm {sq} -> {into}, ints {at}.
 template <> GatherRows<int64_t> body_from(const CallArgs& a) {
   return {a.at<const int64_t>(0), a.at<const int64_t>(1), a.at<const int64_t>(2), a.at<int64_t>(3), a.i[0], a.i[1], a.i[2]};
 }
@@ -89,13 +90,16 @@ template <> PpoTerms body_from(const CallArgs& a) {
 }
 template <> PpoStepSums body_from(const CallArgs& a) { return {a.at<const double>(0), a.at<const int64_t>(1), a.at<double>(2), a.i[0], a.i[1], a.i[2]}; }
 template <> PpoTotals body_from(const CallArgs& a) { return {a.at<const double>(0), a.at<double>(1), a.i[0]}; }
+template <> KeepSquare body_from(const CallArgs& a) { return {a.at<const double>(0), a.at<double>(1), a.i[0]}; }
 
 // How many elements a call runs: one per stream, the state's elements
 // (Reset), or one (Advance).
 template <class Body> int64_t extent(const CallArgs& a) {
   if constexpr (std::is_same_v<Body, Reset>) return a.numel[1];
   else if constexpr (std::is_same_v<Body, StoreState>) return a.numel[0];
-  else if constexpr (std::is_same_v<Body, Advance> || std::is_same_v<Body, AdvantageStats> || std::is_same_v<Body, PpoTotals>) return 1;
+  else if constexpr (std::is_same_v<Body, Advance> || std::is_same_v<Body, AdvantageStats> || std::is_same_v<Body, PpoTotals> ||
+                     std::is_same_v<Body, KeepSquare>)
+    return 1;
   else if constexpr (std::is_same_v<Body, GatherAdvantages>) return a.numel[2];
   else if constexpr (std::is_same_v<Body, GatherRows<int64_t>> || std::is_same_v<Body, GatherRows<float>> ||
                      std::is_same_v<Body, ResetFactors> || std::is_same_v<Body, GatherState>)
@@ -140,6 +144,7 @@ const DeviceFunction kAdvantageStats = SEGTAPE_FUNCTION("device PPO: the advanta
 const DeviceFunction kPpoTerms = SEGTAPE_FUNCTION("device PPO: the loss's terms", PpoTerms);
 const DeviceFunction kPpoStepSums = SEGTAPE_FUNCTION("device PPO: each step's figures", PpoStepSums);
 const DeviceFunction kPpoTotals = SEGTAPE_FUNCTION("device PPO: the iteration's figures", PpoTotals);
+const DeviceFunction kKeepSquare = SEGTAPE_FUNCTION("device PPO: an update's gradient norm", KeepSquare);
 #undef SEGTAPE_FUNCTION
 
 }  // namespace
@@ -360,8 +365,15 @@ void ppo_terms(const DeviceRollout& r, const UpdateWindow& w, const Tensor& norm
 }
 
 void ppo_totals(const Tensor& stats, int64_t n, const Tensor& totals) {
-  need(n >= 0 && 3 * n <= stats.numel() && totals.numel() == 3, "device PPO: totals", std::to_string(n) + " steps of " + stats.describe());
+  need(n >= 0 && 3 * n <= stats.numel() && totals.numel() >= 3, "device PPO: totals", std::to_string(n) + " steps of " + stats.describe() +
+       " into " + totals.describe());
   device_call(kPpoTotals, {stats}, {totals}, {n});
+}
+
+void keep_square(const Tensor& sq, const Tensor& into, int64_t at) {
+  need(sq.numel() == 1 && at >= 0 && at < into.numel(), "device PPO: an update's gradient norm",
+       sq.describe() + " at " + std::to_string(at) + " of " + into.describe());
+  device_call(kKeepSquare, {sq}, {into}, {at});
 }
 
 }  // namespace segtape::agent::device

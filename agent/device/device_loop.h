@@ -173,7 +173,10 @@ void advantage_stats(const Tensor& advantages, const Tensor& mb, int64_t n, doub
 // len Bm (4 + A)): rules::ppo_row and ppo_add_row, as PPO's host update.
 void ppo_terms(const DeviceRollout& r, const UpdateWindow& w, const Tensor& norm, int64_t t0, const Tensor& lp, const Tensor& v,
                const rules::PpoConstants& k, const Tensor& weights, const Tensor& target, const Tensor& parts, const Tensor& stats);
-// Steps [0, n)'s figures added to totals (float64 [3]), step by step.
+// Steps [0, n)'s figures added to totals' first three (float64), step by step.
 void ppo_totals(const Tensor& stats, int64_t n, const Tensor& totals);
+// An update's squared gradient norm (sq, float64 [1]: Context::clip_sq)
+// copied to into[at] (float64), where the iteration's are read at once.
+void keep_square(const Tensor& sq, const Tensor& into, int64_t at);
 
 }  // namespace segtape::agent::device

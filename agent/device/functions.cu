@@ -43,5 +43,6 @@ template void launch(const GatherAdvantages&, int64_t, void*);
 template void launch(const PpoTerms&, int64_t, void*);
 template void launch(const PpoStepSums&, int64_t, void*);
 template void launch(const PpoTotals&, int64_t, void*);
+template void launch(const KeepSquare&, int64_t, void*);
 
 }  // namespace segtape::agent::device

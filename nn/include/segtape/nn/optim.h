@@ -137,5 +137,8 @@ std::string first_non_finite_grad(const Module& m);
 // calls every time, so it can run inside a CUDA-graph segment.
 void clip_grad_norm(std::span<const Tensor> params, double max_norm, const Tensor& total_sq);
 void clip_grad_norm(const Module& m, double max_norm, const Tensor& total_sq);
+// grad_norm's form with no value returning to the host: the norm's square
+// into `total_sq` (the first half of the clip above, without the scaling).
+void grad_squares(const Module& m, const Tensor& total_sq);
 
 }  // namespace segtape::nn
