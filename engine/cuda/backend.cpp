@@ -248,8 +248,11 @@ void CudaBackend::copy(void* dst, const void* src, size_t bytes, Copy kind) {
         return;
       }
       // A graph segment copies from pinned staging at a fixed place; the host
-      // refills it (the previous graph has finished: segment_begin waited).
+      // refills it once no launched graph can still read it (while a segment
+      // replays, its calls issue nothing: the stream may be waited for here;
+      // a capture's wait came before it began, segment_begin).
       const size_t at = schedule_.stage(bytes);
+      wait_for_staging();
       std::memcpy(staging_base_ + at, src, bytes);
       if (issue(detail::call::host_to_device(dst, at, bytes), "tape.from() (host to device copy)"))
         SEGTAPE_CHECK(cudaMemcpyAsync(dst, staging_base_ + at, bytes, cudaMemcpyHostToDevice, stream_));
@@ -260,6 +263,7 @@ void CudaBackend::copy(void* dst, const void* src, size_t bytes, Copy kind) {
       raise_pending();  // a graph segment that did not run: its values are undefined, say so
       SEGTAPE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
       SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
+      staging_busy_ = false;
       raise_device_errors();
       return;
     case Copy::DeviceToDevice:
@@ -304,6 +308,7 @@ std::pair<int64_t, double> CudaBackend::first_nonfinite(const Tensor& t) {
 void CudaBackend::synchronize() {
   schedule_.check_synchronize();
   SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
+  staging_busy_ = false;
   raise_device_errors();
   raise_pending();
 }
@@ -426,15 +431,24 @@ void CudaBackend::raise_pending() {
 
 bool CudaBackend::issue(uint64_t sig, const char* what) { return schedule_.issue(sig, what); }
 
+void CudaBackend::wait_for_staging() {
+  if (!staging_busy_) return;
+  SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
+  staging_busy_ = false;
+}
+
 void CudaBackend::segment_begin(uint32_t index, bool graph, unsigned slot) {
   raise_pending();
   segment_ = index;
   if (!options_.graph_replay) return;
-  // The previous graph must have finished reading the staging before the
-  // host refills it; this is also where device-found errors surface.
-  SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
+  // No wait here, so that the host records the next segments while the
+  // device runs the last one's graph: the host waits only before it writes
+  // the staging that graph may read (wait_for_staging). Errors the kernels
+  // have flagged by now surface here (the flag is mapped host memory);
+  // later ones at the next read or wait.
   raise_device_errors();
   if (schedule_.begin(index, graph, slot) != detail::GraphSchedule::Mode::Capturing) return;
+  wait_for_staging();  // (a capturing stream cannot be waited for: before the capture begins)
   const cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
   if (e != cudaSuccess) {
     schedule_.cancel_capture();
@@ -465,9 +479,13 @@ void CudaBackend::segment_end(bool abandoned) noexcept {
         exec_[schedule_.graph_index()] = exec;
         schedule_.captured();
         SEGTAPE_CHECK(cudaGraphLaunch(exec, stream_));  // the captured segment's own work runs now
+        staging_busy_ = true;
         return;
       }
-      case End::Launch: SEGTAPE_CHECK(cudaGraphLaunch(exec_[schedule_.graph_index()], stream_)); return;
+      case End::Launch:
+        SEGTAPE_CHECK(cudaGraphLaunch(exec_[schedule_.graph_index()], stream_));
+        staging_busy_ = true;
+        return;
     }
   } catch (const std::exception& e) {
     pending_ = e.what();

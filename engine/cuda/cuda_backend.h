@@ -134,6 +134,11 @@ class CudaBackend final : public detail::Backend {
   std::byte* temp_base_ = nullptr;
   size_t temp_cap_ = 0, temp_used_ = 0;
   std::byte* staging_base_ = nullptr;
+  // A graph launched since the stream was last waited for may still read
+  // the staging: the host waits before it writes the staging again
+  // (wait_for_staging), not at every segment's start.
+  bool staging_busy_ = false;
+  void wait_for_staging();
   std::vector<std::unique_ptr<GruPlan>> gru_plans_;
   struct FusedPlan {
     int64_t B, H;
