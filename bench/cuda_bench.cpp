@@ -88,7 +88,7 @@ size_t free_device_bytes() {
 using Clock = std::chrono::steady_clock;
 bool g_cpu = false;  // --device cpu
 
-enum class Mode { Eager, Graph, Sequence, SequenceGraph, SequenceGraphTf32, SequenceFp32, GraphBf16 };
+enum class Mode { Eager, Graph, Sequence, SequenceGraph, SequenceGraphTf32, SequenceFp32, GraphBf16, SequenceGraphBf16 };
 
 void row(const char* engine, const char* mode, int64_t B, int64_t H, double us, double peak, double reserved, double footprint,
          double loss) {
@@ -175,18 +175,22 @@ struct Model {
 // kernels compute in float32 either way), beside LibTorch's cudnn-gru.
 // graph-bf16 (run only where --modes names it: its loss is not float32's):
 // graph with TapeOptions::precision bf16, every product on cuBLAS's bfloat16
-// GEMM (docs/precision.md); a sequence under bf16 is the same cells.
+// GEMM (docs/precision.md). sequence-graph-bf16 (likewise only where named):
+// sequence-graph under bf16, the fused kernels with bfloat16 products where
+// their plan fits, else the same cells as graph-bf16 (never cuDNN's GRU).
 const std::vector<std::pair<Mode, const char*>> kModes = {{Mode::Eager, "eager"},
                                                           {Mode::Graph, "graph"},
                                                           {Mode::Sequence, "sequence"},
                                                           {Mode::SequenceGraph, "sequence-graph"},
                                                           {Mode::SequenceGraphTf32, "sequence-graph-tf32"},
-                                                          {Mode::GraphBf16, "graph-bf16"}};
+                                                          {Mode::GraphBf16, "graph-bf16"},
+                                                          {Mode::SequenceGraphBf16, "sequence-graph-bf16"}};
 
 // The sequence modes name the GRU they ran: the fused kernels where their
 // plan fits this GPU (engine/cuda/fused_gru.h) and --fused-gru is not off, else cuDNN's.
 std::string mode_name(Mode mode, const char* name, int64_t B, int64_t H) {
-  if (g_cpu || (mode != Mode::Sequence && mode != Mode::SequenceGraph && mode != Mode::SequenceGraphTf32)) return name;
+  if (g_cpu || (mode != Mode::Sequence && mode != Mode::SequenceGraph && mode != Mode::SequenceGraphTf32 && mode != Mode::SequenceGraphBf16))
+    return name;
   const cuda::fused::Plan p = cuda::fused::device_plan(B, H, sizeof(float));
   const bool fused = kernels::options().fused_gru && p.use && (!p.grid || kernels::options().fused_gru_grid);
   if (fused && p.grid)  // (stderr: the plan, beside the CSV)
@@ -196,8 +200,9 @@ std::string mode_name(Mode mode, const char* name, int64_t B, int64_t H) {
     std::fprintf(stderr, "B=%lld H=%lld %s: fused plan %d clusters of %d blocks, %lld rows each, %d lanes per output; %d clusters resident at once\n",
                  (long long)B, (long long)H, name, p.G, p.C, (long long)p.Bg, p.S, p.resident);
   else
-    std::fprintf(stderr, "B=%lld H=%lld %s: cuDNN (%s)\n", (long long)B, (long long)H, name, p.why_not.c_str());
-  return std::string(name) + (fused ? (p.grid ? " (fused grid)" : " (fused)") : " (cuDNN)");
+    std::fprintf(stderr, "B=%lld H=%lld %s: %s (%s)\n", (long long)B, (long long)H, name,
+                 mode == Mode::SequenceGraphBf16 ? "cells" : "cuDNN", p.why_not.c_str());
+  return std::string(name) + (fused ? (p.grid ? " (fused grid)" : " (fused)") : mode == Mode::SequenceGraphBf16 ? " (cells)" : " (cuDNN)");
 }
 
 void run(int64_t B, int64_t H, int segments, Mode mode, const char* mode_label) {
@@ -205,14 +210,14 @@ void run(int64_t B, int64_t H, int segments, Mode mode, const char* mode_label) 
   const char* name = label.c_str();
   const Data data(B);
   const size_t free_before = free_device_bytes();
-  const bool graph = mode == Mode::Graph || mode == Mode::SequenceGraph || mode == Mode::SequenceGraphTf32 || mode == Mode::GraphBf16;
-  const bool sequence = mode == Mode::Sequence || mode == Mode::SequenceGraph || mode == Mode::SequenceGraphTf32;
+  const bool bf16 = mode == Mode::GraphBf16 || mode == Mode::SequenceGraphBf16;
+  const bool graph = mode == Mode::Graph || mode == Mode::SequenceGraph || mode == Mode::SequenceGraphTf32 || bf16;
+  const bool sequence = mode == Mode::Sequence || mode == Mode::SequenceGraph || mode == Mode::SequenceGraphTf32 || mode == Mode::SequenceGraphBf16;
   // The segment's arena: 512 MiB, or for one gru_sequence 24 times its K B H
   // outputs' bytes (at B 512, H 1024 its forward alone, cuDNN's reserve space
   // and workspace, asked for 679 MiB, 10.6 times: 512 MiB was too little).
   const size_t outputs = size_t(kK * B * H) * sizeof(float);
-  Model m(H, data, graph, std::max(size_t(512) << 20, sequence ? 24 * outputs : 0), mode == Mode::SequenceGraphTf32,
-          mode == Mode::GraphBf16);
+  Model m(H, data, graph, std::max(size_t(512) << 20, sequence ? 24 * outputs : 0), mode == Mode::SequenceGraphTf32, bf16);
   const auto one = [&] { sequence ? m.sequence_segment() : m.segment(); };
   for (int s = 0; s < 4; ++s) one();  // warm-up (and, with graphs, the two captures)
   m.tape.synchronize();
@@ -382,7 +387,7 @@ int main(int argc, char** argv) {
   int failures = 0;
   for (const auto& [B, H] : sizes)
     for (const auto& [mode, name] : kModes) {
-      if (only.empty() ? mode == Mode::GraphBf16 : only.find("," + std::string(name) + ",") == std::string::npos) continue;
+      if (only.empty() ? mode == Mode::GraphBf16 || mode == Mode::SequenceGraphBf16 : only.find("," + std::string(name) + ",") == std::string::npos) continue;
       try {
         run(B, H, segments, mode, name);
       } catch (const std::exception& e) {

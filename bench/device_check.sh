@@ -21,8 +21,10 @@
 #      fused kernels where they fit: a cluster, or the grid plan at (32, 512)
 #      and (64, 1024)); the sequence modes again at (1, 128), (32, 128),
 #      (32, 512) and (64, 1024) with --fused-gru off (cuDNN's GRU), one run;
-#      graph, graph-bf16 (bfloat16 products) and sequence-graph-tf32 at
-#      (64, 1024) and (512, 1024), one run (issue 51's bf16 against TF32)
+#      graph, graph-bf16 (bfloat16 products), sequence-graph-tf32 and
+#      sequence-graph-bf16 (the fused kernels with bfloat16 products where
+#      they fit) at (32, 128), (64, 1024) and (512, 1024), one run (issue
+#      51's bf16 against TF32)
 #   4. when python3's torch has CUDA: bench/torch_cuda (a project of its own,
 #      -DCMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path) builds
 #      cuda_bench_torch, the same workload in LibTorch: eager, CUDA-graph
@@ -265,9 +267,10 @@ if ((built)); then
   step bench-segtape-cudnn 90 "$(prog bench/cuda_bench)" --fused-gru off --segments 50 --sizes 1x128,32x128,32x512,64x1024 \
     --modes sequence,sequence-graph,sequence-graph-tf32 || status=1
   grep -E '^segtape,' "$OUT/bench-segtape-cudnn.log" >"$OUT/bench-segtape-cudnn.csv" || true
-  # issue 51's bf16 against TF32 (docs/precision.md): the cells as graphs in float32 and with bfloat16 products, the sequence with TF32
-  step bench-segtape-bf16 90 "$(prog bench/cuda_bench)" --segments 50 --sizes 64x1024,512x1024 \
-    --modes graph,graph-bf16,sequence-graph-tf32 || status=1
+  # issue 51's bf16 against TF32 (docs/precision.md): the cells as graphs in float32 and with bfloat16 products, the sequence
+  # with TF32 and with bfloat16 products (the fused kernels where they fit, the grid plan on; else cells)
+  step bench-segtape-bf16 120 "$(prog bench/cuda_bench)" --segments 50 --fused-gru-grid on --sizes 32x128,64x1024,512x1024 \
+    --modes graph,graph-bf16,sequence-graph-tf32,sequence-graph-bf16 || status=1
   grep -E '^segtape,' "$OUT/bench-segtape-bf16.log" >"$OUT/bench-segtape-bf16.csv" || true
 fi
 

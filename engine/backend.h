@@ -34,8 +34,9 @@ class Backend {
   // allocation made with the tape, and the host does not touch it directly.
   // False on the CPU: host memory, pools grow in chunks.
   virtual bool device_memory() const { return true; }
-  // Whether forward computes OpKind::GruSequence as one node (cuDNN); where
-  // not, gru_sequence() composes gru_cell steps.
+  // Whether forward computes OpKind::GruSequence as one node (CUDA: cuDNN or
+  // the fused kernels; with keep or Precision::Bf16 only where
+  // gru_sequence_keeps); where not, gru_sequence() composes gru_cell steps.
   virtual bool has_gru_sequence() const { return false; }
   // Whether the gru_sequence node takes per-stream resets (`keep`) for a
   // [B, H] state of dtype d; where not, the op composes gru_cell steps.

@@ -701,9 +701,12 @@ TEST(CudaErrors, WithoutAGpuTheTapeSaysWhy) {
 // the bit). A matmul's value and gradients, in every transposition and as a
 // one-row product, are bfloat16 values within a bfloat16 rounding of the
 // CPU's bf16 tape (the same rounded operands; the GEMM adds its exact
-// products in another order). gru_sequence composes cells under bf16 (no
-// float32 cuDNN GRU, no fused kernels), and a GRU over 12 steps, its output
-// and weight gradients, stays within 1 % of the CPU's bf16 run.
+// products in another order). gru_sequence under bf16 runs the fused
+// kernels with bfloat16 products where their plan fits (an sm_90 GPU),
+// else composes cells (never cuDNN's GRU, whose bfloat16 RNN keeps its
+// state in bfloat16); a GRU over 12 steps, its output and weight
+// gradients, stays within 1 % of the CPU's bf16 run either way (the fused
+// kernels and, with kernels::Options::fused_gru off, the cells).
 TEST(CudaBf16, ProductsAreTheCpusBf16Products) {
   REQUIRE_GPU();
   TapeOptions o = cuda_options();
@@ -760,32 +763,38 @@ TEST(CudaBf16, ProductsAreTheCpusBf16Products) {
   }
   constexpr int64_t T = 12, B = 16, I = 24, H = 64;
   const std::vector<double> x = values(T * B * I), h0 = values(B * H), w_ih = values(3 * H * I), w_hh = values(3 * H * H);
-  std::vector<double> run[2];
-  for (const bool gpu : {false, true}) {
-    Tape tape(gpu ? Device::cuda() : Device::cpu(), gpu ? o : host);
-    EXPECT_FALSE(gru_sequence_fused(tape, B, H, DType::F32));
-    Tensor wi = tape.parameter({3 * H, I}), wh = tape.parameter({3 * H, H}), bi = tape.parameter({3 * H}), bh = tape.parameter({3 * H});
-    set(wi, w_ih), set(wh, w_hh);
-    {
-      Segment seg = tape.segment();
-      Tensor xs = tape.zeros({T, B, I}), h = tape.zeros({B, H});
-      set(xs, x), set(h, h0);
-      Tensor y = gru_sequence(xs, h, wi, wh, bi, bh);
-      run[gpu] = get(y);
-      seg.backward(mean(mul(y, y)));
+  for (const bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "the fused kernels where they fit" : "fused_gru off: composed cells");
+    kernels::Options ko = kernels::options();
+    ko.fused_gru = fused;
+    const kernels::Scope scope(ko);
+    std::vector<double> run[2];
+    for (const bool gpu : {false, true}) {
+      Tape tape(gpu ? Device::cuda() : Device::cpu(), gpu ? o : host);
+      EXPECT_EQ(gru_sequence_fused(tape, B, H, DType::F32), gpu && fused && !kEmulated && cuda::fused::device_plan(B, H, 4).use);
+      Tensor wi = tape.parameter({3 * H, I}), wh = tape.parameter({3 * H, H}), bi = tape.parameter({3 * H}), bh = tape.parameter({3 * H});
+      set(wi, w_ih), set(wh, w_hh);
+      {
+        Segment seg = tape.segment();
+        Tensor xs = tape.zeros({T, B, I}), h = tape.zeros({B, H});
+        set(xs, x), set(h, h0);
+        Tensor y = gru_sequence(xs, h, wi, wh, bi, bh);
+        run[gpu] = get(y);
+        seg.backward(mean(mul(y, y)));
+      }
+      for (const Tensor* w : {&wi, &wh}) {
+        const std::vector<double> gw = get(w->grad_tensor());
+        run[gpu].insert(run[gpu].end(), gw.begin(), gw.end());
+      }
     }
-    for (const Tensor* w : {&wi, &wh}) {
-      const std::vector<double> gw = get(w->grad_tensor());
-      run[gpu].insert(run[gpu].end(), gw.begin(), gw.end());
+    double scale = 0, worst = 0;
+    for (size_t i = 0; i < run[0].size(); ++i)
+      scale = std::max(scale, std::abs(run[0][i])), worst = std::max(worst, std::abs(run[1][i] - run[0][i]));
+    if (kEmulated) {
+      EXPECT_EQ(run[1], run[0]);
     }
+    EXPECT_LT(worst, 0.01 * scale) << "the GPU's bf16 GRU against the CPU's, the largest value " << scale;
   }
-  double scale = 0, worst = 0;
-  for (size_t i = 0; i < run[0].size(); ++i)
-    scale = std::max(scale, std::abs(run[0][i])), worst = std::max(worst, std::abs(run[1][i] - run[0][i]));
-  if (kEmulated) {
-    EXPECT_EQ(run[1], run[0]);
-  }
-  EXPECT_LT(worst, 0.01 * scale) << "the GPU's bf16 GRU against the CPU's, the largest value " << scale;
 }
 
 TEST(CudaErrors, HostAccessToDeviceMemorySaysUseToHost) {

@@ -29,9 +29,10 @@ namespace {
 const fz::Limits kH200{232448, 8, true, 132};
 
 // Lane 0's value after the kernels' butterfly (lane l adds lane l ^ o's value).
-double butterfly(std::vector<double> v, int S) {
+template <class T>
+T butterfly(std::vector<T> v, int S) {
   for (int o = S / 2; o > 0; o >>= 1) {
-    std::vector<double> w = v;
+    std::vector<T> w = v;
     for (int l = 0; l < S; ++l) w[size_t(l)] = v[size_t(l)] + v[size_t(l ^ o)];
     v = w;
   }
@@ -61,93 +62,124 @@ struct Result {
   std::vector<double> y, dx, dh0, dw_ih, dw_hh, db_ih, db_hh;
 };
 
-// The CPU's gru_sequence, float64: y, and the gradients of sum(y * gout).
-Result cpu_reference(const Problem& p) {
-  Tape tape;
+template <class T>
+std::vector<T> as(const std::vector<double>& v) {
+  return std::vector<T>(v.begin(), v.end());
+}
+
+// The CPU's gru_sequence, float64 (or float32 at a precision): y, and the
+// gradients of sum(y * gout).
+template <class T = double>
+Result cpu_reference(const Problem& p, Precision precision = Precision::F32) {
+  constexpr DType kD = std::is_same_v<T, double> ? DType::F64 : DType::F32;
+  Tape tape(Device::cpu(), TapeOptions{.precision = precision});
   auto param = [&](const Shape& s, const std::vector<double>& v) {
-    Tensor t = tape.parameter(s, DType::F64);
-    t.from_host(std::span<const double>(v));
+    Tensor t = tape.parameter(s, kD);
+    t.from_host(std::span<const T>(as<T>(v)));
     return t;
   };
   Tensor x = param({p.T, p.B, p.I}, p.x), h0 = param({p.B, p.H}, p.h0), wi = param({3 * p.H, p.I}, p.w_ih),
          wh = param({3 * p.H, p.H}, p.w_hh), bi = param({3 * p.H}, p.b_ih), bh = param({3 * p.H}, p.b_hh);
-  Tensor go = tape.persistent({p.T, p.B, p.H}, DType::F64);
-  go.from_host(std::span<const double>(p.gout));
+  Tensor go = tape.persistent({p.T, p.B, p.H}, kD);
+  go.from_host(std::span<const T>(as<T>(p.gout)));
   Tensor keep;
   if (!p.keep.empty()) {
-    keep = tape.persistent({p.T, p.B}, DType::F64);
-    keep.from_host(std::span<const double>(p.keep));
+    keep = tape.persistent({p.T, p.B}, kD);
+    keep.from_host(std::span<const T>(as<T>(p.keep)));
   }
   Segment seg = tape.segment();
   Tensor y = gru_sequence(x, h0, wi, wh, bi, bh, keep);
+  const auto host = [](const Tensor& t) {
+    const std::vector<T> v = t.to_host<T>();
+    return std::vector<double>(v.begin(), v.end());
+  };
   Result r;
-  r.y = y.to_host<double>();
+  r.y = host(y);
   seg.backward(sum(mul(y, go)));
-  r.dx = x.grad_tensor().to_host<double>(), r.dh0 = h0.grad_tensor().to_host<double>();
-  r.dw_ih = wi.grad_tensor().to_host<double>(), r.dw_hh = wh.grad_tensor().to_host<double>();
-  r.db_ih = bi.grad_tensor().to_host<double>(), r.db_hh = bh.grad_tensor().to_host<double>();
+  r.dx = host(x.grad_tensor()), r.dh0 = host(h0.grad_tensor());
+  r.dw_ih = host(wi.grad_tensor()), r.dw_hh = host(wh.grad_tensor());
+  r.db_ih = host(bi.grad_tensor()), r.db_hh = host(bh.grad_tensor());
   return r;
 }
 
-void run_clusters(const fz::Args<double>& all, const fz::Plan& plan);
-void run_grid(const fz::Args<double>& all, const fz::Plan& plan);
+template <class T>
+void run_clusters(const fz::Args<T>& all, const fz::Plan& plan);
+template <class T>
+void run_grid(const fz::Args<T>& all, const fz::Plan& plan);
 
 // The fused path as the CUDA backend runs it (gru_sequence.cpp), with the
-// kernels simulated block by block and the GEMMs around them written out.
-Result simulate(const Problem& p, const fz::Plan& plan) {
-  const int64_t T = p.T, B = p.B, I = p.I, H = p.H, R = 3 * H;
+// kernels simulated block by block and the GEMMs around them written out;
+// in float64, or in float32 with bfloat16 products (Args::bf16: the GEMMs'
+// operands and results rounded as gemm_bf16's).
+template <class T = double>
+Result simulate(const Problem& p, const fz::Plan& plan, bool bf16 = false) {
+  const int64_t T_ = p.T, B = p.B, I = p.I, H = p.H, R = 3 * H;
+  const auto rd = [&](T v) { return bf16 ? T(fz::bf16_value(v)) : v; };
+  const std::vector<T> x = as<T>(p.x), h0 = as<T>(p.h0), w_ih = as<T>(p.w_ih), w_hh = as<T>(p.w_hh), b_ih = as<T>(p.b_ih),
+                       b_hh = as<T>(p.b_hh), gout = as<T>(p.gout), keep = as<T>(p.keep);
   EXPECT_EQ(plan.G * plan.Bg, B) << "the clusters' rows are the batch";
-  std::vector<double> gi(size_t(T * B * R), 0), y(size_t(T * B * H)), saved(size_t(T * B * 4 * H));
-  for (int64_t row = 0; row < T * B; ++row)  // gi = x W_ih^T over all steps (one GEMM)
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t i = 0; i < I; ++i) gi[size_t(row * R + r)] += p.x[size_t(row * I + i)] * p.w_ih[size_t(r * I + i)];
-  std::vector<double> dgi(size_t(T * B * R), NAN), dgh(size_t(T * B * R), NAN), dh0(size_t(B * H), NAN), hk(size_t(T * B * H), NAN);
+  std::vector<T> gi(size_t(T_ * B * R), 0), y(size_t(T_ * B * H)), saved(size_t(T_ * B * 4 * H));
+  for (int64_t row = 0; row < T_ * B; ++row)  // gi = x W_ih^T over all steps (one GEMM)
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t i = 0; i < I; ++i) gi[size_t(row * R + r)] += rd(x[size_t(row * I + i)]) * rd(w_ih[size_t(r * I + i)]);
+      gi[size_t(row * R + r)] = rd(gi[size_t(row * R + r)]);
+    }
+  std::vector<T> dgi(size_t(T_ * B * R), NAN), dgh(size_t(T_ * B * R), NAN), dh0(size_t(B * H), NAN), hk(size_t(T_ * B * H), NAN);
   std::fill(y.begin(), y.end(), NAN);
-  fz::Args<double> all{};  // the whole batch's, as gru_sequence.cpp passes them
-  all.steps = T, all.B = plan.Bg, all.ld = B, all.H = H, all.Hs = plan.Hs, all.S = plan.S;
-  all.gi = gi.data(), all.w_hh = p.w_hh.data(), all.b_ih = p.b_ih.data(), all.b_hh = p.b_hh.data(), all.h0 = p.h0.data();
+  fz::Args<T> all{};  // the whole batch's, as gru_sequence.cpp passes them
+  all.steps = T_, all.B = plan.Bg, all.ld = B, all.H = H, all.Hs = plan.Hs, all.S = plan.S, all.bf16 = bf16;
+  all.gi = gi.data(), all.w_hh = w_hh.data(), all.b_ih = b_ih.data(), all.b_hh = b_hh.data(), all.h0 = h0.data();
   all.y = y.data(), all.saved = saved.data();
-  all.keep = p.keep.empty() ? nullptr : p.keep.data();
-  all.gout = p.gout.data(), all.dgi = dgi.data(), all.dgh = dgh.data(), all.dh0 = dh0.data();
+  all.keep = keep.empty() ? nullptr : keep.data();
+  all.gout = gout.data(), all.dgi = dgi.data(), all.dgh = dgh.data(), all.dh0 = dh0.data();
   all.hk = all.keep ? hk.data() : nullptr;
   if (plan.grid) {
     run_grid(all, plan);
   } else {
     run_clusters(all, plan);
   }
-  const fz::Args<double>& a = all;
+  const fz::Args<T>& a = all;
 
   // the GEMMs and column sums after the backward launch
-  Result r;
-  r.y = y, r.dh0 = dh0;
-  r.dx.assign(size_t(T * B * I), 0), r.dw_ih.assign(size_t(R * I), 0), r.dw_hh.assign(size_t(R * H), 0);
-  r.db_ih.assign(size_t(R), 0), r.db_hh.assign(size_t(R), 0);
-  for (int64_t row = 0; row < T * B; ++row) {  // with keep, dW_hh's rows are the masked states the kernel wrote
-    const double* hp = a.hk ? &hk[size_t(row * H)] : row < B ? &p.h0[size_t(row * H)] : &y[size_t((row - B) * H)];
+  std::vector<T> dx(size_t(T_ * B * I), 0), dw_ih(size_t(R * I), 0), dw_hh(size_t(R * H), 0), db_ih(size_t(R), 0), db_hh(size_t(R), 0);
+  std::vector<T> dw_hh_y(size_t(R * H), 0);  // without keep, dW_hh is two GEMMs (h0's rows, then y's), each rounded
+  for (int64_t row = 0; row < T_ * B; ++row) {  // with keep, dW_hh's rows are the masked states the kernel wrote
+    const T* hp = a.hk ? &hk[size_t(row * H)] : row < B ? &h0[size_t(row * H)] : &y[size_t((row - B) * H)];
     for (int64_t q = 0; q < R; ++q) {
-      const double di = dgi[size_t(row * R + q)], dh = dgh[size_t(row * R + q)];
+      const T di = dgi[size_t(row * R + q)], dh = dgh[size_t(row * R + q)];
       for (int64_t i = 0; i < I; ++i) {
-        r.dx[size_t(row * I + i)] += di * p.w_ih[size_t(q * I + i)];
-        r.dw_ih[size_t(q * I + i)] += di * p.x[size_t(row * I + i)];
+        dx[size_t(row * I + i)] += rd(di) * rd(w_ih[size_t(q * I + i)]);
+        dw_ih[size_t(q * I + i)] += rd(di) * rd(x[size_t(row * I + i)]);
       }
-      for (int64_t k = 0; k < H; ++k) r.dw_hh[size_t(q * H + k)] += dh * hp[k];
-      r.db_ih[size_t(q)] += di, r.db_hh[size_t(q)] += dh;
+      for (int64_t k = 0; k < H; ++k) (a.hk || row < B ? dw_hh : dw_hh_y)[size_t(q * H + k)] += rd(dh) * rd(hp[k]);
+      db_ih[size_t(q)] += di, db_hh[size_t(q)] += dh;
     }
   }
+  const auto out = [&](const std::vector<T>& v, bool product) {
+    std::vector<double> o(v.size());
+    for (size_t i = 0; i < v.size(); ++i) o[i] = double(product ? rd(v[i]) : v[i]);
+    return o;
+  };
+  for (size_t i = 0; i < dw_hh.size(); ++i) dw_hh[i] = rd(dw_hh[i]) + rd(dw_hh_y[i]);
+  Result r;
+  r.y = out(y, false), r.dh0 = out(dh0, false);
+  r.dx = out(dx, true), r.dw_ih = out(dw_ih, true), r.dw_hh = out(dw_hh, false);
+  r.db_ih = out(db_ih, false), r.db_hh = out(db_hh, false);
   return r;
 }
 
 // The cluster plan's launches: its clusters one after the other (they share
 // nothing: any order is theirs), each block's shared memory, the cluster
 // barriers between the phases.
-void run_clusters(const fz::Args<double>& all, const fz::Plan& plan) {
-  const int64_t T = all.steps, H = all.H;
+template <class T>
+void run_clusters(const fz::Args<T>& all, const fz::Plan& plan) {
+  const int64_t steps = all.steps, H = all.H;
   const int C = plan.C, S = plan.S;
   const int64_t outs = plan.Bg * plan.Hs;  // outputs per block
   for (int g = plan.G - 1; g >= 0; --g) {
-    fz::Args<double> a = fz::group_args(all, g);
-    std::vector<std::vector<double>> sm(static_cast<size_t>(C));
-    auto remote = [&](int rank) -> const double* { return sm[size_t(rank)].data(); };
+    fz::Args<T> a = fz::group_args(all, g);
+    std::vector<std::vector<T>> sm(static_cast<size_t>(C));
+    auto remote = [&](int rank) -> const T* { return sm[size_t(rank)].data(); };
     auto who = [&](int c, int64_t o, int lane) { return fz::who(a, c, int(o * S + lane)); };
 
     // forward
@@ -158,13 +190,13 @@ void run_clusters(const fz::Args<double>& all, const fz::Plan& plan) {
     // Block c's work of step t before the step's barrier (publishes into slot `buf`).
     auto fwd_compute = [&](int c, int64_t t, int buf) {
       for (int64_t o = 0; o < outs; ++o) {
-        std::vector<double> part[3];
+        std::vector<T> part[3];
         for (int lane = 0; lane < S; ++lane) {
-          double acc[3];
+          T acc[3];
           fz::fwd_partial(a, sm[size_t(c)].data(), who(c, o, lane), acc);
           for (int k = 0; k < 3; ++k) part[k].push_back(acc[k]);
         }
-        const double gh[3] = {butterfly(part[0], S), butterfly(part[1], S), butterfly(part[2], S)};
+        const T gh[3] = {butterfly(part[0], S), butterfly(part[1], S), butterfly(part[2], S)};
         const fz::Who w = who(c, o, 0);
         fz::fwd_finish(a, sm[size_t(c)].data(), w, t, gh, buf, fz::fwd_inputs(a, w, t), fz::fwd_bias(a, w));
       }
@@ -174,13 +206,13 @@ void run_clusters(const fz::Args<double>& all, const fz::Plan& plan) {
     // gathers and computes step t + 1 (up to its next barrier) before any other
     // block gathers step t; a slot or a barrier too few would show here.
     for (int c = 0; c < C; ++c) fwd_compute(c, 0, 0);
-    for (int64_t t = 0; t < T; ++t) {
+    for (int64_t t = 0; t < steps; ++t) {
       const int buf = int(t % 2);
       fz::fwd_gather(a, sm[0].data(), 0, 1, buf, remote);
-      if (t + 1 < T) fwd_compute(0, t + 1, buf ^ 1);
+      if (t + 1 < steps) fwd_compute(0, t + 1, buf ^ 1);
       for (int c = 1; c < C; ++c) fz::fwd_gather(a, sm[size_t(c)].data(), 0, 1, buf, remote);
       for (int c = 1; c < C; ++c)
-        if (t + 1 < T) fwd_compute(c, t + 1, buf ^ 1);
+        if (t + 1 < steps) fwd_compute(c, t + 1, buf ^ 1);
     }
 
     // backward
@@ -188,10 +220,10 @@ void run_clusters(const fz::Args<double>& all, const fz::Plan& plan) {
       std::fill(sm[size_t(c)].begin(), sm[size_t(c)].end(), NAN);
       fz::bwd_load(a, sm[size_t(c)].data(), c, 0, 1);
     }
-    std::vector<double> carry(size_t(C * outs), 0), direct(size_t(C * outs)), factor(size_t(C * outs));
+    std::vector<T> carry(size_t(C * outs), 0), direct(size_t(C * outs)), factor(size_t(C * outs));
     auto bwd_before = [&](int c, int64_t t, int buf) {  // before step t's barrier
       for (int64_t o = 0; o < outs; ++o) {
-        const fz::BwdIn<double> in = fz::bwd_inputs(a, who(c, o, 0), t);
+        const fz::BwdIn<T> in = fz::bwd_inputs(a, who(c, o, 0), t);
         direct[size_t(c * outs + o)] = fz::bwd_gates(a, sm[size_t(c)].data(), who(c, o, 0), t, carry[size_t(c * outs + o)], buf, in);
         factor[size_t(c * outs + o)] = in.k;
       }
@@ -199,13 +231,13 @@ void run_clusters(const fz::Args<double>& all, const fz::Plan& plan) {
     auto bwd_after = [&](int c, int buf) {  // after it: gather, then the carried dh
       fz::bwd_gather(a, sm[size_t(c)].data(), 0, 1, buf, remote);
       for (int64_t o = 0; o < outs; ++o) {
-        std::vector<double> part;
-        for (int lane = 0; lane < S; ++lane) part.push_back(fz::bwd_partial(a, sm[size_t(c)].data(), who(c, o, lane)));
-        carry[size_t(c * outs + o)] = fz::bwd_carry(direct[size_t(c * outs + o)], butterfly(part, S), factor[size_t(c * outs + o)]);
+        std::vector<T> part(static_cast<size_t>(S));
+        for (int lane = 0; lane < S; ++lane) part[size_t(lane)] = fz::bwd_partial(a, sm[size_t(c)].data(), who(c, o, lane));
+        carry[size_t(c * outs + o)] = fz::bwd_carry(a, direct[size_t(c * outs + o)], butterfly(part, S), factor[size_t(c * outs + o)]);
       }
     };
-    for (int c = 0; c < C; ++c) bwd_before(c, T - 1, 0);
-    for (int64_t t = T - 1, k = 0; t >= 0; --t, ++k) {  // block 0 runs ahead again
+    for (int c = 0; c < C; ++c) bwd_before(c, steps - 1, 0);
+    for (int64_t t = steps - 1, k = 0; t >= 0; --t, ++k) {  // block 0 runs ahead again
       const int buf = int(k % 2);
       bwd_after(0, buf);
       if (t > 0) bwd_before(0, t - 1, buf ^ 1);
@@ -228,34 +260,35 @@ void run_clusters(const fz::Args<double>& all, const fz::Plan& plan) {
 // step t + 1 (up to its barrier) before any other block starts it, and the
 // other blocks run in reverse order; a read of an array before its step's
 // barrier would show (the arrays start as NaN).
-void run_grid(const fz::Args<double>& all, const fz::Plan& plan) {
-  const int64_t T = all.steps, H = all.H, kt = plan.kt;
+template <class T>
+void run_grid(const fz::Args<T>& all, const fz::Plan& plan) {
+  const int64_t steps = all.steps, H = all.H, kt = plan.kt;
   const int C = plan.C, S = plan.S, nb = plan.G * plan.C;
   const int64_t outs = plan.Bg * plan.Hs;
   auto args = [&](int blk) { return fz::group_args(all, blk / C); };
   auto who = [&](int blk, int64_t o, int lane) { return fz::who(args(blk), blk % C, int(o * S + lane)); };
-  std::vector<std::vector<double>> sm(static_cast<size_t>(nb));
+  std::vector<std::vector<T>> sm(static_cast<size_t>(nb));
   const int64_t words = std::max(fz::GridSmem(false, plan.Bg, H, plan.Hs, S, kt).total, fz::GridSmem(true, plan.Bg, H, plan.Hs, S, kt).total);
-  EXPECT_EQ(size_t(words) * sizeof(double), std::max(plan.fwd_smem, plan.bwd_smem)) << "the plan's shared memory (planned in float64)";
+  EXPECT_EQ(size_t(words) * sizeof(T), std::max(plan.fwd_smem, plan.bwd_smem)) << "the plan's shared memory (planned in float64)";
   // forward
   for (int blk = 0; blk < nb; ++blk) {
     sm[size_t(blk)].assign(size_t(words), NAN);
     fz::fwd_load_w(args(blk), sm[size_t(blk)].data(), blk % C, 0, 1);
   }
   auto fwd_step = [&](int blk, int64_t t) {
-    const fz::Args<double> a = args(blk);
-    double* m = sm[size_t(blk)].data();
-    std::vector<double> acc(size_t(outs * S * 3), 0.0);
+    const fz::Args<T> a = args(blk);
+    T* m = sm[size_t(blk)].data();
+    std::vector<T> acc(size_t(outs * S * 3), 0.0);
     for (int64_t k0 = 0; k0 < H; k0 += kt) {
       fz::grid_fwd_tile(a, m, kt, t, k0, 0, 1);
       for (int64_t o = 0; o < outs; ++o)
         for (int lane = 0; lane < S; ++lane) fz::grid_fwd_partial(a, m, kt, who(blk, o, lane), k0, &acc[size_t((o * S + lane) * 3)]);
     }
     for (int64_t o = 0; o < outs; ++o) {
-      double gh[3];
+      T gh[3];
       for (int k = 0; k < 3; ++k) {
-        std::vector<double> part;
-        for (int lane = 0; lane < S; ++lane) part.push_back(acc[size_t((o * S + lane) * 3 + k)]);
+        std::vector<T> part(static_cast<size_t>(S));
+        for (int lane = 0; lane < S; ++lane) part[size_t(lane)] = acc[size_t((o * S + lane) * 3 + k)];
         gh[k] = butterfly(part, S);
       }
       const fz::Who w = who(blk, o, 0);
@@ -263,7 +296,7 @@ void run_grid(const fz::Args<double>& all, const fz::Plan& plan) {
     }
   };
   for (int blk = nb - 1; blk >= 0; --blk) fwd_step(blk, 0);
-  for (int64_t t = 0; t + 1 < T; ++t) {  // after step t's barrier
+  for (int64_t t = 0; t + 1 < steps; ++t) {  // after step t's barrier
     fwd_step(0, t + 1);
     for (int blk = nb - 1; blk >= 1; --blk) fwd_step(blk, t + 1);
   }
@@ -272,19 +305,19 @@ void run_grid(const fz::Args<double>& all, const fz::Plan& plan) {
     std::fill(sm[size_t(blk)].begin(), sm[size_t(blk)].end(), NAN);
     fz::bwd_load(args(blk), sm[size_t(blk)].data(), blk % C, 0, 1);
   }
-  std::vector<double> carry(size_t(nb * outs), 0), direct(size_t(nb * outs)), factor(size_t(nb * outs));
+  std::vector<T> carry(size_t(nb * outs), 0), direct(size_t(nb * outs)), factor(size_t(nb * outs));
   auto bwd_before = [&](int blk, int64_t t) {  // before step t's barrier: the gate gradients, dgh[t]
-    const fz::Args<double> a = args(blk);
+    const fz::Args<T> a = args(blk);
     for (int64_t o = 0; o < outs; ++o) {
-      const fz::BwdIn<double> in = fz::bwd_inputs(a, who(blk, o, 0), t);
+      const fz::BwdIn<T> in = fz::bwd_inputs(a, who(blk, o, 0), t);
       direct[size_t(blk * outs + o)] = fz::grid_bwd_gates(a, who(blk, o, 0), t, carry[size_t(blk * outs + o)], in);
       factor[size_t(blk * outs + o)] = in.k;
     }
   };
   auto bwd_after = [&](int blk, int64_t t) {  // after it: dgh[t] W_hh in tiles, the carried dh
-    const fz::Args<double> a = args(blk);
-    double* m = sm[size_t(blk)].data();
-    std::vector<double> acc(size_t(outs * S), 0.0);
+    const fz::Args<T> a = args(blk);
+    T* m = sm[size_t(blk)].data();
+    std::vector<T> acc(size_t(outs * S), 0.0);
     for (int64_t r0 = 0; r0 < 3 * H; r0 += kt) {
       fz::grid_bwd_tile(a, m, kt, t, r0, 0, 1);
       for (int64_t o = 0; o < outs; ++o)
@@ -292,12 +325,12 @@ void run_grid(const fz::Args<double>& all, const fz::Plan& plan) {
           acc[size_t(o * S + lane)] = fz::grid_bwd_partial(a, m, kt, who(blk, o, lane), r0, acc[size_t(o * S + lane)]);
     }
     for (int64_t o = 0; o < outs; ++o) {
-      const std::vector<double> part(acc.begin() + o * S, acc.begin() + (o + 1) * S);
-      carry[size_t(blk * outs + o)] = fz::bwd_carry(direct[size_t(blk * outs + o)], butterfly(part, S), factor[size_t(blk * outs + o)]);
+      const std::vector<T> part(acc.begin() + o * S, acc.begin() + (o + 1) * S);
+      carry[size_t(blk * outs + o)] = fz::bwd_carry(a, direct[size_t(blk * outs + o)], butterfly(part, S), factor[size_t(blk * outs + o)]);
     }
   };
-  for (int blk = nb - 1; blk >= 0; --blk) bwd_before(blk, T - 1);
-  for (int64_t t = T - 1; t >= 0; --t) {  // block 0 runs ahead again
+  for (int blk = nb - 1; blk >= 0; --blk) bwd_before(blk, steps - 1);
+  for (int64_t t = steps - 1; t >= 0; --t) {  // block 0 runs ahead again
     bwd_after(0, t);
     if (t > 0) bwd_before(0, t - 1);
     for (int blk = nb - 1; blk >= 1; --blk) bwd_after(blk, t);
@@ -320,16 +353,21 @@ double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
   return num / std::max(den, 1e-300);
 }
 
-// The simulation against the CPU in float64: values to 1e-12, every gradient to 1e-10.
-void expect_same(const Result& got, const Result& want) {
-  EXPECT_LE(rel_diff(got.y, want.y), 1e-12) << "y";
-  EXPECT_LE(rel_diff(got.dx, want.dx), 1e-10) << "dx";
-  EXPECT_LE(rel_diff(got.dh0, want.dh0), 1e-10) << "dh0";
-  EXPECT_LE(rel_diff(got.dw_ih, want.dw_ih), 1e-10) << "dW_ih";
-  EXPECT_LE(rel_diff(got.dw_hh, want.dw_hh), 1e-10) << "dW_hh";
-  EXPECT_LE(rel_diff(got.db_ih, want.db_ih), 1e-10) << "db_ih";
-  EXPECT_LE(rel_diff(got.db_hh, want.db_hh), 1e-10) << "db_hh";
+// The largest differences allowed, relative to the largest value of each.
+struct Bounds {
+  double y, dh0, dx, dw, db;
+};
+void expect_within(const Result& got, const Result& want, const Bounds& b) {
+  EXPECT_LE(rel_diff(got.y, want.y), b.y) << "y";
+  EXPECT_LE(rel_diff(got.dx, want.dx), b.dx) << "dx";
+  EXPECT_LE(rel_diff(got.dh0, want.dh0), b.dh0) << "dh0";
+  EXPECT_LE(rel_diff(got.dw_ih, want.dw_ih), b.dw) << "dW_ih";
+  EXPECT_LE(rel_diff(got.dw_hh, want.dw_hh), b.dw) << "dW_hh";
+  EXPECT_LE(rel_diff(got.db_ih, want.db_ih), b.db) << "db_ih";
+  EXPECT_LE(rel_diff(got.db_hh, want.db_hh), b.db) << "db_hh";
 }
+// The simulation against the CPU in float64: values to 1e-12, every gradient to 1e-10.
+void expect_same(const Result& got, const Result& want) { expect_within(got, want, {1e-12, 1e-10, 1e-10, 1e-10, 1e-10}); }
 
 // The clusters of an H200's plans (one per row where the multiprocessors
 // allow), and the same shapes as one cluster (a device of one multiprocessor:
@@ -566,4 +604,53 @@ TEST(FusedGru, GridPlanTakesWhatNoClusterHoldsAndSaysWhyNot) {
       }
 }
 
+}  // namespace
+
+namespace {
+// Precision::Bf16 (Args::bf16): the kernels' products rounded as
+// gemm_bf16's, simulated in float32 against the CPU's bf16 tape (gru_cell
+// steps with bfloat16 GEMMs), on cluster and grid plans, with and without
+// resets. The values and dL/dh0 agree to 1e-5 of their largest in most
+// elements (the sums' order differs, which can move a product's rounding by
+// one bfloat16 step, and the recurrence carries it on), where the same
+// kernels with float32 products agree in few; dL/dx within two bfloat16
+// steps. The weight gradients differ by up to a few bfloat16 steps: the
+// CPU rounds each step's product, the fused path one GEMM over the sequence.
+// The fraction of a's elements within 1e-5 of b's largest of b's.
+double same(const std::vector<double>& a, const std::vector<double>& b) {
+  double top = 0;
+  for (double v : b) top = std::max(top, std::fabs(v));
+  size_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += std::fabs(a[i] - b[i]) <= 1e-5 * top;
+  return double(n) / double(a.size());
+}
+
+TEST(FusedGru, SimulatedBf16IsTheCpusBf16Cells) {
+  struct Case {
+    int64_t T, B, I, H;
+    bool grid;
+  };
+  const Case cases[] = {{6, 4, 5, 32, false}, {5, 3, 4, 64, false}, {6, 4, 3, 96, true}, {4, 8, 3, 40, true}};
+  double plain_y = 0;  // the kernels with float32 products: the largest fraction of y they agree on
+  for (const Case& k : cases)
+    for (const bool resets : {false, true}) {
+      SCOPED_TRACE("T " + std::to_string(k.T) + ", B " + std::to_string(k.B) + ", H " + std::to_string(k.H) + (k.grid ? ", grid" : ", cluster") +
+                   (resets ? ", resets" : ""));
+      const fz::Limits lim = k.grid ? fz::Limits{kH200.smem, 8, false, 12, true} : kH200;
+      const fz::Plan plan = fz::best_plan(k.B, k.H, sizeof(float), lim);
+      ASSERT_TRUE(plan.use && plan.grid == k.grid) << plan.why_not;
+      Problem p = draw(k.T, k.B, k.I, k.H, unsigned(k.T * 17 + k.H));
+      if (resets) {
+        p.keep.assign(size_t(k.T * k.B), 1.0);
+        p.keep[1] = 0, p.keep[size_t(2 * k.B)] = 0;
+      }
+      const Result want = cpu_reference<float>(p, Precision::Bf16);
+      const Result got = simulate<float>(p, plan, true), plain = simulate<float>(p, plan, false);
+      EXPECT_GE(same(got.y, want.y), 0.9) << "y";
+      EXPECT_GE(same(got.dh0, want.dh0), 0.7) << "dh0";
+      expect_within(got, want, {.y = 1e-3, .dh0 = 1e-3, .dx = 8e-3, .dw = 1e-2, .db = 1e-3});
+      plain_y = std::max(plain_y, same(plain.y, want.y));
+    }
+  EXPECT_LE(plain_y, 0.2) << "float32 products in the kernels are as close: the test cannot tell";
+}
 }  // namespace

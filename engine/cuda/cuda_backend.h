@@ -50,7 +50,7 @@ class CudaBackend final : public detail::Backend {
   ChunkAllocator allocator(const char* what) override;
   // cuDNN's or the fused kernels (gru_sequence.cpp); under Precision::Bf16
   // neither (their products are float32): the op composes gru_cell steps.
-  bool has_gru_sequence() const override { return options_.precision == Precision::F32; }
+  bool has_gru_sequence() const override { return true; }
   bool gru_sequence_keeps(int64_t B, int64_t H, DType d) override;  // where the fused kernels run (gru_sequence.cpp)
   void forward(Tape& tape, Node& n) override;
   void backward(Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst) override;

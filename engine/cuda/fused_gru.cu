@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(1024) fused_gru_backward_kernel(fused::Args<T>
     fused::bwd_gather(a, th.sm, th.tid, th.n, buf, remote);
     __syncthreads();
     const T p = group_sum(th.active ? fused::bwd_partial(a, th.sm, th.w) : T(0), a.S);
-    carry = first ? fused::bwd_carry(direct, p, k) : T(0);  // (only lane 0's carry is read)
+    carry = first ? fused::bwd_carry(a, direct, p, k) : T(0);  // (only lane 0's carry is read)
     buf ^= 1;
   }
   if (th.active && th.w.lane == 0) a.dh0[th.w.b * a.H + th.w.j] = carry;
@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(1024) fused_gru_grid_backward_kernel(fused::Ar
       if (th.active) p = fused::grid_bwd_partial(a, th.sm, kt, th.w, r0, p);
     }
     p = group_sum(p, a.S);
-    carry = first ? fused::bwd_carry(direct, p, k) : T(0);
+    carry = first ? fused::bwd_carry(a, direct, p, k) : T(0);
   }
   if (first) a.dh0[th.w.b * a.H + th.w.j] = carry;
 }

@@ -48,6 +48,12 @@
 //                         for each tile of dgh[t]'s rows: load, partial sums of
 //                         dgh W_hh; the carried dh.
 //
+// Precision::Bf16 (Args::bf16, float only): the products are the composed
+// cells' bfloat16 GEMMs (gemm_bf16): W_hh rounded to bfloat16 as it is
+// loaded, each operand of the step's product (the state forward, dgh
+// backward) rounded as it is read, the float sum rounded to bfloat16 before
+// it is used; the state, the gates and every sum stay float.
+//
 // The per-thread work below is written once, for the host (a host simulation
 // of the whole cluster or grid, tests/fused_gru_test.cpp, in every build) and
 // for the kernels (fused_gru.cu). Compiled by g++ (C++20) and nvcc (C++17).
@@ -55,6 +61,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "hd.h"
@@ -242,7 +249,41 @@ struct Args {
   // resets (nullptr: none)
   const T* keep;  // [T, B]: the state entering step t is keep[t, b] h_{t-1}
   T* hk;          // [T, B, H] backward, with keep: the masked state entering each step (dW_hh's rows)
+  bool bf16;      // Precision::Bf16's products (float only; above)
 };
+
+// x rounded to the nearest bfloat16 (ties to even; a NaN stays a NaN): the
+// engine's bf16_round (segtape/precision.h), for the device too. float64
+// has no bfloat16 products: unchanged.
+SEGTAPE_HD float bf16_value(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    u |= 0x00400000u;
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+  }
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+SEGTAPE_HD double bf16_value(double x) { return x; }
+// A value of a product: rounded where Args::bf16 asks.
+template <class T>
+SEGTAPE_HD T product_value(const Args<T>& a, T x) {
+  return a.bf16 ? bf16_value(x) : x;
+}
+// The dot product of n terms w[k] v[k] (k = lane, lane + S, ...), added to s;
+// under bf16 each v[k] rounded as it is read (w is rounded already).
+template <class T>
+SEGTAPE_HD T dot_terms(const Args<T>& a, const T* w, const T* v, int lane, int n, T s) {
+  if (a.bf16) {
+    for (int k = lane; k < n; k += a.S) s += w[k] * bf16_value(v[k]);
+  } else {
+    for (int k = lane; k < n; k += a.S) s += w[k] * v[k];
+  }
+  return s;
+}
 
 // Cluster g's arguments: the whole batch's (B = the rows of one cluster,
 // ld = all of them) moved to its first row, g B.
@@ -300,7 +341,7 @@ SEGTAPE_HD void fwd_load_w(const Args<T>& a, T* sm, int c, int tid, int n) {
   for (int64_t i = tid; i < 3 * a.Hs * a.H; i += n) {
     const int64_t row = i / a.H, k = i % a.H;   // row = g Hs + jl
     const int64_t g = row / a.Hs, jl = row % a.Hs;
-    sm[row * Hp + k] = a.w_hh[(g * a.H + int64_t(c) * a.Hs + jl) * a.H + k];
+    sm[row * Hp + k] = product_value(a, a.w_hh[(g * a.H + int64_t(c) * a.Hs + jl) * a.H + k]);
   }
 }
 // ... and, for a cluster, h0 too.
@@ -333,13 +374,7 @@ template <class T>
 SEGTAPE_HD void fwd_partial(const Args<T>& a, const T* sm, const Who& w, T acc[3]) {
   const FwdSmem L(a.B, a.H, a.Hs, a.S);
   const T* h = sm + L.h + w.b * L.Hp;
-  const int H = int(a.H), S = a.S;
-  for (int g = 0; g < 3; ++g) {
-    const T* wr = sm + L.w + (g * a.Hs + w.jl) * L.Hp;
-    T s = 0;
-    for (int k = w.lane; k < H; k += S) s += wr[k] * h[k];
-    acc[g] = s;
-  }
+  for (int g = 0; g < 3; ++g) acc[g] = dot_terms(a, sm + L.w + (g * a.Hs + w.jl) * L.Hp, h, w.lane, int(a.H), T(0));
 }
 
 // The gates and h' of (b, j) at step t from the summed gh (no bias), its
@@ -349,9 +384,9 @@ SEGTAPE_HD void fwd_partial(const Args<T>& a, const T* sm, const Who& w, T acc[3
 template <class T>
 SEGTAPE_HD T fwd_gates(const Args<T>& a, const Who& w, int64_t t, const T gh[3], T hp, const FwdIn<T>& in, const FwdIn<T>& bias) {
   const int64_t H = a.H, j = w.j, row = t * a.ld + w.b;
-  const T r = sigmoid<T>(in.r + gh[0] + bias.r);
-  const T z = sigmoid<T>(in.z + gh[1] + bias.z);
-  const T hn = gh[2] + bias.n;
+  const T r = sigmoid<T>(in.r + product_value(a, gh[0]) + bias.r);
+  const T z = sigmoid<T>(in.z + product_value(a, gh[1]) + bias.z);
+  const T hn = product_value(a, gh[2]) + bias.n;
   const T n = ops::DeviceMath::tanh(in.n + r * hn);
   const T h1 = (T(1) - z) * n + z * hp;
   if (a.saved) {
@@ -404,7 +439,7 @@ SEGTAPE_HD void bwd_load(const Args<T>& a, T* sm, int c, int tid, int n) {
   const BwdSmem L(a.B, a.H, a.Hs, a.S);
   for (int64_t i = tid; i < 3 * a.H * a.Hs; i += n) {
     const int64_t r = i / a.Hs, jl = i % a.Hs;
-    sm[L.w + jl * L.Rp + r] = a.w_hh[r * a.H + int64_t(c) * a.Hs + jl];
+    sm[L.w + jl * L.Rp + r] = product_value(a, a.w_hh[r * a.H + int64_t(c) * a.Hs + jl]);
   }
 }
 
@@ -469,20 +504,15 @@ SEGTAPE_HD void bwd_gather(const Args<T>& a, T* sm, int tid, int n, int buf, Rem
 // dL/dh_{t-1} of (b, j) as it leaves step t: the direct term g z and the
 // summed dgh W_hh, scaled by the factor k the state entered step t with.
 template <class T>
-SEGTAPE_HD T bwd_carry(T direct, T partial, T k) {
-  return (direct + partial) * k;
+SEGTAPE_HD T bwd_carry(const Args<T>& a, T direct, T partial, T k) {
+  return (direct + product_value(a, partial)) * k;
 }
 
 // Lane's partial of dgh W_hh for its (b, j).
 template <class T>
 SEGTAPE_HD T bwd_partial(const Args<T>& a, const T* sm, const Who& w) {
   const BwdSmem L(a.B, a.H, a.Hs, a.S);
-  const T* wr = sm + L.w + w.jl * L.Rp;
-  const T* dg = sm + L.dg + w.b * L.Rp;
-  const int R = 3 * int(a.H), S = a.S;
-  T s = 0;
-  for (int r = w.lane; r < R; r += S) s += wr[r] * dg[r];
-  return s;
+  return dot_terms(a, sm + L.w + w.jl * L.Rp, sm + L.dg + w.b * L.Rp, w.lane, 3 * int(a.H), T(0));
 }
 
 // ---- the grid plan (grid_plan)
@@ -528,13 +558,8 @@ SEGTAPE_HD void grid_fwd_partial(const Args<T>& a, const T* sm, int64_t kt, cons
   const GridSmem L(false, a.B, a.H, a.Hs, a.S, kt);
   const int64_t Hp = pad(a.H, a.S);
   const T* h = sm + L.tile + w.b * L.Kp;
-  const int len = int(tile_len(a.H, k0, kt)), S = a.S;
-  for (int g = 0; g < 3; ++g) {
-    const T* wr = sm + L.w + (g * a.Hs + w.jl) * Hp + k0;
-    T s = acc[g];
-    for (int k = w.lane; k < len; k += S) s += wr[k] * h[k];
-    acc[g] = s;
-  }
+  const int len = int(tile_len(a.H, k0, kt));
+  for (int g = 0; g < 3; ++g) acc[g] = dot_terms(a, sm + L.w + (g * a.Hs + w.jl) * Hp + k0, h, w.lane, len, acc[g]);
 }
 
 // Lane 0 at step t with the summed gh: the gates, y[t] and the saved gates.
@@ -568,11 +593,7 @@ template <class T>
 SEGTAPE_HD T grid_bwd_partial(const Args<T>& a, const T* sm, int64_t kt, const Who& w, int64_t r0, T acc) {
   const GridSmem L(true, a.B, a.H, a.Hs, a.S, kt);
   const int64_t R = 3 * a.H;
-  const T* wr = sm + L.w + w.jl * pad(R, a.S) + r0;
-  const T* dg = sm + L.tile + w.b * L.Kp;
-  const int len = int(tile_len(R, r0, kt)), S = a.S;
-  for (int r = w.lane; r < len; r += S) acc += wr[r] * dg[r];
-  return acc;
+  return dot_terms(a, sm + L.w + w.jl * pad(R, a.S) + r0, sm + L.tile + w.b * L.Kp, w.lane, int(tile_len(R, r0, kt)), acc);
 }
 
 }  // namespace segtape::cuda::fused

@@ -127,7 +127,7 @@ int64_t plan_blocks(const fused::Plan& p) { return p.grid ? -int64_t(p.C) : int6
 
 // The whole batch's arguments, B the plan's rows per cluster (fused_gru.h).
 template <class T>
-fused::Args<T> fused_args(const Node& n, const fused::Plan& p) {
+fused::Args<T> fused_args(const CudaBackend& be, const Node& n, const fused::Plan& p) {
   const Tensor &x = n.in[0], &h0 = n.in[1];
   fused::Args<T> a{};
   a.steps = x.dim(0), a.B = p.Bg, a.ld = x.dim(1), a.H = h0.dim(1), a.Hs = p.Hs, a.S = p.S;
@@ -137,6 +137,7 @@ fused::Args<T> fused_args(const Node& n, const fused::Plan& p) {
   a.h0 = static_cast<const T*>(h0.ptr);
   a.y = static_cast<T*>(n.out.ptr);
   a.saved = static_cast<T*>(n.saved);
+  a.bf16 = std::is_same_v<T, float> && be.options().precision == Precision::Bf16;  // (the products as gemm_bf16's)
   return a;
 }
 
@@ -175,7 +176,7 @@ void fused_forward(CudaBackend& be, Tape& tape, Node& n, const fused::Plan& p) {
   if (keep) be.copy(keep, keep_src, size_t(T * B) * dtype_size(x.dtype), detail::Backend::Copy::DeviceToDevice);
   if (!be.issue(detail::op_signature(n, nullptr, nullptr), "gru_sequence")) return;
   detail::dispatch(x.dtype, [&]<class E>() {
-    fused::Args<E> a = fused_args<E>(n, p);
+    fused::Args<E> a = fused_args<E>(be, n, p);
     a.gi = static_cast<const E*>(gi);
     a.keep = static_cast<const E*>(keep);
     be.gemm(false, true, T * B, 3 * H, I, E(1), static_cast<const E*>(x.ptr), I, static_cast<const E*>(n.in[2].ptr), I, E(0),
@@ -199,7 +200,7 @@ void fused_backward(CudaBackend& be, Tape& tape, const Node& n, const void* gout
   if (!be.issue(detail::op_signature(n, gout, &dst), "gru_sequence backward")) return;
   const cudaStream_t s = be.stream();
   detail::dispatch(x.dtype, [&]<class E>() {
-    fused::Args<E> a = fused_args<E>(n, p);
+    fused::Args<E> a = fused_args<E>(be, n, p);
     a.gout = static_cast<const E*>(gout);
     a.dgi = static_cast<E*>(dgi), a.dgh = static_cast<E*>(dgh), a.dh0 = static_cast<E*>(dh0);
     a.keep = saved_keep<E>(n), a.hk = static_cast<E*>(hk);
@@ -342,6 +343,8 @@ void gru_sequence_forward(CudaBackend& be, Tape& tape, Node& n) {
   if (const fused::Plan fp = be.fused_gru_plan(B, H, x.dtype); fp.use) return fused_forward(be, tape, n, fp);
   if (n.saved)  // a keep: the op composes cells where the fused kernels do not run (gru_sequence_keeps)
     throw TapeError("gru_sequence: per-stream resets (keep) reached cuDNN's GRU, which has none");
+  if (be.options().precision == Precision::Bf16)  // (likewise: engine/ops/gru.cpp)
+    throw TapeError("gru_sequence: Precision::Bf16 reached cuDNN's GRU, whose bfloat16 RNN keeps its state in bfloat16");
   GruPlan& p = be.gru_plan(T, B, I, H, x.dtype);
   const bool training = n.ia[0] != 0;
   const size_t wbytes = dnn_align(p.weight_bytes), rbytes = training ? dnn_align(p.reserve_bytes) : 0;

@@ -181,7 +181,11 @@ Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const
                   "none: pass detach(keep)");
   }
   detail::Backend* be = In::backend(t);
-  if (!be->has_gru_sequence() || (keep.defined() && !be->gru_sequence_keeps(B, H, x.dtype))) {
+  // Per-stream resets and Precision::Bf16 take the fused kernels or composed
+  // cells, never cuDNN's GRU: it has no resets, and its bfloat16 RNN keeps
+  // its state in bfloat16 (Precision::Bf16 keeps it in float32).
+  const bool fused_only = keep.defined() || t.options().precision == Precision::Bf16;
+  if (!be->has_gru_sequence() || (fused_only && !be->gru_sequence_keeps(B, H, x.dtype))) {
     // keep, expanded to the state's width: e [T B, H], row t B + b all keep[t, b] (keep added to
     // each row of zeros [H, T B], transposed: exact, no product that TF32 could round)
     const Tensor e = keep.defined() ? transpose(add(t.zeros({H, T * B}, x.dtype), reshape(detach(keep), {T * B}))) : Tensor{};

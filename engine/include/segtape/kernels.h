@@ -39,8 +39,8 @@ struct Options {
   Packed packed = Packed::Best;
   // CUDA: gru_sequence runs segtape's fused kernels where their plan fits the
   // device and the shape (engine/cuda/fused_gru.h). false: cuDNN's GRU, and a
-  // gru_sequence with keep composes gru_cell steps (gru_sequence_fused() is
-  // false).
+  // gru_sequence with keep or under Precision::Bf16 composes gru_cell steps
+  // (gru_sequence_fused() is false).
   bool fused_gru = true;
   // CUDA: with fused_gru, also the grid plan (fused_gru.h's grid_plan: W_hh
   // over the blocks of one cooperative launch) where no cluster holds the
