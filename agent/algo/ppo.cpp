@@ -40,6 +40,7 @@ class Ppo : public Algorithm {
  private:
   void rollout(int64_t n, UpdateResult& r);
   void device_rollout(int64_t n, UpdateResult& r);
+  void device_rollout_figures(UpdateResult& r);
   void minibatch(int64_t n, std::span<const int64_t> streams, UpdateResult& r);
   Tensor input(int64_t t);
   void host_terms(int64_t t, const float* rows, const float* values, float* weights, float* returns);
@@ -168,6 +169,7 @@ UpdateResult Ppo::update(int64_t remaining) {
     }
   }
   if (on_device_) {  // the iteration's figures and norms: one read (the figures' sums in the host update's order)
+    device_rollout_figures(r);
     std::vector<double>& totals = dev_->totals_host;
     dev_->totals.to_host(std::span<double>(totals));
     r.loss_sum = totals[0], kl = totals[1], clipped = totals[2];
@@ -232,9 +234,9 @@ void Ppo::rollout(int64_t n, UpdateResult& r) {
 // The same rollout on the tape's device (--device-loop, agent/device/), and
 // GAE there: the twin env's state and the streams' returns so far go to the
 // device, the rollout and its advantages run with nothing read back, and
-// its tensors stay there for the update; the streams' episode returns come
-// back in one read and the twin takes the device env's state (and the
-// score it counted).
+// its tensors stay there for the update; after the update the streams'
+// episode returns come back in one read and the twin takes the device env's
+// state (and the score it counted): device_rollout_figures.
 void Ppo::device_rollout(int64_t n, UpdateResult& r) {
   OnDevice& d = *dev_;
   const std::vector<int64_t> twin = c_.env->save_state();
@@ -244,13 +246,19 @@ void Ppo::device_rollout(int64_t n, UpdateResult& r) {
   d.rollout.run(c_.h_home);
   c_.h = c_.h_home;
   d.rollout.advantages(c_.config.gamma, c_.config.gae_lambda);
+  c_.step += n;
+  r.segment_peak = std::max(r.segment_peak, d.rollout.segment_peak);
+}
+
+// After the update (so that the host issues the update without waiting for
+// the rollout): the streams' returns and the twin env's state, read back.
+void Ppo::device_rollout_figures(UpdateResult& r) {
+  OnDevice& d = *dev_;
   d.stats.resize(size_t(buf_.B) * 3);
   d.rollout.stats.to_host(std::span<double>(d.stats));
   for (size_t b = 0; b < size_t(buf_.B); ++b)
     c_.episode_return[b] = float(d.stats[3 * b]), r.return_sum += d.stats[3 * b + 1], r.episodes += int64_t(d.stats[3 * b + 2]);
   d.env.sync_to(*c_.env);
-  c_.step += n;
-  r.segment_peak = std::max(r.segment_peak, d.rollout.segment_peak);
 }
 
 // Step t's observation rows of the minibatch, on the tape.
