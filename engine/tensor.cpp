@@ -18,6 +18,14 @@ std::optional<Precision> parse_precision(std::string_view s) {
   return std::nullopt;
 }
 
+std::string precision_unsupported(Precision p, int major, int minor, const std::string& gpu) {
+  if (p != Precision::Bf16 || major >= 8) return "";
+  return "TapeOptions::precision bf16 (--precision bf16) on " + gpu + ": bfloat16 matrix products need bfloat16 tensor cores, "
+         "compute capability 8.0 (Ampere) or later, and this GPU is " + std::to_string(major) + "." + std::to_string(minor) +
+         ". Nothing was run; use precision f32 on this GPU (float32 products), or bf16 on the CPU (--device cpu) or a "
+         "newer GPU";
+}
+
 const char* dtype_name(DType d) {
   switch (d) {
     case DType::F32: return "f32";

@@ -88,6 +88,21 @@ TEST(Precision, Bf16RoundIsToNearestTiesToEven) {
 // are products rounded to bfloat16 (every element representable), within a
 // bfloat16 rounding of the double-precision products of the rounded values,
 // and not float32's.
+// bf16 on a CUDA GPU without bfloat16 tensor cores (compute capability
+// below 8.0) is refused at the tape's setup, naming the GPU, the limit and
+// what to use instead (the CUDA backend throws it as an Error).
+TEST(Precision, Bf16OnAGpuWithoutBf16IsRefusedNamingTheAlternative) {
+  const std::string m = precision_unsupported(Precision::Bf16, 7, 5, "cuda:0, Tesla T4 (sm_75)");
+  EXPECT_NE(m.find("--precision bf16"), std::string::npos) << m;
+  EXPECT_NE(m.find("Tesla T4 (sm_75)"), std::string::npos) << m;
+  EXPECT_NE(m.find("compute capability 8.0"), std::string::npos) << m;
+  EXPECT_NE(m.find("this GPU is 7.5"), std::string::npos) << m;
+  EXPECT_NE(m.find("use precision f32 on this GPU"), std::string::npos) << m;
+  EXPECT_EQ(precision_unsupported(Precision::Bf16, 8, 0, "A100"), "");
+  EXPECT_EQ(precision_unsupported(Precision::Bf16, 9, 0, "H200"), "");
+  EXPECT_EQ(precision_unsupported(Precision::F32, 7, 0, "V100"), "");
+}
+
 TEST(Precision, Bf16MatmulIsTheRoundedProductOfRoundedOperandsForwardAndBackward) {
   struct Case {
     int64_t M, N, K;

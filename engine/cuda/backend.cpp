@@ -81,6 +81,8 @@ CudaBackend::CudaBackend(const Device& device, const TapeOptions& options)
     cudaDeviceProp prop{};
     SEGTAPE_CHECK(cudaGetDeviceProperties(&prop, device.index));
     name_ = std::string(prop.name) + " (sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ")";
+    if (const std::string why = precision_unsupported(options.precision, prop.major, prop.minor, device.str() + ", " + name_); !why.empty())
+      throw Error(why);
     SEGTAPE_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     SEGTAPE_CHECK(cublasCreate(&blas_));
     SEGTAPE_CHECK(cublasSetStream(blas_, stream_));

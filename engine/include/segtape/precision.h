@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace segtape {
@@ -15,6 +16,11 @@ enum class Precision : uint8_t {
 
 const char* precision_name(Precision p);                       // "f32", "bf16"
 std::optional<Precision> parse_precision(std::string_view s);  // the names above; nullopt otherwise
+// Why precision p cannot run on a CUDA GPU of compute capability
+// major.minor named `gpu` ("" where it can): bf16 needs bfloat16 tensor
+// cores (8.0, Ampere, or later). The CUDA backend refuses such a tape with
+// this message, which names what to use instead.
+std::string precision_unsupported(Precision p, int major, int minor, const std::string& gpu);
 
 // x rounded to the nearest bfloat16 (float32's sign and exponent, 7 stored
 // bits of mantissa), ties to even, returned as the float32 of that value:
