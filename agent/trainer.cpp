@@ -306,6 +306,15 @@ bool Trainer::graph_sequence() const { return c_->graph && algo_->sequence(); }
 bool Trainer::ppo_sequence() const { return c_->config.algo == Algo::Ppo && algo_->sequence(); }
 bool Trainer::grows() const { return history_def(c_->config.history.kind).grows; }
 
+std::string Trainer::recurrence() const {
+  const TrainConfig& cf = c_->config;
+  const int64_t rows = cf.algo == Algo::Ppo ? cf.batch / cf.minibatches : cf.batch;  // (PPO's windows: a minibatch's streams)
+  if (graph_sequence() || ppo_sequence()) return "one gru_sequence a segment: " + gru_sequence_path(*c_->tape, rows, cf.hidden, DType::F32);
+  if (cf.device == "cuda" && cf.cell == "gru" && cf.state_rows() == 1 && !gru_sequence_fused(*c_->tape, rows, cf.hidden, DType::F32))
+    return "cells, step by step: " + gru_sequence_path(*c_->tape, rows, cf.hidden, DType::F32);
+  return "cells, step by step";
+}
+
 void refuse_inside_a_segment(bool busy, const char* what) {
   if (busy)
     throw Error(std::string(what) + ": called while a segment runs (from inside run_segment or evaluate, e.g. an env's "

@@ -41,6 +41,10 @@ class Backend {
   // Whether the gru_sequence node takes per-stream resets (`keep`) for a
   // [B, H] state of dtype d; where not, the op composes gru_cell steps.
   virtual bool gru_sequence_keeps(int64_t /*B*/, int64_t /*H*/, DType /*d*/) { return false; }
+  // gru_sequence_path's words for such a node (segtape/ops.h).
+  virtual std::string gru_sequence_path(int64_t /*B*/, int64_t /*H*/, DType /*d*/) {
+    return "gru_cell steps (this device has no fused GRU kernels)";
+  }
 
   // Chunk allocator for one of the tape's pools (`what` names the pool and
   // the option that sizes it, for the out-of-memory message).

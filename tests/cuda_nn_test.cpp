@@ -579,6 +579,13 @@ TEST(CudaAgent, PpoMatchesTheCpuWithFixedDeviceMemory) {
       agent::Trainer& gpu = *made;
       EXPECT_FALSE(cpu.ppo_sequence());
       EXPECT_EQ(gpu.ppo_sequence(), force_sequence);
+      // the summary's words for it: the path and why (here the fused kernels do not run: the emulated device has none)
+      EXPECT_EQ(cpu.recurrence(), "cells, step by step");
+      const std::string path = gpu.recurrence();
+      EXPECT_EQ(path.rfind(force_sequence ? "one gru_sequence a segment: " : "cells, step by step", 0), 0u) << path;
+      if (kEmulated) {
+        EXPECT_NE(path.find("gru_cell steps (this device has no fused GRU kernels)"), std::string::npos) << path;
+      }
       uint64_t allocs = 0;
       for (int s = 0; !gpu.done(); ++s) {
         const agent::UpdateResult rc = cpu.run_segment(), rg = gpu.run_segment();

@@ -116,9 +116,11 @@ void add_memory(json& j, const RunEnd& e) {
     j["stored_state_bytes"] = e.log.stored_bytes();
   }  // tape nodes of the largest segment (counted in the budget too)
   j["persistent_bytes"] = st.persistent_bytes;
-  if (e.c.device == "cuda")  // (this process's segments)
+  if (e.c.device == "cuda") {  // (this process's segments)
     j["cuda_graphs"] = {{"on", e.tr.graph_segments()}, {"captured", st.graph_captures}, {"replayed", st.graph_replays},
                         {"segments", st.segment_index}};
+    j["recurrence"] = e.tr.recurrence();
+  }
 }
 
 void add_process(json& j, const RunEnd& e) {
@@ -234,6 +236,7 @@ void print_resources(const RunEnd& e, const json& j) {
                                                                           " segments replayed a graph (" + std::to_string(st.graph_captures) +
                                                                           " captured; evaluation segments included)").c_str()
                                                                      : "off (--cuda-graphs off, or the run does not allow them: docs/agent.md)");
+  if (e.c.device == "cuda") std::printf("  recurrence           %s\n", e.tr.recurrence().c_str());
   if (j.contains("dist"))
     std::printf("  data parallel        %d ranks; all-reduce %.3f ms and %s per update (rank 0)\n", e.tr.ranks(),
                 1e3 * j["dist"]["allreduce_seconds_per_update"].get<double>(),

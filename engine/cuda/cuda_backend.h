@@ -48,10 +48,12 @@ class CudaBackend final : public detail::Backend {
 
   // ---- detail::Backend
   ChunkAllocator allocator(const char* what) override;
-  // cuDNN's or the fused kernels (gru_sequence.cpp); under Precision::Bf16
-  // neither (their products are float32): the op composes gru_cell steps.
+  // cuDNN's or the fused kernels (gru_sequence.cpp); with keep or under
+  // Precision::Bf16 the fused kernels only (bfloat16 products there), else
+  // the op composes gru_cell steps (engine/ops/gru.cpp).
   bool has_gru_sequence() const override { return true; }
   bool gru_sequence_keeps(int64_t B, int64_t H, DType d) override;  // where the fused kernels run (gru_sequence.cpp)
+  std::string gru_sequence_path(int64_t B, int64_t H, DType d) override;
   void forward(Tape& tape, Node& n) override;
   void backward(Tape& tape, const Node& n, const void* gout, const std::array<void*, Node::kMaxInputs>& dst) override;
   void copy(void* dst, const void* src, size_t bytes, Copy kind) override;

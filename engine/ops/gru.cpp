@@ -161,6 +161,8 @@ bool gru_sequence_fused(Tape& tape, int64_t B, int64_t H, DType d) {
   return be->has_gru_sequence() && be->gru_sequence_keeps(B, H, d);
 }
 
+std::string gru_sequence_path(Tape& tape, int64_t B, int64_t H, DType d) { return In::backend(tape)->gru_sequence_path(B, H, d); }
+
 Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
                     const Tensor& b_hh, const Tensor& keep) {
   const char* op = "gru_sequence";

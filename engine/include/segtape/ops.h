@@ -85,6 +85,10 @@ Tensor gru_sequence(const Tensor& x, const Tensor& h0, const Tensor& w_ih, const
 // d, runs as one fused node (the CUDA backend's fused kernels, where their
 // plan fits the device and the shape) rather than composed of gru_cell steps.
 bool gru_sequence_fused(Tape& tape, int64_t B, int64_t H, DType d);
+// The path such a gru_sequence (with a keep) takes, and why, in words: the
+// fused kernels and their plan, or gru_cell steps and what kept the kernels
+// out (the device, the shape, the kernel switch); for a run's summary.
+std::string gru_sequence_path(Tape& tape, int64_t B, int64_t H, DType d);
 
 // PyTorch's LSTMCell as one fused op on a state that holds h and c as one
 // tensor: x [B, I], state [2, B, H] (state[0] = h, state[1] = c), w_ih [4H, I],

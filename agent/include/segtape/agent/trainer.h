@@ -216,6 +216,11 @@ class Trainer {
   // Whether PPO's update windows run their recurrence as one gru_sequence
   // (docs/agent.md, "Recurrent PPO"); false for other algorithms.
   bool ppo_sequence() const;
+  // How the recurrence runs, in words, for the summary: one gru_sequence a
+  // segment (and its path: the fused kernels' plan, or gru_cell steps and
+  // why), or cells step by step (on a CUDA tape with a one-layer GRU, why
+  // the fused kernels do not run).
+  std::string recurrence() const;
 
  private:
   // A segment's loss that is not finite: NonFiniteError (run_segment).
