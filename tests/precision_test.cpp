@@ -82,12 +82,6 @@ TEST(Precision, Bf16RoundIsToNearestTiesToEven) {
   EXPECT_STREQ(precision_name(Precision::Bf16), "bf16");
 }
 
-// matmul on a bf16 tape is OpenBLAS's float32 product of the rounded
-// operands, rounded: to the bit (the same GEMM call runs on the same values),
-// in every transposition, for a one-row product (GEMV) too. Its gradients
-// are products rounded to bfloat16 (every element representable), within a
-// bfloat16 rounding of the double-precision products of the rounded values,
-// and not float32's.
 // bf16 on a CUDA GPU without bfloat16 tensor cores (compute capability
 // below 8.0) is refused at the tape's setup, naming the GPU, the limit and
 // what to use instead (the CUDA backend throws it as an Error).
@@ -103,6 +97,12 @@ TEST(Precision, Bf16OnAGpuWithoutBf16IsRefusedNamingTheAlternative) {
   EXPECT_EQ(precision_unsupported(Precision::F32, 7, 0, "V100"), "");
 }
 
+// matmul on a bf16 tape is OpenBLAS's float32 product of the rounded
+// operands, rounded: to the bit (the same GEMM call runs on the same values),
+// in every transposition, for a one-row product (GEMV) too. Its gradients
+// are products rounded to bfloat16 (every element representable), within a
+// bfloat16 rounding of the double-precision products of the rounded values,
+// and not float32's.
 TEST(Precision, Bf16MatmulIsTheRoundedProductOfRoundedOperandsForwardAndBackward) {
   struct Case {
     int64_t M, N, K;

@@ -450,7 +450,12 @@ void CudaBackend::segment_begin(uint32_t index, bool graph, unsigned slot) {
   // later ones at the next read or wait.
   raise_device_errors();
   if (schedule_.begin(index, graph, slot) != detail::GraphSchedule::Mode::Capturing) return;
-  wait_for_staging();  // (a capturing stream cannot be waited for: before the capture begins)
+  try {
+    wait_for_staging();  // (a capturing stream cannot be waited for: before the capture begins)
+  } catch (...) {
+    schedule_.cancel_capture();  // (no segment opened: the schedule is not left capturing)
+    throw;
+  }
   const cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
   if (e != cudaSuccess) {
     schedule_.cancel_capture();

@@ -143,8 +143,8 @@ struct TapeStats {
   uint64_t device_allocations = 0;   // device chunks taken, process-wide (memory::device_allocations())
   uint64_t graph_captures = 0;       // graph replay: segments captured as CUDA graphs so far
   uint64_t graph_replays = 0;        // graph replay: segments that replayed a captured graph so far
-  uint64_t host_reads = 0;           // reads of the tape's tensors into host memory so far (to_host, item, grad_squared_norm): each waits for the device
-                                     // (not the backend's own scalar reads: a gradient norm's sum of squares, the non-finite scan)
+  uint64_t host_reads = 0;           // reads into host memory so far (to_host, item, and grad_squared_norm's sum of
+                                     // squares for a norm or the non-finite scan): each waits for the device
 };
 
 class Segment;
