@@ -3,10 +3,49 @@
 #include <algorithm>
 #include <limits>
 
+#include "replay_check.h"
+#include "segtape/device_call.h"
 #include "segtape/fnv.h"
 #include "segtape/ops.h"
 
+#ifdef SEGTAPE_HAVE_CUDA
+namespace segtape::cuda {  // engine/cuda/replay_kernels.cu
+void replay_check(void* stream, const uint32_t* words, int64_t n, int64_t* checks, int64_t nb, int64_t b, int64_t u, int64_t begin,
+                  int64_t end);
+void replay_forget(void* stream, int64_t* checks, int64_t nb, int64_t b);
+}  // namespace segtape::cuda
+#endif
+
 namespace segtape::replay {
+namespace {
+
+// Options::verify_on_device's two device functions (replay_check.h): a
+// boundary's check, {state} -> {checks}, ints {boundary, segment, begin,
+// end, nb}; and forgetting boundaries, {} -> {checks}, ints {boundary (-1:
+// all), nb}.
+void check_host(const CallArgs& a) {
+  const auto* w = a.at<const uint32_t>(0);
+  const int64_t n = a.numel[0] * (a.i[5] / 4), nb = a.i[4];  // (the state's 32-bit words: i[5] its element's bytes)
+  int64_t* checks = a.at<int64_t>(1);
+  uint64_t sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += check::word_hash(uint64_t(i), w[i]);
+  checks[2 * nb + 3] = int64_t(sum);
+  check::settle(checks, nb, a.i[0], a.i[1], a.i[2], a.i[3]);
+}
+void forget_host(const CallArgs& a) { check::forget(a.at<int64_t>(0), a.i[1], a.i[0]); }
+#ifdef SEGTAPE_HAVE_CUDA
+void check_cuda(const CallArgs& a, void* stream) {
+  cuda::replay_check(stream, a.at<const uint32_t>(0), a.numel[0] * (a.i[5] / 4), a.at<int64_t>(1), a.i[4], a.i[0], a.i[1], a.i[2], a.i[3]);
+}
+void forget_cuda(const CallArgs& a, void* stream) { cuda::replay_forget(stream, a.at<int64_t>(0), a.i[1], a.i[0]); }
+const DeviceFunction kCheck{"exact BPTT: a boundary state's check", check_host, check_cuda};
+const DeviceFunction kForget{"exact BPTT: a new window's checks", forget_host, forget_cuda};
+#else
+const DeviceFunction kCheck{"exact BPTT: a boundary state's check", check_host, nullptr};
+const DeviceFunction kForget{"exact BPTT: a new window's checks", forget_host, nullptr};
+#endif
+
+}  // namespace
 
 // ---- Inputs
 
@@ -150,6 +189,11 @@ Driver::Driver(Tape& tape, const Tensor& state, const Options& options) : tape_(
   inputs_.steps_.resize(size_t(o_.horizon));
   hash_.assign(size_t(units_) + 1, 0);
   known_.assign(size_t(units_) + 1, 0);
+  if (o_.verify && o_.verify_on_device) {
+    checks_host_.assign(size_t(2 * (units_ + 1) + 4), 0);
+    checks_ = tape.persistent({int64_t(checks_host_.size())}, DType::I64);
+    checks_.from_host(std::span<const int64_t>(checks_host_));
+  }
   ran_.assign(size_t(o_.horizon), 0);
   host_.resize(state.nbytes());
   stack_.reserve(size_t(units_) + 1);
@@ -180,6 +224,12 @@ int64_t Driver::planned_steps(int64_t T) const {
 
 void Driver::check_state(int64_t boundary, const Tensor& h, int64_t u, const Unit& un) {
   if (!o_.verify) return;
+  if (checks_.defined()) {  // (the state's element size, for its words: float32 1, float64 2)
+    Tensor values = h;  // (its values only: the call reads them, records nothing)
+    values.requires_grad = false;
+    device_call(kCheck, {values}, {checks_}, {boundary, u, un.begin, un.end, units_ + 1, int64_t(dtype_size(h.dtype))});
+    return;
+  }
   h.to_host_bytes(host_);
   const uint64_t v = hash_bytes(host_);
   if (!known_[size_t(boundary)]) {
@@ -187,13 +237,27 @@ void Driver::check_state(int64_t boundary, const Tensor& h, int64_t u, const Uni
     known_[size_t(boundary)] = 1;
     return;
   }
-  if (hash_[size_t(boundary)] != v) {
-    throw Error("exact BPTT: the step function is not reproducible: replaying segment " + std::to_string(u) + " (steps " +
-                std::to_string(un.begin) + ".." + std::to_string(un.end - 1) + ") gave a state after step " +
-                std::to_string(un.end - 1) + " that differs from the one computed there first (bit for bit). A step must be "
-                "a function of its step index, its state and what it takes from Inputs (no other random draws, no "
-                "state kept outside the tape)");
-  }
+  if (hash_[size_t(boundary)] != v) not_reproducible(u, un, "");
+}
+
+void Driver::not_reproducible(int64_t u, const Unit& un, const char* when) {
+  throw Error("exact BPTT: the step function is not reproducible: replaying segment " + std::to_string(u) + " (steps " +
+              std::to_string(un.begin) + ".." + std::to_string(un.end - 1) + ") gave a state after step " +
+              std::to_string(un.end - 1) + " that differs from the one computed there first (" + when + "bit for bit). A step must be "
+              "a function of its step index, its state and what it takes from Inputs (no other random draws, no "
+              "state kept outside the tape)");
+}
+
+void Driver::check_replays() {
+  if (!checks_.defined()) return;
+  checks_.to_host(std::span<int64_t>(checks_host_));
+  const size_t at = size_t(2 * (units_ + 1));
+  if (checks_host_[at] == 0) return;
+  const Unit un{checks_host_[at + 1], checks_host_[at + 2]};
+  const int64_t u = checks_host_[at] - 2;
+  checks_host_[at] = 0;  // (reported once)
+  checks_.from_host(std::span<const int64_t>(checks_host_));
+  not_reproducible(u, un, "found on the tape's device by check_replays(), after the windows it checked ran on; ");
 }
 
 void Driver::note_segment(Report& r, int64_t u, bool replay) const {
@@ -261,7 +325,7 @@ void Driver::reverse_unit(const StepFn& step, int64_t u, const Pass& p, const Te
     }
     check_state(p.boundary, h, u, p.un);
     if (last) copy_into(final_, h);
-    if (loss.defined()) r.loss += loss.item();
+    if (loss.defined() && o_.read_loss) r.loss += loss.item();
     // The state leaving this segment carries dL/dh from the segment after it
     // (none after the last), where h has history to carry it back through;
     // a state that left as it entered passes that gradient straight on.
@@ -326,6 +390,7 @@ Report Driver::run(const StepFn& step, const Tensor& state, int64_t steps, int64
   r.state_bytes = states * align_up(state.nbytes());
   copy_into(slots_[0], state);
   std::fill(known_.begin(), known_.end(), 0);
+  if (checks_.defined()) device_call(kForget, {}, {checks_}, {-1, units_ + 1});
   std::fill(ran_.begin(), ran_.end(), 0);
   have_dh_ = false;
   check_state(0, slots_[0], -1, {});
@@ -373,6 +438,7 @@ Report Driver::slide(const StepFn& step, const Tensor& state, int64_t steps) {
   if (a0 == an) copy_into(slots_[size_t(a0 % R)], state);
   for (int64_t a = a0; a < a1; ++a) {
     known_[size_t(after(a))] = 0;  // (each boundary computed anew)
+    if (checks_.defined()) device_call(kForget, {}, {checks_}, {after(a), units_ + 1});
     advance(step, a, pass(a), slots_[size_t(a % R)], a + 1 == a1 ? final_ : slots_[size_t((a + 1) % R)], r);
   }
   if (!reserved_) {  // (the first stride: every step of the ring takes as many bytes as its steps did)

@@ -437,12 +437,13 @@ TEST(DeviceLoop, PpoWithTheDeviceLoopIsTheHostLoopsRun) {
 // per step, in the rollout or in the update's minibatches (the host loop
 // reads every step, and each update's gradient norm); per iteration the
 // figures with the updates' norms, the streams' returns and the env's
-// state. (TapeStats::host_reads counts the tape's tensors read and the
-// gradient norms' sums of squares.) (Under exact and overlap the replay
-// driver still reads a boundary state and a loss per segment, segtape/replay.h.)
+// state, and under exact and overlap the replays' checks (the replay
+// driver checks each boundary state on the device and reads no loss:
+// replay::Options::verify_on_device, read_loss). (TapeStats::host_reads
+// counts the tape's tensors read and the gradient norms' sums of squares.)
 TEST(DeviceLoop, PpoReadsNothingBackPerStep) {
   REQUIRE_GPU();
-  for (const char* history : {"tbptt:4", "tbptt:8"})
+  for (const char* history : {"tbptt:4", "tbptt:8", "exact:4/16", "overlap:4/8"})
     for (const char* dev : {"cpu", "cuda"})
       for (const bool sequence : {false, true}) {
         SCOPED_TRACE(std::string(history) + " on " + dev + (sequence ? ", as one sequence" : ""));

@@ -739,3 +739,53 @@ TEST(ExactErrors, BadOptionsAndANonReproducibleStepAreRefused) {
   Segment open = m.tape.segment();
   EXPECT_NE(message([&] { drv.run(good, m.h0); }).find("a segment is open"), std::string::npos);
 }
+
+// Options::verify_on_device: the boundary check runs where the state lives
+// (here the CPU's host form of its device functions) and, with read_loss
+// off, a window reads nothing back; check_replays() then reads the checks
+// once and raises what run() raises, naming the same segment, for run()
+// (float32 and float64) and for slide(); windows of a step that reproduces
+// raise nothing, and the gradients are the host check's.
+TEST(ExactErrors, ChecksOnTheDeviceFindTheSameStepAfterTheWindows) {
+  for (const DType d : {DType::F32, DType::F64})
+    for (const bool sliding : {false, true}) {
+      SCOPED_TRACE(std::string(d == DType::F64 ? "f64" : "f32") + (sliding ? ", slide()" : ", run()"));
+      Model m(d), host(d);
+      rp::Options o{.horizon = 16, .k = 4, .stride = sliding ? 8 : 0};
+      rp::Driver ref(host.tape, host.h0, o);
+      o.verify_on_device = true, o.read_loss = false;
+      rp::Driver drv(m.tape, m.h0, o);
+      Model::Source src, src_host;
+      const rp::StepFn good = m.step_fn(src), good_host = host.step_fn(src_host);
+      const auto window = [&](rp::Driver& dr, const rp::StepFn& f, Model& mm) { return sliding ? dr.slide(f, mm.h0, 8) : dr.run(f, mm.h0); };
+      const uint64_t reads = m.tape.stats().host_reads;
+      for (int w = 0; w < 3; ++w) {
+        const rp::Report r = window(drv, good, m);
+        EXPECT_EQ(r.loss, 0.0) << "read_loss off";
+        EXPECT_NE(window(ref, good_host, host).loss, 0.0);
+      }
+      EXPECT_EQ(m.tape.stats().host_reads, reads) << "a window read something back";
+      drv.check_replays();  // (reproducible: nothing raised)
+      EXPECT_EQ(m.tape.stats().host_reads, reads + 1);
+      EXPECT_EQ(m.grads(), host.grads());
+      int calls = 0;
+      const rp::StepFn drifting = [&](Tape& t, int64_t s, const Tensor& h, rp::Inputs& in) {
+        rp::StepResult r = good(t, s, h, in);
+        r.state = scale(r.state, 1.0 + 1e-3 * double(++calls));
+        return r;
+      };
+      (void)window(drv, drifting, m);  // (found on the device: run() raises nothing)
+      (void)window(drv, good, m);
+      std::string msg;
+      try {
+        drv.check_replays();
+      } catch (const Error& e) {
+        msg = e.what();
+      }
+      // the first replay: the window's last segment (slide(): the fourth stride's, steps 24 to 31 counted from the first)
+      const std::string where = sliding ? "replaying segment 7 (steps 28..31)" : "replaying segment 3 (steps 12..15)";
+      EXPECT_NE(msg.find("the step function is not reproducible: " + where), std::string::npos) << msg;
+      EXPECT_NE(msg.find("found on the tape's device by check_replays()"), std::string::npos) << msg;
+      drv.check_replays();  // (reported once)
+    }
+}

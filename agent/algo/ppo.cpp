@@ -178,6 +178,7 @@ UpdateResult Ppo::update(int64_t remaining) {
         if (!std::isfinite(totals[u])) [[unlikely]]
           c_.refuse_non_finite_after(updates0 + int64_t(u) - 2, totals[u]);
   }
+  history_.check_replays();  // (exact and overlap under --device-loop: their replays' checks, one read)
   metrics_[0].value = kl / double(r.loss_steps);
   metrics_[1].value = clipped / double(r.loss_steps);
   r.metrics = metrics_;

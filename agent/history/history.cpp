@@ -78,6 +78,8 @@ void ReplayingHistory::make_driver(const Tensor& state, int64_t stride) {
   const History& h = c_.config.history;
   home_ = state;
   replay::Options o{.horizon = h.horizon, .k = h.k, .stride = stride};
+  // --device-loop (PPO, whose figures are its own): the replays checked where the state lives, no loss read per segment
+  o.verify_on_device = c_.config.device_loop, o.read_loss = !c_.config.device_loop;
   // The window's losses that need its forward pass (A2C's returns), in a
   // segment of their own (none is open there); the losses are the replays'.
   o.on_forward = [this](const Tensor& final_state) {

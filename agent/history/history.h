@@ -98,6 +98,11 @@ class HistoryRunner {
   // Whether run() and replay() run steps again for their gradient (the loss
   // is wanted on the replays only).
   virtual bool replays() const { return false; }
+  // Under --device-loop a replaying history checks its replays on the device
+  // (replay::Options::verify_on_device) and reads no loss per segment: this
+  // reads the checks of the windows since the last call and throws what the
+  // check found (the algorithm calls it once an iteration).
+  virtual void check_replays() {}
   // The state tensor the algorithm's gradient passes run on (Context::h_home,
   // or PPO's minibatch state), and whether they are run() (live) or replay():
   // a history that stores states makes them like it.
@@ -140,6 +145,9 @@ class ReplayingHistory : public HistoryRunner {
  public:
   using HistoryRunner::HistoryRunner;
   bool replays() const override { return true; }
+  void check_replays() override {
+    if (driver_) driver_->check_replays();
+  }
 
  protected:
   // The driver (its boundary states in the persistent pool, shaped like

@@ -42,6 +42,14 @@ struct Options {
   Schedule schedule = Schedule::Uniform;
   int64_t snapshots = 0;                  // Binomial: states stored besides the window's start (>= 1)
   bool verify = true;                     // check every recomputed boundary state bit for bit
+  // verify's check where the state lives (a GPU: no read per segment): each
+  // boundary's hash, and the first mismatch, stay on the tape's device
+  // until check_replays() reads them, once, when the caller chooses; run()
+  // and slide() then raise nothing for it themselves.
+  bool verify_on_device = false;
+  // false: no segment's loss is read to the host (Report::loss stays 0), for
+  // a caller with figures of its own.
+  bool read_loss = true;
   // > 0: overlapping windows (slide(); Williams and Peng's BPTT(T; S)): the
   // steps come S at a time, and each stride's losses get their gradient
   // through the last T steps. S and T multiples of K, S <= T; uniform schedule.
@@ -187,6 +195,10 @@ class Driver {
 
   // The state after the last window's steps (persistent, overwritten by the next run).
   const Tensor& final_state() const { return final_; }
+  // Options::verify_on_device: reads the checks of the windows run since the
+  // last call (one read) and throws the Error run() would have thrown at the
+  // first recomputed state that differed, naming its segment; a no-op otherwise.
+  void check_replays();
   const Options& options() const { return o_; }
   // Overlapping windows (Options::stride): the next `steps` (<= S) of the
   // run, with the gradient of their losses through the window of the last T
@@ -242,6 +254,7 @@ class Driver {
   // Verifies, or remembers, the state at a boundary (the index of its hash),
   // named in a message by the segment `u` that computed it, steps `un`.
   void check_state(int64_t boundary, const Tensor& h, int64_t u, const Unit& un);
+  [[noreturn]] static void not_reproducible(int64_t u, const Unit& un, const char* when);
   void check_step(int64_t t, const StepResult& s) const;  // a state like the driver's; a one-element loss
   void note_segment(Report& r, int64_t u, bool replay) const;
 
@@ -261,6 +274,8 @@ class Driver {
   std::vector<uint8_t> known_;      // per boundary: hash_ is set
   std::vector<uint8_t> ran_;        // per step: it has run this window (its inputs are recorded)
   std::vector<std::byte> host_;     // a state's bytes on the host, for hashing
+  Tensor checks_;                   // verify_on_device: the hashes and the first mismatch (replay_check.h)
+  std::vector<int64_t> checks_host_;
   std::vector<int32_t> split_;      // binomial: the optimal first advance for (n units, c snapshots)
   int64_t base_ = 0, slid_ = 0;     // slide: where the ring's history starts, and the steps slid so far
   int64_t wanted_ = 0;              // run: the first step whose loss is wanted
