@@ -470,7 +470,8 @@ TEST(DeviceLoop, PpoReadsNothingBackPerStep) {
 // names (which stops before that update's step), with the clip and
 // without it; the trainer then refuses to train until a checkpoint is
 // loaded. Under --nonfinite skip the device loop reads each norm before its
-// step as the host loop does, and the two runs skip alike.
+// step as the host loop does, and the two runs skip alike, and stop alike
+// after --max-skips, the env moved on by the rollout in both.
 TEST(DeviceLoop, PpoChecksItsUpdatesNormsAfterTheIteration) {
   REQUIRE_GPU();
   const auto poison = [](Trainer& t) {
@@ -482,8 +483,9 @@ TEST(DeviceLoop, PpoChecksItsUpdatesNormsAfterTheIteration) {
       SCOPED_TRACE(std::string(dev) + (clip > 0 ? ", clip 0.5" : ", no clip"));
       TrainConfig c = test::small_config("device-tmaze", "tbptt:4", 64);
       c.algo = Algo::Ppo, c.rollout = 16, c.epochs = 2, c.minibatches = 2, c.device = dev, c.clip = clip;
-      std::string stop[2];
+      std::string stop[2], stop_skip[2];
       std::vector<float> skipped[2];
+      std::vector<int64_t> env_after[2];
       for (const bool on : {false, true}) {
         c.device_loop = on, c.nonfinite = "stop";
         Trainer t(c);
@@ -500,7 +502,18 @@ TEST(DeviceLoop, PpoChecksItsUpdatesNormsAfterTheIteration) {
         s.run_segment();
         EXPECT_EQ(s.skipped_updates(), 4);
         skipped[on] = test::params_of(s);
+        // ... and after --max-skips in a row (an error inside the update): the env moved on by the rollout, as the host loop's
+        c.max_skips = 2;
+        Trainer k(c);
+        k.run_segment();
+        poison(k);
+        stop_skip[on] = test::message_of<NonFiniteError>([&] { k.run_segment(); });
+        env_after[on] = k.env().save_state();
+        c.max_skips = 10;
       }
+      EXPECT_EQ(stop_skip[1], stop_skip[0]);
+      EXPECT_NE(stop_skip[0].find("update 6"), std::string::npos) << stop_skip[0];
+      EXPECT_EQ(env_after[1], env_after[0]);
       EXPECT_EQ(stop[0].rfind("update 5, in the segment of steps 16 to 32: the gradient's norm is NaN (", 0), 0u) << stop[0];
       EXPECT_EQ(stop[1].rfind("update 5, in the segment of steps 16 to 32: the gradient's norm is NaN, found after the iteration "
                               "(--device-loop on reads the update's norms once an iteration), so this update and the "

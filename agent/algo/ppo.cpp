@@ -154,19 +154,29 @@ UpdateResult Ppo::update(int64_t remaining) {
   // The order starts afresh each iteration, so that it is a function of act_rng alone (which checkpoints keep).
   std::iota(streams_.begin(), streams_.end(), int64_t(0));
   double kl = 0, clipped = 0;
-  for (int64_t e = 0; e < c_.config.epochs; ++e) {
-    for (size_t i = streams_.size(); i > 1; --i)  // Fisher-Yates, from act_rng (checkpointed)
-      std::swap(streams_[i - 1], streams_[size_t(c_.act_rng.next_u64() % i)]);
-    for (int64_t m = 0; m < c_.config.minibatches; ++m) {
-      minibatch(n, std::span<const int64_t>(streams_).subspan(size_t(m * Bm_), size_t(Bm_)), r);
-      if (on_device_) device::ppo_totals(dev_->step_stats, n, dev_->totals);
-      else
-        for (int64_t t = 0; t < n; ++t)
-          r.loss_sum += step_stats_[size_t(t) * 3], kl += step_stats_[size_t(t) * 3 + 1], clipped += step_stats_[size_t(t) * 3 + 2];
-      ++r.loss_steps;
-      c_.update(true);
-      if (c_.norm_on_device) device::keep_square(c_.clip_sq, dev_->totals, 3 + e * c_.config.minibatches + m);
+  try {
+    for (int64_t e = 0; e < c_.config.epochs; ++e) {
+      for (size_t i = streams_.size(); i > 1; --i)  // Fisher-Yates, from act_rng (checkpointed)
+        std::swap(streams_[i - 1], streams_[size_t(c_.act_rng.next_u64() % i)]);
+      for (int64_t m = 0; m < c_.config.minibatches; ++m) {
+        minibatch(n, std::span<const int64_t>(streams_).subspan(size_t(m * Bm_), size_t(Bm_)), r);
+        if (on_device_) device::ppo_totals(dev_->step_stats, n, dev_->totals);
+        else
+          for (int64_t t = 0; t < n; ++t)
+            r.loss_sum += step_stats_[size_t(t) * 3], kl += step_stats_[size_t(t) * 3 + 1], clipped += step_stats_[size_t(t) * 3 + 2];
+        ++r.loss_steps;
+        c_.update(true);
+        if (c_.norm_on_device) device::keep_square(c_.clip_sq, dev_->totals, 3 + e * c_.config.minibatches + m);
+      }
     }
+  } catch (...) {
+    // An update that throws leaves the env and the streams' returns moved on by
+    // the rollout, as the host loop's does (its error, not a read's, is the one raised).
+    if (on_device_) try {
+        device_rollout_figures(r);
+      } catch (...) {  // NOLINT(bugprone-empty-catch)
+      }
+    throw;
   }
   if (on_device_) {  // the iteration's figures and norms: one read (the figures' sums in the host update's order)
     device_rollout_figures(r);
