@@ -327,7 +327,9 @@ runs() {
   echo
   shift
   for name in "$@"; do
-    tail -n 9 "$OUT/$name.log" 2>/dev/null | sed 's/^/    /'
+    # a segtape run's summary, whole (with --device cuda: its graphs and how its GRU ran, the recurrence line); else the log's end
+    if grep -qx summary "$OUT/$name.log" 2>/dev/null; then sed -n '/^summary$/,$p' "$OUT/$name.log"; else tail -n 9 "$OUT/$name.log" 2>/dev/null; fi |
+      sed 's/^/    /'
     echo
   done
 }
