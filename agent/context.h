@@ -83,6 +83,9 @@ struct Context {
   // whose square `sq` is not finite, found after its iteration, whose
   // updates were all taken: throws NonFiniteError naming it.
   [[noreturn]] void refuse_non_finite_after(int64_t update, double sq);
+  // Both: stopped_at_non_finite set for the run's update `update` (counted
+  // from 1), and their error's start naming it and its segment's steps.
+  std::string stop_at_update(int64_t update);
 
   // This rank's training env, made as the Trainer makes it: its shards'
   // seeds, and (lm) its streams of the text. An algorithm that steps a copy

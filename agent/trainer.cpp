@@ -133,11 +133,12 @@ void Context::update(bool has_loss) {
       return;
     }
   }
-  if (graph) {  // (the norm stays on the device: the segment's loss is checked after it, Trainer::run_segment)
+  if (graph || norm_on_device) {
+    // The norm stays on the device: a graph segment's loss is checked after
+    // it (Trainer::run_segment); norm_on_device's algorithm reads the norms
+    // after the iteration, so they are computed with the clip off too.
     if (config.clip > 0) nn::clip_grad_norm(*policy, config.clip, clip_sq);
-  } else if (norm_on_device) {  // (the algorithm reads the norms after the iteration)
-    if (config.clip > 0) nn::clip_grad_norm(*policy, config.clip, clip_sq);
-    else nn::grad_squares(*policy, clip_sq);
+    else if (norm_on_device) nn::grad_squares(*policy, clip_sq);
   } else {
     // The clip's norm, computed once (with the clip off too), and checked
     // before anything is scaled or stepped: the gradients are averaged over
@@ -156,6 +157,18 @@ void Context::update(bool has_loss) {
     dist::check_replicas(*comm, *policy, "after update " + std::to_string(updates) + " (step " + std::to_string(step) + ")");
 }
 
+namespace {
+// What makes an update's gradient not finite (the errors of both checks).
+constexpr const char* kNonFiniteCauses = "Rewards too large for float32 (returns that overflow), a learning rate too high or a loss "
+                                         "that diverged make this. ";
+}  // namespace
+
+std::string Context::stop_at_update(int64_t update) {
+  const std::string u = std::to_string(update), steps = std::to_string(segment_step0) + " to " + std::to_string(step);
+  stopped_at_non_finite = "update " + u + " (steps " + steps + ")";
+  return "update " + u + ", in the segment of steps " + steps + ": ";
+}
+
 void Context::refuse_non_finite(const std::string& what) {
   const bool skip = config.nonfinite == "skip" && skipped_in_a_row + 1 < config.max_skips;
   std::string first = nn::first_non_finite_grad(*policy);
@@ -166,11 +179,7 @@ void Context::refuse_non_finite(const std::string& what) {
     ++skipped, ++skipped_in_a_row;
     return;
   }
-  const std::string update = std::to_string(optim->step_count() + skipped + 1);
-  stopped_at_non_finite = "update " + update + " (steps " + std::to_string(segment_step0) + " to " + std::to_string(step) + ")";
-  throw NonFiniteError("update " + update + ", in the segment of steps " + std::to_string(segment_step0) + " to " +
-                       std::to_string(step) + ": " + what + " (" + first + "). Rewards too large for float32 (returns that "
-                       "overflow), a learning rate too high or a loss that diverged make this. " +
+  throw NonFiniteError(stop_at_update(optim->step_count() + skipped + 1) + what + " (" + first + "). " + kNonFiniteCauses +
                        (config.nonfinite == "skip" ? std::to_string(config.max_skips) + " updates in a row had a gradient that is "
                                                      "not finite (--max-skips " + std::to_string(config.max_skips) + "). "
                                                    : std::string("")) +
@@ -180,14 +189,11 @@ void Context::refuse_non_finite(const std::string& what) {
 }
 
 void Context::refuse_non_finite_after(int64_t update, double sq) {
-  stopped_at_non_finite = "update " + std::to_string(update) + " (steps " + std::to_string(segment_step0) + " to " + std::to_string(step) + ")";
-  throw NonFiniteError("update " + std::to_string(update) + ", in the segment of steps " + std::to_string(segment_step0) + " to " +
-                       std::to_string(step) + ": the gradient's norm is " + (std::isnan(sq) ? "NaN" : "inf") +
+  throw NonFiniteError(stop_at_update(update) + "the gradient's norm is " + (std::isnan(sq) ? "NaN" : "inf") +
                        ", found after the iteration (--device-loop on reads the update's norms once an iteration), so this "
-                       "update and the iteration's later ones were taken. Rewards too large for float32 (returns that "
-                       "overflow), a learning rate too high or a loss that diverged make this. A run's checkpoint is kept as "
-                       "it was written, and this trainer trains on only once one is loaded. --device-loop off (or "
-                       "--nonfinite skip) checks each update's norm before its step");
+                       "update and the iteration's later ones were taken. " + kNonFiniteCauses +
+                       "A run's checkpoint is kept as it was written, and this trainer trains on only once one is loaded. "
+                       "--device-loop off (or --nonfinite skip) checks each update's norm before its step");
 }
 
 uint64_t Trainer::shard_seed(uint64_t seed, int64_t shard) {
