@@ -195,7 +195,7 @@ Driver::Driver(Tape& tape, const Tensor& state, const Options& options) : tape_(
     checks_.from_host(std::span<const int64_t>(checks_host_));
   }
   ran_.assign(size_t(o_.horizon), 0);
-  host_.resize(state.nbytes());
+  if (!checks_.defined()) host_.resize(state.nbytes());  // (the host check's copy of a state)
   stack_.reserve(size_t(units_) + 1);
 }
 
@@ -258,6 +258,12 @@ void Driver::check_replays() {
   checks_host_[at] = 0;  // (reported once)
   checks_.from_host(std::span<const int64_t>(checks_host_));
   not_reproducible(u, un, "found on the tape's device by check_replays(), after the windows it checked ran on; ");
+}
+
+void Driver::forget(int64_t boundary) {
+  if (checks_.defined()) device_call(kForget, {}, {checks_}, {boundary, units_ + 1});
+  else if (boundary < 0) std::fill(known_.begin(), known_.end(), 0);
+  else known_[size_t(boundary)] = 0;
 }
 
 void Driver::note_segment(Report& r, int64_t u, bool replay) const {
@@ -389,8 +395,7 @@ Report Driver::run(const StepFn& step, const Tensor& state, int64_t steps, int64
   const size_t states = slots_.size() + 2 + (work_.defined() ? 1 : 0);  // the slots, final_, dh_ and (binomial) work_ (all held)
   r.state_bytes = states * align_up(state.nbytes());
   copy_into(slots_[0], state);
-  std::fill(known_.begin(), known_.end(), 0);
-  if (checks_.defined()) device_call(kForget, {}, {checks_}, {-1, units_ + 1});
+  forget(-1);
   std::fill(ran_.begin(), ran_.end(), 0);
   have_dh_ = false;
   check_state(0, slots_[0], -1, {});
@@ -437,8 +442,7 @@ Report Driver::slide(const StepFn& step, const Tensor& state, int64_t steps) {
   // older steps again from their records, the new ones for the first time.
   if (a0 == an) copy_into(slots_[size_t(a0 % R)], state);
   for (int64_t a = a0; a < a1; ++a) {
-    known_[size_t(after(a))] = 0;  // (each boundary computed anew)
-    if (checks_.defined()) device_call(kForget, {}, {checks_}, {after(a), units_ + 1});
+    forget(after(a));  // (each boundary computed anew)
     advance(step, a, pass(a), slots_[size_t(a % R)], a + 1 == a1 ? final_ : slots_[size_t((a + 1) % R)], r);
   }
   if (!reserved_) {  // (the first stride: every step of the ring takes as many bytes as its steps did)

@@ -264,8 +264,7 @@ void CudaBackend::copy(void* dst, const void* src, size_t bytes, Copy kind) {
       schedule_.check_host_read();
       raise_pending();  // a graph segment that did not run: its values are undefined, say so
       SEGTAPE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
-      SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
-      staging_busy_ = false;
+      wait();
       raise_device_errors();
       return;
     case Copy::DeviceToDevice:
@@ -309,8 +308,7 @@ std::pair<int64_t, double> CudaBackend::first_nonfinite(const Tensor& t) {
 
 void CudaBackend::synchronize() {
   schedule_.check_synchronize();
-  SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
-  staging_busy_ = false;
+  wait();
   raise_device_errors();
   raise_pending();
 }
@@ -433,10 +431,13 @@ void CudaBackend::raise_pending() {
 
 bool CudaBackend::issue(uint64_t sig, const char* what) { return schedule_.issue(sig, what); }
 
-void CudaBackend::wait_for_staging() {
-  if (!staging_busy_) return;
+void CudaBackend::wait() {
   SEGTAPE_CHECK(cudaStreamSynchronize(stream_));
   staging_busy_ = false;
+}
+
+void CudaBackend::wait_for_staging() {
+  if (staging_busy_) wait();
 }
 
 void CudaBackend::segment_begin(uint32_t index, bool graph, unsigned slot) {

@@ -140,7 +140,8 @@ class CudaBackend final : public detail::Backend {
   // the staging: the host waits before it writes the staging again
   // (wait_for_staging), not at every segment's start.
   bool staging_busy_ = false;
-  void wait_for_staging();
+  void wait();              // for the stream's work: the staging is free after it
+  void wait_for_staging();  // wait() where a launched graph may still read the staging
   std::vector<std::unique_ptr<GruPlan>> gru_plans_;
   struct FusedPlan {
     int64_t B, H;

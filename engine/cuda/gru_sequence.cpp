@@ -268,12 +268,12 @@ std::string CudaBackend::gru_sequence_path(int64_t B, int64_t H, DType d) {
   const fused::Plan p = fused_gru_plan(B, H, d);
   const std::string shape = "[" + std::to_string(B) + ", " + std::to_string(H) + "] " + dtype_name(d);
   if (!p.use) return "gru_cell steps: the fused GRU kernels do not run for " + shape + " on " + name_ + " (" + p.why_not + ")";
+  const std::string fused = "segtape's fused GRU kernels for " + shape + " on " + name_ + ": ";
   const std::string products = d == DType::F32 && options_.precision == Precision::Bf16 ? ", bfloat16 products" : "";
   if (p.grid)
-    return "segtape's fused GRU kernels for " + shape + " on " + name_ + ": grid plan, " + std::to_string(p.G) + " groups of " +
-           std::to_string(p.Bg) + " rows x " + std::to_string(p.C) + " blocks of " + std::to_string(p.Hs) + " units" + products;
-  return "segtape's fused GRU kernels for " + shape + " on " + name_ + ": " + std::to_string(p.G) + " clusters of " + std::to_string(p.C) +
-         " blocks, " + std::to_string(p.Bg) + " rows each" + products;
+    return fused + "grid plan, " + std::to_string(p.G) + " groups of " + std::to_string(p.Bg) + " rows x " + std::to_string(p.C) +
+           " blocks of " + std::to_string(p.Hs) + " units" + products;
+  return fused + std::to_string(p.G) + " clusters of " + std::to_string(p.C) + " blocks, " + std::to_string(p.Bg) + " rows each" + products;
 }
 
 fused::Plan CudaBackend::fused_gru_plan(int64_t B, int64_t H, DType d, bool honour_switch) {

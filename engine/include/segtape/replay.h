@@ -255,6 +255,7 @@ class Driver {
   // named in a message by the segment `u` that computed it, steps `un`.
   void check_state(int64_t boundary, const Tensor& h, int64_t u, const Unit& un);
   [[noreturn]] static void not_reproducible(int64_t u, const Unit& un, const char* when);
+  void forget(int64_t boundary);  // a boundary's remembered state (-1: every boundary's), for a new window
   void check_step(int64_t t, const StepResult& s) const;  // a state like the driver's; a one-element loss
   void note_segment(Report& r, int64_t u, bool replay) const;
 
